@@ -1,0 +1,37 @@
+# Every target installs what it needs into a project-local virtualenv first,
+# so `make demo` and `make test` work on a fresh clone.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo bench bench-quick lint typecheck clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+	$(PY) -m pip install --quiet -e '.[test,dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	$(PY) -m metrics_manager.demo --gin_file=configs/demo.gin
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run_all --write_results
+
+bench-quick: $(STAMP)
+	$(PY) -m benchmarks.run_all --quick
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check metrics_manager writers tests benchmarks
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy metrics_manager writers
+
+clean:
+	rm -rf $(VENV) runs *.egg-info
