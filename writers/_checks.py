@@ -1,0 +1,307 @@
+"""Input checks shared by every writer, so all backends reject the same things.
+
+The writer contract (see `writers.interface`) says: steps are non-negative
+integers, keys are non-empty strings, scalars hold exactly one number, images
+are `[H, W, C]` or `[N, H, W, C]` with 1, 3 or 4 channels. Each check looks at
+every key of a call before raising, so one error lists every problem.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+
+def check_step(step: Any, method: str = "write") -> int:
+    """Returns `step` as a Python int, or raises if it is not a non-negative integer.
+
+    Args:
+      step: The step passed to a write method: a Python or numpy integer, or an
+        integer array holding one element.
+      method: Name of the calling method, for the error message.
+
+    Returns:
+      The step as a Python int.
+
+    Raises:
+      TypeError: `step` is not an integer (a float, a string, a bool...).
+      ValueError: `step` is negative.
+    """
+    value = step
+    if isinstance(value, np.ndarray) or _looks_like_array(value):
+        arr = np.asarray(value)
+        if arr.size == 1 and np.issubdtype(arr.dtype, np.integer):
+            value = int(arr.reshape(()))
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{method}: step must be a non-negative integer, got {step!r} of type "
+            f"{type(step).__name__}. Pass an int, e.g. int(step)."
+        )
+    value = int(value)
+    if value < 0:
+        raise ValueError(
+            f"{method}: step must be a non-negative integer, got {value}. Steps count "
+            "from 0; check the step counter you pass in."
+        )
+    return value
+
+
+def check_keys(values: Any, method: str) -> None:
+    """Raises if `values` is not a mapping whose keys are all non-empty strings.
+
+    Args:
+      values: The mapping passed to a write method.
+      method: Name of the calling method, for the error message.
+
+    Raises:
+      TypeError: `values` is not a mapping, or some keys are not strings.
+      ValueError: some keys are empty (or only whitespace).
+    """
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"{method}: expected a mapping from name to value, got "
+            f"{type(values).__name__}. Wrap the value, e.g. {{'loss': value}}."
+        )
+    bad_types = [k for k in values if not isinstance(k, str)]
+    if bad_types:
+        listed = ", ".join(f"{k!r} ({type(k).__name__})" for k in bad_types)
+        raise TypeError(
+            f"{method}: every key must be a str, got {listed}. Convert keys with str()."
+        )
+    empty = [k for k in values if not k.strip()]
+    if empty:
+        raise ValueError(
+            f"{method}: keys must be non-empty names, got {empty!r}. Give each value a "
+            "name such as 'loss' or 'eval/accuracy'."
+        )
+
+
+def check_call(method: str, step: Any, values: Any) -> int:
+    """Checks a write call's step and keys together, so one error lists both problems.
+
+    Args:
+      method: Name of the calling method, for the error message.
+      step: The step argument.
+      values: The mapping argument.
+
+    Returns:
+      The step as a Python int.
+
+    Raises:
+      TypeError: the step is not an integer, `values` is not a mapping, or a key is
+        not a str (if both the step and the keys are wrong, the message has both).
+      ValueError: the step is negative or a key is empty.
+    """
+    errors: list[Exception] = []
+    checked = 0
+    try:
+        checked = check_step(step, method)
+    except (TypeError, ValueError) as err:
+        errors.append(err)
+    try:
+        check_keys(values, method)
+    except (TypeError, ValueError) as err:
+        errors.append(err)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        _raise_all([(type(e), str(e).removeprefix(f"{method}: ")) for e in errors], method)
+    return checked
+
+
+def to_number(key: str, value: Any) -> int | float:
+    """Returns a scalar value as a Python int or float.
+
+    Bools become ints; NaN and infinities are kept (each backend documents how it
+    shows them).
+
+    Args:
+      key: Name of the value, for the error message.
+      value: A Python or numpy number, or an array (numpy, JAX, ...) of size 1.
+
+    Returns:
+      A Python int for integer and bool inputs, else a Python float.
+
+    Raises:
+      TypeError: `value` is not numeric.
+      ValueError: `value` is an array with more or fewer than one element.
+    """
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value
+    if isinstance(value, np.generic) or isinstance(value, np.ndarray) or _looks_like_array(value):
+        arr = np.asarray(value)
+        if arr.size != 1:
+            raise ValueError(
+                f"scalar {key!r} must hold exactly one number, got an array of shape "
+                f"{arr.shape}. Reduce it first (e.g. .mean()) or write it as a histogram."
+            )
+        item = arr.reshape(()).item()
+        if isinstance(item, bool | int | float):
+            return int(item) if isinstance(item, bool) else item
+        value = item
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise TypeError(
+        f"scalar {key!r} must be a number, got {value!r} of type {type(value).__name__}. "
+        "Write strings with write_texts."
+    )
+
+
+def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | float]:
+    """Converts every scalar with `to_number`, raising once with all bad keys.
+
+    Args:
+      scalars: Mapping from name to scalar value.
+      method: Name of the calling method, for the error message.
+
+    Returns:
+      A new dict from name to Python int or float, in the input order.
+
+    Raises:
+      TypeError: if any value is not numeric (all such keys are listed).
+      ValueError: if any array value does not hold exactly one number.
+    """
+    out: dict[str, int | float] = {}
+    problems: list[tuple[type[Exception], str]] = []
+    for key, value in scalars.items():
+        try:
+            out[key] = to_number(key, value)
+        except (TypeError, ValueError) as err:
+            problems.append((type(err), str(err)))
+    _raise_all(problems, method)
+    return out
+
+
+def check_arrays(
+    arrays: Mapping[str, Any],
+    method: str,
+    check: Callable[[str, np.ndarray], str | None],
+) -> dict[str, np.ndarray]:
+    """Converts every value to a numpy array and runs `check` on each.
+
+    Args:
+      arrays: Mapping from name to array-like.
+      method: Name of the calling method, for the error message.
+      check: Returns a problem description for a bad array, or None.
+
+    Returns:
+      A new dict from name to numpy array.
+
+    Raises:
+      ValueError: listing every key whose array failed `check`.
+    """
+    out = {key: np.asarray(value) for key, value in arrays.items()}
+    problems = [(ValueError, msg) for key, arr in out.items() if (msg := check(key, arr))]
+    _raise_all(problems, method)
+    return out
+
+
+def image_problem(key: str, arr: np.ndarray) -> str | None:
+    """Describes what is wrong with an image array, or returns None if it is fine."""
+    if arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4):
+        return (
+            f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
+            f"got shape {arr.shape}. Add a channel axis for grayscale (x[..., None])."
+        )
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        return f"image {key!r} must be numeric, got dtype {arr.dtype}."
+    return None
+
+
+def histogram_problem(key: str, arr: np.ndarray) -> str | None:
+    """Describes what is wrong with a histogram input, or returns None if it is fine."""
+    if not np.issubdtype(arr.dtype, np.number):
+        return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
+    if arr.size == 0:
+        return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        return (
+            f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "
+            "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
+        )
+    return None
+
+
+def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
+    """Checks that every text value is a str.
+
+    Raises:
+      TypeError: listing every key whose value is not a str.
+    """
+    bad = {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}
+    if bad:
+        raise TypeError(
+            f"{method}: text values must be str, got {bad}. Convert with str() or "
+            "write numbers with write_scalars."
+        )
+    return dict(texts)
+
+
+def is_finite_number(value: int | float) -> bool:
+    """True for ints and finite floats."""
+    return isinstance(value, int) or math.isfinite(value)
+
+
+def images_as_uint8(arr: np.ndarray) -> np.ndarray:
+    """Returns images as `[N, H, W, C]` uint8.
+
+    Integer images are read as [0, 255], float images as [0, 1] (as TensorBoard
+    does); both are clipped, NaN becomes 0.
+    """
+    if arr.ndim == 3:
+        arr = arr[None]
+    if arr.dtype == np.uint8:
+        return arr
+    if arr.dtype == np.bool_:
+        return arr.astype(np.uint8) * 255
+    if np.issubdtype(arr.dtype, np.integer):
+        return np.clip(arr, 0, 255).astype(np.uint8)
+    scaled = np.nan_to_num(arr.astype(np.float64), nan=0.0) * 255.0
+    return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+
+def _looks_like_array(value: Any) -> bool:
+    # JAX, torch and other array types without importing them.
+    return hasattr(value, "__array__") and hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _raise_all(problems: list[tuple[type[Exception], str]], method: str) -> None:
+    if not problems:
+        return
+    kind = TypeError if any(t is TypeError for t, _ in problems) else ValueError
+    if len(problems) == 1:
+        raise kind(f"{method}: {problems[0][1]}")
+    lines = "\n".join(f"  - {msg}" for _, msg in problems)
+    raise kind(f"{method}: {len(problems)} problems:\n{lines}")
+
+
+DEFAULT_NUM_BUCKETS = 30
+
+
+def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Equal-width histogram of a finite, non-empty array, as TensorFlow builds it.
+
+    Args:
+      arr: Finite numeric values of any shape (see `histogram_problem`).
+      num_buckets: Number of buckets; None means 30, values below 2 mean 2.
+
+    Returns:
+      `(counts, edges)` with `len(edges) == len(counts) + 1`. When every value is
+      the same, one bucket `[v - 0.5, v + 0.5]` holds them all.
+    """
+    flat = np.asarray(arr, dtype=np.float64).reshape(-1)
+    buckets = max(2, int(num_buckets or DEFAULT_NUM_BUCKETS))
+    low, high = float(flat.min()), float(flat.max())
+    if low == high:
+        return np.asarray([flat.size], dtype=np.int64), np.asarray([low - 0.5, high + 0.5])
+    counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
+    return counts.astype(np.int64), edges

@@ -1,0 +1,190 @@
+"""`write_values`: writes a mapping of `clu.values` objects with one call per kind.
+
+A metric's `compute_value()` returns a `clu.values.Value` (`Scalar`, `Image`,
+`Text`, `Histogram`, `Audio`, `HyperParam`, `Summary`); plain numbers and
+one-element arrays count as scalars. `write_values` groups a summary by kind and
+calls the writer once per kind, in a fixed order: summaries (one call per
+metadata), scalars, images, texts, hparams, histograms, audios (one call per
+sample rate).
+
+Differences from CLU's `write_values`: `HyperParam` values go to
+`write_hparams(hparams)` without a step (CLU passes a step and breaks); every
+value is checked before anything is written, and one `TypeError` names every
+unsupported key and type; `clu.values` is only looked at when it is already
+imported, so this module does not pull in JAX.
+
+Example:
+  >>> import writers
+  >>> from clu import values
+  >>> class Show(writers.NoopWriter):
+  ...   def write_scalars(self, step, scalars):
+  ...     print("scalars", step, sorted(scalars))
+  ...   def write_texts(self, step, texts):
+  ...     print("texts", step, texts)
+  >>> writers.write_values(Show(), 7, {"loss": values.Scalar(0.25), "lr": 1e-3,
+  ...                                  "note": values.Text("hi")})
+  scalars 7 ['loss', 'lr']
+  texts 7 {'note': 'hi'}
+"""
+
+from __future__ import annotations
+
+import numbers
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from writers._checks import _looks_like_array, check_keys, check_step
+from writers.interface import MetricWriter
+
+__all__ = ["write_values"]
+
+
+def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> None:
+    """Writes `values` to `writer` at `step`, one writer call per kind of value.
+
+    Args:
+      writer: Any writer with CLU's method names (ours or CLU's).
+      step: Non-negative integer step.
+      values: Mapping from name to a `clu.values.Value`, a Python or numpy number,
+        or an array (numpy, JAX) of one element.
+
+    Raises:
+      TypeError: some values are of an unsupported type (all are listed, with
+        their keys), a key is not a str, or `step` is not an integer.
+      ValueError: `step` is negative or a key is empty.
+
+    Example:
+      >>> import writers
+      >>> writers.write_values(writers.NoopWriter(), 0, {"loss": 1.0})
+    """
+    step = check_step(step, "write_values")
+    check_keys(values, "write_values")
+    clu_values = sys.modules.get("clu.values")
+
+    summaries: list[tuple[Any, dict[str, Any]]] = []
+    scalars: dict[str, Any] = {}
+    images: dict[str, Any] = {}
+    texts: dict[str, Any] = {}
+    hparams: dict[str, Any] = {}
+    histograms: dict[str, Any] = {}
+    num_buckets: dict[str, int] = {}
+    audios: dict[int, dict[str, Any]] = {}
+    unsupported: list[str] = []
+
+    for key, value in values.items():
+        kind = _kind(value, clu_values)
+        if kind == "scalar":
+            scalars[key] = value.value if _is_clu(value, clu_values, "Scalar") else value
+        elif kind == "summary":
+            _group_by_metadata(summaries, value.metadata)[key] = value.value
+        elif kind == "image":
+            images[key] = value.value
+        elif kind == "text":
+            texts[key] = value.value
+        elif kind == "hparam":
+            hparams[key] = value.value
+        elif kind == "histogram":
+            histograms[key] = value.value
+            num_buckets[key] = value.num_buckets
+        elif kind == "audio":
+            audios.setdefault(value.sample_rate, {})[key] = value.value
+        else:
+            unsupported.append(f"{key!r}: {_describe(value)}")
+
+    if unsupported:
+        raise TypeError(
+            "write_values: unsupported value types for "
+            + ", ".join(unsupported)
+            + ". Supported: clu.values (Scalar, Image, Text, HyperParam, Histogram, Audio, "
+            "Summary), Python/numpy numbers and arrays of one element. Reduce arrays to a "
+            "scalar or wrap them, e.g. clu.values.Histogram(x, num_buckets=30)."
+        )
+
+    for metadata, group in summaries:
+        writer.write_summaries(step, group, metadata=metadata)
+    if scalars:
+        writer.write_scalars(step, scalars)
+    if images:
+        writer.write_images(step, images)
+    if texts:
+        writer.write_texts(step, texts)
+    if hparams:
+        writer.write_hparams(hparams)
+    if histograms:
+        writer.write_histograms(step, histograms, num_buckets=num_buckets)
+    for sample_rate, group in audios.items():
+        writer.write_audios(step, group, sample_rate=sample_rate)
+
+
+_CLU_KINDS = (
+    ("Summary", "summary"),
+    ("Scalar", "scalar"),
+    ("Image", "image"),
+    ("Text", "text"),
+    ("HyperParam", "hparam"),
+    ("Histogram", "histogram"),
+    ("Audio", "audio"),
+)
+
+
+def _kind(value: Any, clu_values: Any) -> str | None:
+    if clu_values is not None:
+        for name, kind in _CLU_KINDS:
+            if isinstance(value, getattr(clu_values, name)):
+                if kind == "scalar" and not _is_plain_scalar(value.value):
+                    return None
+                return kind
+    return "scalar" if _is_plain_scalar(value) else None
+
+
+def _is_clu(value: Any, clu_values: Any, name: str) -> bool:
+    return clu_values is not None and isinstance(value, getattr(clu_values, name))
+
+
+def _is_plain_scalar(value: Any) -> bool:
+    if isinstance(value, numbers.Number) and not isinstance(value, complex | np.complexfloating):
+        return True
+    if isinstance(value, np.ndarray) or _looks_like_array(value):
+        dtype = np.dtype(value.dtype)
+        return int(np.prod(value.shape)) == 1 and (
+            np.issubdtype(dtype, np.integer)
+            or np.issubdtype(dtype, np.floating)
+            or dtype == np.bool_
+        )
+    return False
+
+
+def _describe(value: Any) -> str:
+    inner = getattr(value, "value", None) if type(value).__name__ == "Scalar" else None
+    if inner is not None:
+        value = inner
+        prefix = "Scalar of "
+    else:
+        prefix = ""
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return f"{prefix}{type(value).__name__} of shape {tuple(shape)}"
+    return f"{prefix}{type(value).__name__}"
+
+
+def _group_by_metadata(
+    groups: list[tuple[Any, dict[str, Any]]], metadata: Any
+) -> dict[str, Any]:
+    # Metadata is often an unhashable proto or dict, so compare instead of hashing.
+    for existing, group in groups:
+        if existing is metadata or _equal(existing, metadata):
+            return group
+    group: dict[str, Any] = {}
+    groups.append((metadata, group))
+    return group
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        result = a == b
+    except Exception:  # noqa: BLE001  (arbitrary user objects may refuse comparison)
+        return False
+    return result if isinstance(result, bool) else False
