@@ -5,4 +5,40 @@ Host side: the duration timer, the background summary worker and the
 `MetricsManager` that sends values to pluggable `writers`.
 """
 
-__all__: list[str] = []
+from metrics_manager.metrics import (
+    AveragePerStep,
+    Max,
+    MeanStd,
+    MeanStdScalar,
+    Min,
+    Step,
+    StepsPerTime,
+    Sum,
+    Time,
+    TimeRate,
+    compute_metric_values,
+    is_metric_obj,
+    is_time_metric,
+    set_step_metrics_num_steps,
+    set_time_metrics_duration,
+    set_time_rate_metrics_duration,
+)
+
+__all__: list[str] = [
+    "AveragePerStep",
+    "Max",
+    "MeanStd",
+    "MeanStdScalar",
+    "Min",
+    "Step",
+    "StepsPerTime",
+    "Sum",
+    "Time",
+    "TimeRate",
+    "compute_metric_values",
+    "is_metric_obj",
+    "is_time_metric",
+    "set_step_metrics_num_steps",
+    "set_time_metrics_duration",
+    "set_time_rate_metrics_duration",
+]

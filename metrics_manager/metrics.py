@@ -1,0 +1,684 @@
+"""Metric types that a loss function returns and the train step merges on the device.
+
+Every type here is an immutable `flax.struct.dataclass` pytree on `clu.metrics.Metric`, so it
+passes through `jax.jit`, `lax.scan` and buffer donation like any other pytree, and merges with
+CLU's and google-metrax's metrics in one dict (see `metrics_manager.merging`).
+
+T5X's types keep T5X's names and meaning:
+
+- `Sum(total)`: the sum of every value seen.
+- `Step(steps=1)`: a count of train steps; `steps` is replaced on the host by the true number
+  of steps in the summary window (`set_step_metrics_num_steps`).
+- `AveragePerStep(total=..., steps=1)`: `total / steps`, e.g. the summed loss per train step.
+- `Time(duration=None)`: seconds in the window, set on the host (`set_time_metrics_duration`).
+- `TimeRate(numerator=..., duration=None)`: `numerator / duration`, e.g. sequences per second.
+- `StepsPerTime(steps=1, duration=None)`: `steps / duration`.
+
+Added because T5X and CLU lack a working version: `Max(value)`, `Min(value)` and
+`MeanStd(count=..., mean=..., m2=...)`, a numerically stable mean and standard deviation with a
+parallel (Chan et al.) merge; clu 0.0.12's `Std` crashes on current JAX and subtracts two large
+sums, which loses all precision when the mean is large against the spread.
+
+Construction is keyword-only wherever T5X's positional field order is a trap: T5X's
+`AveragePerStep(5, 1.0)` means `steps=5, total=1.0`, and `TimeRate(3)` would set the duration.
+Only the one-field types `Sum`, `Max` and `Min` take their value positionally.
+
+Every type's `empty()` is a two-sided identity of its `merge()` (`Max`: -inf, `Min`: +inf,
+`Time` types: duration unset, counts 0), so a merge may start from it; the library itself never
+does, because `empty()` cannot know the shape of a user's array-valued metric (see
+`metrics_manager.merging`).
+
+Synopsis:
+
+    def loss_fn(params, batch):
+        per_example = ...
+        return per_example.sum(), {
+            "loss": AveragePerStep.from_model_output(per_example),
+            "loss_max": Max.from_model_output(per_example),
+            "loss_stats": MeanStd.from_model_output(per_example),
+            "timing/seqs_per_second": TimeRate.from_model_output(per_example.shape[0]),
+            "timing/steps_per_second": StepsPerTime.from_model_output(),
+        }
+
+    # On the host, once per summary window, after a device-to-host copy:
+    metrics = set_time_metrics_duration(metrics, seconds)
+    metrics = set_step_metrics_num_steps(metrics, num_steps)
+    values = compute_metric_values(metrics)   # {key: clu.values.Value}
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import clu.metrics as clu_metrics
+import clu.values
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "AveragePerStep",
+    "Max",
+    "MeanStd",
+    "MeanStdScalar",
+    "Min",
+    "Step",
+    "StepsPerTime",
+    "Sum",
+    "Time",
+    "TimeRate",
+    "compute_metric_values",
+    "is_metric_obj",
+    "is_time_metric",
+    "set_step_metrics_num_steps",
+    "set_time_metrics_duration",
+    "set_time_rate_metrics_duration",
+]
+
+ArrayLike = jax.typing.ArrayLike
+
+
+def _float_dtype(x: Any) -> Any:
+    """Accumulation dtype: at least float32, so ints do not overflow and bf16 does not round."""
+    return jnp.result_type(x, jnp.float32)
+
+
+def _values_and_mask(
+    values: ArrayLike, mask: ArrayLike | None, metric: str
+) -> tuple[jax.Array, jax.Array]:
+    """Returns `values` (0-d promoted to 1-d) as floats and a bool mask of the same shape.
+
+    A mask covers leading dimensions of `values` ([batch] or [batch, length] for
+    [batch, length, ...] values) and is broadcast over the rest, as in CLU's `Average`.
+    """
+    values = jnp.asarray(values)
+    values = values.astype(_float_dtype(values))
+    if values.ndim == 0:
+        values = values[None]
+    if mask is None:
+        return values, jnp.ones(values.shape, bool)
+    mask = jnp.asarray(mask)
+    if mask.ndim == 0:
+        mask = mask[None]
+    if mask.shape != values.shape[: mask.ndim]:
+        raise ValueError(
+            f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "
+            f"dimensions of values of shape {values.shape}; expected a mask of shape "
+            f"{values.shape[:1]} (per example) or {values.shape} (per element)."
+        )
+    mask = mask.astype(bool).reshape(mask.shape + (1,) * (values.ndim - mask.ndim))
+    return values, jnp.broadcast_to(mask, values.shape)
+
+
+def _masked_sum(values: ArrayLike, mask: ArrayLike | None, metric: str) -> jax.Array:
+    values, mask = _values_and_mask(values, mask, metric)
+    return jnp.where(mask, values, 0).sum()
+
+
+@flax.struct.dataclass
+class Sum(clu_metrics.Metric):
+    """The sum of every value seen (T5X `Sum`).
+
+    Attributes:
+        total: the running sum (float32 or wider).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> float(Sum.from_model_output(jnp.array([[1, 2], [2, 3], [3, 4]])).compute())
+        15.0
+    """
+
+    total: ArrayLike
+
+    @classmethod
+    def empty(cls) -> "Sum":
+        return cls(jnp.zeros((), jnp.float32))
+
+    @classmethod
+    def from_model_output(
+        cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any
+    ) -> "Sum":
+        """Sums all elements of `values` (where `mask` is true, if given)."""
+        return cls(_masked_sum(values, mask, cls.__name__))
+
+    def merge(self, other: "Sum") -> "Sum":
+        return type(self)(self.total + other.total)
+
+    def compute(self) -> ArrayLike:
+        return self.total
+
+
+def _unset_steps_error(metric: Any) -> ValueError:
+    return ValueError(
+        f"{type(metric).__name__}.steps is None. Set it on the host before compute() with "
+        "set_step_metrics_num_steps(metrics, num_steps), where num_steps is the number of "
+        "train steps in the summary window."
+    )
+
+
+@flax.struct.dataclass(kw_only=True)
+class Step(clu_metrics.Metric):
+    """A count of train steps (T5X `Step`), the base of every per-step metric.
+
+    Merging adds `steps`, but under microbatching a train step's pieces keep one step
+    (`_reduce_merge`), and on the host `set_step_metrics_num_steps` replaces `steps` by the true
+    number of train steps in the summary window before `compute()`.
+
+    Attributes:
+        steps: the number of steps; None until set on the host makes `compute()` raise.
+
+    Example:
+        >>> Step(steps=3).merge(Step(steps=2)).compute()
+        5
+    """
+
+    steps: ArrayLike | None = 1
+
+    @classmethod
+    def empty(cls) -> "Step":
+        return cls(steps=0)
+
+    @classmethod
+    def from_model_output(cls, steps: ArrayLike = 1, **_: Any) -> "Step":
+        return cls(steps=steps)
+
+    def _merged_steps(self, other: "Step") -> ArrayLike:
+        if self.steps is None or other.steps is None:
+            raise _unset_steps_error(self if self.steps is None else other)
+        return self.steps + other.steps
+
+    def merge(self, other: "Step") -> "Step":
+        return self.replace(steps=self._merged_steps(other))
+
+    def _reduce_merge(self, other: "Step") -> "Step":
+        # Pieces of one global batch (devices in CLU's `reduce`, microbatches in
+        # `accumulate_grads_microbatched`) make one step, not one step each.
+        return self.merge(other).replace(steps=self.steps)
+
+    def replace_steps(self, steps: ArrayLike) -> "Step":
+        """Returns a copy with `steps` replaced (T5X's name)."""
+        return self.replace(steps=steps)
+
+    def compute(self) -> ArrayLike:
+        if self.steps is None:
+            raise _unset_steps_error(self)
+        return self.steps
+
+
+@flax.struct.dataclass(kw_only=True)
+class AveragePerStep(Step):
+    """`total / steps`: a per-step average of a value summed within each step (T5X).
+
+    Each train step contributes the sum of its values; on the host `steps` becomes the number of
+    train steps in the window. Microbatches of one step sum their totals and count one step, so
+    a per-microbatch *sum* gives the right value for any number of microbatches (a
+    per-microbatch *mean* would not: report sums, normalize in `compute()`).
+
+    Attributes:
+        total: the summed value (keyword-only).
+        steps: the number of steps (keyword-only, default 1).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> metric = AveragePerStep.from_model_output(jnp.array([1.0, 2.0, 3.0]))
+        >>> round(float(set_step_metrics_num_steps({"m": metric}, 5)["m"].compute()), 6)
+        1.2
+    """
+
+    total: ArrayLike
+
+    @classmethod
+    def empty(cls) -> "AveragePerStep":
+        return cls(total=jnp.zeros((), jnp.float32), steps=0)
+
+    @classmethod
+    def from_model_output(  # type: ignore[override]
+        cls,
+        values: ArrayLike,
+        steps: ArrayLike = 1,
+        mask: ArrayLike | None = None,
+        **_: Any,
+    ) -> "AveragePerStep":
+        """Sums `values` (where `mask` is true, if given) as one step's total."""
+        return cls(total=_masked_sum(values, mask, cls.__name__), steps=steps)
+
+    def merge(self, other: "AveragePerStep") -> "AveragePerStep":  # type: ignore[override]
+        return type(self)(total=self.total + other.total, steps=self._merged_steps(other))
+
+    def compute(self) -> ArrayLike:
+        return self.total / super().compute()
+
+
+def _check_durations_unset(a: "Time", b: "Time") -> None:
+    if a.duration is not None or b.duration is not None:
+        raise ValueError(
+            f"Cannot merge {type(a).__name__} metrics after their duration was set (durations "
+            f"{a.duration!r} and {b.duration!r}). Merge on the device first and call "
+            "set_time_metrics_duration once, on the host, just before compute()."
+        )
+
+
+@flax.struct.dataclass(kw_only=True)
+class Time(clu_metrics.Metric):
+    """Seconds in the summary window (T5X `Time`), set on the host.
+
+    The device never measures time: the summary path sets `duration` with
+    `set_time_metrics_duration` after the merged metrics reach the host. Merging is only
+    defined while the duration is unset (T5X silently kept one side).
+
+    Attributes:
+        duration: seconds, or None until set (keyword-only).
+
+    Example:
+        >>> set_time_metrics_duration({"t": Time()}, 2.5)["t"].compute()
+        2.5
+    """
+
+    duration: float | None = None
+
+    @classmethod
+    def empty(cls) -> "Time":
+        return cls()
+
+    @classmethod
+    def from_model_output(cls, **_: Any) -> "Time":
+        return cls()
+
+    def merge(self, other: "Time") -> "Time":
+        _check_durations_unset(self, other)
+        return self
+
+    def replace_duration(self, duration: float) -> "Time":
+        """Returns a copy with `duration` replaced (T5X's name)."""
+        return self.replace(duration=duration)
+
+    def compute(self) -> Any:
+        if self.duration is None:
+            raise ValueError(
+                f"{type(self).__name__}.duration is None. Set it on the host before compute() "
+                "with set_time_metrics_duration(metrics, seconds)."
+            )
+        return self.duration
+
+
+@flax.struct.dataclass(kw_only=True)
+class TimeRate(Time):
+    """`numerator / duration`, e.g. sequences or tokens per second (T5X `TimeRate`).
+
+    Attributes:
+        numerator: the count of things processed in the window (keyword-only).
+        duration: seconds, set on the host (keyword-only).
+
+    Example:
+        >>> metric = TimeRate.from_model_output(3)
+        >>> float(set_time_metrics_duration({"rate": metric}, 2.0)["rate"].compute())
+        1.5
+    """
+
+    numerator: ArrayLike
+
+    @classmethod
+    def empty(cls) -> "TimeRate":
+        return cls(numerator=jnp.zeros((), jnp.float32))
+
+    @classmethod
+    def from_model_output(cls, numerator: ArrayLike, **_: Any) -> "TimeRate":  # type: ignore[override]
+        """Counts `numerator` (summed if an array) towards the window's rate."""
+        return cls(numerator=_masked_sum(numerator, None, cls.__name__))
+
+    def merge(self, other: "TimeRate") -> "TimeRate":  # type: ignore[override]
+        _check_durations_unset(self, other)
+        return type(self)(numerator=self.numerator + other.numerator)
+
+    def compute(self) -> Any:
+        return self.numerator / super().compute()
+
+
+@flax.struct.dataclass(kw_only=True)
+class StepsPerTime(Step, Time):
+    """`steps / duration`: train steps per second (T5X `StepsPerTime`).
+
+    Attributes:
+        steps: the number of steps, replaced on the host (keyword-only, default 1).
+        duration: seconds, set on the host (keyword-only).
+
+    Example:
+        >>> metrics = {"steps_per_second": StepsPerTime(steps=8)}
+        >>> metrics = set_time_metrics_duration(metrics, 2.0)
+        >>> set_step_metrics_num_steps(metrics, 8)["steps_per_second"].compute()
+        4.0
+    """
+
+    @classmethod
+    def empty(cls) -> "StepsPerTime":
+        return cls(steps=0)
+
+    @classmethod
+    def from_model_output(cls, steps: ArrayLike = 1, **_: Any) -> "StepsPerTime":
+        return cls(steps=steps)
+
+    def merge(self, other: "StepsPerTime") -> "StepsPerTime":  # type: ignore[override]
+        _check_durations_unset(self, other)
+        return type(self)(steps=self._merged_steps(other))
+
+    def compute(self) -> Any:
+        return Step.compute(self) / Time.compute(self)
+
+
+@flax.struct.dataclass
+class _Extremum(clu_metrics.Metric):
+    """Shared body of `Max` and `Min`: one value, reduced and merged by `_op`."""
+
+    value: ArrayLike
+
+    # jnp.max / jnp.min and the identity they start from (-inf / +inf); subclasses set them.
+    _op: ClassVar[Callable[..., jax.Array]]
+    _pairwise: ClassVar[Callable[[ArrayLike, ArrayLike], jax.Array]]
+    _identity: ClassVar[float]
+
+    @classmethod
+    def empty(cls) -> Any:
+        return cls(jnp.full((), cls._identity, jnp.float32))
+
+    @classmethod
+    def from_model_output(
+        cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any
+    ) -> Any:
+        values, mask = _values_and_mask(values, mask, cls.__name__)
+        return cls(cls._op(values, where=mask, initial=cls._identity))
+
+    def merge(self, other: Any) -> Any:
+        return type(self)(type(self)._pairwise(self.value, other.value))
+
+    def compute(self) -> ArrayLike:
+        return self.value
+
+
+@flax.struct.dataclass
+class Max(_Extremum):
+    """The largest value seen (where `mask` is true); `empty()` holds -inf.
+
+    The identity is -inf, not 0, so the maximum of all-negative data stays negative.
+
+    Attributes:
+        value: the running maximum (float32 or wider).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> float(Max.from_model_output(jnp.array([-3.0, -1.0])).merge(Max.empty()).compute())
+        -1.0
+    """
+
+    _op = staticmethod(jnp.max)
+    _pairwise = staticmethod(jnp.maximum)
+    _identity = -math.inf
+
+
+@flax.struct.dataclass
+class Min(_Extremum):
+    """The smallest value seen (where `mask` is true); `empty()` holds +inf.
+
+    Attributes:
+        value: the running minimum (float32 or wider).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> float(Min.from_model_output(jnp.array([3.0, 1.0])).merge(Min.empty()).compute())
+        1.0
+    """
+
+    _op = staticmethod(jnp.min)
+    _pairwise = staticmethod(jnp.minimum)
+    _identity = math.inf
+
+
+@dataclasses.dataclass(eq=False)
+class MeanStdScalar(clu.values.Scalar):
+    """A `clu.values.Scalar` holding a mean that also carries the standard deviation.
+
+    CLU's `write_values` accepts one `Value` per key and has no two-number type, so
+    `MeanStd.compute_value()` returns this: every writer that understands `Scalar` writes the
+    mean under the metric's key, and `compute_metric_values` also writes the standard deviation
+    under `<key>/std`.
+
+    Attributes:
+        value: the mean.
+        std: the population standard deviation.
+    """
+
+    std: Any
+
+
+@flax.struct.dataclass(kw_only=True)
+class MeanStd(clu_metrics.Metric):
+    """Mean and standard deviation with a numerically stable parallel merge.
+
+    Keeps the count, the mean and `m2`, the sum of squared deviations from the mean, and merges
+    two parts with Chan et al.'s update (`delta = mean_b - mean_a`,
+    `m2 = m2_a + m2_b + delta**2 * n_a * n_b / n`), which stays exact when the mean is large
+    against the spread, unlike the sum of squares that clu's `Std` keeps. The standard deviation
+    is the population one (ddof=0), as in CLU's `Std`.
+
+    `compute()` returns the mean (NaN when nothing was seen); `std()` the standard deviation;
+    `compute_value()` a `MeanStdScalar` carrying both (see there for how it is written).
+
+    Attributes:
+        count: number of values seen (int32, keyword-only).
+        mean: their mean (keyword-only).
+        m2: the sum of their squared deviations from `mean` (keyword-only).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> a = MeanStd.from_model_output(jnp.array([1.0, 2.0]))
+        >>> b = MeanStd.from_model_output(jnp.array([3.0, 4.0]))
+        >>> merged = a.merge(b)
+        >>> float(merged.compute()), round(float(merged.std()), 6)
+        (2.5, 1.118034)
+    """
+
+    count: ArrayLike
+    mean: ArrayLike
+    m2: ArrayLike
+
+    @classmethod
+    def empty(cls) -> "MeanStd":
+        zero = jnp.zeros((), jnp.float32)
+        return cls(count=jnp.zeros((), jnp.int32), mean=zero, m2=zero)
+
+    @classmethod
+    def from_model_output(
+        cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any
+    ) -> "MeanStd":
+        """Mean and squared deviations of `values` where `mask` is true."""
+        values, mask = _values_and_mask(values, mask, cls.__name__)
+        count = mask.sum(dtype=jnp.int32)
+        mean = jnp.where(mask, values, 0).sum() / jnp.maximum(count, 1).astype(values.dtype)
+        m2 = jnp.where(mask, jnp.square(values - mean), 0).sum()
+        return cls(count=count, mean=mean, m2=m2)
+
+    def merge(self, other: "MeanStd") -> "MeanStd":
+        count = self.count + other.count
+        dtype = jnp.result_type(self.mean, other.mean)
+        n_a = jnp.asarray(self.count).astype(dtype)
+        n_b = jnp.asarray(other.count).astype(dtype)
+        fraction_b = n_b / jnp.maximum(n_a + n_b, 1)
+        delta = other.mean - self.mean
+        mean = self.mean + delta * fraction_b
+        m2 = self.m2 + other.m2 + jnp.square(delta) * n_a * fraction_b
+        # An empty side returns the other side bit for bit, so empty() is an exact identity.
+        a_empty, b_empty = self.count == 0, other.count == 0
+        mean = jnp.where(a_empty, other.mean, jnp.where(b_empty, self.mean, mean))
+        m2 = jnp.where(a_empty, other.m2, jnp.where(b_empty, self.m2, m2))
+        return type(self)(count=count, mean=mean, m2=m2)
+
+    def compute(self) -> ArrayLike:
+        return jnp.where(self.count > 0, self.mean, jnp.nan)
+
+    def std(self) -> ArrayLike:
+        """The population standard deviation (NaN when nothing was seen)."""
+        count = jnp.asarray(self.count).astype(jnp.result_type(self.m2))
+        return jnp.where(count > 0, jnp.sqrt(self.m2 / jnp.maximum(count, 1)), jnp.nan)
+
+    def compute_value(self) -> MeanStdScalar:
+        return MeanStdScalar(self.compute(), self.std())
+
+
+def is_metric_obj(obj: Any) -> bool:
+    """Whether `obj` can be a value in a metrics dict: a CLU `Metric` or `Collection`.
+
+    Example:
+        >>> is_metric_obj(Sum(1.0)), is_metric_obj(1.0)
+        (True, False)
+    """
+    return isinstance(obj, clu_metrics.Metric | clu_metrics.Collection)
+
+
+def is_time_metric(obj: Any) -> bool:
+    """Whether `obj` is a `Time` metric (its duration is set on the host).
+
+    Example:
+        >>> is_time_metric(StepsPerTime()), is_time_metric(Step())
+        (True, False)
+    """
+    return isinstance(obj, Time)
+
+
+def _check_metrics_mapping(metrics: Any, function: str) -> None:
+    if not isinstance(metrics, Mapping):
+        raise TypeError(
+            f"{function} expects a mapping from names to metrics, got {type(metrics).__name__}."
+        )
+
+
+def _replace_in_metrics(
+    metrics: Mapping[str, Any], kind: type, fn: Callable[[Any], Any]
+) -> dict[str, Any]:
+    """Applies `fn` to every metric of `kind`, including those inside a CLU `Collection`."""
+
+    def visit(obj: Any) -> Any:
+        if isinstance(obj, kind):
+            return fn(obj)
+        if isinstance(obj, clu_metrics.Collection):
+            return obj.replace(**{name: visit(value) for name, value in vars(obj).items()})
+        return obj
+
+    return {key: visit(value) for key, value in metrics.items()}
+
+
+def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
+    """Sets `steps` of every `Step` metric to the true number of train steps in the window.
+
+    Host side, on the summary path, after merging: merged `steps` count what was merged, which
+    differs from the number of train steps when steps were skipped or metrics were merged
+    across evaluation batches.
+
+    Args:
+        metrics: name -> metric (device or host values); other values pass through.
+        num_steps: the number of train steps the metrics cover, a positive integer.
+
+    Returns:
+        A new dict; the input is not changed.
+
+    Raises:
+        TypeError: `metrics` is not a mapping or `num_steps` is not an integer.
+        ValueError: `num_steps` is not positive.
+
+    Example:
+        >>> set_step_metrics_num_steps({"steps": Step(steps=16)}, 4)["steps"].compute()
+        4
+    """
+    _check_metrics_mapping(metrics, "set_step_metrics_num_steps")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer):
+        raise TypeError(
+            f"set_step_metrics_num_steps: num_steps must be an int, got {num_steps!r} of type "
+            f"{type(num_steps).__name__}."
+        )
+    if num_steps <= 0:
+        raise ValueError(
+            f"set_step_metrics_num_steps: num_steps must be positive, got {num_steps}; pass "
+            "the number of train steps the metrics were merged over."
+        )
+    return _replace_in_metrics(metrics, Step, lambda m: m.replace(steps=int(num_steps)))
+
+
+def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
+    """Sets `duration` of every `Time` metric (`Time`, `TimeRate`, `StepsPerTime`).
+
+    Host side, on the summary path, after merging and before `compute()`.
+
+    Args:
+        metrics: name -> metric; other values pass through.
+        duration: seconds in the summary window, a finite number >= 0.
+
+    Returns:
+        A new dict; the input is not changed.
+
+    Raises:
+        TypeError: `metrics` is not a mapping or `duration` is not a real number.
+        ValueError: `duration` is negative or not finite.
+
+    Example:
+        >>> metrics = set_time_metrics_duration({"rate": TimeRate(numerator=3.0)}, 2.0)
+        >>> metrics["rate"].compute()
+        1.5
+    """
+    _check_metrics_mapping(metrics, "set_time_metrics_duration")
+    if isinstance(duration, bool) or not isinstance(duration, int | float | np.integer | np.floating):
+        raise TypeError(
+            f"set_time_metrics_duration: duration must be a number of seconds, got "
+            f"{duration!r} of type {type(duration).__name__}."
+        )
+    if not math.isfinite(duration) or duration < 0:
+        raise ValueError(
+            f"set_time_metrics_duration: duration must be finite and >= 0 seconds, got {duration}."
+        )
+    return _replace_in_metrics(metrics, Time, lambda m: m.replace(duration=float(duration)))
+
+
+# The name T5X's documentation uses.
+set_time_rate_metrics_duration = set_time_metrics_duration
+
+
+def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Value]:
+    """Host side: `compute_value()` of every metric, flattened for `writers.write_values`.
+
+    A CLU `Collection` under `key` becomes `key/<field>` entries; a `MeanStd` (any value that
+    is a `MeanStdScalar`) becomes `key` (the mean) and `key/std`.
+
+    Args:
+        metrics: name -> metric or `Collection`, with durations and steps already set.
+
+    Returns:
+        name -> `clu.values.Value`.
+
+    Raises:
+        TypeError: a value is neither a metric nor a `Collection`.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> values = compute_metric_values({"x": MeanStd.from_model_output(jnp.array([1.0, 3.0]))})
+        >>> sorted(values), float(values["x/std"].value)
+        (['x', 'x/std'], 1.0)
+    """
+    _check_metrics_mapping(metrics, "compute_metric_values")
+    bad = {k: type(v).__name__ for k, v in metrics.items() if not is_metric_obj(v)}
+    if bad:
+        raise TypeError(
+            "compute_metric_values: expected clu Metric or Collection values, got "
+            + ", ".join(f"{k!r}: {t}" for k, t in sorted(bad.items()))
+        )
+    out: dict[str, clu.values.Value] = {}
+    for key, metric in metrics.items():
+        if isinstance(metric, clu_metrics.Collection):
+            items = {f"{key}/{name}": v for name, v in metric.compute_values().items()}
+        else:
+            items = {key: metric.compute_value()}
+        for name, value in items.items():
+            if isinstance(value, MeanStdScalar):
+                out[name] = clu.values.Scalar(value.value)
+                out[f"{name}/std"] = clu.values.Scalar(value.std)
+            else:
+                out[name] = value
+    return out

@@ -1,0 +1,297 @@
+"""Metric types: T5X's numeric cases, compute() formulas, identities and host-side helpers."""
+
+import doctest
+
+import clu.metrics as clu_metrics
+import clu.values
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metrics_manager import metrics as mm
+from metrics_manager.metrics import (
+    AveragePerStep,
+    Max,
+    MeanStd,
+    MeanStdScalar,
+    Min,
+    Step,
+    StepsPerTime,
+    Sum,
+    Time,
+    TimeRate,
+)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(mm, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 10
+    assert result.failed == 0
+
+
+# --- T5X's numeric cases (REFERENCE section 1) ---------------------------------------------
+
+
+def test_t5x_sum():
+    assert float(Sum.from_model_output(jnp.array([[1, 2], [2, 3], [3, 4]])).compute()) == 15.0
+
+
+def test_t5x_time_rate():
+    metrics = mm.set_time_metrics_duration({"rate": TimeRate.from_model_output(3)}, 2.0)
+    assert float(metrics["rate"].compute()) == 1.5
+
+
+def test_t5x_steps_per_time():
+    metrics = mm.set_time_metrics_duration({"sps": StepsPerTime(steps=8)}, 2)
+    metrics = mm.set_step_metrics_num_steps(metrics, 8)
+    assert metrics["sps"].compute() == 4.0
+
+
+def test_t5x_average_per_step():
+    metric = AveragePerStep.from_model_output(jnp.array([1.0, 2.0, 3.0]))
+    metrics = mm.set_step_metrics_num_steps({"avg": metric}, 5)
+    np.testing.assert_allclose(metrics["avg"].compute(), 6.0 / 5)
+
+
+def test_t5x_manager_summary_numbers():
+    # T5X's MetricsManager test: a 40 s window, num_steps 2.
+    metrics = {
+        "loss": Sum(40.0),
+        "accuracy": AveragePerStep(total=20.0),
+        "steps_per_second": StepsPerTime(),
+    }
+    metrics = mm.set_time_metrics_duration(metrics, 40.0)
+    metrics = mm.set_step_metrics_num_steps(metrics, 2)
+    assert metrics["loss"].compute() == 40.0
+    assert metrics["accuracy"].compute() == 10.0
+    assert metrics["steps_per_second"].compute() == 0.05
+
+
+def test_alias_is_same_function():
+    assert mm.set_time_rate_metrics_duration is mm.set_time_metrics_duration
+
+
+# --- compute() formulas on hand-worked inputs --------------------------------------------
+
+
+def test_sum_with_mask_and_int_input_accumulates_in_float32():
+    metric = Sum.from_model_output(jnp.array([[1, 2], [3, 4]], jnp.int32), mask=jnp.array([1, 0]))
+    assert metric.total.dtype == jnp.float32
+    assert float(metric.compute()) == 3.0
+
+
+def test_average_per_step_merges_totals_and_steps():
+    a = AveragePerStep.from_model_output(jnp.array([1.0, 2.0]))
+    b = AveragePerStep.from_model_output(jnp.array([3.0, 6.0]))
+    merged = a.merge(b)
+    assert int(merged.steps) == 2
+    assert float(merged.compute()) == (3.0 + 9.0) / 2
+
+
+def test_step_counts_and_reduce_merge_keeps_one_step():
+    assert Step().merge(Step()).merge(Step()).compute() == 3
+    # Pieces of one batch (devices, microbatches) are one step.
+    assert Step()._reduce_merge(Step()).compute() == 1
+    avg = AveragePerStep(total=2.0)._reduce_merge(AveragePerStep(total=3.0))
+    assert (avg.steps, avg.total) == (1, 5.0)
+
+
+def test_time_rate_sums_array_numerators():
+    merged = TimeRate.from_model_output(jnp.array([2, 3])).merge(TimeRate.from_model_output(5))
+    metrics = mm.set_time_metrics_duration({"r": merged}, 4.0)
+    assert float(metrics["r"].compute()) == 10.0 / 4.0
+
+
+def test_time_reports_duration():
+    merged = Time.from_model_output().merge(Time.empty())
+    assert mm.set_time_metrics_duration({"t": merged}, 7.5)["t"].compute() == 7.5
+
+
+def test_max_min_with_per_example_mask():
+    values = jnp.array([[-5.0, -6.0], [-1.0, -2.0], [9.0, 9.0]])
+    mask = jnp.array([1, 1, 0])  # the 9s are padding
+    assert float(Max.from_model_output(values, mask=mask).compute()) == -1.0
+    assert float(Min.from_model_output(values, mask=mask).compute()) == -6.0
+
+
+def test_max_min_of_nothing_are_their_identities():
+    values = jnp.array([1.0, 2.0])
+    none = jnp.zeros(2, bool)
+    assert float(Max.from_model_output(values, mask=none).compute()) == -np.inf
+    assert float(Min.from_model_output(values, mask=none).compute()) == np.inf
+    assert float(Max.empty().value) == -np.inf
+    assert float(Min.empty().value) == np.inf
+
+
+def test_mean_std_formula():
+    values = np.array([[1.0, 4.0], [2.0, 8.0], [100.0, 100.0]], np.float32)
+    mask = np.array([[1, 1], [1, 0], [0, 0]])
+    metric = MeanStd.from_model_output(values, mask=mask)
+    kept = np.array([1.0, 4.0, 2.0])
+    assert int(metric.count) == 3
+    np.testing.assert_allclose(metric.compute(), kept.mean(), rtol=1e-6)
+    np.testing.assert_allclose(metric.std(), kept.std(), rtol=1e-6)
+    value = metric.compute_value()
+    assert isinstance(value, clu.values.Scalar) and isinstance(value, MeanStdScalar)
+    np.testing.assert_allclose([value.value, value.std], [kept.mean(), kept.std()], rtol=1e-6)
+
+
+def test_mean_std_empty_computes_nan():
+    empty = MeanStd.empty()
+    assert np.isnan(empty.compute()) and np.isnan(empty.std())
+
+
+def test_mean_std_is_stable_when_mean_dwarfs_spread():
+    # float32 sum of squares (clu's Std) loses everything here: 1e4**2 * 1e3 ~ 1e11, spread ~ 1.
+    rng = np.random.default_rng(0)
+    chunks = [(1e4 + rng.standard_normal(250)).astype(np.float32) for _ in range(4)]
+    merged = MeanStd.from_model_output(chunks[0])
+    for chunk in chunks[1:]:
+        merged = merged.merge(MeanStd.from_model_output(chunk))
+    full = np.concatenate(chunks).astype(np.float64)
+    np.testing.assert_allclose(merged.std(), full.std(), rtol=1e-3)
+    naive = np.sqrt(
+        np.float32((full.astype(np.float32) ** 2).sum(dtype=np.float32) / full.size)
+        - np.float32(full.mean()) ** 2
+    )
+    assert abs(naive - full.std()) > 1e-2 * full.std()  # what a sum-of-squares metric reports
+
+
+def test_metrics_work_inside_jit():
+    @jax.jit
+    def step(values):
+        return {
+            "sum": Sum.from_model_output(values).merge(Sum.from_model_output(values)),
+            "max": Max.from_model_output(values).merge(Max.empty()),
+            "stats": MeanStd.from_model_output(values).merge(MeanStd.from_model_output(values)),
+            "avg": AveragePerStep.from_model_output(values).merge(AveragePerStep.empty()),
+            "rate": TimeRate.from_model_output(values.shape[0]),
+            "sps": StepsPerTime.from_model_output().merge(StepsPerTime.from_model_output()),
+        }
+
+    out = step(jnp.array([1.0, -2.0, 4.0]))
+    assert float(out["sum"].compute()) == 6.0
+    assert float(out["max"].compute()) == 4.0
+    np.testing.assert_allclose(out["stats"].compute(), 1.0)
+    assert int(out["stats"].count) == 6
+    assert int(out["avg"].steps) == 1 and float(out["avg"].total) == 3.0
+    assert out["rate"].duration is None and float(out["rate"].numerator) == 3.0
+    assert int(out["sps"].steps) == 2
+
+
+def test_mask_shape_mismatch_names_shapes():
+    with pytest.raises(ValueError, match=r"mask of shape \(3,\).*values of shape \(2, 4\)"):
+        Max.from_model_output(jnp.zeros((2, 4)), mask=jnp.ones(3))
+
+
+# --- unset steps / duration, keyword-only construction -----------------------------------
+
+
+@pytest.mark.parametrize(
+    "metric, field",
+    [
+        (Time(), "duration"),
+        (TimeRate(numerator=1.0), "duration"),
+        (StepsPerTime(steps=2), "duration"),
+        (Step(steps=None), "steps"),
+        (AveragePerStep(total=1.0, steps=None), "steps"),
+    ],
+)
+def test_unset_steps_or_duration_raise_value_error(metric, field):
+    setter = "set_time_metrics_duration" if field == "duration" else "set_step_metrics_num_steps"
+    with pytest.raises(ValueError, match=rf"{type(metric).__name__}\.{field} is None.*{setter}"):
+        metric.compute()
+
+
+def test_merging_after_duration_is_set_raises():
+    timed = mm.set_time_metrics_duration({"r": TimeRate(numerator=1.0)}, 1.0)["r"]
+    with pytest.raises(ValueError, match="after their duration was set"):
+        timed.merge(TimeRate(numerator=1.0))
+
+
+def test_merging_unset_steps_raises():
+    with pytest.raises(ValueError, match=r"AveragePerStep\.steps is None"):
+        AveragePerStep(total=1.0).merge(AveragePerStep(total=1.0, steps=None))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: AveragePerStep(5, 1.0),
+        lambda: TimeRate(3.0),
+        lambda: StepsPerTime(8),
+        lambda: Step(1),
+        lambda: Time(2.0),
+        lambda: MeanStd(1, 2.0, 0.0),
+    ],
+)
+def test_positional_construction_is_refused_where_order_is_a_trap(make):
+    with pytest.raises(TypeError, match="positional"):
+        make()
+
+
+# --- host-side helpers -------------------------------------------------------------------
+
+
+def test_setters_replace_only_their_metrics_and_leave_input_alone():
+    metrics = {
+        "sum": Sum(1.0),
+        "avg": AveragePerStep(total=6.0, steps=7),
+        "sps": StepsPerTime(steps=3),
+        "rate": TimeRate(numerator=4.0),
+        "acc": clu_metrics.Average(total=jnp.array(1.0), count=jnp.array(2)),
+    }
+    out = mm.set_step_metrics_num_steps(mm.set_time_metrics_duration(metrics, 2.0), 3)
+    assert metrics["avg"].steps == 7 and metrics["rate"].duration is None
+    assert out["sum"] is metrics["sum"] and out["acc"] is metrics["acc"]
+    assert out["avg"].compute() == 2.0
+    assert out["sps"].compute() == 1.5
+    assert out["rate"].compute() == 2.0
+
+
+def test_setters_reach_into_clu_collections():
+    collection = clu_metrics.Collection.create_collection(sps=StepsPerTime(steps=10))
+    out = mm.set_step_metrics_num_steps(mm.set_time_metrics_duration({"c": collection}, 4.0), 2)
+    assert out["c"].sps.compute() == 0.5
+
+
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (lambda: mm.set_step_metrics_num_steps({}, 2.5), TypeError, "num_steps must be an int"),
+        (lambda: mm.set_step_metrics_num_steps({}, True), TypeError, "num_steps must be an int"),
+        (lambda: mm.set_step_metrics_num_steps({}, 0), ValueError, "must be positive, got 0"),
+        (lambda: mm.set_step_metrics_num_steps([Step()], 1), TypeError, "got list"),
+        (lambda: mm.set_time_metrics_duration({}, "2"), TypeError, "number of seconds"),
+        (lambda: mm.set_time_metrics_duration({}, -1.0), ValueError, ">= 0 seconds, got -1.0"),
+        (lambda: mm.set_time_metrics_duration({}, float("nan")), ValueError, "finite"),
+    ],
+)
+def test_setters_validate_arguments(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+def test_predicates():
+    assert mm.is_metric_obj(Sum(1.0)) and mm.is_metric_obj(clu_metrics.Average.empty())
+    assert mm.is_metric_obj(clu_metrics.Collection.create_collection(s=Sum(1.0)))
+    assert not any(mm.is_metric_obj(x) for x in (1.0, None, jnp.ones(2), {"a": Sum(1.0)}))
+    assert all(mm.is_time_metric(x) for x in (Time(), TimeRate(numerator=1), StepsPerTime()))
+    assert not any(mm.is_time_metric(x) for x in (Step(), Sum(1.0), AveragePerStep(total=1)))
+
+
+def test_compute_metric_values_flattens_mean_std_and_collections():
+    collection = clu_metrics.Collection.create_collection(
+        acc=clu_metrics.Average(total=jnp.array(3.0), count=jnp.array(4)),
+        stats=MeanStd.from_model_output(jnp.array([2.0, 4.0])),
+    )
+    values = mm.compute_metric_values({"sum": Sum(2.0), "c": collection})
+    assert sorted(values) == ["c/acc", "c/stats", "c/stats/std", "sum"]
+    assert all(type(v) is clu.values.Scalar for v in values.values())
+    assert [float(values[k].value) for k in sorted(values)] == [0.75, 3.0, 1.0, 2.0]
+
+
+def test_compute_metric_values_rejects_non_metrics():
+    with pytest.raises(TypeError, match=r"'a': float, 'b': NoneType"):
+        mm.compute_metric_values({"a": 1.0, "b": None, "c": Sum(1.0)})
