@@ -2,26 +2,46 @@
 
 `writers` is usable on its own, with or without `metrics_manager`: every writer
 implements `MetricWriter` (CLU's method and parameter names), `write_values`
-writes a mapping of `clu.values` objects, and `create_default_writer` builds the
-usual console + TensorBoard + JSONL set behind background workers.
+writes a mapping of `clu.values` objects with one call per kind, and
+`create_default_writer` builds the usual console + TensorBoard + JSONL set, each
+behind its own background worker.
+
+Backends: `ConsoleWriter` (people at a terminal), `TensorBoardWriter` (event
+files; tensorboardX is imported only when one is created), `JsonlWriter` (one
+JSON line per call), `LoggingWriter` (absl log, CLU's line format), `NoopWriter`.
+Combinators: `MultiWriter` (fan-out; one failure stops none) and `AsyncWriter`
+(ordered background worker, bounded queue). Importing this package imports
+neither TensorFlow nor torch (nor JAX).
 
 Example:
-  >>> import writers
-  >>> w = writers.LoggingWriter(collection="train")
+  >>> import tempfile, writers
+  >>> w = writers.create_default_writer(tempfile.mkdtemp(), collection="train", console=False)
   >>> writers.write_values(w, 1, {"loss": 0.5})
   >>> w.close()
 """
 
+from writers.async_writer import AsyncWriter
+from writers.console import ConsoleWriter
+from writers.factory import create_default_writer
 from writers.interface import MetricWriter, WriterClosedError, WriterError
+from writers.jsonl import JsonlWriter
 from writers.logging_writer import LoggingWriter
+from writers.multi import MultiWriter
 from writers.noop import NoopWriter
+from writers.tensorboard import TensorBoardWriter
 from writers.values import write_values
 
 __all__ = [
+    "AsyncWriter",
+    "ConsoleWriter",
+    "JsonlWriter",
     "LoggingWriter",
     "MetricWriter",
+    "MultiWriter",
     "NoopWriter",
+    "TensorBoardWriter",
     "WriterClosedError",
     "WriterError",
+    "create_default_writer",
     "write_values",
 ]

@@ -1,0 +1,112 @@
+"""The MetricWriter contract: abstract methods, CLU names, shared checks, errors."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+
+import writers
+from writers import MetricWriter, WriterClosedError, WriterError
+from writers._checks import check_call, check_step, images_as_uint8, to_number
+
+CLU_SIGNATURES = {
+    "write_summaries": ["self", "step", "values", "metadata"],
+    "write_scalars": ["self", "step", "scalars"],
+    "write_images": ["self", "step", "images"],
+    "write_videos": ["self", "step", "videos"],
+    "write_audios": ["self", "step", "audios", "sample_rate"],
+    "write_texts": ["self", "step", "texts"],
+    "write_histograms": ["self", "step", "arrays", "num_buckets"],
+    "write_hparams": ["self", "hparams"],
+    "flush": ["self"],
+    "close": ["self"],
+}
+
+
+def test_metric_writer_has_clu_method_and_parameter_names():
+    for name, params in CLU_SIGNATURES.items():
+        sig = inspect.signature(getattr(MetricWriter, name))
+        assert list(sig.parameters) == params, name
+    audio = inspect.signature(MetricWriter.write_audios).parameters["sample_rate"]
+    assert audio.kind is inspect.Parameter.KEYWORD_ONLY
+    assert inspect.signature(MetricWriter.write_histograms).parameters["num_buckets"].default is None
+
+
+def test_metric_writer_is_abstract_in_every_method():
+    assert set(MetricWriter.__abstractmethods__) == set(CLU_SIGNATURES)
+    with pytest.raises(TypeError):
+        MetricWriter()  # type: ignore[abstract]
+
+
+@pytest.mark.parametrize(
+    "cls",
+    [writers.LoggingWriter, writers.NoopWriter, writers.ConsoleWriter, writers.JsonlWriter,
+     writers.TensorBoardWriter, writers.MultiWriter, writers.AsyncWriter],
+)
+def test_every_writer_keeps_clu_signatures(cls):
+    for name, params in CLU_SIGNATURES.items():
+        assert list(inspect.signature(getattr(cls, name)).parameters) == params, (cls, name)
+
+
+def test_check_step_accepts_integers_and_rejects_the_rest():
+    assert check_step(0) == 0
+    assert check_step(np.int64(7)) == 7
+    assert check_step(np.array(5, dtype=np.int32)) == 5
+    assert type(check_step(np.uint8(3))) is int
+    for bad in (1.0, "3", True, None, np.float32(2), np.array([1, 2])):
+        with pytest.raises(TypeError, match="non-negative integer"):
+            check_step(bad)
+    with pytest.raises(ValueError, match="got -1"):
+        check_step(-1)
+
+
+def test_check_call_lists_step_and_key_problems_in_one_error():
+    with pytest.raises(TypeError) as info:
+        check_call("W.write_scalars", -2, {3: 1.0, "": 2.0})
+    message = str(info.value)
+    assert "got -2" in message and "3 (int)" in message and "2 problems" in message
+    with pytest.raises(ValueError, match=r"non-empty names, got \[' '\]"):
+        check_call("W.write_scalars", 0, {" ": 1.0})
+    with pytest.raises(TypeError, match="expected a mapping"):
+        check_call("W.write_scalars", 0, [("a", 1.0)])
+
+
+def test_to_number_keeps_python_types_and_rejects_non_scalars():
+    assert to_number("a", True) == 1 and type(to_number("a", True)) is int
+    assert type(to_number("a", np.float32(0.5))) is float
+    assert type(to_number("a", np.int16(4))) is int
+    assert to_number("a", np.array([[2.5]])) == 2.5
+    assert np.isnan(to_number("a", float("nan")))
+    with pytest.raises(ValueError, match=r"'a' must hold exactly one number, got an array of shape \(2,\)"):
+        to_number("a", np.zeros(2))
+    with pytest.raises(TypeError, match="'a' must be a number"):
+        to_number("a", "1.0")
+
+
+def test_images_as_uint8_scales_floats_and_clips():
+    floats = np.array([[[0.0], [0.5], [1.5]]], dtype=np.float32)  # [H=1, W=3, C=1]
+    out = images_as_uint8(floats)
+    assert out.shape == (1, 1, 3, 1) and out.dtype == np.uint8
+    np.testing.assert_array_equal(out.reshape(-1), [0, 128, 255])
+    ints = np.array([[[-5], [300]]], dtype=np.int32)
+    np.testing.assert_array_equal(images_as_uint8(ints).reshape(-1), [0, 255])
+
+
+def test_writer_error_names_every_failing_writer_and_keeps_the_causes():
+    first, second = OSError("disk full"), ValueError("bad")
+    err = WriterError("MultiWriter.write_scalars", [("jsonl", first), ("tb", second)])
+    assert str(err) == (
+        "MultiWriter.write_scalars: 2 writers failed: jsonl: OSError: disk full; "
+        "tb: ValueError: bad"
+    )
+    assert err.failures == [("jsonl", first), ("tb", second)]
+    assert issubclass(WriterClosedError, RuntimeError)
+
+
+def test_context_manager_closes(tmp_path):
+    with writers.JsonlWriter(tmp_path / "m.jsonl") as w:
+        w.write_scalars(0, {"a": 1})
+    with pytest.raises(WriterClosedError, match="closed"):
+        w.write_scalars(1, {"a": 1})

@@ -1,0 +1,204 @@
+"""`AsyncWriter`: runs a writer's calls on one ordered background thread.
+
+Each `AsyncWriter` owns one worker thread and one bounded queue. Every write is
+checked (step and keys) on the caller's thread, then queued and run by the worker
+in call order, so the training loop does not wait on disks or terminals.
+
+* **Back-pressure**: the queue holds at most `max_queue` calls. When it is full the
+  caller blocks until the worker has caught up. Nothing is ever dropped; a writer
+  slower than the training loop slows the loop instead of filling memory.
+* **Errors**: an exception raised by the wrapped writer in the worker is kept and
+  raised on the caller's next call (after that call's own work has been queued),
+  on `flush()` and on `close()`, as a `WriterError` naming this writer, the method
+  and the step. The worker goes on with later calls, so one failed write loses
+  only that write.
+* **flush()** waits until every queued call has run, then flushes the writer.
+  **close()** runs everything queued, closes the writer, joins the thread and is
+  idempotent; later writes raise `WriterClosedError`. A writer that was never
+  closed is closed at interpreter exit, so queued values still reach it.
+* Arrays are not copied: do not change a numpy array in place after passing it,
+  until `flush()` returns. (The mapping itself is copied.)
+
+Example:
+  >>> import writers
+  >>> w = writers.AsyncWriter(writers.LoggingWriter(), name="log")
+  >>> w.write_scalars(1, {"loss": 0.5})  # returns at once; logged by the worker
+  >>> w.close()  # waits for the write
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import queue
+import threading
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+from absl import logging
+
+from writers import _checks
+from writers.interface import Array, MetricWriter, Scalar, WriterClosedError, WriterError
+
+_STOP = object()
+
+
+class AsyncWriter(MetricWriter):
+    """Runs every call of `writer` on a background thread, in order.
+
+    Args:
+      writer: Any writer with CLU's method names (calls are forwarded by keyword).
+      name: Name used in error messages (default: the writer's class name).
+      max_queue: Most calls waiting at once; a full queue blocks the caller.
+    """
+
+    def __init__(self, writer: Any, *, name: str | None = None, max_queue: int = 128):
+        if max_queue < 1:
+            raise ValueError(f"AsyncWriter: max_queue must be >= 1, got {max_queue}.")
+        self._writer = writer
+        self._name = name or type(writer).__name__
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._errors: list[tuple[str, BaseException]] = []
+        self._errors_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name=f"AsyncWriter({self._name})", daemon=True)
+        self._thread.start()
+        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._at_exit)
+
+    @property
+    def name(self) -> str:
+        """The name used in error messages."""
+        return self._name
+
+    @property
+    def writer(self) -> Any:
+        """The wrapped writer."""
+        return self._writer
+
+    def write_summaries(
+        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
+    ) -> None:
+        """Queues the call."""
+        step = self._begin("write_summaries", step, values)
+        self._submit("write_summaries", step=step, values=dict(values), metadata=metadata)
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
+        """Queues the call."""
+        step = self._begin("write_scalars", step, scalars)
+        self._submit("write_scalars", step=step, scalars=dict(scalars))
+
+    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
+        """Queues the call."""
+        step = self._begin("write_images", step, images)
+        self._submit("write_images", step=step, images=dict(images))
+
+    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
+        """Queues the call."""
+        step = self._begin("write_videos", step, videos)
+        self._submit("write_videos", step=step, videos=dict(videos))
+
+    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
+        """Queues the call."""
+        step = self._begin("write_audios", step, audios)
+        self._submit("write_audios", step=step, audios=dict(audios), sample_rate=sample_rate)
+
+    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+        """Queues the call."""
+        step = self._begin("write_texts", step, texts)
+        self._submit("write_texts", step=step, texts=dict(texts))
+
+    def write_histograms(
+        self,
+        step: int,
+        arrays: Mapping[str, Array],
+        num_buckets: Mapping[str, int] | None = None,
+    ) -> None:
+        """Queues the call."""
+        step = self._begin("write_histograms", step, arrays)
+        buckets = dict(num_buckets) if num_buckets is not None else None
+        self._submit("write_histograms", step=step, arrays=dict(arrays), num_buckets=buckets)
+
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """Queues the call."""
+        self._check_open("write_hparams")
+        _checks.check_keys(hparams, f"AsyncWriter({self._name}).write_hparams")
+        self._submit("write_hparams", hparams=dict(hparams))
+
+    def flush(self) -> None:
+        """Waits for every queued call, flushes the writer, raises errors seen so far.
+
+        Raises:
+          WriterError: naming this writer, for every failed call since the last report.
+        """
+        if self._closed:
+            self._raise_errors("flush")
+            return
+        self._queue.put(("flush", {}))
+        self._queue.join()
+        self._raise_errors("flush")
+
+    def close(self) -> None:
+        """Runs every queued call, closes the writer and joins the thread; idempotent.
+
+        Raises:
+          WriterError: naming this writer, for every failed call not yet reported.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(("close", {}))
+            self._queue.put(_STOP)
+            self._thread.join()
+            atexit.unregister(self._at_exit)
+        self._raise_errors("close")
+
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise WriterClosedError(
+                f"AsyncWriter({self._name}).{method}: the writer is closed. Create a new "
+                "writer, or close it only after the last write."
+            )
+
+    def _begin(self, method: str, step: Any, values: Any) -> int:
+        self._check_open(method)
+        return _checks.check_call(f"AsyncWriter({self._name}).{method}", step, values)
+
+    def _submit(self, method: str, **kwargs: Any) -> None:
+        self._queue.put((method, kwargs))  # Blocks while the queue is full.
+        self._raise_errors(method)
+
+    def _raise_errors(self, method: str) -> None:
+        with self._errors_lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            raise WriterError(f"AsyncWriter({self._name}), reported on {method}()", errors) from errors[0][1]
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is _STOP:
+                    return
+                method, kwargs = item
+                try:
+                    getattr(self._writer, method)(**kwargs)
+                except BaseException as err:  # noqa: BLE001  (kept and re-raised on the caller's thread)
+                    where = f"{self._name}.{method}" + (f"(step={kwargs['step']})" if "step" in kwargs else "()")
+                    with self._errors_lock:
+                        self._errors.append((where, err))
+            finally:
+                self._queue.task_done()
+
+
+def _close_at_exit(ref: weakref.ReferenceType[AsyncWriter]) -> None:
+    writer = ref()
+    if writer is None:
+        return
+    try:
+        writer.close()
+    except Exception:  # noqa: BLE001  (nobody is left to catch it at exit)
+        logging.exception("AsyncWriter(%s) failed while closing at exit", writer.name)

@@ -1,0 +1,229 @@
+"""`JsonlWriter`: one JSON object per write call, one line each, for `jq` and pandas.
+
+Every call appends one line:
+`{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25, ...}`,
+where `time` is Unix seconds and `collection` is null when unset. The file is
+opened in append mode (a resumed run continues the same file) and line-buffered,
+so `tail -f` and `jq` see each line as soon as it is written; `flush()` also
+fsyncs it.
+
+Policies (the file always stays strict JSON; `json.loads` and `jq` read every line):
+
+* NaN and infinities are written as the strings `"NaN"`, `"Infinity"` and
+  `"-Infinity"` (bare `NaN` is not JSON); `float(x)` turns them back into floats.
+* Scalars are numbers (ints stay ints), texts are strings.
+* Non-scalar values are summarized, not dumped: images, videos and audio become
+  `{"type": "image" | "video" | "audio", "shape": [...]}` (audio adds
+  `sample_rate`); histograms become `{"type": "histogram", "count", "min", "max",
+  "mean", "edges": [...], "counts": [...]}`; raw tensors (`write_summaries`) are
+  `{"type": "tensor", "shape", "dtype", "values"}` with nested lists when they
+  hold at most `max_array_size` elements, else without `values`.
+* Hyperparameters are one line `{"step": null, "time", "collection", "hparams": {...}}`;
+  values other than bool, number and str are written as their `str()`.
+* The keys `step`, `time` and `collection` are reserved: a value with one of those
+  names raises `ValueError` (rename it, e.g. `train/step`).
+
+Example:
+  >>> import json, os, tempfile, writers
+  >>> path = os.path.join(tempfile.mkdtemp(), "metrics.jsonl")
+  >>> w = writers.JsonlWriter(path, collection="train", clock=lambda: 100.0)
+  >>> w.write_scalars(1, {"loss": 0.5, "bad": float("nan")})
+  >>> w.close()
+  >>> json.loads(open(path).readline())
+  {'step': 1, 'time': 100.0, 'collection': 'train', 'loss': 0.5, 'bad': 'NaN'}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from writers import _checks
+from writers._base import BaseWriter
+from writers.interface import Array, Scalar
+
+RESERVED_KEYS = ("step", "time", "collection")
+
+
+class JsonlWriter(BaseWriter):
+    """Appends one JSON object per write call to a `.jsonl` file.
+
+    Args:
+      path: File to append to; missing parent directories are created.
+      collection: Value of the `collection` field of every line (null when None).
+      clock: Returns Unix seconds for the `time` field (patch it in tests).
+      max_array_size: Largest raw tensor (`write_summaries`) written element by element.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        collection: str | None = None,
+        clock: Callable[[], float] = time.time,
+        max_array_size: int = 1024,
+    ):
+        self._path = os.fspath(path)
+        parent = os.path.dirname(self._path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        self._collection = collection
+        self._clock = clock
+        self._max_array_size = max_array_size
+        # buffering=1: line-buffered, each line reaches the OS when it is written.
+        self._file = open(self._path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+    @property
+    def path(self) -> str:
+        """The file this writer appends to."""
+        return self._path
+
+    def write_summaries(
+        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
+    ) -> None:
+        """Writes raw tensors as `{"type": "tensor", ...}` objects (see module docstring)."""
+        step = self._begin_line("write_summaries", step, values)
+        self._write_line(step, {k: self._tensor(np.asarray(v)) for k, v in values.items()})
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
+        """Writes numbers; NaN and infinities become `"NaN"`, `"Infinity"`, `"-Infinity"`."""
+        step = self._begin_line("write_scalars", step, scalars)
+        numbers = _checks.check_numbers(scalars, "JsonlWriter.write_scalars")
+        self._write_line(step, {k: _json_number(v) for k, v in numbers.items()})
+
+    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
+        """Writes `{"type": "image", "shape": [...]}` per image array."""
+        step = self._begin_line("write_images", step, images)
+        arrays = _checks.check_arrays(images, "JsonlWriter.write_images", _checks.image_problem)
+        self._write_line(step, {k: _shaped("image", v) for k, v in arrays.items()})
+
+    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
+        """Writes `{"type": "video", "shape": [...]}` per video array."""
+        step = self._begin_line("write_videos", step, videos)
+        self._write_line(step, {k: _shaped("video", np.asarray(v)) for k, v in videos.items()})
+
+    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
+        """Writes `{"type": "audio", "shape": [...], "sample_rate": r}` per audio array."""
+        step = self._begin_line("write_audios", step, audios)
+        self._write_line(
+            step,
+            {
+                k: {**_shaped("audio", np.asarray(v)), "sample_rate": int(sample_rate)}
+                for k, v in audios.items()
+            },
+        )
+
+    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+        """Writes texts as JSON strings."""
+        step = self._begin_line("write_texts", step, texts)
+        self._write_line(step, _checks.check_texts(texts, "JsonlWriter.write_texts"))
+
+    def write_histograms(
+        self,
+        step: int,
+        arrays: Mapping[str, Array],
+        num_buckets: Mapping[str, int] | None = None,
+    ) -> None:
+        """Writes bucket edges and counts plus count, min, max and mean per array."""
+        step = self._begin_line("write_histograms", step, arrays)
+        checked = _checks.check_arrays(
+            arrays, "JsonlWriter.write_histograms", _checks.histogram_problem
+        )
+        buckets = num_buckets or {}
+        line = {}
+        for key, arr in checked.items():
+            counts, edges = _checks.bucketize(arr, buckets.get(key))
+            flat = arr.astype(np.float64).reshape(-1)
+            line[key] = {
+                "type": "histogram",
+                "count": int(flat.size),
+                "min": float(flat.min()),
+                "max": float(flat.max()),
+                "mean": float(flat.mean()),
+                "edges": [float(e) for e in edges],
+                "counts": [int(c) for c in counts],
+            }
+        self._write_line(step, line)
+
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """Writes one line with `"step": null` and the hyperparameters under `"hparams"`."""
+        self._check_open("write_hparams")
+        _checks.check_keys(hparams, "JsonlWriter.write_hparams")
+        self._write_line(None, {"hparams": {k: _hparam(v) for k, v in hparams.items()}})
+
+    def flush(self) -> None:
+        """Flushes the file and fsyncs it, so every line written so far is on disk."""
+        if self._closed:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        """Flushes, fsyncs and closes the file; idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self._file.close()
+            self._closed = True
+
+    def _begin_line(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
+        checked = self._begin(method, step, values)
+        reserved = [k for k in values if k in RESERVED_KEYS]
+        if reserved:
+            raise ValueError(
+                f"JsonlWriter.{method}: keys {reserved} are reserved for the fields of each "
+                f"line {list(RESERVED_KEYS)}; rename them, e.g. 'train/{reserved[0]}'."
+            )
+        return checked
+
+    def _write_line(self, step: int | None, values: Mapping[str, Any]) -> None:
+        record = {"step": step, "time": self._clock(), "collection": self._collection}
+        record.update(values)
+        # allow_nan=False: a non-finite float that slipped through fails loudly
+        # instead of producing a line that strict JSON readers reject.
+        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+
+    def _tensor(self, arr: np.ndarray) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "tensor", "shape": list(arr.shape), "dtype": str(arr.dtype)}
+        if arr.size <= self._max_array_size:
+            out["values"] = _json_array(arr)
+        return out
+
+
+def _json_number(value: int | float) -> int | float | str:
+    if isinstance(value, int) or math.isfinite(value):
+        return value
+    if math.isnan(value):
+        return "NaN"
+    return "Infinity" if value > 0 else "-Infinity"
+
+
+def _json_array(arr: np.ndarray) -> Any:
+    if np.issubdtype(arr.dtype, np.floating):
+        if np.all(np.isfinite(arr)):
+            return arr.tolist()
+        return np.vectorize(_json_number, otypes=[object])(arr.astype(np.float64)).tolist()
+    if np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_:
+        return arr.tolist()
+    return np.vectorize(str, otypes=[object])(arr).tolist()
+
+
+def _shaped(kind: str, arr: np.ndarray) -> dict[str, Any]:
+    return {"type": kind, "shape": list(arr.shape)}
+
+
+def _hparam(value: Any) -> bool | int | float | str:
+    if isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float | np.number):
+        number = _checks.to_number("hparam", value)
+        return _json_number(number)
+    return str(value)
