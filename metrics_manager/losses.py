@@ -126,31 +126,27 @@ def _is_array(x: Any) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def _check_integer_array(problems: _Problems, name: str, x: Any, *, fix: str) -> bool:
-    """Records a problem unless `x` is an integer array; returns whether it is one."""
+def _check_dtype(
+    problems: _Problems, name: str, x: Any, kind: type, what: str, *, fix: str = ""
+) -> bool:
+    """Records a problem unless `x` is an array of dtype `kind`; returns whether it is one."""
     if not _is_array(x):
-        problems.type_problem(f"`{name}` must be an integer array; got {_describe(x)}. {fix}")
+        problems.type_problem(f"`{name}` must be {what} array; got {_describe(x)}. {fix}")
         return False
-    if not jnp.issubdtype(x.dtype, jnp.integer):
+    if not jnp.issubdtype(x.dtype, kind):
         problems.type_problem(
-            f"`{name}` must have an integer dtype (token ids, e.g. int32); got dtype "
-            f"{x.dtype} (shape {tuple(x.shape)}). {fix}"
+            f"`{name}` must be {what} array; got dtype {x.dtype} (shape {tuple(x.shape)}). {fix}"
         )
         return False
     return True
+
+
+def _check_integer_array(problems: _Problems, name: str, x: Any, *, fix: str) -> bool:
+    return _check_dtype(problems, name, x, jnp.integer, "an integer (e.g. int32)", fix=fix)
 
 
 def _check_float_array(problems: _Problems, name: str, x: Any, *, fix: str = "") -> bool:
-    if not _is_array(x):
-        problems.type_problem(f"`{name}` must be a floating-point array; got {_describe(x)}. {fix}")
-        return False
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        problems.type_problem(
-            f"`{name}` must have a floating-point dtype; got dtype {x.dtype} "
-            f"(shape {tuple(x.shape)}). {fix}"
-        )
-        return False
-    return True
+    return _check_dtype(problems, name, x, jnp.floating, "a floating-point", fix=fix)
 
 
 def _check_logits_and_targets(problems: _Problems, logits: Any, targets: Any) -> bool:
@@ -303,7 +299,8 @@ def _token_cross_entropy_bwd(
     vocab_size = logits.shape[-1]
     confidence, low, _ = _smoothing(label_smoothing, vocab_size)
     probs = jnp.exp(logits.astype(jnp.float32) - log_z[..., None])
-    onehot = jnp.arange(vocab_size) == targets[..., None]
+    vocab_ids = jax.lax.broadcasted_iota(targets.dtype, probs.shape, probs.ndim - 1)
+    onehot = vocab_ids == targets[..., None]
     soft_targets = jnp.where(onehot, confidence, low)
     total_target_mass = confidence + (vocab_size - 1) * low
     # d/dlogits of  -sum q log softmax + z * logsumexp^2  =  p * (sum q + 2 z logZ) - q
@@ -525,8 +522,10 @@ def convert_special_loss_normalizing_factor_to_enum(
 def _run_ids(segment_ids: jax.Array) -> jax.Array:
     """Index of each position's run of equal segment ids within its row: [B, L] in [0, L)."""
     starts = jnp.concatenate(
-        [jnp.zeros_like(segment_ids[:, :1], dtype=jnp.int32),
-         (segment_ids[:, 1:] != segment_ids[:, :-1]).astype(jnp.int32)],
+        [
+            jnp.zeros_like(segment_ids[:, :1], dtype=jnp.int32),
+            (segment_ids[:, 1:] != segment_ids[:, :-1]).astype(jnp.int32),
+        ],
         axis=1,
     )
     return jnp.cumsum(starts, axis=1)
@@ -544,9 +543,7 @@ def _average_per_sequence(
         weights = jnp.where(segment_ids != 0, weights, 0.0)
         batch, length = segment_ids.shape
         flat_runs = (_run_ids(segment_ids) + jnp.arange(batch)[:, None] * length).reshape(-1)
-        run_sums = jax.ops.segment_sum(
-            weights.reshape(-1), flat_runs, num_segments=batch * length
-        )
+        run_sums = jax.ops.segment_sum(weights.reshape(-1), flat_runs, num_segments=batch * length)
         per_token_sum = run_sums[flat_runs].reshape(batch, length)
         num_sequences = jnp.sum(run_sums > 0)
     has_weight = per_token_sum > 0
@@ -634,8 +631,7 @@ def get_loss_normalizing_factor_and_weights(
             ) and _check_same_shape(problems, f"batch[{_SEGMENT_IDS_KEY!r}]", segment_ids, shape):
                 if segment_ids.ndim != 2:
                     problems.value_problem(
-                        f"batch[{_SEGMENT_IDS_KEY!r}] must be [batch, length]; got shape "
-                        f"{shape}."
+                        f"batch[{_SEGMENT_IDS_KEY!r}] must be [batch, length]; got shape {shape}."
                     )
     problems.raise_if_any()
 

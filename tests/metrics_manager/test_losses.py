@@ -1,0 +1,360 @@
+"""Losses: cross-entropy, label smoothing, z-loss and its VJP, loss normalizing factors.
+
+Expected numbers are worked out from the formulas with numpy/math, independently of the
+implementation (which never materializes one-hot targets and has a hand-written VJP).
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from metrics_manager import losses
+from metrics_manager.losses import SpecialLossNormalizingFactor as LNF
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
+def _logsumexp(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, np.float64)
+    top = logits.max(-1)
+    return top + np.log(np.exp(logits - top[..., None]).sum(-1))
+
+
+def _soft_targets(targets: np.ndarray, vocab: int, label_smoothing: float) -> np.ndarray:
+    low = label_smoothing / (vocab - 1)
+    onehot = np.eye(vocab)[np.asarray(targets)]
+    return np.where(onehot == 1, 1.0 - label_smoothing, low)
+
+
+def _reference_token_loss(logits, targets, label_smoothing=0.0, z_loss=0.0):
+    """KL(soft targets || softmax) + z_loss * logsumexp^2, per token, in float64."""
+    q = _soft_targets(targets, np.shape(logits)[-1], label_smoothing)
+    entropy = -np.sum(np.where(q > 0, q * np.log(np.where(q > 0, q, 1.0)), 0.0), -1)
+    cross_ent = -np.sum(q * _log_softmax(logits), -1)
+    return cross_ent - entropy + z_loss * _logsumexp(logits) ** 2
+
+
+def _plain_jax_loss(logits, targets, label_smoothing, z_loss):
+    """The same loss written plainly in JAX, so autodiff gives the reference gradient."""
+    vocab = logits.shape[-1]
+    low = label_smoothing / (vocab - 1)
+    q = jnp.where(jax.nn.one_hot(targets, vocab) == 1, 1.0 - label_smoothing, low)
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    return jnp.sum(-jnp.sum(q * jax.nn.log_softmax(logits), -1) + z_loss * log_z**2)
+
+
+LOGITS = jnp.array([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], [[2.0, -1.0, 0.5], [0.3, 0.2, 0.1]]])
+TARGETS = jnp.array([[2, 0], [1, 0]])
+
+
+# ----------------------------------------------------------------------------- cross-entropy
+
+
+def test_cross_entropy_hand_worked_values():
+    token = losses.compute_token_losses(LOGITS[:1], TARGETS[:1])
+    # Token 0: logsumexp(1, 2, 3) - 3; token 1: uniform over 3 -> ln 3.
+    expected = [math.log(math.e + math.e**2 + math.e**3) - 3.0, math.log(3.0)]
+    np.testing.assert_allclose(token.loss[0], expected, rtol=1e-6)
+    np.testing.assert_allclose(token.z_loss, 0.0)
+
+
+def test_weighted_cross_entropy_sums_weights_and_divides_by_factor():
+    weights = jnp.array([[1.0, 0.0], [0.5, 2.0]])
+    per_token = _reference_token_loss(LOGITS, TARGETS)
+    loss, z, weight_sum = losses.compute_weighted_cross_entropy(
+        LOGITS, TARGETS, weights, loss_normalizing_factor=4.0
+    )
+    np.testing.assert_allclose(loss, np.sum(per_token * np.asarray(weights)) / 4.0, rtol=1e-6)
+    assert float(z) == 0.0
+    assert float(weight_sum) == 3.5
+    # No weights, no factor: the plain sum over all tokens; weight_sum is B * L.
+    loss, _, weight_sum = losses.compute_weighted_cross_entropy(LOGITS, TARGETS)
+    np.testing.assert_allclose(loss, per_token.sum(), rtol=1e-6)
+    assert float(weight_sum) == 4.0
+
+
+def test_per_row_factor_divides_each_row():
+    per_token = _reference_token_loss(LOGITS, TARGETS)
+    loss, _, _ = losses.compute_weighted_cross_entropy(
+        LOGITS, TARGETS, loss_normalizing_factor=jnp.array([2.0, 5.0])
+    )
+    np.testing.assert_allclose(loss, per_token[0].sum() / 2 + per_token[1].sum() / 5, rtol=1e-6)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.1, 0.3])
+def test_label_smoothing_perfect_prediction_scores_zero(label_smoothing):
+    vocab = 5
+    targets = jnp.array([[0, 3, 4]])
+    q = _soft_targets(targets, vocab, label_smoothing)
+    perfect = jnp.asarray(np.log(q), jnp.float32)
+    loss, _, _ = losses.compute_weighted_cross_entropy(
+        perfect, targets, label_smoothing=label_smoothing
+    )
+    assert abs(float(loss)) < 1e-5
+    # Any other prediction scores KL(q || p) > 0.
+    logits = jnp.asarray(np.random.default_rng(0).normal(size=(1, 3, vocab)), jnp.float32)
+    token = losses.compute_token_losses(logits, targets, label_smoothing=label_smoothing)
+    expected = _reference_token_loss(logits, targets, label_smoothing)
+    np.testing.assert_allclose(token.loss, expected, rtol=1e-5)
+    assert np.all(np.asarray(token.loss) > 0)
+
+
+def test_z_loss_value_is_coefficient_times_logsumexp_squared():
+    z_loss = 1e-2
+    weights = jnp.array([[1.0, 1.0], [0.0, 1.0]])
+    token = losses.compute_token_losses(LOGITS, TARGETS, z_loss=z_loss)
+    np.testing.assert_allclose(token.z_loss, z_loss * _logsumexp(LOGITS) ** 2, rtol=1e-6)
+    np.testing.assert_allclose(
+        token.loss, _reference_token_loss(LOGITS, TARGETS, z_loss=z_loss), rtol=1e-6
+    )
+    loss, z, _ = losses.compute_weighted_cross_entropy(
+        LOGITS, TARGETS, weights, z_loss=z_loss, loss_normalizing_factor=3.0
+    )
+    w = np.asarray(weights)
+    np.testing.assert_allclose(z, np.sum(w * z_loss * _logsumexp(LOGITS) ** 2) / 3, rtol=1e-6)
+    np.testing.assert_allclose(
+        loss, np.sum(w * _reference_token_loss(LOGITS, TARGETS, z_loss=z_loss)) / 3, rtol=1e-6
+    )
+
+
+@pytest.mark.parametrize("label_smoothing,z_loss", [(0.0, 0.0), (0.0, 0.05), (0.2, 0.05)])
+def test_gradient_matches_autodiff_of_the_plain_formula(label_smoothing, z_loss):
+    def ours(logits):
+        loss, _, _ = losses.compute_weighted_cross_entropy(
+            logits, TARGETS, label_smoothing=label_smoothing, z_loss=z_loss
+        )
+        return loss
+
+    expected = jax.grad(_plain_jax_loss)(LOGITS, TARGETS, label_smoothing, z_loss)
+    np.testing.assert_allclose(jax.jit(jax.grad(ours))(LOGITS), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_logged_z_loss_carries_no_gradient_but_the_loss_trains_on_it():
+    def logged_z(logits):
+        return losses.compute_weighted_cross_entropy(logits, TARGETS, z_loss=0.1)[1]
+
+    def loss_with_z(logits, z_loss):
+        return losses.compute_weighted_cross_entropy(logits, TARGETS, z_loss=z_loss)[0]
+
+    assert float(logged_z(LOGITS)) > 0
+    np.testing.assert_array_equal(jax.grad(logged_z)(LOGITS), 0.0)
+    # The z-loss's contribution to the loss's gradient is d(z * logZ^2) = 2 z logZ softmax.
+    contribution = jax.grad(loss_with_z)(LOGITS, 0.1) - jax.grad(loss_with_z)(LOGITS, 0.0)
+    softmax = np.exp(_log_softmax(LOGITS))
+    expected = 2 * 0.1 * _logsumexp(LOGITS)[..., None] * softmax
+    np.testing.assert_allclose(contribution, expected, rtol=1e-5, atol=1e-7)
+
+
+def test_z_loss_coefficient_may_be_traced_and_bf16_logits_get_bf16_gradients():
+    @jax.jit
+    def f(logits, z_loss):
+        return losses.compute_weighted_cross_entropy(logits, TARGETS, z_loss=z_loss)[0]
+
+    grad = jax.grad(f)(LOGITS.astype(jnp.bfloat16), jnp.float32(0.1))
+    assert grad.dtype == jnp.bfloat16
+    expected = jax.grad(_plain_jax_loss)(LOGITS, TARGETS, 0.0, 0.1)
+    np.testing.assert_allclose(grad.astype(jnp.float32), expected, atol=2e-2)
+
+
+def test_float_labels_are_a_type_error_naming_expected_and_received():
+    with pytest.raises(TypeError) as info:
+        losses.compute_weighted_cross_entropy(LOGITS, TARGETS.astype(jnp.float32))
+    message = str(info.value)
+    assert "`targets`" in message and "integer" in message and "float32" in message
+    assert "astype(jnp.int32)" in message
+
+
+def test_every_input_problem_is_listed_in_one_error():
+    with pytest.raises(TypeError) as info:
+        losses.compute_weighted_cross_entropy(
+            LOGITS.astype(jnp.int32),  # wrong dtype
+            TARGETS.astype(jnp.float32),  # wrong dtype
+            label_smoothing=1.5,  # out of range
+        )
+    message = str(info.value)
+    assert "3 problem(s)" in message
+    assert "`logits`" in message and "`targets`" in message and "label_smoothing" in message
+
+
+def test_shape_mismatches_are_value_errors():
+    with pytest.raises(ValueError, match=r"targets.shape \+ \(vocab_size,\)"):
+        losses.compute_weighted_cross_entropy(LOGITS[:, :1], TARGETS)
+    with pytest.raises(ValueError, match=r"`weights` must have the shape of `targets` \(2, 2\)"):
+        losses.compute_weighted_cross_entropy(LOGITS, TARGETS, jnp.ones((2, 3)))
+    with pytest.raises(ValueError, match=r"scalar or a \[batch\] vector of shape \(2,\)"):
+        losses.compute_weighted_cross_entropy(LOGITS, TARGETS, loss_normalizing_factor=jnp.ones(3))
+    with pytest.raises(TypeError, match="Resolve special factors first"):
+        losses.compute_weighted_cross_entropy(
+            LOGITS, TARGETS, loss_normalizing_factor="NUM_REAL_TARGET_TOKENS"
+        )
+
+
+# ----------------------------------------------------------------------------- normalizing factor
+
+BATCH = {"decoder_target_tokens": jnp.array([[5, 6, 7, 0], [8, 0, 0, 0], [0, 0, 0, 0]])}
+
+
+@pytest.mark.parametrize(
+    "name,member",
+    [
+        ("NUM_REAL_TARGET_TOKENS", LNF.NUM_REAL_TARGET_TOKENS),
+        ("num_total_target_tokens", LNF.NUM_TOTAL_TARGET_TOKENS),
+        ("Average_Per_Sequence", LNF.AVERAGE_PER_SEQUENCE),
+        (LNF.AVERAGE_PER_SEQUENCE, LNF.AVERAGE_PER_SEQUENCE),
+    ],
+)
+def test_string_names_convert_case_insensitively(name, member):
+    assert losses.convert_special_loss_normalizing_factor_to_enum(name) is member
+
+
+def test_unknown_names_and_types_are_rejected():
+    with pytest.raises(ValueError, match="NUM_REAL_TARGET_TOKENS, NUM_TOTAL_TARGET_TOKENS"):
+        losses.convert_special_loss_normalizing_factor_to_enum("num_tokens")
+    with pytest.raises(TypeError, match="got int 3"):
+        losses.convert_special_loss_normalizing_factor_to_enum(3)
+    with pytest.raises(ValueError, match="must be positive; got -2.0"):
+        losses.get_loss_normalizing_factor_and_weights(-2.0, BATCH)
+    with pytest.raises(ValueError, match=r"needs batch\['decoder_target_tokens'\].*\['inputs'\]"):
+        losses.get_loss_normalizing_factor_and_weights("num_real_target_tokens", {"inputs": 1})
+    with pytest.raises(TypeError, match="integer.*float32"):
+        losses.get_loss_normalizing_factor_and_weights(
+            LNF.NUM_REAL_TARGET_TOKENS, {"decoder_target_tokens": jnp.ones((2, 3))}
+        )
+
+
+def test_numbers_and_none_pass_through_with_the_batch_weights():
+    assert losses.get_loss_normalizing_factor_and_weights(None, BATCH) == (None, None)
+    weights = jnp.ones((3, 4))
+    factor, out = losses.get_loss_normalizing_factor_and_weights(
+        2.5, {**BATCH, "decoder_loss_weights": weights}
+    )
+    assert factor == 2.5 and out is weights
+
+
+def test_num_real_and_num_total_target_tokens():
+    factor, weights = losses.get_loss_normalizing_factor_and_weights(
+        "num_real_target_tokens", BATCH
+    )
+    assert float(factor) == 4.0
+    np.testing.assert_array_equal(weights, np.asarray(BATCH["decoder_target_tokens"]) > 0)
+    assert weights.dtype == jnp.float32
+    factor, _ = losses.get_loss_normalizing_factor_and_weights(LNF.NUM_TOTAL_TARGET_TOKENS, BATCH)
+    assert factor == 12.0
+    # Given weights are summed, not counted.
+    given = {**BATCH, "decoder_loss_weights": jnp.full((3, 4), 0.25)}
+    factor, _ = losses.get_loss_normalizing_factor_and_weights("NUM_REAL_TARGET_TOKENS", given)
+    assert float(factor) == 3.0
+    # A batch without any weight normalizes by 1 (loss 0), not by 0 (loss NaN).
+    empty = {"decoder_target_tokens": jnp.zeros((2, 3), jnp.int32)}
+    factor, _ = losses.get_loss_normalizing_factor_and_weights("num_real_target_tokens", empty)
+    assert float(factor) == 1.0
+
+
+def test_average_per_sequence_unpacked():
+    factor, weights = losses.get_loss_normalizing_factor_and_weights("AVERAGE_PER_SEQUENCE", BATCH)
+    # Two non-empty rows; the all-padding third row is no sequence.
+    assert float(factor) == 2.0
+    third = 1 / 3
+    np.testing.assert_allclose(
+        weights, [[third, third, third, 0], [1, 0, 0, 0], [0, 0, 0, 0]], rtol=1e-6
+    )
+
+
+def test_average_per_sequence_packed_uses_segment_ids():
+    batch = {
+        "decoder_target_tokens": jnp.array([[3, 4, 5, 6, 7, 9], [8, 9, 1, 2, 0, 0]]),
+        "decoder_segment_ids": jnp.array([[1, 1, 2, 2, 2, 0], [1, 2, 2, 3, 0, 0]]),
+        # Sequence 3 of row 1 has no weight: it is not counted.
+        "decoder_loss_weights": jnp.array([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]),
+    }
+    factor, weights = losses.get_loss_normalizing_factor_and_weights("average_per_sequence", batch)
+    assert float(factor) == 4.0
+    third = 1 / 3
+    # Row 0's last position is padding (segment 0): weight 0 even though its weight was 1.
+    np.testing.assert_allclose(
+        weights,
+        [[0.5, 0.5, third, third, third, 0], [1, 0.5, 0.5, 0, 0, 0]],
+        rtol=1e-6,
+    )
+    # Each sequence's weights sum to 1, so the weights sum to the factor.
+    np.testing.assert_allclose(np.sum(weights), 4.0, rtol=1e-6)
+
+
+def test_average_per_sequence_packed_under_jit_matches_eager():
+    batch = {
+        "decoder_target_tokens": jnp.array([[3, 4, 5, 6, 7, 0], [8, 9, 1, 2, 0, 0]]),
+        "decoder_segment_ids": jnp.array([[1, 1, 2, 2, 2, 0], [1, 2, 2, 3, 0, 0]]),
+    }
+    jitted = jax.jit(losses.get_loss_normalizing_factor_and_weights, static_argnums=0)
+    for eager, compiled in zip(
+        losses.get_loss_normalizing_factor_and_weights("AVERAGE_PER_SEQUENCE", batch),
+        jitted("AVERAGE_PER_SEQUENCE", batch),
+        strict=True,
+    ):
+        np.testing.assert_allclose(eager, compiled, rtol=1e-6)
+
+
+def test_with_loss_normalization_stores_the_global_factor_per_row():
+    out = losses.with_loss_normalization(BATCH, "num_real_target_tokens")
+    np.testing.assert_array_equal(out["loss_normalizing_factor"], [4.0, 4.0, 4.0])
+    np.testing.assert_array_equal(
+        out["decoder_loss_weights"], np.asarray(BATCH["decoder_target_tokens"]) > 0
+    )
+    assert out["decoder_target_tokens"] is BATCH["decoder_target_tokens"]
+    # None means "no normalization": a factor of one; no weights are invented.
+    out = losses.with_loss_normalization(BATCH, None)
+    np.testing.assert_array_equal(out["loss_normalizing_factor"], [1.0, 1.0, 1.0])
+    assert "decoder_loss_weights" not in out
+    np.testing.assert_array_equal(
+        losses.with_loss_normalization(BATCH, 2.5)["loss_normalizing_factor"], [2.5, 2.5, 2.5]
+    )
+
+
+@pytest.mark.parametrize(
+    "factor",
+    [None, 2.5, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"],
+)
+def test_microbatch_losses_add_up_to_the_global_loss(factor):
+    rng = np.random.default_rng(1)
+    targets = jnp.array([[1, 2, 3, 0], [4, 0, 0, 0], [2, 2, 0, 0], [1, 1, 1, 1]])
+    logits = jnp.asarray(rng.normal(size=(4, 4, 5)), jnp.float32)
+    batch = losses.with_loss_normalization({"decoder_target_tokens": targets}, factor)
+
+    def loss_of(rows):
+        part = {k: v[rows] for k, v in batch.items()}
+        return losses.compute_weighted_cross_entropy(
+            logits[rows],
+            part["decoder_target_tokens"],
+            part.get("decoder_loss_weights"),
+            loss_normalizing_factor=part["loss_normalizing_factor"],
+        )[0]
+
+    whole = loss_of(slice(0, 4))
+    halves = loss_of(slice(0, 2)) + loss_of(slice(2, 4))
+    np.testing.assert_allclose(halves, whole, rtol=1e-6)
+    resolved, weights = losses.get_loss_normalizing_factor_and_weights(factor, batch)
+    reference = _reference_token_loss(logits, targets)
+    weights = np.ones((4, 4)) if weights is None else np.asarray(weights)
+    np.testing.assert_allclose(
+        whole,
+        np.sum(weights * reference) / (1.0 if resolved is None else float(resolved)),
+        rtol=1e-5,
+    )
+
+
+def test_count_packed_examples():
+    segment_ids = jnp.array([[1, 1, 2, 0], [1, 2, 3, 3], [0, 0, 0, 0], [4, 4, 4, 4]])
+    # Row 0: 2 changes + 1 - 1 (ends in padding) = 2; row 1: 3; row 2: 0; row 3: 1.
+    assert int(losses.count_packed_examples(segment_ids)) == 6
+    assert int(jax.jit(losses.count_packed_examples)(segment_ids)) == 6
+    with pytest.raises(TypeError, match="segment_ids.*integer.*float32"):
+        losses.count_packed_examples(segment_ids.astype(jnp.float32))
+    with pytest.raises(ValueError, match=r"\[batch, length\]; got shape \(16,\)"):
+        losses.count_packed_examples(segment_ids.reshape(-1))
