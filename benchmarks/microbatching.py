@@ -1,0 +1,184 @@
+"""Table 5: compile time and step time against the number of microbatches.
+
+A jitted SGD step of the benchmark MLP computes its gradients and metrics with
+`metrics_manager.accumulate_grads_microbatched` at a fixed global batch, split into 1, 2,
+4, 8 and 16 microbatches. Compile time (trace + lower + XLA compile, a fresh function
+each time so nothing is cached) should not grow with the count: the microbatch loop must
+be one compiled loop body, not an unrolled Python loop. Step time shows what splitting
+costs at run time. Every figure is a ratio to 1 microbatch, measured in the same run.
+
+Run alone: `python -m benchmarks.microbatching [--quick]`.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from clu import metrics as clu_metrics
+
+from benchmarks import common, model
+
+COUNTS = (1, 2, 4, 8, 16)
+GLOBAL_BATCH = 256
+COMPILE_TARGET = 1.5
+
+
+def loss_fn(params: model.Params, microbatch: model.Batch) -> tuple[jax.Array, dict[str, Any]]:
+    """Summed cross-entropy of one microbatch and its metrics."""
+    import metrics_manager as mm  # noqa: PLC0415
+
+    loss, logits = model.loss_and_logits(params, microbatch)
+    mask = microbatch["weights"] > 0
+    metrics = {
+        "loss": mm.AveragePerStep.from_model_output(loss),
+        "accuracy": clu_metrics.Accuracy.from_model_output(
+            logits=logits, labels=microbatch["labels"], mask=mask
+        ),
+        "logits/max": mm.Max.from_model_output(logits),
+        "logits/min": mm.Min.from_model_output(logits),
+        "logits/mean_std": mm.MeanStd.from_model_output(logits),
+        "timing/seqs": mm.Sum.from_model_output(jnp.sum(mask.astype(jnp.float32))),
+    }
+    return loss, metrics
+
+
+def make_step(num_microbatches: int) -> Callable[..., Any]:
+    """A fresh jitted train step (a new function, so no compilation cache is shared)."""
+    from metrics_manager import accumulate_grads_microbatched  # noqa: PLC0415
+
+    def step(params: model.Params, batch: model.Batch) -> tuple[model.Params, dict[str, Any]]:
+        grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, num_microbatches)
+        return model.sgd(params, grads), metrics
+
+    return jax.jit(step, donate_argnums=0)
+
+
+def compile_seconds(num_microbatches: int, params: model.Params, batch: model.Batch) -> float:
+    """Seconds to trace, lower and compile a fresh step."""
+    step = make_step(num_microbatches)
+    start = time.perf_counter()
+    step.lower(params, batch).compile()
+    return time.perf_counter() - start
+
+
+class Stepper:
+    """A compiled step per microbatch count and a timed run of it."""
+
+    def __init__(self, size: model.ModelSize, counts: tuple[int, ...], global_batch: int):
+        self.params0 = model.init_params(jax.random.PRNGKey(0), size)
+        self.batch = model.make_batch(
+            jax.random.PRNGKey(1),
+            model.ModelSize(global_batch, size.features, size.hidden, size.classes),
+        )
+        self.steps = {n: make_step(n) for n in counts}
+
+    def run(self, num_microbatches: int, num_steps: int) -> float:
+        """Seconds per step over `num_steps` steps (compilation excluded)."""
+        step = self.steps[num_microbatches]
+        params = jax.block_until_ready(jax.tree.map(jnp.copy, self.params0))
+        params, metrics = step(params, self.batch)  # compiled on first use
+        jax.block_until_ready((params, metrics))
+        start = time.perf_counter()
+        for _ in range(num_steps):
+            params, metrics = step(params, self.batch)
+        jax.block_until_ready((params, metrics))
+        return (time.perf_counter() - start) / num_steps
+
+
+def run(
+    quick: bool = False,
+    *,
+    counts: tuple[int, ...] = COUNTS,
+    global_batch: int = GLOBAL_BATCH,
+    num_steps: int | None = None,
+    repeats: int | None = None,
+    size: model.ModelSize = model.DEFAULT,
+) -> common.Table:
+    """Compile time and step time per microbatch count, as ratios to 1 microbatch.
+
+    Args:
+      quick: fewer steps and repetitions (same table).
+      counts: numbers of microbatches; the first is the baseline.
+      global_batch: examples per step, divisible by every count.
+      num_steps: steps per timed run (default 200; quick 50).
+      repeats: compilations and timed runs per count (default 5; quick 2).
+      size: model sizes (its batch is replaced by `global_batch`).
+
+    Returns:
+      One row per count: median compile seconds and step milliseconds, each as a ratio to
+      the first count.
+    """
+    num_steps = num_steps or (50 if quick else 200)
+    repeats = repeats or (2 if quick else 5)
+    stepper = Stepper(size, counts, global_batch)
+    compiles = common.interleaved(
+        {n: functools.partial(compile_seconds, n, stepper.params0, stepper.batch) for n in counts},  # type: ignore[misc]
+        repeats,
+    )
+    steps = common.interleaved(
+        {n: functools.partial(stepper.run, n, num_steps) for n in counts},  # type: ignore[misc]
+        repeats,
+    )
+    table = common.Table(
+        key="microbatching",
+        title="5. Microbatching: compile time and step time",
+        description=(
+            f"A jitted SGD step of the MLP ({size.features}-{size.hidden}-{size.hidden}-"
+            f"{size.classes}) at a global batch of {global_batch}, gradients and 6 metrics from "
+            "`accumulate_grads_microbatched`. Compile = trace + lower + XLA compile of a fresh "
+            f"function; step = mean over {num_steps} steps. Medians of {repeats} interleaved "
+            f"repetitions; ratios to {counts[0]} microbatch(es)."
+        ),
+        columns=[
+            common.Column("microbatches", "microbatches"),
+            common.Column("microbatch_size", "microbatch size"),
+            common.Column("compile_s", "compile (s)", ".3f"),
+            common.Column("compile_ratio", "compile ratio", ".3f", "x"),
+            common.Column("step_ms", "step (ms)", ".3f"),
+            common.Column("step_ratio", "step ratio", ".3f", "x"),
+        ],
+    )
+    base_compile = common.median(compiles[counts[0]])
+    base_step = common.median(steps[counts[0]])
+    for n in counts:
+        compile_s, step_s = common.median(compiles[n]), common.median(steps[n])
+        table.rows.append(
+            {
+                "microbatches": n,
+                "microbatch_size": global_batch // n,
+                "compile_s": compile_s,
+                "compile_seconds": compile_s,
+                "baseline_compile_seconds": base_compile,
+                "compile_ratio": common.ratio(compile_s, base_compile),
+                "step_ms": step_s * 1e3,
+                "step_seconds": step_s,
+                "baseline_step_seconds": base_step,
+                "step_ratio": common.ratio(step_s, base_step),
+            }
+        )
+    worst = max(table.rows, key=lambda row: row["compile_ratio"])
+    table.targets.append(
+        common.Target(
+            f"compile time, worst count ({worst['microbatches']}) vs {counts[0]}",
+            worst["compile_ratio"],
+            COMPILE_TARGET,
+        )
+    )
+    last = table.rows[-1]
+    table.headlines.append(
+        f"compile time ({last['microbatches']} vs {counts[0]} microbatches): "
+        f"{last['compile_ratio']:.3f}x"
+    )
+    table.headlines.append(
+        f"step time ({last['microbatches']} vs {counts[0]} microbatches): {last['step_ratio']:.3f}x"
+    )
+    return table
+
+
+if __name__ == "__main__":
+    common.main_for(run)
