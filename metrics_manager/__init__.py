@@ -5,6 +5,8 @@ Host side: the duration timer, the background summary worker and the
 `MetricsManager` that sends values to pluggable `writers`.
 """
 
+from metrics_manager.host_copy import device_get_batched
+from metrics_manager.manager import MetricsManager, MetricsManagerError
 from metrics_manager.metrics import (
     AveragePerStep,
     Max,
@@ -23,8 +25,15 @@ from metrics_manager.metrics import (
     set_time_metrics_duration,
     set_time_rate_metrics_duration,
 )
+from metrics_manager.timer import DurationTimer
 
-__all__: list[str] = [
+__all__: list[
+    "DurationTimer",
+    "MetricsManager",
+    "MetricsManagerError",
+    "device_get_batched",
+    "str",
+] = [
     "AveragePerStep",
     "Max",
     "MeanStd",

@@ -1,0 +1,545 @@
+"""`MetricsManager`: T5X's summary contract with a background worker and pluggable writers.
+
+Plug it into any training loop:
+
+  with MetricsManager("train", summary_dir="runs/exp") as manager:
+    metrics = None
+    manager.start_duration_timer(block_on=state)
+    for step in range(start, start + num_steps):
+      state, step_metrics = train_step(state, batch)
+      metrics = merge_metrics(metrics, step_metrics)
+    future = manager.write_metrics_summary(metrics, start + num_steps, num_steps)
+
+What happens where:
+
+* Caller's thread: cheap checks and two queue submissions; it never waits for
+  the device or a writer.
+* Timer thread (`timer.DurationTimer`): the window runs from "`block_on`
+  ready" to "metrics ready"; donated buffers count as ready.
+* Summary worker (one thread, jobs in call order): waits for the window's
+  duration, copies all metrics to the host in one batched transfer
+  (`host_copy.device_get_batched`), sets durations (`set_time_metrics_duration`)
+  and steps (`set_step_metrics_num_steps`), calls `compute_value()` per metric
+  and `writers.write_values`. `write_scalar(s)`, `write_texts`,
+  `write_hparams` and `flush` go through the same worker, so everything reaches
+  the writer in call order.
+
+Only `jax.process_index() == 0` builds a writer (so only it creates files).
+Other processes still time the window and compute the summary (the returned
+future holds the same values on every process, so decisions taken from it
+agree across hosts) but skip every write and never call the writer factory.
+
+A failure in the background (a metric's `compute_value()`, a writer) is kept:
+the returned future raises it, and so do the next call, `flush()` and
+`close()`, naming the metric or writer. After a failure the manager refuses new
+work; `close()` still releases the writer and threads, then raises.
+
+Host-side module: never import it from code traced by jit.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import numbers
+import os
+import threading
+import types
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import clu.metrics as clu_metrics
+import clu.values
+import jax
+
+import writers
+from metrics_manager import host_copy
+from metrics_manager import metrics as metrics_lib
+from metrics_manager.timer import Clock, DurationTimer
+
+WriterFactory = Callable[[str | None], Any]
+"""`writer_factory(logdir)` returns a writer with CLU's `MetricWriter` methods.
+
+`logdir` is the manager's `summary_dir` (None when the manager has none).
+"""
+
+_R = TypeVar("_R")
+
+_WRITER_METHODS = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
+
+
+class MetricsManagerError(RuntimeError):
+    """A background job of a `MetricsManager` failed (or an earlier one did).
+
+    The message names the failing metric or writer and the step; `__cause__`
+    holds the original exception.
+    """
+
+
+def _check_step(value: Any, what: str, method: str, *, minimum: int) -> int:
+    """Returns `value` as an int; TypeError/ValueError naming `method` otherwise."""
+    if isinstance(value, jax.Array):
+        raise TypeError(
+            f"MetricsManager.{method}: {what} must be a Python or NumPy int, got a jax.Array "
+            f"({value.dtype}{list(value.shape)}). Converting it would block the training loop "
+            "until the device catches up; keep a host-side counter (e.g. `step += 1`) instead."
+        )
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"MetricsManager.{method}: {what} must be an int, got {value!r} of type "
+            f"{type(value).__name__}."
+        )
+    if value < minimum:
+        raise ValueError(f"MetricsManager.{method}: {what} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+def _check_mapping(values: Any, what: str, method: str) -> dict[str, Any]:
+    """Returns a shallow copy of `values`; raises listing every bad key."""
+    if not isinstance(values, Mapping):
+        raise TypeError(
+            f"MetricsManager.{method}: {what} must be a mapping from names to values, got "
+            f"{type(values).__name__}. Wrap a single value, e.g. {{'loss': value}}."
+        )
+    snapshot = dict(values)
+    bad = [k for k in snapshot if not isinstance(k, str) or not k]
+    if bad:
+        raise TypeError(
+            f"MetricsManager.{method}: every key of {what} must be a non-empty str, got "
+            f"{', '.join(repr(k) for k in bad)}. Name each value, e.g. 'loss' or 'eval/accuracy'."
+        )
+    return snapshot
+
+
+def _writer_name(writer: Any) -> str:
+    name = getattr(writer, "name", None)
+    return name if isinstance(name, str) and name else type(writer).__name__
+
+
+class MetricsManager:
+    """Writes T5X-style metric summaries from a training or evaluation loop.
+
+    Args:
+      name: the run's name, e.g. "train" or "eval/glue"; summaries go to
+        `<summary_dir>/<name>`.
+      summary_dir: root directory of the experiment's summaries, or None to
+        write no files (the writer factory then gets `logdir=None`; the
+        default factory shows the console only).
+      writer_factory: `writer_factory(logdir)` returns the writer used for
+        everything this manager writes; it is called once, on process 0 only.
+        Defaults to `writers.create_default_writer` (console + TensorBoard +
+        JSONL). In gin: `metrics_manager.MetricsManager.writer_factory =
+        @writers.create_default_writer`.
+      clock: returns the current time in seconds, used to time summary
+        windows; defaults to `time.perf_counter`. Inject a fake in tests.
+
+    Attributes:
+      name: the run's name.
+      summary_dir: `<summary_dir>/<name>` (on every process), or None.
+
+    Raises:
+      TypeError: a wrong argument type, or a factory result that lacks the
+        writer methods the manager calls.
+      ValueError: an empty name.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> import writers
+      >>> from metrics_manager.metrics import Sum
+      >>> with MetricsManager("train", writer_factory=lambda d: writers.NoopWriter()) as m:
+      ...   m.start_duration_timer()
+      ...   summary = m.write_metrics_summary({"loss": Sum(jnp.float32(4.0))}, 2, 2).result()
+      >>> float(summary["loss"].value)
+      4.0
+    """
+
+    def __init__(
+        self,
+        name: str,
+        summary_dir: str | os.PathLike[str] | None = None,
+        *,
+        writer_factory: WriterFactory | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        problems = []
+        if not isinstance(name, str):
+            problems.append(f"name must be a str such as 'train', got {type(name).__name__}")
+        if summary_dir is not None and not isinstance(summary_dir, str | os.PathLike):
+            problems.append(
+                f"summary_dir must be a path (str or os.PathLike) or None, got "
+                f"{type(summary_dir).__name__}"
+            )
+        if writer_factory is not None and not callable(writer_factory):
+            problems.append(
+                f"writer_factory must be callable as writer_factory(logdir), got "
+                f"{type(writer_factory).__name__}"
+            )
+        if clock is not None and not callable(clock):
+            problems.append(f"clock must be callable returning seconds, got {type(clock).__name__}")
+        if problems:
+            raise TypeError("MetricsManager: " + "; ".join(problems) + ".")
+        if not name.strip("/ "):
+            raise ValueError(
+                f"MetricsManager: name must be a non-empty run name such as 'train' or "
+                f"'eval/<task>', got {name!r}."
+            )
+
+        self.name = name
+        self.summary_dir: str | None = (
+            None if summary_dir is None else os.path.join(os.fspath(summary_dir), name)
+        )
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._writer: Any = None
+        if jax.process_index() == 0:
+            factory = (
+                writer_factory if writer_factory is not None else writers.create_default_writer
+            )
+            self._writer = factory(self.summary_dir)
+            missing = [m for m in _WRITER_METHODS if not callable(getattr(self._writer, m, None))]
+            if missing:
+                raise TypeError(
+                    f"MetricsManager({name!r}): writer_factory returned "
+                    f"{type(self._writer).__name__}, which lacks {', '.join(missing)}; return a "
+                    "writers.MetricWriter (e.g. writers.create_default_writer(logdir))."
+                )
+        thread_name = f"MetricsManager[{name}]"
+        self._timer = DurationTimer(clock=clock, thread_name=f"{thread_name}.timer")
+        self._worker = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"{thread_name}.summary"
+        )
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def writes(self) -> bool:
+        """Whether this process writes (only `jax.process_index() == 0` does)."""
+        return self._writer is not None
+
+    @property
+    def writer(self) -> Any:
+        """The writer built by `writer_factory`, or None on processes that do not write."""
+        return self._writer
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` has been called."""
+        return self._closed
+
+    def _record(self, err: BaseException) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = err
+
+    def _raise_if_failed(self) -> None:
+        err = self._error
+        if err is not None:
+            raise MetricsManagerError(
+                f"MetricsManager {self.name!r}: a background job failed, so this manager "
+                f"refuses further work: {err}"
+            ) from err
+
+    def _check_usable(self, method: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"MetricsManager {self.name!r} is closed; {method}() needs an open manager. "
+                "Create a new MetricsManager."
+            )
+        self._raise_if_failed()
+
+    def _submit(
+        self, job: Callable[[], _R], *, after_failure: bool = False
+    ) -> concurrent.futures.Future[_R]:
+        """Runs `job` on the summary worker, recording its error before the future fails."""
+
+        def run() -> _R:
+            if not after_failure and self._error is not None:
+                raise MetricsManagerError(
+                    f"skipped: an earlier background job of MetricsManager {self.name!r} "
+                    f"failed: {self._error}"
+                ) from self._error
+            try:
+                return job()
+            except BaseException as err:
+                self._record(err)
+                raise
+
+        return self._worker.submit(run)
+
+    def _call_writer(self, step: int | None, what: str, call: Callable[[Any], None]) -> None:
+        """Calls the writer (worker thread), translating errors to name it."""
+        try:
+            call(self._writer)
+        except Exception as err:
+            at = "" if step is None else f" at step {step}"
+            raise MetricsManagerError(
+                f"writer {_writer_name(self._writer)} failed in {what}{at} "
+                f"(MetricsManager {self.name!r}): {type(err).__name__}: {err}"
+            ) from err
+
+    # --------------------------------------------------------------- summary
+
+    def start_duration_timer(self, block_on: Any = ()) -> None:
+        """Starts the summary window once `block_on` is ready; returns at once.
+
+        Call it at the start of every summary window (after evaluation or
+        checkpointing, so they are not counted as training time).
+
+        Args:
+          block_on: pytree to wait for, usually the train state; donated
+            (deleted) buffers count as ready.
+
+        Raises:
+          RuntimeError: the manager is closed.
+          MetricsManagerError: an earlier background job failed.
+        """
+        self._check_usable("start_duration_timer")
+        self._timer.start(block_on)
+
+    def write_metrics_summary(
+        self, metrics: Mapping[str, Any], step: int, num_steps: int
+    ) -> concurrent.futures.Future[Mapping[str, clu.values.Value]]:
+        """Summarizes and writes `metrics` in the background; returns at once.
+
+        Stops the duration timer (the window ends when `metrics` are ready),
+        then in the summary worker: one batched device-to-host copy, the
+        window's duration into every Time metric, `num_steps` into every Step
+        metric, `compute_value()` per metric, and `write_values` at `step`.
+
+        Args:
+          metrics: name -> CLU metric (or `Collection`), usually merged over the
+            window on the device.
+          step: the step the summary is written at (usually `start + num_steps`).
+          num_steps: number of train steps the metrics cover (> 0).
+
+        Returns:
+          A future of the summary, name -> `clu.values.Value` (a `Collection`
+          under `k` gives `k/<field>`, a `MeanStd` gives `k` and `k/std`). It
+          raises `MetricsManagerError` naming the metric or writer if the
+          summary fails. The same values on every process; only process 0
+          writes them.
+
+        Raises:
+          TypeError: `metrics` is not a mapping with str keys, or `step` or
+            `num_steps` is not an int.
+          ValueError: `step` < 0 or `num_steps` < 1.
+          RuntimeError: the manager is closed.
+          MetricsManagerError: an earlier background job failed.
+        """
+        self._check_usable("write_metrics_summary")
+        snapshot = _check_mapping(metrics, "metrics", "write_metrics_summary")
+        step = _check_step(step, "step", "write_metrics_summary", minimum=0)
+        num_steps = _check_step(num_steps, "num_steps", "write_metrics_summary", minimum=1)
+        duration = self._timer.stop(block_on=snapshot)
+        return self._submit(lambda: self._summarize(snapshot, step, num_steps, duration))
+
+    def _summarize(
+        self,
+        metrics: dict[str, Any],
+        step: int,
+        num_steps: int,
+        duration_future: concurrent.futures.Future[float | None],
+    ) -> dict[str, clu.values.Value]:
+        try:
+            duration = duration_future.result()
+        except Exception as err:
+            raise MetricsManagerError(
+                f"summary at step {step} (MetricsManager {self.name!r}): waiting for the train "
+                f"state or the metrics to be ready failed: {type(err).__name__}: {err}"
+            ) from err
+        host = host_copy.device_get_batched(metrics)
+        if duration is None:
+            timed = sorted(k for k, m in host.items() if _contains_time_metric(m))
+            if timed:
+                raise MetricsManagerError(
+                    f"summary at step {step} (MetricsManager {self.name!r}): metrics {timed} "
+                    "measure time, but no window was open: call "
+                    "manager.start_duration_timer(block_on=state) at the start of every "
+                    "summary window."
+                )
+        else:
+            host = metrics_lib.set_time_metrics_duration(host, duration)
+        host = metrics_lib.set_step_metrics_num_steps(host, num_steps)
+
+        summary: dict[str, clu.values.Value] = {}
+        failures: list[tuple[str, Any, Exception]] = []
+        for key, metric in host.items():
+            try:
+                summary.update(metrics_lib.compute_metric_values({key: metric}))
+            except Exception as err:
+                failures.append((key, metric, err))
+        if failures:
+            listed = "; ".join(
+                f"metric {key!r} ({type(m).__name__}): {type(e).__name__}: {e}"
+                for key, m, e in failures
+            )
+            raise MetricsManagerError(
+                f"summary at step {step} (MetricsManager {self.name!r}): compute_value() "
+                f"failed for {listed}"
+            ) from failures[0][2]
+        if self._writer is not None:
+            self._call_writer(
+                step, "write_values", lambda w: writers.write_values(w, step, summary)
+            )
+        return summary
+
+    # ------------------------------------------------------- direct writes
+
+    def write_scalar(self, key: str, val: Any, step: int) -> None:
+        """Writes one scalar at `step` (in the background, in call order).
+
+        Args:
+          key: the scalar's name, e.g. "timing/compilation_seconds".
+          val: a number or a one-element array.
+          step: the step to write at.
+
+        Raises:
+          TypeError, ValueError: a bad key or step.
+          RuntimeError: the manager is closed.
+          MetricsManagerError: an earlier background job failed.
+        """
+        self.write_scalars(step, {key: val}, _method="write_scalar")
+
+    def write_scalars(
+        self, step: int, scalars: Mapping[str, Any], *, _method: str = "write_scalars"
+    ) -> None:
+        """Writes scalars at `step` (in the background, in call order).
+
+        Args:
+          step: the step to write at.
+          scalars: name -> number or one-element array.
+
+        Raises:
+          TypeError, ValueError: a bad key or step.
+          RuntimeError: the manager is closed.
+          MetricsManagerError: an earlier background job failed.
+        """
+        self._write(_method, step, scalars, "scalars", lambda w, s, v: w.write_scalars(s, v))
+
+    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
+        """Writes texts (markdown in TensorBoard) at `step`, in call order.
+
+        Args:
+          step: the step to write at.
+          texts: name -> str.
+
+        Raises:
+          TypeError, ValueError: a bad key, value or step.
+          RuntimeError: the manager is closed.
+          MetricsManagerError: an earlier background job failed.
+        """
+        bad = {}
+        if isinstance(texts, Mapping):
+            bad = {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}
+        if bad:
+            raise TypeError(
+                "MetricsManager.write_texts: every value must be a str, got "
+                + ", ".join(f"{k!r}: {t}" for k, t in bad.items())
+                + "."
+            )
+        self._write("write_texts", step, texts, "texts", lambda w, s, v: w.write_texts(s, v))
+
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """Writes the run's hyperparameters (no step), in call order.
+
+        Args:
+          hparams: name -> bool, number or str.
+
+        Raises:
+          TypeError: `hparams` is not a mapping with str keys.
+          RuntimeError: the manager is closed.
+          MetricsManagerError: an earlier background job failed.
+        """
+        self._write("write_hparams", None, hparams, "hparams", lambda w, _, v: w.write_hparams(v))
+
+    def _write(
+        self,
+        method: str,
+        step: int | None,
+        values: Mapping[str, Any],
+        what: str,
+        call: Callable[[Any, Any, dict[str, Any]], None],
+    ) -> None:
+        self._check_usable(method)
+        snapshot = _check_mapping(values, what, method)
+        if step is not None:
+            step = _check_step(step, "step", method, minimum=0)
+        if self._writer is None:
+            return
+        self._submit(lambda: self._call_writer(step, method, lambda w: call(w, step, snapshot)))
+
+    # ------------------------------------------------------------ lifecycle
+
+    def flush(self) -> None:
+        """Waits for every pending summary and write, then flushes the writer.
+
+        Raises:
+          RuntimeError: the manager is closed.
+          MetricsManagerError: a background job failed (this one or earlier).
+        """
+        self._check_usable("flush")
+        if self._writer is not None:
+            job = self._submit(lambda: self._call_writer(None, "flush", lambda w: w.flush()))
+        else:
+            job = self._submit(lambda: None)
+        concurrent.futures.wait([job])
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        """Finishes pending work, closes the writer and joins the manager's threads.
+
+        Idempotent: later calls do nothing. The writer is closed and every
+        thread the manager started has ended when this returns, even when it
+        raises.
+
+        Raises:
+          MetricsManagerError: a background job failed (now or earlier, even if
+            an earlier call already raised it); it names the metric or writer.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._writer is not None:
+                self._submit(
+                    lambda: self._call_writer(None, "close", lambda w: w.close()),
+                    after_failure=True,
+                )
+        finally:
+            self._worker.shutdown(wait=True)
+            self._timer.close()
+        self._raise_if_failed()
+
+    def __enter__(self) -> MetricsManager:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception as close_err:
+            # Keep the loop's own exception; report the background one with it.
+            logging.getLogger(__name__).error("%s", close_err)
+            if hasattr(exc, "add_note"):  # Python >= 3.11
+                exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("failed" if self._error else "open")
+        return (
+            f"MetricsManager(name={self.name!r}, summary_dir={self.summary_dir!r}, "
+            f"writer={_writer_name(self._writer) if self._writer is not None else None}, {state})"
+        )
+
+
+def _contains_time_metric(metric: Any) -> bool:
+    if isinstance(metric, clu_metrics.Collection):
+        return any(_contains_time_metric(m) for m in vars(metric).values())
+    return metrics_lib.is_time_metric(metric)

@@ -1,0 +1,388 @@
+"""Tests for MetricsManager: summaries, ordering, process 0, errors, threads, lifecycle.
+
+Writers here are real `writers.MetricWriter`s (a recorder from the writers tests,
+and small subclasses that fail on purpose); the clock is faked so durations are
+exact. Files written through the default writers are checked in
+`test_manager_files.py`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import clu.metrics as clu_metrics
+import clu.values
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import writers
+from metrics_manager import timer as timer_lib
+from metrics_manager.manager import MetricsManager, MetricsManagerError
+from metrics_manager.metrics import AveragePerStep, MeanStd, StepsPerTime, Sum, TimeRate
+from tests.writers.recording import RecordingWriter
+
+
+@flax.struct.dataclass
+class TextMetric(clu_metrics.Metric):
+    """T5X's test metric: compute_value() is a Text."""
+
+    def compute_value(self) -> clu.values.Text:
+        return clu.values.Text("test metric")
+
+
+@flax.struct.dataclass
+class BrokenMetric(clu_metrics.Metric):
+    total: jax.Array
+
+    def compute_value(self) -> clu.values.Scalar:
+        raise ValueError("cannot compute this one")
+
+
+class BrokenWriter(writers.NoopWriter):
+    """A writer whose scalar writes fail (e.g. a full disk)."""
+
+    def write_scalars(self, step: int, scalars: Any) -> None:
+        raise OSError("disk full")
+
+
+class FakeClock:
+    def __init__(self, *times: float) -> None:
+        self._times = list(times)
+
+    def __call__(self) -> float:
+        return self._times.pop(0)
+
+
+def t5x_metrics() -> dict[str, Any]:
+    return {
+        "loss": Sum(jnp.float32(40.0)),
+        "accuracy": AveragePerStep(total=jnp.float32(20.0)),
+        "steps_per_second": StepsPerTime(),
+        "text": TextMetric(),
+    }
+
+
+def make(writer: writers.MetricWriter | None = None, **kwargs: Any) -> MetricsManager:
+    writer = writer if writer is not None else RecordingWriter()
+    kwargs.setdefault("clock", FakeClock(0.0, 40.0))
+    return MetricsManager("train", writer_factory=lambda logdir: writer, **kwargs)
+
+
+def written(recorder: RecordingWriter) -> list[tuple[Any, ...]]:
+    return [(method, *args) for method, args, _ in recorder.calls]
+
+
+def test_t5x_case_summary_and_writer_calls():
+    recorder = RecordingWriter()
+    with make(recorder) as manager:
+        manager.start_duration_timer(block_on={"params": jnp.ones(3)})
+        summary = manager.write_metrics_summary(t5x_metrics(), step=4, num_steps=2).result()
+    assert set(summary) == {"loss", "accuracy", "steps_per_second", "text"}
+    assert float(summary["loss"].value) == 40.0
+    assert float(summary["accuracy"].value) == 10.0  # total 20 over num_steps 2
+    assert float(summary["steps_per_second"].value) == pytest.approx(0.05)  # 2 steps / 40 s
+    assert summary["text"] == clu.values.Text("test metric")
+    calls = written(recorder)
+    assert calls[0][:2] == ("write_scalars", 4)
+    assert {k: float(v) for k, v in calls[0][2].items()} == pytest.approx(
+        {"loss": 40.0, "accuracy": 10.0, "steps_per_second": 0.05}
+    )
+    assert calls[1:] == [("write_texts", 4, {"text": "test metric"}), ("close",)]
+
+
+def test_summary_dir_is_dir_slash_name(tmp_path):
+    seen = []
+    manager = MetricsManager(
+        "eval/glue", tmp_path, writer_factory=lambda d: seen.append(d) or writers.NoopWriter()
+    )
+    manager.close()
+    assert manager.summary_dir == str(tmp_path / "eval" / "glue")
+    assert seen == [manager.summary_dir]
+    no_dir = MetricsManager(
+        "train", writer_factory=lambda d: seen.append(d) or writers.NoopWriter()
+    )
+    no_dir.close()
+    assert no_dir.summary_dir is None and seen[-1] is None
+
+
+def test_collections_and_mean_std_flatten_and_rates_use_the_window():
+    clock = FakeClock(10.0, 14.0)
+    with make(clock=clock) as manager:
+        manager.start_duration_timer()
+        metrics = {
+            "seqs_per_second": TimeRate(numerator=jnp.float32(8.0)),
+            "x": MeanStd.from_model_output(jnp.array([1.0, 3.0])),
+        }
+        summary = manager.write_metrics_summary(metrics, step=10, num_steps=5).result()
+    assert float(summary["seqs_per_second"].value) == 2.0  # 8 / (14 - 10)
+    assert float(summary["x"].value) == 2.0
+    assert float(summary["x/std"].value) == 1.0
+
+
+def test_everything_reaches_the_writer_in_call_order():
+    recorder = RecordingWriter()
+    with make(recorder, clock=FakeClock(0.0, 1.0, 1.0, 3.0)) as manager:
+        manager.write_hparams({"lr": 0.1})
+        manager.write_scalar("timing/compilation_seconds", 2.0, 0)
+        manager.start_duration_timer()
+        manager.write_metrics_summary({"loss": Sum(jnp.float32(1.0))}, 1, 1)
+        manager.write_texts(1, {"note": "hello"})
+        manager.start_duration_timer()
+        manager.write_metrics_summary({"loss": Sum(jnp.float32(2.0))}, 2, 1)
+        manager.write_scalars(2, {"learning_rate": 0.5})
+        manager.flush()
+        calls = written(recorder)
+    assert calls == [
+        ("write_hparams", {"lr": 0.1}),
+        ("write_scalars", 0, {"timing/compilation_seconds": 2.0}),
+        ("write_scalars", 1, {"loss": np.float32(1.0)}),
+        ("write_texts", 1, {"note": "hello"}),
+        ("write_scalars", 2, {"loss": np.float32(2.0)}),
+        ("write_scalars", 2, {"learning_rate": 0.5}),
+        ("flush",),
+    ]
+
+
+def test_caller_never_waits_for_the_device_or_the_writer(monkeypatch):
+    """Calls return while the metrics are "still computing" and the writer is busy.
+
+    Gates stand in for an unfinished device computation and a slow writer; if
+    any call waited for them on the caller's thread, the test would deadlock
+    before opening them.
+    """
+    device_done, writer_free = threading.Event(), threading.Event()
+    real_wait = timer_lib.block_until_ready_or_deleted
+
+    def gated_wait(tree: Any) -> None:
+        assert device_done.wait(timeout=30)
+        real_wait(tree)
+
+    class SlowWriter(RecordingWriter):
+        def write_scalars(self, step: int, scalars: Any) -> None:
+            assert writer_free.wait(timeout=30)
+            super().write_scalars(step, scalars)
+
+    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", gated_wait)
+    recorder = SlowWriter()
+    manager = make(recorder, clock=FakeClock(0.0, 2.0, 2.0, 4.0))
+    manager.start_duration_timer(block_on=jnp.ones(2))
+    first = manager.write_metrics_summary({"loss": Sum(jnp.float32(1.0))}, 1, 1)
+    manager.write_scalar("lr", 0.1, 1)
+    manager.start_duration_timer(block_on=jnp.ones(2))
+    second = manager.write_metrics_summary({"loss": Sum(jnp.float32(2.0))}, 2, 1)
+    assert not first.done() and not second.done()
+    device_done.set()
+    writer_free.set()
+    assert float(second.result()["loss"].value) == 2.0
+    manager.close()
+    assert [c[:2] for c in written(recorder)] == [
+        ("write_scalars", 1),
+        ("write_scalars", 1),
+        ("write_scalars", 2),
+        ("close",),
+    ]
+
+
+def test_other_processes_compute_but_write_nothing(monkeypatch, tmp_path):
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    factory_calls = []
+    root = tmp_path / "runs"
+    manager = MetricsManager(
+        "train",
+        root,
+        writer_factory=lambda d: factory_calls.append(d) or writers.NoopWriter(),
+        clock=FakeClock(0.0, 40.0),
+    )
+    assert manager.summary_dir == str(root / "train")
+    assert not manager.writes and manager.writer is None
+    manager.start_duration_timer()
+    summary = manager.write_metrics_summary(t5x_metrics(), 4, 2).result()
+    manager.write_scalar("x", 1.0, 4)
+    manager.write_texts(4, {"t": "x"})
+    manager.write_hparams({"lr": 0.1})
+    manager.flush()
+    manager.close()
+    assert float(summary["steps_per_second"].value) == pytest.approx(0.05)
+    assert factory_calls == []
+    assert not root.exists()
+
+
+# ------------------------------------------------------------- background errors
+
+
+def _fail_compute(manager: MetricsManager) -> None:
+    manager.start_duration_timer()
+    future = manager.write_metrics_summary(
+        {"loss": Sum(jnp.float32(1.0)), "bad_metric": BrokenMetric(jnp.float32(0.0))}, 3, 1
+    )
+    with pytest.raises(MetricsManagerError, match="'bad_metric'.*cannot compute this one"):
+        future.result()
+
+
+def _fail_writer(manager: MetricsManager) -> None:
+    manager.start_duration_timer()
+    future = manager.write_metrics_summary({"loss": Sum(jnp.float32(1.0))}, 3, 1)
+    with pytest.raises(MetricsManagerError, match="BrokenWriter.*step 3.*disk full"):
+        future.result()
+
+
+NEXT_CALLS = {
+    "write_metrics_summary": lambda m: m.write_metrics_summary({"loss": Sum(1.0)}, 5, 1),
+    "write_scalar": lambda m: m.write_scalar("x", 1.0, 5),
+    "write_scalars": lambda m: m.write_scalars(5, {"x": 1.0}),
+    "write_texts": lambda m: m.write_texts(5, {"x": "y"}),
+    "write_hparams": lambda m: m.write_hparams({"x": 1}),
+    "start_duration_timer": lambda m: m.start_duration_timer(),
+    "flush": lambda m: m.flush(),
+    "close": lambda m: m.close(),
+}
+
+
+@pytest.mark.parametrize("next_call", sorted(NEXT_CALLS))
+def test_failed_compute_value_raises_on_next_call_naming_the_metric(next_call):
+    recorder = RecordingWriter()
+    manager = make(recorder)
+    _fail_compute(manager)
+    with pytest.raises(MetricsManagerError, match="'bad_metric'.*cannot compute this one"):
+        NEXT_CALLS[next_call](manager)
+    if next_call != "close":
+        with pytest.raises(MetricsManagerError, match="'bad_metric'"):
+            manager.close()
+    manager.close()  # idempotent: nothing left to raise or release
+    assert written(recorder) == [("close",)]  # nothing written, the writer still released
+
+
+@pytest.mark.parametrize("next_call", sorted(NEXT_CALLS))
+def test_failed_writer_raises_on_next_call_naming_the_writer(next_call):
+    manager = make(BrokenWriter())
+    _fail_writer(manager)
+    with pytest.raises(MetricsManagerError, match="BrokenWriter.*disk full"):
+        NEXT_CALLS[next_call](manager)
+    if next_call != "close":
+        with pytest.raises(MetricsManagerError, match="BrokenWriter"):
+            manager.close()
+    manager.close()
+
+
+def test_all_failing_metrics_are_listed_and_later_summaries_are_skipped(monkeypatch):
+    device_done = threading.Event()
+    real_wait = timer_lib.block_until_ready_or_deleted
+    monkeypatch.setattr(
+        timer_lib,
+        "block_until_ready_or_deleted",
+        lambda tree: device_done.wait(timeout=30) and real_wait(tree),
+    )
+    recorder = RecordingWriter()
+    manager = make(recorder, clock=FakeClock(0.0, 1.0, 1.0, 2.0))
+    manager.start_duration_timer()
+    bad = manager.write_metrics_summary(
+        {"a": BrokenMetric(jnp.float32(0.0)), "b": BrokenMetric(jnp.float32(0.0))}, 1, 1
+    )
+    manager.start_duration_timer()
+    later = manager.write_metrics_summary({"ok": Sum(jnp.float32(1.0))}, 2, 1)
+    device_done.set()
+    with pytest.raises(MetricsManagerError, match="'a'.*'b'"):
+        bad.result()
+    with pytest.raises(MetricsManagerError, match="skipped.*'a'"):
+        later.result()
+    with pytest.raises(MetricsManagerError, match="'a'"):
+        manager.close()
+    assert written(recorder) == [("close",)]
+
+
+def test_time_metrics_without_a_started_timer_say_how_to_fix():
+    with make() as manager:
+        future = manager.write_metrics_summary({"steps_per_second": StepsPerTime()}, 1, 1)
+        with pytest.raises(MetricsManagerError, match="steps_per_second.*start_duration_timer"):
+            future.result()
+        with pytest.raises(MetricsManagerError):
+            manager.close()
+
+
+# -------------------------------------------------------------- lifecycle
+
+
+def test_close_is_idempotent_and_joins_every_manager_thread():
+    before = set(threading.enumerate())
+    manager = make()
+    manager.start_duration_timer(block_on=jnp.ones(2))
+    manager.write_metrics_summary(t5x_metrics(), 4, 2).result()
+    names = {t.name for t in threading.enumerate()} - {t.name for t in before}
+    assert any(n.startswith("MetricsManager[train].summary") for n in names)
+    assert any(n.startswith("MetricsManager[train].timer") for n in names)
+    manager.close()
+    manager.close()
+    assert manager.closed
+    assert set(threading.enumerate()) <= before
+
+
+def test_context_manager_closes_and_keeps_the_loop_error():
+    recorder = RecordingWriter()
+    with pytest.raises(KeyError, match="loop bug"):
+        with make(recorder) as manager:
+            manager.write_scalar("x", 1.0, 0)
+            raise KeyError("loop bug")
+    assert manager.closed
+    assert written(recorder) == [("write_scalars", 0, {"x": 1.0}), ("close",)]
+
+
+def test_context_manager_adds_the_background_error_to_the_loop_error():
+    with pytest.raises(KeyError) as info:
+        with make(BrokenWriter()) as manager:
+            _fail_writer(manager)
+            raise KeyError("loop bug")
+    assert any("BrokenWriter" in note for note in getattr(info.value, "__notes__", []))
+
+
+def test_calls_after_close_are_refused():
+    manager = make()
+    manager.close()
+    for name, call in NEXT_CALLS.items():
+        if name != "close":
+            with pytest.raises(RuntimeError, match="closed"):
+                call(manager)
+
+
+# ------------------------------------------------------------ input checks
+
+
+def test_bad_constructor_arguments_are_listed_together():
+    with pytest.raises(TypeError) as info:
+        MetricsManager(3, summary_dir=4.0, writer_factory="tb", clock=1)  # type: ignore[arg-type]
+    message = str(info.value)
+    for part in ("name must be a str", "summary_dir must be a path", "writer_factory", "clock"):
+        assert part in message
+    with pytest.raises(ValueError, match="non-empty run name"):
+        MetricsManager("", writer_factory=lambda d: writers.NoopWriter())
+
+
+def test_factory_returning_a_non_writer_is_a_type_error():
+    with pytest.raises(TypeError, match="lacks write_scalars.*create_default_writer"):
+        MetricsManager("train", writer_factory=lambda d: object())
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (([1.0], 1, 1), TypeError, "metrics must be a mapping"),
+        (({1: Sum(1.0)}, 1, 1), TypeError, "non-empty str, got 1"),
+        (({"x": Sum(1.0)}, 1.5, 1), TypeError, "step must be an int"),
+        (({"x": Sum(1.0)}, jnp.int32(3), 1), TypeError, "host-side counter"),
+        (({"x": Sum(1.0)}, -1, 1), ValueError, "step must be >= 0"),
+        (({"x": Sum(1.0)}, 1, 0), ValueError, "num_steps must be >= 1"),
+    ],
+)
+def test_write_metrics_summary_checks_inputs_on_the_callers_thread(args, error, match):
+    with make() as manager:
+        with pytest.raises(error, match=match):
+            manager.write_metrics_summary(*args)
+
+
+def test_write_texts_needs_strings():
+    with make() as manager:
+        with pytest.raises(TypeError, match="'a': int"):
+            manager.write_texts(0, {"a": 1, "b": "fine"})

@@ -1,0 +1,124 @@
+"""MetricsManager through the real default writers, judged by what lands on disk.
+
+TensorBoard files are read with TensorBoard's own `EventAccumulator`, the JSONL
+log with `json`. The clock is faked so rates are exact.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import clu.metrics as clu_metrics
+import clu.values
+import flax
+import jax.numpy as jnp
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+import writers
+from metrics_manager.manager import MetricsManager, MetricsManagerError
+from metrics_manager.metrics import AveragePerStep, StepsPerTime, Sum
+
+
+@flax.struct.dataclass
+class TextMetric(clu_metrics.Metric):
+    def compute_value(self) -> clu.values.Text:
+        return clu.values.Text("test metric")
+
+
+def read_tensorboard(logdir: str) -> event_accumulator.EventAccumulator:
+    acc = event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0, "scalars": 0})
+    acc.Reload()
+    return acc
+
+
+def read_jsonl(logdir: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(logdir, "metrics.jsonl").read_text().splitlines()]
+
+
+def test_t5x_case_lands_in_summary_tensorboard_jsonl_and_console(tmp_path):
+    console = io.StringIO()
+    factory = functools.partial(
+        writers.create_default_writer, collection="train", console_stream=console
+    )
+    ticks = iter([0.0, 40.0])
+    with MetricsManager(
+        "train", tmp_path, writer_factory=factory, clock=lambda: next(ticks)
+    ) as manager:
+        manager.start_duration_timer(block_on={"params": jnp.ones(3)})
+        metrics = {
+            "loss": Sum(jnp.float32(40.0)),
+            "accuracy": AveragePerStep(total=jnp.float32(20.0)),
+            "steps_per_second": StepsPerTime(),
+            "text": TextMetric(),
+        }
+        summary = manager.write_metrics_summary(metrics, step=4, num_steps=2).result()
+    expected = {"loss": 40.0, "accuracy": 10.0, "steps_per_second": 0.05}
+
+    assert {k: float(summary[k].value) for k in expected} == pytest.approx(expected)
+    assert summary["text"].value == "test metric"
+
+    acc = read_tensorboard(manager.summary_dir)
+    assert set(expected) <= set(acc.Tags()["scalars"])
+    for key, value in expected.items():
+        (event,) = acc.Scalars(key)
+        assert event.step == 4 and event.value == pytest.approx(value)
+    (text_event,) = acc.Tensors("text")
+    assert text_event.step == 4
+    assert text_event.tensor_proto.string_val == [b"test metric"]
+
+    lines = read_jsonl(manager.summary_dir)
+    scalar_line = next(line for line in lines if "loss" in line)
+    text_line = next(line for line in lines if "text" in line)
+    assert scalar_line["step"] == 4 and scalar_line["collection"] == "train"
+    assert {k: scalar_line[k] for k in expected} == pytest.approx(expected)
+    assert text_line == {**text_line, "step": 4, "text": "test metric"}
+
+    assert "loss" in console.getvalue() and "40" in console.getvalue()
+
+
+def test_other_processes_create_no_directory(monkeypatch, tmp_path):
+    import jax
+
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    root = tmp_path / "runs"
+    with MetricsManager("train", root, clock=iter([0.0, 1.0]).__next__) as manager:
+        manager.start_duration_timer()
+        summary = manager.write_metrics_summary({"loss": Sum(jnp.float32(2.0))}, 1, 1).result()
+        manager.write_scalar("lr", 0.1, 1)
+        manager.write_texts(1, {"config": "x"})
+        manager.write_hparams({"lr": 0.1})
+    assert manager.summary_dir == str(root / "train")
+    assert float(summary["loss"].value) == 2.0
+    assert not root.exists()
+
+
+def test_failing_backend_is_named_and_others_still_write(tmp_path):
+    """The JSONL writer rejects the reserved key `time`; TensorBoard still gets it."""
+    factory = functools.partial(writers.create_default_writer, console=False)
+    manager = MetricsManager("train", tmp_path, writer_factory=factory)
+    manager.write_scalars(3, {"time": 1.5})
+    with pytest.raises(MetricsManagerError, match="jsonl.*time"):
+        manager.flush()
+    with pytest.raises(MetricsManagerError, match="jsonl"):
+        manager.close()
+    manager.close()
+    (event,) = read_tensorboard(manager.summary_dir).Scalars("time")
+    assert event.step == 3 and event.value == 1.5
+
+
+def test_no_thread_outlives_close_with_default_writers(tmp_path):
+    before = set(threading.enumerate())
+    factory = functools.partial(writers.create_default_writer, console_stream=io.StringIO())
+    manager = MetricsManager("train", tmp_path, writer_factory=factory)
+    manager.start_duration_timer()
+    manager.write_metrics_summary({"loss": Sum(jnp.float32(1.0))}, 1, 1).result()
+    assert len(set(threading.enumerate()) - before) >= 3  # timer, worker, writer threads
+    manager.close()
+    assert set(threading.enumerate()) <= before
+    assert read_jsonl(manager.summary_dir)[0]["loss"] == 1.0
