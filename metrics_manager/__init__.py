@@ -7,6 +7,7 @@ Host side: the duration timer, the background summary worker and the
 
 from metrics_manager.host_copy import device_get_batched
 from metrics_manager.manager import MetricsManager, MetricsManagerError
+from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
 from metrics_manager.metrics import (
     AveragePerStep,
     Max,
@@ -27,27 +28,28 @@ from metrics_manager.metrics import (
 )
 from metrics_manager.timer import DurationTimer
 
-__all__: list[
-    "DurationTimer",
-    "MetricsManager",
-    "MetricsManagerError",
-    "device_get_batched",
-    "str",
-] = [
+__all__: list[str] = [
     "AveragePerStep",
+    "DurationTimer",
     "Max",
     "MeanStd",
     "MeanStdScalar",
+    "MetricsManager",
+    "MetricsManagerError",
     "Min",
     "Step",
     "StepsPerTime",
     "Sum",
     "Time",
     "TimeRate",
+    "accumulate_grads_microbatched",
     "compute_metric_values",
+    "device_get_batched",
     "is_metric_obj",
     "is_time_metric",
+    "merge_metrics",
     "set_step_metrics_num_steps",
     "set_time_metrics_duration",
     "set_time_rate_metrics_duration",
+    "validate_metrics",
 ]
