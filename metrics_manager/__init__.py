@@ -6,6 +6,19 @@ Host side: the duration timer, the background summary worker and the
 """
 
 from metrics_manager.host_copy import device_get_batched
+from metrics_manager.losses import (
+    LOSS_NORMALIZING_FACTOR_KEY,
+    SpecialLossNormalizingFactor,
+    TokenLosses,
+    compute_base_metrics,
+    compute_loss_and_metrics,
+    compute_token_losses,
+    compute_weighted_cross_entropy,
+    convert_special_loss_normalizing_factor_to_enum,
+    count_packed_examples,
+    get_loss_normalizing_factor_and_weights,
+    with_loss_normalization,
+)
 from metrics_manager.manager import MetricsManager, MetricsManagerError
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
 from metrics_manager.metrics import (
@@ -31,20 +44,30 @@ from metrics_manager.timer import DurationTimer
 __all__: list[str] = [
     "AveragePerStep",
     "DurationTimer",
+    "LOSS_NORMALIZING_FACTOR_KEY",
     "Max",
     "MeanStd",
     "MeanStdScalar",
     "MetricsManager",
     "MetricsManagerError",
     "Min",
+    "SpecialLossNormalizingFactor",
     "Step",
     "StepsPerTime",
     "Sum",
     "Time",
     "TimeRate",
+    "TokenLosses",
     "accumulate_grads_microbatched",
+    "compute_base_metrics",
+    "compute_loss_and_metrics",
     "compute_metric_values",
+    "compute_token_losses",
+    "compute_weighted_cross_entropy",
+    "convert_special_loss_normalizing_factor_to_enum",
+    "count_packed_examples",
     "device_get_batched",
+    "get_loss_normalizing_factor_and_weights",
     "is_metric_obj",
     "is_time_metric",
     "merge_metrics",
@@ -52,4 +75,5 @@ __all__: list[str] = [
     "set_time_metrics_duration",
     "set_time_rate_metrics_duration",
     "validate_metrics",
+    "with_loss_normalization",
 ]
