@@ -71,9 +71,9 @@ def make_batch(key: jax.Array, size: ModelSize = DEFAULT) -> Batch:
 
 def forward(params: Params, inputs: jax.Array) -> jax.Array:
     """Logits of the MLP."""
-    h = jax.nn.relu(inputs @ params["w1"] + params["b1"])
-    h = jax.nn.relu(h @ params["w2"] + params["b2"])
-    return h @ params["w3"] + params["b3"]
+    h = jax.nn.relu(inputs @ params["w1"] + params["b1"][None, :])
+    h = jax.nn.relu(h @ params["w2"] + params["b2"][None, :])
+    return h @ params["w3"] + params["b3"][None, :]
 
 
 def loss_and_logits(params: Params, batch: Batch) -> tuple[jax.Array, jax.Array]:

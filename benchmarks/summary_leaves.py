@@ -60,8 +60,9 @@ def count_transfers() -> Iterator[Transfers]:
     `copy_to_host_async` and `_value` members of JAX's array type (which `float()`,
     `.tolist()`, `.item()`, `__array__` and `jax.device_get` all go through) and
     `numpy.asarray`/`numpy.array`/`numpy.asanyarray` on a `jax.Array` (on CPU those read the
-    buffer directly, bypassing `_value`). An array whose host copy is already cached is
-    not counted again. The wrappers cost time: count in an untimed pass.
+    buffer directly, bypassing `_value`). Each distinct array counts once per pass; one
+    whose host copy JAX already cached (accelerators; CPU arrays are read in place and
+    never cached) is not counted. The wrappers cost time: count in an untimed pass.
 
     Yields:
       The `Transfers` record, filled in as transfers happen.

@@ -1,0 +1,246 @@
+"""Smoke tests of the benchmarks: each runs at its smallest sizes (seconds, not minutes).
+
+They check the table structure and that every figure is sane: times positive, each ratio
+computed from the two numbers measured in the same run. Never a timing threshold: the
+benchmarks themselves (`make bench`) are where performance is judged. Where a benchmark
+measures something that is not a timing (transfers per summary, one batched copy), that
+is asserted exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from benchmarks import (
+    common,
+    latency,
+    memory,
+    microbatching,
+    model,
+    overhead,
+    run_all,
+    summary_leaves,
+)
+
+
+def _check_structure(table: common.Table) -> None:
+    assert table.rows, table.title
+    for column in table.columns:
+        assert any(column.key in row for row in table.rows), column.key
+    text = common.format_table(table)
+    markdown = common.markdown_table(table)
+    for column in table.columns:
+        assert column.header in text
+        assert column.header in markdown
+    assert markdown.count("\n|") >= len(table.rows) + 2  # header, separator, rows
+
+
+# --- common ----------------------------------------------------------------------------
+
+
+def test_median_percentile_ratio():
+    assert common.median([3.0, 1.0, 2.0]) == 2.0
+    assert common.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert math.isnan(common.median([]))
+    assert common.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
+    assert common.percentile([0.0, 10.0], 99) == pytest.approx(9.9)
+    assert common.percentile([7.0], 99) == 7.0
+    assert common.ratio(3.0, 2.0) == 1.5
+    assert math.isnan(common.ratio(1.0, 0.0))
+
+
+def test_interleaved_runs_every_variant_each_round_in_varying_order():
+    calls: list[str] = []
+
+    def variant(name: str):
+        def measure() -> float:
+            calls.append(name)
+            return float(len(calls))
+
+        return measure
+
+    samples = common.interleaved({n: variant(n) for n in "abcd"}, repeats=6, seed=1)
+    assert {n: len(v) for n, v in samples.items()} == {n: 6 for n in "abcd"}
+    rounds = [tuple(calls[i : i + 4]) for i in range(0, 24, 4)]
+    assert all(sorted(r) == list("abcd") for r in rounds)
+    assert len(set(rounds)) > 1  # the order is shuffled between rounds
+    # Each sample is what its own call returned.
+    assert sorted(x for v in samples.values() for x in v) == [float(i) for i in range(1, 25)]
+
+
+def test_target_verdicts_and_table_rendering():
+    met = common.Target("overhead (summary every 100 steps)", 1.01, 1.02)
+    missed = common.Target("growth", 20.0, 16.0, unit=" MiB")
+    at_least = common.Target("throughput", 12.0, 10.0, kind="min")
+    assert met.met and not missed.met and at_least.met
+    assert "1.010x (target <= 1.02x): met" in met.describe()
+    assert "MISSED" in missed.describe()
+    table = common.Table(
+        key="t",
+        title="T",
+        description="d",
+        columns=[common.Column("name", "name"), common.Column("x", "x", ".2f", "x")],
+        rows=[{"name": "a|b", "x": 1.234}, {"name": "c", "x": None}],
+        targets=[met],
+        headlines=["overhead (summary every 100 steps): 1.010x"],
+    )
+    markdown = common.markdown_table(table)
+    assert "| a\\|b | 1.23x |" in markdown
+    assert "| c | - |" in markdown
+    assert "overhead (summary every 100 steps): 1.010x" in common.format_table(table)
+
+
+def test_table_from_rows_shows_every_key():
+    table = common.table_from_rows(
+        key="w",
+        title="W",
+        description="",
+        rows=[{"writer": "tb", "scalars_per_s": 123456.7}, {"writer": "x", "ratio": 0.5}],
+    )
+    assert [c.key for c in table.columns] == ["writer", "scalars_per_s", "ratio"]
+    assert "123,457" in common.format_table(table)
+    assert "0.5" in common.markdown_table(table)
+
+
+# --- transfer counting -------------------------------------------------------------------
+
+
+def _fresh_leaves(n: int) -> list[jax.Array]:
+    return jax.block_until_ready(jax.device_put(list(np.arange(n, dtype=np.float32))))
+
+
+def test_count_transfers_sees_per_leaf_gets_threads_and_numpy():
+    leaves = _fresh_leaves(5)
+    with summary_leaves.count_transfers() as per_leaf:
+        jax.tree.map(jax.device_get, leaves)
+    assert len(per_leaf.arrays) == 5 and per_leaf.device_get_calls == 5
+
+    leaves = _fresh_leaves(4)
+    with summary_leaves.count_transfers() as other_thread:
+        worker = threading.Thread(target=lambda: [np.asarray(x) for x in leaves])
+        worker.start()
+        worker.join()
+    assert len(other_thread.arrays) == 4 and other_thread.device_get_calls == 0
+
+    with summary_leaves.count_transfers() as twice:
+        jax.device_get(leaves)
+        jax.device_get(leaves)
+    assert len(twice.arrays) == 4 and twice.device_get_calls == 2  # distinct arrays
+
+    originals = (jax.device_get, np.asarray, type(leaves[0]).copy_to_host_async)
+    with summary_leaves.count_transfers():
+        assert jax.device_get is not originals[0]
+    assert (jax.device_get, np.asarray, type(leaves[0]).copy_to_host_async) == originals
+
+
+# --- the benchmarks at their smallest sizes ------------------------------------------------
+
+
+def test_overhead_smoke():
+    table = overhead.run(num_steps=4, repeats=2, summary_every=(2,), size=model.SMALL)
+    _check_structure(table)
+    assert [row["variant"] for row in table.rows] == list(overhead.VARIANTS)
+    for row in table.rows:
+        assert len(row["samples"]) == 2 and all(s > 0 for s in row["samples"])
+        assert row["seconds"] == common.median(row["samples"]) > 0
+        assert row["ratio"] == row["seconds"] / row["baseline_seconds"]
+    assert table.rows[0]["ratio"] == 1.0
+    library = next(row for row in table.rows if row["variant"] == "library")
+    assert f"overhead (summary every 2 steps): {library['ratio']:.3f}x" in table.headlines
+    assert all(re.fullmatch(r".+ \(summary every .+\): \d+\.\d{3}x", h) for h in table.headlines)
+
+
+def test_latency_smoke():
+    table = latency.run(fast_calls=3, slow_calls=2, size=model.SMALL)
+    _check_structure(table)
+    assert len(table.rows) == 4
+    for row in table.rows:
+        assert row["median_seconds"] > 0 and row["p99_seconds"] >= row["median_seconds"]
+        assert row["median_ratio"] == row["median_seconds"] / row["baseline_median_seconds"]
+        assert row["p99_ratio"] == row["p99_seconds"] / row["baseline_p99_seconds"]
+    slow_baseline = table.rows[2]
+    assert slow_baseline["median_seconds"] >= latency.SLOW_SECONDS  # it really waits
+    assert len(table.targets) == 2
+
+
+def test_summary_leaves_smoke_counts_one_batched_transfer():
+    table = summary_leaves.run(sizes=(3, 40), repeats=1)
+    _check_structure(table)
+    for row in table.rows:
+        assert row["library_seconds"] > 0 and row["t5x_seconds"] > 0
+        assert row["ratio"] == row["library_seconds"] / row["t5x_seconds"]
+        # T5X's path copies each leaf on its own; the manager packs them into one copy.
+        assert row["t5x_arrays"] == row["t5x_gets"] == row["leaves"]
+        assert row["library_arrays"] == 1
+    assert any(h.startswith("device-to-host arrays copied per summary") for h in table.headlines)
+
+
+def test_microbatching_smoke():
+    table = microbatching.run(
+        counts=(1, 2), global_batch=8, num_steps=2, repeats=1, size=model.SMALL
+    )
+    _check_structure(table)
+    assert [row["microbatches"] for row in table.rows] == [1, 2]
+    assert [row["microbatch_size"] for row in table.rows] == [8, 4]
+    for row in table.rows:
+        assert row["compile_seconds"] > 0 and row["step_seconds"] > 0
+        assert row["compile_ratio"] == row["compile_seconds"] / row["baseline_compile_seconds"]
+        assert row["step_ratio"] == row["step_seconds"] / row["baseline_step_seconds"]
+    assert table.rows[0]["compile_ratio"] == table.rows[0]["step_ratio"] == 1.0
+
+
+def test_memory_smoke():
+    table = memory.run(writer_summaries=100, manager_summaries=50)
+    _check_structure(table)
+    for path, total in (("writers", 100), ("manager", 50)):
+        rows = [row for row in table.rows if row["path"] == path]
+        marks = [max(1, total // 50), *range(total // 10, total + 1, total // 10), total]
+        assert [row["count"] for row in rows] == marks
+        for row in rows:
+            assert row["rss_bytes"] > 0
+            assert row["ratio"] == row["rss_bytes"] / row["baseline_rss_bytes"]
+        assert rows[0]["ratio"] == 1.0
+    assert len(table.targets) == 2
+
+
+# --- run_all ----------------------------------------------------------------------------
+
+
+def test_render_results_has_machine_headlines_targets_and_tables():
+    tables = [
+        common.Table(
+            key=f"t{i}",
+            title=f"{i}. Table {i}",
+            description="what",
+            columns=[common.Column("x", "x", ".1f")],
+            rows=[{"x": float(i)}],
+            headlines=[f"headline {i}: 1.000x"],
+            targets=[common.Target(f"target {i}", 1.0, 2.0)],
+        )
+        for i in range(1, 7)
+    ]
+    text = run_all.render_results(tables, {"cpu": "test cpu", "jax": "1.2.3"}, False, 12.0)
+    assert "| cpu | test cpu |" in text and "| jax | 1.2.3 |" in text
+    assert "make bench" in text
+    for i in range(1, 7):
+        assert f"## {i}. Table {i}" in text
+        assert f"headline {i}: 1.000x" in text
+        assert f"target {i}: 1.000x (target <= 2x): met" in text
+
+
+def test_run_all_rejects_unknown_benchmarks(capsys):
+    with pytest.raises(SystemExit):
+        run_all.main(["--only", "nope"])
+    assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_machine_info_names_versions():
+    info = common.machine_info()
+    for key in ("date", "cpu", "cores", "python", "jax", "numpy", "tensorboardX"):
+        assert info[key]
