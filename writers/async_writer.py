@@ -63,7 +63,9 @@ class AsyncWriter(MetricWriter):
         self._errors_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=f"AsyncWriter({self._name})", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"AsyncWriter({self._name})", daemon=True
+        )
         self._thread.start()
         self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
         atexit.register(self._at_exit)
@@ -175,7 +177,9 @@ class AsyncWriter(MetricWriter):
         with self._errors_lock:
             errors, self._errors = self._errors, []
         if errors:
-            raise WriterError(f"AsyncWriter({self._name}), reported on {method}()", errors) from errors[0][1]
+            raise WriterError(
+                f"AsyncWriter({self._name}), reported on {method}()", errors, what="call"
+            ) from errors[0][1]
 
     def _run(self) -> None:
         while True:
@@ -187,7 +191,9 @@ class AsyncWriter(MetricWriter):
                 try:
                     getattr(self._writer, method)(**kwargs)
                 except BaseException as err:  # noqa: BLE001  (kept and re-raised on the caller's thread)
-                    where = f"{self._name}.{method}" + (f"(step={kwargs['step']})" if "step" in kwargs else "()")
+                    where = f"{self._name}.{method}" + (
+                        f"(step={kwargs['step']})" if "step" in kwargs else "()"
+                    )
                     with self._errors_lock:
                         self._errors.append((where, err))
             finally:

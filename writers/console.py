@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -44,7 +45,8 @@ class ConsoleWriter(BaseWriter):
       stream: Where to print (default `sys.stdout`, looked up at each write).
       collection: Name shown in every header, e.g. `train`.
       total_steps: Last step of the run; enables the progress part of the header.
-      color: Force colours on or off; None means "only if the stream is a TTY".
+      color: Force colours on or off; None means "only if the stream is a TTY and
+        the NO_COLOR environment variable is unset".
       clock: Monotonic seconds, for steps/s and the ETA (patch it in tests).
     """
 
@@ -125,7 +127,9 @@ class ConsoleWriter(BaseWriter):
         """Prints a `hyperparameters` block with every value."""
         self._check_open("write_hparams")
         _checks.check_keys(hparams, "ConsoleWriter.write_hparams")
-        self._print(self._header_text("hyperparameters"), _rows({k: str(v) for k, v in hparams.items()}))
+        self._print(
+            self._header_text("hyperparameters"), _rows({k: str(v) for k, v in hparams.items()})
+        )
 
     def flush(self) -> None:
         """Flushes the stream."""
@@ -141,7 +145,9 @@ class ConsoleWriter(BaseWriter):
     def _out(self) -> IO[str]:
         return self._stream if self._stream is not None else sys.stdout
 
-    def _block(self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None) -> None:
+    def _block(
+        self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
+    ) -> None:
         self._observe(step)
         self._print(self._header_text(self._progress(step)), _rows(lines, numbers))
 
@@ -176,11 +182,20 @@ class ConsoleWriter(BaseWriter):
         from rich.text import Text
 
         stream = self._out()
-        color = self._color if self._color is not None else _isatty(stream)
+        color = self._color
+        if color is None:  # https://no-color.org: NO_COLOR turns colours off even on a TTY.
+            color = _isatty(stream) and not os.environ.get("NO_COLOR")
         console = Console(
-            file=stream, force_terminal=color, color_system="auto" if color else None,
-            no_color=not color, force_jupyter=False, highlight=False, markup=False,
-            emoji=False, soft_wrap=True, width=10_000,
+            file=stream,
+            force_terminal=color,
+            color_system="auto" if color else None,
+            no_color=not color,
+            force_jupyter=False,
+            highlight=False,
+            markup=False,
+            emoji=False,
+            soft_wrap=True,
+            width=10_000,
         )
         text = Text()
         text.append(header, style="bold")
@@ -193,7 +208,9 @@ class ConsoleWriter(BaseWriter):
         console.print(text)
 
 
-def _rows(lines: Mapping[str, str], numbers: Mapping[str, float] | None = None) -> list[tuple[str, str, bool]]:
+def _rows(
+    lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
+) -> list[tuple[str, str, bool]]:
     nums = numbers or {}
     return [
         (k, lines[k], not _checks.is_finite_number(nums[k]) if k in nums else False)

@@ -59,19 +59,23 @@ class WriterClosedError(RuntimeError):
 class WriterError(RuntimeError):
     """One or more wrapped writers failed; the message names every failing writer.
 
-    Raised by `MultiWriter` and `AsyncWriter`. The original exceptions are kept in
-    `failures` (a list of `(writer_name, exception)`); the first one is also the
-    `__cause__`, so tracebacks show where it came from.
+    Raised by `MultiWriter` (one entry per failing writer) and `AsyncWriter` (one
+    entry per failed call, named `<writer>.<method>(step=...)`). The original
+    exceptions are kept in `failures` (a list of `(name, exception)`); the first one
+    is also the `__cause__`, so tracebacks show where it came from.
     """
 
-    def __init__(self, context: str, failures: Sequence[tuple[str, BaseException]]):
+    def __init__(
+        self,
+        context: str,
+        failures: Sequence[tuple[str, BaseException]],
+        *,
+        what: str = "writer",
+    ):
         self.failures: list[tuple[str, BaseException]] = list(failures)
-        details = "; ".join(
-            f"{name}: {type(err).__name__}: {err}" for name, err in self.failures
-        )
+        details = "; ".join(f"{name}: {type(err).__name__}: {err}" for name, err in self.failures)
         count = len(self.failures)
-        noun = "writer" if count == 1 else "writers"
-        super().__init__(f"{context}: {count} {noun} failed: {details}")
+        super().__init__(f"{context}: {count} {what}{'' if count == 1 else 's'} failed: {details}")
 
 
 class MetricWriter(abc.ABC):

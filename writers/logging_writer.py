@@ -117,8 +117,6 @@ def _shapes(values: Mapping[str, Array]) -> dict[str, tuple[int, ...]]:
 
 def _histogram_text(counts: np.ndarray, edges: np.ndarray) -> str:
     # Buckets are right-open except the last one, which is closed.
-    parts = [
-        f"[{edges[i]:.3g}, {edges[i + 1]:.3g}): {int(c)}" for i, c in enumerate(counts[:-1])
-    ]
+    parts = [f"[{edges[i]:.3g}, {edges[i + 1]:.3g}): {int(c)}" for i, c in enumerate(counts[:-1])]
     parts.append(f"[{edges[-2]:.3g}, {edges[-1]:.3g}]: {int(counts[-1])}")
     return ", ".join(parts)

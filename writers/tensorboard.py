@@ -44,8 +44,18 @@ from writers._base import BaseWriter
 from writers.interface import Array, Scalar
 
 _DTYPES = {
-    "float16": 19, "float32": 1, "float64": 2, "int8": 6, "int16": 5, "int32": 3,
-    "int64": 9, "uint8": 4, "uint16": 17, "uint32": 22, "uint64": 23, "bool": 10,
+    "float16": 19,
+    "float32": 1,
+    "float64": 2,
+    "int8": 6,
+    "int16": 5,
+    "int32": 3,
+    "int64": 9,
+    "uint8": 4,
+    "uint16": 17,
+    "uint32": 22,
+    "uint64": 23,
+    "bool": 10,
 }  # numpy dtype name -> TensorFlow DataType enum value
 
 
@@ -87,7 +97,9 @@ class TensorBoardWriter(BaseWriter):
         self._pending = False
         self._stop = threading.Event()
         self._flusher = threading.Thread(
-            target=self._flush_periodically, args=(flush_secs,), daemon=True,
+            target=self._flush_periodically,
+            args=(flush_secs,),
+            daemon=True,
             name=f"TensorBoardWriter-flush({self._logdir})",
         )
         self._flusher.start()
@@ -118,7 +130,9 @@ class TensorBoardWriter(BaseWriter):
         arrays = _checks.check_arrays(
             images, "TensorBoardWriter.write_images", _checks.image_problem
         )
-        self._emit(step, [self._image_value(k, _checks.images_as_uint8(v)) for k, v in arrays.items()])
+        self._emit(
+            step, [self._image_value(k, _checks.images_as_uint8(v)) for k, v in arrays.items()]
+        )
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         """Writes each `[N, T, H, W, C]` video as a filmstrip image `[H, T*W, C]`."""
@@ -127,7 +141,9 @@ class TensorBoardWriter(BaseWriter):
         strips = {}
         for key, video in arrays.items():
             n, t, h, w, c = video.shape
-            strips[key] = _checks.images_as_uint8(video.transpose(0, 2, 1, 3, 4).reshape(n, h, t * w, c))
+            strips[key] = _checks.images_as_uint8(
+                video.transpose(0, 2, 1, 3, 4).reshape(n, h, t * w, c)
+            )
         self._emit(step, [self._image_value(k, v) for k, v in strips.items()])
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
@@ -139,8 +155,10 @@ class TensorBoardWriter(BaseWriter):
         for key, clips in arrays.items():
             for i, clip in enumerate(clips):
                 audio = summary_pb2.Summary.Audio(
-                    sample_rate=float(sample_rate), num_channels=clip.shape[1],
-                    length_frames=clip.shape[0], content_type="audio/wav",
+                    sample_rate=float(sample_rate),
+                    num_channels=clip.shape[1],
+                    length_frames=clip.shape[0],
+                    content_type="audio/wav",
                     encoded_audio_string=_encode.wav(clip, sample_rate),
                 )
                 tag = key if len(clips) == 1 else f"{key}/{i}"
@@ -173,8 +191,13 @@ class TensorBoardWriter(BaseWriter):
         self._emit(
             step,
             [
-                value(tag=k, histo=self._tbx_summary.make_histogram(
-                    arr.astype(np.float64), max(2, buckets.get(k) or _checks.DEFAULT_NUM_BUCKETS)))
+                value(
+                    tag=k,
+                    histo=self._tbx_summary.make_histogram(
+                        arr.astype(np.float64),
+                        max(2, buckets.get(k) or _checks.DEFAULT_NUM_BUCKETS),
+                    ),
+                )
                 for k, arr in checked.items()
             ],
         )
@@ -206,7 +229,9 @@ class TensorBoardWriter(BaseWriter):
 
     def _emit(self, step: int, values: list[Any]) -> None:
         event_pb2, summary_pb2 = self._pb[0], self._pb[1]
-        event = event_pb2.Event(step=step, wall_time=time.time(), summary=summary_pb2.Summary(value=values))
+        event = event_pb2.Event(
+            step=step, wall_time=time.time(), summary=summary_pb2.Summary(value=values)
+        )
         self._events.write_event(event)
         self._pending = True
 
@@ -221,7 +246,10 @@ class TensorBoardWriter(BaseWriter):
         n, h, w, _ = images.shape
         # The images plugin's tensor layout: [width, height, png_1, ..., png_n].
         tensor = tensor_pb2.TensorProto(
-            dtype=7, tensor_shape=shape_pb2.TensorShapeProto(dim=[shape_pb2.TensorShapeProto.Dim(size=n + 2)]),
+            dtype=7,
+            tensor_shape=shape_pb2.TensorShapeProto(
+                dim=[shape_pb2.TensorShapeProto.Dim(size=n + 2)]
+            ),
             string_val=[str(w).encode(), str(h).encode()] + [_encode.png(img) for img in images],
         )
         plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="images")
@@ -233,7 +261,11 @@ class TensorBoardWriter(BaseWriter):
         if metadata is None:
             return None
         cls = self._pb[1].SummaryMetadata
-        raw = metadata if isinstance(metadata, bytes) else getattr(metadata, "SerializeToString", None)
+        raw = (
+            metadata
+            if isinstance(metadata, bytes)
+            else getattr(metadata, "SerializeToString", None)
+        )
         if raw is None:
             raise TypeError(
                 "TensorBoardWriter.write_summaries: metadata must be a SummaryMetadata proto, "
@@ -247,11 +279,14 @@ class TensorBoardWriter(BaseWriter):
         shape = shape_pb2.TensorShapeProto(dim=dims)
         if arr.dtype.name in _DTYPES:
             tensor = tensor_pb2.TensorProto(
-                dtype=_DTYPES[arr.dtype.name], tensor_shape=shape,
+                dtype=_DTYPES[arr.dtype.name],
+                tensor_shape=shape,
                 tensor_content=np.ascontiguousarray(arr).tobytes(),
             )
         else:
-            strings = [str(x).encode() if not isinstance(x, bytes) else x for x in arr.reshape(-1).tolist()]
+            strings = [
+                str(x).encode() if not isinstance(x, bytes) else x for x in arr.reshape(-1).tolist()
+            ]
             tensor = tensor_pb2.TensorProto(dtype=7, tensor_shape=shape, string_val=strings)
         value = summary_pb2.Summary.Value(tag=key, tensor=tensor)
         if metadata is not None:
@@ -261,7 +296,9 @@ class TensorBoardWriter(BaseWriter):
 
 def _video_problem(key: str, arr: np.ndarray) -> str | None:
     if arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4):
-        return f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got {arr.shape}."
+        return (
+            f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got {arr.shape}."
+        )
     return None
 
 

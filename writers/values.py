@@ -170,9 +170,7 @@ def _describe(value: Any) -> str:
     return f"{prefix}{type(value).__name__}"
 
 
-def _group_by_metadata(
-    groups: list[tuple[Any, dict[str, Any]]], metadata: Any
-) -> dict[str, Any]:
+def _group_by_metadata(groups: list[tuple[Any, dict[str, Any]]], metadata: Any) -> dict[str, Any]:
     # Metadata is often an unhashable proto or dict, so compare instead of hashing.
     for existing, group in groups:
         if existing is metadata or _equal(existing, metadata):

@@ -31,7 +31,9 @@ def test_metric_writer_has_clu_method_and_parameter_names():
         assert list(sig.parameters) == params, name
     audio = inspect.signature(MetricWriter.write_audios).parameters["sample_rate"]
     assert audio.kind is inspect.Parameter.KEYWORD_ONLY
-    assert inspect.signature(MetricWriter.write_histograms).parameters["num_buckets"].default is None
+    assert (
+        inspect.signature(MetricWriter.write_histograms).parameters["num_buckets"].default is None
+    )
 
 
 def test_metric_writer_is_abstract_in_every_method():
@@ -42,8 +44,15 @@ def test_metric_writer_is_abstract_in_every_method():
 
 @pytest.mark.parametrize(
     "cls",
-    [writers.LoggingWriter, writers.NoopWriter, writers.ConsoleWriter, writers.JsonlWriter,
-     writers.TensorBoardWriter, writers.MultiWriter, writers.AsyncWriter],
+    [
+        writers.LoggingWriter,
+        writers.NoopWriter,
+        writers.ConsoleWriter,
+        writers.JsonlWriter,
+        writers.TensorBoardWriter,
+        writers.MultiWriter,
+        writers.AsyncWriter,
+    ],
 )
 def test_every_writer_keeps_clu_signatures(cls):
     for name, params in CLU_SIGNATURES.items():
@@ -79,7 +88,9 @@ def test_to_number_keeps_python_types_and_rejects_non_scalars():
     assert type(to_number("a", np.int16(4))) is int
     assert to_number("a", np.array([[2.5]])) == 2.5
     assert np.isnan(to_number("a", float("nan")))
-    with pytest.raises(ValueError, match=r"'a' must hold exactly one number, got an array of shape \(2,\)"):
+    with pytest.raises(
+        ValueError, match=r"'a' must hold exactly one number, got an array of shape \(2,\)"
+    ):
         to_number("a", np.zeros(2))
     with pytest.raises(TypeError, match="'a' must be a number"):
         to_number("a", "1.0")

@@ -22,8 +22,16 @@ def log_lines(caplog):
 
 def test_scalars_line_matches_clu_format(log_lines):
     w = writers.LoggingWriter(collection="train")
-    w.write_scalars(12, {"loss": 0.123456789, "accuracy": np.float32(0.5), "steps": 7,
-                         "nan": float("nan"), "big": 1234567.0})
+    w.write_scalars(
+        12,
+        {
+            "loss": 0.123456789,
+            "accuracy": np.float32(0.5),
+            "steps": 7,
+            "nan": float("nan"),
+            "big": 1234567.0,
+        },
+    )
     assert log_lines() == [
         "[12] collection=train accuracy=0.5, big=1.23457e+06, loss=0.123457, nan=nan, steps=7"
     ]

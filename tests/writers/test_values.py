@@ -35,8 +35,14 @@ def test_groups_values_by_kind_in_a_fixed_order():
     )
     methods = [c[0] for c in rec.calls]
     assert methods == [
-        "write_summaries", "write_scalars", "write_images", "write_texts",
-        "write_hparams", "write_histograms", "write_audios", "write_audios",
+        "write_summaries",
+        "write_scalars",
+        "write_images",
+        "write_texts",
+        "write_hparams",
+        "write_histograms",
+        "write_audios",
+        "write_audios",
     ]
     by_method = {c[0]: c for c in rec.calls}
     step, scalars = by_method["write_scalars"][1]
@@ -69,7 +75,9 @@ def test_unsupported_values_raise_one_type_error_naming_every_key_and_writes_not
     rec = RecordingWriter()
     with pytest.raises(TypeError) as info:
         writers.write_values(
-            rec, 0, {"ok": 1.0, "s": "text", "arr": np.zeros((2, 3)), "big": values.Scalar(np.ones(4))}
+            rec,
+            0,
+            {"ok": 1.0, "s": "text", "arr": np.zeros((2, 3)), "big": values.Scalar(np.ones(4))},
         )
     message = str(info.value)
     assert "'s': str" in message

@@ -1,0 +1,136 @@
+"""AsyncWriter: ordered worker, bounded queue that blocks, errors named, close joins."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+
+import pytest
+
+import writers
+from tests.writers.failing import BrokenDiskWriter, CluInterfaceWriter, GatedWriter
+
+
+def test_calls_run_in_order_and_flush_waits_for_them(tmp_path):
+    jsonl = writers.JsonlWriter(tmp_path / "m.jsonl", clock=lambda: 0.0)
+    w = writers.AsyncWriter(jsonl, name="jsonl")
+    for step in range(200):
+        w.write_scalars(step, {"loss": float(step)})
+    w.flush()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert steps == list(range(200))
+    w.close()
+    assert jsonl.closed
+
+
+def test_clu_style_writer_plugs_in_unchanged():
+    clu = CluInterfaceWriter()
+    w = writers.AsyncWriter(clu)
+    w.write_scalars(1, {"a": 1.0})
+    w.write_audios(2, {"x": [[[0.0]]]}, sample_rate=100)
+    w.write_histograms(3, {"h": [1.0]}, num_buckets={"h": 5})
+    w.write_hparams({"lr": 0.1})
+    w.close()
+    assert clu.scalars == [(1, {"a": 1.0})] and clu.audios[0][2] == 100
+    assert clu.histograms[0][2] == {"h": 5} and clu.hparams == [{"lr": 0.1}] and clu.closed
+    assert w.name == "CluInterfaceWriter"
+
+
+def test_full_queue_blocks_the_caller_and_drops_nothing():
+    inner = GatedWriter()
+    w = writers.AsyncWriter(inner, max_queue=2)
+    w.write_scalars(0, {"a": 0})  # taken by the worker, which then blocks on the gate
+    assert inner.entered.wait(30)
+    w.write_scalars(1, {"a": 1})
+    w.write_scalars(2, {"a": 2})  # the queue is now full
+    returned = threading.Event()
+
+    def producer():
+        w.write_scalars(3, {"a": 3})
+        returned.set()
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    assert not returned.wait(0.2)  # blocked by back-pressure, not dropped
+    inner.gate.set()
+    thread.join(30)
+    assert returned.is_set()
+    w.close()
+    assert [step for step, _ in inner.scalars] == [0, 1, 2, 3]
+
+
+def test_errors_are_raised_on_the_next_call_with_the_writer_name():
+    broken = BrokenDiskWriter()
+    w = writers.AsyncWriter(broken, name="tensorboard")
+    w.write_scalars(5, {"a": 1.0})
+    with pytest.raises(writers.WriterError) as info:
+        w.flush()
+    message = str(info.value)
+    assert "AsyncWriter(tensorboard)" in message
+    assert "tensorboard.write_scalars(step=5): OSError" in message
+    assert "tensorboard.flush(): OSError" in message
+    assert isinstance(info.value.__cause__, OSError)
+    # Reported once; a later write call reports the failures that happened since.
+    w.write_texts(6, {"t": "x"})
+    deadline = time.monotonic() + 30
+    while True:
+        assert time.monotonic() < deadline, "the failure was never reported"
+        try:
+            w.write_hparams({"n": 1})
+        except writers.WriterError as err:
+            assert "tensorboard.write_texts(step=6): OSError" in str(err)
+            break
+    with pytest.raises(writers.WriterError, match=r"tensorboard.close\(\)"):
+        w.close()
+    assert broken.calls[:3] == ["write_scalars", "flush", "write_texts"]
+    assert broken.calls[-1] == "close"
+    w.close()  # idempotent, errors already reported
+
+
+def test_inside_multiwriter_the_others_get_every_value_and_close_closes_all(tmp_path):
+    jsonl = writers.JsonlWriter(tmp_path / "m.jsonl", clock=lambda: 0.0)
+    clu = CluInterfaceWriter()
+    multi = writers.MultiWriter(
+        {
+            "broken": writers.AsyncWriter(BrokenDiskWriter(), name="broken"),
+            "jsonl": writers.AsyncWriter(jsonl, name="jsonl"),
+            "clu": writers.AsyncWriter(clu, name="clu"),
+        }
+    )
+    reported = []
+    for step in range(20):
+        try:
+            multi.write_scalars(step, {"loss": float(step)})
+        except writers.WriterError as err:
+            reported.append(str(err))
+    with pytest.raises(writers.WriterError, match="broken") as info:
+        multi.close()
+    reported.append(str(info.value))
+    # Every failed call is reported exactly once, with the writer's name.
+    text = " ".join(reported)
+    steps = re.findall(r"broken.write_scalars\(step=(\d+)\)", text)
+    assert sorted(int(s) for s in steps) == list(range(20))
+    assert text.count("broken.close()") == 1
+    assert jsonl.closed and clu.closed
+    assert [s for s, _ in clu.scalars] == list(range(20))
+    assert [
+        json.loads(line)["loss"] for line in (tmp_path / "m.jsonl").read_text().splitlines()
+    ] == [float(s) for s in range(20)]
+
+
+def test_bad_input_raises_at_the_call_site_and_after_close():
+    clu = CluInterfaceWriter()
+    w = writers.AsyncWriter(clu, name="clu")
+    with pytest.raises(ValueError, match=r"AsyncWriter\(clu\).write_scalars: step must be"):
+        w.write_scalars(-1, {"a": 1.0})
+    with pytest.raises(TypeError, match="every key must be a str"):
+        w.write_scalars(0, {2: 1.0})
+    with pytest.raises(ValueError, match="max_queue must be >= 1"):
+        writers.AsyncWriter(clu, max_queue=0)
+    w.close()
+    with pytest.raises(writers.WriterClosedError, match=r"AsyncWriter\(clu\)"):
+        w.write_scalars(0, {"a": 1.0})
+    w.flush()
+    assert clu.scalars == []

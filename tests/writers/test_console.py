@@ -1,0 +1,134 @@
+"""ConsoleWriter: exact text in plain mode, colours only on a TTY, progress and ETA."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+
+import writers
+from writers import _format
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeTty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_block_is_aligned_grouped_by_prefix_and_formatted_for_humans():
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out, collection="train")
+    w.write_scalars(
+        1200,
+        {
+            "timing/seqs_per_second": 12345.6,
+            "loss": 2.3456789,
+            "eval/accuracy": 0.5,
+            "timing/steps_per_second": 12.3456,
+            "grad_norm": float("nan"),
+            "tokens": 1234567,
+            "lr": 1e-4,
+            "z": -np.inf,
+        },
+    )
+    assert out.getvalue() == (
+        "step 1,200 | train\n"
+        "  grad_norm                NaN\n"
+        "  loss                     2.346\n"
+        "  lr                       0.0001\n"
+        "  tokens                   1,234,567\n"
+        "  z                        -inf\n"
+        "  eval/accuracy            0.5\n"
+        "  timing/seqs_per_second   12,346\n"
+        "  timing/steps_per_second  12.35\n"
+    )
+    assert "\x1b[" not in out.getvalue()
+
+
+def test_colour_only_on_a_tty(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    tty = FakeTty()
+    writers.ConsoleWriter(tty).write_scalars(1, {"loss": float("nan")})
+    assert "\x1b[" in tty.getvalue()
+    plain = io.StringIO()
+    writers.ConsoleWriter(plain).write_scalars(1, {"loss": float("nan")})
+    assert plain.getvalue() == "step 1\n  loss  NaN\n"
+    forced = io.StringIO()
+    writers.ConsoleWriter(forced, color=True).write_scalars(1, {"loss": 1.0})
+    assert "\x1b[" in forced.getvalue()
+    monkeypatch.setenv("NO_COLOR", "1")
+    no_color = FakeTty()
+    writers.ConsoleWriter(no_color).write_scalars(1, {"loss": 1.0})
+    assert no_color.getvalue() == "step 1\n  loss  1\n"
+
+
+def test_progress_line_excludes_the_first_compiling_window():
+    out, clock = io.StringIO(), FakeClock()
+    w = writers.ConsoleWriter(out, total_steps=1000, clock=clock)
+    clock.now = 95.0  # compilation + first 100 steps: not used for the rate
+    w.write_scalars(100, {"loss": 1.0})
+    clock.now = 115.0  # 200 steps in 20 s -> 10 steps/s, 700 steps left -> 70 s
+    w.write_scalars(300, {"loss": 0.5})
+    clock.now = 175.0  # 900 steps in 80 s from the first write -> 11.25 steps/s
+    w.write_scalars(1000, {"loss": 0.25})
+    headers = [line for line in out.getvalue().splitlines() if line.startswith("step")]
+    assert headers == [
+        "step 100/1,000 (10.0%)",
+        "step 300/1,000 (30.0%) | 10 steps/s | ETA 1m 10s",
+        "step 1,000/1,000 (100.0%) | 11.25 steps/s",
+    ]
+
+
+def test_other_kinds_have_readable_lines():
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out)
+    w.write_texts(1, {"config": "a = 1\nb = 2"})
+    w.write_images(1, {"img": np.zeros((2, 4, 4, 3))})
+    w.write_histograms(1, {"h": np.array([1.0, 2.0, 3.0, 6.0])})
+    w.write_audios(1, {"a": np.zeros((1, 8, 1))}, sample_rate=16000)
+    w.write_videos(1, {"v": np.zeros((1, 2, 3, 3, 1))})
+    w.write_summaries(1, {"t": np.zeros((2, 3), np.float32)})
+    w.write_hparams({"lr": 0.1, "opt": "adam"})
+    assert out.getvalue() == (
+        "step 1\n  config  a = 1\n          b = 2\n"
+        "step 1\n  img  image [2, 4, 4, 3]\n"
+        "step 1\n  h  histogram n=4 min=1 mean=3 max=6\n"
+        "step 1\n  a  audio [1, 8, 1] @ 16,000 Hz\n"
+        "step 1\n  v  video [1, 2, 3, 3, 1]\n"
+        "step 1\n  t  tensor [2, 3] float32\n"
+        "hyperparameters\n  lr   0.1\n  opt  adam\n"
+    )
+
+
+def test_number_and_duration_formatting():
+    assert _format.number("loss", 123456.789) == "1.235e+05"
+    assert _format.number("eval/examples_per_second", 999.94) == "999.9"
+    assert _format.number("throughput", 1500.4) == "1,500"
+    assert _format.number("x", float("inf")) == "inf"
+    assert _format.duration(59.4) == "59s" and _format.duration(3600) == "1h 00m"
+
+
+def test_bad_input_and_closed_writer():
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out)
+    with pytest.raises(TypeError, match="every key must be a str"):
+        w.write_scalars(0, {None: 1.0})
+    with pytest.raises(ValueError, match="non-negative"):
+        w.write_scalars(-5, {"a": 1.0})
+    w.write_scalars(0, {"a": 1.0})
+    w.close()
+    w.close()
+    with pytest.raises(writers.WriterClosedError):
+        w.write_scalars(1, {"a": 1.0})
+    assert out.getvalue() == "step 0\n  a  1\n"
+    assert not out.closed  # the stream belongs to the caller

@@ -1,0 +1,73 @@
+"""create_default_writer: which writers, where files go, values read back."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+from tensorboard.backend.event_processing import event_accumulator as ea
+
+import writers
+
+
+def test_default_set_writes_console_tensorboard_and_jsonl(tmp_path):
+    out = io.StringIO()
+    w = writers.create_default_writer(tmp_path, collection="train", console_stream=out)
+    assert sorted(w.writers) == ["console", "jsonl", "tensorboard"]
+    assert all(isinstance(x, writers.AsyncWriter) for x in w.writers.values())
+    writers.write_values(w, 4, {"loss": 0.5, "accuracy": 0.75})
+    w.close()
+    assert out.getvalue() == "step 4 | train\n  accuracy  0.75\n  loss      0.5\n"
+    (line,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert (line["step"], line["collection"], line["loss"], line["accuracy"]) == (
+        4,
+        "train",
+        0.5,
+        0.75,
+    )
+    acc = ea.EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(4, 0.5)]
+
+
+def test_no_logdir_means_no_files_and_flags_select_writers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    w = writers.create_default_writer(None, log=True, asynchronous=False)
+    assert sorted(w.writers) == ["console", "log"]
+    assert isinstance(w.writers["log"], writers.LoggingWriter)
+    w.close()
+    assert os.listdir(tmp_path) == []
+    only_jsonl = writers.create_default_writer(tmp_path / "run", console=False, tensorboard=False)
+    assert sorted(only_jsonl.writers) == ["jsonl"]
+    only_jsonl.close()
+    assert os.listdir(tmp_path / "run") == ["metrics.jsonl"]
+    nothing = writers.create_default_writer(None, console=False)
+    assert nothing.writers == {}
+    nothing.write_scalars(0, {"a": 1.0})
+    nothing.close()
+
+
+def test_errors_name_the_backend(tmp_path):
+    w = writers.create_default_writer(tmp_path, console=False, asynchronous=False)
+    w.writers["jsonl"].close()  # simulate a broken backend: writes now raise
+    with pytest.raises(writers.WriterError, match=r"1 writer failed: jsonl: WriterClosedError"):
+        w.write_scalars(0, {"a": 1.0})
+    w.close()
+    acc = ea.EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [s.value for s in acc.Scalars("a")] == [1.0]  # tensorboard still got it
+
+
+def test_purge_step_and_total_steps_are_passed_on(tmp_path):
+    out = io.StringIO()
+    w = writers.create_default_writer(
+        tmp_path, total_steps=10, purge_step=3, console_stream=out, jsonl=False, asynchronous=False
+    )
+    w.write_scalars(5, {"a": 1.0})
+    w.close()
+    assert out.getvalue().startswith("step 5/10 (50.0%)")
+    loader_events = ea.EventAccumulator(str(tmp_path))
+    loader_events.Reload()
+    assert loader_events.Scalars("a")[0].step == 5

@@ -1,0 +1,135 @@
+"""JsonlWriter: every line parsed back with json.loads (strict: no bare NaN)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import writers
+
+
+def _strict_lines(path) -> list[dict]:
+    def reject(token):
+        raise AssertionError(f"non-standard JSON constant {token}")
+
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line, parse_constant=reject) for line in f]
+
+
+@pytest.fixture
+def writer(tmp_path):
+    w = writers.JsonlWriter(
+        tmp_path / "sub" / "metrics.jsonl", collection="train", clock=lambda: 123.5
+    )
+    yield w
+    w.close()
+
+
+def test_one_object_per_call_with_step_time_collection(writer):
+    writer.write_scalars(3, {"loss": 0.25, "n": np.int64(7), "acc": np.float32(0.5), "ok": True})
+    writer.write_texts(3, {"note": "héllo\nworld"})
+    writer.flush()
+    assert _strict_lines(writer.path) == [
+        {
+            "step": 3,
+            "time": 123.5,
+            "collection": "train",
+            "loss": 0.25,
+            "n": 7,
+            "acc": 0.5,
+            "ok": 1,
+        },
+        {"step": 3, "time": 123.5, "collection": "train", "note": "héllo\nworld"},
+    ]
+
+
+def test_nan_and_inf_become_strings_and_the_file_stays_strict_json(writer):
+    writer.write_scalars(1, {"nan": float("nan"), "inf": np.inf, "ninf": -np.inf, "x": 1.0})
+    writer.write_summaries(1, {"t": np.array([1.0, np.nan, -np.inf])})
+    writer.flush()
+    scalars, tensor = _strict_lines(writer.path)
+    assert (scalars["nan"], scalars["inf"], scalars["ninf"]) == ("NaN", "Infinity", "-Infinity")
+    assert np.isnan(float(scalars["nan"])) and float(scalars["ninf"]) == -np.inf
+    assert tensor["t"] == {
+        "type": "tensor",
+        "shape": [3],
+        "dtype": "float64",
+        "values": [1.0, "NaN", "-Infinity"],
+    }
+
+
+def test_non_scalar_values_are_summarized(writer, tmp_path):
+    writer.write_images(2, {"img": np.zeros((2, 4, 5, 3), np.uint8)})
+    writer.write_videos(2, {"vid": np.zeros((1, 3, 4, 5, 3))})
+    writer.write_audios(2, {"aud": np.zeros((1, 10, 2))}, sample_rate=16000)
+    writer.write_histograms(2, {"h": np.array([0.0, 1.0, 1.0, 3.0])}, num_buckets={"h": 3})
+    writer.write_summaries(2, {"big": np.zeros(2000, np.int32)})
+    writer.flush()
+    img, vid, aud, hist, big = _strict_lines(writer.path)
+    assert img["img"] == {"type": "image", "shape": [2, 4, 5, 3]}
+    assert vid["vid"] == {"type": "video", "shape": [1, 3, 4, 5, 3]}
+    assert aud["aud"] == {"type": "audio", "shape": [1, 10, 2], "sample_rate": 16000}
+    assert hist["h"] == {
+        "type": "histogram",
+        "count": 4,
+        "min": 0.0,
+        "max": 3.0,
+        "mean": 1.25,
+        "edges": [0.0, 1.0, 2.0, 3.0],
+        "counts": [1, 2, 1],
+    }
+    assert big["big"] == {"type": "tensor", "shape": [2000], "dtype": "int32"}
+
+
+def test_hparams_line_has_null_step(writer):
+    writer.write_hparams({"lr": 0.1, "opt": "adam", "layers": [1, 2], "n": np.int32(4), "b": False})
+    writer.flush()
+    (line,) = _strict_lines(writer.path)
+    assert line == {
+        "step": None,
+        "time": 123.5,
+        "collection": "train",
+        "hparams": {"lr": 0.1, "opt": "adam", "layers": "[1, 2]", "n": 4, "b": False},
+    }
+
+
+def test_lines_are_visible_before_flush_and_the_file_is_appended(tmp_path):
+    path = tmp_path / "m.jsonl"
+    w = writers.JsonlWriter(path)
+    w.write_scalars(0, {"a": 1})
+    # Line-buffered: a reader (tail -f) sees the line without flush().
+    assert _strict_lines(path) == [
+        {"step": 0, "time": _strict_lines(path)[0]["time"], "collection": None, "a": 1}
+    ]
+    w.close()
+    again = writers.JsonlWriter(path)
+    again.write_scalars(1, {"a": 2})
+    again.close()
+    assert [line["a"] for line in _strict_lines(path)] == [1, 2]
+
+
+def test_bad_input_raises_and_keeps_what_was_written(writer):
+    writer.write_scalars(0, {"a": 1.0})
+    with pytest.raises(ValueError, match=r"keys \['step'\] are reserved"):
+        writer.write_scalars(1, {"step": 1})
+    with pytest.raises(TypeError, match="every key must be a str"):
+        writer.write_scalars(1, {5: 1.0})
+    with pytest.raises(ValueError, match="non-empty names"):
+        writer.write_scalars(1, {"": 1.0})
+    with pytest.raises(ValueError, match="non-negative"):
+        writer.write_scalars(-3, {"a": 1.0})
+    with pytest.raises(TypeError, match="step must be a non-negative integer"):
+        writer.write_scalars(2.5, {"a": 1.0})
+    with pytest.raises(ValueError, match=r"image 'i' must have shape .* got shape \(3, 3\)"):
+        writer.write_images(1, {"i": np.zeros((3, 3))})
+    with pytest.raises(TypeError, match="'s' must be a number"):
+        writer.write_scalars(1, {"ok": 2.0, "s": "x"})
+    writer.close()
+    with pytest.raises(writers.WriterClosedError):
+        writer.write_scalars(5, {"a": 1.0})
+    writer.close()
+    assert _strict_lines(writer.path) == [
+        {"step": 0, "time": 123.5, "collection": "train", "a": 1.0}
+    ]

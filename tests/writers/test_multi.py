@@ -1,0 +1,76 @@
+"""MultiWriter: fan-out, one failing writer stops none, errors name the writer."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import writers
+from tests.writers.failing import BrokenDiskWriter, CluInterfaceWriter
+
+
+def test_a_writer_raising_oserror_does_not_stop_the_others(tmp_path):
+    jsonl = writers.JsonlWriter(tmp_path / "m.jsonl", clock=lambda: 0.0)
+    clu = CluInterfaceWriter()
+    broken = BrokenDiskWriter()
+    multi = writers.MultiWriter({"jsonl": jsonl, "broken": broken, "clu": clu})
+    for step in range(3):
+        with pytest.raises(
+            writers.WriterError,
+            match=r"MultiWriter.write_scalars: 1 writer failed: broken: OSError",
+        ) as info:
+            multi.write_scalars(step, {"loss": float(step)})
+        assert isinstance(info.value.__cause__, OSError)
+        assert [name for name, _ in info.value.failures] == ["broken"]
+    with pytest.raises(writers.WriterError, match="broken"):
+        multi.write_texts(3, {"note": "hi"})
+    with pytest.raises(writers.WriterError, match="broken"):
+        multi.flush()
+    with pytest.raises(writers.WriterError, match=r"MultiWriter.close: 1 writer failed: broken"):
+        multi.close()
+    assert clu.scalars == [(0, {"loss": 0.0}), (1, {"loss": 1.0}), (2, {"loss": 2.0})]
+    assert clu.texts == [(3, {"note": "hi"})] and clu.flushed == 1 and clu.closed
+    assert jsonl.closed
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [line.get("loss", line.get("note")) for line in lines] == [0.0, 1.0, 2.0, "hi"]
+    assert broken.calls == ["write_scalars"] * 3 + ["write_texts", "flush", "close"]
+
+
+def test_every_failure_is_reported():
+    multi = writers.MultiWriter([BrokenDiskWriter(), BrokenDiskWriter(), writers.NoopWriter()])
+    with pytest.raises(writers.WriterError) as info:
+        multi.write_scalars(0, {"a": 1.0})
+    assert [name for name, _ in info.value.failures] == ["BrokenDiskWriter#0", "BrokenDiskWriter#1"]
+    assert "2 writers failed" in str(info.value)
+
+
+def test_clu_style_writer_gets_every_kind_by_keyword():
+    clu = CluInterfaceWriter()
+    multi = writers.MultiWriter([clu])
+    multi.write_audios(1, {"a": np.zeros((1, 4, 1))}, sample_rate=8000)
+    multi.write_histograms(2, {"h": np.arange(3)}, num_buckets={"h": 2})
+    multi.write_hparams({"lr": 0.1})
+    multi.write_summaries(3, {"t": np.ones(2)}, metadata=b"meta")
+    assert clu.audios[0][0] == 1 and clu.audios[0][2] == 8000
+    assert clu.histograms[0][0] == 2 and clu.histograms[0][2] == {"h": 2}
+    assert clu.hparams == [{"lr": 0.1}] and clu.summaries[0][2] == b"meta"
+    writers.write_values(multi, 4, {"x": 1.0})
+    assert clu.scalars == [(4, {"x": 1.0})]
+
+
+def test_bad_input_reaches_no_writer_and_close_is_idempotent():
+    clu = CluInterfaceWriter()
+    multi = writers.MultiWriter([clu])
+    with pytest.raises(TypeError, match=r"MultiWriter.write_scalars: every key must be a str"):
+        multi.write_scalars(0, {1: 1.0})
+    with pytest.raises(ValueError, match="non-negative"):
+        multi.write_scalars(-1, {"a": 1.0})
+    assert clu.scalars == []
+    multi.close()
+    multi.close()
+    multi.flush()
+    with pytest.raises(writers.WriterClosedError):
+        multi.write_scalars(0, {"a": 1.0})
+    assert clu.closed

@@ -1,0 +1,204 @@
+"""TensorBoardWriter: everything read back with TensorBoard's own EventAccumulator."""
+
+from __future__ import annotations
+
+import glob
+import io
+import os
+import struct
+import time
+import wave
+import zlib
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator as ea
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.util import tensor_util
+
+import writers
+
+_ALL = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 0, ea.AUDIO: 0, ea.HISTOGRAMS: 0}
+
+
+def _accumulator(logdir) -> ea.EventAccumulator:
+    acc = ea.EventAccumulator(str(logdir), size_guidance=_ALL)
+    acc.Reload()
+    return acc
+
+
+def _decode_png(data: bytes) -> np.ndarray:
+    """Minimal PNG reader for 8-bit images with filter type 0, to check pixels."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        crc = struct.unpack(">I", data[pos + 8 + length : pos + 12 + length])[0]
+        assert crc == zlib.crc32(kind + body) & 0xFFFFFFFF
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    width, height, _, color_type, *_ = header
+    channels = {0: 1, 2: 3, 6: 4}[color_type]
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, 1 + width * channels)
+    assert not rows[:, 0].any()
+    return rows[:, 1:].reshape(height, width, channels)
+
+
+def test_scalars_of_one_call_are_one_event(tmp_path):
+    w = writers.TensorBoardWriter(tmp_path)
+    keys = [f"m/{i}" for i in range(50)]
+    w.write_scalars(1, {k: float(i) for i, k in enumerate(keys)})
+    w.write_scalars(
+        2, {"loss": np.float32(0.5), "nan": float("nan"), "inf": np.inf, "n": np.int64(3)}
+    )
+    w.close()
+    (path,) = glob.glob(os.path.join(tmp_path, "events.out.tfevents.*"))
+    events = [e for e in EventFileLoader(path).Load() if e.HasField("summary")]
+    assert [(e.step, len(e.summary.value)) for e in events] == [(1, 50), (2, 4)]
+    acc = _accumulator(tmp_path)
+    assert [(s.step, s.value) for s in acc.Scalars("m/7")] == [(1, 7.0)]
+    assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(2, 0.5)]
+    assert np.isnan(acc.Scalars("nan")[0].value) and acc.Scalars("inf")[0].value == np.inf
+    assert acc.Scalars("n")[0].value == 3.0
+
+
+def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(2, 5, 7, 3), dtype=np.uint8)
+    gray = np.array([[0.0, 0.5], [1.0, 0.25]], np.float32)[..., None]
+    clip = np.stack([np.linspace(-1, 1, 50), np.zeros(50)], axis=-1)[None]  # [1, T, 2]
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_texts(3, {"config": "# Config\n`lr = 0.1`"})
+    w.write_images(4, {"rgb": images, "gray": gray})
+    w.write_histograms(5, {"h": np.array([0.0, 1.0, 1.0, 2.0, 4.0])}, num_buckets={"h": 4})
+    w.write_audios(6, {"a": clip}, sample_rate=8000)
+    w.write_summaries(7, {"raw": np.arange(6, dtype=np.int32).reshape(2, 3)})
+    w.write_videos(8, {"v": np.zeros((1, 3, 4, 5, 1), np.uint8)})
+    w.close()
+    acc = _accumulator(tmp_path)
+
+    (text,) = acc.Tensors("config")  # CLU's tag; tensorboardX add_text would add /text_summary
+    assert text.step == 3 and text.tensor_proto.string_val == [b"# Config\n`lr = 0.1`"]
+
+    rgb = acc.Tensors("rgb")[0].tensor_proto.string_val
+    assert rgb[:2] == [b"7", b"5"] and len(rgb) == 4  # width, height, 2 PNGs
+    np.testing.assert_array_equal(_decode_png(rgb[2]), images[0])
+    np.testing.assert_array_equal(_decode_png(rgb[3]), images[1])
+    gray_png = acc.Tensors("gray")[0].tensor_proto.string_val
+    np.testing.assert_array_equal(_decode_png(gray_png[2])[..., 0], [[0, 128], [255, 64]])
+
+    hist = acc.Histograms("h")[0]
+    assert hist.step == 5
+    value = hist.histogram_value
+    assert (value.min, value.max, value.num, value.sum, value.sum_squares) == (
+        0.0,
+        4.0,
+        5,
+        8.0,
+        22.0,
+    )
+    assert value.bucket_limit[-4:] == [1.0, 2.0, 3.0, 4.0] and sum(value.bucket) == 5
+
+    (audio,) = acc.Audio("a")
+    assert (audio.step, audio.sample_rate, audio.length_frames, audio.content_type) == (
+        6,
+        8000,
+        50,
+        "audio/wav",
+    )
+    with wave.open(io.BytesIO(audio.encoded_audio_string)) as wav:
+        assert (wav.getnchannels(), wav.getframerate(), wav.getnframes()) == (2, 8000, 50)
+        pcm = np.frombuffer(wav.readframes(50), "<i2").reshape(50, 2)
+    np.testing.assert_allclose(pcm / 32767.0, clip[0], atol=1 / 32767)
+
+    raw = acc.Tensors("raw")[0]
+    np.testing.assert_array_equal(
+        tensor_util.make_ndarray(raw.tensor_proto), np.arange(6).reshape(2, 3)
+    )
+    video = acc.Tensors("v")[0].tensor_proto.string_val
+    assert video[:2] == [b"15", b"4"]  # filmstrip: 3 frames of width 5 side by side
+
+
+def test_hparams_reach_the_hparams_plugin(tmp_path):
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_hparams(
+        {"lr": 0.1, "optimizer": "adam", "layers": np.int64(4), "dropout": True, "shape": (2, 3)}
+    )
+    w.close()
+    content = _accumulator(tmp_path).PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hp = data.session_start_info.hparams
+    assert hp["lr"].number_value == 0.1 and hp["layers"].number_value == 4.0
+    assert hp["optimizer"].string_value == "adam" and hp["dropout"].bool_value is True
+    assert hp["shape"].string_value == "(2, 3)"
+
+
+def test_purge_step_hides_stale_events_on_resume(tmp_path):
+    first = writers.TensorBoardWriter(tmp_path)
+    for step in range(10):
+        first.write_scalars(step, {"loss": float(step)})
+    first.close()
+    # Event files are read in name order; names hold whole seconds, then the suffix,
+    # so the resumed file sorts after the first one even within the same second.
+    resumed = writers.TensorBoardWriter(tmp_path, purge_step=5, filename_suffix=".resumed")
+    for step in (5, 6):
+        resumed.write_scalars(step, {"loss": 100.0 + step})
+    resumed.close()
+    loss = [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")]
+    assert loss == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0)]
+
+
+def test_flush_writes_to_disk_and_the_timer_flushes_too(tmp_path):
+    slow = writers.TensorBoardWriter(tmp_path / "slow", flush_secs=3600)
+    slow.write_scalars(0, {"a": 1.0})
+    (path,) = glob.glob(str(tmp_path / "slow" / "events.*"))
+    assert os.path.getsize(path) == 0  # still buffered
+    slow.flush()
+    assert [s.value for s in _accumulator(tmp_path / "slow").Scalars("a")] == [1.0]
+    slow.close()
+
+    timed = writers.TensorBoardWriter(tmp_path / "timed", flush_secs=0.01)
+    timed.write_scalars(0, {"a": 2.0})
+    deadline = time.monotonic() + 30
+    while "a" not in _accumulator(tmp_path / "timed").Tags()["scalars"]:
+        assert time.monotonic() < deadline, "the flush timer never flushed"
+        time.sleep(0.01)
+    timed.close()
+
+
+def test_bad_input_raises_and_nothing_written_is_lost(tmp_path):
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_scalars(1, {"loss": 1.0})
+    with pytest.raises(ValueError, match="non-negative"):
+        w.write_scalars(-1, {"loss": 2.0})
+    with pytest.raises(TypeError, match="step must be a non-negative integer"):
+        w.write_scalars(1.5, {"loss": 2.0})
+    with pytest.raises(TypeError, match=r"every key must be a str, got 1 \(int\)"):
+        w.write_scalars(2, {1: 2.0})
+    with pytest.raises(ValueError) as info:
+        w.write_images(
+            2, {"flat": np.zeros((4, 4)), "five": np.zeros((2, 2, 5)), "ok": np.zeros((2, 2, 3))}
+        )
+    assert (
+        "2 problems" in str(info.value)
+        and "'flat'" in str(info.value)
+        and "'five'" in str(info.value)
+    )
+    with pytest.raises(ValueError, match="NaN/Inf"):
+        w.write_histograms(2, {"h": np.array([np.nan, 1.0])})
+    with pytest.raises(ValueError, match="empty"):
+        w.write_histograms(2, {"h": np.zeros(0)})
+    with pytest.raises(TypeError, match="text values must be str"):
+        w.write_texts(2, {"t": 3})
+    w.close()
+    w.close()
+    with pytest.raises(writers.WriterClosedError, match="TensorBoardWriter.write_scalars"):
+        w.write_scalars(3, {"loss": 3.0})
+    acc = _accumulator(tmp_path)
+    assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(1, 1.0)]
+    assert acc.Tags()["tensors"] == [] and acc.Tags()["histograms"] == []
