@@ -27,7 +27,7 @@ losses then add up to exactly the global loss, and every metric below merges (by
 to the value it has on the global batch: no reported value depends on `num_microbatches`.
 
 Example:
-    >>> import jax, jax.numpy as jnp
+    >>> import functools, jax, jax.numpy as jnp
     >>> from metrics_manager import losses
     >>> from metrics_manager.merging import accumulate_grads_microbatched
     >>> batch = {
@@ -37,16 +37,17 @@ Example:
     >>> def loss_fn(params, microbatch):
     ...     logits = microbatch["inputs"][..., None] * params  # [b, 3, 5]
     ...     return losses.compute_loss_and_metrics(logits, microbatch, num_devices=1)
-    >>> params = jnp.linspace(-1.0, 1.0, 5)
-    >>> @jax.jit
-    ... def train_step(params, batch):
+    >>> @functools.partial(jax.jit, static_argnums=2)
+    ... def train_step(params, batch, num_microbatches):
     ...     batch = losses.with_loss_normalization(batch, "NUM_REAL_TARGET_TOKENS")
-    ...     return accumulate_grads_microbatched(loss_fn, params, batch, num_microbatches=2)
-    >>> grads, metrics = train_step(params, batch)
-    >>> print(f"{metrics['loss_per_nonpadding_target_token'].compute():.4f}")
-    1.6094
-    >>> print(f"{metrics['non_padding_fraction/loss_weights'].compute():.4f}")
-    0.5833
+    ...     return accumulate_grads_microbatched(loss_fn, params, batch, num_microbatches)
+    >>> params = jnp.zeros(5)  # uniform predictions: ln 5 = 1.6094 per token
+    >>> for n in (1, 2, 4):
+    ...     grads, metrics = train_step(params, batch, n)
+    ...     print(n, f"{float(metrics['loss'].compute()):.4f}", f"{float(grads[0]):.4f}")
+    1 1.6094 0.2000
+    2 1.6094 0.2000
+    4 1.6094 0.2000
 """
 
 from __future__ import annotations
