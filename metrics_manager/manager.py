@@ -40,6 +40,7 @@ Host-side module: never import it from code traced by jit.
 from __future__ import annotations
 
 import concurrent.futures
+import inspect
 import logging
 import numbers
 import os
@@ -53,7 +54,7 @@ import clu.values
 import jax
 
 import writers
-from metrics_manager import host_copy
+from metrics_manager import gin_utils, host_copy
 from metrics_manager import metrics as metrics_lib
 from metrics_manager.timer import Clock, DurationTimer
 
@@ -111,6 +112,27 @@ def _check_mapping(values: Any, what: str, method: str) -> dict[str, Any]:
     return snapshot
 
 
+def _build_writer(factory: WriterFactory, logdir: str | None, name: str) -> Any:
+    """Calls `factory(logdir)`, adding `collection=name` where the factory takes one.
+
+    A factory whose `collection` parameter defaults to None (such as
+    `writers.create_default_writer`) gets the manager's name, so console lines
+    and JSONL records say which run they belong to. A factory that fixed its
+    own collection (e.g. `functools.partial(..., collection="x")`) keeps it.
+    """
+    try:
+        parameter = inspect.signature(factory).parameters.get("collection")
+    except (TypeError, ValueError):  # no signature (e.g. some builtins)
+        parameter = None
+    if (
+        parameter is not None
+        and parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+        and parameter.default is None
+    ):
+        return factory(logdir, collection=name)
+    return factory(logdir)
+
+
 def _writer_name(writer: Any) -> str:
     name = getattr(writer, "name", None)
     return name if isinstance(name, str) and name else type(writer).__name__
@@ -127,8 +149,11 @@ class MetricsManager:
         default factory shows the console only).
       writer_factory: `writer_factory(logdir)` returns the writer used for
         everything this manager writes; it is called once, on process 0 only.
-        Defaults to `writers.create_default_writer` (console + TensorBoard +
-        JSONL). In gin: `metrics_manager.MetricsManager.writer_factory =
+        If it has a `collection` parameter defaulting to None, it also gets
+        `collection=name`. Defaults to `writers.create_default_writer`
+        (console + TensorBoard + JSONL) with the bindings of any parsed gin
+        config (see `gin_utils.configured`). In gin:
+        `metrics_manager.MetricsManager.writer_factory =
         @writers.create_default_writer`.
       clock: returns the current time in seconds, used to time summary
         windows; defaults to `time.perf_counter`. Inject a fake in tests.
@@ -193,10 +218,9 @@ class MetricsManager:
         self._closed = False
         self._writer: Any = None
         if jax.process_index() == 0:
-            factory = (
-                writer_factory if writer_factory is not None else writers.create_default_writer
-            )
-            self._writer = factory(self.summary_dir)
+            if writer_factory is None:
+                writer_factory = gin_utils.configured(writers.create_default_writer)
+            self._writer = _build_writer(writer_factory, self.summary_dir, name)
             missing = [m for m in _WRITER_METHODS if not callable(getattr(self._writer, m, None))]
             if missing:
                 raise TypeError(
