@@ -35,7 +35,7 @@ Example:
     ...     "decoder_target_tokens": jnp.array([[1, 2, 0], [3, 0, 0], [1, 1, 1], [2, 0, 0]]),
     ... }
     >>> def loss_fn(params, microbatch):
-    ...     logits = microbatch["inputs"][..., None] * params  # [b, 3, 5]
+    ...     logits = microbatch["inputs"][..., None] * params[None, None]  # [b, 3, 5]
     ...     return losses.compute_loss_and_metrics(logits, microbatch, num_devices=1)
     >>> @functools.partial(jax.jit, static_argnums=2)
     ... def train_step(params, batch, num_microbatches):

@@ -4,6 +4,7 @@ Expected numbers are worked out from the formulas with numpy/math, independently
 implementation (which never materializes one-hot targets and has a hand-written VJP).
 """
 
+import doctest
 import math
 
 import jax
@@ -52,6 +53,12 @@ def _plain_jax_loss(logits, targets, label_smoothing, z_loss):
 
 LOGITS = jnp.array([[[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], [[2.0, -1.0, 0.5], [0.3, 0.2, 0.1]]])
 TARGETS = jnp.array([[2, 0], [1, 0]])
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(losses, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 15
+    assert result.failed == 0
 
 
 # ----------------------------------------------------------------------------- cross-entropy
