@@ -233,6 +233,8 @@ class MetricsManager:
         self._worker = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"{thread_name}.summary"
         )
+        # Start the thread now, not inside the first write_metrics_summary call.
+        self._worker.submit(lambda: None)
 
     # ----------------------------------------------------------------- state
 

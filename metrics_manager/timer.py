@@ -95,6 +95,7 @@ class DurationTimer:
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=thread_name
         )
+        self._executor.submit(lambda: None)  # start the thread now, not in the first start()
         self._start: concurrent.futures.Future[float] | None = None
 
     @property
