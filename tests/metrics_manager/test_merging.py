@@ -166,8 +166,9 @@ def _computed(metrics):
 
 def test_clu_and_metrax_metrics_merge_across_steps():
     halves = [tuple(x[:4] for x in (LOGITS, LABELS, PROBS, LOSSES)), tuple(x[4:] for x in (LOGITS, LABELS, PROBS, LOSSES))]
-    merged = merge_metrics(_third_party_metrics(halves[0]), _third_party_metrics(halves[1]))
-    whole = _computed(_third_party_metrics((LOGITS, LABELS, PROBS, LOSSES)))
+    metrics_of = jax.jit(_third_party_metrics)
+    merged = merge_metrics(metrics_of(halves[0]), metrics_of(halves[1]))
+    whole = _computed(metrics_of((LOGITS, LABELS, PROBS, LOSSES)))
     got = _computed(merged)
     for key in ("average", "accuracy", "collection/accuracy", "collection/loss", "precision", "aucroc"):
         np.testing.assert_allclose(got[key], whole[key], rtol=1e-6, err_msg=key)
