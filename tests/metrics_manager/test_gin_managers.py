@@ -1,0 +1,162 @@
+"""Gin: the top-level configs build train and eval managers that write separate runs.
+
+The top-level configs are parsed as a user would (configs/ on gin's search
+path; `tests/test_gin_configs.py` parses every gin file); managers are built
+through gin and in plain Python; what they write is read back with
+TensorBoard's `EventAccumulator` and `json`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gin
+import jax
+import jax.numpy as jnp
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+import writers
+from metrics_manager import gin_utils
+from metrics_manager.manager import MetricsManager
+from metrics_manager.metrics import AveragePerStep, StepsPerTime
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+TOP_LEVEL = {
+    # config -> (writers inside the MultiWriter, files each run directory holds)
+    "default.gin": ({"console", "tensorboard", "jsonl"}, {"events", "metrics.jsonl"}),
+    "console.gin": ({"console"}, set()),
+    "tensorboard.gin": ({"tensorboard"}, {"events"}),
+}
+
+
+@pytest.fixture(autouse=True)
+def clean_gin():
+    gin.clear_config()
+    gin.add_config_file_search_path(str(CONFIGS))
+    yield
+    gin.clear_config()
+
+
+def parse(config: str, *bindings: str) -> None:
+    gin.parse_config_files_and_bindings([config], list(bindings))
+
+
+def run_files(run_dir: Path) -> set[str]:
+    if not run_dir.exists():
+        return set()
+    return {"events" if p.name.startswith("events") else p.name for p in run_dir.iterdir()}
+
+
+def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    acc = event_accumulator.EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def write_window(manager: MetricsManager, step: int, loss: float) -> None:
+    manager.start_duration_timer(block_on=jnp.ones(2))
+    metrics = {
+        "loss": AveragePerStep(total=jnp.float32(loss * 2)),
+        "timing/steps_per_second": StepsPerTime(),
+    }
+    manager.write_metrics_summary(metrics, step, num_steps=2).result()
+
+
+@pytest.mark.parametrize("config", sorted(TOP_LEVEL))
+def test_one_config_gives_train_and_eval_runs(config, tmp_path, capsys):
+    expected_writers, expected_files = TOP_LEVEL[config]
+    parse(config)
+    make = gin_utils.configured(MetricsManager)
+    with make("train", tmp_path) as train, make("eval/glue", tmp_path) as evaluation:
+        assert sorted(train.writer.writers) == sorted(expected_writers)
+        write_window(train, 2, loss=3.0)
+        write_window(evaluation, 2, loss=5.0)
+    train_dir, eval_dir = tmp_path / "train", tmp_path / "eval" / "glue"
+    assert train.summary_dir == str(train_dir) and evaluation.summary_dir == str(eval_dir)
+    assert run_files(train_dir) == expected_files
+    assert run_files(eval_dir) == expected_files
+    if "events" in expected_files:
+        assert scalars(train_dir)["loss"] == [(2, 3.0)]
+        assert scalars(eval_dir)["loss"] == [(2, 5.0)]
+    if "metrics.jsonl" in expected_files:
+        (line,) = [json.loads(s) for s in (eval_dir / "metrics.jsonl").read_text().splitlines()]
+        assert line["collection"] == "eval/glue" and line["step"] == 2 and line["loss"] == 5.0
+    out = capsys.readouterr().out
+    assert (("loss" in out) and ("eval/glue" in out)) == ("console" in expected_writers)
+
+
+def test_writer_bindings_take_effect_through_gin_and_in_plain_python(tmp_path):
+    parse(
+        "default.gin",
+        "writers.create_default_writer.jsonl = False",
+        "writers.create_default_writer.console = False",
+    )
+    through_gin = gin_utils.configured(MetricsManager)("train", tmp_path)
+    plain = MetricsManager("eval/glue", tmp_path)  # default factory: also gin-aware
+    for manager in (through_gin, plain):
+        assert sorted(manager.writer.writers) == ["tensorboard"]
+        manager.close()
+    assert run_files(tmp_path / "train") == {"events"}
+    assert run_files(tmp_path / "eval" / "glue") == {"events"}
+
+
+def test_manager_binding_replaces_the_factory(tmp_path):
+    made = []
+
+    def recording_factory(logdir):
+        made.append(logdir)
+        return writers.NoopWriter()
+
+    gin.external_configurable(recording_factory, module="test_gin")
+    parse(
+        "default.gin", "metrics_manager.MetricsManager.writer_factory = @test_gin.recording_factory"
+    )
+    gin_utils.configured(MetricsManager)("train", tmp_path).close()
+    assert made == [str(tmp_path / "train")]
+
+
+def test_operative_config_goes_to_config_gin_and_tensorboard_text(tmp_path):
+    parse("default.gin", "writers.create_default_writer.console = False")
+    make = gin_utils.configured(MetricsManager)
+    with make("train", tmp_path) as train, make("eval/glue", tmp_path):
+        text = gin_utils.write_gin_config(tmp_path, train, step=0)
+        write_window(train, 2, loss=1.0)
+    assert "metrics_manager.MetricsManager.writer_factory = @writers.create_default_writer" in text
+    assert "writers.create_default_writer.console = False" in text
+    assert (tmp_path / "config.gin").read_text() == text
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "train"), size_guidance={"tensors": 0})
+    acc.Reload()
+    (event,) = acc.Tensors("config")
+    assert event.step == 0
+    markdown = event.tensor_proto.string_val[0].decode()
+    assert markdown == gin_utils.config_markdown(text)
+    assert markdown.startswith("```gin\n") and text.strip() in markdown
+    lines = [json.loads(s) for s in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["step"] == 0 and lines[0]["config"] == markdown
+    assert not (tmp_path / "eval" / "glue" / "config.gin").exists()
+
+
+def test_other_processes_write_no_config_file(monkeypatch, tmp_path):
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    with MetricsManager("train", tmp_path) as manager:
+        text = gin_utils.write_gin_config(tmp_path / "model", manager, config_str="a.b = 1")
+    assert text == "a.b = 1"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_markdown_keeps_code_fences_in_the_config_intact():
+    assert gin_utils.config_markdown("# see ```x```\na = 1").startswith("~~~~gin\n")
+
+
+def test_write_gin_config_checks_its_inputs():
+    with pytest.raises(TypeError, match="model_dir must be a path.*config_str must be a str"):
+        gin_utils.write_gin_config(3, config_str=4)  # type: ignore[arg-type]
+
+
+def test_configured_returns_the_plain_function_when_gin_never_saw_it():
+    def untouched() -> int:
+        return 1
+
+    assert gin_utils.configured(untouched) is untouched
