@@ -178,7 +178,7 @@ def _check_alike(
             continue
         leaves_a, tree_a = jax.tree_util.tree_flatten_with_path(a)
         leaves_b, tree_b = jax.tree_util.tree_flatten_with_path(b)
-        if tree_a != tree_b:
+        if tree_a != tree_b:  # type: ignore[operator]
             problems.value_errors.append(
                 f"[{key!r}] ({type(a).__qualname__}): pytree structure differs: {expected_what} "
                 f"has {tree_a}, {got_what} has {tree_b} (a Time metric's duration is set on "

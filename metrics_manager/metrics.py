@@ -375,7 +375,7 @@ class _Extremum(clu_metrics.Metric):
 
     # jnp.max / jnp.min and the identity they start from (-inf / +inf); subclasses set them.
     _op: ClassVar[Callable[..., jax.Array]]
-    _pairwise: ClassVar[Callable[[ArrayLike, ArrayLike], jax.Array]]
+    _pairwise: ClassVar[Callable[..., jax.Array]]
     _identity: ClassVar[float]
 
     @classmethod
@@ -478,9 +478,9 @@ class MeanStd(clu_metrics.Metric):
         (2.5, 1.118034)
     """
 
-    count: ArrayLike
-    mean: ArrayLike
-    m2: ArrayLike
+    count: jax.Array
+    mean: jax.Array
+    m2: jax.Array
 
     @classmethod
     def empty(cls) -> "MeanStd":
