@@ -66,6 +66,8 @@ def check_keys(values: Any, method: str) -> None:
             f"{method}: expected a mapping from name to value, got "
             f"{type(values).__name__}. Wrap the value, e.g. {{'loss': value}}."
         )
+    if all(type(k) is str and k and not k.isspace() for k in values):
+        return  # the common case, in one pass
     bad_types = [k for k in values if not isinstance(k, str)]
     if bad_types:
         listed = ", ".join(f"{k!r} ({type(k).__name__})" for k in bad_types)
@@ -130,24 +132,28 @@ def to_number(key: str, value: Any) -> int | float:
       TypeError: `value` is not numeric.
       ValueError: `value` is an array with more or fewer than one element.
     """
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int):
+    cls = type(value)
+    if cls is float or cls is int:  # the common case first: this runs once per value
         return value
-    if isinstance(value, float):
-        return value
-    if isinstance(value, np.generic) or isinstance(value, np.ndarray) or _looks_like_array(value):
+    if isinstance(value, np.generic):
+        if isinstance(value, np.floating):
+            return float(value)
+        if isinstance(value, np.integer | np.bool_):
+            return int(value)
+    elif isinstance(value, np.ndarray) or _looks_like_array(value):
         arr = np.asarray(value)
         if arr.size != 1:
             raise ValueError(
                 f"scalar {key!r} must hold exactly one number, got an array of shape "
                 f"{arr.shape}. Reduce it first (e.g. .mean()) or write it as a histogram."
             )
-        item = arr.reshape(()).item()
-        if isinstance(item, bool | int | float):
-            return int(item) if isinstance(item, bool) else item
-        value = item
-    if isinstance(value, numbers.Real):
+        if np.issubdtype(arr.dtype, np.floating):
+            return float(arr.reshape(()))
+        if np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+            return int(arr.reshape(()))
+    elif isinstance(value, numbers.Integral):  # bool, IntEnum, ...
+        return int(value)
+    elif isinstance(value, numbers.Real):
         return float(value)
     raise TypeError(
         f"scalar {key!r} must be a number, got {value!r} of type {type(value).__name__}. "
@@ -172,6 +178,10 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
     out: dict[str, int | float] = {}
     problems: list[tuple[type[Exception], str]] = []
     for key, value in scalars.items():
+        cls = type(value)
+        if cls is float or cls is int:
+            out[key] = value
+            continue
         try:
             out[key] = to_number(key, value)
         except (TypeError, ValueError) as err:
@@ -213,6 +223,26 @@ def image_problem(key: str, arr: np.ndarray) -> str | None:
         )
     if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
         return f"image {key!r} must be numeric, got dtype {arr.dtype}."
+    return None
+
+
+def video_problem(key: str, arr: np.ndarray) -> str | None:
+    """Describes what is wrong with a video array, or returns None if it is fine."""
+    if arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4):
+        return (
+            f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
+            f"shape {arr.shape}."
+        )
+    return None
+
+
+def audio_problem(key: str, arr: np.ndarray) -> str | None:
+    """Describes what is wrong with an audio array, or returns None if it is fine."""
+    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.number):
+        return (
+            f"audio {key!r} must be a numeric array of shape [N, T, C] with values in "
+            f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}."
+        )
     return None
 
 

@@ -18,6 +18,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 import writers
+from writers import _records
 
 _ALL = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 0, ea.AUDIO: 0, ea.HISTOGRAMS: 0}
 
@@ -202,3 +203,28 @@ def test_bad_input_raises_and_nothing_written_is_lost(tmp_path):
     acc = _accumulator(tmp_path)
     assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(1, 1.0)]
     assert acc.Tags()["tensors"] == [] and acc.Tags()["histograms"] == []
+
+
+@pytest.mark.parametrize(
+    "length", [0, 1, 7, 8, 63, 64, 1200, 2047, 2048, 2049, 2050, 2051, 2052, 9000]
+)
+def test_vectorized_crc32c_matches_tensorboardx(length):
+    from tensorboardX.crc32c import crc32c as reference
+    from tensorboardX.record_writer import masked_crc32c as reference_masked
+
+    data = np.random.default_rng(length).integers(0, 256, length, dtype=np.uint8).tobytes()
+    assert _records.crc32c(data) == reference(data)
+    assert _records.masked_crc32c(data) == reference_masked(data)
+    assert _records.crc32c(b"123456789") == 0xE3069283  # the CRC-32C check value
+
+
+def test_two_writers_in_one_directory_never_overwrite_each_other(tmp_path):
+    first = writers.TensorBoardWriter(tmp_path)
+    second = writers.TensorBoardWriter(tmp_path)
+    assert first.path != second.path
+    first.write_scalars(1, {"a": 1.0})
+    second.write_scalars(2, {"b": 2.0})
+    first.close()
+    second.close()
+    tags = _accumulator(tmp_path).Tags()["scalars"]
+    assert sorted(tags) == ["a", "b"]

@@ -1,0 +1,142 @@
+"""Builds TensorBoard `Summary.Value` protos for `TensorBoardWriter`.
+
+Imported only when a `TensorBoardWriter` is created, so `import writers` does not
+load tensorboardX. Inputs are already checked and converted (see `_checks`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from tensorboardX import summary as tbx_summary
+from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+
+from writers import _checks, _encode
+
+Value = summary_pb2.Summary.Value
+
+_DT_STRING = 7
+_DTYPES = {
+    "float16": 19, "float32": 1, "float64": 2, "int8": 6, "int16": 5, "int32": 3,
+    "int64": 9, "uint8": 4, "uint16": 17, "uint32": 22, "uint64": 23, "bool": 10,
+}  # numpy dtype name -> TensorFlow DataType enum  # fmt: skip
+
+
+def event(step: int, values: list[Any]) -> bytes:
+    """One serialized event holding all `values` at `step`."""
+    summary = summary_pb2.Summary(value=values)
+    return event_pb2.Event(step=step, wall_time=time.time(), summary=summary).SerializeToString()
+
+
+def file_version_event() -> bytes:
+    """The first event of every file."""
+    return event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
+
+
+def purge_event(step: int) -> bytes:
+    """A session restart at `step`: TensorBoard drops older events at or after it."""
+    start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+    return event_pb2.Event(step=step, wall_time=time.time(), session_log=start).SerializeToString()
+
+
+def scalars(numbers: Mapping[str, int | float]) -> list[Any]:
+    return [Value(tag=k, simple_value=v) for k, v in numbers.items()]
+
+
+def texts(values: Mapping[str, str]) -> list[Any]:
+    out = []
+    for key, text in values.items():
+        (value,) = tbx_summary.text(key, text).value
+        value.tag = key  # CLU's tag; tensorboardX would add "/text_summary".
+        out.append(value)
+    return out
+
+
+def images(key: str, batch: np.ndarray) -> Any:
+    """`[N, H, W, C]` uint8 images as one value of the images plugin."""
+    n, height, width, _ = batch.shape
+    # The images plugin's tensor layout: [width, height, png_1, ..., png_n].
+    tensor = tensor_pb2.TensorProto(
+        dtype=_DT_STRING,
+        tensor_shape=_shape((n + 2,)),
+        string_val=[str(width).encode(), str(height).encode()] + [_encode.png(i) for i in batch],
+    )
+    plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="images")
+    return Value(tag=key, tensor=tensor, metadata=summary_pb2.SummaryMetadata(plugin_data=plugin))
+
+
+def audios(key: str, clips: np.ndarray, sample_rate: int) -> list[Any]:
+    """`[N, T, C]` clips as 16-bit WAV values, tagged `key` (or `key/i` when N > 1)."""
+    out = []
+    for i, clip in enumerate(clips):
+        audio = summary_pb2.Summary.Audio(
+            sample_rate=float(sample_rate),
+            num_channels=clip.shape[1],
+            length_frames=clip.shape[0],
+            content_type="audio/wav",
+            encoded_audio_string=_encode.wav(clip, sample_rate),
+        )
+        out.append(Value(tag=key if len(clips) == 1 else f"{key}/{i}", audio=audio))
+    return out
+
+
+def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
+    buckets = max(2, num_buckets or _checks.DEFAULT_NUM_BUCKETS)
+    return Value(tag=key, histo=tbx_summary.make_histogram(arr.astype(np.float64), buckets))
+
+
+def hparams(values: Mapping[str, Any]) -> list[Any]:
+    """The HParams plugin's session-start info for `values`."""
+    plain = {k: _hparam(v) for k, v in values.items()}
+    _, session_start, _ = tbx_summary.hparams(plain, {})
+    return list(session_start.value)
+
+
+def metadata(raw: Any, method: str) -> Any:
+    """A `SummaryMetadata` from a proto (tensorboardX's, TensorBoard's or TF's) or bytes."""
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        return summary_pb2.SummaryMetadata.FromString(raw)
+    serialize = getattr(raw, "SerializeToString", None)
+    if serialize is None:
+        raise TypeError(
+            f"{method}: metadata must be a SummaryMetadata proto, its serialized bytes, "
+            f"or None; got {type(raw).__name__}."
+        )
+    return summary_pb2.SummaryMetadata.FromString(serialize())
+
+
+def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
+    """A raw tensor value, with `meta` (a `SummaryMetadata` or None)."""
+    if arr.dtype.name in _DTYPES:
+        proto = tensor_pb2.TensorProto(
+            dtype=_DTYPES[arr.dtype.name],
+            tensor_shape=_shape(arr.shape),
+            tensor_content=np.ascontiguousarray(arr).tobytes(),
+        )
+    else:  # strings and objects: one string per element
+        items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]
+        proto = tensor_pb2.TensorProto(
+            dtype=_DT_STRING, tensor_shape=_shape(arr.shape), string_val=items
+        )
+    value = Value(tag=key, tensor=proto)
+    if meta is not None:
+        value.metadata.CopyFrom(meta)
+    return value
+
+
+def _shape(dims: tuple[int, ...]) -> Any:
+    Dim = tensor_shape_pb2.TensorShapeProto.Dim
+    return tensor_shape_pb2.TensorShapeProto(dim=[Dim(size=d) for d in dims])
+
+
+def _hparam(value: Any) -> bool | float | str:
+    if isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float | np.number):
+        return float(_checks.to_number("hparam", value))
+    return str(value)
