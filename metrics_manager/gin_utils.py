@@ -119,7 +119,7 @@ def write_gin_config(
       >>> import tempfile
       >>> text = write_gin_config(tempfile.mkdtemp(), config_str="a.b = 1")
     """
-    problems = []
+    problems: list[str] = []
     if not isinstance(model_dir, str | os.PathLike):
         problems.append(f"model_dir must be a path, got {type(model_dir).__name__}")
     if config_str is not None and not isinstance(config_str, str):

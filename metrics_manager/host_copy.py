@@ -122,10 +122,10 @@ def _plan(tree: Any) -> tuple[list[Any], Any, dict[Hashable, list[_Part]], list[
             "and do not donate them."
         )
     plans: dict[Hashable, list[_Part]] = {}
-    for (sharding, dtype, shape), indices in sorted(
+    for (placement, dtype, shape), indices in sorted(
         groups.items(), key=lambda kv: (-kv[0][1].itemsize, kv[0][1].str, kv[0][2])
     ):
-        plans.setdefault(sharding, []).extend(
+        plans.setdefault(placement, []).extend(
             _Part(tuple(indices[s : s + CHUNK]), dtype, shape)
             for s in range(0, len(indices), CHUNK)
         )

@@ -58,10 +58,12 @@ from metrics_manager import gin_utils, host_copy
 from metrics_manager import metrics as metrics_lib
 from metrics_manager.timer import Clock, DurationTimer
 
-WriterFactory = Callable[[str | None], Any]
+WriterFactory = Callable[..., Any]
 """`writer_factory(logdir)` returns a writer with CLU's `MetricWriter` methods.
 
-`logdir` is the manager's `summary_dir` (None when the manager has none).
+`logdir` is the manager's `summary_dir` (None when the manager has none). A
+factory with a `collection` keyword defaulting to None is also given
+`collection=<manager name>`.
 """
 
 _R = TypeVar("_R")
@@ -186,7 +188,7 @@ class MetricsManager:
         writer_factory: WriterFactory | None = None,
         clock: Clock | None = None,
     ) -> None:
-        problems = []
+        problems: list[str] = []
         if not isinstance(name, str):
             problems.append(f"name must be a str such as 'train', got {type(name).__name__}")
         if summary_dir is not None and not isinstance(summary_dir, str | os.PathLike):
