@@ -9,8 +9,9 @@ separators, NaN as `NaN`.
 
 Steps/s and the ETA are measured from the first write onward, so the first window,
 which usually includes compilation, does not skew them; they appear from the
-second write on. Output is rendered with `rich`: colours only when the stream is a
-terminal (or `color=True`), plain text otherwise, so CI logs stay clean.
+second write on. Colour output is rendered with `rich`, only when the stream is
+a terminal (or `color=True`); otherwise the same text is written plainly, so CI
+logs stay clean (and writing costs no rendering).
 
 Example:
   >>> import io, writers
@@ -66,6 +67,7 @@ class ConsoleWriter(BaseWriter):
         self._clock = clock
         self._first: tuple[float, int] | None = None  # (time, step) of the first write
         self._last: tuple[float, int] | None = None
+        self._rich: tuple[IO[str], Any] | None = None  # (stream, rich Console) for colour
 
     def write_summaries(
         self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
@@ -178,34 +180,45 @@ class ConsoleWriter(BaseWriter):
         return f"{head} | {self._collection}" if self._collection else head
 
     def _print(self, header: str, rows: list[tuple[str, str, bool]]) -> None:
-        from rich.console import Console
-        from rich.text import Text
-
         stream = self._out()
         color = self._color
         if color is None:  # https://no-color.org: NO_COLOR turns colours off even on a TTY.
             color = _isatty(stream) and not os.environ.get("NO_COLOR")
-        console = Console(
-            file=stream,
-            force_terminal=color,
-            color_system="auto" if color else None,
-            no_color=not color,
-            force_jupyter=False,
-            highlight=False,
-            markup=False,
-            emoji=False,
-            soft_wrap=True,
-            width=10_000,
-        )
-        text = Text()
-        text.append(header, style="bold")
         width = max((len(k) for k, _, _ in rows), default=0)
+        # (text, style) pieces; plain output joins the texts, colour output styles them.
+        pieces = [(header, "bold")]
         for key, value, bad in rows:
-            text.append("\n  ")
-            text.append(key.ljust(width), style="cyan")
             value = value.replace("\n", "\n" + " " * (width + 4))
-            text.append("  " + value, style="bold red" if bad else "")
-        console.print(text)
+            pieces += [
+                ("\n  ", ""),
+                (key.ljust(width), "cyan"),
+                ("  " + value, "bold red" if bad else ""),
+            ]
+        if not color:  # CI logs and files: no terminal codes, and no rendering cost.
+            stream.write("".join(text for text, _ in pieces) + "\n")
+            return
+        from rich.text import Text
+
+        self._console(stream).print(Text.assemble(*pieces))
+
+    def _console(self, stream: IO[str]) -> Any:
+        if self._rich is None or self._rich[0] is not stream:
+            from rich.console import Console
+
+            console = Console(
+                file=stream,
+                force_terminal=True,
+                color_system="auto",
+                no_color=False,
+                force_jupyter=False,
+                highlight=False,
+                markup=False,
+                emoji=False,
+                soft_wrap=True,
+                width=10_000,
+            )
+            self._rich = (stream, console)
+        return self._rich[1]
 
 
 def _rows(
