@@ -108,10 +108,9 @@ class TensorBoardWriter(BaseWriter):
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
         """Writes every scalar of the call as one `simple_value` in one event."""
         step = self._begin("write_scalars", step, scalars)
-        self._emit(
-            step,
-            self._tb.scalars(_checks.check_numbers(scalars, "TensorBoardWriter.write_scalars")),
-        )
+        numbers = _checks.check_numbers(scalars, "TensorBoardWriter.write_scalars")
+        self._file.write(self._tb.scalar_event(step, numbers))
+        self._pending = True
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Writes each `[H, W, C]` or `[N, H, W, C]` array under its key as PNGs."""

@@ -228,3 +228,19 @@ def test_two_writers_in_one_directory_never_overwrite_each_other(tmp_path):
     second.close()
     tags = _accumulator(tmp_path).Tags()["scalars"]
     assert sorted(tags) == ["a", "b"]
+
+
+def test_hand_encoded_scalar_event_is_what_protobuf_serializes():
+    from tensorboardX.proto import event_pb2, summary_pb2
+
+    from writers import _tb_summary
+
+    numbers = {"loss": 0.5, "é/ü": float("nan"), "x" * 200: np.inf, "big": 1e39, "i": 3, "z": -0.0}
+    encoded = _tb_summary.scalar_event(2**40 + 3, numbers)
+    event = event_pb2.Event.FromString(encoded)
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]
+    expected = event_pb2.Event(
+        step=2**40 + 3, wall_time=event.wall_time, summary=summary_pb2.Summary(value=values)
+    )
+    assert encoded == expected.SerializeToString()
+    assert event.summary.value[3].simple_value == np.inf  # 1e39 overflows float32, as in protobuf
