@@ -308,10 +308,30 @@ def _split_batch(batch: Any, num_microbatches: int) -> Any:
 
     def split(x: Any) -> jax.Array:
         x = jnp.asarray(x)
-        x = x.reshape((x.shape[0] // num_microbatches, num_microbatches) + x.shape[1:])
+        rows = x.shape[0] // num_microbatches
+        new_shape = (rows, num_microbatches) + x.shape[1:]
+        sharding = jax.typeof(x).sharding
+        # Explicitly sharded axes (jax.set_mesh with AxisType.Explicit) are part of the type,
+        # and JAX asks where a reshaped sharded dimension goes. Auto axes are not listed.
+        spec = tuple(sharding.spec) + (None,) * (x.ndim - len(sharding.spec))
+        if spec[0] is None:
+            x = x.reshape(new_shape)
+        elif rows % _num_shards(sharding.mesh, spec[0]) == 0:
+            # Each shard's rows split into whole groups of n: no data moves.
+            out_spec = jax.sharding.PartitionSpec(spec[0], None, *spec[1:])
+            x = jax.lax.reshape(x, new_shape, out_sharding=out_spec)
+        else:
+            # Too few rows per microbatch to keep the batch axis sharded: gather it.
+            x = jax.sharding.reshard(x, jax.sharding.PartitionSpec(None, *spec[1:]))
+            x = x.reshape(new_shape)
         return jnp.swapaxes(x, 0, 1)
 
     return jax.tree.map(split, batch)
+
+
+def _num_shards(mesh: Any, axes: str | tuple[str, ...]) -> int:
+    names = (axes,) if isinstance(axes, str) else tuple(axes)
+    return int(np.prod([mesh.shape[name] for name in names]))
 
 
 def accumulate_grads_microbatched(
