@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -304,7 +304,7 @@ def _looks_like_array(value: Any) -> bool:
     return hasattr(value, "__array__") and hasattr(value, "shape") and hasattr(value, "dtype")
 
 
-def _raise_all(problems: list[tuple[type[Exception], str]], method: str) -> None:
+def _raise_all(problems: Sequence[tuple[type[Exception], str]], method: str) -> None:
     if not problems:
         return
     kind = TypeError if any(t is TypeError for t, _ in problems) else ValueError

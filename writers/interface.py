@@ -17,7 +17,8 @@ Contract, for every writer here:
 * **Scalars** are Python or numpy numbers, or arrays (numpy, JAX) holding exactly
   one element. NaN and +-Inf are valid values: each backend documents how it shows
   them (TensorBoard stores them as they are, JSONL as the strings "NaN",
-  "Infinity", "-Infinity", console and log as `NaN`, `inf`, `-inf`).
+  "Infinity", "-Infinity", the console as `NaN`, `inf`, `-inf`, the absl log as
+  CLU does: `nan`, `inf`, `-inf`).
 * **Images** are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4); uint8 in [0, 255]
   or floats in [0, 1]. Videos are `[N, T, H, W, C]`. Audios are `[N, T, C]` floats
   in [-1, 1] with an integer `sample_rate`. Histogram inputs are any finite

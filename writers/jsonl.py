@@ -29,7 +29,8 @@ Example:
   >>> w = writers.JsonlWriter(path, collection="train", clock=lambda: 100.0)
   >>> w.write_scalars(1, {"loss": 0.5, "bad": float("nan")})
   >>> w.close()
-  >>> json.loads(open(path).readline())
+  >>> with open(path) as f:
+  ...   json.loads(f.readline())
   {'step': 1, 'time': 100.0, 'collection': 'train', 'loss': 0.5, 'bad': 'NaN'}
 """
 

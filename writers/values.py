@@ -175,9 +175,9 @@ def _group_by_metadata(groups: list[tuple[Any, dict[str, Any]]], metadata: Any) 
     for existing, group in groups:
         if existing is metadata or _equal(existing, metadata):
             return group
-    group: dict[str, Any] = {}
-    groups.append((metadata, group))
-    return group
+    new: dict[str, Any] = {}
+    groups.append((metadata, new))
+    return new
 
 
 def _equal(a: Any, b: Any) -> bool:

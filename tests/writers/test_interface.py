@@ -121,3 +121,19 @@ def test_context_manager_closes(tmp_path):
         w.write_scalars(0, {"a": 1})
     with pytest.raises(WriterClosedError, match="closed"):
         w.write_scalars(1, {"a": 1})
+
+
+def test_docstring_examples_run(tmp_path, monkeypatch):
+    import doctest
+    import importlib
+    import pkgutil
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # examples use tempfile.mkdtemp()
+    monkeypatch.setattr("tempfile.tempdir", None)
+    modules = ["writers"] + [f"writers.{m.name}" for m in pkgutil.iter_modules(writers.__path__)]
+    attempted = 0
+    for name in modules:
+        result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0, name
+        attempted += result.attempted
+    assert attempted >= 40
