@@ -148,6 +148,8 @@ class EventFile:
         with self._lock:
             if self._file.closed:
                 return
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
+            try:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            finally:
+                self._file.close()

@@ -20,6 +20,9 @@ Policies (the file always stays strict JSON; `json.loads` and `jq` read every li
   hold at most `max_array_size` elements, else without `values`.
 * Hyperparameters are one line `{"step": null, "time", "collection", "hparams": {...}}`;
   values other than bool, number and str are written as their `str()`.
+* Resuming appends: lines the earlier run wrote for steps after the resume point
+  stay in the file. Readers that want one value per step keep the last line per
+  (collection, step), e.g. `df.drop_duplicates(["collection", "step"], keep="last")`.
 * The keys `step`, `time` and `collection` are reserved: a value with one of those
   names raises `ValueError` (rename it, e.g. `train/step`).
 

@@ -55,6 +55,10 @@ class TensorBoardWriter(BaseWriter):
         earlier runs in `logdir`.
       flush_secs: A background timer flushes pending events this often.
       filename_suffix: Appended to the event file name.
+
+    Raises:
+      ValueError: `flush_secs` is not positive or `purge_step` is negative.
+      TypeError: `purge_step` is not an integer.
     """
 
     def __init__(
@@ -68,6 +72,11 @@ class TensorBoardWriter(BaseWriter):
         # Imported here so that `import writers` does not load tensorboardX.
         from writers import _records, _tb_summary
 
+        if not flush_secs > 0:
+            raise ValueError(
+                f"TensorBoardWriter: flush_secs must be a positive number of seconds, got "
+                f"{flush_secs!r}. Call flush() yourself for immediate writes."
+            )
         step = None
         if purge_step is not None:
             step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")
