@@ -191,7 +191,8 @@ def _packed_batch():
 
 
 def _logits(params, tokens):
-    return jnp.tanh(params["embed"][tokens]) @ params["out"]
+    # A one-hot matmul rather than a gather, so it also traces under explicit sharding.
+    return jnp.tanh(jax.nn.one_hot(tokens, 7) @ params["embed"]) @ params["out"]
 
 
 PARAMS = {
@@ -347,3 +348,26 @@ def test_a_per_row_factor_needs_token_losses():
         losses.compute_base_metrics(
             LOGITS, TARGETS, None, jnp.float32(1.0), loss_normalizing_factor=jnp.ones(2)
         )
+
+
+@pytest.mark.parametrize(
+    "axis_type,num_microbatches",
+    [(jax.sharding.AxisType.Explicit, 1), (jax.sharding.AxisType.Auto, 2)],
+)
+@pytest.mark.parametrize("factor", ["NUM_REAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"])
+def test_batch_sharded_over_eight_devices_gives_the_single_device_values(
+    factor, axis_type, num_microbatches
+):
+    batch = _packed_batch()
+    _, single = _train_step(PARAMS, batch, factor=factor, num_microbatches=num_microbatches)
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(axis_type,), devices=jax.devices()[:8])
+    sharded = jax.device_put(batch, jax.NamedSharding(mesh, jax.P("data")))
+    replicated = jax.device_put(PARAMS, jax.NamedSharding(mesh, jax.P()))
+    with jax.set_mesh(mesh):
+        _, multi = _train_step(
+            replicated, sharded, factor=factor, num_microbatches=num_microbatches
+        )
+    single_values, multi_values = _values(single), _values(multi)
+    assert sorted(multi_values) == sorted(single_values)
+    for key, value in single_values.items():
+        np.testing.assert_allclose(multi_values[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
