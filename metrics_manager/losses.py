@@ -925,6 +925,8 @@ def compute_base_metrics(
             total=loss_sum, count=num_real_tokens
         ),
         "loss_per_all_target_tokens": clu_metrics.Average(total=loss_sum, count=num_tokens),
+        # Sequences = rows with a real target token: rows that are all padding (e.g. filler
+        # rows of a short last batch) are not throughput. Packed rows count once per row.
         "timing/seqs_per_second": metrics_lib.TimeRate.from_model_output(numerator=num_seqs),
         "timing/steps_per_second": metrics_lib.StepsPerTime.from_model_output(),
         "timing/seconds": metrics_lib.Time(),
@@ -932,12 +934,14 @@ def compute_base_metrics(
         "timing/seqs_per_second_per_core": metrics_lib.TimeRate.from_model_output(
             numerator=num_seqs / num_devices
         ),
+        # Target tokens = positions with mask != 0; padding is not counted (T5X counted it).
         "timing/target_tokens_per_second": metrics_lib.TimeRate.from_model_output(
             numerator=num_real_tokens
         ),
         "timing/target_tokens_per_second_per_core": metrics_lib.TimeRate.from_model_output(
             numerator=num_real_tokens / num_devices
         ),
+        # Every target position, padding included: what the hardware processed.
         "timing/all_target_tokens_per_second": metrics_lib.TimeRate.from_model_output(
             numerator=num_tokens
         ),
