@@ -68,18 +68,23 @@ def check_keys(values: Any, method: str) -> None:
         )
     if all(type(k) is str and k and not k.isspace() for k in values):
         return  # the common case, in one pass
+    problems: list[tuple[type[Exception], str]] = []
     bad_types = [k for k in values if not isinstance(k, str)]
     if bad_types:
         listed = ", ".join(f"{k!r} ({type(k).__name__})" for k in bad_types)
-        raise TypeError(
-            f"{method}: every key must be a str, got {listed}. Convert keys with str()."
+        problems.append(
+            (TypeError, f"every key must be a str, got {listed}. Convert keys with str().")
         )
-    empty = [k for k in values if not k.strip()]
+    empty = [k for k in values if isinstance(k, str) and not k.strip()]
     if empty:
-        raise ValueError(
-            f"{method}: keys must be non-empty names, got {empty!r}. Give each value a "
-            "name such as 'loss' or 'eval/accuracy'."
+        problems.append(
+            (
+                ValueError,
+                f"keys must be non-empty names, got {empty!r}. Give each value a name such "
+                "as 'loss' or 'eval/accuracy'.",
+            )
         )
+    _raise_all(problems, method)
 
 
 def check_call(method: str, step: Any, values: Any) -> int:
@@ -244,6 +249,28 @@ def audio_problem(key: str, arr: np.ndarray) -> str | None:
             f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}."
         )
     return None
+
+
+def check_videos(videos: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
+    """`check_arrays` with `video_problem`: every video is `[N, T, H, W, C]`."""
+    return check_arrays(videos, method, video_problem)
+
+
+def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
+    """Checks every audio array (`[N, T, C]`) and the sample rate (a positive int).
+
+    Raises:
+      TypeError: `sample_rate` is not an integer.
+      ValueError: `sample_rate` is not positive, or an array has the wrong shape.
+    """
+    if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Integral):
+        raise TypeError(
+            f"{method}: sample_rate must be an integer number of samples per second, got "
+            f"{sample_rate!r} of type {type(sample_rate).__name__}."
+        )
+    if sample_rate <= 0:
+        raise ValueError(f"{method}: sample_rate must be positive, got {sample_rate}.")
+    return check_arrays(audios, method, audio_problem)
 
 
 def histogram_problem(key: str, arr: np.ndarray) -> str | None:

@@ -92,13 +92,15 @@ class ConsoleWriter(BaseWriter):
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         """Prints the shape of every video array."""
         step = self._begin("write_videos", step, videos)
-        self._block(step, {k: f"video {list(np.shape(v))}" for k, v in videos.items()})
+        arrays = _checks.check_videos(videos, "ConsoleWriter.write_videos")
+        self._block(step, {k: f"video {list(v.shape)}" for k, v in arrays.items()})
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         """Prints the shape and sample rate of every audio array."""
         step = self._begin("write_audios", step, audios)
+        arrays = _checks.check_audios(audios, sample_rate, "ConsoleWriter.write_audios")
         self._block(
-            step, {k: f"audio {list(np.shape(v))} @ {sample_rate:,} Hz" for k, v in audios.items()}
+            step, {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in arrays.items()}
         )
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:

@@ -110,16 +110,18 @@ class JsonlWriter(BaseWriter):
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         """Writes `{"type": "video", "shape": [...]}` per video array."""
         step = self._begin_line("write_videos", step, videos)
-        self._write_line(step, {k: _shaped("video", np.asarray(v)) for k, v in videos.items()})
+        arrays = _checks.check_videos(videos, "JsonlWriter.write_videos")
+        self._write_line(step, {k: _shaped("video", v) for k, v in arrays.items()})
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         """Writes `{"type": "audio", "shape": [...], "sample_rate": r}` per audio array."""
         step = self._begin_line("write_audios", step, audios)
+        arrays = _checks.check_audios(audios, sample_rate, "JsonlWriter.write_audios")
         self._write_line(
             step,
             {
-                k: {**_shaped("audio", np.asarray(v)), "sample_rate": int(sample_rate)}
-                for k, v in audios.items()
+                k: {**_shaped("audio", v), "sample_rate": int(sample_rate)}
+                for k, v in arrays.items()
             },
         )
 

@@ -58,12 +58,14 @@ class LoggingWriter(BaseWriter):
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         """Logs the shape of every video array."""
         step = self._begin("write_videos", step, videos)
-        self._log(step, "Got videos: %s.", _shapes(videos))
+        arrays = _checks.check_videos(videos, "LoggingWriter.write_videos")
+        self._log(step, "Got videos: %s.", _shapes(arrays))
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         """Logs the shape of every audio array."""
         step = self._begin("write_audios", step, audios)
-        self._log(step, "Got audios: %s.", _shapes(audios))
+        arrays = _checks.check_audios(audios, sample_rate, "LoggingWriter.write_audios")
+        self._log(step, "Got audios: %s.", _shapes(arrays))
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         """Logs the text mapping."""

@@ -134,9 +134,7 @@ class TensorBoardWriter(BaseWriter):
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         """Writes each `[N, T, H, W, C]` video as a filmstrip image `[H, T*W, C]`."""
         step = self._begin("write_videos", step, videos)
-        arrays = _checks.check_arrays(
-            videos, "TensorBoardWriter.write_videos", _checks.video_problem
-        )
+        arrays = _checks.check_videos(videos, "TensorBoardWriter.write_videos")
         values = []
         for key, video in arrays.items():
             n, t, h, w, c = video.shape
@@ -147,9 +145,7 @@ class TensorBoardWriter(BaseWriter):
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         """Writes each `[N, T, C]` array as N 16-bit WAV clips."""
         step = self._begin("write_audios", step, audios)
-        arrays = _checks.check_arrays(
-            audios, "TensorBoardWriter.write_audios", _checks.audio_problem
-        )
+        arrays = _checks.check_audios(audios, sample_rate, "TensorBoardWriter.write_audios")
         values = []
         for key, clips in arrays.items():
             values += self._tb.audios(key, clips, sample_rate)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import io
 
 import numpy as np
 import pytest
@@ -78,6 +79,9 @@ def test_check_call_lists_step_and_key_problems_in_one_error():
     assert "got -2" in message and "3 (int)" in message and "2 problems" in message
     with pytest.raises(ValueError, match=r"non-empty names, got \[' '\]"):
         check_call("W.write_scalars", 0, {" ": 1.0})
+    with pytest.raises(TypeError) as info:
+        check_call("W.write_scalars", 0, {1: 1.0, "": 2.0})
+    assert "1 (int)" in str(info.value) and "['']" in str(info.value)
     with pytest.raises(TypeError, match="expected a mapping"):
         check_call("W.write_scalars", 0, [("a", 1.0)])
 
@@ -137,3 +141,51 @@ def test_docstring_examples_run(tmp_path, monkeypatch):
         assert result.failed == 0, name
         attempted += result.attempted
     assert attempted >= 40
+
+
+BACKENDS = {
+    "log": lambda tmp: writers.LoggingWriter(),
+    "console": lambda tmp: writers.ConsoleWriter(io.StringIO()),
+    "jsonl": lambda tmp: writers.JsonlWriter(tmp / "m.jsonl"),
+    "tensorboard": lambda tmp: writers.TensorBoardWriter(tmp),
+}
+
+BAD_CALLS = [
+    ("negative step", ValueError, lambda w: w.write_scalars(-1, {"a": 1.0})),
+    ("float step", TypeError, lambda w: w.write_scalars(1.0, {"a": 1.0})),
+    ("bool step", TypeError, lambda w: w.write_texts(True, {"a": "x"})),
+    ("int key", TypeError, lambda w: w.write_scalars(0, {1: 1.0})),
+    ("empty key", ValueError, lambda w: w.write_texts(0, {"": "x"})),
+    ("not a mapping", TypeError, lambda w: w.write_scalars(0, [1.0])),
+    ("string scalar", TypeError, lambda w: w.write_scalars(0, {"a": "1"})),
+    ("vector scalar", ValueError, lambda w: w.write_scalars(0, {"a": np.ones(3)})),
+    ("2-D image", ValueError, lambda w: w.write_images(0, {"i": np.zeros((4, 4))})),
+    ("5 channels", ValueError, lambda w: w.write_images(0, {"i": np.zeros((4, 4, 5))})),
+    ("4-D video", ValueError, lambda w: w.write_videos(0, {"v": np.zeros((2, 4, 4, 3))})),
+    ("2-D audio", ValueError, lambda w: w.write_audios(0, {"a": np.zeros((4, 1))}, sample_rate=8)),
+    (
+        "zero rate",
+        ValueError,
+        lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=0),
+    ),
+    (
+        "float rate",
+        TypeError,
+        lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=8.5),
+    ),
+    ("NaN histogram", ValueError, lambda w: w.write_histograms(0, {"h": np.array([np.nan])})),
+    ("text not str", TypeError, lambda w: w.write_texts(0, {"t": b"x"})),
+]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_every_backend_rejects_the_same_bad_input(backend, tmp_path):
+    w = BACKENDS[backend](tmp_path)
+    for name, error, call in BAD_CALLS:
+        with pytest.raises(error):
+            call(w)
+            pytest.fail(f"{backend} accepted {name}")
+    w.write_scalars(0, {"ok": float("nan")})  # NaN is a value, not an error
+    w.close()
+    with pytest.raises(WriterClosedError):
+        w.write_scalars(1, {"a": 1.0})
