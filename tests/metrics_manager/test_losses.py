@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from metrics_manager import losses
 from metrics_manager.losses import SpecialLossNormalizingFactor as LNF
@@ -365,3 +367,66 @@ def test_count_packed_examples():
         losses.count_packed_examples(segment_ids.astype(jnp.float32))
     with pytest.raises(ValueError, match=r"\[batch, length\]; got shape \(16,\)"):
         losses.count_packed_examples(segment_ids.reshape(-1))
+
+
+# ----------------------------------------------------------------------------- packed layouts
+
+_ROWS, _LENGTH = 3, 8
+
+
+@st.composite
+def _packed_rows(draw):
+    """Rows of consecutive segments (ids 1, 2, ...) followed by padding, with random weights."""
+    segment_ids = np.zeros((_ROWS, _LENGTH), np.int32)
+    for row in range(_ROWS):
+        position, segment = 0, 1
+        while position < _LENGTH and draw(st.booleans()):
+            length = draw(st.integers(1, _LENGTH - position))
+            segment_ids[row, position : position + length] = segment
+            position, segment = position + length, segment + 1
+    weights = np.array(
+        draw(
+            st.lists(
+                st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+                min_size=_ROWS * _LENGTH,
+                max_size=_ROWS * _LENGTH,
+            )
+        ),
+        np.float32,
+    ).reshape(_ROWS, _LENGTH)
+    return segment_ids, weights
+
+
+def _reference_average_per_sequence(segment_ids, weights):
+    out = np.zeros_like(weights)
+    sequences = 0
+    for row in range(_ROWS):
+        for segment in set(segment_ids[row]) - {0}:
+            where = segment_ids[row] == segment
+            total = weights[row][where].sum()
+            if total > 0:
+                out[row][where] = weights[row][where] / total
+                sequences += 1
+    return max(sequences, 1), out
+
+
+_resolve = jax.jit(losses.get_loss_normalizing_factor_and_weights, static_argnums=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_packed_rows())
+def test_average_per_sequence_matches_a_loop_over_segments(rows):
+    segment_ids, weights = rows
+    batch = {
+        "decoder_target_tokens": jnp.asarray(np.where(segment_ids > 0, 3, 0), jnp.int32),
+        "decoder_segment_ids": jnp.asarray(segment_ids),
+        "decoder_loss_weights": jnp.asarray(weights),
+    }
+    factor, out = _resolve("AVERAGE_PER_SEQUENCE", batch)
+    expected_factor, expected = _reference_average_per_sequence(segment_ids, weights)
+    assert float(factor) == expected_factor
+    np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-7)
+    packed_examples = sum(len({*row} - {0}) for row in segment_ids)
+    assert (
+        int(jax.jit(losses.count_packed_examples)(batch["decoder_segment_ids"])) == packed_examples
+    )
