@@ -302,7 +302,7 @@ class MetricsManager:
         except Exception as err:
             at = "" if step is None else f" at step {step}"
             raise MetricsManagerError(
-                f"writer {_writer_name(self._writer)} failed in {what}{at} "
+                f"writer {_writer_name(self._writer)} raised in {what}{at} "
                 f"(MetricsManager {self.name!r}): {type(err).__name__}: {err}"
             ) from err
 

@@ -187,6 +187,31 @@ def test_caller_never_waits_for_the_device_or_the_writer(monkeypatch):
     ]
 
 
+def test_donated_train_state_counts_as_ready(monkeypatch):
+    """The timer waits on a state that the next step donates: the window still closes."""
+    timer_may_look = threading.Event()
+    real_wait = timer_lib.block_until_ready_or_deleted
+
+    def wait_after_donation(tree: Any) -> None:
+        assert timer_may_look.wait(timeout=30)
+        real_wait(tree)
+
+    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", wait_after_donation)
+    train_step = jax.jit(lambda s: (s + 1.0, {"loss": Sum(jnp.sum(s))}), donate_argnums=0)
+    state = jnp.zeros(2)
+    with make(clock=FakeClock(0.0, 6.0)) as manager:
+        manager.start_duration_timer(block_on=state)
+        first_state = state
+        state, metrics = train_step(state)
+        state, more = train_step(state)
+        assert first_state.is_deleted()
+        timer_may_look.set()
+        merged = {"loss": metrics["loss"].merge(more["loss"]), "sps": StepsPerTime()}
+        summary = manager.write_metrics_summary(merged, 2, 2).result()
+    assert float(summary["loss"].value) == 2.0  # sum(0, 0) + sum(1, 1)
+    assert float(summary["sps"].value) == pytest.approx(2 / 6.0)
+
+
 def test_other_processes_compute_but_write_nothing(monkeypatch, tmp_path):
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     factory_calls = []
