@@ -48,10 +48,8 @@ def make_metrics(size: model.ModelSize = model.DEFAULT) -> dict[str, Any]:
 
     @jax.jit
     def metrics_of(params: model.Params, batch: model.Batch) -> dict[str, Any]:
-        (loss, logits), grads = jax.value_and_grad(model.loss_and_logits, has_aux=True)(
-            params, batch
-        )
-        return model.step_metrics(params, grads, batch, loss, logits)
+        (loss, aux), grads = jax.value_and_grad(model.loss_and_aux, has_aux=True)(params, batch)
+        return model.step_metrics(params, grads, batch, loss, aux)
 
     params = model.init_params(jax.random.PRNGKey(0), size)
     batch = model.make_batch(jax.random.PRNGKey(1), size)

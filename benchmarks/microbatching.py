@@ -12,6 +12,7 @@ Run alone: `python -m benchmarks.microbatching [--quick]`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable
@@ -19,31 +20,25 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from clu import metrics as clu_metrics
 
 from benchmarks import common, model
 
 COUNTS = (1, 2, 4, 8, 16)
-GLOBAL_BATCH = 256
+GLOBAL_BATCH = 32
 COMPILE_TARGET = 1.5
 
 
 def loss_fn(params: model.Params, microbatch: model.Batch) -> tuple[jax.Array, dict[str, Any]]:
-    """Summed cross-entropy of one microbatch and its metrics."""
+    """Summed cross-entropy of one microbatch and its metrics (base metrics + extrema)."""
     import metrics_manager as mm  # noqa: PLC0415
 
-    loss, logits = model.loss_and_logits(params, microbatch)
-    mask = microbatch["weights"] > 0
-    metrics = {
-        "loss": mm.AveragePerStep.from_model_output(loss),
-        "accuracy": clu_metrics.Accuracy.from_model_output(
-            logits=logits, labels=microbatch["labels"], mask=mask
-        ),
-        "logits/max": mm.Max.from_model_output(logits),
-        "logits/min": mm.Min.from_model_output(logits),
-        "logits/mean_std": mm.MeanStd.from_model_output(logits),
-        "timing/seqs": mm.Sum.from_model_output(jnp.sum(mask.astype(jnp.float32))),
-    }
+    loss, (logits, z_loss) = model.loss_and_aux(params, microbatch)
+    metrics = mm.compute_base_metrics(
+        logits, microbatch["targets"], microbatch["weights"], loss, z_loss, num_devices=1
+    )
+    metrics["logits/max"] = mm.Max.from_model_output(logits)
+    metrics["logits/min"] = mm.Min.from_model_output(logits)
+    metrics["logits/mean_std"] = mm.MeanStd.from_model_output(logits)
     return loss, metrics
 
 
@@ -72,8 +67,7 @@ class Stepper:
     def __init__(self, size: model.ModelSize, counts: tuple[int, ...], global_batch: int):
         self.params0 = model.init_params(jax.random.PRNGKey(0), size)
         self.batch = model.make_batch(
-            jax.random.PRNGKey(1),
-            model.ModelSize(global_batch, size.features, size.hidden, size.classes),
+            jax.random.PRNGKey(1), dataclasses.replace(size, batch=global_batch)
         )
         self.steps = {n: make_step(n) for n in counts}
 
@@ -128,9 +122,9 @@ def run(
         key="microbatching",
         title="5. Microbatching: compile time and step time",
         description=(
-            f"A jitted SGD step of the MLP ({size.features}-{size.hidden}-{size.hidden}-"
-            f"{size.classes}) at a global batch of {global_batch}, gradients and 6 metrics from "
-            "`accumulate_grads_microbatched`. Compile = trace + lower + XLA compile of a fresh "
+            f"A jitted SGD step of the benchmark model at a global batch of {global_batch} "
+            f"sequences of {size.length} tokens; gradients and 20 metrics (base metrics, "
+            "Max, Min, MeanStd of the logits) from `accumulate_grads_microbatched`. Compile = trace + lower + XLA compile of a fresh "
             f"function; step = mean over {num_steps} steps. Medians of {repeats} interleaved "
             f"repetitions; ratios to {counts[0]} microbatch(es)."
         ),
