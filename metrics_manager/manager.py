@@ -32,7 +32,11 @@ agree across hosts) but skip every write and never call the writer factory.
 A failure in the background (a metric's `compute_value()`, a writer) is kept:
 the returned future raises it, and so do the next call, `flush()` and
 `close()`, naming the metric or writer. After a failure the manager refuses new
-work; `close()` still releases the writer and threads, then raises.
+work; `close()` still releases the writer and threads, then raises. Writers
+that queue work on threads of their own (`writers.AsyncWriter`) report a
+failure on their next call, so it surfaces one manager call later; the configs
+in `configs/` therefore build synchronous writers, which the manager's worker
+already keeps off the training loop.
 
 Host-side module: never import it from code traced by jit.
 """

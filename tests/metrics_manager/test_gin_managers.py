@@ -19,8 +19,8 @@ from tensorboard.backend.event_processing import event_accumulator
 
 import writers
 from metrics_manager import gin_utils
-from metrics_manager.manager import MetricsManager
-from metrics_manager.metrics import AveragePerStep, StepsPerTime
+from metrics_manager.manager import MetricsManager, MetricsManagerError
+from metrics_manager.metrics import AveragePerStep, StepsPerTime, Sum
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TOP_LEVEL = {
@@ -100,6 +100,21 @@ def test_writer_bindings_take_effect_through_gin_and_in_plain_python(tmp_path):
         manager.close()
     assert run_files(tmp_path / "train") == {"events"}
     assert run_files(tmp_path / "eval" / "glue") == {"events"}
+
+
+def test_with_a_top_level_config_a_backend_failure_fails_its_own_summary(tmp_path):
+    """JSONL rejects the reserved key `time`: that summary's future names `jsonl`."""
+    parse("default.gin", "writers.create_default_writer.console = False")
+    manager = gin_utils.configured(MetricsManager)("train", tmp_path)
+    manager.start_duration_timer()
+    future = manager.write_metrics_summary({"time": Sum(jnp.float32(1.5))}, 3, 1)
+    with pytest.raises(MetricsManagerError, match="jsonl.*time"):
+        future.result()
+    with pytest.raises(MetricsManagerError, match="jsonl"):
+        manager.write_scalar("lr", 0.1, 3)
+    with pytest.raises(MetricsManagerError, match="jsonl"):
+        manager.close()
+    assert scalars(tmp_path / "train")["time"] == [(3, 1.5)]  # TensorBoard still wrote it
 
 
 def test_manager_binding_replaces_the_factory(tmp_path):
