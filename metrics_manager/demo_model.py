@@ -10,7 +10,7 @@ copy into their own code; nothing here is part of the library's API.
   embeddings, pre-LayerNorm causal self-attention blocks, logits over the vocabulary.
 * `SyntheticSequences`: an endless, seeded stream of variable-length sequences padded to a
   fixed length, in T5X's decoder-only feature names (`decoder_input_tokens`,
-  `decoder_target_tokens`, `decoder_loss_weights`).
+  `decoder_target_tokens`, `decoder_loss_weights`, `decoder_segment_ids`).
 
 The data has structure a transformer learns within a few hundred CPU steps: the first token
 of each sequence picks one of `num_rules` fixed permutations of the content tokens, and every
@@ -23,7 +23,7 @@ Example:
     >>> data = SyntheticSequences(DataConfig(batch_size=2, max_length=8, min_length=4))
     >>> batch = next(iter(data))
     >>> sorted(batch)
-    ['decoder_input_tokens', 'decoder_loss_weights', 'decoder_target_tokens']
+    ['decoder_input_tokens', 'decoder_loss_weights', 'decoder_segment_ids', 'decoder_target_tokens']
     >>> batch["decoder_target_tokens"].shape
     (2, 8)
 """
@@ -106,6 +106,10 @@ class TrainConfig:
         warmup_steps: Linear warm-up steps; cosine decay to 10% of the peak follows.
         z_loss: Coefficient of T5X's z-loss (`z_loss * logsumexp(logits)**2` per token).
         label_smoothing: Label smoothing of the cross entropy.
+        loss_normalizing_factor: What the summed loss is divided by: a number, None (no
+            division), or a `SpecialLossNormalizingFactor` name such as
+            "NUM_REAL_TARGET_TOKENS". Computed on the global batch, so the reported values
+            do not depend on `num_microbatches`.
         seed: Seed of the parameter initialisation.
     """
 
@@ -120,7 +124,59 @@ class TrainConfig:
     warmup_steps: int = 30
     z_loss: float = 1e-4
     label_smoothing: float = 0.0
+    loss_normalizing_factor: float | str | None = "NUM_REAL_TARGET_TOKENS"
     seed: int = 0
+
+
+def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> None:
+    """Checks that the three configs fit together, listing every problem in one error.
+
+    Args:
+        model: The model's sizes.
+        data: The data's shape.
+        train: The loop's settings.
+
+    Raises:
+        ValueError: Naming each field that is out of range or inconsistent, and the fix.
+
+    Example:
+        >>> check_configs(ModelConfig(), DataConfig(), TrainConfig(total_steps=10))
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid demo config: TrainConfig.warmup_steps=30 must be < TrainConfig.total_steps=10 (lower warmup_steps).
+    """
+    problems = []
+    for name in ("total_steps", "summary_period", "eval_period", "num_eval_batches",
+                 "num_microbatches"):
+        if getattr(train, name) < 1:
+            problems.append(f"TrainConfig.{name}={getattr(train, name)} must be >= 1")
+    if not 0 <= train.warmup_steps < train.total_steps:
+        problems.append(
+            f"TrainConfig.warmup_steps={train.warmup_steps} must be < "
+            f"TrainConfig.total_steps={train.total_steps} (lower warmup_steps)"
+        )
+    if train.num_microbatches >= 1 and data.batch_size % train.num_microbatches:
+        problems.append(
+            f"DataConfig.batch_size={data.batch_size} must be divisible by "
+            f"TrainConfig.num_microbatches={train.num_microbatches}"
+        )
+    if data.vocab_size != model.vocab_size:
+        problems.append(
+            f"DataConfig.vocab_size={data.vocab_size} must equal "
+            f"ModelConfig.vocab_size={model.vocab_size} (bind both, e.g. through a macro)"
+        )
+    if data.max_length > model.max_length:
+        problems.append(
+            f"DataConfig.max_length={data.max_length} must be <= "
+            f"ModelConfig.max_length={model.max_length} (the position embedding's size)"
+        )
+    if model.embed_dim % model.num_heads:
+        problems.append(
+            f"ModelConfig.embed_dim={model.embed_dim} must be divisible by "
+            f"ModelConfig.num_heads={model.num_heads}"
+        )
+    if problems:
+        raise ValueError("Invalid demo config: " + "; ".join(problems) + ".")
 
 
 class _Block(nn.Module):
@@ -237,9 +293,10 @@ class SyntheticSequences:
 
         Returns:
             int32 `decoder_input_tokens` (BOS then the sequence shifted right),
-            `decoder_target_tokens` (the sequence, PAD after its end) and float32
-            `decoder_loss_weights` (1 on real tokens, 0 on padding), each
-            `[batch_size, max_length]`.
+            `decoder_target_tokens` (the sequence, PAD after its end),
+            `decoder_segment_ids` (1 on real tokens, 0 on padding: one example per row,
+            in T5X's packed-feature format) and float32 `decoder_loss_weights` (1 on real
+            tokens, 0 on padding), each `[batch_size, max_length]`.
         """
         cfg = self.config
         b, n = cfg.batch_size, cfg.max_length
@@ -264,4 +321,5 @@ class SyntheticSequences:
             "decoder_input_tokens": inputs,
             "decoder_target_tokens": targets,
             "decoder_loss_weights": weights,
+            "decoder_segment_ids": (weights > 0).astype(np.int32),
         }

@@ -1,0 +1,353 @@
+"""`make demo`: train a small transformer language model and watch its metrics.
+
+A complete training loop in the shape T5X uses, written to be copied:
+
+* the loss function returns T5X's base metrics (`compute_loss_and_metrics`);
+* the loss normalizing factor is computed on the global batch (`with_loss_normalization`)
+  and gradients are accumulated over microbatches (`accumulate_grads_microbatched`), so no
+  reported value depends on the number of microbatches;
+* each step merges its metrics into a running accumulator inside the compiled step
+  (`merge_metrics`, buffers donated): no host work per step;
+* every `summary_period` steps one `MetricsManager.write_metrics_summary` call hands the
+  window to a background thread that times it, copies it to the host once and writes it to
+  the console, a JSONL log and TensorBoard; a second manager writes periodic eval summaries.
+
+Usage:
+    python -m metrics_manager.demo --gin_file=configs/demo.gin \\
+        --gin_bindings='demo_model.TrainConfig.total_steps = 600'
+
+Flags (T5X's names):
+    --gin_file          gin files to parse, in order (repeatable).
+    --gin_bindings      bindings applied after the files (repeatable).
+    --gin_search_paths  comma-separated directories in which relative gin files and
+                        `include`s are looked up; defaults to this repository's `configs/`.
+
+Output, under `TrainConfig.model_dir` (`runs/demo` by default):
+    config.gin                        the operative gin config (also TensorBoard text `config`)
+    train/metrics.jsonl, events.*     train summaries
+    eval/<name>/metrics.jsonl, ...    eval summaries
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import clu.metrics
+import clu.values
+import gin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import app, flags, logging
+from flax.training import train_state
+
+from metrics_manager import demo_model
+from metrics_manager.gin_utils import configured, write_gin_config
+from metrics_manager.losses import compute_loss_and_metrics, with_loss_normalization
+from metrics_manager.manager import MetricsManager
+from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
+
+Batch = Mapping[str, Any]
+Metrics = dict[str, clu.metrics.Metric]
+Summary = Mapping[str, clu.values.Value]
+
+REPO_CONFIGS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
+)
+
+_GIN_FILE = flags.DEFINE_multi_string("gin_file", None, "Gin files to parse, in order.")
+_GIN_BINDINGS = flags.DEFINE_multi_string(
+    "gin_bindings", [], "Gin bindings applied after the files."
+)
+_GIN_SEARCH_PATHS = flags.DEFINE_list(
+    "gin_search_paths",
+    [REPO_CONFIGS_DIR],
+    "Directories in which relative gin files and includes are looked up.",
+)
+
+
+# ------------------------------------------------------------------- device side (jitted)
+
+
+def make_loss_fn(
+    model: demo_model.TransformerLM, config: demo_model.TrainConfig
+) -> Callable[[Any, Batch], tuple[Any, Metrics]]:
+    """Returns `loss_fn(params, batch) -> (loss, metrics)` with T5X's base metrics."""
+
+    def loss_fn(params: Any, batch: Batch) -> tuple[Any, Metrics]:
+        logits = model.apply(params, batch["decoder_input_tokens"])
+        # The step runs on one device (no mesh), so the *_per_core rates divide by 1.
+        return compute_loss_and_metrics(
+            logits,
+            batch,
+            label_smoothing=config.label_smoothing,
+            z_loss=config.z_loss,
+            num_devices=1,
+        )
+
+    return loss_fn
+
+
+def make_train_step(
+    loss_fn: Callable[[Any, Batch], tuple[Any, Metrics]],
+    schedule: optax.Schedule,
+    config: demo_model.TrainConfig,
+) -> Callable[..., tuple[train_state.TrainState, Metrics]]:
+    """Returns `train_step(state, running, batch) -> (state, running)`, jitted.
+
+    `state` and `running` are donated: the new state and the merged metrics reuse their
+    buffers. Pass `running=None` on the first step of a summary window (jit compiles a
+    second variant for it once; see `metrics_manager.merging`).
+    """
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def train_step(
+        state: train_state.TrainState, running: Metrics | None, batch: Batch
+    ) -> tuple[train_state.TrainState, Metrics]:
+        # The normalizing factor comes from the GLOBAL batch, before the microbatch split.
+        batch = with_loss_normalization(batch, config.loss_normalizing_factor)
+        grads, metrics = accumulate_grads_microbatched(
+            loss_fn, state.params, batch, config.num_microbatches
+        )
+        # Once per step, outside the microbatch loop: the rate this step's update used.
+        learning_rate = jnp.asarray(schedule(state.step), jnp.float32)
+        metrics["learning_rate"] = clu.metrics.Average.from_model_output(learning_rate)
+        metrics["learning_rate/current"] = clu.metrics.LastValue.from_model_output(
+            learning_rate
+        )
+        return state.apply_gradients(grads=grads), merge_metrics(running, metrics)
+
+    return train_step
+
+
+def make_eval_step(
+    loss_fn: Callable[[Any, Batch], tuple[Any, Metrics]],
+    config: demo_model.TrainConfig,
+) -> Callable[[Any, Metrics | None, Batch], Metrics]:
+    """Returns `eval_step(params, running, batch) -> running`, jitted, `running` donated."""
+
+    @functools.partial(jax.jit, donate_argnums=(1,))
+    def eval_step(params: Any, running: Metrics | None, batch: Batch) -> Metrics:
+        batch = with_loss_normalization(batch, config.loss_normalizing_factor)
+        _, metrics = loss_fn(params, batch)
+        return merge_metrics(running, metrics)
+
+    return eval_step
+
+
+# ------------------------------------------------------------------------------ host side
+
+
+def train(
+    model_config: demo_model.ModelConfig,
+    data_config: demo_model.DataConfig,
+    config: demo_model.TrainConfig,
+) -> dict[str, Summary]:
+    """Trains the demo model, writing train and eval summaries under `config.model_dir`.
+
+    Call it after parsing the gin config: the operative config it writes lists what gin
+    built.
+
+    Args:
+        model_config: Size of the transformer.
+        data_config: Shape and structure of the synthetic data.
+        config: Loop settings (steps, periods, microbatches, learning rate, output dir).
+
+    Returns:
+        `{"train": summary, "eval": summary}`: the last summary of each manager,
+        `{key: clu.values.Value}`.
+
+    Raises:
+        ValueError: The configs do not fit together (`demo_model.check_configs`).
+    """
+    demo_model.check_configs(model_config, data_config, config)
+    model = demo_model.TransformerLM(model_config)
+    train_batches = iter(demo_model.SyntheticSequences(data_config))
+    eval_batches = _eval_batches(data_config, config.num_eval_batches)
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=config.peak_learning_rate,
+        warmup_steps=config.warmup_steps,
+        decay_steps=config.total_steps,
+        end_value=0.1 * config.peak_learning_rate,
+    )
+    batch = next(train_batches)
+    state = train_state.TrainState.create(
+        apply_fn=model.apply,
+        params=model.init(jax.random.key(config.seed), batch["decoder_input_tokens"]),
+        tx=optax.adamw(schedule),
+    )
+    loss_fn = make_loss_fn(model, config)
+    train_step = make_train_step(loss_fn, schedule, config)
+    eval_step = make_eval_step(loss_fn, config)
+
+    _remove_previous_run(config)
+    futures: dict[str, Future[Summary]] = {}
+    # Through gin, so the config's writer choice (MetricsManager.writer_factory) applies.
+    make_manager = configured(MetricsManager)
+    with (
+        make_manager("train", config.model_dir) as train_manager,
+        make_manager(f"eval/{config.eval_name}", config.model_dir) as eval_manager,
+    ):
+        write_gin_config(config.model_dir, train_manager, step=0)
+
+        # Compile before the loop, so the first summary window times training, not XLA.
+        start = time.perf_counter()
+        train_step = compile_merging_step(train_step, state, batch, metrics_of=lambda out: out[1])
+        eval_step = compile_merging_step(eval_step, state.params, eval_batches[0])
+        train_manager.write_scalar("timing/compilation_seconds", time.perf_counter() - start, 0)
+
+        running: Metrics | None = None  # a summary window starts with no metrics
+        train_manager.start_duration_timer(block_on=state)
+        for step in range(1, config.total_steps + 1):
+            state, running = train_step(state, running, batch)
+            batch = next(train_batches)
+            if step % config.summary_period == 0 or step == config.total_steps:
+                num_steps = (step - 1) % config.summary_period + 1
+                futures["train"] = train_manager.write_metrics_summary(running, step, num_steps)
+                running = None  # the summary owns those buffers now
+            if step % config.eval_period == 0 or step == config.total_steps:
+                start = time.perf_counter()
+                futures["eval"] = evaluate(eval_step, state.params, eval_batches, eval_manager, step)
+                futures["eval"].result()  # eval time is not train time: wait, then time it
+                train_manager.write_scalar(
+                    "timing/evaluate_seconds", time.perf_counter() - start, step
+                )
+            if running is None:
+                train_manager.start_duration_timer(block_on=state)
+        return {name: future.result() for name, future in futures.items()}
+
+
+def compile_merging_step(
+    step_fn: Any,
+    x: Any,
+    batch: Batch,
+    metrics_of: Callable[[Any], Metrics] = lambda out: out,
+) -> Callable[[Any, Metrics | None, Batch], Any]:
+    """Compiles `step_fn(x, running, batch)` ahead of time for both kinds of call.
+
+    A merging step has two variants: `running=None` (the first step of a summary window)
+    and `running=<the metrics it returned>`. Both are compiled here, before the loop, and
+    the returned function calls the right executable, so nothing compiles inside a window.
+
+    Args:
+        step_fn: A `jax.jit`-wrapped step taking `(x, running, batch)`.
+        x: The first argument (train state or params), for its shapes.
+        batch: A batch, for its shapes.
+        metrics_of: Picks the merged metrics out of the step's output.
+
+    Returns:
+        `call(x, running, batch)` with the step's outputs.
+    """
+    first = step_fn.lower(x, None, batch).compile()
+    running_shapes = metrics_of(jax.eval_shape(step_fn, x, None, batch))
+    rest = step_fn.lower(x, running_shapes, batch).compile()
+
+    def call(x: Any, running: Metrics | None, batch: Batch) -> Any:
+        return (first if running is None else rest)(x, running, batch)
+
+    return call
+
+
+def evaluate(
+    eval_step: Callable[[Any, Metrics | None, Batch], Metrics],
+    params: Any,
+    batches: Sequence[Batch],
+    manager: MetricsManager,
+    step: int,
+) -> Future[Summary]:
+    """Runs `eval_step` over `batches` and writes one eval summary at `step`.
+
+    Args:
+        eval_step: From `make_eval_step`.
+        params: The model parameters to evaluate.
+        batches: The eval set.
+        manager: The eval run's manager.
+        step: The train step the summary is written at.
+
+    Returns:
+        The future of the eval summary (`num_steps` is the number of eval batches).
+    """
+    manager.start_duration_timer(block_on=params)
+    running = None
+    for batch in batches:
+        running = eval_step(params, running, batch)
+    return manager.write_metrics_summary(running, step, len(batches))
+
+
+def _eval_batches(config: demo_model.DataConfig, num_batches: int) -> list[dict[str, np.ndarray]]:
+    """A fixed eval set, drawn with a different seed than the train stream."""
+    stream = iter(demo_model.SyntheticSequences(dataclasses.replace(config, seed=config.seed + 1)))
+    return [next(stream) for _ in range(num_batches)]
+
+
+def _remove_previous_run(config: demo_model.TrainConfig) -> None:
+    """Deletes only the files an earlier demo run wrote, so a new run's log starts clean."""
+    run_dirs = [
+        os.path.join(config.model_dir, "train"),
+        os.path.join(config.model_dir, "eval", config.eval_name),
+    ]
+    stale = [os.path.join(config.model_dir, "config.gin")]
+    for run_dir in run_dirs:
+        stale += glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
+        stale.append(os.path.join(run_dir, "metrics.jsonl"))
+    removed = [path for path in stale if os.path.isfile(path)]
+    for path in removed:
+        os.remove(path)
+    if removed:
+        logging.info("Removed %d files of an earlier run under %s.", len(removed), config.model_dir)
+
+
+def run(
+    gin_files: Sequence[str],
+    gin_bindings: Sequence[str] = (),
+    gin_search_paths: Sequence[str] = (REPO_CONFIGS_DIR,),
+) -> tuple[demo_model.TrainConfig, dict[str, Summary]]:
+    """Parses the gin config and trains: what `python -m metrics_manager.demo` does.
+
+    Args:
+        gin_files: Gin files, parsed in order; relative paths are looked up in
+            `gin_search_paths` (so `demo.gin` finds `configs/demo.gin`).
+        gin_bindings: Bindings applied after the files, e.g.
+            `"demo_model.TrainConfig.total_steps = 600"`.
+        gin_search_paths: Directories for relative gin files and `include` lines.
+
+    Returns:
+        The train config used and the last summaries, as returned by `train`.
+
+    Example:
+        >>> config, summaries = run(["demo.gin"], ["demo_model.TrainConfig.total_steps = 50"])  # doctest: +SKIP
+    """
+    for path in gin_search_paths:
+        gin.add_config_file_search_path(path)
+    gin.parse_config_files_and_bindings(gin_files, gin_bindings)
+    config = configured(demo_model.TrainConfig)()
+    summaries = train(
+        configured(demo_model.ModelConfig)(), configured(demo_model.DataConfig)(), config
+    )
+    return config, summaries
+
+
+def main(argv: Sequence[str]) -> None:
+    """The absl entry point: T5X-style gin flags in, summaries out, then where to look."""
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    config, _ = run(_GIN_FILE.value or [], _GIN_BINDINGS.value, _GIN_SEARCH_PATHS.value)
+    print(
+        "\nDone. Follow the train log and open TensorBoard with:\n"
+        f"  tail -f {config.model_dir}/train/metrics.jsonl"
+        " | jq -c '{step, loss, accuracy, lr: .[\"learning_rate/current\"]}'\n"
+        f"  tensorboard --logdir {config.model_dir}\n"
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,175 @@
+"""The demo (`make demo`) end to end: files it writes, read back with their own readers.
+
+One short run of the command line `make demo` uses (`python -m metrics_manager.demo
+--gin_file=configs/demo.gin`, with `--gin_bindings` for fewer steps and a `tmp_path` model
+dir) is shared by the tests below.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+from metrics_manager import demo_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TOTAL_STEPS = 60
+SUMMARY_PERIOD = 15
+EVAL_PERIOD = 30
+
+# Keys of T5X's compute_base_metrics for an unpacked batch (REFERENCE section 3).
+BASE_METRIC_KEYS = (
+    "accuracy",
+    "loss",
+    "loss_per_nonpadding_target_token",
+    "loss_per_all_target_tokens",
+    "z_loss",
+    "z_loss_per_all_target_tokens",
+    "cross_ent_loss",
+    "cross_ent_loss_per_all_target_tokens",
+    "timing/seqs_per_second",
+    "timing/steps_per_second",
+    "timing/seconds",
+    "timing/seqs",
+    "timing/seqs_per_second_per_core",
+    "timing/target_tokens_per_second",
+    "timing/target_tokens_per_second_per_core",
+    "non_padding_fraction/loss_weights",
+)
+TRAIN_ONLY_KEYS = ("learning_rate", "learning_rate/current")
+
+
+def _bindings(model_dir: str) -> list[str]:
+    return [
+        f"demo_model.TrainConfig.model_dir = '{model_dir}'",
+        f"demo_model.TrainConfig.total_steps = {TOTAL_STEPS}",
+        f"demo_model.TrainConfig.summary_period = {SUMMARY_PERIOD}",
+        f"demo_model.TrainConfig.eval_period = {EVAL_PERIOD}",
+        "demo_model.TrainConfig.warmup_steps = 10",
+        "demo_model.TrainConfig.num_eval_batches = 2",
+    ]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """Runs the demo's command line, as `make demo` does, with a short config.
+
+    Returns the model dir and the process's stdout.
+    """
+    model_dir = str(tmp_path_factory.mktemp("demo") / "run")
+    flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir)]
+    # The test process raises on implicit rank promotion; hold the demo to the same rule.
+    env = dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "metrics_manager.demo", "--gin_file=configs/demo.gin", *flags],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    return model_dir, result.stdout
+
+
+def _jsonl(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def _accumulator(run_dir: str) -> event_accumulator.EventAccumulator:
+    acc = event_accumulator.EventAccumulator(run_dir, size_guidance={event_accumulator.TENSORS: 0})
+    acc.Reload()
+    return acc
+
+
+def test_train_jsonl_has_one_line_per_summary_and_loss_falls(demo_run):
+    model_dir, _ = demo_run
+    lines = _jsonl(os.path.join(model_dir, "train", "metrics.jsonl"))
+    # Every write is one line: the config text and compile time at step 0, then one line per
+    # summary, and after each eval the host-timed `timing/evaluate_seconds`.
+    expected = [(0, "config"), (0, "timing/compilation_seconds")]
+    for step in range(SUMMARY_PERIOD, TOTAL_STEPS + 1, SUMMARY_PERIOD):
+        expected.append((step, "loss"))
+        if step % EVAL_PERIOD == 0:
+            expected.append((step, "timing/evaluate_seconds"))
+    kinds = [
+        (line["step"], "loss" if "loss" in line else (set(line) - {"step", "time", "collection"}).pop())
+        for line in lines
+    ]
+    assert kinds == expected
+    assert {line["collection"] for line in lines} == {"train"}
+    summaries = [line for line in lines if "loss" in line]
+    assert summaries[-1]["loss"] < summaries[0]["loss"]
+    assert summaries[-1]["accuracy"] > summaries[0]["accuracy"]
+    for line in summaries:
+        for key in BASE_METRIC_KEYS + TRAIN_ONLY_KEYS:
+            assert isinstance(line[key], float) and math.isfinite(line[key]), (key, line[key])
+        # learning_rate is the window's mean; the schedule only decays after warm-up.
+        assert 0 < line["learning_rate/current"] <= 3e-3
+
+
+def test_eval_jsonl_has_one_line_per_eval(demo_run):
+    model_dir, _ = demo_run
+    lines = _jsonl(os.path.join(model_dir, "eval", "synthetic", "metrics.jsonl"))
+    assert [line["step"] for line in lines] == list(range(EVAL_PERIOD, TOTAL_STEPS + 1, EVAL_PERIOD))
+    assert lines[-1]["loss"] < lines[0]["loss"]
+
+
+def test_tensorboard_sees_train_and_eval_runs_with_every_base_metric(demo_run):
+    model_dir, _ = demo_run
+    train = _accumulator(os.path.join(model_dir, "train"))
+    evals = _accumulator(os.path.join(model_dir, "eval", "synthetic"))
+    train_tags = set(train.Tags()["scalars"])
+    eval_tags = set(evals.Tags()["scalars"])
+    assert set(BASE_METRIC_KEYS + TRAIN_ONLY_KEYS) <= train_tags, sorted(train_tags)
+    assert set(BASE_METRIC_KEYS) <= eval_tags, sorted(eval_tags)
+    assert {"timing/compilation_seconds", "timing/evaluate_seconds"} <= train_tags
+    steps = [event.step for event in train.Scalars("loss")]
+    assert steps == list(range(SUMMARY_PERIOD, TOTAL_STEPS + 1, SUMMARY_PERIOD))
+
+
+def test_config_gin_and_config_text_summary(demo_run):
+    model_dir, _ = demo_run
+    with open(os.path.join(model_dir, "config.gin")) as f:
+        config = f.read()
+    assert f"demo_model.TrainConfig.total_steps = {TOTAL_STEPS}" in config
+    train = _accumulator(os.path.join(model_dir, "train"))
+    assert train.SummaryMetadata("config").plugin_data.plugin_name == "text"
+    (event,) = train.Tensors("config")
+    assert event.step == 0
+    text = event.tensor_proto.string_val[0].decode()
+    assert f"demo_model.TrainConfig.total_steps = {TOTAL_STEPS}" in text
+
+
+def test_it_ends_by_saying_how_to_watch_the_run(demo_run):
+    model_dir, stdout = demo_run
+    assert f"tail -f {model_dir}/train/metrics.jsonl | jq" in stdout
+    assert f"tensorboard --logdir {model_dir}" in stdout
+
+
+def test_console_shows_train_and_eval_summaries(demo_run):
+    _, stdout = demo_run
+    assert f"step {TOTAL_STEPS}" in stdout
+    assert "eval/synthetic" in stdout
+    assert "loss_per_nonpadding_target_token" in stdout
+
+
+def test_bad_config_names_every_problem():
+    with pytest.raises(ValueError) as error:
+        demo_model.check_configs(
+            demo_model.ModelConfig(vocab_size=32),
+            demo_model.DataConfig(vocab_size=16, batch_size=6),
+            demo_model.TrainConfig(num_microbatches=4, total_steps=10, warmup_steps=10),
+        )
+    message = str(error.value)
+    assert "DataConfig.vocab_size=16 must equal ModelConfig.vocab_size=32" in message
+    assert "DataConfig.batch_size=6 must be divisible by TrainConfig.num_microbatches=4" in message
+    assert "TrainConfig.warmup_steps=10 must be < TrainConfig.total_steps=10" in message
