@@ -347,8 +347,12 @@ def accumulate_grads_microbatched(
     Runs `loss_fn` on each microbatch in a `lax.scan` (traced and compiled once), sums the
     gradients, and merges the microbatches' metrics starting from the first microbatch's
     (never from zeros or `empty()`), so `Max` of all-negative values stays negative and
-    `LastValue` is not diluted. Microbatch i holds rows `i, i + n, i + 2n, ...` of every
-    batch leaf (see `_split_batch` for why). Call it inside the jitted train step.
+    `LastValue` is not diluted. Call it inside the jitted train step.
+
+    Microbatch i holds rows `i, i + n, i + 2n, ...` of every batch leaf, not a contiguous
+    block: a batch sharded over devices on axis 0 then feeds every device in every
+    microbatch without moving data (with auto or explicit sharding; an explicitly sharded
+    batch whose microbatches have fewer rows than shards is gathered first).
 
     Args:
         loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)`, or
