@@ -18,6 +18,7 @@ from jax._src.interpreters import pxla
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from metrics_manager import merging
 from metrics_manager import metrics as mm
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
 
@@ -165,6 +166,27 @@ def test_the_dispatch_counter_sees_host_side_merging(dispatch_counter):
         running = merge_metrics(running, step_metrics(params, batch))
     assert dispatch_counter.count("jit(<lambda>)") == 3
     assert len(dispatch_counter) > 3 * 5  # each eager merge is at least one more dispatch
+
+
+def test_validation_runs_at_trace_time_only(monkeypatch):
+    checks = []
+    original = merging._check_alike
+    monkeypatch.setattr(merging, "_check_alike", lambda *a: checks.append(1) or original(*a))
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def step(params, running, batch):  # a fresh function, so the first calls trace
+        grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, NUM_MICROBATCHES)
+        return params, merge_metrics(running, metrics)
+
+    batches = make_batches(6)
+    params, running = make_params(), None
+    for batch in batches[:2]:
+        params, running = step(params, running, batch)
+    traced = len(checks)
+    assert traced >= 1  # the dict variant's trace checked a against b
+    for batch in batches[2:]:
+        params, running = step(params, running, batch)
+    assert len(checks) == traced
 
 
 def test_each_window_starts_from_none_and_restarts_counts():
