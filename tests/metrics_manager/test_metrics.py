@@ -295,3 +295,22 @@ def test_compute_metric_values_flattens_mean_std_and_collections():
 def test_compute_metric_values_rejects_non_metrics():
     with pytest.raises(TypeError, match=r"'a': float, 'b': NoneType"):
         mm.compute_metric_values({"a": 1.0, "b": None, "c": Sum(1.0)})
+
+
+def test_types_work_in_a_clu_collection_via_from_output():
+    Metrics = clu_metrics.Collection.create(
+        loss=AveragePerStep.from_output("loss"),
+        loss_max=Max.from_output("loss"),
+        loss_stats=MeanStd.from_output("loss"),
+    )
+    step1 = Metrics.single_from_model_output(loss=jnp.array([1.0, 5.0]), mask=jnp.array([1, 0]))
+    step2 = Metrics.single_from_model_output(loss=jnp.array([3.0, 2.0]))
+    merged = Metrics.empty().merge(step1).merge(step2)
+    values = merged.compute()
+    assert float(values["loss"]) == (1.0 + 3.0 + 2.0) / 2
+    assert float(values["loss_max"]) == 3.0
+    np.testing.assert_allclose(values["loss_stats"], 2.0)
+    # CLU's reduce() over a stacked (e.g. all-gathered) collection: one step across devices.
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), step1, step2)
+    reduced = stacked.reduce()
+    assert int(reduced.loss.steps) == 1 and float(reduced.loss.total) == 6.0
