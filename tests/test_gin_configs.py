@@ -55,8 +55,8 @@ def bound_selectors(path: pathlib.Path) -> list[str]:
     for statement in parser:
         if isinstance(statement, gin.config_parser.IncludeStatement):
             selectors += bound_selectors(CONFIGS / statement.filename)
-        elif isinstance(statement, gin.config_parser.BindingStatement):
-            selectors.append(statement.selector)
+        elif isinstance(statement, gin.config_parser.BindingStatement) and statement.arg_name:
+            selectors.append(statement.selector)  # (macros have no arg_name: values, not built)
     return list(dict.fromkeys(selectors))
 
 
