@@ -24,9 +24,16 @@ from metrics_manager.metrics import (
     set_step_metrics_num_steps,
     set_time_metrics_duration,
 )
+from tests.metrics_manager.test_losses import _logsumexp, _reference_token_loss
 
 FACTORS = [None, 2.5, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS", "AVERAGE_PER_SEQUENCE"]
 DURATION = 2.0
+
+# Jitted once per shape: eager dispatch of every op is slower than one compile.
+_normalize = jax.jit(losses.with_loss_normalization, static_argnums=1)
+_loss_and_metrics = jax.jit(
+    losses.compute_loss_and_metrics, static_argnames=("label_smoothing", "z_loss", "num_devices")
+)
 
 
 def _values(metrics, num_steps=1):
@@ -50,10 +57,8 @@ Z = 0.1
 
 
 def test_every_key_has_its_hand_worked_value():
-    batch = losses.with_loss_normalization(
-        {"decoder_target_tokens": TARGETS}, "NUM_REAL_TARGET_TOKENS"
-    )
-    loss, metrics = losses.compute_loss_and_metrics(LOGITS, batch, z_loss=Z, num_devices=2)
+    batch = _normalize({"decoder_target_tokens": TARGETS}, "NUM_REAL_TARGET_TOKENS")
+    loss, metrics = _loss_and_metrics(LOGITS, batch, z_loss=Z, num_devices=2)
     # Real tokens: (0,0) target 1 (correct), (0,1) target 1 (wrong), (1,0) target 1 (wrong).
     real = [
         _token_loss([0.0, 2.0], 1, Z),
@@ -158,7 +163,7 @@ def test_batch_segment_ids_become_features():
         "decoder_target_tokens": jnp.array([[3, 3, 4, 0], [1, 2, 0, 0]]),
         "decoder_segment_ids": jnp.array([[1, 1, 2, 0], [1, 1, 0, 0]]),
     }
-    _, metrics = losses.compute_loss_and_metrics(jnp.zeros((2, 4, 5)), batch, num_devices=1)
+    _, metrics = _loss_and_metrics(jnp.zeros((2, 4, 5)), batch, num_devices=1)
     assert _values(metrics)["effective_batch_size/decoder"] == 3.0
     assert "z_loss" not in metrics  # z-loss keys only when a z-loss is used
 
@@ -203,18 +208,22 @@ PARAMS = {
 
 @pytest.mark.parametrize("factor", FACTORS)
 def test_per_token_values_do_not_depend_on_the_normalizing_factor(factor):
-    batch = losses.with_loss_normalization(_packed_batch(), factor)
-    logits = _logits(PARAMS, batch["decoder_input_tokens"])
-    _, metrics = losses.compute_loss_and_metrics(
-        logits, batch, label_smoothing=0.1, z_loss=1e-3, num_devices=1
-    )
+    @jax.jit
+    def step(params, batch):
+        batch = losses.with_loss_normalization(batch, factor)
+        logits = _logits(params, batch["decoder_input_tokens"])
+        _, metrics = losses.compute_loss_and_metrics(
+            logits, batch, label_smoothing=0.1, z_loss=1e-3, num_devices=1
+        )
+        return logits, metrics
+
+    batch = _packed_batch()
+    logits, metrics = step(PARAMS, batch)
     values = _values(metrics)
     targets = np.asarray(batch["decoder_target_tokens"])
     real = targets > 0
-    per_token = losses.compute_token_losses(
-        logits, batch["decoder_target_tokens"], label_smoothing=0.1, z_loss=1e-3
-    )
-    token_loss, token_z = np.asarray(per_token.loss), np.asarray(per_token.z_loss)
+    token_loss = _reference_token_loss(logits, targets, label_smoothing=0.1, z_loss=1e-3)
+    token_z = 1e-3 * _logsumexp(logits) ** 2
     expected = {
         "loss_per_nonpadding_target_token": token_loss[real].mean(),
         "loss_per_all_target_tokens": token_loss[real].sum() / targets.size,
@@ -230,30 +239,37 @@ def test_per_token_values_do_not_depend_on_the_normalizing_factor(factor):
 @pytest.mark.parametrize("factor", [None, 2.5, "NUM_REAL_TARGET_TOKENS", "NUM_TOTAL_TARGET_TOKENS"])
 def test_per_token_values_from_the_scalar_loss_undo_the_factor(factor):
     """Without token_losses, per-token values come from loss * factor (exact for binary weights)."""
+
+    @jax.jit
+    def step(params, batch):
+        logits = _logits(params, batch["decoder_input_tokens"])
+        targets = batch["decoder_target_tokens"]
+        resolved, weights = losses.get_loss_normalizing_factor_and_weights(factor, batch)
+        weights = (targets > 0).astype(jnp.float32) if weights is None else weights
+        loss, z, _ = losses.compute_weighted_cross_entropy(
+            logits, targets, weights, z_loss=1e-3, loss_normalizing_factor=resolved
+        )
+        return logits, losses.compute_base_metrics(
+            logits, targets, weights, loss, z, loss_normalizing_factor=resolved, num_devices=1
+        )
+
     batch = _packed_batch()
-    logits = _logits(PARAMS, batch["decoder_input_tokens"])
-    targets = batch["decoder_target_tokens"]
-    resolved, weights = losses.get_loss_normalizing_factor_and_weights(factor, batch)
-    weights = (targets > 0).astype(jnp.float32) if weights is None else weights
-    loss, z, _ = losses.compute_weighted_cross_entropy(
-        logits, targets, weights, z_loss=1e-3, loss_normalizing_factor=resolved
-    )
-    metrics = losses.compute_base_metrics(
-        logits, targets, weights, loss, z, loss_normalizing_factor=resolved, num_devices=1
-    )
-    token_loss = np.asarray(losses.compute_token_losses(logits, targets, z_loss=1e-3).loss)
-    real = np.asarray(targets) > 0
+    logits, metrics = step(PARAMS, batch)
+    targets = np.asarray(batch["decoder_target_tokens"])
+    token_loss = _reference_token_loss(logits, targets, z_loss=1e-3)
     np.testing.assert_allclose(
-        _values(metrics)["loss_per_nonpadding_target_token"], token_loss[real].mean(), rtol=1e-5
+        _values(metrics)["loss_per_nonpadding_target_token"],
+        token_loss[targets > 0].mean(),
+        rtol=1e-5,
     )
 
 
 def test_rewritten_weights_do_not_skew_the_non_padding_fraction():
-    batch = losses.with_loss_normalization(_packed_batch(), "AVERAGE_PER_SEQUENCE")
+    batch = _normalize(_packed_batch(), "AVERAGE_PER_SEQUENCE")
     weights = batch["decoder_loss_weights"]
     assert float(jnp.max(weights)) == 1.0 and float(jnp.min(jnp.where(weights > 0, weights, 1))) < 1
     logits = _logits(PARAMS, batch["decoder_input_tokens"])
-    _, metrics = losses.compute_loss_and_metrics(logits, batch, num_devices=1)
+    _, metrics = _loss_and_metrics(logits, batch, num_devices=1)
     real = np.asarray(batch["decoder_segment_ids"]) > 0
     np.testing.assert_allclose(
         _values(metrics)["non_padding_fraction/loss_weights"], real.mean(), rtol=1e-6
