@@ -404,10 +404,19 @@ def accumulate_grads_microbatched(
         )
     num_microbatches = int(num_microbatches)
 
+    def loss_and_metrics(p: Any, microbatch: Any, extra: tuple[Any, ...]) -> Any:
+        out = loss_fn(p, microbatch, *extra)
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise TypeError(
+                "accumulate_grads_microbatched: loss_fn must return a pair (loss, metrics), "
+                f"got {_describe(out)}; return the scalar loss and a dict of metrics"
+            )
+        return out
+
     def grads_and_metrics(microbatch: Any, index: Any) -> tuple[Any, dict[str, Any]]:
         extra = () if rng is None else (jax.random.fold_in(rng, index),)
         (_, metrics), grads = jax.value_and_grad(
-            lambda p: loss_fn(p, microbatch, *extra), has_aux=True
+            lambda p: loss_and_metrics(p, microbatch, extra), has_aux=True
         )(params)
         return grads, validate_metrics(metrics, what="the metrics returned by loss_fn")
 

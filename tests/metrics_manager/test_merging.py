@@ -278,6 +278,11 @@ def test_bad_loss_fn_metrics_are_named():
         accumulate_grads_microbatched(loss_fn, jnp.float32(1.0), jnp.ones(4), 2)
 
 
+def test_loss_fn_must_return_a_pair():
+    with pytest.raises(TypeError, match=r"loss_fn must return a pair \(loss, metrics\), got"):
+        accumulate_grads_microbatched(lambda w, b: (w * b).sum(), jnp.float32(1.0), jnp.ones(4), 2)
+
+
 def test_indivisible_batch_names_every_leaf():
     batch = {"x": jnp.ones((6, 2)), "y": jnp.ones(6), "z": jnp.ones(())}
     with pytest.raises(ValueError, match=r"(?s)3 problems.*batch\['x'\] has shape \(6, 2\).*num_microbatches=4.*batch\['y'\].*batch\['z'\] has shape \(\)"):
