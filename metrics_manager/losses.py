@@ -634,10 +634,7 @@ def get_loss_normalizing_factor_and_weights(
         shape = tuple(targets.shape)
         if targets.ndim < 1:
             problems.value_problem(f"batch[{_TARGETS_KEY!r}] must have a batch axis; got 0-d.")
-        if weights is not None and _check_same_shape(
-            problems, f"batch[{_WEIGHTS_KEY!r}]", weights, shape
-        ):
-            _check_float_array(problems, f"batch[{_WEIGHTS_KEY!r}]", weights.astype(jnp.float32))
+        _check_same_shape(problems, f"batch[{_WEIGHTS_KEY!r}]", weights, shape)
         if special is SpecialLossNormalizingFactor.AVERAGE_PER_SEQUENCE and segment_ids is not None:
             if _check_integer_array(
                 problems, f"batch[{_SEGMENT_IDS_KEY!r}]", segment_ids, fix="0 marks padding."

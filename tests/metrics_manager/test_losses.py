@@ -430,3 +430,17 @@ def test_average_per_sequence_matches_a_loop_over_segments(rows):
     assert (
         int(jax.jit(losses.count_packed_examples)(batch["decoder_segment_ids"])) == packed_examples
     )
+
+
+def test_batch_shape_problems_are_listed_together():
+    batch = {
+        "decoder_target_tokens": jnp.ones((2, 4), jnp.int32),
+        "decoder_loss_weights": jnp.ones((2, 3)),
+        "decoder_segment_ids": jnp.ones((2, 5), jnp.int32),
+    }
+    with pytest.raises(ValueError) as info:
+        losses.get_loss_normalizing_factor_and_weights("average_per_sequence", batch)
+    message = str(info.value)
+    assert "2 problem(s)" in message
+    assert "batch['decoder_loss_weights']` must have the shape of `targets` (2, 4)" in message
+    assert "batch['decoder_segment_ids']` must have the shape of `targets` (2, 4)" in message
