@@ -387,3 +387,14 @@ def test_batch_sharded_over_eight_devices_gives_the_single_device_values(
     assert sorted(multi_values) == sorted(single_values)
     for key, value in single_values.items():
         np.testing.assert_allclose(multi_values[key], value, rtol=1e-6, atol=1e-7, err_msg=key)
+
+
+def test_the_train_step_makes_no_host_transfer():
+    batch = jax.device_put(_packed_batch())
+    params = jax.device_put(PARAMS)
+    _train_step(params, batch, factor="AVERAGE_PER_SEQUENCE", num_microbatches=2)  # compile
+    with jax.transfer_guard("disallow"):
+        grads, metrics = _train_step(
+            params, batch, factor="AVERAGE_PER_SEQUENCE", num_microbatches=2
+        )
+    assert isinstance(metrics["loss"].total, jax.Array)
