@@ -56,6 +56,7 @@ from typing import Any, TypeVar
 import clu.metrics as clu_metrics
 import clu.values
 import jax
+import numpy as np
 
 import writers
 from metrics_manager import gin_utils, host_copy
@@ -83,39 +84,67 @@ class MetricsManagerError(RuntimeError):
     """
 
 
-def _check_step(value: Any, what: str, method: str, *, minimum: int) -> int:
-    """Returns `value` as an int; TypeError/ValueError naming `method` otherwise."""
-    if isinstance(value, jax.Array):
-        raise TypeError(
-            f"MetricsManager.{method}: {what} must be a Python or NumPy int, got a jax.Array "
-            f"({value.dtype}{list(value.shape)}). Converting it would block the training loop "
-            "until the device catches up; keep a host-side counter (e.g. `step += 1`) instead."
-        )
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(
-            f"MetricsManager.{method}: {what} must be an int, got {value!r} of type "
-            f"{type(value).__name__}."
-        )
-    if value < minimum:
-        raise ValueError(f"MetricsManager.{method}: {what} must be >= {minimum}, got {value}.")
-    return int(value)
+class _Checks:
+    """Collects every problem with a call's arguments, then raises once.
 
+    The error is a TypeError when any problem is about a type, else a ValueError.
+    """
 
-def _check_mapping(values: Any, what: str, method: str) -> dict[str, Any]:
-    """Returns a shallow copy of `values`; raises listing every bad key."""
-    if not isinstance(values, Mapping):
-        raise TypeError(
-            f"MetricsManager.{method}: {what} must be a mapping from names to values, got "
-            f"{type(values).__name__}. Wrap a single value, e.g. {{'loss': value}}."
-        )
-    snapshot = dict(values)
-    bad = [k for k in snapshot if not isinstance(k, str) or not k]
-    if bad:
-        raise TypeError(
-            f"MetricsManager.{method}: every key of {what} must be a non-empty str, got "
-            f"{', '.join(repr(k) for k in bad)}. Name each value, e.g. 'loss' or 'eval/accuracy'."
-        )
-    return snapshot
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.type_problems: list[str] = []
+        self.value_problems: list[str] = []
+
+    def step(self, value: Any, what: str, *, minimum: int) -> int:
+        """Returns `value` as an int (0 when it is wrong; `raise_if_any` reports it)."""
+        if isinstance(value, jax.Array):
+            self.type_problems.append(
+                f"{what} must be a Python or NumPy int, got a jax.Array "
+                f"({value.dtype}{list(value.shape)}); converting it would block the training "
+                "loop until the device catches up, so keep a host-side counter (step += 1)"
+            )
+            return 0
+        if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            self.type_problems.append(
+                f"{what} must be an int, got {value!r} of type {type(value).__name__}"
+            )
+            return 0
+        if value < minimum:
+            self.value_problems.append(f"{what} must be >= {minimum}, got {value}")
+        return int(value)
+
+    def mapping(self, values: Any, what: str) -> dict[str, Any]:
+        """Returns a shallow copy of `values` (empty when it is not a mapping)."""
+        if not isinstance(values, Mapping):
+            self.type_problems.append(
+                f"{what} must be a mapping from names to values, got {type(values).__name__} "
+                "(wrap a single value, e.g. {'loss': value})"
+            )
+            return {}
+        snapshot = dict(values)
+        bad = [k for k in snapshot if not isinstance(k, str) or not k]
+        if bad:
+            self.type_problems.append(
+                f"every key of {what} must be a non-empty str such as 'loss' or "
+                f"'eval/accuracy', got {', '.join(repr(k) for k in bad)}"
+            )
+        return snapshot
+
+    def strings(self, values: Mapping[str, Any], what: str) -> None:
+        bad = {k: type(v).__name__ for k, v in values.items() if not isinstance(v, str)}
+        if bad:
+            self.type_problems.append(
+                f"every value of {what} must be a str, got "
+                + ", ".join(f"{k!r}: {t}" for k, t in bad.items())
+            )
+
+    def raise_if_any(self) -> None:
+        problems = self.type_problems + self.value_problems
+        if problems:
+            error = TypeError if self.type_problems else ValueError
+            raise error(f"MetricsManager.{self.method}: " + "; ".join(problems) + ".")
 
 
 def _build_writer(factory: WriterFactory, logdir: str | None, name: str) -> Any:
@@ -360,9 +389,11 @@ class MetricsManager:
           MetricsManagerError: an earlier background job failed.
         """
         self._check_usable("write_metrics_summary")
-        snapshot = _check_mapping(metrics, "metrics", "write_metrics_summary")
-        step = _check_step(step, "step", "write_metrics_summary", minimum=0)
-        num_steps = _check_step(num_steps, "num_steps", "write_metrics_summary", minimum=1)
+        checks = _Checks("write_metrics_summary")
+        snapshot = checks.mapping(metrics, "metrics")
+        step = checks.step(step, "step", minimum=0)
+        num_steps = checks.step(num_steps, "num_steps", minimum=1)
+        checks.raise_if_any()
         duration = self._timer.stop(block_on=snapshot)
         return self._submit(lambda: self._summarize(snapshot, step, num_steps, duration))
 
@@ -461,16 +492,9 @@ class MetricsManager:
           RuntimeError: the manager is closed.
           MetricsManagerError: an earlier background job failed.
         """
-        bad = {}
-        if isinstance(texts, Mapping):
-            bad = {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}
-        if bad:
-            raise TypeError(
-                "MetricsManager.write_texts: every value must be a str, got "
-                + ", ".join(f"{k!r}: {t}" for k, t in bad.items())
-                + "."
-            )
-        self._write("write_texts", step, texts, "texts", lambda w, s, v: w.write_texts(s, v))
+        self._write(
+            "write_texts", step, texts, "texts", lambda w, s, v: w.write_texts(s, v), strings=True
+        )
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Writes the run's hyperparameters (no step), in call order.
@@ -492,11 +516,17 @@ class MetricsManager:
         values: Mapping[str, Any],
         what: str,
         call: Callable[[Any, Any, dict[str, Any]], None],
+        *,
+        strings: bool = False,
     ) -> None:
         self._check_usable(method)
-        snapshot = _check_mapping(values, what, method)
+        checks = _Checks(method)
         if step is not None:
-            step = _check_step(step, "step", method, minimum=0)
+            step = checks.step(step, "step", minimum=0)
+        snapshot = checks.mapping(values, what)
+        if strings:
+            checks.strings(snapshot, what)
+        checks.raise_if_any()
         if self._writer is None:
             return
         self._submit(lambda: self._call_writer(step, method, lambda w: call(w, step, snapshot)))

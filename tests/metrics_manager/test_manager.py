@@ -394,7 +394,7 @@ def test_factory_returning_a_non_writer_is_a_type_error():
     ("args", "error", "match"),
     [
         (([1.0], 1, 1), TypeError, "metrics must be a mapping"),
-        (({1: Sum(1.0)}, 1, 1), TypeError, "non-empty str, got 1"),
+        (({1: Sum(1.0)}, 1, 1), TypeError, "non-empty str such as .*, got 1"),
         (({"x": Sum(1.0)}, 1.5, 1), TypeError, "step must be an int"),
         (({"x": Sum(1.0)}, jnp.int32(3), 1), TypeError, "host-side counter"),
         (({"x": Sum(1.0)}, -1, 1), ValueError, "step must be >= 0"),
@@ -405,6 +405,19 @@ def test_write_metrics_summary_checks_inputs_on_the_callers_thread(args, error, 
     with make() as manager:
         with pytest.raises(error, match=match):
             manager.write_metrics_summary(*args)
+
+
+def test_one_error_lists_every_bad_argument():
+    with make() as manager:
+        with pytest.raises(TypeError) as info:
+            manager.write_metrics_summary([1.0], 1.5, 0)  # type: ignore[arg-type]
+        message = str(info.value)
+        assert "metrics must be a mapping" in message
+        assert "step must be an int, got 1.5" in message
+        assert "num_steps must be >= 1, got 0" in message
+        with pytest.raises(TypeError, match="step must be an int.*'b': int"):
+            manager.write_texts("3", {"a": "fine", "b": 2})  # type: ignore[arg-type]
+        manager.write_scalar("x", 1.0, np.array(3))  # a 0-d NumPy int is a fine step
 
 
 def test_write_texts_needs_strings():
