@@ -1,0 +1,62 @@
+"""The README's "Use it in your own loop" example runs as written and writes what it says.
+
+The example is the fenced ```python block right after the `<!-- test: readme-example -->`
+comment in README.md. It runs in a fresh namespace with `tmp_path` as the working
+directory, so its relative `runs/example` lands there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MARKER = "<!-- test: readme-example -->"
+
+
+def readme_example() -> str:
+    """Returns the source of the marked example in README.md."""
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    match = re.search(re.escape(MARKER) + r"\s*```python\n(.*?)```", readme, re.DOTALL)
+    if match is None:
+        raise ValueError(f"README.md has no ```python block right after {MARKER!r}.")
+    return match.group(1)
+
+
+def test_readme_mentions_the_setup_commands_ci_runs():
+    with open(os.path.join(REPO, "README.md")) as f:
+        readme = f.read()
+    with open(os.path.join(REPO, ".ci", "run")) as f:
+        ci = f.read()
+    assert "make demo" in readme and "make test" in readme
+    assert re.search(r"^make test$", ci, re.MULTILINE), ci
+
+
+def test_readme_example_runs_and_writes_its_summaries(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "readme_example"}
+    exec(compile(readme_example(), "README.md:readme-example", "exec"), namespace)
+
+    run_dir = tmp_path / "runs" / "example" / "train"
+    with open(run_dir / "metrics.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert [line["step"] for line in lines] == [20, 40, 60, 80, 100]
+    assert lines[-1]["loss"] < lines[0]["loss"]
+    for line in lines:
+        assert line["collection"] == "train"
+        assert line["timing/steps_per_second"] > 0
+        # The window's largest |error| bounds every step's root-mean-square error, so its
+        # square bounds the window's mean squared error (`loss`).
+        assert line["max_abs_error"] ** 2 >= line["loss"]
+
+    acc = event_accumulator.EventAccumulator(str(run_dir))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [20, 40, 60, 80, 100]
+    assert [e.value for e in acc.Scalars("loss")] == pytest.approx(
+        [line["loss"] for line in lines], rel=1e-6
+    )
