@@ -258,6 +258,9 @@ class MetricsManager:
             self._writer = _build_writer(writer_factory, self.summary_dir, name)
             missing = [m for m in _WRITER_METHODS if not callable(getattr(self._writer, m, None))]
             if missing:
+                close = getattr(self._writer, "close", None)
+                if callable(close):
+                    close()  # release what the factory opened before refusing it
                 raise TypeError(
                     f"MetricsManager({name!r}): writer_factory returned "
                     f"{type(self._writer).__name__}, which lacks {', '.join(missing)}; return a "

@@ -389,6 +389,17 @@ def test_factory_returning_a_non_writer_is_a_type_error():
     with pytest.raises(TypeError, match="lacks write_scalars.*create_default_writer"):
         MetricsManager("train", writer_factory=lambda d: object())
 
+    class HalfWriter:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    half = HalfWriter()
+    with pytest.raises(TypeError, match="HalfWriter, which lacks write_scalars, write_texts"):
+        MetricsManager("train", writer_factory=lambda d: half)
+    assert half.closed
+
 
 @pytest.mark.parametrize(
     ("args", "error", "match"),
