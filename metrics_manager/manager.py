@@ -193,6 +193,10 @@ class MetricsManager:
       clock: returns the current time in seconds, used to time summary
         windows; defaults to `time.perf_counter`. Inject a fake in tests.
 
+    Call a manager from one thread (the training loop), not from callbacks of
+    the futures it returns: those run on its worker, which `flush()` and
+    `close()` wait for.
+
     Attributes:
       name: the run's name.
       summary_dir: `<summary_dir>/<name>` (on every process), or None.
