@@ -30,13 +30,14 @@ Output, under `TrainConfig.model_dir` (`runs/demo` by default):
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import glob
+import logging as std_logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from typing import Any
 
 import clu.metrics
@@ -190,20 +191,21 @@ def train(
     eval_step = make_eval_step(loss_fn, config)
 
     _remove_previous_run(config)
-    futures: dict[str, Future[Summary]] = {}
+    futures: dict[str, concurrent.futures.Future[Summary]] = {}
     # Through gin, so the config's writer choice (MetricsManager.writer_factory) applies.
     make_manager = configured(MetricsManager)
     with (
         make_manager("train", config.model_dir) as train_manager,
         make_manager(f"eval/{config.eval_name}", config.model_dir) as eval_manager,
     ):
-        write_gin_config(config.model_dir, train_manager, step=0)
-
         # Compile before the loop, so the first summary window times training, not XLA.
         start = time.perf_counter()
         train_step = compile_merging_step(train_step, state, batch, metrics_of=lambda out: out[1])
         eval_step = compile_merging_step(eval_step, state.params, eval_batches[0])
-        train_manager.write_scalar("timing/compilation_seconds", time.perf_counter() - start, 0)
+        compilation_seconds = time.perf_counter() - start
+        # Everything gin configures has been built, so the operative config is complete.
+        write_gin_config(config.model_dir, train_manager, step=0)
+        train_manager.write_scalar("timing/compilation_seconds", compilation_seconds, 0)
 
         running: Metrics | None = None  # a summary window starts with no metrics
         train_manager.start_duration_timer(block_on=state)
@@ -247,9 +249,12 @@ def compile_merging_step(
     Returns:
         `call(x, running, batch)` with the step's outputs.
     """
-    first = step_fn.lower(x, None, batch).compile()
     running_shapes = metrics_of(jax.eval_shape(step_fn, x, None, batch))
-    rest = step_fn.lower(x, running_shapes, batch).compile()
+    # XLA compiles without holding the GIL, so the two variants compile side by side.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        first, rest = pool.map(
+            lambda running: step_fn.lower(x, running, batch).compile(), [None, running_shapes]
+        )
 
     def call(x: Any, running: Metrics | None, batch: Batch) -> Any:
         return (first if running is None else rest)(x, running, batch)
@@ -263,7 +268,7 @@ def evaluate(
     batches: Sequence[Batch],
     manager: MetricsManager,
     step: int,
-) -> Future[Summary]:
+) -> concurrent.futures.Future[Summary]:
     """Runs `eval_step` over `batches` and writes one eval summary at `step`.
 
     Args:
@@ -336,10 +341,18 @@ def run(
     return config, summaries
 
 
+def _skip_gin_search_misses(record: std_logging.LogRecord) -> bool:
+    """Drops gin's "Path not found" errors: it logs one per search path it tries."""
+    return not (record.module == "resource_reader" and record.msg == "Path not found: %s")
+
+
 def main(argv: Sequence[str]) -> None:
     """The absl entry point: T5X-style gin flags in, summaries out, then where to look."""
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:  # the console writer is the demo's output
+        logging.set_verbosity(logging.WARNING)
+    std_logging.getLogger().addFilter(_skip_gin_search_misses)
     config, _ = run(_GIN_FILE.value or [], _GIN_BINDINGS.value, _GIN_SEARCH_PATHS.value)
     print(
         "\nDone. Follow the train log and open TensorBoard with:\n"
