@@ -134,3 +134,20 @@ def test_bad_input_raises_at_the_call_site_and_after_close():
         w.write_scalars(0, {"a": 1.0})
     w.flush()
     assert clu.scalars == []
+
+
+def test_a_writer_never_closed_is_drained_at_interpreter_exit(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "m.jsonl"
+    script = (
+        "import writers\n"
+        f"w = writers.AsyncWriter(writers.JsonlWriter({str(path)!r}), name='jsonl')\n"
+        "for step in range(500):\n"
+        "    w.write_scalars(step, {'loss': float(step)})\n"
+        "# no close(): the atexit hook must still write everything\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == list(range(500))
