@@ -120,6 +120,42 @@ def check_call(method: str, step: Any, values: Any) -> int:
     return checked
 
 
+WRITER_METHODS = (
+    "write_summaries",
+    "write_scalars",
+    "write_images",
+    "write_videos",
+    "write_audios",
+    "write_texts",
+    "write_histograms",
+    "write_hparams",
+    "flush",
+    "close",
+)
+
+
+def check_writers(writers: Mapping[str, Any], context: str) -> None:
+    """Raises if some objects lack CLU's writer methods (each one and what it lacks is listed).
+
+    Raises:
+      TypeError: naming every object that is not a writer and its missing methods.
+    """
+    problems = []
+    for name, writer in writers.items():
+        if isinstance(writer, type):
+            problems.append(f"{name!r} is the class {writer.__name__}, not an instance")
+            continue
+        missing = [m for m in WRITER_METHODS if not callable(getattr(writer, m, None))]
+        if missing:
+            problems.append(f"{name!r} ({type(writer).__name__}) lacks {', '.join(missing)}")
+    if problems:
+        raise TypeError(
+            f"{context}: expected writers with CLU's MetricWriter methods; "
+            + "; ".join(problems)
+            + ". Pass writer instances, e.g. writers.JsonlWriter(path)."
+        )
+
+
 def to_number(key: str, value: Any) -> int | float:
     """Returns a scalar value as a Python int or float.
 

@@ -51,13 +51,21 @@ class AsyncWriter(MetricWriter):
       writer: Any writer with CLU's method names (calls are forwarded by keyword).
       name: Name used in error messages (default: the writer's class name).
       max_queue: Most calls waiting at once; a full queue blocks the caller.
+
+    Raises:
+      TypeError: `writer` lacks CLU's writer methods.
+      ValueError: `max_queue` is below 1.
     """
 
     def __init__(self, writer: Any, *, name: str | None = None, max_queue: int = 128):
-        if max_queue < 1:
-            raise ValueError(f"AsyncWriter: max_queue must be >= 1, got {max_queue}.")
-        self._writer = writer
         self._name = name or type(writer).__name__
+        _checks.check_writers({self._name: writer}, "AsyncWriter")
+        if max_queue < 1:
+            raise ValueError(
+                f"AsyncWriter({self._name}): max_queue must be >= 1, got {max_queue}. It "
+                "bounds the calls waiting for the worker; 128 suits most loops."
+            )
+        self._writer = writer
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._errors: list[tuple[str, BaseException]] = []
         self._errors_lock = threading.Lock()

@@ -32,13 +32,18 @@ class MultiWriter(MetricWriter):
     Args:
       writers: The writers, as a sequence (named after their class, with `#i`
         added to repeated names) or as a mapping from name to writer.
+
+    Raises:
+      TypeError: an object lacks CLU's writer methods, or a name is not a str.
     """
 
     def __init__(self, writers: Sequence[Any] | Mapping[str, Any]):
         if isinstance(writers, Mapping):
+            _checks.check_keys(writers, "MultiWriter")
             self._writers = list(writers.items())
         else:
             self._writers = _auto_names(list(writers))
+        _checks.check_writers(dict(self._writers), "MultiWriter")
         self._closed = False
 
     @property

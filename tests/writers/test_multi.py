@@ -74,3 +74,21 @@ def test_bad_input_reaches_no_writer_and_close_is_idempotent():
     with pytest.raises(writers.WriterClosedError):
         multi.write_scalars(0, {"a": 1.0})
     assert clu.closed
+
+
+def test_objects_that_are_not_writers_are_rejected_up_front():
+    class HalfWriter:
+        def write_scalars(self, step, scalars):
+            pass
+
+    with pytest.raises(TypeError) as info:
+        writers.MultiWriter(
+            {"half": HalfWriter(), "cls": writers.NoopWriter, "ok": writers.NoopWriter()}
+        )
+    message = str(info.value)
+    assert "'half' (HalfWriter) lacks write_summaries, write_images" in message
+    assert "'cls' is the class NoopWriter, not an instance" in message and "'ok'" not in message
+    with pytest.raises(TypeError, match=r"'HalfWriter' \(HalfWriter\) lacks"):
+        writers.AsyncWriter(HalfWriter())
+    with pytest.raises(TypeError, match="every key must be a str"):
+        writers.MultiWriter({1: writers.NoopWriter()})
