@@ -38,7 +38,7 @@ import logging as std_logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import clu.metrics
 import clu.values
@@ -84,7 +84,7 @@ def make_loss_fn(
     """Returns `loss_fn(params, batch) -> (loss, metrics)` with T5X's base metrics."""
 
     def loss_fn(params: Any, batch: Batch) -> tuple[Any, Metrics]:
-        logits = model.apply(params, batch["decoder_input_tokens"])
+        logits = cast(jax.Array, model.apply(params, batch["decoder_input_tokens"]))
         # The step runs on one device (no mesh), so the *_per_core rates divide by 1.
         return compute_loss_and_metrics(
             logits,
@@ -282,8 +282,8 @@ def evaluate(
         The future of the eval summary (`num_steps` is the number of eval batches).
     """
     manager.start_duration_timer(block_on=params)
-    running = None
-    for batch in batches:
+    running = eval_step(params, None, batches[0])
+    for batch in batches[1:]:
         running = eval_step(params, running, batch)
     return manager.write_metrics_summary(running, step, len(batches))
 

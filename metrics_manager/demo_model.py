@@ -229,10 +229,9 @@ class TransformerLM(nn.Module):
         positions = nn.Embed(cfg.max_length, cfg.embed_dim)(jnp.arange(length))
         x = x + positions[None]
         # BOS sits at position 0 of every sequence, so every query has a valid key.
-        mask = nn.combine_masks(
-            nn.make_causal_mask(tokens),
-            nn.make_attention_mask(jnp.ones_like(tokens), tokens != PAD_ID),
-        )
+        causal = nn.make_causal_mask(tokens)  # [batch, 1, length, length]
+        not_padding = nn.make_attention_mask(jnp.ones_like(tokens), tokens != PAD_ID)
+        mask = causal * not_padding
         for _ in range(cfg.num_layers):
             x = _Block(cfg)(x, mask)
         x = nn.LayerNorm()(x)
