@@ -72,21 +72,21 @@ def configured(fn: F) -> F:
 def config_markdown(config_str: str) -> str:
     """Formats a gin config as markdown for TensorBoard's text plugin (one code block).
 
+    Every line is indented by four spaces: markdown's code block, which keeps
+    the config's layout in TensorBoard and reads as plain indented text on a
+    console (no fences to show, none to clash with the config's own text).
+
     Args:
       config_str: gin config text, e.g. `gin.operative_config_str()`.
 
     Returns:
-      The config inside a fenced code block, so TensorBoard keeps its layout.
+      The config as one markdown code block.
 
     Example:
-      >>> print(config_markdown("a.b = 1"))
-      ```gin
-      a.b = 1
-      ```
-      <BLANKLINE>
+      >>> print(config_markdown("a.b = 1"), end="")
+          a.b = 1
     """
-    fence = "~~~~" if "```" in config_str else "```"
-    return f"{fence}gin\n{config_str.strip()}\n{fence}\n"
+    return "".join(f"    {line}".rstrip() + "\n" for line in config_str.strip("\n").split("\n"))
 
 
 def write_gin_config(
