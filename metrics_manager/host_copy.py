@@ -106,6 +106,9 @@ def _plan(tree: Any) -> tuple[list[Any], Any, dict[Hashable, list[_Part]], list[
             elif not leaf.is_fully_addressable:
                 problems.append((i, f"is sharded across processes ({sharding})"))
                 continue
+            else:  # split over local devices: its pieces are fetched and joined by JAX
+                others.append(i)
+                continue
         dtype = np.dtype(leaf.dtype)
         if _packable(dtype):
             groups.setdefault((sharding, dtype, leaf.shape), []).append(i)
@@ -135,9 +138,11 @@ def _plan(tree: Any) -> tuple[list[Any], Any, dict[Hashable, list[_Part]], list[
 def device_get_batched(tree: T) -> T:
     """Copies every `jax.Array` leaf of `tree` to the host in one transfer per device.
 
-    Leaves that are not `jax.Array` pass through unchanged. Arrays of dtypes
-    that cannot be reinterpreted as bytes (e.g. complex) are fetched with
-    `jax.device_get` after starting all their copies at once.
+    Leaves that are not `jax.Array` pass through unchanged. Replicated arrays
+    are read from their first local copy. Arrays split over several local
+    devices, and arrays of dtypes that cannot be reinterpreted as bytes (e.g.
+    complex), are fetched in the same `jax.device_get` call after starting all
+    their copies at once.
 
     Args:
       tree: a pytree, e.g. a mapping of CLU metrics.

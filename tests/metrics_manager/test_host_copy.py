@@ -96,6 +96,23 @@ def test_replicated_arrays_on_a_mesh_copy_one_shard(device_get_calls):
     np.testing.assert_array_equal(out["hist"], np.arange(4.0))
 
 
+def test_arrays_split_over_local_devices_are_fetched_whole(device_get_calls):
+    mesh = jax.make_mesh((8,), ("data",))
+    split = jax.sharding.NamedSharding(mesh, jax.P("data"))
+    tree = {
+        "per_device": jax.device_put(jnp.arange(16.0), split),
+        "ids": jax.device_put(jnp.arange(8, dtype=jnp.int32), split),
+        "loss": jnp.float32(2.0),
+        "elsewhere": jax.device_put(jnp.ones(3), jax.devices()[5]),
+    }
+    out = device_get_batched(tree)
+    assert device_get_calls == [4]  # one call: two packed buffers (devices 0, 5) + two split
+    np.testing.assert_array_equal(out["per_device"], np.arange(16.0))
+    np.testing.assert_array_equal(out["ids"], np.arange(8))
+    assert float(out["loss"]) == 2.0
+    np.testing.assert_array_equal(out["elsewhere"], np.ones(3))
+
+
 def test_complex_arrays_are_fetched_too():
     out = device_get_batched({"z": jnp.array([1 + 2j], jnp.complex64), "x": jnp.float32(1.0)})
     np.testing.assert_array_equal(out["z"], np.array([1 + 2j], np.complex64))
