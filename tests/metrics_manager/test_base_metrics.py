@@ -36,6 +36,14 @@ _loss_and_metrics = jax.jit(
 )
 
 
+@functools.partial(jax.jit, static_argnames=("num_devices",))
+def _base_metrics(logits, targets, mask, segment_ids=None, *, num_devices):
+    loss, _, _ = losses.compute_weighted_cross_entropy(logits, targets, mask)
+    return losses.compute_base_metrics(
+        logits, targets, mask, loss, segment_ids=segment_ids, num_devices=num_devices
+    )
+
+
 def _values(metrics, num_steps=1):
     """Every metric's compute() as a float, after the host-side setters (as a summary does)."""
     metrics = set_time_metrics_duration(set_step_metrics_num_steps(metrics, num_steps), DURATION)
@@ -95,8 +103,7 @@ def test_every_key_has_its_hand_worked_value():
 
 def test_timing_metrics_have_the_right_types_and_numerators():
     mask = jnp.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # row 1 is all padding
-    loss, _, _ = losses.compute_weighted_cross_entropy(LOGITS, TARGETS, mask)
-    metrics = losses.compute_base_metrics(LOGITS, TARGETS, mask, loss, num_devices=4)
+    metrics = _base_metrics(LOGITS, TARGETS, mask, num_devices=4)
     assert isinstance(metrics["timing/seconds"], Time)
     assert isinstance(metrics["timing/steps_per_second"], StepsPerTime)
     assert isinstance(metrics["timing/seqs"], Sum)
@@ -141,10 +148,7 @@ def test_effective_batch_size_and_non_padding_fractions_of_packed_features():
     }
     targets = jnp.array([[3, 3, 4], [1, 2, 3], [0, 0, 0]])
     logits = jnp.zeros((3, 3, 5))
-    loss, _, _ = losses.compute_weighted_cross_entropy(logits, targets, targets > 0)
-    metrics = losses.compute_base_metrics(
-        logits, targets, targets > 0, loss, segment_ids=segment_ids, num_devices=1
-    )
+    metrics = _base_metrics(logits, targets, targets > 0, segment_ids, num_devices=1)
     assert isinstance(metrics["effective_batch_size/decoder"], AveragePerStep)
     values = _values(metrics)
     # decoder: 2 + 3 + 0 packed examples; encoder: 2 + 1 + 1.
