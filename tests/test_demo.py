@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+import optax
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -23,6 +25,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOTAL_STEPS = 60
 SUMMARY_PERIOD = 15
 EVAL_PERIOD = 30
+WARMUP_STEPS = 10
+NUM_EVAL_BATCHES = 2
+BATCH_SIZE = 32  # configs/demo.gin
+PEAK_LEARNING_RATE = 3e-3  # configs/demo.gin
 
 # Keys of T5X's compute_base_metrics for an unpacked batch (REFERENCE section 3).
 BASE_METRIC_KEYS = (
@@ -52,8 +58,10 @@ def _bindings(model_dir: str) -> list[str]:
         f"demo_model.TrainConfig.total_steps = {TOTAL_STEPS}",
         f"demo_model.TrainConfig.summary_period = {SUMMARY_PERIOD}",
         f"demo_model.TrainConfig.eval_period = {EVAL_PERIOD}",
-        "demo_model.TrainConfig.warmup_steps = 10",
-        "demo_model.TrainConfig.num_eval_batches = 2",
+        f"demo_model.TrainConfig.warmup_steps = {WARMUP_STEPS}",
+        f"demo_model.TrainConfig.num_eval_batches = {NUM_EVAL_BATCHES}",
+        f"demo_model.DataConfig.batch_size = {BATCH_SIZE}",
+        f"demo_model.TrainConfig.peak_learning_rate = {PEAK_LEARNING_RATE}",
     ]
 
 
@@ -114,6 +122,48 @@ def test_train_jsonl_has_one_line_per_summary_and_loss_falls(demo_run):
             assert isinstance(line[key], float) and math.isfinite(line[key]), (key, line[key])
         # learning_rate is the window's mean; the schedule only decays after warm-up.
         assert 0 < line["learning_rate/current"] <= 3e-3
+
+
+def test_learning_rate_is_the_window_mean_and_last_value_of_the_schedule(demo_run):
+    model_dir, _ = demo_run
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=PEAK_LEARNING_RATE,
+        warmup_steps=WARMUP_STEPS,
+        decay_steps=TOTAL_STEPS,
+        end_value=0.1 * PEAK_LEARNING_RATE,
+    )
+    lines = [
+        line
+        for line in _jsonl(os.path.join(model_dir, "train", "metrics.jsonl"))
+        if "loss" in line
+    ]
+    for line in lines:
+        # Summary at `step` covers train steps step - period + 1 .. step, whose updates use
+        # the schedule at optimizer counts step - period .. step - 1.
+        counts = np.arange(line["step"] - SUMMARY_PERIOD, line["step"])
+        rates = np.array([float(schedule(c)) for c in counts])
+        assert line["learning_rate"] == pytest.approx(rates.mean(), rel=1e-5)
+        assert line["learning_rate/current"] == pytest.approx(rates[-1], rel=1e-5)
+
+
+def test_counts_follow_the_window_and_the_batch(demo_run):
+    model_dir, _ = demo_run
+    train = [
+        line
+        for line in _jsonl(os.path.join(model_dir, "train", "metrics.jsonl"))
+        if "loss" in line
+    ]
+    evals = _jsonl(os.path.join(model_dir, "eval", "synthetic", "metrics.jsonl"))
+    for line in train:
+        assert line["timing/seqs"] == SUMMARY_PERIOD * BATCH_SIZE  # Sum over the window
+        assert line["effective_batch_size/decoder"] == BATCH_SIZE  # per step
+        assert 0 < line["non_padding_fraction/loss_weights"] < 1
+        assert line["timing/seqs_per_second"] == pytest.approx(
+            line["timing/steps_per_second"] * BATCH_SIZE, rel=1e-5
+        )
+    for line in evals:
+        assert line["timing/seqs"] == NUM_EVAL_BATCHES * BATCH_SIZE
 
 
 def test_eval_jsonl_has_one_line_per_eval(demo_run):
