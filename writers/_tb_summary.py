@@ -68,8 +68,7 @@ def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
         (
             b"\x09",
             _F64.pack(time.time()),
-            b"\x10",
-            _varint(step),
+            b"\x10" + _varint(step) if step else b"",  # proto3 omits a zero step
             b"\x2a",
             _varint(len(summary)),
             summary,

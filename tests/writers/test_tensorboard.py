@@ -12,6 +12,8 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensorboard.backend.event_processing import event_accumulator as ea
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams import plugin_data_pb2
@@ -248,3 +250,26 @@ def test_hand_encoded_scalar_event_is_what_protobuf_serializes():
     )
     assert encoded == expected.SerializeToString()
     assert event.summary.value[3].simple_value == np.inf  # 1e39 overflows float32, as in protobuf
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    step=st.integers(0, 2**62),
+    numbers=st.dictionaries(
+        st.text(min_size=1, max_size=300).filter(lambda k: not k.isspace()),
+        st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**31), 2**31),
+        max_size=20,
+    ),
+)
+def test_hand_encoded_scalar_events_match_protobuf_for_any_keys_and_values(step, numbers):
+    from tensorboardX.proto import event_pb2, summary_pb2
+
+    from writers import _tb_summary
+
+    encoded = _tb_summary.scalar_event(step, numbers)
+    wall_time = event_pb2.Event.FromString(encoded).wall_time
+    values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]
+    expected = event_pb2.Event(
+        step=step, wall_time=wall_time, summary=summary_pb2.Summary(value=values)
+    )
+    assert encoded == expected.SerializeToString()
