@@ -6,6 +6,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import writers
 
@@ -133,3 +135,29 @@ def test_bad_input_raises_and_keeps_what_was_written(writer):
     assert _strict_lines(writer.path) == [
         {"step": 0, "time": 123.5, "collection": "train", "a": 1.0}
     ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    numbers=st.dictionaries(
+        st.text(min_size=1, max_size=50).filter(
+            lambda k: not k.isspace() and k not in ("step", "time", "collection")
+        ),
+        st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**70), 2**70),
+        max_size=10,
+    )
+)
+def test_any_scalars_round_trip_through_strict_json(tmp_path_factory, numbers):
+    path = tmp_path_factory.mktemp("jsonl") / "m.jsonl"
+    with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+        w.write_scalars(9, numbers)
+    (line,) = _strict_lines(path)
+    assert list(line) == ["step", "time", "collection", *numbers]
+    for key, value in numbers.items():
+        got = line[key]
+        if isinstance(value, int):
+            assert got == value and type(got) is int
+        elif np.isnan(value):
+            assert got == "NaN"
+        else:
+            assert float(got) == value
