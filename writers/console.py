@@ -49,6 +49,9 @@ class ConsoleWriter(BaseWriter):
       color: Force colours on or off; None means "only if the stream is a TTY and
         the NO_COLOR environment variable is unset".
       clock: Monotonic seconds, for steps/s and the ETA (patch it in tests).
+
+    Raises:
+      ValueError: `total_steps` is not a positive int.
     """
 
     def __init__(
@@ -60,6 +63,12 @@ class ConsoleWriter(BaseWriter):
         color: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
+        if total_steps is not None and (
+            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
+        ):
+            raise ValueError(
+                f"ConsoleWriter: total_steps must be a positive int or None, got {total_steps!r}."
+            )
         self._stream = stream
         self._collection = collection
         self._total = total_steps

@@ -119,6 +119,9 @@ def test_number_and_duration_formatting():
 
 
 def test_bad_input_and_closed_writer():
+    for bad in (0, -5, 2.5, True):
+        with pytest.raises(ValueError, match="total_steps must be a positive int"):
+            writers.ConsoleWriter(io.StringIO(), total_steps=bad)
     out = io.StringIO()
     w = writers.ConsoleWriter(out)
     with pytest.raises(TypeError, match="every key must be a str"):
