@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import time
@@ -64,7 +65,9 @@ class ConsoleWriter(BaseWriter):
         clock: Callable[[], float] = time.monotonic,
     ):
         if total_steps is not None and (
-            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
+            isinstance(total_steps, bool)
+            or not isinstance(total_steps, numbers.Integral)
+            or total_steps < 1
         ):
             raise ValueError(
                 f"ConsoleWriter: total_steps must be a positive int or None, got {total_steps!r}."
