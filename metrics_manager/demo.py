@@ -223,7 +223,7 @@ def train(
                 train_manager.write_scalar(
                     "timing/evaluate_seconds", time.perf_counter() - start, step
                 )
-            if running is None:
+            if running is None and step < config.total_steps:
                 train_manager.start_duration_timer(block_on=state)
         return {name: future.result() for name, future in futures.items()}
 

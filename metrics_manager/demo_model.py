@@ -97,7 +97,8 @@ class TrainConfig:
             `<model_dir>/eval/<eval_name>`).
         total_steps: Number of train steps.
         summary_period: Write a train summary every this many steps (T5X's `stats_period`).
-        eval_period: Run eval every this many steps (and after the last step).
+        eval_period: Run eval every this many steps (and after the last step); a multiple
+            of `summary_period`.
         num_eval_batches: Batches per eval.
         eval_name: Name of the eval run (`<model_dir>/eval/<eval_name>`).
         num_microbatches: Microbatches per train step (gradient accumulation); the global
@@ -150,6 +151,12 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
                  "num_microbatches"):
         if getattr(train, name) < 1:
             problems.append(f"TrainConfig.{name}={getattr(train, name)} must be >= 1")
+    if train.summary_period >= 1 and train.eval_period % train.summary_period:
+        problems.append(
+            f"TrainConfig.eval_period={train.eval_period} must be a multiple of "
+            f"TrainConfig.summary_period={train.summary_period} (evals run between summary "
+            "windows, so their time is not counted as training time)"
+        )
     if not 0 <= train.warmup_steps < train.total_steps:
         problems.append(
             f"TrainConfig.warmup_steps={train.warmup_steps} must be < "

@@ -217,9 +217,12 @@ def test_bad_config_names_every_problem():
         demo_model.check_configs(
             demo_model.ModelConfig(vocab_size=32),
             demo_model.DataConfig(vocab_size=16, batch_size=6),
-            demo_model.TrainConfig(num_microbatches=4, total_steps=10, warmup_steps=10),
+            demo_model.TrainConfig(
+                num_microbatches=4, total_steps=10, warmup_steps=10, summary_period=4, eval_period=6
+            ),
         )
     message = str(error.value)
     assert "DataConfig.vocab_size=16 must equal ModelConfig.vocab_size=32" in message
     assert "DataConfig.batch_size=6 must be divisible by TrainConfig.num_microbatches=4" in message
     assert "TrainConfig.warmup_steps=10 must be < TrainConfig.total_steps=10" in message
+    assert "TrainConfig.eval_period=6 must be a multiple of TrainConfig.summary_period=4" in message
