@@ -21,6 +21,7 @@ import socket
 import struct
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -110,26 +111,51 @@ def record(data: bytes) -> bytes:
 class EventFile:
     """An append-only event file; `write` and `flush` are thread-safe.
 
+    Local paths (and mounted file systems) are written with `open()` and fsynced on
+    `flush()`. Paths with a scheme (`gs://...`, `s3://...`) go through tensorboardX's
+    record-writer factories, which need `google-cloud-storage` or `boto3` and upload
+    the file on each flush.
+
     Args:
       logdir: Directory for the file (created if missing).
       filename_suffix: Appended to the file name.
+
+    Raises:
+      ValueError: `logdir` has a scheme tensorboardX has no writer for.
     """
 
     def __init__(self, logdir: str, filename_suffix: str = ""):
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+        self._lock = threading.Lock()
+        self._closed = False
+        self._local = "://" not in logdir
+        if not self._local:
+            self._open_remote(logdir, name + filename_suffix)
+            return
         os.makedirs(logdir, exist_ok=True)
-        base = os.path.join(
-            logdir, f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-        )
+        base = os.path.join(logdir, name)
         for attempt in range(1000):
             self.path = base + (f".{attempt}" if attempt else "") + filename_suffix
             try:
-                self._file = open(self.path, "xb")  # noqa: SIM115  (closed in close())
-                break
+                self._file: Any = open(self.path, "xb")  # noqa: SIM115  (closed in close())
+                return
             except FileExistsError:
                 continue
-        else:
-            raise FileExistsError(f"EventFile: could not create a new file next to {base}")
-        self._lock = threading.Lock()
+        raise FileExistsError(f"EventFile: could not create a new file next to {base}")
+
+    def _open_remote(self, logdir: str, filename: str) -> None:
+        from tensorboardX import record_writer
+
+        scheme = logdir.split("://", 1)[0]
+        if scheme not in record_writer.REGISTERED_FACTORIES:
+            known = sorted(record_writer.REGISTERED_FACTORIES)
+            raise ValueError(
+                f"TensorBoardWriter: no writer for {scheme}:// paths (logdir={logdir!r}); "
+                f"tensorboardX knows {known}. Use a local directory or one of those."
+            )
+        record_writer.directory_check(logdir)
+        self.path = logdir.rstrip("/") + "/" + filename
+        self._file = record_writer.open_file(self.path)
 
     def write(self, data: bytes) -> None:
         """Appends one serialized event."""
@@ -138,18 +164,23 @@ class EventFile:
             self._file.write(framed)
 
     def flush(self) -> None:
-        """Writes buffered records to the OS and fsyncs the file."""
+        """Writes buffered records out (fsyncs local files, uploads remote ones)."""
         with self._lock:
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            if not self._closed:
+                self._flush()
 
     def close(self) -> None:
-        """Flushes and closes the file."""
+        """Flushes and closes the file; idempotent."""
         with self._lock:
-            if self._file.closed:
+            if self._closed:
                 return
+            self._closed = True
             try:
-                self._file.flush()
-                os.fsync(self._file.fileno())
+                self._flush()
             finally:
                 self._file.close()
+
+    def _flush(self) -> None:
+        self._file.flush()
+        if self._local:
+            os.fsync(self._file.fileno())

@@ -22,8 +22,10 @@ Where values land (as TensorBoard's `EventAccumulator` reads them):
 * raw tensors (`write_summaries`): tensor protos with the given `SummaryMetadata`.
 
 `purge_step` is the resume fix: TensorBoard hides events at or after that step
-written by earlier runs into the same directory. `logdir` is a local (or
-mounted) directory; each writer creates its own event file there.
+written by earlier runs into the same directory. Each writer creates its own
+event file in `logdir`, never overwriting one; `gs://` and `s3://` logdirs go
+through tensorboardX's record writers (they need `google-cloud-storage` or
+`boto3`).
 
 Example:
   >>> import tempfile, writers

@@ -273,3 +273,44 @@ def test_hand_encoded_scalar_events_match_protobuf_for_any_keys_and_values(step,
         step=step, wall_time=wall_time, summary=summary_pb2.Summary(value=values)
     )
     assert encoded == expected.SerializeToString()
+
+
+class _MemoryFile:
+    """A remote file for tensorboardX's writer-factory hook: bytes kept in a dict."""
+
+    store: dict[str, bytes] = {}
+
+    def __init__(self, path: str) -> None:
+        self.path, self.buffer = path, bytearray()
+
+    def write(self, data: bytes) -> None:
+        self.buffer += data
+
+    def flush(self) -> None:
+        _MemoryFile.store[self.path] = bytes(self.buffer)
+
+    def close(self) -> None:
+        self.flush()
+
+
+class _MemoryFactory:
+    def open(self, path: str) -> _MemoryFile:
+        return _MemoryFile(path)
+
+    def directory_check(self, path: str) -> None:
+        pass
+
+
+def test_remote_paths_use_tensorboardx_writer_factories(tmp_path):
+    from tensorboardX import record_writer
+
+    record_writer.register_writer_factory("memtest", _MemoryFactory())
+    w = writers.TensorBoardWriter("memtest://bucket/run")
+    assert w.path.startswith("memtest://bucket/run/events.out.tfevents.")
+    w.write_scalars(3, {"loss": 0.5})
+    w.close()
+    local = tmp_path / os.path.basename(w.path)
+    local.write_bytes(_MemoryFile.store[w.path])
+    assert [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")] == [(3, 0.5)]
+    with pytest.raises(ValueError, match=r"no writer for nope:// paths"):
+        writers.TensorBoardWriter("nope://bucket/run")
