@@ -63,6 +63,9 @@ class JsonlWriter(BaseWriter):
       collection: Value of the `collection` field of every line (null when None).
       clock: Returns Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
+
+    Raises:
+      ValueError: `path` is a URL (`gs://...`): this writer needs a local file.
     """
 
     def __init__(
@@ -74,6 +77,12 @@ class JsonlWriter(BaseWriter):
         max_array_size: int = 1024,
     ):
         self._path = os.fspath(path)
+        if "://" in self._path:
+            raise ValueError(
+                f"JsonlWriter: {self._path!r} is a remote URL; JSONL is appended line by line "
+                "to a local (or mounted) file. Use a local path, or jsonl=False in "
+                "create_default_writer for a gs:// logdir."
+            )
         parent = os.path.dirname(self._path)
         if parent:
             os.makedirs(parent, exist_ok=True)

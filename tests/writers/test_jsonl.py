@@ -112,6 +112,13 @@ def test_lines_are_visible_before_flush_and_the_file_is_appended(tmp_path):
     assert [line["a"] for line in _strict_lines(path)] == [1, 2]
 
 
+def test_remote_urls_are_rejected_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="remote URL.*jsonl=False"):
+        writers.JsonlWriter("gs://bucket/run/metrics.jsonl")
+    assert list(tmp_path.iterdir()) == []  # no local "gs:" directory created
+
+
 def test_bad_input_raises_and_keeps_what_was_written(writer):
     writer.write_scalars(0, {"a": 1.0})
     with pytest.raises(ValueError, match=r"keys \['step'\] are reserved"):
