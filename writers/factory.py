@@ -60,7 +60,8 @@ def create_default_writer(
         per writer, bounded queue of `max_queue` calls).
       console: Include a `ConsoleWriter`.
       tensorboard: Include a `TensorBoardWriter` (needs `logdir`).
-      jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl` (needs `logdir`).
+      jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl` (needs a local
+        `logdir`; pass False for `gs://` logdirs).
       log: Include a `LoggingWriter` (absl INFO log, CLU's line format).
       total_steps: Last step of the run, for the console's progress line and ETA.
       purge_step: On resume, hide TensorBoard events at or after this step from
@@ -74,7 +75,7 @@ def create_default_writer(
       `tensorboard`, `jsonl` and `log`.
 
     Raises:
-      ValueError: `max_queue` is below 1.
+      ValueError: `max_queue` is below 1, or `jsonl` is on with a `gs://` logdir.
 
     Example:
       >>> import writers
