@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import IO, Any
 
 from writers.async_writer import AsyncWriter
@@ -82,24 +83,32 @@ def create_default_writer(
       >>> sorted(writers.create_default_writer(None, log=True).writers)
       ['console', 'log']
     """
-    chosen: dict[str, MetricWriter] = {}
+    if asynchronous and max_queue < 1:
+        raise ValueError(f"create_default_writer: max_queue must be >= 1, got {max_queue}.")
+    makers: dict[str, Callable[[], MetricWriter]] = {}
     if console:
-        chosen["console"] = ConsoleWriter(
+        makers["console"] = lambda: ConsoleWriter(
             console_stream, collection=collection, total_steps=total_steps
         )
     if logdir is not None and tensorboard:
-        chosen["tensorboard"] = TensorBoardWriter(
+        makers["tensorboard"] = lambda: TensorBoardWriter(
             logdir, purge_step=purge_step, flush_secs=flush_secs
         )
     if logdir is not None and jsonl:
-        chosen["jsonl"] = JsonlWriter(
-            os.path.join(os.fspath(logdir), JSONL_FILENAME), collection=collection
-        )
+        path = os.path.join(os.fspath(logdir), JSONL_FILENAME)
+        makers["jsonl"] = lambda: JsonlWriter(path, collection=collection)
     if log:
-        chosen["log"] = LoggingWriter(collection=collection)
+        makers["log"] = lambda: LoggingWriter(collection=collection)
+    chosen: dict[str, Any] = {}
+    try:
+        for name, make in makers.items():
+            chosen[name] = make()
+    except Exception:
+        for made in chosen.values():  # no half-built set with open files and threads
+            made.close()
+        raise
     if asynchronous:
-        wrapped: dict[str, Any] = {
+        chosen = {
             name: AsyncWriter(w, name=name, max_queue=max_queue) for name, w in chosen.items()
         }
-        return MultiWriter(wrapped)
     return MultiWriter(chosen)

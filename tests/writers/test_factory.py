@@ -71,3 +71,22 @@ def test_purge_step_and_total_steps_are_passed_on(tmp_path):
     loader_events = ea.EventAccumulator(str(tmp_path))
     loader_events.Reload()
     assert loader_events.Scalars("a")[0].step == 5
+
+
+def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
+    import threading
+
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ValueError, match="flush_secs must be a positive number"):
+        writers.create_default_writer(tmp_path, flush_secs=0)
+    from tensorboardX import record_writer
+
+    from tests.writers.test_tensorboard import _MemoryFactory
+
+    record_writer.register_writer_factory("memfactory", _MemoryFactory())
+    with pytest.raises(ValueError, match="remote URL"):  # after TensorBoard was built
+        writers.create_default_writer("memfactory://bucket/run")
+    with pytest.raises(ValueError, match="max_queue must be >= 1"):
+        writers.create_default_writer(tmp_path, max_queue=0)
+    assert {t.name for t in threading.enumerate()} <= before
+    assert list(tmp_path.iterdir()) == []
