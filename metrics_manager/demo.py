@@ -19,6 +19,8 @@ Usage:
 Flags (T5X's names):
     --gin_file          gin files to parse, in order (repeatable).
     --gin_bindings      bindings applied after the files (repeatable).
+    --gin.NAME=VALUE    T5X's shorthand for --gin_bindings='NAME = VALUE', e.g.
+                        --gin.TOTAL_STEPS=600 (macros of configs/demo.gin).
     --gin_search_paths  comma-separated directories in which relative gin files and
                         `include`s are looked up; defaults to this repository's `configs/`.
 
@@ -362,5 +364,35 @@ def main(argv: Sequence[str]) -> None:
     )
 
 
+def rewrite_gin_args(argv: Sequence[str]) -> list[str]:
+    """Turns T5X's shorthand `--gin.NAME=VALUE` into `--gin_bindings=NAME = VALUE`.
+
+    Args:
+        argv: Command-line arguments; others pass through unchanged.
+
+    Returns:
+        The arguments with every `--gin.` shorthand rewritten.
+
+    Raises:
+        ValueError: A `--gin.` argument without `=`.
+
+    Example:
+        >>> rewrite_gin_args(["demo", "--gin.TOTAL_STEPS=600", "--gin_file=demo.gin"])
+        ['demo', '--gin_bindings=TOTAL_STEPS = 600', '--gin_file=demo.gin']
+    """
+    bad = [arg for arg in argv if arg.startswith("--gin.") and "=" not in arg]
+    if bad:
+        raise ValueError(
+            f"Expected --gin.NAME=VALUE (e.g. --gin.TOTAL_STEPS=600), got {', '.join(bad)}."
+        )
+    rewritten = []
+    for arg in argv:
+        if arg.startswith("--gin."):
+            name, value = arg[len("--gin.") :].split("=", 1)
+            arg = f"--gin_bindings={name} = {value}"
+        rewritten.append(arg)
+    return rewritten
+
+
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=lambda argv: app.parse_flags_with_usage(rewrite_gin_args(argv)))

@@ -55,7 +55,6 @@ TRAIN_ONLY_KEYS = ("learning_rate", "learning_rate/current")
 def _bindings(model_dir: str) -> list[str]:
     return [
         f"demo_model.TrainConfig.model_dir = '{model_dir}'",
-        f"demo_model.TrainConfig.total_steps = {TOTAL_STEPS}",
         f"demo_model.TrainConfig.summary_period = {SUMMARY_PERIOD}",
         f"demo_model.TrainConfig.eval_period = {EVAL_PERIOD}",
         f"demo_model.TrainConfig.warmup_steps = {WARMUP_STEPS}",
@@ -73,6 +72,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     """
     model_dir = str(tmp_path_factory.mktemp("demo") / "run")
     flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir)]
+    flags.append(f"--gin.TOTAL_STEPS={TOTAL_STEPS}")  # T5X's shorthand for a macro binding
     # The test process raises on implicit rank promotion; hold the demo to the same rule.
     env = dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise", JAX_PLATFORMS="cpu")
     result = subprocess.run(
@@ -190,13 +190,13 @@ def test_config_gin_and_config_text_summary(demo_run):
     model_dir, _ = demo_run
     with open(os.path.join(model_dir, "config.gin")) as f:
         config = f.read()
-    assert f"demo_model.TrainConfig.total_steps = {TOTAL_STEPS}" in config
+    assert f"TOTAL_STEPS = {TOTAL_STEPS}" in config  # from --gin.TOTAL_STEPS
     train = _accumulator(os.path.join(model_dir, "train"))
     assert train.SummaryMetadata("config").plugin_data.plugin_name == "text"
     (event,) = train.Tensors("config")
     assert event.step == 0
     text = event.tensor_proto.string_val[0].decode()
-    assert f"demo_model.TrainConfig.total_steps = {TOTAL_STEPS}" in text
+    assert f"TOTAL_STEPS = {TOTAL_STEPS}" in text
 
 
 def test_it_ends_by_saying_how_to_watch_the_run(demo_run):
@@ -226,3 +226,15 @@ def test_bad_config_names_every_problem():
     assert "DataConfig.batch_size=6 must be divisible by TrainConfig.num_microbatches=4" in message
     assert "TrainConfig.warmup_steps=10 must be < TrainConfig.total_steps=10" in message
     assert "TrainConfig.eval_period=6 must be a multiple of TrainConfig.summary_period=4" in message
+
+
+def test_t5x_gin_shorthand_is_rewritten_and_a_missing_value_named():
+    from metrics_manager.demo import rewrite_gin_args
+
+    assert rewrite_gin_args(["demo", "--gin.MODEL_DIR='/tmp/x'", "--gin_file=demo.gin"]) == [
+        "demo",
+        "--gin_bindings=MODEL_DIR = '/tmp/x'",
+        "--gin_file=demo.gin",
+    ]
+    with pytest.raises(ValueError, match="--gin.TOTAL_STEPS, --gin.SEED"):
+        rewrite_gin_args(["demo", "--gin.TOTAL_STEPS", "--gin.SEED"])
