@@ -287,6 +287,16 @@ def audio_problem(key: str, arr: np.ndarray) -> str | None:
     return None
 
 
+def check_images(images: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
+    """`check_arrays` with `image_problem`: every image is `[H, W, C]` or `[N, H, W, C]`."""
+    return check_arrays(images, method, image_problem)
+
+
+def check_histograms(arrays: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
+    """`check_arrays` with `histogram_problem`: every array is numeric, finite, non-empty."""
+    return check_arrays(arrays, method, histogram_problem)
+
+
 def check_videos(videos: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
     """`check_arrays` with `video_problem`: every video is `[N, T, H, W, C]`."""
     return check_arrays(videos, method, video_problem)

@@ -98,7 +98,7 @@ class ConsoleWriter(BaseWriter):
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Prints the shape of every image array."""
         step = self._begin("write_images", step, images)
-        arrays = _checks.check_arrays(images, "ConsoleWriter.write_images", _checks.image_problem)
+        arrays = _checks.check_images(images, "ConsoleWriter.write_images")
         self._block(step, {k: f"image {list(a.shape)}" for k, a in arrays.items()})
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
@@ -128,9 +128,7 @@ class ConsoleWriter(BaseWriter):
     ) -> None:
         """Prints count, min, mean and max of every array."""
         step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_arrays(
-            arrays, "ConsoleWriter.write_histograms", _checks.histogram_problem
-        )
+        checked = _checks.check_histograms(arrays, "ConsoleWriter.write_histograms")
         lines = {}
         for key, arr in checked.items():
             flat = arr.astype(np.float64).reshape(-1)

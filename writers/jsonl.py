@@ -113,7 +113,7 @@ class JsonlWriter(BaseWriter):
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Writes `{"type": "image", "shape": [...]}` per image array."""
         step = self._begin_line("write_images", step, images)
-        arrays = _checks.check_arrays(images, "JsonlWriter.write_images", _checks.image_problem)
+        arrays = _checks.check_images(images, "JsonlWriter.write_images")
         self._write_line(step, {k: _shaped("image", v) for k, v in arrays.items()})
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
@@ -147,9 +147,7 @@ class JsonlWriter(BaseWriter):
     ) -> None:
         """Writes bucket edges and counts plus count, min, max and mean per array."""
         step = self._begin_line("write_histograms", step, arrays)
-        checked = _checks.check_arrays(
-            arrays, "JsonlWriter.write_histograms", _checks.histogram_problem
-        )
+        checked = _checks.check_histograms(arrays, "JsonlWriter.write_histograms")
         buckets = num_buckets or {}
         line = {}
         for key, arr in checked.items():

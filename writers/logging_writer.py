@@ -52,7 +52,7 @@ class LoggingWriter(BaseWriter):
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Logs the shape of every image array."""
         step = self._begin("write_images", step, images)
-        arrays = _checks.check_arrays(images, "LoggingWriter.write_images", _checks.image_problem)
+        arrays = _checks.check_images(images, "LoggingWriter.write_images")
         self._log(step, "Got images: %s.", {k: v.shape for k, v in arrays.items()})
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
@@ -80,9 +80,7 @@ class LoggingWriter(BaseWriter):
     ) -> None:
         """Logs one line per histogram: `Histogram for 'key' = {[a, b): n, ..., [y, z]: n}`."""
         step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_arrays(
-            arrays, "LoggingWriter.write_histograms", _checks.histogram_problem
-        )
+        checked = _checks.check_histograms(arrays, "LoggingWriter.write_histograms")
         buckets = num_buckets or {}
         for key, arr in checked.items():
             counts, edges = _checks.bucketize(arr, buckets.get(key))

@@ -126,9 +126,7 @@ class TensorBoardWriter(BaseWriter):
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Writes each `[H, W, C]` or `[N, H, W, C]` array under its key as PNGs."""
         step = self._begin("write_images", step, images)
-        arrays = _checks.check_arrays(
-            images, "TensorBoardWriter.write_images", _checks.image_problem
-        )
+        arrays = _checks.check_images(images, "TensorBoardWriter.write_images")
         self._emit(
             step, [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in arrays.items()]
         )
@@ -168,9 +166,7 @@ class TensorBoardWriter(BaseWriter):
     ) -> None:
         """Writes a histogram per array with `num_buckets[key]` buckets (default 30)."""
         step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_arrays(
-            arrays, "TensorBoardWriter.write_histograms", _checks.histogram_problem
-        )
+        checked = _checks.check_histograms(arrays, "TensorBoardWriter.write_histograms")
         buckets = num_buckets or {}
         self._emit(step, [self._tb.histogram(k, arr, buckets.get(k)) for k, arr in checked.items()])
 
