@@ -115,17 +115,23 @@ def _measure(factory: Factory, size: int, calls: int, null: Any) -> float:
     return calls * size / seconds
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
+def run(
+    quick: bool, *, total: int | None = None, repeats: int | None = None
+) -> list[dict[str, Any]]:
     """Measures every writer at 10, 50 and 500 scalars per call.
 
     Args:
       quick: fewer scalars per measurement and fewer rounds (same table).
+      total: scalars per measurement (overrides `quick`'s choice; tests use a few).
+      repeats: rounds per variant (overrides `quick`'s choice).
 
     Returns:
       One row per writer: `writer`, `scalars/s @<n>` for each size and
       `x add_scalar @<n>` (ratio to the baseline's median at the same size).
     """
-    total, repeats = (5_000, 3) if quick else (25_000, 5)
+    default_total, default_repeats = (5_000, 3) if quick else (25_000, 5)
+    total = total or default_total
+    repeats = repeats or default_repeats
     medians: dict[tuple[str, int], float] = {}
     with open(os.devnull, "w") as null, _quiet_absl_log(null):
         for size in SIZES:
