@@ -20,15 +20,19 @@ Synopsis:
 from __future__ import annotations
 
 import argparse
+import cProfile
 import dataclasses
 import datetime
 import importlib.metadata
+import io
 import math
 import os
 import platform
+import pstats
 import random
 import statistics
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -252,6 +256,50 @@ def markdown_table(table: Table) -> str:
     out.append(f"_Benchmark wall time: {table.seconds:.1f} s._")
     out.append("")
     return "\n".join(out)
+
+
+def profile(fn: Callable[[], Any], *, top: int = 20, sort: str = "tottime") -> str:
+    """cProfile of `fn()` over every Python thread it starts, as pstats text.
+
+    The calling thread is profiled, and so is every thread started while `fn` runs (the
+    summary worker, asynchronous writers): a profiler is installed in each through
+    `threading.setprofile`, and all are merged into one report. Threads that existed
+    before the call are not seen.
+
+    Args:
+      fn: the work to profile.
+      top: how many functions to list.
+      sort: pstats sort key ("tottime": time in the function itself; "cumulative").
+
+    Returns:
+      The report: total calls and seconds (summed over threads), then the `top` functions.
+    """
+    profilers: list[cProfile.Profile] = []
+    lock = threading.Lock()
+
+    def install(frame: Any, event: str, arg: Any) -> None:
+        sys.setprofile(None)
+        profiler = cProfile.Profile()
+        with lock:
+            profilers.append(profiler)
+        profiler.enable()
+
+    main = cProfile.Profile()
+    threading.setprofile(install)
+    main.enable()
+    try:
+        fn()
+    finally:
+        main.disable()
+        threading.setprofile(None)  # type: ignore[arg-type]
+    out = io.StringIO()
+    stats = pstats.Stats(main, stream=out)
+    with lock:
+        for profiler in profilers:
+            stats.add(profiler)
+    stats.strip_dirs().sort_stats(sort).print_stats(top)
+    lines = [line.rstrip() for line in out.getvalue().splitlines()]
+    return "\n".join(line for line in lines if line.strip())
 
 
 def machine_info() -> dict[str, str]:

@@ -32,7 +32,7 @@ Params = dict[str, jax.Array]
 Batch = dict[str, jax.Array]
 Aux = tuple[jax.Array, jax.Array]  # (logits, z_loss)
 
-LEARNING_RATE = 0.05
+LEARNING_RATE = 0.5
 Z_LOSS = 1e-4
 NUM_METRICS = 20
 
@@ -84,14 +84,23 @@ def forward(params: Params, inputs: jax.Array) -> jax.Array:
 
 
 def loss_and_aux(params: Params, batch: Batch) -> tuple[jax.Array, Aux]:
-    """T5X's summed weighted cross-entropy with z-loss; aux = (logits, z_loss)."""
+    """T5X's weighted cross-entropy with z-loss, per target position; aux = (logits, z_loss)."""
     from metrics_manager import compute_weighted_cross_entropy  # noqa: PLC0415
 
     logits = forward(params, batch["inputs"])
     loss, z_loss, _ = compute_weighted_cross_entropy(
-        logits, batch["targets"], batch["weights"], z_loss=Z_LOSS
+        logits,
+        batch["targets"],
+        batch["weights"],
+        z_loss=Z_LOSS,
+        loss_normalizing_factor=normalizing_factor(batch),
     )
     return loss, (logits, z_loss)
+
+
+def normalizing_factor(batch: Batch) -> float:
+    """T5X's NUM_TOTAL_TARGET_TOKENS: the loss is a mean over all target positions."""
+    return float(batch["targets"].size)
 
 
 def sgd(params: Params, grads: Params) -> Params:
@@ -108,7 +117,13 @@ def step_metrics(
     del params
     logits, z_loss = aux
     metrics = mm.compute_base_metrics(
-        logits, batch["targets"], batch["weights"], loss, z_loss, num_devices=1
+        logits,
+        batch["targets"],
+        batch["weights"],
+        loss,
+        z_loss,
+        loss_normalizing_factor=normalizing_factor(batch),
+        num_devices=1,
     )
     learning_rate = jnp.asarray(LEARNING_RATE, jnp.float32)
     grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))

@@ -25,9 +25,11 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import functools
 import gc
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -40,15 +42,63 @@ import jax.numpy as jnp
 
 from benchmarks import common, model
 
-VARIANTS = ("none", "computed", "library", "t5x", "naive")
+VARIANTS = ("none", "computed", "library", "packed", "t5x", "naive")
 LABELS = {
     "none": "(a) no metrics",
     "computed": "(a') metrics computed in the step, then dropped",
     "library": "(b) this library: in-step merge + MetricsManager",
+    "packed": "(b*) prototype fix: (b) with the accumulator packed in 1 buffer per dtype",
     "t5x": "(c) T5X: jitted merge per step + per-leaf device_get",
     "naive": "(d) naive: float(loss) per step + add_scalar per value",
 }
 TARGETS = {100: 1.02, 1: 1.15}
+
+
+WINDOW = 100
+
+
+@dataclasses.dataclass
+class Timing:
+    """One timed loop: totals, and the time of every `WINDOW`-step window in it.
+
+    Attributes:
+      wall: wall seconds of the whole loop, final flush included.
+      cpu: process CPU seconds (all threads) of the whole loop.
+      windows: wall seconds of each complete window of `WINDOW` steps.
+      cpu_windows: process CPU seconds of each window.
+      tail: wall seconds after the last window boundary (leftover steps, final flush).
+    """
+
+    wall: float
+    cpu: float
+    windows: list[float]
+    cpu_windows: list[float]
+    tail: float
+
+
+class Stopwatch:
+    """Marks wall and process CPU time at window boundaries of a loop."""
+
+    def __init__(self) -> None:
+        self.marks = [(time.perf_counter(), time.process_time())]
+
+    def step_done(self, steps: int) -> None:
+        """Call after every step with the number of steps done so far."""
+        if steps % WINDOW == 0:
+            self.marks.append((time.perf_counter(), time.process_time()))
+
+    def read(self) -> Timing:
+        end = (time.perf_counter(), time.process_time())
+        walls = [b[0] - a[0] for a, b in zip(self.marks[:-1], self.marks[1:], strict=True)]
+        cpus = [b[1] - a[1] for a, b in zip(self.marks[:-1], self.marks[1:], strict=True)]
+        start = self.marks[0]
+        return Timing(
+            wall=end[0] - start[0],
+            cpu=end[1] - start[1],
+            windows=walls,
+            cpu_windows=cpus,
+            tail=end[0] - self.marks[-1][0],
+        )
 
 
 def summary_name(every: int) -> str:
@@ -71,10 +121,44 @@ def make_writer(logdir: str | None) -> Any:
     )
 
 
+class Packer:
+    """Packs a metrics pytree into one flat buffer per dtype, and back (prototype fix).
+
+    Carrying the running metrics as two buffers instead of ~30 leaves removes the per-leaf
+    cost of every step's dispatch (inputs, donated outputs, output copies). Both directions
+    are traced into the caller's jit, so they cost a few fused slices per step.
+    """
+
+    def __init__(self, shapes: Any) -> None:
+        leaves, self.treedef = jax.tree.flatten(shapes)
+        self.layout: list[tuple[str, int, tuple[int, ...]]] = []
+        self.sizes: dict[str, int] = {}
+        for leaf in leaves:
+            dtype = jnp.dtype(leaf.dtype).name
+            offset = self.sizes.get(dtype, 0)
+            self.layout.append((dtype, offset, tuple(leaf.shape)))
+            self.sizes[dtype] = offset + math.prod(leaf.shape)
+
+    def pack(self, tree: Any) -> dict[str, jax.Array]:
+        parts: dict[str, list[jax.Array]] = {dtype: [] for dtype in self.sizes}
+        for (dtype, _, _), leaf in zip(self.layout, jax.tree.leaves(tree), strict=True):
+            parts[dtype].append(jnp.ravel(jnp.asarray(leaf, dtype)))
+        return {dtype: jnp.concatenate(p) for dtype, p in parts.items()}
+
+    def unpack(self, packed: Mapping[str, jax.Array]) -> Any:
+        leaves = [
+            packed[dtype][offset : offset + math.prod(shape)].reshape(shape)
+            for dtype, offset, shape in self.layout
+        ]
+        return jax.tree.unflatten(self.treedef, leaves)
+
+
 class Loops:
     """The compiled steps of every variant for one model size, and one timed loop per variant."""
 
     def __init__(self, size: model.ModelSize = model.DEFAULT) -> None:
+        from metrics_manager import merge_metrics  # noqa: PLC0415
+
         self.size = size
         self.params0 = model.init_params(jax.random.PRNGKey(0), size)
         self.batch = model.make_batch(jax.random.PRNGKey(1), size)
@@ -90,8 +174,6 @@ class Loops:
 
         @functools.partial(jax.jit, donate_argnums=(0, 1))
         def step_library(params, running, batch):
-            from metrics_manager import merge_metrics  # noqa: PLC0415
-
             grads, metrics = grads_and_metrics(params, batch)
             return model.sgd(params, grads), merge_metrics(running, metrics)
 
@@ -111,6 +193,19 @@ class Loops:
             loss = metrics["loss"].total
             return model.sgd(params, grads), loss, model.metric_values(metrics)
 
+        running_shape = jax.eval_shape(
+            lambda p, b: merge_metrics(None, grads_and_metrics(p, b)[1]), self.params0, self.batch
+        )
+        packer = Packer(running_shape)
+
+        @functools.partial(jax.jit, donate_argnums=(0, 1))
+        def step_packed(params, packed, batch):
+            grads, metrics = grads_and_metrics(params, batch)
+            running = None if packed is None else packer.unpack(packed)
+            return model.sgd(params, grads), packer.pack(merge_metrics(running, metrics))
+
+        self.step_packed = step_packed
+        self.unpack = jax.jit(packer.unpack)
         self.step_none = step_none
         self.step_computed = step_t5x  # the reference (a'): the same step, metrics dropped
         self.step_library = step_library
@@ -122,9 +217,9 @@ class Loops:
         params = jax.tree.map(jnp.copy, self.params0)
         return jax.block_until_ready(params)
 
-    def run(self, variant: str, num_steps: int, every: int) -> float:
-        """One timed loop of `variant`; returns its wall time in seconds."""
-        loop: Callable[[str, int, int], float] = getattr(self, f"_run_{variant}")
+    def run(self, variant: str, num_steps: int, every: int) -> Timing:
+        """One timed loop of `variant`."""
+        loop: Callable[[str, int, int], Timing] = getattr(self, f"_run_{variant}")
         logdir = tempfile.mkdtemp(prefix=f"bench_{variant}_")
         try:
             gc.collect()
@@ -138,31 +233,33 @@ class Loops:
         for variant in VARIANTS:
             self.run(variant, num_steps=4, every=2)
 
-    def _run_none(self, logdir: str, num_steps: int, every: int) -> float:
+    def _run_none(self, logdir: str, num_steps: int, every: int) -> Timing:
         del logdir, every
         params, batch = self.fresh_params(), self.batch
-        start = time.perf_counter()
-        for _ in range(num_steps):
+        clock = Stopwatch()
+        for i in range(num_steps):
             params = self.step_none(params, batch)
+            clock.step_done(i + 1)
         jax.block_until_ready(params)
-        return time.perf_counter() - start
+        return clock.read()
 
-    def _run_computed(self, logdir: str, num_steps: int, every: int) -> float:
+    def _run_computed(self, logdir: str, num_steps: int, every: int) -> Timing:
         del logdir, every
         params, batch = self.fresh_params(), self.batch
-        start = time.perf_counter()
-        for _ in range(num_steps):
+        clock = Stopwatch()
+        for i in range(num_steps):
             params, _ = self.step_computed(params, batch)
+            clock.step_done(i + 1)
         jax.block_until_ready(params)
-        return time.perf_counter() - start
+        return clock.read()
 
-    def _run_library(self, logdir: str, num_steps: int, every: int) -> float:
+    def _run_library(self, logdir: str, num_steps: int, every: int) -> Timing:
         from metrics_manager import MetricsManager  # noqa: PLC0415
 
         params, batch = self.fresh_params(), self.batch
         manager = MetricsManager("train", summary_dir=logdir, writer_factory=make_writer)
         try:
-            start = time.perf_counter()
+            clock = Stopwatch()
             manager.start_duration_timer(block_on=params)
             running = None
             for i in range(num_steps):
@@ -171,13 +268,37 @@ class Loops:
                     manager.write_metrics_summary(running, i + 1, every)
                     running = None
                     manager.start_duration_timer(block_on=params)
+                clock.step_done(i + 1)
             manager.flush()
             jax.block_until_ready(params)
-            return time.perf_counter() - start
+            return clock.read()
         finally:
             manager.close()
 
-    def _run_t5x(self, logdir: str, num_steps: int, every: int) -> float:
+    def _run_packed(self, logdir: str, num_steps: int, every: int) -> Timing:
+        from metrics_manager import MetricsManager  # noqa: PLC0415
+
+        params, batch = self.fresh_params(), self.batch
+        manager = MetricsManager("train", summary_dir=logdir, writer_factory=make_writer)
+        try:
+            clock = Stopwatch()
+            manager.start_duration_timer(block_on=params)
+            packed = None
+            for i in range(num_steps):
+                params, packed = self.step_packed(params, packed, batch)
+                if (i + 1) % every == 0:
+                    # One dispatch turns the buffers back into the metrics dict.
+                    manager.write_metrics_summary(self.unpack(packed), i + 1, every)
+                    packed = None
+                    manager.start_duration_timer(block_on=params)
+                clock.step_done(i + 1)
+            manager.flush()
+            jax.block_until_ready(params)
+            return clock.read()
+        finally:
+            manager.close()
+
+    def _run_t5x(self, logdir: str, num_steps: int, every: int) -> Timing:
         import writers  # noqa: PLC0415
         from metrics_manager import (  # noqa: PLC0415
             set_step_metrics_num_steps,
@@ -194,7 +315,7 @@ class Loops:
         writer = make_writer(os.path.join(logdir, "train"))
         pool = concurrent.futures.ThreadPoolExecutor(1)
         try:
-            start = time.perf_counter()
+            clock = Stopwatch()
             futures = []
             window_start = time.monotonic()
             running = None
@@ -208,23 +329,24 @@ class Loops:
                     futures.append(pool.submit(summarize, host, i + 1, now - window_start))
                     window_start = now
                     running = None
+                clock.step_done(i + 1)
             for future in futures:
                 future.result()
             writer.flush()
             jax.block_until_ready(params)
-            return time.perf_counter() - start
+            return clock.read()
         finally:
             pool.shutdown()
             writer.close()
 
-    def _run_naive(self, logdir: str, num_steps: int, every: int) -> float:
+    def _run_naive(self, logdir: str, num_steps: int, every: int) -> Timing:
         import tensorboardX  # noqa: PLC0415
 
         params, batch = self.fresh_params(), self.batch
         tb = tensorboardX.SummaryWriter(os.path.join(logdir, "train"))
         try:
             with open(os.path.join(logdir, "metrics.jsonl"), "w") as jsonl:
-                start = time.perf_counter()
+                clock = Stopwatch()
                 loss_sum = 0.0
                 for i in range(num_steps):
                     params, loss, values = self.step_naive(params, batch)
@@ -238,10 +360,11 @@ class Loops:
                             tb.add_scalar(key, value, step)
                         print(f"[{step}] " + ", ".join(f"{k}={v:.6g}" for k, v in scalars.items()))
                         jsonl.write(json.dumps({"step": step, **scalars}) + "\n")
+                    clock.step_done(i + 1)
                 tb.flush()
                 jsonl.flush()
                 jax.block_until_ready(params)
-                return time.perf_counter() - start
+                return clock.read()
         finally:
             tb.close()
 
@@ -253,22 +376,26 @@ def run(
     repeats: int | None = None,
     summary_every: tuple[int, ...] = (100, 1),
     size: model.ModelSize = model.DEFAULT,
+    explain_misses: bool = True,
 ) -> common.Table:
-    """Measures the four variants at each summary frequency, interleaved; medians and ratios.
+    """Measures every variant at each summary frequency, interleaved; medians and ratios.
 
     Args:
       quick: fewer steps and repetitions (same table).
       num_steps: steps per timed loop (default 2,000; quick 1,000).
-      repeats: timed loops per variant and frequency (default 7; quick 3).
+      repeats: timed loops per variant and frequency (default 5; quick 2).
       summary_every: summary frequencies, in steps.
       size: model and batch sizes.
+      explain_misses: for each missed target, add a cProfile of (b) at that frequency and
+        a breakdown of one summary's host work to the notes.
 
     Returns:
-      The table: one row per (frequency, variant) with the median seconds, microseconds per
-      step and the ratio to variant (a) at the same frequency.
+      The table: one row per (frequency, variant) with the median wall seconds, microseconds
+      per step, the ratio to variant (a) at the same frequency, and the same ratio for
+      process CPU time (all threads), which machine load distorts less.
     """
     num_steps = num_steps or (1000 if quick else 2000)
-    repeats = repeats or (3 if quick else 7)
+    repeats = repeats or (2 if quick else 5)
     loops = Loops(size)
     loops.warm_up()
     runs = {
@@ -276,7 +403,7 @@ def run(
         for every in summary_every
         for variant in VARIANTS
     }
-    samples = common.interleaved(runs, repeats)  # type: ignore[arg-type]
+    samples = common.interleaved(runs, repeats)
 
     table = common.Table(
         key="overhead",
@@ -287,52 +414,188 @@ def run(
             f"{size.embed}/{size.hidden}) returning {model.NUM_METRICS} metrics (T5X's base "
             "metrics via `compute_base_metrics`, learning rate, gradient norm); writers "
             "console (to /dev/null) + TensorBoard + JSONL. Each time covers the loop and "
-            "flushing every summary. (a') is the same step as (c): it shows what computing "
-            "the metrics in the step costs before anything is merged or written. Median of "
-            f"{repeats} interleaved runs per cell; ratio = median / median of (a) at the same "
-            "summary frequency."
+            "flushing every summary. (a') is the step of (c) with its metrics dropped: what "
+            "computing them costs before anything is merged or written. (b*) is (b) with a "
+            "change to the library prototyped here (see the notes). "
+            f"{repeats} interleaved runs per cell; time = median {WINDOW}-step window (over "
+            "all windows of all runs) x windows + median final flush, so a burst of load "
+            "from another process spoils a window, not a run; ratio = time / time of (a) at "
+            "the same summary frequency; CPU ratio = the same for process CPU time (all "
+            "threads), which steady load distorts less; median run = median of whole-run "
+            "times, with its own ratio."
         ),
         columns=[
             common.Column("summary", "summaries"),
             common.Column("label", "variant"),
-            common.Column("seconds", "median time (s)", ".3f"),
+            common.Column("seconds", "time (s)", ".3f"),
             common.Column("us_per_step", "per step (us)", ".1f"),
             common.Column("overhead_us", "overhead per step (us)", ".1f"),
             common.Column("ratio", "ratio to (a)", ".3f", "x"),
+            common.Column("cpu_ratio", "CPU ratio to (a)", ".3f", "x"),
+            common.Column("run_seconds", "median run (s)", ".3f"),
+            common.Column("run_ratio", "run ratio to (a)", ".3f", "x"),
         ],
     )
+    estimates = {key: estimate(timings, num_steps) for key, timings in samples.items()}
     for every in summary_every:
-        baseline = common.median(samples[(every, "none")])
+        base = estimates[(every, "none")]
         for variant in VARIANTS:
-            seconds = common.median(samples[(every, variant)])
+            est = estimates[(every, variant)]
             table.rows.append(
                 {
                     "summary": summary_name(every),
                     "every": every,
                     "variant": variant,
                     "label": LABELS[variant],
-                    "seconds": seconds,
-                    "baseline_seconds": baseline,
-                    "samples": samples[(every, variant)],
-                    "us_per_step": seconds / num_steps * 1e6,
-                    "overhead_us": (seconds - baseline) / num_steps * 1e6,
-                    "ratio": common.ratio(seconds, baseline),
+                    **est,
+                    "baseline_seconds": base["seconds"],
+                    "baseline_cpu_seconds": base["cpu_seconds"],
+                    "baseline_run_seconds": base["run_seconds"],
+                    "us_per_step": est["seconds"] / num_steps * 1e6,
+                    "overhead_us": (est["seconds"] - base["seconds"]) / num_steps * 1e6,
+                    "ratio": common.ratio(est["seconds"], base["seconds"]),
+                    "cpu_ratio": common.ratio(est["cpu_seconds"], base["cpu_seconds"]),
+                    "run_ratio": common.ratio(est["run_seconds"], base["run_seconds"]),
                 }
             )
+    names = {
+        "library": "overhead",
+        "packed": "prototype fix",
+        "t5x": "T5X's way",
+        "naive": "naive way",
+    }
+    for variant, name in names.items():
+        for row in table.rows:
+            if row["variant"] == variant:
+                table.headlines.append(f"{name} ({row['summary']}): {row['ratio']:.3f}x")
     for row in table.rows:
-        if row["variant"] == "library":
-            table.headlines.append(f"overhead ({row['summary']}): {row['ratio']:.3f}x")
-            if row["every"] in TARGETS:
-                table.targets.append(
-                    common.Target(
-                        f"overhead ({row['summary']})", row["ratio"], TARGETS[row["every"]]
-                    )
-                )
-    for row in table.rows:
-        if row["variant"] in ("t5x", "naive"):
-            name = "T5X's way" if row["variant"] == "t5x" else "naive way"
-            table.headlines.append(f"{name} ({row['summary']}): {row['ratio']:.3f}x")
+        if row["variant"] == "library" and row["every"] in TARGETS:
+            table.targets.append(
+                common.Target(f"overhead ({row['summary']})", row["ratio"], TARGETS[row["every"]])
+            )
+    if explain_misses:
+        for target in table.targets:
+            if not target.met:
+                every = next(e for e in summary_every if summary_name(e) in target.name)
+                table.notes.append(explain(loops, every, num_steps=min(num_steps, 500)))
     return table
+
+
+def estimate(timings: list[Timing], num_steps: int) -> dict[str, Any]:
+    """Robust time of one loop from repeated runs: medians of windows, plus the median tail.
+
+    Every run is cut into windows of `WINDOW` steps; the loop's time is the median window
+    (over all windows of all runs) times the number of windows, plus the median tail (the
+    final flush). A burst of load from another process spoils a few windows, not a whole
+    run. Loops shorter than one window fall back to the median of whole runs.
+    """
+    windows = num_steps // WINDOW
+    run_seconds = common.median(t.wall for t in timings)
+    run_cpu = common.median(t.cpu for t in timings)
+    if not windows:
+        seconds, cpu = run_seconds, run_cpu
+    else:
+        seconds = common.median(w for t in timings for w in t.windows) * windows
+        seconds += common.median(t.tail for t in timings)
+        cpu = common.median(c for t in timings for c in t.cpu_windows) * windows
+        cpu += common.median(t.cpu - sum(t.cpu_windows) for t in timings)
+    return {
+        "seconds": seconds,
+        "cpu_seconds": cpu,
+        "run_seconds": run_seconds,
+        "samples": [t.wall for t in timings],
+    }
+
+
+def explain(loops: Loops, every: int, *, num_steps: int) -> str:
+    """Markdown note: a cProfile of (b) at `every`, and where one summary's host time goes."""
+    report = common.profile(lambda: loops.run("library", num_steps, every), top=25)
+    lines = [
+        f"**Profile of (b), {summary_name(every)}** ({num_steps} steps; cProfile over the loop "
+        "and every thread it starts, sorted by time spent in the function itself; waits on "
+        "locks are other threads holding the GIL or the device):",
+        "",
+        "```",
+        report,
+        "```",
+    ]
+    if every == 1:
+        lines += [
+            "",
+            "**Host work of one summary of the 20 metrics** (median of 200, same run):",
+            "",
+        ]
+        lines += ["| component | us per summary |", "|---|---:|"]
+        lines += [f"| {name} | {us:.1f} |" for name, us in summary_breakdown(loops).items()]
+    return "\n".join(lines)
+
+
+def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
+    """Microseconds per summary for each piece of the manager's background work."""
+    import writers  # noqa: PLC0415
+    from metrics_manager import (  # noqa: PLC0415
+        MetricsManager,
+        compute_metric_values,
+        device_get_batched,
+        set_step_metrics_num_steps,
+        set_time_metrics_duration,
+    )
+
+    params = loops.fresh_params()
+    _, metrics = loops.step_t5x(params, loops.batch)
+    metrics = jax.block_until_ready(metrics)
+    host = set_step_metrics_num_steps(
+        set_time_metrics_duration(device_get_batched(metrics), 1.0), 1
+    )
+    values = compute_metric_values(host)
+    logdir = tempfile.mkdtemp(prefix="bench_breakdown_")
+    devnull = open(os.devnull, "w")  # noqa: SIM115  (closed below)
+    backends = {
+        "ConsoleWriter (to /dev/null)": writers.ConsoleWriter(devnull),
+        "TensorBoardWriter": writers.TensorBoardWriter(os.path.join(logdir, "tb")),
+        "JsonlWriter": writers.JsonlWriter(os.path.join(logdir, "metrics.jsonl")),
+    }
+    manager = MetricsManager(
+        "breakdown", summary_dir=logdir, writer_factory=lambda _: writers.NoopWriter()
+    )
+
+    def per_call(fn: Callable[[int], Any]) -> float:
+        fn(0)
+        times = []
+        for i in range(1, calls + 1):
+            start = time.perf_counter()
+            fn(i)
+            times.append(time.perf_counter() - start)
+        return common.median(times) * 1e6
+
+    def manager_summary(step: int) -> None:
+        manager.start_duration_timer()
+        manager.write_metrics_summary(metrics, step, 1).result()
+
+    try:
+        out = {
+            "jax.device_get of the 20 metrics (per-leaf copies)": per_call(
+                lambda _: jax.device_get(metrics)
+            ),
+            "device_get_batched (the manager's batched copy)": per_call(
+                lambda _: device_get_batched(metrics)
+            ),
+            "compute_metric_values": per_call(lambda _: compute_metric_values(host)),
+        }
+        for name, writer in backends.items():
+            out[f"write_values to {name}"] = per_call(
+                lambda step, w=writer: writers.write_values(w, step, values)
+            )
+        out["whole summary through MetricsManager, NoopWriter, until the future resolves"] = (
+            per_call(manager_summary)
+        )
+        return out
+    finally:
+        manager.close()
+        for writer in backends.values():
+            writer.close()
+        devnull.close()
+        shutil.rmtree(logdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

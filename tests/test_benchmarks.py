@@ -14,6 +14,7 @@ import re
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -143,17 +144,92 @@ def test_count_transfers_sees_per_leaf_gets_threads_and_numpy():
 
 
 def test_overhead_smoke():
-    table = overhead.run(num_steps=4, repeats=2, summary_every=(2,), size=model.SMALL)
+    table = overhead.run(
+        num_steps=4, repeats=2, summary_every=(2,), size=model.SMALL, explain_misses=False
+    )
     _check_structure(table)
     assert [row["variant"] for row in table.rows] == list(overhead.VARIANTS)
     for row in table.rows:
         assert len(row["samples"]) == 2 and all(s > 0 for s in row["samples"])
-        assert row["seconds"] == common.median(row["samples"]) > 0
+        # Shorter than one window: the time is the median of whole runs.
+        assert row["seconds"] == row["run_seconds"] == common.median(row["samples"]) > 0
         assert row["ratio"] == row["seconds"] / row["baseline_seconds"]
-    assert table.rows[0]["ratio"] == 1.0
+        assert row["run_ratio"] == row["run_seconds"] / row["baseline_run_seconds"]
+        assert row["cpu_seconds"] > 0
+        assert row["cpu_ratio"] == row["cpu_seconds"] / row["baseline_cpu_seconds"]
+    assert table.rows[0]["ratio"] == table.rows[0]["cpu_ratio"] == 1.0
     library = next(row for row in table.rows if row["variant"] == "library")
     assert f"overhead (summary every 2 steps): {library['ratio']:.3f}x" in table.headlines
     assert all(re.fullmatch(r".+ \(summary every .+\): \d+\.\d{3}x", h) for h in table.headlines)
+
+
+def test_estimate_takes_median_windows_plus_median_tail():
+    def timing(windows: list[float], tail: float) -> overhead.Timing:
+        return overhead.Timing(
+            wall=sum(windows) + tail,
+            cpu=2 * (sum(windows) + tail),
+            windows=windows,
+            cpu_windows=[2 * w for w in windows],
+            tail=tail,
+        )
+
+    # A burst of load spoiled one window of the second run (5.0 instead of ~1.0).
+    timings = [timing([1.0, 1.1, 0.9], 0.2), timing([1.0, 5.0, 1.2], 0.4)]
+    est = overhead.estimate(timings, num_steps=3 * overhead.WINDOW + 7)
+    assert est["seconds"] == pytest.approx(3 * 1.05 + 0.3)
+    assert est["cpu_seconds"] == pytest.approx(3 * 2.1 + 0.6)
+    assert est["run_seconds"] == pytest.approx((3.2 + 7.6) / 2)
+    assert est["samples"] == [t.wall for t in timings]
+
+
+def test_stopwatch_marks_window_boundaries():
+    clock = overhead.Stopwatch()
+    for i in range(2 * overhead.WINDOW + 3):
+        clock.step_done(i + 1)
+    timing = clock.read()
+    assert len(timing.windows) == len(timing.cpu_windows) == 2
+    assert timing.wall == pytest.approx(sum(timing.windows) + timing.tail)
+
+
+def test_packer_round_trips_a_metrics_tree():
+    import metrics_manager as mm
+
+    tree = {
+        "a": mm.Sum(total=jnp.arange(3.0)),
+        "b": mm.AveragePerStep(total=jnp.float32(2.0), steps=jnp.int32(4)),
+        "c": mm.Max(jnp.float32(-1.5)),
+    }
+    packer = overhead.Packer(jax.eval_shape(lambda: tree))
+    packed = jax.jit(packer.pack)(tree)
+    assert {k: v.shape for k, v in packed.items()} == {"float32": (5,), "int32": (1,)}
+    back = jax.jit(packer.unpack)(packed)
+    assert jax.tree.structure(back) == jax.tree.structure(tree)
+    for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(tree), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_explain_quotes_a_profile_of_every_thread_and_breaks_a_summary_down():
+    loops = overhead.Loops(model.SMALL)
+    loops.warm_up()
+    note = overhead.explain(loops, every=1, num_steps=3)
+    assert "Profile of (b), summary every step" in note
+    assert "ncalls" in note and "tottime" in note
+    assert "| device_get_batched (the manager's batched copy) |" in note
+    breakdown = overhead.summary_breakdown(loops, calls=3)
+    assert len(breakdown) == 7 and all(us > 0 for us in breakdown.values())
+
+
+def test_profile_sees_threads_started_inside():
+    def worker_function_xyz() -> None:
+        sum(range(100_000))
+
+    def fn() -> None:
+        thread = threading.Thread(target=worker_function_xyz)
+        thread.start()
+        thread.join()
+
+    report = common.profile(fn, top=50)
+    assert "worker_function_xyz" in report
 
 
 def test_latency_smoke():
