@@ -81,9 +81,9 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
         writers.create_default_writer(tmp_path, flush_secs=0)
     from tensorboardX import record_writer
 
-    from tests.writers.test_tensorboard import _MemoryFactory
+    from tests.writers.memory_files import MemoryFactory
 
-    record_writer.register_writer_factory("memfactory", _MemoryFactory())
+    record_writer.register_writer_factory("memfactory", MemoryFactory())
     with pytest.raises(ValueError, match="remote URL"):  # after TensorBoard was built
         writers.create_default_writer("memfactory://bucket/run")
     with pytest.raises(ValueError, match="max_queue must be >= 1"):

@@ -20,6 +20,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 import writers
+from tests.writers.memory_files import MemoryFactory, MemoryFile
 from writers import _records
 
 _ALL = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 0, ea.AUDIO: 0, ea.HISTOGRAMS: 0}
@@ -275,42 +276,16 @@ def test_hand_encoded_scalar_events_match_protobuf_for_any_keys_and_values(step,
     assert encoded == expected.SerializeToString()
 
 
-class _MemoryFile:
-    """A remote file for tensorboardX's writer-factory hook: bytes kept in a dict."""
-
-    store: dict[str, bytes] = {}
-
-    def __init__(self, path: str) -> None:
-        self.path, self.buffer = path, bytearray()
-
-    def write(self, data: bytes) -> None:
-        self.buffer += data
-
-    def flush(self) -> None:
-        _MemoryFile.store[self.path] = bytes(self.buffer)
-
-    def close(self) -> None:
-        self.flush()
-
-
-class _MemoryFactory:
-    def open(self, path: str) -> _MemoryFile:
-        return _MemoryFile(path)
-
-    def directory_check(self, path: str) -> None:
-        pass
-
-
 def test_remote_paths_use_tensorboardx_writer_factories(tmp_path):
     from tensorboardX import record_writer
 
-    record_writer.register_writer_factory("memtest", _MemoryFactory())
+    record_writer.register_writer_factory("memtest", MemoryFactory())
     w = writers.TensorBoardWriter("memtest://bucket/run")
     assert w.path.startswith("memtest://bucket/run/events.out.tfevents.")
     w.write_scalars(3, {"loss": 0.5})
     w.close()
     local = tmp_path / os.path.basename(w.path)
-    local.write_bytes(_MemoryFile.store[w.path])
+    local.write_bytes(MemoryFile.store[w.path])
     assert [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")] == [(3, 0.5)]
     with pytest.raises(ValueError, match=r"no writer for nope:// paths"):
         writers.TensorBoardWriter("nope://bucket/run")
