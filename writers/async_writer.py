@@ -28,17 +28,12 @@ Example:
 
 from __future__ import annotations
 
-import atexit
-import functools
 import queue
 import threading
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from absl import logging
-
-from writers import _checks
+from writers import _checks, _exit
 from writers.interface import Array, MetricWriter, Scalar, WriterClosedError, WriterError
 
 _STOP = object()
@@ -75,8 +70,7 @@ class AsyncWriter(MetricWriter):
             target=self._run, name=f"AsyncWriter({self._name})", daemon=True
         )
         self._thread.start()
-        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._at_exit)
+        self._at_exit = _exit.register(self, f"AsyncWriter({self._name})")
 
     @property
     def name(self) -> str:
@@ -163,7 +157,7 @@ class AsyncWriter(MetricWriter):
             self._queue.put(("close", {}))
             self._queue.put(_STOP)
             self._thread.join()
-            atexit.unregister(self._at_exit)
+            _exit.unregister(self._at_exit)
         self._raise_errors("close")
 
     def _check_open(self, method: str) -> None:
@@ -206,13 +200,3 @@ class AsyncWriter(MetricWriter):
                         self._errors.append((where, err))
             finally:
                 self._queue.task_done()
-
-
-def _close_at_exit(ref: weakref.ReferenceType[AsyncWriter]) -> None:
-    writer = ref()
-    if writer is None:
-        return
-    try:
-        writer.close()
-    except Exception:  # noqa: BLE001  (nobody is left to catch it at exit)
-        logging.exception("AsyncWriter(%s) failed while closing at exit", writer.name)

@@ -23,7 +23,8 @@ Where values land (as TensorBoard's `EventAccumulator` reads them):
 * hparams: the HParams plugin's session-start info, at step 0;
 * raw tensors (`write_summaries`): tensor protos with the given `SummaryMetadata`.
 
-`purge_step` is the resume fix: TensorBoard hides events at or after that step
+A writer that is never closed is closed at interpreter exit, so its last
+events still reach the disk. `purge_step` is the resume fix: TensorBoard hides events at or after that step
 written by earlier runs into the same directory. Each writer creates its own
 event file in `logdir`, never overwriting one; `gs://` and `s3://` logdirs go
 through tensorboardX's record writers (they need `google-cloud-storage` or
@@ -45,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from writers import _checks
+from writers import _checks, _exit
 from writers._base import BaseWriter
 from writers.interface import Array, Scalar
 
@@ -99,6 +100,7 @@ class TensorBoardWriter(BaseWriter):
             name=f"TensorBoardWriter-flush({self._logdir})",
         )
         self._flusher.start()
+        self._at_exit = _exit.register(self, f"TensorBoardWriter({self._logdir})")
 
     @property
     def logdir(self) -> str:
@@ -189,6 +191,7 @@ class TensorBoardWriter(BaseWriter):
         if self._closed:
             return
         self._closed = True
+        _exit.unregister(self._at_exit)
         self._stop.set()
         self._flusher.join()
         self._file.close()

@@ -289,3 +289,17 @@ def test_remote_paths_use_tensorboardx_writer_factories(tmp_path):
     assert [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")] == [(3, 0.5)]
     with pytest.raises(ValueError, match=r"no writer for nope:// paths"):
         writers.TensorBoardWriter("nope://bucket/run")
+
+
+def test_a_writer_never_closed_still_writes_its_events_at_exit(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import writers\n"
+        f"w = writers.TensorBoardWriter({str(tmp_path)!r}, flush_secs=3600)\n"
+        "w.write_scalars(7, {'loss': 0.25})\n"
+        "# no close() and no flush(): the exit hook must write the buffered event\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")] == [(7, 0.25)]
