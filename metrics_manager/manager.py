@@ -72,6 +72,7 @@ factory with a `collection` keyword defaulting to None is also given
 """
 
 _R = TypeVar("_R")
+_LOG = logging.getLogger(__name__)
 
 _WRITER_METHODS = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 
@@ -297,8 +298,12 @@ class MetricsManager:
 
     def _record(self, err: BaseException) -> None:
         with self._lock:
-            if self._error is None:
+            first = self._error is None
+            if first:
                 self._error = err
+        if first:
+            # Logged now, since the loop may run long before its next call raises it.
+            _LOG.error("MetricsManager %r: %s (the next call raises this)", self.name, err)
 
     def _raise_if_failed(self) -> None:
         err = self._error
@@ -596,7 +601,7 @@ class MetricsManager:
             self.close()
         except Exception as close_err:
             # Keep the loop's own exception; report the background one with it.
-            logging.getLogger(__name__).error("%s", close_err)
+            _LOG.error("%s", close_err)
             if hasattr(exc, "add_note"):  # Python >= 3.11
                 exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")
 

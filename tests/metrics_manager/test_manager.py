@@ -8,6 +8,7 @@ exact. Files written through the default writers are checked in
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -291,6 +292,16 @@ def test_failed_writer_raises_on_next_call_naming_the_writer(next_call):
         with pytest.raises(MetricsManagerError, match="BrokenWriter"):
             manager.close()
     manager.close()
+
+
+def test_a_background_failure_is_logged_when_it_happens(caplog):
+    manager = make()
+    with caplog.at_level(logging.ERROR, logger="metrics_manager.manager"):
+        _fail_compute(manager)
+    (record,) = caplog.records
+    assert "'train'" in record.getMessage() and "'bad_metric'" in record.getMessage()
+    with pytest.raises(MetricsManagerError):
+        manager.close()
 
 
 def test_all_failing_metrics_are_listed_and_later_summaries_are_skipped(monkeypatch):
