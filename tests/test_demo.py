@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import optax
 import pytest
-from tensorboard.backend.event_processing import event_accumulator
+from tensorboard.backend.event_processing import event_accumulator, event_multiplexer
 
 from metrics_manager import demo_model
 
@@ -175,6 +175,10 @@ def test_eval_jsonl_has_one_line_per_eval(demo_run):
 
 def test_tensorboard_sees_train_and_eval_runs_with_every_base_metric(demo_run):
     model_dir, _ = demo_run
+    # What `tensorboard --logdir <model_dir>` finds: one run per summary directory.
+    multiplexer = event_multiplexer.EventMultiplexer().AddRunsFromDirectory(model_dir)
+    multiplexer.Reload()
+    assert sorted(multiplexer.Runs()) == ["eval/synthetic", "train"]
     train = _accumulator(os.path.join(model_dir, "train"))
     evals = _accumulator(os.path.join(model_dir, "eval", "synthetic"))
     train_tags = set(train.Tags()["scalars"])
