@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,3 +135,32 @@ def test_tree_without_arrays_is_returned_unchanged(device_get_calls):
     tree = {"a": 1.0, "b": np.ones(2)}
     assert device_get_batched(tree) is tree
     assert device_get_calls == []
+
+
+_DTYPES = [np.float32, np.int32, np.bool_, np.uint8, np.int8, np.float16, jnp.bfloat16]
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(
+    leaves=st.lists(
+        st.tuples(
+            st.sampled_from(_DTYPES),
+            st.lists(st.integers(0, 3), max_size=2).map(tuple),
+            st.integers(0, 2**16),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_any_mix_of_dtypes_and_shapes_round_trips_exactly(leaves):
+    tree = {}
+    for i, (dtype, shape, seed) in enumerate(leaves):
+        values = np.random.default_rng(seed).integers(-100, 100, size=shape)
+        tree[f"leaf{i}"] = jnp.asarray(
+            values.astype(dtype) if dtype is not np.bool_ else values > 0
+        )
+    out = device_get_batched(tree)
+    for key, value in tree.items():
+        expected = np.asarray(value)
+        assert out[key].dtype == expected.dtype and np.shape(out[key]) == expected.shape, key
+        np.testing.assert_array_equal(np.asarray(out[key]), expected, err_msg=key)
