@@ -38,12 +38,22 @@ def _overhead(quick: bool) -> common.Table:
 def _writer_throughput(quick: bool) -> common.Table:
     from benchmarks import writer_throughput  # noqa: PLC0415
 
-    return common.table_from_rows(
+    rows = writer_throughput.run(quick)
+    doc = (writer_throughput.__doc__ or "").strip().split("\n\n")
+    table = common.table_from_rows(
         key="writer_throughput",
         title="2. Writer throughput",
-        description=(writer_throughput.__doc__ or "").strip().split("\n\n")[0],
-        rows=writer_throughput.run(quick),
+        description=" ".join(" ".join(doc[:2]).split()),
+        rows=rows,
     )
+    table.targets = writer_throughput.targets(rows)
+    for row in rows:
+        if row["writer"] == writer_throughput.TARGET_WRITER:
+            table.headlines.append(
+                f"TensorBoardWriter vs add_scalar (50 scalars/call): "
+                f"{row['x add_scalar @50']:.1f}x, {row['scalars/s @50']:,.0f} scalars/s"
+            )
+    return table
 
 
 def _latency(quick: bool) -> common.Table:
