@@ -13,8 +13,8 @@ A complete training loop in the shape T5X uses, written to be copied:
   the console, a JSONL log and TensorBoard; a second manager writes periodic eval summaries.
 
 Usage:
-    python -m metrics_manager.demo --gin_file=configs/demo.gin \\
-        --gin_bindings='demo_model.TrainConfig.total_steps = 600'
+    python -m metrics_manager.demo --gin_file=configs/demo.gin --gin.TOTAL_STEPS=600 \\
+        --gin_bindings='demo_model.TrainConfig.num_microbatches = 4'
 
 Flags (T5X's names):
     --gin_file          gin files to parse, in order (repeatable).
@@ -52,11 +52,15 @@ import optax
 from absl import app, flags, logging
 from flax.training import train_state
 
-from metrics_manager import demo_model
+from metrics_manager import (
+    MetricsManager,
+    accumulate_grads_microbatched,
+    compute_loss_and_metrics,
+    demo_model,
+    merge_metrics,
+    with_loss_normalization,
+)
 from metrics_manager.gin_utils import configured, write_gin_config
-from metrics_manager.losses import compute_loss_and_metrics, with_loss_normalization
-from metrics_manager.manager import MetricsManager
-from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
 
 Batch = Mapping[str, Any]
 Metrics = dict[str, clu.metrics.Metric]
