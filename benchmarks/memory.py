@@ -5,12 +5,15 @@ Two paths, each writing to TensorBoard + JSONL files in a temporary directory:
   writers: `write_scalars` of 100 fresh floats on `create_default_writer(asynchronous=True)`:
       the loop produces faster than the files absorb, so an unbounded queue would grow
       without limit; a bounded one pushes back and keeps memory flat.
-  manager: `MetricsManager.write_metrics_summary` of 100 device-resident `Sum` metrics,
-      back to back, through the same writers (fewer summaries: each also copies to host).
+  manager: `MetricsManager.write_metrics_summary` of 100 `Sum` metrics freshly made on the
+      device for each summary, back to back, through the same writers (fewer summaries:
+      each also copies to the host).
 
 The resident set size (psutil) is sampled every tenth of the run without flushing (queued
 work counts); the baseline is the RSS after a warm-up of the first 2% of the summaries,
 measured in the same run. The target is on the growth between 10% and 100% of the run.
+`run_all` runs this benchmark in a fresh process, so memory freed by earlier benchmarks
+cannot hide growth.
 
 Run alone: `python -m benchmarks.memory [--quick]`.
 """
@@ -89,18 +92,25 @@ def writers_path(total: int) -> tuple[list[tuple[int, int]], float, int]:
 
 
 def manager_path(total: int) -> tuple[list[tuple[int, int]], float, int]:
-    """`total` summaries of 100 `Sum` metrics through a MetricsManager; as `writers_path`."""
+    """`total` summaries of 100 fresh `Sum` metrics through a MetricsManager; as `writers_path`.
+
+    Every summary gets new device buffers (as a training step makes), so a queue that kept
+    pending summaries would keep their buffers too.
+    """
     from metrics_manager import MetricsManager, Sum  # noqa: PLC0415
 
+    @jax.jit
+    def make_metrics(step: jax.Array) -> dict[str, Any]:
+        values = step.astype(np.float32) + np.arange(NUM_SCALARS, dtype=np.float32)
+        return {f"group{i // 10}/metric{i:03d}": Sum(total=values[i]) for i in range(NUM_SCALARS)}
+
     logdir = tempfile.mkdtemp(prefix="bench_memory_")
-    leaves = jax.device_put(list(np.arange(NUM_SCALARS, dtype=np.float32)))
-    metrics = {f"group{i // 10}/metric{i:03d}": Sum(total=x) for i, x in enumerate(leaves)}
     manager = MetricsManager("memory", summary_dir=logdir, writer_factory=make_writer)
     try:
 
         def write(i: int) -> None:
             manager.start_duration_timer()
-            manager.write_metrics_summary(metrics, i, 1)
+            manager.write_metrics_summary(make_metrics(np.int32(i)), i, 1)
 
         samples, seconds = track(write, total)
         manager.flush()
@@ -121,14 +131,14 @@ def run(
     Args:
       quick: fewer summaries (same table).
       writer_summaries: summaries on the writers path (default 100,000; quick 10,000).
-      manager_summaries: summaries on the manager path (default 20,000; quick 2,000).
+      manager_summaries: summaries on the manager path (default 5,000; quick 1,000).
 
     Returns:
       One row per RSS sample: path, summaries so far, RSS, growth since the warm-up and the
       ratio to the warm-up RSS; the last row of each path is after the final flush.
     """
     writer_summaries = writer_summaries or (10_000 if quick else 100_000)
-    manager_summaries = manager_summaries or (2_000 if quick else 20_000)
+    manager_summaries = manager_summaries or (1_000 if quick else 5_000)
     table = common.Table(
         key="memory",
         title="6. Memory over many asynchronous summaries",

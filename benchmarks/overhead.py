@@ -376,7 +376,7 @@ def run(
     repeats: int | None = None,
     summary_every: tuple[int, ...] = (100, 1),
     size: model.ModelSize = model.DEFAULT,
-    explain_misses: bool = True,
+    explain_misses: bool | None = None,
 ) -> common.Table:
     """Measures every variant at each summary frequency, interleaved; medians and ratios.
 
@@ -387,7 +387,7 @@ def run(
       summary_every: summary frequencies, in steps.
       size: model and batch sizes.
       explain_misses: for each missed target, add a cProfile of (b) at that frequency and
-        a breakdown of one summary's host work to the notes.
+        a breakdown of one summary's host work to the notes (default: unless quick).
 
     Returns:
       The table: one row per (frequency, variant) with the median wall seconds, microseconds
@@ -473,6 +473,8 @@ def run(
             table.targets.append(
                 common.Target(f"overhead ({row['summary']})", row["ratio"], TARGETS[row["every"]])
             )
+    if explain_misses is None:
+        explain_misses = not quick
     if explain_misses:
         for target in table.targets:
             if not target.met:

@@ -16,6 +16,8 @@ and RESULTS.md is left untouched.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import multiprocessing
 import os
 import sys
 import time
@@ -77,7 +79,11 @@ def _microbatching(quick: bool) -> common.Table:
 def _memory(quick: bool) -> common.Table:
     from benchmarks import memory  # noqa: PLC0415
 
-    return memory.run(quick)
+    # A fresh process: memory that earlier benchmarks freed (and the allocator kept) would
+    # otherwise absorb new allocations and hide growth.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(memory.run, quick).result()
 
 
 BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {

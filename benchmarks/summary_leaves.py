@@ -32,6 +32,7 @@ from jax._src import array as jax_array
 from benchmarks import common
 
 SIZES = (10, 100, 1_000, 10_000)
+LINEAR_TARGET = 1.5
 
 
 @dataclasses.dataclass
@@ -273,7 +274,25 @@ def run(
             f"summary cost ({large['leaves']:,} vs {small['leaves']:,} leaves): {growth:.1f}x "
             f"for {large['leaves'] / small['leaves']:,.0f}x the leaves"
         )
+        # Linear growth: the time per leaf of the two largest sizes (fixed costs dominate
+        # small sizes) stays within LINEAR_TARGET.
+        below, top = table.rows[-2], table.rows[-1]
+        table.targets.append(
+            common.Target(
+                f"time per leaf, {top['leaves']:,} vs {below['leaves']:,} leaves (linear growth)",
+                common.ratio(top["us_per_leaf"], below["us_per_leaf"]),
+                LINEAR_TARGET,
+            )
+        )
     most = max(row["library_arrays"] for row in table.rows)
+    table.targets.append(
+        common.Target(
+            "device-to-host arrays copied per summary, any size (one batched transfer)",
+            most,
+            1,
+            unit="",
+        )
+    )
     table.headlines.append(f"device-to-host arrays copied per summary (any size): at most {most}")
     return table
 

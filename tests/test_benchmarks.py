@@ -9,6 +9,7 @@ is asserted exactly.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import threading
@@ -255,6 +256,9 @@ def test_summary_leaves_smoke_counts_one_batched_transfer():
         assert row["t5x_arrays"] == row["t5x_gets"] == row["leaves"]
         assert row["library_arrays"] == 1
     assert any(h.startswith("device-to-host arrays copied per summary") for h in table.headlines)
+    linear, one_transfer = table.targets
+    assert linear.value == table.rows[1]["us_per_leaf"] / table.rows[0]["us_per_leaf"]
+    assert one_transfer.value == 1 and one_transfer.met
 
 
 def test_microbatching_smoke():
@@ -308,6 +312,18 @@ def test_render_results_has_machine_headlines_targets_and_tables():
         assert f"## {i}. Table {i}" in text
         assert f"headline {i}: 1.000x" in text
         assert f"target {i}: 1.000x (target <= 2x): met" in text
+
+
+def test_run_all_writer_throughput_table_has_targets_and_headline(monkeypatch):
+    from benchmarks import writer_throughput
+
+    small = functools.partial(writer_throughput.run, total=30, repeats=1)
+    monkeypatch.setattr(writer_throughput, "run", small)
+    table = run_all.BENCHMARKS["writer_throughput"](True)
+    _check_structure(table)
+    assert {row["writer"] for row in table.rows} >= {"TensorBoardWriter", "tensorboardX add_scalar"}
+    assert len(table.targets) == 2
+    assert table.headlines[0].startswith("TensorBoardWriter vs add_scalar (50 scalars/call): ")
 
 
 def test_run_all_rejects_unknown_benchmarks(capsys):
