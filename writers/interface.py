@@ -23,6 +23,10 @@ Contract, for every writer here:
   or floats in [0, 1]. Videos are `[N, T, H, W, C]`. Audios are `[N, T, C]` floats
   in [-1, 1] with an integer `sample_rate`. Histogram inputs are any finite
   numeric array; `num_buckets` is a per-key mapping (missing keys: 30 buckets).
+* **Bad input** (wrong types, shapes, NaN in a histogram, a non-positive
+  sample rate...) raises `TypeError` or `ValueError` naming every bad key, what
+  was expected and what came, before anything of that call is written; what
+  earlier calls wrote is kept. (`NoopWriter` checks nothing.)
 * **Repeated key at one step**: every call is recorded as given; writing the same
   key twice at one step records two points (TensorBoard shows both, JSONL has two
   lines). Writers never merge or deduplicate.
@@ -30,7 +34,9 @@ Contract, for every writer here:
   called from any thread; it serializes calls onto its worker in call order.
 * **After `close()`**: `close()` is idempotent; `flush()` after close does
   nothing; any write after close raises `WriterClosedError` (a `RuntimeError`).
-  Everything written before `close()` is on disk when it returns.
+  Everything written before `close()` is on disk when it returns. Writers that
+  buffer (`TensorBoardWriter`, `AsyncWriter`) are closed at interpreter exit if
+  the program forgot to.
 
 Example:
   >>> import writers
