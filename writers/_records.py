@@ -1,13 +1,13 @@
-"""TensorBoard event files: TFRecord framing with a fast CRC32C, in pure Python + numpy.
+"""TensorBoard event files: TFRecord framing, written synchronously.
 
 An event file is a sequence of records `[len: u64][masked_crc(len): u32][data]
 [masked_crc(data): u32]`, little-endian, where the CRC is CRC32C (Castagnoli).
-tensorboardX computes that CRC one byte at a time in Python (about 0.1 ms per
-kilobyte here, more than half the cost of writing a 50-scalar event) unless a
-compiled `crc32c` package is installed. `crc32c` below gets the same numbers
-from numpy: CRC is linear over GF(2), so the CRC of a block is the XOR of one
-precomputed table entry per byte position, and blocks are chained by advancing the
-running register over the block length with the same tables.
+The CRC is tensorboardX's `masked_crc32c`, which is fast because the `crc32c`
+package (a declared dependency, hardware CRC instructions) is installed; without
+it tensorboardX falls back to a byte-at-a-time Python loop, more than half the
+cost of writing a 50-scalar event. The file itself is written here rather than
+through tensorboardX's queue-backed `EventFileWriter` so that `flush()` means
+"on disk" and a writer never overwrites an existing file.
 
 `EventFile` writes one file per writer, named like tensorboardX's
 (`events.out.tfevents.<unix seconds>.<host><suffix>`), never overwriting an
@@ -23,78 +23,12 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
-
-_POLY = 0x82F63B78  # CRC32C, reflected.
-_BLOCK = 2048  # bytes per vectorized block; the tables take _BLOCK * 1 KiB.
-
-
-def _byte_table() -> list[int]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ _POLY if crc & 1 else crc >> 1
-        table.append(crc)
-    return table
-
-
-_TABLE = _byte_table()
-_tables: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-_tables_lock = threading.Lock()
-
-
-def _block_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """`ahead[k, b]`: the register contribution of byte b followed by k zero bytes."""
-    global _tables
-    if _tables is not None:
-        return _tables
-    with _tables_lock:
-        if _tables is None:
-            table = np.array(_TABLE, dtype=np.uint32)
-            ahead = np.empty((_BLOCK, 256), np.uint32)
-            ahead[0] = table
-            for k in range(1, _BLOCK):
-                prev = ahead[k - 1]
-                ahead[k] = table[prev & 0xFF] ^ (prev >> 8)  # one more zero byte
-            rows = np.arange(_BLOCK - 1, -1, -1, dtype=np.intp) * 256
-            _tables = ahead, ahead.reshape(-1), rows
-        return _tables
-
-
-def crc32c(data: bytes) -> int:
-    """CRC32C of `data` (same value as `crc32c.crc32c` and tensorboardX's)."""
-    crc = 0xFFFFFFFF
-    if len(data) < 64:  # numpy's call overhead is not worth it for short records.
-        for byte in data:
-            crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-        return crc ^ 0xFFFFFFFF
-    ahead, flat, rows = _block_tables()
-    buf = np.frombuffer(data, np.uint8)
-    for start in range(0, len(buf), _BLOCK):
-        block = buf[start : start + _BLOCK]
-        m = len(block)
-        if m < 4:
-            for byte in block.tolist():
-                crc = _TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-            continue
-        # Register after the block = (old register advanced over m zero bytes)
-        # XOR (contribution of the block's bytes from a zero register).
-        from_data = int(np.bitwise_xor.reduce(flat[rows[_BLOCK - m :] + block]))
-        advanced = int(
-            ahead[m - 1, crc & 0xFF]
-            ^ ahead[m - 2, (crc >> 8) & 0xFF]
-            ^ ahead[m - 3, (crc >> 16) & 0xFF]
-            ^ ahead[m - 4, crc >> 24]
-        )
-        crc = advanced ^ from_data
-    return crc ^ 0xFFFFFFFF
+from tensorboardX.record_writer import masked_crc32c as _tbx_masked_crc32c
 
 
 def masked_crc32c(data: bytes) -> int:
-    """The masked CRC that TFRecord stores."""
-    crc = crc32c(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    """The masked CRC32C that TFRecord stores (tensorboardX's, computed by `crc32c`)."""
+    return _tbx_masked_crc32c(data)
 
 
 def record(data: bytes) -> bytes:
