@@ -258,7 +258,9 @@ def markdown_table(table: Table) -> str:
     return "\n".join(out)
 
 
-def profile(fn: Callable[[], Any], *, top: int = 20, sort: str = "tottime") -> str:
+def profile(
+    fn: Callable[[], Any], *, top: int = 20, sort: str = "tottime", restrict: str | None = None
+) -> str:
     """cProfile of `fn()` over every Python thread it starts, as pstats text.
 
     The calling thread is profiled, and so is every thread started while `fn` runs (the
@@ -270,6 +272,7 @@ def profile(fn: Callable[[], Any], *, top: int = 20, sort: str = "tottime") -> s
       fn: the work to profile.
       top: how many functions to list.
       sort: pstats sort key ("tottime": time in the function itself; "cumulative").
+      restrict: a regular expression: list only functions whose "file:line(name)" matches.
 
     Returns:
       The report: total calls and seconds (summed over threads), then the `top` functions.
@@ -297,7 +300,8 @@ def profile(fn: Callable[[], Any], *, top: int = 20, sort: str = "tottime") -> s
     with lock:
         for profiler in profilers:
             stats.add(profiler)
-    stats.strip_dirs().sort_stats(sort).print_stats(top)
+    amount: tuple[Any, ...] = (top,) if restrict is None else (restrict, top)
+    stats.strip_dirs().sort_stats(sort).print_stats(*amount)
     lines = [line.rstrip() for line in out.getvalue().splitlines()]
     return "\n".join(line for line in lines if line.strip())
 

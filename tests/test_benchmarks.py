@@ -263,16 +263,42 @@ def test_summary_leaves_smoke_counts_one_batched_transfer():
 
 def test_microbatching_smoke():
     table = microbatching.run(
-        counts=(1, 2), global_batch=8, num_steps=2, repeats=1, size=model.SMALL
+        counts=(1, 2, 4), global_batch=8, num_steps=2, repeats=1, size=model.SMALL
     )
     _check_structure(table)
-    assert [row["microbatches"] for row in table.rows] == [1, 2]
-    assert [row["microbatch_size"] for row in table.rows] == [8, 4]
+    assert [(row["implementation"], row["microbatches"]) for row in table.rows] == [
+        (impl, n) for impl in microbatching.IMPLEMENTATIONS for n in (1, 2, 4)
+    ]
+    assert [row["microbatch_size"] for row in table.rows] == [8, 4, 2] * 2
     for row in table.rows:
         assert row["compile_seconds"] > 0 and row["step_seconds"] > 0
         assert row["compile_ratio"] == row["compile_seconds"] / row["baseline_compile_seconds"]
         assert row["step_ratio"] == row["step_seconds"] / row["baseline_step_seconds"]
     assert table.rows[0]["compile_ratio"] == table.rows[0]["step_ratio"] == 1.0
+    # The target compares the largest count that was run (4) with the smallest that loops (2).
+    (target,) = table.targets
+    assert target.value == table.rows[2]["compile_seconds"] / table.rows[1]["compile_seconds"]
+    assert "same values as the library" in table.notes[0]
+
+
+def test_accumulate_in_carry_matches_the_library():
+    from metrics_manager import accumulate_grads_microbatched
+
+    params = model.init_params(jax.random.PRNGKey(0), model.SMALL)
+    batch = model.make_batch(jax.random.PRNGKey(1), model.SMALL)
+    for n in (1, 2, 4):
+        lib_grads, lib_metrics = accumulate_grads_microbatched(
+            microbatching.loss_fn, params, batch, n
+        )
+        grads, metrics = microbatching.accumulate_in_carry(microbatching.loss_fn, params, batch, n)
+        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(lib_grads), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        assert sorted(metrics) == sorted(lib_metrics)
+        for key in metrics:
+            for got, want in zip(
+                jax.tree.leaves(metrics[key]), jax.tree.leaves(lib_metrics[key]), strict=True
+            ):
+                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def test_memory_smoke():
