@@ -31,6 +31,7 @@ import gc
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -521,6 +522,17 @@ def explain(loops: Loops, every: int, *, num_steps: int) -> str:
         report,
         "```",
     ]
+    if every != 1:
+        lines += [
+            "",
+            "**What XLA compiled for each step** (entry computation of the optimized HLO):",
+            "",
+        ]
+        lines += ["| step | fusions | copies | output buffers |", "|---|---:|---:|---:|"]
+        lines += [
+            f"| {name} | {a['fusions']} | {a['copies']} | {a['outputs']} |"
+            for name, a in step_anatomy(loops).items()
+        ]
     if every == 1:
         lines += [
             "",
@@ -530,6 +542,42 @@ def explain(loops: Loops, every: int, *, num_steps: int) -> str:
         lines += ["| component | us per summary |", "|---|---:|"]
         lines += [f"| {name} | {us:.1f} |" for name, us in summary_breakdown(loops).items()]
     return "\n".join(lines)
+
+
+def step_anatomy(loops: Loops) -> dict[str, dict[str, int]]:
+    """What XLA compiled for each variant's step: fusions, copies, output buffers.
+
+    On XLA:CPU every fusion and copy in the entry computation is one runtime task, and
+    every output is one buffer jax allocates and wraps in an Array on each call: the
+    per-step costs that metrics add to a small step.
+    """
+    params = loops.fresh_params()
+    running = jax.eval_shape(loops.step_library, params, None, loops.batch)[1]
+    packed = jax.eval_shape(loops.step_packed, params, None, loops.batch)[1]
+    steps = {
+        "(a) no metrics": (loops.step_none, (params, loops.batch)),
+        "(a') metrics computed, dropped": (loops.step_computed, (params, loops.batch)),
+        "(b) in-step merge (after the first step)": (
+            loops.step_library,
+            (params, running, loops.batch),
+        ),
+        "(b*) packed accumulator (after the first step)": (
+            loops.step_packed,
+            (params, packed, loops.batch),
+        ),
+    }
+    out = {}
+    for name, (fn, args) in steps.items():
+        text = fn.lower(*args).compile().as_text()
+        entry = text[text.index("\nENTRY") :]
+        ops = re.findall(r"= \S+ ([\w-]+)\(", entry)
+        outputs = jax.tree.leaves(jax.eval_shape(fn, *args))
+        out[name] = {
+            "fusions": ops.count("fusion"),
+            "copies": ops.count("copy"),
+            "outputs": len(outputs),
+        }
+    return out
 
 
 def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:

@@ -218,6 +218,12 @@ def test_explain_quotes_a_profile_of_every_thread_and_breaks_a_summary_down():
     assert "| device_get_batched (the manager's batched copy) |" in note
     breakdown = overhead.summary_breakdown(loops, calls=3)
     assert len(breakdown) == 7 and all(us > 0 for us in breakdown.values())
+    anatomy = overhead.step_anatomy(loops)
+    none, computed, library, packed = anatomy.values()
+    # The metrics add compiled work and output buffers; packing leaves two buffers.
+    assert none["outputs"] == len(loops.params0)
+    assert computed["outputs"] > none["outputs"] and computed["fusions"] > none["fusions"]
+    assert packed["outputs"] == len(loops.params0) + 2 < library["outputs"]
 
 
 def test_profile_sees_threads_started_inside():
