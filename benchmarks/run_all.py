@@ -9,6 +9,7 @@ RESULTS.md holds the machine, library versions and date, the headline lines, eve
 target with its verdict, the six tables (medians of repeated, interleaved runs, each
 figure next to its ratio to a baseline measured in the same run) and the hand-written
 analysis kept in benchmarks/ANALYSIS.md (causes of missed targets, found by profiling).
+The same run rewrites the summary between the README's `benchmarks:begin`/`end` markers.
 A benchmark that fails is reported and the others still run; the exit status is then 1
 and RESULTS.md is left untouched.
 """
@@ -132,6 +133,47 @@ def render_results(
     return "\n".join(out)
 
 
+README_PATH = os.path.join(os.path.dirname(HERE), "README.md")
+README_BEGIN = "<!-- benchmarks:begin"
+README_END = "<!-- benchmarks:end -->"
+
+
+def readme_block(tables: Sequence[common.Table], info: dict[str, str]) -> str:
+    """The README's benchmark summary: where the tables are, the headlines, missed targets."""
+    lines = [
+        "Full tables: [benchmarks/RESULTS.md](benchmarks/RESULTS.md) (`make bench`, or "
+        f"`make bench-quick`), measured {info.get('date', '')} on {info.get('cores', '?')} "
+        f"cores ({info.get('cpu', '')}). Ratios are to a baseline measured in the same run; "
+        "the overhead lines are training-loop time with metrics over time without.",
+        "",
+        "```text",
+    ]
+    lines += [line for table in tables for line in table.headlines]
+    lines.append("```")
+    missed = [t for table in tables for t in table.targets if not t.met]
+    if missed:
+        lines += ["", "Targets missed in that run (causes found by profiling, and fixes, are in"]
+        lines += ["RESULTS.md's analysis):", ""]
+        lines += [f"- {target.describe()}" for target in missed]
+    return "\n".join(lines)
+
+
+def update_readme(block: str, path: str = README_PATH) -> bool:
+    """Replaces the text between the README's benchmark markers; False if they are missing."""
+    if not os.path.exists(path):
+        return False
+    with open(path) as f:
+        text = f.read()
+    begin = text.find(README_BEGIN)
+    end = text.find(README_END)
+    if begin < 0 or end < begin:
+        return False
+    begin = text.index("\n", begin) + 1  # keep the marker line itself
+    with open(path, "w") as f:
+        f.write(text[:begin] + block + "\n" + text[end:])
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions, same tables")
@@ -179,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(RESULTS_PATH, "w") as f:
             f.write(render_results(tables, info, args.quick, seconds))
         print(f"wrote {RESULTS_PATH}")
+        if update_readme(readme_block(tables, info)):
+            print(f"updated the benchmark summary in {README_PATH}")
     return 0
 
 

@@ -358,6 +358,31 @@ def test_run_all_writer_throughput_table_has_targets_and_headline(monkeypatch):
     assert table.headlines[0].startswith("TensorBoardWriter vs add_scalar (50 scalars/call): ")
 
 
+def test_update_readme_rewrites_only_the_marked_block(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# Title\n\n## Benchmarks\n\n<!-- benchmarks:begin (note) -->\nold text\n"
+        "<!-- benchmarks:end -->\n\n## Development\n"
+    )
+    table = common.Table(
+        key="t",
+        title="T",
+        description="",
+        columns=[],
+        headlines=["overhead (summary every 100 steps): 1.010x"],
+        targets=[common.Target("overhead (summary every step)", 1.2, 1.15)],
+    )
+    block = run_all.readme_block([table], {"date": "today", "cores": "2", "cpu": "cpu"})
+    assert run_all.update_readme(block, str(readme))
+    text = readme.read_text()
+    assert text.startswith("# Title\n\n## Benchmarks\n\n<!-- benchmarks:begin (note) -->\n")
+    assert text.endswith("<!-- benchmarks:end -->\n\n## Development\n")
+    assert "old text" not in text
+    assert "overhead (summary every 100 steps): 1.010x" in text
+    assert "- overhead (summary every step): 1.200x (target <= 1.15x): MISSED" in text
+    assert not run_all.update_readme(block, str(tmp_path / "missing.md"))
+
+
 def test_run_all_rejects_unknown_benchmarks(capsys):
     with pytest.raises(SystemExit):
         run_all.main(["--only", "nope"])
