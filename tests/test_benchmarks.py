@@ -293,10 +293,16 @@ def test_accumulate_in_carry_matches_the_library():
     params = model.init_params(jax.random.PRNGKey(0), model.SMALL)
     batch = model.make_batch(jax.random.PRNGKey(1), model.SMALL)
     for n in (1, 2, 4):
-        lib_grads, lib_metrics = accumulate_grads_microbatched(
-            microbatching.loss_fn, params, batch, n
-        )
-        grads, metrics = microbatching.accumulate_in_carry(microbatching.loss_fn, params, batch, n)
+        lib_grads, lib_metrics = jax.jit(
+            functools.partial(
+                accumulate_grads_microbatched, microbatching.loss_fn, num_microbatches=n
+            )
+        )(params, batch)
+        grads, metrics = jax.jit(
+            functools.partial(
+                microbatching.accumulate_in_carry, microbatching.loss_fn, num_microbatches=n
+            )
+        )(params, batch)
         for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(lib_grads), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
         assert sorted(metrics) == sorted(lib_metrics)
