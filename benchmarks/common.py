@@ -111,7 +111,9 @@ class Target:
     def describe(self) -> str:
         op = "<=" if self.kind == "max" else ">="
         verdict = "met" if self.met else "MISSED"
-        return f"{self.name}: {self.value:.3f}{self.unit} (target {op} {self.limit:g}{self.unit}): {verdict}"
+        value = f"{self.value:,.0f}" if abs(self.value) >= 1000 else f"{self.value:.3f}"
+        limit = f"{self.limit:,.0f}" if abs(self.limit) >= 1000 else f"{self.limit:g}"
+        return f"{self.name}: {value}{self.unit} (target {op} {limit}{self.unit}): {verdict}"
 
 
 @dataclasses.dataclass
