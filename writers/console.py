@@ -48,7 +48,9 @@ class ConsoleWriter(BaseWriter):
       collection: Name shown in every header, e.g. `train`.
       total_steps: Last step of the run; enables the progress part of the header.
       color: Force colours on or off; None means "only if the stream is a TTY and
-        the NO_COLOR environment variable is unset".
+        the NO_COLOR environment variable is unset", decided once (at
+        construction for a given `stream`, at the first write to each new
+        `sys.stdout` otherwise), not on every write.
       clock: Monotonic seconds, for steps/s and the ETA (patch it in tests).
 
     Raises:
@@ -80,6 +82,10 @@ class ConsoleWriter(BaseWriter):
         self._first: tuple[float, int] | None = None  # (time, step) of the first write
         self._last: tuple[float, int] | None = None
         self._rich: tuple[IO[str], Any] | None = None  # (stream, rich Console) for colour
+        # (stream, colour on it): isatty() and the environment are read once per stream.
+        self._auto: tuple[IO[str], bool] | None = None
+        if color is None and stream is not None:
+            self._auto = (stream, _auto_color(stream))
 
     def write_summaries(
         self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
@@ -194,8 +200,10 @@ class ConsoleWriter(BaseWriter):
     def _print(self, header: str, rows: list[tuple[str, str, bool]]) -> None:
         stream = self._out()
         color = self._color
-        if color is None:  # https://no-color.org: NO_COLOR turns colours off even on a TTY.
-            color = _isatty(stream) and not os.environ.get("NO_COLOR")
+        if color is None:
+            if self._auto is None or self._auto[0] is not stream:
+                self._auto = (stream, _auto_color(stream))
+            color = self._auto[1]
         width = max((len(k) for k, _, _ in rows), default=0)
         # (text, style) pieces; plain output joins the texts, colour output styles them.
         pieces = [(header, "bold")]
@@ -246,6 +254,11 @@ def _rows(
 def _progress_step(step: int, total: int) -> str:
     percent = 100.0 * step / total if total > 0 else 100.0
     return f"step {step:,}/{total:,} ({percent:.1f}%)"
+
+
+def _auto_color(stream: IO[str]) -> bool:
+    # https://no-color.org: NO_COLOR turns colours off even on a TTY.
+    return _isatty(stream) and not os.environ.get("NO_COLOR")
 
 
 def _isatty(stream: IO[str]) -> bool:

@@ -72,6 +72,33 @@ def test_colour_only_on_a_tty(monkeypatch):
     assert no_color.getvalue() == "step 1\n  loss  1\n"
 
 
+def test_colour_is_decided_once_not_on_every_write(monkeypatch):
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+    class CountingTty(FakeTty):
+        calls = 0
+
+        def isatty(self) -> bool:
+            CountingTty.calls += 1
+            return True
+
+    tty = CountingTty()
+    w = writers.ConsoleWriter(tty)
+    for step in range(5):
+        w.write_scalars(step, {"loss": 1.0})
+    assert CountingTty.calls == 1
+    assert tty.getvalue().count("\x1b[") >= 5  # every block coloured
+    plain = io.StringIO()
+    monkeypatch.setattr("sys.stdout", plain)  # stream=None follows sys.stdout
+    w = writers.ConsoleWriter(color=None)
+    w.write_scalars(1, {"loss": 1.0})
+    monkeypatch.setattr("sys.stdout", tty)
+    w.write_scalars(2, {"loss": 1.0})
+    assert plain.getvalue() == "step 1\n  loss  1\n"
+    assert CountingTty.calls == 2  # a new sys.stdout is asked once
+
+
 def test_progress_line_excludes_the_first_compiling_window():
     out, clock = io.StringIO(), FakeClock()
     w = writers.ConsoleWriter(out, total_steps=1000, clock=clock)
