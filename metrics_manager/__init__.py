@@ -39,6 +39,7 @@ from metrics_manager.metrics import (
     set_time_metrics_duration,
     set_time_rate_metrics_duration,
 )
+from metrics_manager.packing import PackedMetrics
 from metrics_manager.timer import DurationTimer
 
 __all__: list[str] = [
@@ -51,6 +52,7 @@ __all__: list[str] = [
     "MetricsManager",
     "MetricsManagerError",
     "Min",
+    "PackedMetrics",
     "SpecialLossNormalizingFactor",
     "Step",
     "StepsPerTime",

@@ -95,6 +95,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metrics_manager.metrics import is_metric_obj
+from metrics_manager.packing import PackedMetrics
 
 __all__ = ["accumulate_grads_microbatched", "merge_metrics", "validate_metrics"]
 
@@ -128,7 +129,9 @@ class _Problems:
         error = TypeError if self.type_errors else ValueError
         if len(problems) == 1:
             raise error(f"{context}: {problems[0]}")
-        raise error(f"{context}: {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems))
+        raise error(
+            f"{context}: {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems)
+        )
 
 
 def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
@@ -249,18 +252,25 @@ def _merge_checked(a: Any, b: Any, function: str, a_what: str, b_what: str) -> N
     problems.raise_if_any(function)
 
 
-def merge_metrics(a: Metrics | None, b: Metrics) -> dict[str, Any]:
+def merge_metrics(
+    a: Metrics | PackedMetrics | None, b: Metrics, *, pack: bool | None = None
+) -> dict[str, Any] | PackedMetrics:
     """Merges two dicts of metrics key by key (`a[k].merge(b[k])`), in or outside `jax.jit`.
 
     Both dicts are checked completely before anything is merged; inside jit the checks run
     at trace time only. See the module docstring for the train step this is made for.
 
     Args:
-        a: the running metrics (older), or None to start a new accumulator.
+        a: the running metrics (older): a dict, a `PackedMetrics` (unpacked with static
+            slices before merging), or None to start a new accumulator.
         b: the new metrics: same keys, same metric type and shapes per key as `a`.
+        pack: True returns a `PackedMetrics` (one flat buffer per dtype, see
+            `metrics_manager.packing`), False a dict; None (default) packs exactly when `a`
+            is a `PackedMetrics`.
 
     Returns:
-        A new dict with `a`'s key order; `b` (validated, as a new dict) when `a` is None.
+        The merged metrics, with `a`'s key order (`b` as a new dict when `a` is None), as a
+        dict or a `PackedMetrics` according to `pack`.
 
     Raises:
         TypeError: a value is not a clu Metric (raw array, float, None, ...), a key is not a
@@ -273,11 +283,20 @@ def merge_metrics(a: Metrics | None, b: Metrics) -> dict[str, Any]:
         >>> merged = merge_metrics(merged, {"n": Sum(3.0), "top": Max(-4.0)})
         >>> float(merged["n"].compute()), float(merged["top"].compute())
         (5.0, 1.0)
+        >>> packed = merge_metrics(None, {"n": Sum(2.0)}, pack=True)
+        >>> packed = merge_metrics(packed, {"n": Sum(3.0)})
+        >>> float(packed.unpack()["n"].compute())
+        5.0
     """
+    if pack is None:
+        pack = isinstance(a, PackedMetrics)
+    elif not isinstance(pack, bool):
+        raise TypeError(f"merge_metrics: pack must be a bool or None, got {_describe(pack)}")
+    if isinstance(a, PackedMetrics):
+        a = a.unpack()
     _merge_checked(a, b, "merge_metrics", "a", "b")
-    if a is None:
-        return dict(b)
-    return {key: metric.merge(b[key]) for key, metric in a.items()}
+    merged = dict(b) if a is None else {key: metric.merge(b[key]) for key, metric in a.items()}
+    return PackedMetrics.pack(merged) if pack else merged
 
 
 def _merge_pieces(a: Any, b: Any) -> Any:
