@@ -13,7 +13,8 @@ Plug it into any training loop:
 What happens where:
 
 * Caller's thread: cheap checks and two queue submissions; it never waits for
-  the device or a writer.
+  the device or a writer, unless `max_pending` jobs are already waiting (see
+  back-pressure below).
 * Timer thread (`timer.DurationTimer`): the window runs from "`block_on`
   ready" to "metrics ready"; donated buffers count as ready.
 * Summary worker (one thread, jobs in call order): waits for the window's
@@ -28,6 +29,14 @@ Only `jax.process_index() == 0` builds a writer (so only it creates files).
 Other processes still time the window and compute the summary (the returned
 future holds the same values on every process, so decisions taken from it
 agree across hosts) but skip every write and never call the writer factory.
+
+Back-pressure: at most `max_pending` jobs (summaries and direct writes, the
+running one included) wait for the worker. Every pending summary keeps its
+metrics' device buffers alive, so a loop that summarizes faster than its
+writers absorb blocks in the submitting call until a job finishes, instead of
+queueing without limit; nothing is dropped. This is the policy of
+`writers.AsyncWriter` (`max_queue`), one level up: with the default 16 the
+loop never waits unless the writers fall 16 jobs behind.
 
 A failure in the background (a metric's `compute_value()`, a writer) is kept:
 the returned future raises it, and so do the next call, `flush()` and
@@ -193,6 +202,10 @@ class MetricsManager:
         @writers.create_default_writer`.
       clock: returns the current time in seconds, used to time summary
         windows; defaults to `time.perf_counter`. Inject a fake in tests.
+      max_pending: most background jobs (summaries and direct writes, the
+        running one included) waiting at once; a submitting call blocks while
+        the worker is this far behind (back-pressure; nothing is dropped).
+        Bounds the memory pinned by pending summaries.
 
     Call a manager from one thread (the training loop), not from callbacks of
     the futures it returns: those run on its worker, which `flush()` and
@@ -205,7 +218,7 @@ class MetricsManager:
     Raises:
       TypeError: a wrong argument type, or a factory result that lacks the
         writer methods the manager calls.
-      ValueError: an empty name.
+      ValueError: an empty name, or `max_pending` < 1.
 
     Example:
       >>> import jax.numpy as jnp
@@ -225,6 +238,7 @@ class MetricsManager:
         *,
         writer_factory: WriterFactory | None = None,
         clock: Clock | None = None,
+        max_pending: int = 16,
     ) -> None:
         problems: list[str] = []
         if not isinstance(name, str):
@@ -241,12 +255,21 @@ class MetricsManager:
             )
         if clock is not None and not callable(clock):
             problems.append(f"clock must be callable returning seconds, got {type(clock).__name__}")
+        if isinstance(max_pending, bool) or not isinstance(max_pending, numbers.Integral):
+            problems.append(
+                f"max_pending must be an int such as 16, got {type(max_pending).__name__}"
+            )
         if problems:
             raise TypeError("MetricsManager: " + "; ".join(problems) + ".")
         if not name.strip("/ "):
             raise ValueError(
                 f"MetricsManager: name must be a non-empty run name such as 'train' or "
                 f"'eval/<task>', got {name!r}."
+            )
+        if max_pending < 1:
+            raise ValueError(
+                f"MetricsManager({name!r}): max_pending must be >= 1, got {max_pending}. It "
+                "bounds the summaries and writes waiting for the worker; 16 suits most loops."
             )
 
         self.name = name
@@ -256,6 +279,8 @@ class MetricsManager:
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._closed = False
+        # One slot per pending job, taken by the submitting call, freed when the job ends.
+        self._pending = threading.BoundedSemaphore(int(max_pending))
         self._writer: Any = None
         if jax.process_index() == 0:
             if writer_factory is None:
@@ -322,23 +347,37 @@ class MetricsManager:
         self._raise_if_failed()
 
     def _submit(
-        self, job: Callable[[], _R], *, after_failure: bool = False
+        self, job: Callable[[], _R], *, after_failure: bool = False, reserved: bool = False
     ) -> concurrent.futures.Future[_R]:
-        """Runs `job` on the summary worker, recording its error before the future fails."""
+        """Runs `job` on the summary worker, recording its error before the future fails.
+
+        Takes a pending slot first (blocking while `max_pending` jobs wait)
+        unless the caller already took one (`reserved`); the slot is freed when
+        the job ends.
+        """
+        if not reserved:
+            self._pending.acquire()
 
         def run() -> _R:
-            if not after_failure and self._error is not None:
-                raise MetricsManagerError(
-                    f"skipped: an earlier background job of MetricsManager {self.name!r} "
-                    f"failed: {self._error}"
-                ) from self._error
             try:
-                return job()
-            except BaseException as err:
-                self._record(err)
-                raise
+                if not after_failure and self._error is not None:
+                    raise MetricsManagerError(
+                        f"skipped: an earlier background job of MetricsManager {self.name!r} "
+                        f"failed: {self._error}"
+                    ) from self._error
+                try:
+                    return job()
+                except BaseException as err:
+                    self._record(err)
+                    raise
+            finally:
+                self._pending.release()
 
-        return self._worker.submit(run)
+        try:
+            return self._worker.submit(run)
+        except BaseException:
+            self._pending.release()
+            raise
 
     def _call_writer(self, step: int | None, what: str, call: Callable[[Any], None]) -> None:
         """Calls the writer (worker thread), translating errors to name it."""
@@ -375,7 +414,9 @@ class MetricsManager:
     ) -> concurrent.futures.Future[Mapping[str, clu.values.Value]]:
         """Summarizes and writes `metrics` in the background; returns at once.
 
-        Stops the duration timer (the window ends when `metrics` are ready),
+        Blocks only while `max_pending` jobs are already waiting for the
+        worker (back-pressure). Stops the duration timer (the window ends when
+        `metrics` are ready),
         then in the summary worker: one batched device-to-host copy, the
         window's duration into every Time metric, `num_steps` into every Step
         metric, `compute_value()` per metric, and `write_values` at `step`.
@@ -406,8 +447,16 @@ class MetricsManager:
         step = checks.step(step, "step", minimum=0)
         num_steps = checks.step(num_steps, "num_steps", minimum=1)
         checks.raise_if_any()
-        duration = self._timer.stop(block_on=snapshot)
-        return self._submit(lambda: self._summarize(snapshot, step, num_steps, duration))
+        # Wait for a slot before the timer holds on to the metrics too.
+        self._pending.acquire()
+        try:
+            duration = self._timer.stop(block_on=snapshot)
+        except BaseException:
+            self._pending.release()
+            raise
+        return self._submit(
+            lambda: self._summarize(snapshot, step, num_steps, duration), reserved=True
+        )
 
     def _summarize(
         self,

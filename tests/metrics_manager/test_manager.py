@@ -446,3 +446,54 @@ def test_write_texts_needs_strings():
     with make() as manager:
         with pytest.raises(TypeError, match="'a': int"):
             manager.write_texts(0, {"a": 1, "b": "fine"})
+
+
+def test_a_full_queue_blocks_the_caller_until_a_job_ends_and_drops_nothing():
+    """With `max_pending=2` and a gated writer, the third submission waits for a slot.
+
+    The slots are instrumented so the test knows, without timing, when a call
+    found none free; the writer stays gated until then, so a call that did not
+    wait would be seen returning first.
+    """
+    writer_free, third_waits = threading.Event(), threading.Event()
+
+    class GatedWriter(RecordingWriter):
+        def write_scalars(self, step: int, scalars: Any) -> None:
+            assert writer_free.wait(timeout=30)
+            super().write_scalars(step, scalars)
+
+    class Slots(threading.BoundedSemaphore):
+        def acquire(self, blocking: bool = True, timeout: float | None = None) -> bool:
+            if super().acquire(blocking=False):
+                return True
+            third_waits.set()  # no slot free: this call waits for one
+            return super().acquire()
+
+    recorder = GatedWriter()
+    manager = make(recorder, clock=lambda: 0.0, max_pending=2)
+    manager._pending = Slots(2)
+    returned: list[int] = []
+
+    def loop() -> None:
+        for step in (1, 2, 3):
+            manager.write_metrics_summary({"loss": Sum(jnp.float32(step))}, step, 1)
+            returned.append(step)
+
+    caller = threading.Thread(target=loop)
+    caller.start()
+    assert third_waits.wait(timeout=30)
+    assert returned == [1, 2]  # the third call is blocked while two jobs are pending
+    writer_free.set()
+    caller.join(timeout=30)
+    assert returned == [1, 2, 3]
+    manager.close()
+    assert [(c[0], c[1], dict(c[2])) for c in written(recorder)[:3]] == [
+        ("write_scalars", s, {"loss": float(s)}) for s in (1, 2, 3)
+    ]
+
+
+def test_max_pending_is_checked():
+    with pytest.raises(ValueError, match="max_pending must be >= 1, got 0"):
+        make(max_pending=0)
+    with pytest.raises(TypeError, match="max_pending must be an int"):
+        make(max_pending=2.5)
