@@ -19,7 +19,8 @@ What happens where:
   ready" to "metrics ready"; donated buffers count as ready.
 * Summary worker (one thread, jobs in call order): waits for the window's
   duration, copies all metrics to the host in one batched transfer
-  (`host_copy.device_get_batched`), sets durations (`set_time_metrics_duration`)
+  (`host_copy.device_get_batched`; for a `PackedMetrics`, one `jax.device_get`
+  of its few buffers and `unpack_host`, with no device dispatch), sets durations (`set_time_metrics_duration`)
   and steps (`set_step_metrics_num_steps`), calls `compute_value()` per metric
   and `writers.write_values`. `write_scalar(s)`, `write_texts`,
   `write_hparams` and `flush` go through the same worker, so everything reaches
@@ -70,6 +71,7 @@ import numpy as np
 import writers
 from metrics_manager import gin_utils, host_copy
 from metrics_manager import metrics as metrics_lib
+from metrics_manager.packing import PackedMetrics
 from metrics_manager.timer import Clock, DurationTimer
 
 WriterFactory = Callable[..., Any]
@@ -410,7 +412,7 @@ class MetricsManager:
         self._timer.start(block_on)
 
     def write_metrics_summary(
-        self, metrics: Mapping[str, Any], step: int, num_steps: int
+        self, metrics: Mapping[str, Any] | PackedMetrics, step: int, num_steps: int
     ) -> concurrent.futures.Future[Mapping[str, clu.values.Value]]:
         """Summarizes and writes `metrics` in the background; returns at once.
 
@@ -423,7 +425,9 @@ class MetricsManager:
 
         Args:
           metrics: name -> CLU metric (or `Collection`), usually merged over the
-            window on the device.
+            window on the device; or a `PackedMetrics` (`merge_metrics(...,
+            pack=True)`), whose few buffers are awaited by the timer and copied
+            in one `jax.device_get`, then unpacked on the host.
           step: the step the summary is written at (usually `start + num_steps`).
           num_steps: number of train steps the metrics cover (> 0).
 
@@ -435,7 +439,8 @@ class MetricsManager:
           writes them.
 
         Raises:
-          TypeError: `metrics` is not a mapping with str keys, or `step` or
+          TypeError: `metrics` is not a `PackedMetrics` or a mapping with str
+            keys, or `step` or
             `num_steps` is not an int.
           ValueError: `step` < 0 or `num_steps` < 1.
           RuntimeError: the manager is closed.
@@ -443,14 +448,19 @@ class MetricsManager:
         """
         self._check_usable("write_metrics_summary")
         checks = _Checks("write_metrics_summary")
-        snapshot = checks.mapping(metrics, "metrics")
+        snapshot: dict[str, Any] | PackedMetrics
+        block_on: Any
+        if isinstance(metrics, PackedMetrics):
+            snapshot, block_on = metrics, metrics.buffers
+        else:
+            snapshot = block_on = checks.mapping(metrics, "metrics")
         step = checks.step(step, "step", minimum=0)
         num_steps = checks.step(num_steps, "num_steps", minimum=1)
         checks.raise_if_any()
         # Wait for a slot before the timer holds on to the metrics too.
         self._pending.acquire()
         try:
-            duration = self._timer.stop(block_on=snapshot)
+            duration = self._timer.stop(block_on=block_on)
         except BaseException:
             self._pending.release()
             raise
@@ -460,7 +470,7 @@ class MetricsManager:
 
     def _summarize(
         self,
-        metrics: dict[str, Any],
+        metrics: dict[str, Any] | PackedMetrics,
         step: int,
         num_steps: int,
         duration_future: concurrent.futures.Future[float | None],
@@ -472,7 +482,7 @@ class MetricsManager:
                 f"summary at step {step} (MetricsManager {self.name!r}): waiting for the train "
                 f"state or the metrics to be ready failed: {type(err).__name__}: {err}"
             ) from err
-        host = host_copy.device_get_batched(metrics)
+        host = _to_host(metrics)
         if duration is None:
             timed = sorted(k for k, m in host.items() if _contains_time_metric(m))
             if timed:
@@ -660,6 +670,25 @@ class MetricsManager:
             f"MetricsManager(name={self.name!r}, summary_dir={self.summary_dir!r}, "
             f"writer={_writer_name(self._writer) if self._writer is not None else None}, {state})"
         )
+
+
+def _to_host(metrics: dict[str, Any] | PackedMetrics) -> dict[str, Any]:
+    """The metrics with NumPy leaves, in one batched transfer (summary worker)."""
+    if not isinstance(metrics, PackedMetrics):
+        return host_copy.device_get_batched(metrics)
+    buffers = metrics.buffers
+    deleted = [
+        f"buffer {i} ({b.dtype}[{b.size}])"
+        for i, b in enumerate(buffers)
+        if isinstance(b, jax.Array) and b.is_deleted()
+    ]
+    if deleted:
+        raise ValueError(
+            f"Cannot copy the PackedMetrics of {metrics.keys()} to the host: "
+            f"{', '.join(deleted)} was deleted (donated to a later computation). Do not donate "
+            "metrics passed to write_metrics_summary (or pass a copy)."
+        )
+    return metrics.unpack_host(jax.device_get(buffers))
 
 
 def _contains_time_metric(metric: Any) -> bool:

@@ -23,7 +23,9 @@ import pytest
 import writers
 from metrics_manager import timer as timer_lib
 from metrics_manager.manager import MetricsManager, MetricsManagerError
+from metrics_manager.merging import merge_metrics
 from metrics_manager.metrics import AveragePerStep, MeanStd, StepsPerTime, Sum, TimeRate
+from metrics_manager.packing import PackedMetrics
 from tests.writers.recording import RecordingWriter
 
 
@@ -33,6 +35,14 @@ class TextMetric(clu_metrics.Metric):
 
     def compute_value(self) -> clu.values.Text:
         return clu.values.Text("test metric")
+
+
+@flax.struct.dataclass
+class MergeableText(TextMetric):
+    """TextMetric that can sit in a merged accumulator (the text does not change)."""
+
+    def merge(self, other: MergeableText) -> MergeableText:
+        return self
 
 
 @flax.struct.dataclass
@@ -93,6 +103,71 @@ def test_t5x_case_summary_and_writer_calls():
         {"loss": 40.0, "accuracy": 10.0, "steps_per_second": 0.05}
     )
     assert calls[1:] == [("write_texts", 4, {"text": "test metric"}), ("close",)]
+
+
+def test_t5x_case_through_a_packed_accumulator_matches_the_dict_path():
+    """Two steps merged into a PackedMetrics give T5X's summary, as the dict path does."""
+
+    def step_metrics() -> dict[str, Any]:
+        return {
+            "loss": Sum(jnp.float32(20.0)),
+            "accuracy": AveragePerStep(total=jnp.float32(10.0)),
+            "steps_per_second": StepsPerTime(),
+            "text": MergeableText(),
+        }
+
+    merge = jax.jit(merge_metrics)
+    packed = merge(merge_metrics(None, step_metrics(), pack=True), step_metrics())
+    plain = merge(merge_metrics(None, step_metrics()), step_metrics())
+    assert isinstance(packed, PackedMetrics) and isinstance(plain, dict)
+    results = []
+    for metrics in (packed, plain):
+        recorder = RecordingWriter()
+        with make(recorder) as manager:
+            manager.start_duration_timer(block_on={"params": jnp.ones(3)})
+            summary = manager.write_metrics_summary(metrics, step=4, num_steps=2).result()
+        results.append((summary, written(recorder)))
+    (packed_summary, packed_calls), (plain_summary, plain_calls) = results
+    assert float(packed_summary["loss"].value) == 40.0
+    assert float(packed_summary["accuracy"].value) == 10.0
+    assert float(packed_summary["steps_per_second"].value) == pytest.approx(0.05)
+    assert packed_summary["text"] == clu.values.Text("test metric")
+    assert packed_summary.keys() == plain_summary.keys()
+    for key, value in plain_summary.items():
+        np.testing.assert_array_equal(np.asarray(packed_summary[key].value), value.value)
+    assert packed_calls[0][:2] == plain_calls[0][:2] == ("write_scalars", 4)
+    assert {k: float(v) for k, v in packed_calls[0][2].items()} == {
+        k: float(v) for k, v in plain_calls[0][2].items()
+    }
+    assert packed_calls[1:] == plain_calls[1:]
+
+
+def test_packed_metrics_are_copied_in_one_device_get_without_dispatch(monkeypatch):
+    packed = merge_metrics(None, t5x_metrics(), pack=True)
+    gets: list[Any] = []
+    real_get = jax.device_get
+    monkeypatch.setattr(jax, "device_get", lambda x: gets.append(x) or real_get(x))
+    monkeypatch.setattr(
+        "metrics_manager.host_copy.device_get_batched",
+        lambda tree: pytest.fail("a PackedMetrics needs no packing dispatch"),
+    )
+    with make() as manager:
+        manager.start_duration_timer()
+        summary = manager.write_metrics_summary(packed, step=4, num_steps=2).result()
+    assert float(summary["loss"].value) == 40.0
+    assert len(gets) == 1 and gets[0] is packed.buffers
+
+
+def test_donated_packed_metrics_say_what_happened():
+    packed = merge_metrics(None, {"loss": Sum(jnp.float32(1.0))}, pack=True)
+    for buffer in packed.buffers:
+        buffer.delete()
+    manager = make(clock=lambda: 0.0)
+    future = manager.write_metrics_summary(packed, step=1, num_steps=1)
+    with pytest.raises(ValueError, match=r"\['loss'\].*buffer 0 \(float32\[1\]\) was deleted"):
+        future.result()
+    with pytest.raises(MetricsManagerError, match="was deleted"):
+        manager.close()
 
 
 def test_summary_dir_is_dir_slash_name(tmp_path):
