@@ -85,7 +85,6 @@ Example:
     (3, 16.0)
 """
 
-import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -444,16 +443,32 @@ def accumulate_grads_microbatched(
 
     microbatches = _split_batch(batch, num_microbatches)
 
-    def body(grad_sum: Any, xs: tuple[Any, Any]) -> tuple[Any, dict[str, Any]]:
-        index, microbatch = xs
-        grads, metrics = grads_and_metrics(microbatch, index)
-        return jax.tree.map(jnp.add, grad_sum, grads), metrics
+    def microbatch_at(index: Any) -> Any:
+        return jax.tree.map(lambda x: x[index], microbatches)
 
-    zeros = jax.tree.map(jnp.zeros_like, params)  # the identity of gradient addition
-    indices = jnp.arange(num_microbatches, dtype=jnp.int32)
-    grads, stacked = jax.lax.scan(body, zeros, (indices, microbatches))
-    pieces = [jax.tree.map(lambda x, i=i: x[i], stacked) for i in range(num_microbatches)]
-    metrics = functools.reduce(
-        lambda a, b: {key: _merge_pieces(m, b[key]) for key, m in a.items()}, pieces
-    )
+    # Microbatch 0 starts the carry (no zeros, no `empty()`); the scan merges each further
+    # microbatch into it, so the program holds one loss and one merge whatever the count.
+    grads, metrics = grads_and_metrics(microbatch_at(0), 0)
+
+    def body(carry: tuple[Any, Metrics], index: jax.Array) -> tuple[tuple[Any, Metrics], None]:
+        grad_sum, running = carry
+        grads, new = grads_and_metrics(microbatch_at(index), index)
+        new = validate_metrics(
+            new,
+            running,
+            what="the metrics loss_fn returned for a microbatch",
+            reference_what="the first microbatch's metrics",
+        )
+        merged = {key: _merge_pieces(metric, new[key]) for key, metric in running.items()}
+        # The carry's type cannot change: keep each leaf's dtype if a merge promoted it.
+        merged = jax.tree.map(_astype_like, merged, running)
+        return (jax.tree.map(jnp.add, grad_sum, grads), merged), None
+
+    indices = jnp.arange(1, num_microbatches, dtype=jnp.int32)
+    (grads, metrics), _ = jax.lax.scan(body, (grads, metrics), indices)
     return grads, metrics
+
+
+def _astype_like(new: Any, old: Any) -> Any:
+    dtype = jax.typeof(old).dtype
+    return new if jax.typeof(new).dtype == dtype else jnp.asarray(new, dtype)
