@@ -450,6 +450,14 @@ def accumulate_grads_microbatched(
     # microbatch into it, so the program holds one loss and one merge whatever the count.
     grads, metrics = grads_and_metrics(microbatch_at(0), 0)
 
+    def merge(running: Metrics, new: Metrics) -> dict[str, Any]:
+        return {key: _merge_pieces(metric, new[key]) for key, metric in running.items()}
+
+    # A scan carry keeps its type. If a merge promotes a leaf (an int32 field averaged into
+    # float32), start the carry with the merged dtype, as merging outside a scan would.
+    merged_type = jax.eval_shape(merge, metrics, metrics)
+    metrics = jax.tree.map(_astype_like, metrics, merged_type)
+
     def body(carry: tuple[Any, Metrics], index: jax.Array) -> tuple[tuple[Any, Metrics], None]:
         grad_sum, running = carry
         grads, new = grads_and_metrics(microbatch_at(index), index)
@@ -459,9 +467,7 @@ def accumulate_grads_microbatched(
             what="the metrics loss_fn returned for a microbatch",
             reference_what="the first microbatch's metrics",
         )
-        merged = {key: _merge_pieces(metric, new[key]) for key, metric in running.items()}
-        # The carry's type cannot change: keep each leaf's dtype if a merge promoted it.
-        merged = jax.tree.map(_astype_like, merged, running)
+        merged = jax.tree.map(_astype_like, merge(running, new), running)
         return (jax.tree.map(jnp.add, grad_sum, grads), merged), None
 
     indices = jnp.arange(1, num_microbatches, dtype=jnp.int32)
@@ -469,6 +475,7 @@ def accumulate_grads_microbatched(
     return grads, metrics
 
 
-def _astype_like(new: Any, old: Any) -> Any:
-    dtype = jax.typeof(old).dtype
-    return new if jax.typeof(new).dtype == dtype else jnp.asarray(new, dtype)
+def _astype_like(value: Any, like: Any) -> Any:
+    """`value` with the dtype of `like` (an array, scalar or shape struct), if it differs."""
+    dtype = like.dtype if isinstance(like, jax.ShapeDtypeStruct) else jax.typeof(like).dtype
+    return value if jax.typeof(value).dtype == dtype else jnp.asarray(value, dtype)

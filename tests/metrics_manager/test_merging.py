@@ -241,6 +241,62 @@ def test_microbatch_invariance_of_max_min_mean_std_and_grads():
         np.testing.assert_allclose(metrics["rate"].numerator, kept.size, err_msg=f"n={n}")
 
 
+def _equation_count(jaxpr):
+    """Equations of a jaxpr, those of its sub-jaxprs (the scan body, ...) included."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += 1
+        for param in eqn.params.values():
+            for sub in param if isinstance(param, tuple | list) else (param,):
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):
+                    count += _equation_count(inner)
+    return count
+
+
+def test_microbatched_program_does_not_grow_with_the_count(monkeypatch):
+    # Microbatches merge into the scan carry: one loss_fn trace and one merge per key at
+    # any count. (Merging stacked scan outputs after the scan traced n - 1 merges.)
+    merges = []
+    original = merging._merge_pieces
+    monkeypatch.setattr(merging, "_merge_pieces", lambda a, b: merges.append(1) or original(a, b))
+    counts = {}
+    for n in (2, 16):
+        merges.clear()
+        jaxpr = jax.make_jaxpr(lambda w, b, n=n: accumulate_grads_microbatched(_per_example_loss_fn, w, b, n))(
+            W, (VALUES, MASK)
+        )
+        counts[n] = (_equation_count(jaxpr.jaxpr), len(merges))
+    num_keys = len(_per_example_loss_fn(W, (VALUES, MASK))[1])
+    assert counts[2] == counts[16]
+    assert counts[16][1] == 2 * num_keys  # one to type the scan carry, one in its body
+
+
+@flax.struct.dataclass
+class _MeanOfPieces(clu_metrics.Metric):
+    """A metric whose merge promotes: the mean of two int32 values is float32."""
+
+    value: jax.Array
+
+    def merge(self, other):
+        return type(self)(value=(self.value + other.value) / 2)
+
+
+def test_a_merge_that_promotes_gives_the_promoted_dtype_through_microbatches():
+    # The scan carry cannot change type; it starts with the merged dtype, not the int32 of
+    # microbatch 0 (no truncation to int).
+    def loss_fn(w, batch):
+        return w * batch.sum(), {"mean": _MeanOfPieces(value=batch.sum().astype(jnp.int32))}
+
+    grads, metrics = jax.jit(lambda w, b: accumulate_grads_microbatched(loss_fn, w, b, 2))(
+        jnp.float32(1.0), jnp.arange(4.0)
+    )
+    # Microbatches hold rows (0, 2) and (1, 3): sums 2 and 4, their mean 3.
+    assert metrics["mean"].value.dtype == jnp.float32
+    np.testing.assert_allclose(metrics["mean"].value, 3.0)
+    np.testing.assert_allclose(grads, 6.0)
+
+
 def test_rng_is_folded_with_the_microbatch_index():
     rng = jax.random.key(7)
 
