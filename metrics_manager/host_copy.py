@@ -11,7 +11,10 @@ time grows faster than linearly: about 7 s for 10,000 scalars here), so large
 trees are first stacked in chunks of at most `CHUNK` same-shaped leaves. Every
 chunk of the same shape and dtype reuses one compiled function, and the final
 pack sees one operand per chunk. jit caches all of these per shape, dtype and
-placement, so a summary of an unchanged tree compiles nothing.
+placement, so a summary of an unchanged tree compiles nothing. The plan
+itself (which leaves go into which chunk, at which byte offset) is cached per
+tree structure and leaf shapes, dtypes and shardings, so a summary of an
+unchanged tree re-inspects no leaf beyond those attributes.
 
 Usage:
 
@@ -35,6 +38,9 @@ T = TypeVar("T")
 
 CHUNK = 256
 """Most leaves stacked by one compiled function (keeps compile time linear)."""
+
+_PLAN_CACHE_SIZE = 64
+"""Most tree layouts whose copy plan is kept (a training run has a handful)."""
 
 
 @jax.jit
@@ -65,6 +71,21 @@ class _Part:
     @property
     def nbytes(self) -> int:
         return len(self.indices) * int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How to copy one tree layout: what `_plan` found, with byte offsets worked out."""
+
+    treedef: Any
+    first_shards: tuple[int, ...]  # replicated leaves, read from their first local copy
+    placements: tuple[tuple[_Part, ...], ...]  # packed parts, one tuple per device
+    stacked: tuple[bool, ...]  # per placement: pre-stack each part (big trees)
+    offsets: tuple[tuple[int, ...], ...]  # per placement, per part: byte offset
+    others: tuple[int, ...]  # leaves fetched by jax.device_get as they are
+
+
+_PLANS: dict[Hashable, _Plan] = {}
 
 
 _PACKABLE: dict[np.dtype, bool] = {}
@@ -135,6 +156,50 @@ def _plan(tree: Any) -> tuple[list[Any], Any, dict[Hashable, list[_Part]], list[
     return leaves, treedef, plans, others
 
 
+def _layout_key(leaves: list[Any], treedef: Any) -> Hashable:
+    return CHUNK, treedef, tuple(
+        (leaf.shape, leaf.dtype, leaf.sharding) if isinstance(leaf, jax.Array) else None
+        for leaf in leaves
+    )
+
+
+def _cached_plan(tree: Any) -> tuple[list[Any], _Plan]:
+    """The tree's leaves and its copy plan, built once per layout.
+
+    Raises `_plan`'s ValueError when a leaf was deleted or cannot be read.
+    """
+    leaves, treedef = jax.tree.flatten(tree)
+    if any(isinstance(leaf, jax.Array) and leaf.is_deleted() for leaf in leaves):
+        _plan(tree)  # raises, listing every bad leaf
+    key = _layout_key(leaves, treedef)
+    plan = _PLANS.get(key)
+    if plan is None:
+        planned, treedef, plans, others = _plan(tree)
+        placements = tuple(tuple(parts) for parts in plans.values())
+        plan = _Plan(
+            treedef=treedef,
+            first_shards=tuple(
+                i for i, (a, b) in enumerate(zip(leaves, planned, strict=True)) if a is not b
+            ),
+            placements=placements,
+            stacked=tuple(
+                len(parts) > 1 and sum(len(p.indices) for p in parts) > CHUNK
+                for parts in placements
+            ),
+            offsets=tuple(
+                tuple(int(o) for o in np.cumsum([0] + [p.nbytes for p in parts[:-1]]))
+                for parts in placements
+            ),
+            others=tuple(others),
+        )
+        if len(_PLANS) >= _PLAN_CACHE_SIZE:
+            del _PLANS[next(iter(_PLANS))]  # the oldest layout
+        _PLANS[key] = plan
+    for i in plan.first_shards:
+        leaves[i] = leaves[i].addressable_data(0)
+    return leaves, plan
+
+
 def device_get_batched(tree: T) -> T:
     """Copies every `jax.Array` leaf of `tree` to the host in one transfer per device.
 
@@ -161,26 +226,25 @@ def device_get_batched(tree: T) -> T:
       >>> out["a"].tolist(), float(out["b"])
       ([0, 1, 2], 2.5)
     """
-    leaves, treedef, plans, others = _plan(tree)
-    if not plans and not others:
+    leaves, plan = _cached_plan(tree)
+    if not plan.placements and not plan.others:
         return tree
 
     buffers = []
-    for parts in plans.values():
-        if len(parts) == 1 or sum(len(p.indices) for p in parts) <= CHUNK:
-            operands = tuple(tuple(leaves[i] for i in p.indices) for p in parts)
-        else:
+    for parts, stacked in zip(plan.placements, plan.stacked, strict=True):
+        if stacked:
             operands = tuple((_stack(tuple(leaves[i] for i in p.indices)),) for p in parts)
+        else:
+            operands = tuple(tuple(leaves[i] for i in p.indices) for p in parts)
         buffers.append(_pack(operands))
-    for i in others:
+    for i in plan.others:
         leaves[i].copy_to_host_async()
-    host_buffers, host_others = jax.device_get((buffers, [leaves[i] for i in others]))
+    host_buffers, host_others = jax.device_get((buffers, [leaves[i] for i in plan.others]))
 
-    out = list(leaves)
-    for parts, buffer in zip(plans.values(), host_buffers, strict=True):
+    out = leaves
+    for parts, offsets, buffer in zip(plan.placements, plan.offsets, host_buffers, strict=True):
         raw = np.asarray(buffer)
-        offset = 0
-        for p in parts:
+        for p, offset in zip(parts, offsets, strict=True):
             if p.nbytes:
                 block = np.frombuffer(raw, p.dtype, p.nbytes // p.dtype.itemsize, offset)
                 block = block.reshape((len(p.indices), *p.shape))
@@ -188,7 +252,6 @@ def device_get_batched(tree: T) -> T:
                 block = np.zeros((len(p.indices), *p.shape), p.dtype)
             for j, i in enumerate(p.indices):
                 out[i] = block[j]
-            offset += p.nbytes
-    for i, value in zip(others, host_others, strict=True):
+    for i, value in zip(plan.others, host_others, strict=True):
         out[i] = value
-    return jax.tree.unflatten(treedef, out)
+    return jax.tree.unflatten(plan.treedef, out)

@@ -496,13 +496,17 @@ class MetricsManager:
             host = metrics_lib.set_time_metrics_duration(host, duration)
         host = metrics_lib.set_step_metrics_num_steps(host, num_steps)
 
-        summary: dict[str, clu.values.Value] = {}
-        failures: list[tuple[str, Any, Exception]] = []
-        for key, metric in host.items():
-            try:
-                summary.update(metrics_lib.compute_metric_values({key: metric}))
-            except Exception as err:
-                failures.append((key, metric, err))
+        try:
+            summary = metrics_lib.compute_metric_values(host)
+        except Exception:
+            summary, failures = {}, []
+            for key, metric in host.items():  # again one by one, to name every failing metric
+                try:
+                    summary.update(metrics_lib.compute_metric_values({key: metric}))
+                except Exception as err:
+                    failures.append((key, metric, err))
+        else:
+            failures = []
         if failures:
             listed = "; ".join(
                 f"metric {key!r} ({type(m).__name__}): {type(e).__name__}: {e}"

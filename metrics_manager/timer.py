@@ -51,13 +51,20 @@ def block_until_ready_or_deleted(tree: Any) -> None:
       >>> import jax.numpy as jnp
       >>> block_until_ready_or_deleted({"x": jnp.ones(3), "y": 1.0})
     """
-    for leaf in jax.tree.leaves(tree):
-        if not isinstance(leaf, jax.Array) or leaf.is_deleted():
-            continue
+    arrays = [
+        leaf
+        for leaf in jax.tree.leaves(tree)
+        if isinstance(leaf, jax.Array) and not leaf.is_deleted()
+    ]
+    try:
+        jax.block_until_ready(arrays)  # one batched wait, not one call per leaf
+        return
+    except Exception:
+        pass  # a buffer may have been donated during the wait: sort it out leaf by leaf
+    for leaf in arrays:
         try:
             leaf.block_until_ready()
         except Exception:
-            # The buffer may have been donated between the check and the wait.
             if leaf.is_deleted():
                 continue
             raise

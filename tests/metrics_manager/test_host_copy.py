@@ -164,3 +164,33 @@ def test_any_mix_of_dtypes_and_shapes_round_trips_exactly(leaves):
         expected = np.asarray(value)
         assert out[key].dtype == expected.dtype and np.shape(out[key]) == expected.shape, key
         np.testing.assert_array_equal(np.asarray(out[key]), expected, err_msg=key)
+
+
+def test_the_plan_is_made_once_per_layout_and_reused_with_new_values(monkeypatch, device_get_calls):
+    monkeypatch.setattr(host_copy, "_PLANS", {})  # no layout cached by earlier tests
+    plans: list[int] = []
+    real_plan = host_copy._plan
+    monkeypatch.setattr(host_copy, "_plan", lambda tree: plans.append(1) or real_plan(tree))
+    mesh = jax.make_mesh((8,), ("data",))
+    replicated = jax.sharding.NamedSharding(mesh, jax.P())
+
+    def tree(x: float, n: int = 2) -> dict[str, object]:
+        return {
+            "sum": Sum(jnp.float32(x)),
+            "vec": jnp.arange(n, dtype=jnp.int32) * int(x),
+            "rep": jax.device_put(jnp.float32(-x), replicated),
+            "host": x,
+        }
+
+    for x in (1.0, 2.0, 3.0):
+        out = device_get_batched(tree(x))
+        assert float(out["sum"].total) == x and float(out["rep"]) == -x and out["host"] == x
+        np.testing.assert_array_equal(out["vec"], np.arange(2) * int(x))
+    assert len(plans) == 1 and device_get_calls == [1, 1, 1]
+    out = device_get_batched(tree(4.0, n=3))  # a new shape is a new layout
+    np.testing.assert_array_equal(out["vec"], np.arange(3) * 4)
+    assert len(plans) == 2
+    gone = tree(5.0)
+    gone["sum"].total.delete()
+    with pytest.raises(ValueError, match=r"\['sum'\]\.total: was deleted"):
+        device_get_batched(gone)  # a cached layout still checks every leaf
