@@ -84,6 +84,14 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
+def _raise_type_error(problems: list[str]) -> None:
+    if len(problems) == 1:
+        raise TypeError(f"PackedMetrics.pack: {problems[0]}")
+    raise TypeError(
+        f"PackedMetrics.pack: {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems)
+    )
+
+
 @jax.tree_util.register_pytree_node_class
 class PackedMetrics:
     """A dict of metrics stored as one flat buffer per dtype; a pytree whose leaves are those.
@@ -147,6 +155,8 @@ class PackedMetrics:
                     f"[{key!r}]: expected a str key and a clu.metrics.Metric (or Collection), "
                     f"got {type(key).__name__} -> {_describe(value)}"
                 )
+        if problems:  # a non-str key would also stop the flattening
+            _raise_type_error(problems)
         paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(dict(metrics))
         arrays = []
         for path, leaf in paths_leaves:
@@ -158,10 +168,7 @@ class PackedMetrics:
                     f"{_describe(leaf)} ({err})"
                 )
         if problems:
-            raise TypeError(
-                "PackedMetrics.pack: "
-                + (problems[0] if len(problems) == 1 else "\n- ".join(["", *problems]))
-            )
+            _raise_type_error(problems)
 
         dtypes: list[str] = []
         sizes: list[int] = []
@@ -183,7 +190,8 @@ class PackedMetrics:
             parts[index].append(flat)
         buffers = [p[0] if len(p) == 1 else jnp.concatenate(p) for p in parts]
         return cls(
-            buffers, _Layout(treedef, tuple(leaves), tuple(dtypes), tuple(sizes), tuple(metrics))
+            buffers,
+            _Layout(treedef, tuple(leaves), tuple(dtypes), tuple(sizes), tuple(sorted(metrics))),
         )
 
     @property
@@ -192,7 +200,7 @@ class PackedMetrics:
         return self._buffers
 
     def keys(self) -> list[str]:
-        """The metric names, in the packed dict's order."""
+        """The metric names, sorted (the order of `unpack()`: JAX flattens dicts by key)."""
         return list(self._layout.keys)
 
     def unpack(self) -> dict[str, Any]:
@@ -266,9 +274,11 @@ class PackedMetrics:
         problems = type_errors + value_errors
         if problems:
             error = TypeError if type_errors else ValueError
+            if len(problems) == 1:
+                raise error(f"PackedMetrics.unpack_host: {problems[0]}")
             raise error(
-                "PackedMetrics.unpack_host: "
-                + (problems[0] if len(problems) == 1 else "\n- ".join(["", *problems]))
+                f"PackedMetrics.unpack_host: {len(problems)} problems:\n"
+                + "\n".join(f"- {p}" for p in problems)
             )
         leaves = [
             arrays[leaf.buffer][leaf.offset : leaf.offset + leaf.size].reshape(leaf.shape)

@@ -1,0 +1,235 @@
+"""PackedMetrics: equal to the unpacked path for every metric type, one buffer per dtype.
+
+The train loop with a packed accumulator (one dispatch per step, no host transfer, a mesh of
+8 devices) is tested next to the unpacked one in test_merging_train_loop.py.
+"""
+
+import doctest
+import functools
+
+import clu.metrics as clu_metrics
+import flax
+import jax
+import jax.numpy as jnp
+import metrax
+import numpy as np
+import pytest
+
+import metrics_manager
+from metrics_manager import PackedMetrics, merge_metrics, packing
+from metrics_manager import metrics as mm
+
+Pair = clu_metrics.Collection.create(accuracy=clu_metrics.Accuracy, loss=clu_metrics.Average.from_output("loss"))
+
+
+@flax.struct.dataclass
+class AnyTrue(clu_metrics.Metric):
+    """A bool-valued metric, for a bool buffer."""
+
+    value: jax.Array
+
+    def merge(self, other):
+        return type(self)(value=self.value | other.value)
+
+    def compute(self):
+        return self.value
+
+
+def step_metrics(x):
+    """Every metric type this library merges: its own, CLU's, metrax's, bool/int/float leaves,
+    a Python-int field (`Step.steps=1`), a Python-float one and None fields (`duration`)."""
+    labels = (x > 0).astype(jnp.int32)
+    logits = jnp.stack([-x, x], axis=-1)
+    probs = jax.nn.sigmoid(x)
+    with jax.numpy_rank_promotion("allow"):  # metrax's AUCROC relies on rank promotion
+        aucroc = metrax.AUCROC.from_model_output(probs, labels, num_thresholds=5)
+    return {
+        "sum": mm.Sum.from_model_output(x),
+        "vector": mm.Sum(x[:3] * 2.0),
+        "steps": mm.Step(),
+        "loss": mm.AveragePerStep.from_model_output(x),
+        "max": mm.Max.from_model_output(x),
+        "min": mm.Min.from_model_output(x),
+        "stats": mm.MeanStd.from_model_output(x),
+        "seconds": mm.Time(),
+        "rate": mm.TimeRate.from_model_output(x.shape[0]),
+        "steps_per_second": mm.StepsPerTime(),
+        "constant": mm.Sum(1.5),
+        "average": clu_metrics.Average.from_model_output(x),
+        "accuracy": clu_metrics.Accuracy.from_model_output(logits=logits, labels=labels),
+        "last": clu_metrics.LastValue.from_model_output(x),
+        "pair": Pair.single_from_model_output(logits=logits, labels=labels, loss=x),
+        "precision": metrax.Precision.from_model_output(probs, labels),
+        "aucroc": aucroc,
+        "any_large": AnyTrue(value=x.max() > 2.0),
+    }
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def step_dict(running, x):
+    return merge_metrics(running, step_metrics(x))
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def step_packed(running, x):
+    return merge_metrics(running, step_metrics(x), pack=True)
+
+
+XS = [jnp.asarray(np.random.default_rng(i).standard_normal(8), jnp.float32) for i in range(3)]
+
+
+def run(step):
+    running = None
+    for x in XS:
+        running = step(running, x)
+    return running
+
+
+def leaf_types(tree):
+    return [(jax.tree_util.keystr(p), jax.typeof(leaf)) for p, leaf in jax.tree_util.tree_leaves_with_path(tree)]
+
+
+def assert_same_metrics(got, expected, *, same_weak_types=True):
+    assert sorted(got) == sorted(expected)
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+        assert jax.typeof(a).dtype == jax.typeof(b).dtype, jax.tree_util.keystr(path)
+        if same_weak_types:
+            assert jax.typeof(a) == jax.typeof(b), jax.tree_util.keystr(path)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(packing, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 8
+    assert result.failed == 0
+
+
+def test_packed_steps_equal_unpacked_steps_for_every_metric_type():
+    expected = run(step_dict)
+    packed = run(step_packed)
+    assert isinstance(packed, PackedMetrics)
+    assert packed.keys() == sorted(step_metrics(XS[0]))
+    # Device side: same leaves, dtypes and weak types (Step.steps stays a weak int32).
+    assert_same_metrics(packed.unpack(), expected)
+    assert packed.unpack()["steps"].steps.weak_type
+    assert packed.unpack()["seconds"].duration is None
+    # Host side: numpy leaves, same values and dtypes.
+    host = packed.unpack_host(jax.device_get(packed.buffers))
+    assert all(isinstance(leaf, np.ndarray) for leaf in jax.tree.leaves(host))
+    assert_same_metrics(host, expected, same_weak_types=False)
+    # And the values users read, worked out from the inputs.
+    everything = np.concatenate([np.asarray(x) for x in XS])
+    np.testing.assert_allclose(host["sum"].compute(), everything.sum(), rtol=1e-5)
+    np.testing.assert_allclose(host["max"].compute(), everything.max())
+    np.testing.assert_allclose(host["stats"].std(), everything.std(), rtol=1e-5)
+    assert int(host["steps"].steps) == 3 and float(host["constant"].compute()) == 4.5
+    assert bool(host["any_large"].compute()) == bool(everything.max() > 2.0)
+    np.testing.assert_allclose(host["pair"].compute()["loss"], everything.mean(), rtol=1e-5)
+
+
+def test_one_buffer_per_dtype_instead_of_one_per_leaf():
+    expected = run(step_dict)
+    packed = run(step_packed)
+    assert len(jax.tree.leaves(expected)) > 30
+    dtypes = sorted(b.dtype.name for b in packed.buffers)
+    assert dtypes == ["bool", "float32", "int32"]
+    assert jax.tree.leaves(packed) == list(packed.buffers)
+    sizes = {dtype: 0 for dtype in dtypes}
+    for leaf in jax.tree.leaves(expected):
+        sizes[np.asarray(leaf).dtype.name] += np.size(leaf)
+    assert {b.dtype.name: b.shape for b in packed.buffers} == {d: (n,) for d, n in sizes.items()}
+    assert "PackedMetrics(keys=['accuracy', 'any_large'," in repr(packed)
+
+
+def test_donation_reuses_the_packed_buffers_and_the_layout_is_stable():
+    step = jax.jit(step_packed.__wrapped__, donate_argnums=0)  # a fresh cache
+    running = step(None, XS[0])
+    for x in XS[1:]:
+        previous = running.buffers
+        running = step(running, x)
+        assert all(b.is_deleted() for b in previous)
+    assert step._cache_size() == 2  # running=None and running=PackedMetrics: no retrace
+
+
+def test_pack_flag():
+    x = XS[0]
+    assert isinstance(merge_metrics(None, step_metrics(x)), dict)
+    packed = merge_metrics(None, step_metrics(x), pack=True)
+    assert isinstance(merge_metrics(packed, step_metrics(x)), PackedMetrics)  # follows `a`
+    unpacked = merge_metrics(packed, step_metrics(x), pack=False)
+    assert isinstance(unpacked, dict)
+    assert_same_metrics(unpacked, merge_metrics(step_metrics(x), step_metrics(x)), same_weak_types=False)
+    with pytest.raises(TypeError, match="pack must be a bool or None, got str"):
+        merge_metrics(None, step_metrics(x), pack="yes")
+
+
+def _error(a, b):
+    with pytest.raises((TypeError, ValueError)) as info:
+        merge_metrics(a, b)
+    return info.type, str(info.value)
+
+
+def test_a_step_that_differs_from_the_packed_running_metrics_gets_the_unpacked_error():
+    running = {"n": mm.Sum(jnp.float32(1.0)), "top": mm.Max(jnp.float32(1.0)), "v": mm.Sum(jnp.ones(3))}
+    packed = PackedMetrics.pack(running)
+    extra_key = {**running, "new": mm.Sum(jnp.float32(2.0))}
+    other_type = {**running, "top": mm.Min(jnp.float32(1.0))}
+    other_shape = {**running, "v": mm.Sum(jnp.ones(4))}
+    for bad in (extra_key, other_type, other_shape):
+        assert _error(packed, bad) == _error(running, bad)
+    error_type, message = _error(packed, extra_key)
+    assert error_type is ValueError and "adds ['new']" in message
+    error_type, message = _error(packed, other_type)
+    assert error_type is TypeError and "['top']: expected Max" in message
+    error_type, message = _error(packed, other_shape)
+    assert "['v'] (Sum) field total: shape mismatch, expected (3,)" in message
+    with pytest.raises(ValueError, match="keys differ"):  # at trace time inside jit too
+        jax.jit(merge_metrics)(packed, extra_key)
+
+
+def test_pack_names_every_bad_value():
+    with pytest.raises(TypeError, match=r"(?s)\['loss'\]: expected a str key and a clu.metrics.Metric.*\[3\]"):
+        PackedMetrics.pack({"loss": jnp.ones(()), 3: mm.Sum(1.0)})
+    with pytest.raises(TypeError, match="expected a dict of name -> clu Metric, got list"):
+        PackedMetrics.pack([mm.Sum(1.0)])
+
+
+def test_unpack_host_checks_the_buffers():
+    packed = PackedMetrics.pack({"n": mm.Sum(jnp.float32(1.0)), "steps": mm.Step(steps=jnp.int32(2))})
+    good = [np.asarray(b) for b in packed.buffers]
+    assert [b.dtype.name for b in good] == ["float32", "int32"]
+    with pytest.raises(TypeError, match=r"(?s)2 problems:.*buffer 0: expected dtype float32, got float64.*buffer 1: expected shape \(1,\), got \(2,\)"):
+        packed.unpack_host([good[0].astype(np.float64), np.zeros(2, np.int32)])
+    with pytest.raises(ValueError, match=r"expected 2 buffers \(dtypes \['float32', 'int32'\]\), got 1"):
+        packed.unpack_host(good[:1])
+    with pytest.raises(TypeError, match="expected a sequence of numpy arrays"):
+        packed.unpack_host(good[0])
+    host = packed.unpack_host(good)
+    assert float(host["n"].compute()) == 1.0 and int(host["steps"].steps) == 2
+
+
+def test_pytree_round_trip_and_device_get():
+    packed = run(step_packed)
+    leaves, treedef = jax.tree.flatten(packed)
+    again = jax.tree.unflatten(treedef, leaves)
+    assert again.keys() == packed.keys() and again.buffers == packed.buffers
+    fetched = jax.device_get(packed)  # numpy buffers, same layout
+    assert isinstance(fetched, PackedMetrics) and isinstance(fetched.buffers[0], np.ndarray)
+    assert_same_metrics(fetched.unpack_host(fetched.buffers), packed.unpack_host(jax.device_get(packed.buffers)))
+
+
+def test_packing_leaves_sharded_over_an_explicit_mesh():
+    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:8])
+    values = jnp.arange(16.0)
+    with jax.set_mesh(mesh):
+        sharded = jax.device_put(values, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
+        packed = jax.jit(lambda v: PackedMetrics.pack({"v": mm.Sum(v), "n": mm.Sum(v.sum())}))(sharded)
+        unpacked = packed.unpack()
+    np.testing.assert_array_equal(unpacked["v"].total, values)
+    assert float(unpacked["n"].total) == float(values.sum())
+
+
+def test_exported_from_the_package():
+    assert metrics_manager.PackedMetrics is PackedMetrics
+    assert "PackedMetrics" in metrics_manager.__all__
