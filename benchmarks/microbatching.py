@@ -7,10 +7,8 @@ so nothing is cached) should not grow with the count: the microbatch loop must b
 compiled loop body. Step time shows what splitting costs at run time. Every figure is a
 ratio to 1 microbatch, measured in the same run.
 
-The table also measures `accumulate_in_carry`, a prototype with the library's contract
-that merges each microbatch's metrics into the `lax.scan` carry instead of merging the
-stacked per-microbatch metrics after the scan in an unrolled Python loop; the notes
-quote a cProfile of tracing the library's step.
+When the target is missed, the notes quote a cProfile of tracing and compiling the
+library's step at the largest count.
 
 Run alone: `python -m benchmarks.microbatching [--quick]`.
 """
@@ -32,11 +30,8 @@ COUNTS = (1, 2, 4, 8, 16, 64)  # the issue's counts, and 64 to show the trend be
 TARGET_COUNT = 16  # the target compares this count with the smallest count that loops
 GLOBAL_BATCH = 64
 COMPILE_TARGET = 1.25
-IMPLEMENTATIONS = ("library", "carry")
-LABELS = {
-    "library": "accumulate_grads_microbatched",
-    "carry": "prototype: merge in the scan carry",
-}
+IMPLEMENTATIONS = ("library",)
+LABELS = {"library": "accumulate_grads_microbatched"}
 
 
 def loss_fn(params: model.Params, microbatch: model.Batch) -> tuple[jax.Array, dict[str, Any]]:
@@ -59,55 +54,14 @@ def loss_fn(params: model.Params, microbatch: model.Batch) -> tuple[jax.Array, d
     return loss, metrics
 
 
-def accumulate_in_carry(
-    loss_fn: Callable[..., Any], params: Any, batch: Any, num_microbatches: int
-) -> tuple[Any, dict[str, Any]]:
-    """Prototype fix: merges each microbatch's metrics into the `lax.scan` carry.
-
-    Same contract and microbatch split (strided rows) as
-    `metrics_manager.accumulate_grads_microbatched`, and the same merge (CLU's
-    `_reduce_merge`, for pieces of one step), but microbatch 0 starts the carry and the
-    scan body merges into it, so the program holds one loss, one gradient and one merge
-    whatever the count. The library instead returns every microbatch's metrics as scan
-    outputs and merges the pieces after the scan in an unrolled Python loop.
-    """
-
-    def grads_and_metrics(microbatch: Any) -> tuple[Any, dict[str, Any]]:
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, microbatch)
-        return grads, jax.tree.map(jnp.asarray, metrics)
-
-    def split(x: jax.Array) -> jax.Array:
-        rows = x.shape[0] // num_microbatches
-        return x.reshape((rows, num_microbatches, *x.shape[1:])).swapaxes(0, 1)
-
-    microbatches = jax.tree.map(split, batch)
-    grads, metrics = grads_and_metrics(jax.tree.map(lambda x: x[0], microbatches))
-    if num_microbatches == 1:
-        return grads, metrics
-
-    def body(carry: Any, microbatch: Any) -> tuple[Any, None]:
-        grad_sum, running = carry
-        grads, metrics = grads_and_metrics(microbatch)
-        merged = {key: running[key]._reduce_merge(metrics[key]) for key in running}
-        # Keep the carry's dtypes exactly (a merge may promote weak-typed leaves).
-        merged = jax.tree.map(lambda new, old: jnp.asarray(new, old.dtype), merged, running)
-        return (jax.tree.map(jnp.add, grad_sum, grads), merged), None
-
-    rest = jax.tree.map(lambda x: x[1:], microbatches)
-    (grads, metrics), _ = jax.lax.scan(body, (grads, metrics), rest)
-    return grads, metrics
-
-
 def make_step(num_microbatches: int, implementation: str = "library") -> Callable[..., Any]:
     """A fresh jitted train step (a new function, so no compilation cache is shared)."""
     from metrics_manager import accumulate_grads_microbatched  # noqa: PLC0415
 
-    accumulate = {"library": accumulate_grads_microbatched, "carry": accumulate_in_carry}[
-        implementation
-    ]
+    del implementation  # one implementation today; the parameter keeps room for prototypes
 
     def step(params: model.Params, batch: model.Batch) -> tuple[model.Params, dict[str, Any]]:
-        grads, metrics = accumulate(loss_fn, params, batch, num_microbatches)
+        grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, num_microbatches)
         return model.sgd(params, grads), metrics
 
     return jax.jit(step, donate_argnums=0)
@@ -144,15 +98,6 @@ class Stepper:
             params, metrics = step(params, self.batch)
         jax.block_until_ready((params, metrics))
         return (time.perf_counter() - start) / num_steps
-
-    def values(self, implementation: str, num_microbatches: int) -> dict[str, float]:
-        """The step's metric values (timing metrics left out: they need a duration)."""
-        from metrics_manager import compute_metric_values  # noqa: PLC0415
-
-        params = jax.tree.map(jnp.copy, self.params0)
-        _, metrics = self.steps[implementation, num_microbatches](params, self.batch)
-        metrics = {k: m for k, m in metrics.items() if not k.startswith("timing/")}
-        return {k: float(v.value) for k, v in compute_metric_values(metrics).items()}
 
 
 def run(
@@ -202,17 +147,15 @@ def run(
         description=(
             f"A jitted SGD step of the benchmark model at a global batch of {global_batch} "
             f"sequences of {size.length} tokens; gradients and 20 metrics (base metrics, "
-            "Max, Min, MeanStd of the logits) from `accumulate_grads_microbatched`, and from "
-            "a prototype that merges the metrics in the scan carry (`accumulate_in_carry`). "
+            "Max, Min, MeanStd of the logits) from `accumulate_grads_microbatched`. "
             "Compile = trace + lower + XLA compile of a fresh function; step = mean over "
-            f"{num_steps} steps. Medians of {repeats} interleaved repetitions; ratios to the "
-            f"library at {counts[0]} microbatch(es). One microbatch compiles a program "
+            f"{num_steps} steps. Medians of {repeats} interleaved repetitions; ratios to "
+            f"{counts[0]} microbatch(es). One microbatch compiles a program "
             "without a loop; from two on the loss runs in a `lax.scan`, so the target "
             f"compares {TARGET_COUNT} microbatches with the smallest count that loops; 64 is "
             "beyond the issue's counts, measured to show the trend."
         ),
         columns=[
-            common.Column("label", "implementation"),
             common.Column("microbatches", "microbatches"),
             common.Column("microbatch_size", "microbatch size"),
             common.Column("compile_s", "compile (s)", ".3f"),
@@ -244,7 +187,7 @@ def run(
     for impl in IMPLEMENTATIONS:
         rows = [row for row in table.rows if row["implementation"] == impl]
         looping = [row for row in rows if row["microbatches"] > 1]
-        name = "compile time" if impl == "library" else "prototype compile time"
+        name = "compile time"
         for high in looping[1:]:
             low = looping[0]
             growth = common.ratio(high["compile_seconds"], low["compile_seconds"])
@@ -274,13 +217,6 @@ def run(
         f"{last['step_ratio']:.3f}x"
     )
     n = counts[-1]
-    lib_values, carry_values = stepper.values("library", n), stepper.values("carry", n)
-    diffs = {k: abs(lib_values[k] - carry_values[k]) for k in lib_values}
-    worst = max(diffs, key=diffs.__getitem__)
-    table.notes.append(
-        f"At {n} microbatches the prototype reports the same values as the library (largest "
-        f"difference {diffs[worst]:.2e}, in `{worst}`), so the comparison is like for like."
-    )
     if explain_misses is None:
         explain_misses = not quick
     if explain_misses and any(not target.met for target in table.targets):

@@ -2,13 +2,15 @@
 
 A ~0.6 ms jitted SGD step of a small model (`benchmarks.model`) returns a 20-metric dict;
 the loop runs 2,000 steps and writes a summary every 100 steps, then every step, to
-console + TensorBoard + JSONL. Four ways of doing it, plus a reference, measured
-interleaved in the same run:
+console + TensorBoard + JSONL. Four ways of doing it (two settings of this library),
+plus a reference, measured interleaved in the same run:
 
   (a) no metrics at all: the baseline every ratio is taken against;
   (a') the step computes its metrics and the loop drops them (what computing them costs);
-  (b) this library as the README shows: metrics merged inside the jitted step with buffer
-      donation (`merge_metrics`), summaries through `MetricsManager.write_metrics_summary`;
+  (b) this library as the README says for many metrics and sub-millisecond steps: metrics
+      merged inside the jitted step with buffer donation into one buffer per dtype
+      (`merge_metrics(..., pack=True)`), summaries through `MetricsManager`;
+  (b0) the same with the README's default `merge_metrics` (one buffer per metric leaf);
   (c) T5X's way: the step returns its metrics, a separate jitted merge is dispatched after
       every step, and at summary time every leaf is fetched with its own `jax.device_get`
       before a background thread computes and writes the values;
@@ -29,7 +31,6 @@ import dataclasses
 import functools
 import gc
 import json
-import math
 import os
 import re
 import shutil
@@ -43,12 +44,12 @@ import jax.numpy as jnp
 
 from benchmarks import common, model
 
-VARIANTS = ("none", "computed", "library", "packed", "t5x", "naive")
+VARIANTS = ("none", "computed", "library", "dict", "t5x", "naive")
 LABELS = {
     "none": "(a) no metrics",
     "computed": "(a') metrics computed in the step, then dropped",
-    "library": "(b) this library: in-step merge + MetricsManager",
-    "packed": "(b*) prototype fix: (b) with the accumulator packed in 1 buffer per dtype",
+    "library": "(b) this library as the README says for sub-ms steps: merge_metrics(pack=True)",
+    "dict": "(b0) this library, default merge_metrics (one buffer per metric leaf)",
     "t5x": "(c) T5X: jitted merge per step + per-leaf device_get",
     "naive": "(d) naive: float(loss) per step + add_scalar per value",
 }
@@ -122,38 +123,6 @@ def make_writer(logdir: str | None) -> Any:
     )
 
 
-class Packer:
-    """Packs a metrics pytree into one flat buffer per dtype, and back (prototype fix).
-
-    Carrying the running metrics as two buffers instead of ~30 leaves removes the per-leaf
-    cost of every step's dispatch (inputs, donated outputs, output copies). Both directions
-    are traced into the caller's jit, so they cost a few fused slices per step.
-    """
-
-    def __init__(self, shapes: Any) -> None:
-        leaves, self.treedef = jax.tree.flatten(shapes)
-        self.layout: list[tuple[str, int, tuple[int, ...]]] = []
-        self.sizes: dict[str, int] = {}
-        for leaf in leaves:
-            dtype = jnp.dtype(leaf.dtype).name
-            offset = self.sizes.get(dtype, 0)
-            self.layout.append((dtype, offset, tuple(leaf.shape)))
-            self.sizes[dtype] = offset + math.prod(leaf.shape)
-
-    def pack(self, tree: Any) -> dict[str, jax.Array]:
-        parts: dict[str, list[jax.Array]] = {dtype: [] for dtype in self.sizes}
-        for (dtype, _, _), leaf in zip(self.layout, jax.tree.leaves(tree), strict=True):
-            parts[dtype].append(jnp.ravel(jnp.asarray(leaf, dtype)))
-        return {dtype: jnp.concatenate(p) for dtype, p in parts.items()}
-
-    def unpack(self, packed: Mapping[str, jax.Array]) -> Any:
-        leaves = [
-            packed[dtype][offset : offset + math.prod(shape)].reshape(shape)
-            for dtype, offset, shape in self.layout
-        ]
-        return jax.tree.unflatten(self.treedef, leaves)
-
-
 class Loops:
     """The compiled steps of every variant for one model size, and one timed loop per variant."""
 
@@ -176,7 +145,7 @@ class Loops:
         @functools.partial(jax.jit, donate_argnums=(0, 1))
         def step_library(params, running, batch):
             grads, metrics = grads_and_metrics(params, batch)
-            return model.sgd(params, grads), merge_metrics(running, metrics)
+            return model.sgd(params, grads), merge_metrics(running, metrics, pack=True)
 
         @functools.partial(jax.jit, donate_argnums=0)
         def step_t5x(params, batch):
@@ -194,19 +163,12 @@ class Loops:
             loss = metrics["loss"].total
             return model.sgd(params, grads), loss, model.metric_values(metrics)
 
-        running_shape = jax.eval_shape(
-            lambda p, b: merge_metrics(None, grads_and_metrics(p, b)[1]), self.params0, self.batch
-        )
-        packer = Packer(running_shape)
-
         @functools.partial(jax.jit, donate_argnums=(0, 1))
-        def step_packed(params, packed, batch):
+        def step_dict(params, running, batch):
             grads, metrics = grads_and_metrics(params, batch)
-            running = None if packed is None else packer.unpack(packed)
-            return model.sgd(params, grads), packer.pack(merge_metrics(running, metrics))
+            return model.sgd(params, grads), merge_metrics(running, metrics)
 
-        self.step_packed = step_packed
-        self.unpack = jax.jit(packer.unpack)
+        self.step_dict = step_dict
         self.step_none = step_none
         self.step_computed = step_t5x  # the reference (a'): the same step, metrics dropped
         self.step_library = step_library
@@ -255,6 +217,15 @@ class Loops:
         return clock.read()
 
     def _run_library(self, logdir: str, num_steps: int, every: int) -> Timing:
+        return self._run_manager(self.step_library, logdir, num_steps, every)
+
+    def _run_dict(self, logdir: str, num_steps: int, every: int) -> Timing:
+        return self._run_manager(self.step_dict, logdir, num_steps, every)
+
+    def _run_manager(
+        self, train_step: Callable[..., Any], logdir: str, num_steps: int, every: int
+    ) -> Timing:
+        """The README's loop: in-step merge with donation, a summary every `every` steps."""
         from metrics_manager import MetricsManager  # noqa: PLC0415
 
         params, batch = self.fresh_params(), self.batch
@@ -264,33 +235,10 @@ class Loops:
             manager.start_duration_timer(block_on=params)
             running = None
             for i in range(num_steps):
-                params, running = self.step_library(params, running, batch)
+                params, running = train_step(params, running, batch)
                 if (i + 1) % every == 0:
                     manager.write_metrics_summary(running, i + 1, every)
                     running = None
-                    manager.start_duration_timer(block_on=params)
-                clock.step_done(i + 1)
-            manager.flush()
-            jax.block_until_ready(params)
-            return clock.read()
-        finally:
-            manager.close()
-
-    def _run_packed(self, logdir: str, num_steps: int, every: int) -> Timing:
-        from metrics_manager import MetricsManager  # noqa: PLC0415
-
-        params, batch = self.fresh_params(), self.batch
-        manager = MetricsManager("train", summary_dir=logdir, writer_factory=make_writer)
-        try:
-            clock = Stopwatch()
-            manager.start_duration_timer(block_on=params)
-            packed = None
-            for i in range(num_steps):
-                params, packed = self.step_packed(params, packed, batch)
-                if (i + 1) % every == 0:
-                    # One dispatch turns the buffers back into the metrics dict.
-                    manager.write_metrics_summary(self.unpack(packed), i + 1, every)
-                    packed = None
                     manager.start_duration_timer(block_on=params)
                 clock.step_done(i + 1)
             manager.flush()
@@ -416,8 +364,9 @@ def run(
             "metrics via `compute_base_metrics`, learning rate, gradient norm); writers "
             "console (to /dev/null) + TensorBoard + JSONL. Each time covers the loop and "
             "flushing every summary. (a') is the step of (c) with its metrics dropped: what "
-            "computing them costs before anything is merged or written. (b*) is (b) with a "
-            "change to the library prototyped here (see the notes). "
+            "computing them costs before anything is merged or written. (b) follows the "
+            "README's advice for many metrics and sub-millisecond steps (`pack=True`: the "
+            "window's metrics as one buffer per dtype); (b0) is the README's default loop. "
             f"{repeats} interleaved runs per cell; time = median {WINDOW}-step window (over "
             "all windows of all runs) x windows + median final flush, so a burst of load "
             "from another process spoils a window, not a run; ratio = time / time of (a) at "
@@ -461,7 +410,7 @@ def run(
             )
     names = {
         "library": "overhead",
-        "packed": "prototype fix",
+        "dict": "overhead, default merge",
         "t5x": "T5X's way",
         "naive": "naive way",
     }
@@ -552,18 +501,18 @@ def step_anatomy(loops: Loops) -> dict[str, dict[str, int]]:
     per-step costs that metrics add to a small step.
     """
     params = loops.fresh_params()
-    running = jax.eval_shape(loops.step_library, params, None, loops.batch)[1]
-    packed = jax.eval_shape(loops.step_packed, params, None, loops.batch)[1]
+    packed = jax.eval_shape(loops.step_library, params, None, loops.batch)[1]
+    running = jax.eval_shape(loops.step_dict, params, None, loops.batch)[1]
     steps = {
         "(a) no metrics": (loops.step_none, (params, loops.batch)),
         "(a') metrics computed, dropped": (loops.step_computed, (params, loops.batch)),
-        "(b) in-step merge (after the first step)": (
+        "(b) merge_metrics(pack=True) (after the first step)": (
             loops.step_library,
-            (params, running, loops.batch),
-        ),
-        "(b*) packed accumulator (after the first step)": (
-            loops.step_packed,
             (params, packed, loops.batch),
+        ),
+        "(b0) default merge_metrics (after the first step)": (
+            loops.step_dict,
+            (params, running, loops.batch),
         ),
     }
     out = {}

@@ -15,7 +15,6 @@ import re
 import threading
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -192,23 +191,6 @@ def test_stopwatch_marks_window_boundaries():
     assert timing.wall == pytest.approx(sum(timing.windows) + timing.tail)
 
 
-def test_packer_round_trips_a_metrics_tree():
-    import metrics_manager as mm
-
-    tree = {
-        "a": mm.Sum(total=jnp.arange(3.0)),
-        "b": mm.AveragePerStep(total=jnp.float32(2.0), steps=jnp.int32(4)),
-        "c": mm.Max(jnp.float32(-1.5)),
-    }
-    packer = overhead.Packer(jax.eval_shape(lambda: tree))
-    packed = jax.jit(packer.pack)(tree)
-    assert {k: v.shape for k, v in packed.items()} == {"float32": (5,), "int32": (1,)}
-    back = jax.jit(packer.unpack)(packed)
-    assert jax.tree.structure(back) == jax.tree.structure(tree)
-    for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(tree), strict=True):
-        np.testing.assert_array_equal(got, want)
-
-
 def test_explain_quotes_a_profile_of_every_thread_and_breaks_a_summary_down():
     loops = overhead.Loops(model.SMALL)
     loops.warm_up()
@@ -219,11 +201,11 @@ def test_explain_quotes_a_profile_of_every_thread_and_breaks_a_summary_down():
     breakdown = overhead.summary_breakdown(loops, calls=3)
     assert len(breakdown) == 7 and all(us > 0 for us in breakdown.values())
     anatomy = overhead.step_anatomy(loops)
-    none, computed, library, packed = anatomy.values()
+    none, computed, packed, per_leaf = anatomy.values()
     # The metrics add compiled work and output buffers; packing leaves two buffers.
     assert none["outputs"] == len(loops.params0)
     assert computed["outputs"] > none["outputs"] and computed["fusions"] > none["fusions"]
-    assert packed["outputs"] == len(loops.params0) + 2 < library["outputs"]
+    assert packed["outputs"] == len(loops.params0) + 2 < per_leaf["outputs"]
 
 
 def test_profile_sees_threads_started_inside():
@@ -275,7 +257,7 @@ def test_microbatching_smoke():
     assert [(row["implementation"], row["microbatches"]) for row in table.rows] == [
         (impl, n) for impl in microbatching.IMPLEMENTATIONS for n in (1, 2, 4)
     ]
-    assert [row["microbatch_size"] for row in table.rows] == [8, 4, 2] * 2
+    assert [row["microbatch_size"] for row in table.rows] == [8, 4, 2]
     for row in table.rows:
         assert row["compile_seconds"] > 0 and row["step_seconds"] > 0
         assert row["compile_ratio"] == row["compile_seconds"] / row["baseline_compile_seconds"]
@@ -284,33 +266,6 @@ def test_microbatching_smoke():
     # The target compares the largest count that was run (4) with the smallest that loops (2).
     (target,) = table.targets
     assert target.value == table.rows[2]["compile_seconds"] / table.rows[1]["compile_seconds"]
-    assert "same values as the library" in table.notes[0]
-
-
-def test_accumulate_in_carry_matches_the_library():
-    from metrics_manager import accumulate_grads_microbatched
-
-    params = model.init_params(jax.random.PRNGKey(0), model.SMALL)
-    batch = model.make_batch(jax.random.PRNGKey(1), model.SMALL)
-    for n in (1, 2, 4):
-        lib_grads, lib_metrics = jax.jit(
-            functools.partial(
-                accumulate_grads_microbatched, microbatching.loss_fn, num_microbatches=n
-            )
-        )(params, batch)
-        grads, metrics = jax.jit(
-            functools.partial(
-                microbatching.accumulate_in_carry, microbatching.loss_fn, num_microbatches=n
-            )
-        )(params, batch)
-        for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(lib_grads), strict=True):
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-        assert sorted(metrics) == sorted(lib_metrics)
-        for key in metrics:
-            for got, want in zip(
-                jax.tree.leaves(metrics[key]), jax.tree.leaves(lib_metrics[key]), strict=True
-            ):
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=key)
 
 
 def test_memory_smoke():
