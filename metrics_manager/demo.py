@@ -255,12 +255,9 @@ def compile_merging_step(
     Returns:
         `call(x, running, batch)` with the step's outputs.
     """
+    first = step_fn.lower(x, None, batch).compile()
     running_shapes = metrics_of(jax.eval_shape(step_fn, x, None, batch))
-    # XLA compiles without holding the GIL, so the two variants compile side by side.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        first, rest = pool.map(
-            lambda running: step_fn.lower(x, running, batch).compile(), [None, running_shapes]
-        )
+    rest = step_fn.lower(x, running_shapes, batch).compile()
 
     def call(x: Any, running: Metrics | None, batch: Batch) -> Any:
         return (first if running is None else rest)(x, running, batch)
