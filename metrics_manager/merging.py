@@ -14,7 +14,7 @@ The train step
         grads, metrics = accumulate_grads_microbatched(
             loss_fn, state.params, batch, num_microbatches)
         state = state.apply_gradients(grads=grads)
-        return state, merge_metrics(running, metrics)
+        return state, merge_metrics(running, metrics, pack=True)
 
     running = None                      # the first step of every summary window
     for step in range(start, end):
@@ -42,6 +42,18 @@ rejected because:
 Donation (`donate_argnums=(0, 1)`) lets XLA write the merged metrics into the previous
 accumulator's buffers; on the first step there is nothing to donate and JAX does not warn.
 
+The accumulator is packed (`pack=True`): a `PackedMetrics` holding one flat buffer per dtype
+(usually float32 and int32) instead of one buffer per metric field. Every output of a
+compiled step is a buffer that XLA allocates and JAX wraps on every call; 20 metrics are
+about 37 of them, 10% of a 0.65 ms CPU step, and packed they are 2 or 3 (the step unpacks
+with static slices, merges and repacks with one concatenate per dtype, all compiled in).
+Nothing else changes: the same checks and error messages, donation, `running=None` to start
+a window. `MetricsManager.write_metrics_summary` takes it as it takes a dict (one copy of
+`running.buffers`, unpacked on the host); to read values yourself, `running.unpack()`
+(device) or `running.unpack_host(jax.device_get(running.buffers))` (numpy). Without
+`pack=True` the accumulator is a plain dict, which costs the per-leaf overhead but needs no
+unpacking.
+
 Validation costs nothing per step: `merge_metrics` and `accumulate_grads_microbatched` check
 keys, types and shapes while JAX traces, which happens once per compiled variant. Every
 problem is collected before anything is merged and reported in one error that names the key,
@@ -53,10 +65,11 @@ Any CLU metric merges here unchanged: this library's types, CLU's `Average`, `Ac
 
 Microbatches
 ------------
-`accumulate_grads_microbatched` runs the loss function once per microbatch in a `lax.scan`,
-summing gradients in the carry and collecting each microbatch's metrics as scan outputs,
-then merges those pieces. No metric is ever merged with zeros or with `empty()`: the first
-microbatch's metrics start the merge. The pieces of one step merge with CLU's
+`accumulate_grads_microbatched` runs the loss function on the first microbatch, then on the
+others in a `lax.scan` whose carry holds the summed gradients and the merged metrics. No
+metric is ever merged with zeros or with `empty()`: the first microbatch's metrics start the
+carry. The program holds one loss function and one merge whatever the number of
+microbatches, so compile time does not grow with it. The pieces of one step merge with CLU's
 `_reduce_merge`, the merge CLU defines for parts of one global batch (devices), which is the
 same as `merge` except that CLU's `LastValue` averages over the pieces instead of keeping
 the last one, and a `Step` metric counts one step, not one per microbatch. Reported values do
@@ -76,12 +89,15 @@ Example:
     ... def train_step(params, running, batch):
     ...     grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, 2)
     ...     params = jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
-    ...     return params, merge_metrics(running, metrics)
+    ...     return params, merge_metrics(running, metrics, pack=True)
     >>> params, running = {"w": jnp.zeros(())}, None
     >>> batch = {"x": jnp.ones(4), "y": jnp.array([1.0, 2.0, 3.0, 4.0])}
     >>> for _ in range(3):
     ...     params, running = train_step(params, running, batch)
-    >>> int(running["loss"].steps), float(running["loss_max"].compute())
+    >>> [b.dtype.name for b in running.buffers]  # 3 leaves in 2 buffers
+    ['int32', 'float32']
+    >>> values = running.unpack_host(jax.device_get(running.buffers))
+    >>> int(values["loss"].steps), float(values["loss_max"].compute())
     (3, 16.0)
 """
 

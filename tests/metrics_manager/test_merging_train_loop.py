@@ -2,7 +2,8 @@
 
 Shows that a loop of N steps does N dispatches and no device-to-host transfer, that a window
 starts from `running=None` with one extra compiled variant, and that the same step over a
-Mesh of 8 fake CPU devices (batch sharded on a data axis) reports what one device reports.
+Mesh of 8 fake CPU devices (batch sharded on a data axis) reports what one device reports;
+each with the running metrics as a dict and packed (`merge_metrics(..., pack=True)`).
 """
 
 import functools
@@ -21,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 from metrics_manager import merging
 from metrics_manager import metrics as mm
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
+from metrics_manager.packing import PackedMetrics
 
 ROWS, FEATURES, NUM_MICROBATCHES = 32, 4, 2
 
@@ -49,6 +51,16 @@ def train_step(params, running, batch):
     return params, merge_metrics(running, metrics)
 
 
+@functools.partial(jax.jit, donate_argnums=(0, 1))
+def train_step_packed(params, running, batch):
+    grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, NUM_MICROBATCHES)
+    params = jax.tree.map(lambda p, g: p - 0.001 * g, params, grads)
+    return params, merge_metrics(running, metrics, pack=True)
+
+
+STEPS = pytest.mark.parametrize("train_step", [train_step, train_step_packed], ids=["dict", "packed"])
+
+
 def make_params():
     return {"w": jnp.zeros(FEATURES), "b": jnp.zeros(())}
 
@@ -66,7 +78,10 @@ def make_batches(count):
 
 def summary(running, num_steps, seconds=2.0):
     """What the summary path computes on the host."""
-    host = jax.device_get(running)
+    if isinstance(running, PackedMetrics):
+        host = running.unpack_host(jax.device_get(running.buffers))
+    else:
+        host = jax.device_get(running)
     host = mm.set_step_metrics_num_steps(mm.set_time_metrics_duration(host, seconds), num_steps)
     return {k: float(v.value) for k, v in mm.compute_metric_values(host).items()}
 
@@ -119,8 +134,9 @@ def host_copies(monkeypatch):
     return copies
 
 
+@STEPS
 def test_loop_does_one_dispatch_per_step_and_no_device_to_host_transfer(
-    dispatch_counter, host_copies
+    train_step, dispatch_counter, host_copies
 ):
     steps = 5
     batches = [jax.device_put(b) for b in make_batches(2 * steps)]
@@ -136,11 +152,12 @@ def test_loop_does_one_dispatch_per_step_and_no_device_to_host_transfer(
     with jax.transfer_guard("disallow"):
         for batch in batches[steps:]:
             params, running = train_step(params, running, batch)
-    assert dispatch_counter == ["jit(train_step)"] * steps
+    assert dispatch_counter == [f"jit({train_step.__name__})"] * steps
     assert host_copies == []
-    float(running["loss_sum"].total)  # the watch does see a host copy when there is one
-    assert host_copies == [("_value", ())]
-    assert train_step._cache_size() == 2  # running=None and running=dict
+    leaf = running.buffers[0] if isinstance(running, PackedMetrics) else running["loss_sum"].total
+    jax.device_get(leaf)  # the watch does see a host copy when there is one
+    assert host_copies and {shape for _, shape in host_copies} == {leaf.shape}
+    assert train_step._cache_size() == 2  # running=None and running=dict (or packed)
 
     got = summary(running, steps)
     assert set(got) == set(expected)
@@ -202,7 +219,8 @@ def test_each_window_starts_from_none_and_restarts_counts():
     assert [int(w["loss_stats"].count) for w in windows] == [2 * 28, 2 * 28]
 
 
-def test_mesh_of_8_devices_matches_one_device():
+@STEPS
+def test_mesh_of_8_devices_matches_one_device(train_step):
     devices = jax.devices()
     assert len(devices) >= 8
     mesh = Mesh(np.array(devices[:8]), ("data",))
@@ -245,3 +263,22 @@ def test_explicitly_sharded_batch_splits_into_microbatches(num_microbatches):
         np.testing.assert_allclose(summary(metrics, 1)[key], value, rtol=1e-6, atol=1e-6, err_msg=key)
     for name in ("w", "b"):
         np.testing.assert_allclose(grads[name], single_grads[name], rtol=1e-5, atol=1e-5)
+
+
+def test_packed_train_step_over_an_explicit_mesh_matches_one_device():
+    mesh = jax.make_mesh(
+        (8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:8]
+    )
+    batches = make_batches(2)
+    params, running = make_params(), None
+    for batch in batches:
+        params, running = train_step(params, running, batch)
+    with jax.set_mesh(mesh):
+        sharded_params, packed = jax.device_put(make_params(), NamedSharding(mesh, P())), None
+        for batch in batches:
+            sharded_batch = jax.device_put(batch, NamedSharding(mesh, P("data")))
+            sharded_params, packed = train_step_packed(sharded_params, packed, sharded_batch)
+    assert isinstance(packed, PackedMetrics)
+    expected = summary(running, 2)
+    for key, value in summary(packed, 2).items():
+        np.testing.assert_allclose(value, expected[key], rtol=1e-6, atol=1e-6, err_msg=key)
