@@ -48,6 +48,12 @@ BASE_METRIC_KEYS = (
     "timing/target_tokens_per_second",
     "timing/target_tokens_per_second_per_core",
     "non_padding_fraction/loss_weights",
+    # From the batch's `decoder_segment_ids` (T5X's packed-feature keys, feature "decoder").
+    "effective_batch_size/decoder",
+    "non_padding_fraction/decoder",
+    "non_padding_fraction/overall",
+    # Ours: every target position per second, padding included.
+    "timing/all_target_tokens_per_second",
 )
 TRAIN_ONLY_KEYS = ("learning_rate", "learning_rate/current")
 
