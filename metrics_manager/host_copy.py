@@ -157,9 +157,13 @@ def _plan(tree: Any) -> tuple[list[Any], Any, dict[Hashable, list[_Part]], list[
 
 
 def _layout_key(leaves: list[Any], treedef: Any) -> Hashable:
-    return CHUNK, treedef, tuple(
-        (leaf.shape, leaf.dtype, leaf.sharding) if isinstance(leaf, jax.Array) else None
-        for leaf in leaves
+    return (
+        CHUNK,
+        treedef,
+        tuple(
+            (leaf.shape, leaf.dtype, leaf.sharding) if isinstance(leaf, jax.Array) else None
+            for leaf in leaves
+        ),
     )
 
 
@@ -250,8 +254,8 @@ def device_get_batched(tree: T) -> T:
                 block = block.reshape((len(p.indices), *p.shape))
             else:
                 block = np.zeros((len(p.indices), *p.shape), p.dtype)
-            for j, i in enumerate(p.indices):
-                out[i] = block[j]
+            for i, row in zip(p.indices, block, strict=True):
+                out[i] = row
     for i, value in zip(plan.others, host_others, strict=True):
         out[i] = value
     return jax.tree.unflatten(plan.treedef, out)
