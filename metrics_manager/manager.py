@@ -10,6 +10,10 @@ Plug it into any training loop:
       metrics = merge_metrics(metrics, step_metrics)
     future = manager.write_metrics_summary(metrics, start + num_steps, num_steps)
 
+`metrics` is a dict of metrics or a `PackedMetrics` (`merge_metrics(...,
+pack=True)` inside the jitted step: one buffer per dtype, the cheaper choice
+for sub-millisecond steps).
+
 What happens where:
 
 * Caller's thread: cheap checks and two queue submissions; it never waits for
@@ -20,9 +24,10 @@ What happens where:
 * Summary worker (one thread, jobs in call order): waits for the window's
   duration, copies all metrics to the host in one batched transfer
   (`host_copy.device_get_batched`; for a `PackedMetrics`, one `jax.device_get`
-  of its few buffers and `unpack_host`, with no device dispatch), sets durations (`set_time_metrics_duration`)
-  and steps (`set_step_metrics_num_steps`), calls `compute_value()` per metric
-  and `writers.write_values`. `write_scalar(s)`, `write_texts`,
+  of its few buffers and `unpack_host`, with no device dispatch), sets
+  durations (`set_time_metrics_duration`) and steps
+  (`set_step_metrics_num_steps`), calls `compute_value()` per metric and
+  `writers.write_values`. `write_scalar(s)`, `write_texts`,
   `write_hparams` and `flush` go through the same worker, so everything reaches
   the writer in call order.
 
