@@ -68,6 +68,21 @@ def test_donated_buffers_count_as_ready():
     timer.close()
 
 
+def test_a_leaf_donated_during_the_batched_wait_counts_as_ready(monkeypatch):
+    """The one batched wait fails because a buffer was donated meanwhile: still ready."""
+    victim, other = jnp.arange(3.0), jnp.ones(2)
+    seen = []
+
+    def batched_wait(arrays):
+        seen.append(len(arrays))
+        victim.delete()  # donated to a later step while we waited
+        raise RuntimeError("Array has been deleted")
+
+    monkeypatch.setattr(jax, "block_until_ready", batched_wait)
+    block_until_ready_or_deleted({"victim": victim, "other": other, "host": 1.0})
+    assert seen == [2]  # the two live arrays in one call, the host value skipped
+
+
 def test_start_and_stop_never_wait_for_the_arrays(monkeypatch):
     """The caller returns while the awaited arrays are still "running".
 
