@@ -540,9 +540,9 @@ def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
         set_time_metrics_duration,
     )
 
-    params = loops.fresh_params()
-    _, metrics = loops.step_t5x(params, loops.batch)
-    metrics = jax.block_until_ready(metrics)
+    _, metrics = loops.step_t5x(loops.fresh_params(), loops.batch)
+    _, packed = loops.step_library(loops.fresh_params(), None, loops.batch)
+    metrics, packed = jax.block_until_ready((metrics, packed))
     host = set_step_metrics_num_steps(
         set_time_metrics_duration(device_get_batched(metrics), 1.0), 1
     )
@@ -567,17 +567,20 @@ def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
             times.append(time.perf_counter() - start)
         return common.median(times) * 1e6
 
-    def manager_summary(step: int) -> None:
+    def manager_summary(summary_metrics: Any, step: int) -> None:
         manager.start_duration_timer()
-        manager.write_metrics_summary(metrics, step, 1).result()
+        manager.write_metrics_summary(summary_metrics, step, 1).result()
 
     try:
         out = {
-            "jax.device_get of the 20 metrics (per-leaf copies)": per_call(
+            "jax.device_get of the 20 metrics as a dict (a copy per leaf)": per_call(
                 lambda _: jax.device_get(metrics)
             ),
-            "device_get_batched (the manager's batched copy)": per_call(
+            "device_get_batched of the dict (the manager's copy for (b0))": per_call(
                 lambda _: device_get_batched(metrics)
+            ),
+            "device_get + unpack_host of the PackedMetrics (the manager's copy for (b))": (
+                per_call(lambda _: packed.unpack_host(jax.device_get(packed.buffers)))
             ),
             "compute_metric_values": per_call(lambda _: compute_metric_values(host)),
         }
@@ -585,9 +588,11 @@ def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
             out[f"write_values to {name}"] = per_call(
                 lambda step, w=writer: writers.write_values(w, step, values)
             )
-        out["whole summary through MetricsManager, NoopWriter, until the future resolves"] = (
-            per_call(manager_summary)
-        )
+        for name, summary_metrics in (("PackedMetrics, (b)", packed), ("dict, (b0)", metrics)):
+            out[
+                f"whole summary of the {name} through MetricsManager to a NoopWriter, until "
+                "its future resolves"
+            ] = per_call(functools.partial(manager_summary, summary_metrics))
         return out
     finally:
         manager.close()

@@ -197,9 +197,9 @@ def test_explain_quotes_a_profile_of_every_thread_and_breaks_a_summary_down():
     note = overhead.explain(loops, every=1, num_steps=3)
     assert "Profile of (b), summary every step" in note
     assert "ncalls" in note and "tottime" in note
-    assert "| device_get_batched (the manager's batched copy) |" in note
+    assert "| device_get + unpack_host of the PackedMetrics" in note
     breakdown = overhead.summary_breakdown(loops, calls=3)
-    assert len(breakdown) == 7 and all(us > 0 for us in breakdown.values())
+    assert len(breakdown) == 9 and all(us > 0 for us in breakdown.values())
     anatomy = overhead.step_anatomy(loops)
     none, computed, packed, per_leaf = anatomy.values()
     # The metrics add compiled work and output buffers; packing leaves two buffers.
