@@ -588,7 +588,7 @@ def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
             out[f"write_values to {name}"] = per_call(
                 lambda step, w=writer: writers.write_values(w, step, values)
             )
-        for name, summary_metrics in (("PackedMetrics, (b)", packed), ("dict, (b0)", metrics)):
+        for name, summary_metrics in (("(b)'s PackedMetrics", packed), ("(b0)'s dict", metrics)):
             out[
                 f"whole summary of the {name} through MetricsManager to a NoopWriter, until "
                 "its future resolves"
