@@ -31,8 +31,6 @@ TARGET_COUNT = 16  # the target compares this count with the smallest count that
 LOOPS_FROM = 3  # 1: no loop; 2: a one-trip scan, which XLA inlines; from 3: a real loop
 GLOBAL_BATCH = 64
 COMPILE_TARGET = 1.25
-IMPLEMENTATIONS = ("library",)
-LABELS = {"library": "accumulate_grads_microbatched"}
 
 
 def loss_fn(params: model.Params, microbatch: model.Batch) -> tuple[jax.Array, dict[str, Any]]:
@@ -55,11 +53,9 @@ def loss_fn(params: model.Params, microbatch: model.Batch) -> tuple[jax.Array, d
     return loss, metrics
 
 
-def make_step(num_microbatches: int, implementation: str = "library") -> Callable[..., Any]:
+def make_step(num_microbatches: int) -> Callable[..., Any]:
     """A fresh jitted train step (a new function, so no compilation cache is shared)."""
     from metrics_manager import accumulate_grads_microbatched  # noqa: PLC0415
-
-    del implementation  # one implementation today; the parameter keeps room for prototypes
 
     def step(params: model.Params, batch: model.Batch) -> tuple[model.Params, dict[str, Any]]:
         grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, num_microbatches)
@@ -68,29 +64,27 @@ def make_step(num_microbatches: int, implementation: str = "library") -> Callabl
     return jax.jit(step, donate_argnums=0)
 
 
-def compile_seconds(
-    num_microbatches: int, implementation: str, params: model.Params, batch: model.Batch
-) -> float:
+def compile_seconds(num_microbatches: int, params: model.Params, batch: model.Batch) -> float:
     """Seconds to trace, lower and compile a fresh step."""
-    step = make_step(num_microbatches, implementation)
+    step = make_step(num_microbatches)
     start = time.perf_counter()
     step.lower(params, batch).compile()
     return time.perf_counter() - start
 
 
 class Stepper:
-    """A compiled step per (implementation, microbatch count) and a timed run of it."""
+    """A compiled step per microbatch count and a timed run of it."""
 
     def __init__(self, size: model.ModelSize, counts: tuple[int, ...], global_batch: int):
         self.params0 = model.init_params(jax.random.PRNGKey(0), size)
         self.batch = model.make_batch(
             jax.random.PRNGKey(1), dataclasses.replace(size, batch=global_batch)
         )
-        self.steps = {(impl, n): make_step(n, impl) for impl in IMPLEMENTATIONS for n in counts}
+        self.steps = {n: make_step(n) for n in counts}
 
-    def run(self, implementation: str, num_microbatches: int, num_steps: int) -> float:
+    def run(self, num_microbatches: int, num_steps: int) -> float:
         """Seconds per step over `num_steps` steps (compilation excluded)."""
-        step = self.steps[implementation, num_microbatches]
+        step = self.steps[num_microbatches]
         params = jax.block_until_ready(jax.tree.map(jnp.copy, self.params0))
         params, metrics = step(params, self.batch)  # compiled on first use
         jax.block_until_ready((params, metrics))
@@ -124,23 +118,18 @@ def run(
         compiling the library's step at the largest count (default: unless quick).
 
     Returns:
-      One row per (implementation, count): median compile seconds and step milliseconds,
-      each as a ratio to the library at the first count.
+      One row per count: median compile seconds and step milliseconds, each as a ratio to
+      the first count.
     """
     num_steps = num_steps or (20 if quick else 100)
     repeats = repeats or (1 if quick else 5)
     stepper = Stepper(size, counts, global_batch)
-    keys = [(impl, n) for impl in IMPLEMENTATIONS for n in counts]
     compiles = common.interleaved(
-        {
-            key: functools.partial(compile_seconds, key[1], key[0], stepper.params0, stepper.batch)
-            for key in keys
-        },
+        {n: functools.partial(compile_seconds, n, stepper.params0, stepper.batch) for n in counts},
         repeats,
     )
     steps = common.interleaved(
-        {key: functools.partial(stepper.run, key[0], key[1], num_steps) for key in keys},
-        repeats,
+        {n: functools.partial(stepper.run, n, num_steps) for n in counts}, repeats
     )
     table = common.Table(
         key="microbatching",
@@ -166,14 +155,12 @@ def run(
             common.Column("step_ratio", "step ratio", ".3f", "x"),
         ],
     )
-    base_compile = common.median(compiles["library", counts[0]])
-    base_step = common.median(steps["library", counts[0]])
-    for impl, n in keys:
-        compile_s, step_s = common.median(compiles[impl, n]), common.median(steps[impl, n])
+    base_compile = common.median(compiles[counts[0]])
+    base_step = common.median(steps[counts[0]])
+    for n in counts:
+        compile_s, step_s = common.median(compiles[n]), common.median(steps[n])
         table.rows.append(
             {
-                "implementation": impl,
-                "label": LABELS[impl],
                 "microbatches": n,
                 "microbatch_size": global_batch // n,
                 "compile_s": compile_s,
@@ -186,36 +173,21 @@ def run(
                 "step_ratio": common.ratio(step_s, base_step),
             }
         )
-    for impl in IMPLEMENTATIONS:
-        rows = [row for row in table.rows if row["implementation"] == impl]
-        looping = [row for row in rows if row["microbatches"] >= LOOPS_FROM]
-        name = "compile time"
-        for high in looping[1:]:
-            low = looping[0]
-            growth = common.ratio(high["compile_seconds"], low["compile_seconds"])
-            if high["microbatches"] not in (TARGET_COUNT, looping[-1]["microbatches"]):
-                continue
-            table.headlines.append(
-                f"{name} ({high['microbatches']} vs {low['microbatches']} microbatches): "
-                f"{growth:.3f}x"
-            )
-            if impl == "library" and high["microbatches"] == min(TARGET_COUNT, counts[-1]):
-                table.targets.append(
-                    common.Target(
-                        f"compile time, {high['microbatches']} vs {low['microbatches']} "
-                        "microbatches",
-                        growth,
-                        COMPILE_TARGET,
-                    )
-                )
+    looping = [row for row in table.rows if row["microbatches"] >= LOOPS_FROM]
+    target_count = min(TARGET_COUNT, counts[-1])
+    for high in looping[1:]:
+        if high["microbatches"] not in (target_count, looping[-1]["microbatches"]):
+            continue
+        low = looping[0]
+        growth = common.ratio(high["compile_seconds"], low["compile_seconds"])
+        name = f"compile time, {high['microbatches']} vs {low['microbatches']} microbatches"
+        table.headlines.append(f"{name}: {growth:.3f}x")
+        if high["microbatches"] == target_count:
+            table.targets.append(common.Target(name, growth, COMPILE_TARGET))
     first = table.rows[0]
-    last = (
-        next(row for row in table.rows if row["microbatches"] == min(TARGET_COUNT, counts[-1]))
-        if TARGET_COUNT in counts
-        else table.rows[len(counts) - 1]
-    )
+    last = next((row for row in table.rows if row["microbatches"] == target_count), table.rows[-1])
     table.headlines.append(
-        f"step time ({last['microbatches']} vs {first['microbatches']} microbatches): "
+        f"step time, {last['microbatches']} vs {first['microbatches']} microbatches: "
         f"{last['step_ratio']:.3f}x"
     )
     n = counts[-1]

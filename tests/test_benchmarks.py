@@ -254,9 +254,7 @@ def test_microbatching_smoke():
         counts=(1, 2, 4, 8), global_batch=8, num_steps=2, repeats=1, size=model.SMALL
     )
     _check_structure(table)
-    assert [(row["implementation"], row["microbatches"]) for row in table.rows] == [
-        (impl, n) for impl in microbatching.IMPLEMENTATIONS for n in (1, 2, 4, 8)
-    ]
+    assert [row["microbatches"] for row in table.rows] == [1, 2, 4, 8]
     assert [row["microbatch_size"] for row in table.rows] == [8, 4, 2, 1]
     for row in table.rows:
         assert row["compile_seconds"] > 0 and row["step_seconds"] > 0
