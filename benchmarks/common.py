@@ -31,6 +31,7 @@ import platform
 import pstats
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -336,7 +337,25 @@ def machine_info() -> dict[str, str]:
             info[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             info[name] = "not installed"
+    info["git commit"] = _git_commit()
     return info
+
+
+def _git_commit() -> str:
+    """The checked-out commit of this repository, or "unknown" outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
 
 
 def run_and_time(run: Callable[..., Table], *args: Any, **kwargs: Any) -> Table:
