@@ -215,8 +215,9 @@ class MetricsManager:
         Bounds the memory pinned by pending summaries.
 
     Call a manager from one thread (the training loop), not from callbacks of
-    the futures it returns: those run on its worker, which `flush()` and
-    `close()` wait for.
+    the futures it returns or from its writer: those run on its worker, which
+    `flush()` and `close()` wait for, and which alone frees queue slots (such a
+    call raises RuntimeError when the queue is full instead of hanging).
 
     Attributes:
       name: the run's name.
@@ -308,8 +309,9 @@ class MetricsManager:
         self._worker = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"{thread_name}.summary"
         )
-        # Start the thread now, not inside the first write_metrics_summary call.
-        self._worker.submit(lambda: None)
+        # Start the thread now, not inside the first write_metrics_summary call, and learn
+        # which thread it is (a call from it must not wait for a slot only it can free).
+        self._worker_thread = self._worker.submit(threading.current_thread).result()
 
     # ----------------------------------------------------------------- state
 
@@ -353,6 +355,20 @@ class MetricsManager:
             )
         self._raise_if_failed()
 
+    def _take_slot(self) -> None:
+        """Takes a pending-job slot, waiting while `max_pending` jobs are pending."""
+        if self._pending.acquire(blocking=False):
+            return
+        if threading.current_thread() is self._worker_thread:
+            raise RuntimeError(
+                f"MetricsManager {self.name!r} was called from its own summary worker (its "
+                "writer, or a callback of a future it returned) while max_pending jobs are "
+                "waiting; the "
+                "call would wait for a slot only this thread can free. Call the manager from "
+                "the training loop instead."
+            )
+        self._pending.acquire()
+
     def _submit(
         self, job: Callable[[], _R], *, after_failure: bool = False, reserved: bool = False
     ) -> concurrent.futures.Future[_R]:
@@ -363,7 +379,7 @@ class MetricsManager:
         the job ends.
         """
         if not reserved:
-            self._pending.acquire()
+            self._take_slot()
 
         def run() -> _R:
             try:
@@ -463,7 +479,7 @@ class MetricsManager:
         num_steps = checks.step(num_steps, "num_steps", minimum=1)
         checks.raise_if_any()
         # Wait for a slot before the timer holds on to the metrics too.
-        self._pending.acquire()
+        self._take_slot()
         try:
             duration = self._timer.stop(block_on=block_on)
         except BaseException:

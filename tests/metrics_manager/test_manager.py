@@ -572,3 +572,19 @@ def test_max_pending_is_checked():
         make(max_pending=0)
     with pytest.raises(TypeError, match="max_pending must be an int"):
         make(max_pending=2.5)
+
+
+def test_a_call_from_the_worker_with_a_full_queue_raises_instead_of_hanging():
+    """A writer (it runs on the worker) calling its manager while its job holds the only slot."""
+    manager: MetricsManager
+
+    class CallingWriter(RecordingWriter):
+        def write_scalars(self, step: int, scalars: Any) -> None:
+            manager.write_scalar("echo", 1.0, step)
+
+    manager = make(CallingWriter(), clock=lambda: 0.0, max_pending=1)
+    future = manager.write_metrics_summary({"loss": Sum(jnp.float32(1.0))}, 1, 1)
+    with pytest.raises(MetricsManagerError, match="from its own summary worker"):
+        future.result()
+    with pytest.raises(MetricsManagerError):
+        manager.close()
