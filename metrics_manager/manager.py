@@ -464,7 +464,8 @@ class MetricsManager:
             keys, or `step` or
             `num_steps` is not an int.
           ValueError: `step` < 0 or `num_steps` < 1.
-          RuntimeError: the manager is closed.
+          RuntimeError: the manager is closed, or this is called from its own
+            worker while `max_pending` jobs wait.
           MetricsManagerError: an earlier background job failed.
         """
         self._check_usable("write_metrics_summary")
@@ -555,7 +556,8 @@ class MetricsManager:
 
         Raises:
           TypeError, ValueError: a bad key or step.
-          RuntimeError: the manager is closed.
+          RuntimeError: the manager is closed (or called from its worker with a
+            full queue).
           MetricsManagerError: an earlier background job failed.
         """
         self.write_scalars(step, {key: val}, _method="write_scalar")
@@ -571,7 +573,8 @@ class MetricsManager:
 
         Raises:
           TypeError, ValueError: a bad key or step.
-          RuntimeError: the manager is closed.
+          RuntimeError: the manager is closed (or called from its worker with a
+            full queue).
           MetricsManagerError: an earlier background job failed.
         """
         self._write(_method, step, scalars, "scalars", lambda w, s, v: w.write_scalars(s, v))
@@ -585,7 +588,8 @@ class MetricsManager:
 
         Raises:
           TypeError, ValueError: a bad key, value or step.
-          RuntimeError: the manager is closed.
+          RuntimeError: the manager is closed (or called from its worker with a
+            full queue).
           MetricsManagerError: an earlier background job failed.
         """
         self._write(
@@ -600,7 +604,8 @@ class MetricsManager:
 
         Raises:
           TypeError: `hparams` is not a mapping with str keys.
-          RuntimeError: the manager is closed.
+          RuntimeError: the manager is closed (or called from its worker with a
+            full queue).
           MetricsManagerError: an earlier background job failed.
         """
         self._write("write_hparams", None, hparams, "hparams", lambda w, _, v: w.write_hparams(v))
@@ -633,7 +638,8 @@ class MetricsManager:
         """Waits for every pending summary and write, then flushes the writer.
 
         Raises:
-          RuntimeError: the manager is closed.
+          RuntimeError: the manager is closed (or called from its worker with a
+            full queue).
           MetricsManagerError: a background job failed (this one or earlier).
         """
         self._check_usable("flush")
