@@ -474,7 +474,7 @@ def accumulate_grads_microbatched(
     merged_type = jax.eval_shape(merge, metrics, metrics)
     metrics = jax.tree.map(_astype_like, metrics, merged_type)
 
-    def body(carry: tuple[Any, Metrics], index: jax.Array) -> tuple[tuple[Any, Metrics], None]:
+    def body(carry: tuple[Any, Any], index: jax.Array) -> tuple[tuple[Any, Any], None]:
         grad_sum, running = carry
         grads, new = grads_and_metrics(microbatch_at(index), index)
         new = validate_metrics(

@@ -224,6 +224,8 @@ class PackedMetrics:
             buffer = self._buffers[leaf.buffer]
             value = buffer[leaf.offset : leaf.offset + leaf.size].reshape(leaf.shape)
             if leaf.weak_type:
+                # Rebuilds the weak type of a Python scalar field (Step.steps=1), which jax
+                # has no public API for, so merges promote exactly as without packing.
                 value = _lax_internal._convert_element_type(value, value.dtype, weak_type=True)
             leaves.append(value)
         return jax.tree.unflatten(self._layout.treedef, leaves)
