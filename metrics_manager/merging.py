@@ -268,7 +268,7 @@ def _merge_checked(a: Any, b: Any, function: str, a_what: str, b_what: str) -> N
 
 
 def merge_metrics(
-    a: Metrics | PackedMetrics | None, b: Metrics, *, pack: bool | None = None
+    a: Metrics | PackedMetrics | None, b: Metrics | PackedMetrics, *, pack: bool | None = None
 ) -> dict[str, Any] | PackedMetrics:
     """Merges two dicts of metrics key by key (`a[k].merge(b[k])`), in or outside `jax.jit`.
 
@@ -278,7 +278,8 @@ def merge_metrics(
     Args:
         a: the running metrics (older): a dict, a `PackedMetrics` (unpacked with static
             slices before merging), or None to start a new accumulator.
-        b: the new metrics: same keys, same metric type and shapes per key as `a`.
+        b: the new metrics: same keys, same metric type and shapes per key as `a` (a dict,
+            or a `PackedMetrics`, unpacked first).
         pack: True returns a `PackedMetrics` (one flat buffer per dtype, see
             `metrics_manager.packing`), False a dict; None (default) packs exactly when `a`
             is a `PackedMetrics`.
@@ -309,6 +310,8 @@ def merge_metrics(
         raise TypeError(f"merge_metrics: pack must be a bool or None, got {_describe(pack)}")
     if isinstance(a, PackedMetrics):
         a = a.unpack()
+    if isinstance(b, PackedMetrics):
+        b = b.unpack()
     _merge_checked(a, b, "merge_metrics", "a", "b")
     merged = dict(b) if a is None else {key: metric.merge(b[key]) for key, metric in a.items()}
     return PackedMetrics.pack(merged) if pack else merged

@@ -160,6 +160,9 @@ def test_pack_flag():
     unpacked = merge_metrics(packed, step_metrics(x), pack=False)
     assert isinstance(unpacked, dict)
     assert_same_metrics(unpacked, merge_metrics(step_metrics(x), step_metrics(x)), same_weak_types=False)
+    both = merge_metrics(packed, packed)  # two packed accumulators, e.g. two windows
+    assert isinstance(both, PackedMetrics)
+    assert_same_metrics(both.unpack(), unpacked, same_weak_types=False)
     with pytest.raises(TypeError, match="pack must be a bool or None, got str"):
         merge_metrics(None, step_metrics(x), pack="yes")
 
