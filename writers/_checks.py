@@ -31,6 +31,8 @@ def check_step(step: Any, method: str = "write") -> int:
       TypeError: `step` is not an integer (a float, a string, a bool...).
       ValueError: `step` is negative.
     """
+    if type(step) is int and step >= 0:  # the common case: no ABC isinstance checks
+        return step
     value = step
     if isinstance(value, np.ndarray) or _looks_like_array(value):
         arr = np.asarray(value)
@@ -61,12 +63,17 @@ def check_keys(values: Any, method: str) -> None:
       TypeError: `values` is not a mapping, or some keys are not strings.
       ValueError: some keys are empty (or only whitespace).
     """
-    if not isinstance(values, Mapping):
+    if type(values) is not dict and not isinstance(values, Mapping):
         raise TypeError(
             f"{method}: expected a mapping from name to value, got "
             f"{type(values).__name__}. Wrap the value, e.g. {{'loss': value}}."
         )
+    if {*map(type, values)} <= _STR_TYPE and _VALID_KEYS.issuperset(values):
+        return  # every key is an exact str already seen valid: two C-level passes
     if all(type(k) is str and k and not k.isspace() for k in values):
+        if len(_VALID_KEYS) >= _MAX_CACHED_KEYS:  # unbounded key sets: keep memory bounded
+            _VALID_KEYS.clear()
+        _VALID_KEYS.update(values)
         return  # the common case, in one pass
     problems: list[tuple[type[Exception], str]] = []
     bad_types = [k for k in values if not isinstance(k, str)]
@@ -85,6 +92,15 @@ def check_keys(values: Any, method: str) -> None:
             )
         )
     _raise_all(problems, method)
+
+
+# Keys (exact `str`, non-empty, not only whitespace) that `check_keys` accepted:
+# summaries repeat the same keys every step, so later calls only look them up.
+# Only exact `str` keys are trusted, so a key object that merely compares equal
+# to a cached name is still checked in full.
+_VALID_KEYS: set[str] = set()
+_STR_TYPE = frozenset({str})
+_MAX_CACHED_KEYS = 100_000
 
 
 def check_call(method: str, step: Any, values: Any) -> int:
@@ -176,6 +192,9 @@ def to_number(key: str, value: Any) -> int | float:
     cls = type(value)
     if cls is float or cls is int:  # the common case first: this runs once per value
         return value
+    convert = _CONVERTERS.get(cls)
+    if convert is not None:  # numpy scalars and bool, without ABC isinstance checks
+        return convert(value)
     if isinstance(value, np.generic):
         if isinstance(value, np.floating):
             return float(value)
@@ -202,6 +221,19 @@ def to_number(key: str, value: Any) -> int | float:
     )
 
 
+# Exact types whose `to_number` conversion depends only on the type: looked up
+# by `type(value)` instead of walking isinstance checks against numpy's ABCs.
+_CONVERTERS: dict[type, Callable[[Any], int | float]] = {
+    bool: int,
+    np.bool_: int,
+    **{t: float for t in (np.float16, np.float32, np.float64, np.longdouble)},
+    **{
+        t: int
+        for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
+    },
+}
+
+
 def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | float]:
     """Converts every scalar with `to_number`, raising once with all bad keys.
 
@@ -218,10 +250,15 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
     """
     out: dict[str, int | float] = {}
     problems: list[tuple[type[Exception], str]] = []
+    converters = _CONVERTERS
     for key, value in scalars.items():
         cls = type(value)
         if cls is float or cls is int:
             out[key] = value
+            continue
+        convert = converters.get(cls)
+        if convert is not None:
+            out[key] = convert(value)
             continue
         try:
             out[key] = to_number(key, value)

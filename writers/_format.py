@@ -12,7 +12,17 @@ _RATE_KEY = re.compile(r"per_sec(ond)?|_per_s$|/s$|throughput", re.IGNORECASE)
 
 def is_rate(key: str) -> bool:
     """True when `key` names a rate, e.g. `timing/seqs_per_second`."""
-    return bool(_RATE_KEY.search(key))
+    rate = _IS_RATE.get(key)
+    if rate is None:
+        rate = bool(_RATE_KEY.search(key))
+        if len(_IS_RATE) >= 100_000:  # unbounded key sets: keep memory bounded
+            _IS_RATE.clear()
+        _IS_RATE[key] = rate
+    return rate
+
+
+# `is_rate` per key: the same keys come back at every summary.
+_IS_RATE: dict[str, bool] = {}
 
 
 def number(key: str, value: int | float) -> str:
@@ -28,13 +38,13 @@ def number(key: str, value: int | float) -> str:
     """
     if isinstance(value, int):
         return f"{value:,}"
+    if math.isfinite(value):
+        if abs(value) >= 1000 and is_rate(key):
+            return f"{value:,.0f}"
+        return f"{value:.4g}"
     if math.isnan(value):
         return "NaN"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    if is_rate(key) and abs(value) >= 1000:
-        return f"{value:,.0f}"
-    return f"{value:.4g}"
+    return "inf" if value > 0 else "-inf"
 
 
 def duration(seconds: float) -> str:

@@ -204,19 +204,20 @@ class ConsoleWriter(BaseWriter):
             if self._auto is None or self._auto[0] is not stream:
                 self._auto = (stream, _auto_color(stream))
             color = self._auto[1]
-        width = max((len(k) for k, _, _ in rows), default=0)
-        # (text, style) pieces; plain output joins the texts, colour output styles them.
+        # Keys arrive already padded to one width (see `_rows`).
+        indent = "\n" + " " * (len(rows[0][0]) + 4) if rows else ""
+        if not color:  # CI logs and files: no terminal codes, and no rendering cost.
+            body = "".join(
+                f"\n  {key}  {value.replace(chr(10), indent) if chr(10) in value else value}"
+                for key, value, _ in rows
+            )
+            stream.write(header + body + "\n")
+            return
+        # (text, style) pieces; colour output styles them.
         pieces = [(header, "bold")]
         for key, value, bad in rows:
-            value = value.replace("\n", "\n" + " " * (width + 4))
-            pieces += [
-                ("\n  ", ""),
-                (key.ljust(width), "cyan"),
-                ("  " + value, "bold red" if bad else ""),
-            ]
-        if not color:  # CI logs and files: no terminal codes, and no rendering cost.
-            stream.write("".join(text for text, _ in pieces) + "\n")
-            return
+            value = value.replace("\n", indent)
+            pieces += [("\n  ", ""), (key, "cyan"), ("  " + value, "bold red" if bad else "")]
         from rich.text import Text
 
         self._console(stream).print(Text.assemble(*pieces))
@@ -244,11 +245,28 @@ class ConsoleWriter(BaseWriter):
 def _rows(
     lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
 ) -> list[tuple[str, str, bool]]:
+    """`(key padded to the widest key, value, value is a non-finite number)`, grouped."""
     nums = numbers or {}
     return [
-        (k, lines[k], not _checks.is_finite_number(nums[k]) if k in nums else False)
-        for k in sorted(lines, key=_format.group_key)
+        (padded, lines[k], not _checks.is_finite_number(nums[k]) if k in nums else False)
+        for k, padded in _layout(tuple(lines))
     ]
+
+
+def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
+    """Keys in display order (`_format.group_key`), each with its padded column text."""
+    layout = _LAYOUTS.get(keys)
+    if layout is None:
+        width = max(map(len, keys), default=0)
+        layout = [(k, k.ljust(width)) for k in sorted(keys, key=_format.group_key)]
+        if len(_LAYOUTS) >= 1_000:  # many distinct key sets: keep memory bounded
+            _LAYOUTS.clear()
+        _LAYOUTS[keys] = layout
+    return layout
+
+
+# Key tuple (in call order) -> `_layout`: summaries repeat the same keys every step.
+_LAYOUTS: dict[tuple[str, ...], list[tuple[str, str]]] = {}
 
 
 def _progress_step(step: int, total: int) -> str:

@@ -74,10 +74,25 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
     audios: dict[int, dict[str, Any]] = {}
     unsupported: list[str] = []
 
+    clu_kinds = _clu_kinds(clu_values)
     for key, value in values.items():
-        kind = _kind(value, clu_values)
+        cls = type(value)
+        if cls in _PLAIN_SCALAR_TYPES:  # fast paths: no isinstance against typing classes
+            scalars[key] = value
+            continue
+        clu_kind = clu_kinds.get(cls, _UNSEEN) if clu_kinds is not None else None
+        if clu_kind is _UNSEEN:
+            clu_kind = clu_kinds[cls] = _clu_kind(cls, clu_values)  # type: ignore[index]
+        if clu_kind == "scalar":
+            inner = value.value
+            if type(inner) in _PLAIN_SCALAR_TYPES or _is_plain_scalar(inner):
+                scalars[key] = inner
+            else:
+                unsupported.append(f"{key!r}: {_describe(value)}")
+            continue
+        kind = clu_kind if clu_kind is not None else _kind(value, None)
         if kind == "scalar":
-            scalars[key] = value.value if _is_clu(value, clu_values, "Scalar") else value
+            scalars[key] = value
         elif kind == "summary":
             _group_by_metadata(summaries, value.metadata)[key] = value.value
         elif kind == "image":
@@ -132,21 +147,52 @@ _CLU_KINDS = (
 
 def _kind(value: Any, clu_values: Any) -> str | None:
     if clu_values is not None:
-        for name, kind in _CLU_KINDS:
-            if isinstance(value, getattr(clu_values, name)):
-                if kind == "scalar" and not _is_plain_scalar(value.value):
-                    return None
-                return kind
+        kind = _clu_kind(type(value), clu_values)
+        if kind is not None:
+            if kind == "scalar" and not _is_plain_scalar(value.value):
+                return None
+            return kind
     return "scalar" if _is_plain_scalar(value) else None
 
 
-def _is_clu(value: Any, clu_values: Any, name: str) -> bool:
-    return clu_values is not None and isinstance(value, getattr(clu_values, name))
+def _clu_kind(cls: type, clu_values: Any) -> str | None:
+    """The kind of `clu.values` class `cls` is (a subclass counts), or None."""
+    for name, kind in _CLU_KINDS:
+        if issubclass(cls, getattr(clu_values, name)):
+            return kind
+    return None
+
+
+# `type(value)` -> `_clu_kind`, per `clu.values` module object: whether a value is
+# a clu `Scalar`, `Image`, ... depends only on its class, and `isinstance` against
+# these classes (subclasses of a `typing.Protocol`) is slow. Bounded like the key cache.
+_CLU_KIND_CACHE: dict[int, tuple[Any, dict[type, str | None]]] = {}
+_UNSEEN: Any = object()
+
+# Exact types that `_is_plain_scalar` always accepts, checked with one set lookup.
+_PLAIN_SCALAR_TYPES = frozenset(
+    {float, int, bool, np.bool_, np.float16, np.float32, np.float64, np.longdouble}
+    | {np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64}
+)
+
+
+def _clu_kinds(clu_values: Any) -> dict[type, str | None] | None:
+    if clu_values is None:
+        return None
+    entry = _CLU_KIND_CACHE.get(id(clu_values))
+    if entry is None or entry[0] is not clu_values:  # first call, or clu.values was reloaded
+        _CLU_KIND_CACHE.clear()
+        entry = _CLU_KIND_CACHE[id(clu_values)] = (clu_values, {})
+    if len(entry[1]) >= 10_000:  # many distinct value classes: keep memory bounded
+        entry[1].clear()
+    return entry[1]
 
 
 def _is_plain_scalar(value: Any) -> bool:
     if isinstance(value, numbers.Number) and not isinstance(value, complex | np.complexfloating):
         return True
+    if type(value) is np.ndarray and value.dtype.kind in "biuf":
+        return value.size == 1
     if isinstance(value, np.ndarray) or _looks_like_array(value):
         dtype = np.dtype(value.dtype)
         return int(np.prod(value.shape)) == 1 and (

@@ -1,0 +1,103 @@
+"""The per-summary fast paths (key, kind and layout caches) give the same results as a first call."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import pytest
+from clu import values
+
+import writers
+from tests.writers.recording import RecordingWriter
+from writers import _checks
+
+
+class LooksLikeKey:
+    """Not a str, but equal to (and hashed like) one: must not pass as a cached key."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __eq__(self, other: object) -> bool:
+        return other == self.name
+
+
+def test_a_new_bad_key_still_raises_after_the_good_keys_were_cached(tmp_path):
+    w = writers.JsonlWriter(tmp_path / "m.jsonl")
+    for step in range(3):
+        w.write_scalars(step, {"loss": 0.5, "acc": 1.0})
+    with pytest.raises(ValueError, match=r"keys must be non-empty names, got \[' '\]"):
+        w.write_scalars(3, {"loss": 0.5, " ": 1.0})
+    with pytest.raises(TypeError, match=r"every key must be a str, got 7 \(int\)"):
+        w.write_scalars(3, {"loss": 0.5, 7: 1.0})
+    with pytest.raises(TypeError, match=r"every key must be a str, got .*\(LooksLikeKey\)"):
+        _checks.check_keys({LooksLikeKey("loss"): 0.5}, "check")
+    w.close()
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [0, 1, 2]
+
+
+def test_steps_and_numbers_convert_as_before_through_the_fast_paths():
+    assert _checks.check_step(5) == 5
+    with pytest.raises(ValueError, match="step must be a non-negative integer, got -1"):
+        _checks.check_step(-1)
+    with pytest.raises(TypeError, match="got True of type bool"):
+        _checks.check_step(True)
+    inputs = {
+        "f32": np.float32(0.25),
+        "f16": np.float16(-2.5),
+        "i64": np.int64(-3),
+        "u8": np.uint8(200),
+        "b": True,
+        "nb": np.bool_(False),
+        "arr": np.array([1.5], np.float32),
+    }
+    out = _checks.check_numbers(inputs, "check")
+    assert out == {"f32": 0.25, "f16": -2.5, "i64": -3, "u8": 200, "b": 1, "nb": 0, "arr": 1.5}
+    assert [type(v) for v in out.values()] == [float, float, int, int, int, int, float]
+
+
+def test_write_values_kinds_are_the_same_on_first_and_repeated_calls():
+    class MyScalar(values.Scalar):
+        pass
+
+    summary = {
+        "a": values.Scalar(np.float32(0.5)),
+        "b": MyScalar(2),
+        "c": np.array(3.0),
+        "d": values.Text("hi"),
+        "e": 4,
+    }
+    w = RecordingWriter()
+    for step in range(3):
+        writers.write_values(w, step, summary)
+    expected = [
+        ("write_scalars", (step, {"a": np.float32(0.5), "b": 2, "c": np.array(3.0), "e": 4}), {})
+        for step in range(3)
+    ]
+    assert [c for c in w.calls if c[0] == "write_scalars"] == expected
+    assert type(w.calls[0][1][1]["a"]) is np.float32  # the writer gets the value unconverted
+    # A clu Scalar of a class seen before but holding a non-scalar is still rejected.
+    with pytest.raises(TypeError, match=r"'a': Scalar of ndarray of shape \(2,\), 'b': MyScalar\."):
+        writers.write_values(w, 3, {"a": values.Scalar(np.zeros(2)), "b": MyScalar(np.zeros(2))})
+    assert len(w.calls) == 6
+
+
+def test_console_layout_follows_each_call_s_own_keys():
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out, clock=lambda: 0.0)  # a fixed clock: no steps/s
+    w.write_scalars(1, {"b/x": 1.0, "a": 2.0})
+    w.write_scalars(2, {"a": 2.0, "b/x": 1.0})  # same keys, other order
+    w.write_scalars(3, {"long_name": 3.0, "a": 2.0})
+    w.write_texts(4, {"a": "one\ntwo", "bb": "x"})
+    assert out.getvalue() == (
+        "step 1\n  a    2\n  b/x  1\n"
+        "step 2\n  a    2\n  b/x  1\n"
+        "step 3\n  a          2\n  long_name  3\n"
+        "step 4\n  a   one\n      two\n  bb  x\n"
+    )
