@@ -402,3 +402,85 @@ def test_the_train_step_makes_no_host_transfer():
             params, batch, factor="AVERAGE_PER_SEQUENCE", num_microbatches=2
         )
     assert isinstance(metrics["loss"].total, jax.Array)
+
+
+# ----------------------------------------------------------------------------- one fused reduction
+
+
+@functools.partial(jax.jit, static_argnames=("factor",))
+def _fused_and_composed(params, batch, factor):
+    """compute_loss_and_metrics, and the same loss, grads and metrics from the public pieces."""
+    batch = losses.with_loss_normalization(batch, factor)
+    kwargs = {"label_smoothing": 0.1, "z_loss": 1e-3}
+
+    def fused(p):
+        logits = _logits(p, batch["decoder_input_tokens"])
+        return losses.compute_loss_and_metrics(logits, batch, num_devices=1, **kwargs)
+
+    def composed(p):
+        logits = _logits(p, batch["decoder_input_tokens"])
+        targets = batch["decoder_target_tokens"]
+        weights = batch.get("decoder_loss_weights", (targets > 0).astype(jnp.float32))
+        loss, z_loss, _ = losses.compute_weighted_cross_entropy(
+            logits,
+            targets,
+            weights,
+            loss_normalizing_factor=batch["loss_normalizing_factor"],
+            **kwargs,
+        )
+        metrics = losses.compute_base_metrics(
+            logits,
+            targets,
+            weights,
+            loss,
+            z_loss,
+            segment_ids={"decoder": batch["decoder_segment_ids"]},
+            token_losses=losses.compute_token_losses(logits, targets, **kwargs),
+            num_devices=1,
+        )
+        return loss, metrics
+
+    return (
+        jax.value_and_grad(fused, has_aux=True)(params),
+        jax.value_and_grad(composed, has_aux=True)(params),
+    )
+
+
+@pytest.mark.parametrize("factor", FACTORS)
+def test_fused_loss_and_metrics_equal_the_public_pieces_composed(factor):
+    """compute_loss_and_metrics sums everything in one stacked reduction; same values."""
+    ((loss, metrics), grads), ((ref_loss, ref_metrics), ref_grads) = _fused_and_composed(
+        PARAMS, _packed_batch(), factor
+    )
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), grads, ref_grads
+    )
+    assert sorted(metrics) == sorted(ref_metrics)
+    values, ref_values = _values(metrics), _values(ref_metrics)
+    for key in ref_values:
+        np.testing.assert_allclose(values[key], ref_values[key], rtol=1e-6, err_msg=key)
+
+
+def _token_reductions(fn, *args):
+    """The reduce_sum equations of fn's jaxpr whose operand keeps the [B, L] token axes."""
+    jaxpr = jax.make_jaxpr(fn)(*args)
+    return [
+        eqn
+        for eqn in jaxpr.eqns
+        if eqn.primitive.name == "reduce_sum" and eqn.invars[0].aval.ndim >= 2
+    ]
+
+
+def test_loss_and_metrics_reduce_the_token_arrays_once():
+    """Every per-token sum (loss, z-loss, counts, accuracy, rows) is one stacked reduction."""
+    batch = losses.with_loss_normalization(_packed_batch(), "NUM_REAL_TARGET_TOKENS")
+    del batch["decoder_segment_ids"]  # the packed features have their own (small) sums
+    logits = _logits(PARAMS, batch["decoder_input_tokens"])
+
+    def loss_and_metrics(logits):
+        return losses.compute_loss_and_metrics(logits, batch, z_loss=1e-3, num_devices=1)
+
+    # One [B, L, k] -> [B, k] sum, then one [B, k + 1] -> [k + 1] sum over the batch.
+    reductions = _token_reductions(loss_and_metrics, logits)
+    assert [tuple(e.invars[0].aval.shape) for e in reductions] == [(8, 6, 6), (8, 7)]
