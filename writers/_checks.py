@@ -224,6 +224,8 @@ def to_number(key: str, value: Any) -> int | float:
 # Exact types whose `to_number` conversion depends only on the type: looked up
 # by `type(value)` instead of walking isinstance checks against numpy's ABCs.
 _CONVERTERS: dict[type, Callable[[Any], int | float]] = {
+    float: float,  # float() and int() return an exact float or int itself
+    int: int,
     bool: int,
     np.bool_: int,
     **{t: float for t in (np.float16, np.float32, np.float64, np.longdouble)},
@@ -248,15 +250,15 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
       TypeError: if any value is not numeric (all such keys are listed).
       ValueError: if any array value does not hold exactly one number.
     """
+    converters = _CONVERTERS
+    try:  # the common case: every value's type has a converter (one C-level pass)
+        return {key: converters[type(value)](value) for key, value in scalars.items()}
+    except KeyError:
+        pass
     out: dict[str, int | float] = {}
     problems: list[tuple[type[Exception], str]] = []
-    converters = _CONVERTERS
     for key, value in scalars.items():
-        cls = type(value)
-        if cls is float or cls is int:
-            out[key] = value
-            continue
-        convert = converters.get(cls)
+        convert = converters.get(type(value))
         if convert is not None:
             out[key] = convert(value)
             continue

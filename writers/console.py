@@ -147,9 +147,7 @@ class ConsoleWriter(BaseWriter):
         """Prints a `hyperparameters` block with every value."""
         self._check_open("write_hparams")
         _checks.check_keys(hparams, "ConsoleWriter.write_hparams")
-        self._print(
-            self._header_text("hyperparameters"), _rows({k: str(v) for k, v in hparams.items()})
-        )
+        self._print(self._header_text("hyperparameters"), {k: str(v) for k, v in hparams.items()})
 
     def flush(self) -> None:
         """Flushes the stream."""
@@ -169,7 +167,7 @@ class ConsoleWriter(BaseWriter):
         self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
         self._observe(step)
-        self._print(self._header_text(self._progress(step)), _rows(lines, numbers))
+        self._print(self._header_text(self._progress(step)), lines, numbers)
 
     def _observe(self, step: int) -> None:
         now = self._clock()
@@ -197,27 +195,30 @@ class ConsoleWriter(BaseWriter):
     def _header_text(self, head: str) -> str:
         return f"{head} | {self._collection}" if self._collection else head
 
-    def _print(self, header: str, rows: list[tuple[str, str, bool]]) -> None:
+    def _print(
+        self, header: str, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
+    ) -> None:
         stream = self._out()
         color = self._color
         if color is None:
             if self._auto is None or self._auto[0] is not stream:
                 self._auto = (stream, _auto_color(stream))
             color = self._auto[1]
-        # Keys arrive already padded to one width (see `_rows`).
-        indent = "\n" + " " * (len(rows[0][0]) + 4) if rows else ""
+        layout = _layout(tuple(lines))  # keys in display order, padded to one width
+        indent = "\n" + " " * (len(layout[0][1]) + 4) if layout else ""
         if not color:  # CI logs and files: no terminal codes, and no rendering cost.
             body = "".join(
-                f"\n  {key}  {value.replace(chr(10), indent) if chr(10) in value else value}"
-                for key, value, _ in rows
+                f"\n  {padded}  " + lines[key].replace("\n", indent) for key, padded in layout
             )
             stream.write(header + body + "\n")
             return
-        # (text, style) pieces; colour output styles them.
+        # (text, style) pieces; colour output styles them (non-finite numbers in red).
+        nums = numbers or {}
         pieces = [(header, "bold")]
-        for key, value, bad in rows:
-            value = value.replace("\n", indent)
-            pieces += [("\n  ", ""), (key, "cyan"), ("  " + value, "bold red" if bad else "")]
+        for key, padded in layout:
+            bad = not _checks.is_finite_number(nums[key]) if key in nums else False
+            value = lines[key].replace("\n", indent)
+            pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
         from rich.text import Text
 
         self._console(stream).print(Text.assemble(*pieces))
@@ -240,17 +241,6 @@ class ConsoleWriter(BaseWriter):
             )
             self._rich = (stream, console)
         return self._rich[1]
-
-
-def _rows(
-    lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
-) -> list[tuple[str, str, bool]]:
-    """`(key padded to the widest key, value, value is a non-finite number)`, grouped."""
-    nums = numbers or {}
-    return [
-        (padded, lines[k], not _checks.is_finite_number(nums[k]) if k in nums else False)
-        for k, padded in _layout(tuple(lines))
-    ]
 
 
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:

@@ -108,7 +108,9 @@ class JsonlWriter(BaseWriter):
         """Writes numbers; NaN and infinities become `"NaN"`, `"Infinity"`, `"-Infinity"`."""
         step = self._begin_line("write_scalars", step, scalars)
         numbers = _checks.check_numbers(scalars, "JsonlWriter.write_scalars")
-        self._write_line(step, {k: _json_number(v) for k, v in numbers.items()})
+        if not _all_finite(numbers.values()):
+            numbers = {k: _json_number(v) for k, v in numbers.items()}  # type: ignore[misc]
+        self._write_line(step, numbers)
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Writes `{"type": "image", "shape": [...]}` per image array."""
@@ -217,6 +219,14 @@ def _json_number(value: int | float) -> int | float | str:
     if math.isnan(value):
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
+
+
+def _all_finite(numbers: Any) -> bool:
+    """True when every number is an int or a finite float (JSON as they are)."""
+    try:
+        return all(map(math.isfinite, numbers))
+    except OverflowError:  # an int too big for a float: ints are written as they are
+        return False
 
 
 def _json_array(arr: np.ndarray) -> Any:

@@ -101,3 +101,17 @@ def test_console_layout_follows_each_call_s_own_keys():
         "step 3\n  a          2\n  long_name  3\n"
         "step 4\n  a   one\n      two\n  bb  x\n"
     )
+
+
+def test_jsonl_lines_with_and_without_non_finite_values(tmp_path):
+    w = writers.JsonlWriter(tmp_path / "m.jsonl", clock=lambda: 1.0)
+    w.write_scalars(1, {"a": np.float32(0.5), "n": 3})
+    w.write_scalars(2, {"a": float("nan"), "b": -np.inf, "big": 10**400})
+    w.write_scalars(3, {"big": 10**400, "a": 1.5})
+    w.close()
+    lines = (tmp_path / "m.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in lines] == [
+        {"step": 1, "time": 1.0, "collection": None, "a": 0.5, "n": 3},
+        {"step": 2, "time": 1.0, "collection": None, "a": "NaN", "b": "-Infinity", "big": 10**400},
+        {"step": 3, "time": 1.0, "collection": None, "big": 10**400, "a": 1.5},
+    ]
