@@ -54,6 +54,7 @@ from flax.training import train_state
 
 from metrics_manager import (
     MetricsManager,
+    PackedMetrics,
     accumulate_grads_microbatched,
     compute_loss_and_metrics,
     demo_model,
@@ -64,6 +65,7 @@ from metrics_manager.gin_utils import configured, write_gin_config
 
 Batch = Mapping[str, Any]
 Metrics = dict[str, clu.metrics.Metric]
+Running = Metrics | PackedMetrics  # what merge_metrics returns (packed only with pack=True)
 Summary = Mapping[str, clu.values.Value]
 
 REPO_CONFIGS_DIR = os.path.join(
@@ -107,7 +109,7 @@ def make_train_step(
     loss_fn: Callable[[Any, Batch], tuple[Any, Metrics]],
     schedule: optax.Schedule,
     config: demo_model.TrainConfig,
-) -> Callable[..., tuple[train_state.TrainState, Metrics]]:
+) -> Callable[..., tuple[train_state.TrainState, Running]]:
     """Returns `train_step(state, running, batch) -> (state, running)`, jitted.
 
     `state` and `running` are donated: the new state and the merged metrics reuse their
@@ -117,8 +119,8 @@ def make_train_step(
 
     @functools.partial(jax.jit, donate_argnums=(0, 1))
     def train_step(
-        state: train_state.TrainState, running: Metrics | None, batch: Batch
-    ) -> tuple[train_state.TrainState, Metrics]:
+        state: train_state.TrainState, running: Running | None, batch: Batch
+    ) -> tuple[train_state.TrainState, Running]:
         # The normalizing factor comes from the GLOBAL batch, before the microbatch split.
         batch = with_loss_normalization(batch, config.loss_normalizing_factor)
         grads, metrics = accumulate_grads_microbatched(
@@ -138,11 +140,11 @@ def make_train_step(
 def make_eval_step(
     loss_fn: Callable[[Any, Batch], tuple[Any, Metrics]],
     config: demo_model.TrainConfig,
-) -> Callable[[Any, Metrics | None, Batch], Metrics]:
+) -> Callable[[Any, Running | None, Batch], Running]:
     """Returns `eval_step(params, running, batch) -> running`, jitted, `running` donated."""
 
     @functools.partial(jax.jit, donate_argnums=(1,))
-    def eval_step(params: Any, running: Metrics | None, batch: Batch) -> Metrics:
+    def eval_step(params: Any, running: Running | None, batch: Batch) -> Running:
         batch = with_loss_normalization(batch, config.loss_normalizing_factor)
         _, metrics = loss_fn(params, batch)
         return merge_metrics(running, metrics)
@@ -213,7 +215,7 @@ def train(
         write_gin_config(config.model_dir, train_manager, step=0)
         train_manager.write_scalar("timing/compilation_seconds", compilation_seconds, 0)
 
-        running: Metrics | None = None  # a summary window starts with no metrics
+        running: Running | None = None  # a summary window starts with no metrics
         train_manager.start_duration_timer(block_on=state)
         for step in range(1, config.total_steps + 1):
             state, running = train_step(state, running, batch)
@@ -238,8 +240,8 @@ def compile_merging_step(
     step_fn: Any,
     x: Any,
     batch: Batch,
-    metrics_of: Callable[[Any], Metrics] = lambda out: out,
-) -> Callable[[Any, Metrics | None, Batch], Any]:
+    metrics_of: Callable[[Any], Running] = lambda out: out,
+) -> Callable[[Any, Running | None, Batch], Any]:
     """Compiles `step_fn(x, running, batch)` ahead of time for both kinds of call.
 
     A merging step has two variants: `running=None` (the first step of a summary window)
@@ -259,14 +261,14 @@ def compile_merging_step(
     running_shapes = metrics_of(jax.eval_shape(step_fn, x, None, batch))
     rest = step_fn.lower(x, running_shapes, batch).compile()
 
-    def call(x: Any, running: Metrics | None, batch: Batch) -> Any:
+    def call(x: Any, running: Running | None, batch: Batch) -> Any:
         return (first if running is None else rest)(x, running, batch)
 
     return call
 
 
 def evaluate(
-    eval_step: Callable[[Any, Metrics | None, Batch], Metrics],
+    eval_step: Callable[[Any, Running | None, Batch], Running],
     params: Any,
     batches: Sequence[Batch],
     manager: MetricsManager,
