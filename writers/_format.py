@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 
 # Keys whose values are rates ("per second"), shown as whole numbers with
 # thousands separators once they reach 1,000: 12,345 seqs/s reads better than 1.235e+04.
@@ -45,6 +46,23 @@ def number(key: str, value: int | float) -> str:
     if math.isnan(value):
         return "NaN"
     return "inf" if value > 0 else "-inf"
+
+
+def numbers(values: Mapping[str, int | float]) -> dict[str, str]:
+    """`number(key, value)` for every item, with a fast path for plain floats.
+
+    Example:
+      >>> numbers({"loss": 0.123456, "n": 12345})
+      {'loss': '0.1235', 'n': '12,345'}
+    """
+    out = {}
+    for key, value in values.items():
+        # A float below 1,000 in size is finite and never a big rate: `.4g`, as `number` does.
+        if type(value) is float and -1000.0 < value < 1000.0:
+            out[key] = f"{value:.4g}"
+        else:
+            out[key] = number(key, value)
+    return out
 
 
 def duration(seconds: float) -> str:

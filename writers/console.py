@@ -99,7 +99,7 @@ class ConsoleWriter(BaseWriter):
         """Prints every scalar, formatted for humans (see module docstring)."""
         step = self._begin("write_scalars", step, scalars)
         numbers = _checks.check_numbers(scalars, "ConsoleWriter.write_scalars")
-        self._block(step, {k: _format.number(k, v) for k, v in numbers.items()}, numbers)
+        self._block(step, _format.numbers(numbers), numbers)
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Prints the shape of every image array."""

@@ -8,10 +8,12 @@ import json
 import numpy as np
 import pytest
 from clu import values
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import writers
 from tests.writers.recording import RecordingWriter
-from writers import _checks
+from writers import _checks, _format
 
 
 class LooksLikeKey:
@@ -115,3 +117,14 @@ def test_jsonl_lines_with_and_without_non_finite_values(tmp_path):
         {"step": 2, "time": 1.0, "collection": None, "a": "NaN", "b": "-Infinity", "big": 10**400},
         {"step": 3, "time": 1.0, "collection": None, "big": 10**400, "a": 1.5},
     ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(["loss", "timing/seqs_per_second", "x/s", "n"]),
+        st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(10**20), 10**20),
+    )
+)
+def test_console_numbers_match_number_for_every_value(values):
+    assert _format.numbers(values) == {k: _format.number(k, v) for k, v in values.items()}
