@@ -103,6 +103,22 @@ _STR_TYPE = frozenset({str})
 _MAX_CACHED_KEYS = 100_000
 
 
+def known_good(step: Any, values: Any) -> bool:
+    """True when `check_call(..., step, values)` would pass, by cheap tests only.
+
+    That is: `step` is a non-negative int and `values` a dict whose keys are all
+    exact strs that `check_keys` accepted before. False means "not known", not
+    "bad": run the full check then (it builds the error message).
+    """
+    return (
+        type(step) is int
+        and step >= 0
+        and type(values) is dict
+        and {*map(type, values)} <= _STR_TYPE
+        and _VALID_KEYS.issuperset(values)
+    )
+
+
 def check_call(method: str, step: Any, values: Any) -> int:
     """Checks a write call's step and keys together, so one error lists both problems.
 

@@ -128,3 +128,20 @@ def test_jsonl_lines_with_and_without_non_finite_values(tmp_path):
 )
 def test_console_numbers_match_number_for_every_value(values):
     assert _format.numbers(values) == {k: _format.number(k, v) for k, v in values.items()}
+
+
+def test_multi_writer_and_write_values_still_reject_bad_calls_after_good_ones():
+    rec = RecordingWriter()
+    multi = writers.MultiWriter({"rec": rec})
+    for step in range(2):
+        multi.write_scalars(step, {"loss": 1.0})
+        writers.write_values(multi, step, {"loss": 1.0})
+    with pytest.raises(TypeError, match=r"MultiWriter.write_scalars: 2 problems:\n  - step must"):
+        multi.write_scalars(1.5, {"loss": 1.0, 3: 2.0})
+    with pytest.raises(
+        ValueError, match=r"write_values: step must be a non-negative integer, got -2"
+    ):
+        writers.write_values(multi, -2, {"loss": 1.0})
+    with pytest.raises(ValueError, match=r"write_values: keys must be non-empty names, got \[''\]"):
+        writers.write_values(multi, 2, {"loss": 1.0, "": 2.0})
+    assert [c[1] for c in rec.calls] == [(0, {"loss": 1.0})] * 2 + [(1, {"loss": 1.0})] * 2
