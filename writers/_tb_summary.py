@@ -10,6 +10,7 @@ import math
 import struct
 import time
 from collections.abc import Mapping
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -52,18 +53,16 @@ def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
     a summary repeats the same tags every time, so each tag's bytes are cached.
     The output is byte-for-byte what protobuf serializes (a test checks it).
     """
-    parts = []
-    for key, number in numbers.items():
-        prefix = _SCALAR_PREFIX.get(key)
-        if prefix is None:
-            prefix = _scalar_prefix(key)
-        try:
-            packed = _F32.pack(number)
-        except OverflowError:  # beyond float32: protobuf stores +-inf as well
-            packed = _F32.pack(math.copysign(math.inf, number))
-        parts.append(prefix)
-        parts.append(packed)
-    summary = b"".join(parts)
+    keys = tuple(numbers)
+    packer = _SUMMARY_PACKERS.get(keys)
+    if packer is None:
+        packer = _summary_packer(keys)
+    try:  # the whole summary in one struct.pack: tags' bytes and float32 values interleaved
+        summary = packer[0].pack(
+            *chain.from_iterable(zip(packer[1], numbers.values(), strict=True))
+        )
+    except OverflowError:  # a value beyond float32: the per-value path below
+        summary = _scalar_summary(numbers)
     return b"".join(
         (
             b"\x09",
@@ -76,9 +75,36 @@ def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
     )
 
 
+def _scalar_summary(numbers: Mapping[str, int | float]) -> bytes:
+    parts = []
+    for key, number in numbers.items():
+        prefix = _SCALAR_PREFIX.get(key)
+        if prefix is None:
+            prefix = _scalar_prefix(key)
+        try:
+            packed = _F32.pack(number)
+        except OverflowError:  # beyond float32: protobuf stores +-inf as well
+            packed = _F32.pack(math.copysign(math.inf, number))
+        parts.append(prefix)
+        parts.append(packed)
+    return b"".join(parts)
+
+
+def _summary_packer(keys: tuple[str, ...]) -> tuple[struct.Struct, list[bytes]]:
+    """A `Struct` packing `(prefix, value)` pairs for `keys`, and the prefixes."""
+    prefixes = [_SCALAR_PREFIX.get(key) or _scalar_prefix(key) for key in keys]
+    packer = (struct.Struct("<" + "".join(f"{len(p)}sf" for p in prefixes)), prefixes)
+    if len(_SUMMARY_PACKERS) >= 1_000:  # many distinct key sets: keep memory bounded
+        _SUMMARY_PACKERS.clear()
+    _SUMMARY_PACKERS[keys] = packer
+    return packer
+
+
 _F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
 _SCALAR_PREFIX: dict[str, bytes] = {}
+# Key tuple (in call order) -> `_summary_packer`: summaries repeat the same keys every step.
+_SUMMARY_PACKERS: dict[tuple[str, ...], tuple[struct.Struct, list[bytes]]] = {}
 
 
 def _scalar_prefix(key: str) -> bytes:

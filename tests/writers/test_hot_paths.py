@@ -145,3 +145,19 @@ def test_multi_writer_and_write_values_still_reject_bad_calls_after_good_ones():
     with pytest.raises(ValueError, match=r"write_values: keys must be non-empty names, got \[''\]"):
         writers.write_values(multi, 2, {"loss": 1.0, "": 2.0})
     assert [c[1] for c in rec.calls] == [(0, {"loss": 1.0})] * 2 + [(1, {"loss": 1.0})] * 2
+
+
+def test_scalar_events_with_cached_tags_match_protobuf_with_and_without_overflow():
+    from tensorboardX.proto import event_pb2, summary_pb2
+
+    from writers import _tb_summary
+
+    for numbers in ({"a": 0.5, "b": 2}, {"a": 1e39, "b": -1e300}, {"a": -0.0, "b": 7}):
+        encoded = _tb_summary.scalar_event(9, numbers)
+        values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]
+        expected = event_pb2.Event(
+            step=9,
+            wall_time=event_pb2.Event.FromString(encoded).wall_time,
+            summary=summary_pb2.Summary(value=values),
+        )
+        assert encoded == expected.SerializeToString()
