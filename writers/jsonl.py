@@ -54,6 +54,9 @@ from writers.interface import Array, Scalar
 
 RESERVED_KEYS = ("step", "time", "collection")
 
+# What `json.dumps(obj, allow_nan=False)` builds on every call, built once.
+_ENCODER = json.JSONEncoder(allow_nan=False)
+
 
 class JsonlWriter(BaseWriter):
     """Appends one JSON object per write call to a `.jsonl` file.
@@ -204,7 +207,7 @@ class JsonlWriter(BaseWriter):
         record.update(values)
         # allow_nan=False: a non-finite float that slipped through fails loudly
         # instead of producing a line that strict JSON readers reject.
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
+        self._file.write(_ENCODER.encode(record) + "\n")
 
     def _tensor(self, arr: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "tensor", "shape": list(arr.shape), "dtype": str(arr.dtype)}
