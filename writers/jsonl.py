@@ -54,6 +54,7 @@ from writers.interface import Array, Scalar
 
 RESERVED_KEYS = ("step", "time", "collection")
 
+_RESERVED = frozenset(RESERVED_KEYS)
 # What `json.dumps(obj, allow_nan=False)` builds on every call, built once.
 _ENCODER = json.JSONEncoder(allow_nan=False)
 
@@ -194,6 +195,8 @@ class JsonlWriter(BaseWriter):
 
     def _begin_line(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         checked = self._begin(method, step, values)
+        if _RESERVED.isdisjoint(values):  # keys are strs here (checked above): hashable
+            return checked
         reserved = [k for k in values if k in RESERVED_KEYS]
         if reserved:
             raise ValueError(
