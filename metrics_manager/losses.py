@@ -453,10 +453,11 @@ def _row_sums(columns: list[jax.Array], *, rows: bool = True) -> jax.Array:
     """
     batch_size = columns[0].shape[0]
     row_length = math.prod(columns[0].shape[1:])
-    stacked = jnp.stack(
-        [c.astype(jnp.float32).reshape(batch_size, row_length) for c in columns], axis=-1
-    )
-    return jnp.sum(stacked, axis=1 if rows else (0, 1))
+    # Column-major ([k, B, N]): each output sums one contiguous run, which vectorizes.
+    stacked = jnp.stack([c.astype(jnp.float32).reshape(batch_size, row_length) for c in columns])
+    if not rows:
+        return jnp.sum(stacked, axis=(1, 2))
+    return jnp.sum(stacked, axis=2).T
 
 
 def _weighted_columns(
@@ -916,18 +917,18 @@ def compute_base_metrics(
     _check_segment_ids_and_devices(problems, segment_ids, num_devices)
     problems.raise_if_any()
 
+    # Separate reductions here: XLA:CPU fuses each into its consumer, which measured faster
+    # than one stacked reduction for these few sums (compute_loss_and_metrics, with six
+    # sums, stacks them).
     real = jnp.ones(targets.shape, bool) if mask is None else mask != 0
+    num_real_tokens = jnp.sum(real, dtype=jnp.float32)
+    num_seqs = jnp.sum(jnp.any(real.reshape(targets.shape[0], -1), axis=-1), dtype=jnp.float32)
     correct = (jnp.argmax(logits, axis=-1) == targets) & real
-    columns = [real, correct]
-    if token_losses is not None:
-        columns += [
-            jnp.where(real, token_losses.loss, 0.0),
-            jnp.where(real, token_losses.z_loss, 0.0),
-        ]
-    sums = _totals_and_rows_with_tokens(_row_sums(columns), real_column=0)
+    num_correct = jnp.sum(correct, dtype=jnp.float32)
     loss = loss.astype(jnp.float32)
     if token_losses is not None:
-        loss_sum, z_loss_sum = sums[2], sums[3]
+        loss_sum = jnp.sum(jnp.where(real, token_losses.loss, 0.0))
+        z_loss_sum = jnp.sum(jnp.where(real, token_losses.z_loss, 0.0))
     else:
         scale = 1.0 if loss_normalizing_factor is None else _float32_scalar(loss_normalizing_factor)
         loss_sum = loss * scale
@@ -938,9 +939,9 @@ def compute_base_metrics(
         loss,
         z_loss,
         _TokenSums(
-            num_real_tokens=sums[0],
-            num_correct=sums[1],
-            num_seqs=sums[-1],
+            num_real_tokens=num_real_tokens,
+            num_correct=num_correct,
+            num_seqs=num_seqs,
             loss_sum=loss_sum,
             z_loss_sum=z_loss_sum,
         ),
