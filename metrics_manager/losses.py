@@ -433,39 +433,20 @@ def compute_weighted_cross_entropy(
     token_losses = compute_token_losses(
         logits, targets, label_smoothing=label_smoothing, z_loss=z_loss
     )
-    columns = _weighted_columns(token_losses, weights, loss_normalizing_factor)
-    if weights is not None:
-        columns.append(weights)
-    totals = _row_sums(columns, rows=False)
+    loss, total_z_loss = _weighted_sums(token_losses, weights, loss_normalizing_factor)
     if weights is None:
         weight_sum = jnp.asarray(targets.size, jnp.float32)
     else:
-        weight_sum = totals[2]
-    return totals[0], totals[1], weight_sum
+        weight_sum = jnp.sum(weights.astype(jnp.float32))
+    return loss, total_z_loss, weight_sum
 
 
-def _row_sums(columns: list[jax.Array], *, rows: bool = True) -> jax.Array:
-    """Sums k `[B, ...]` per-token arrays over every axis but the first, in ONE reduction.
-
-    XLA:CPU does not fuse independent reductions, so k separate `jnp.sum`s would be k
-    small kernels per step; stacking the columns makes them one. Returns float32 `[B, k]`,
-    or the `[k]` totals over the batch too when `rows` is False.
-    """
-    batch_size = columns[0].shape[0]
-    row_length = math.prod(columns[0].shape[1:])
-    # Column-major ([k, B, N]): each output sums one contiguous run, which vectorizes.
-    stacked = jnp.stack([c.astype(jnp.float32).reshape(batch_size, row_length) for c in columns])
-    if not rows:
-        return jnp.sum(stacked, axis=(1, 2))
-    return jnp.sum(stacked, axis=2).T
-
-
-def _weighted_columns(
+def _weighted_sums(
     token_losses: TokenLosses,
     weights: jax.Array | None,
     loss_normalizing_factor: float | jax.Array | None,
-) -> list[jax.Array]:
-    """The loss's two per-token summands: weights * per-token loss (and z-loss) / factor."""
+) -> tuple[jax.Array, jax.Array]:
+    """sum(weights * per-token loss / factor) for the loss and its z-loss part."""
     token_loss, token_z_loss = token_losses
     if weights is not None:
         weights = weights.astype(jnp.float32)
@@ -477,7 +458,7 @@ def _weighted_columns(
             factor = _per_row(factor, token_loss.ndim)
         token_loss = token_loss / factor
         token_z_loss = token_z_loss / factor
-    return [token_loss, token_z_loss]
+    return jnp.sum(token_loss), jnp.sum(token_z_loss)
 
 
 # ----------------------------------------------------------------------------- normalizing factor
@@ -780,31 +761,6 @@ def _float32_scalar(x: Any) -> jax.Array:
     return jnp.asarray(x, jnp.float32)
 
 
-def _check_segment_ids_and_devices(problems: _Problems, segment_ids: Any, num_devices: Any) -> None:
-    """Records problems with `segment_ids` ({feature: [B, L] ints}) and `num_devices`."""
-    if segment_ids is not None:
-        if not isinstance(segment_ids, Mapping):
-            problems.type_problem(
-                f"`segment_ids` must map feature names to [B, L] arrays; got "
-                f"{type(segment_ids).__name__}."
-            )
-        else:
-            for feature, ids in segment_ids.items():
-                if ids is None:
-                    continue
-                name = f"segment_ids[{feature!r}]"
-                if _check_integer_array(problems, name, ids, fix="0 marks padding.") and (
-                    ids.ndim != 2
-                ):
-                    problems.value_problem(
-                        f"`{name}` must be [batch, length]; got shape {tuple(ids.shape)}."
-                    )
-    if num_devices is not None and (
-        isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1
-    ):
-        problems.value_problem(f"`num_devices` must be a positive int; got {num_devices!r}.")
-
-
 def compute_base_metrics(
     logits: jax.Array,
     targets: jax.Array,
@@ -914,17 +870,37 @@ def compute_base_metrics(
                 "pass `token_losses` (from compute_token_losses), or use "
                 "compute_loss_and_metrics."
             )
-    _check_segment_ids_and_devices(problems, segment_ids, num_devices)
+    if segment_ids is not None:
+        if not isinstance(segment_ids, Mapping):
+            problems.type_problem(
+                f"`segment_ids` must map feature names to [B, L] arrays; got "
+                f"{type(segment_ids).__name__}."
+            )
+        else:
+            for feature, ids in segment_ids.items():
+                if ids is None:
+                    continue
+                name = f"segment_ids[{feature!r}]"
+                if _check_integer_array(problems, name, ids, fix="0 marks padding.") and (
+                    ids.ndim != 2
+                ):
+                    problems.value_problem(
+                        f"`{name}` must be [batch, length]; got shape {tuple(ids.shape)}."
+                    )
+    if num_devices is not None and (
+        isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1
+    ):
+        problems.value_problem(f"`num_devices` must be a positive int; got {num_devices!r}.")
     problems.raise_if_any()
 
-    # Separate reductions here: XLA:CPU fuses each into its consumer, which measured faster
-    # than one stacked reduction for these few sums (compute_loss_and_metrics, with six
-    # sums, stacks them).
+    if num_devices is None:
+        num_devices = _default_num_devices(logits)
+    batch_size = targets.shape[0]
+    num_tokens = _float32_scalar(targets.size)
     real = jnp.ones(targets.shape, bool) if mask is None else mask != 0
     num_real_tokens = jnp.sum(real, dtype=jnp.float32)
-    num_seqs = jnp.sum(jnp.any(real.reshape(targets.shape[0], -1), axis=-1), dtype=jnp.float32)
-    correct = (jnp.argmax(logits, axis=-1) == targets) & real
-    num_correct = jnp.sum(correct, dtype=jnp.float32)
+    num_seqs = jnp.sum(jnp.any(real.reshape(batch_size, -1), axis=-1), dtype=jnp.float32)
+
     loss = loss.astype(jnp.float32)
     if token_losses is not None:
         loss_sum = jnp.sum(jnp.where(real, token_losses.loss, 0.0))
@@ -933,59 +909,12 @@ def compute_base_metrics(
         scale = 1.0 if loss_normalizing_factor is None else _float32_scalar(loss_normalizing_factor)
         loss_sum = loss * scale
         z_loss_sum = jnp.zeros(()) if z_loss is None else z_loss.astype(jnp.float32) * scale
-    return _metrics_from_sums(
-        logits,
-        targets,
-        loss,
-        z_loss,
-        _TokenSums(
-            num_real_tokens=num_real_tokens,
-            num_correct=num_correct,
-            num_seqs=num_seqs,
-            loss_sum=loss_sum,
-            z_loss_sum=z_loss_sum,
-        ),
-        segment_ids,
-        num_devices,
-    )
 
-
-class _TokenSums(NamedTuple):
-    """The batch sums the base metrics are made of (float32 scalars)."""
-
-    num_real_tokens: jax.Array
-    num_correct: jax.Array
-    num_seqs: jax.Array
-    loss_sum: jax.Array
-    z_loss_sum: jax.Array
-
-
-def _totals_and_rows_with_tokens(per_row: jax.Array, real_column: int) -> jax.Array:
-    """Column totals of `[B, k]` row sums, plus (last) the rows whose `real_column` is > 0.
-
-    One reduction over the batch axis: `[k + 1]` float32.
-    """
-    has_tokens = (per_row[:, real_column : real_column + 1] > 0).astype(jnp.float32)
-    return jnp.sum(jnp.concatenate([per_row, has_tokens], axis=1), axis=0)
-
-
-def _metrics_from_sums(
-    logits: jax.Array,
-    targets: jax.Array,
-    loss: jax.Array,
-    z_loss: jax.Array | None,
-    sums: _TokenSums,
-    segment_ids: Mapping[str, jax.Array | None] | None,
-    num_devices: int | None,
-) -> dict[str, clu_metrics.Metric]:
-    """Builds the base metrics (see `compute_base_metrics`) from already reduced sums."""
-    if num_devices is None:
-        num_devices = _default_num_devices(logits)
-    num_tokens = _float32_scalar(targets.size)
-    num_real_tokens, num_seqs = sums.num_real_tokens, sums.num_seqs
-    loss_sum, z_loss_sum = sums.loss_sum, sums.z_loss_sum
+    correct = (jnp.argmax(logits, axis=-1) == targets) & real
     metrics: dict[str, clu_metrics.Metric] = {
-        "accuracy": clu_metrics.Accuracy(total=sums.num_correct, count=num_real_tokens),
+        "accuracy": clu_metrics.Accuracy(
+            total=jnp.sum(correct, dtype=jnp.float32), count=num_real_tokens
+        ),
         "loss": metrics_lib.AveragePerStep.from_model_output(loss),
         "loss_per_nonpadding_target_token": clu_metrics.Average(
             total=loss_sum, count=num_real_tokens
@@ -1101,12 +1030,6 @@ def compute_loss_and_metrics(
         _check_same_shape(problems, f"batch[{_WEIGHTS_KEY!r}]", weights, tuple(targets.shape))
         _check_factor(problems, factor, targets.shape[0])
     _check_loss_options(problems, label_smoothing, z_loss)
-    segment_ids = {
-        key[: -len(_SEGMENT_IDS_SUFFIX)]: value
-        for key, value in batch.items()
-        if key.endswith(_SEGMENT_IDS_SUFFIX)
-    }
-    _check_segment_ids_and_devices(problems, segment_ids, num_devices)
     problems.raise_if_any()
 
     if weights is None:
@@ -1115,32 +1038,21 @@ def compute_loss_and_metrics(
     token_losses = compute_token_losses(
         logits, targets, label_smoothing=label_smoothing, z_loss=z_loss
     )
-    # Every per-token sum, the loss's included, in one reduction over the length axis and
-    # one over the batch axis.
-    real = weights != 0
-    correct = (jnp.argmax(logits, axis=-1) == targets) & real
-    columns = _weighted_columns(token_losses, weights, factor) + [
-        real,
-        correct,
-        jnp.where(real, token_losses.loss, 0.0),
-        jnp.where(real, token_losses.z_loss, 0.0),
-    ]
-    sums = _totals_and_rows_with_tokens(_row_sums(columns), real_column=2)
-    loss, total_z_loss = sums[0], sums[1]
+    loss, total_z_loss = _weighted_sums(token_losses, weights, factor)
     report_z_loss = _is_array(z_loss) or z_loss != 0.0
-    metrics = _metrics_from_sums(
+    segment_ids = {
+        key[: -len(_SEGMENT_IDS_SUFFIX)]: value
+        for key, value in batch.items()
+        if key.endswith(_SEGMENT_IDS_SUFFIX)
+    }
+    metrics = compute_base_metrics(
         logits,
         targets,
+        weights,
         loss,
-        total_z_loss if report_z_loss else None,
-        _TokenSums(
-            num_real_tokens=sums[2],
-            num_correct=sums[3],
-            num_seqs=sums[-1],
-            loss_sum=sums[4],
-            z_loss_sum=sums[5],
-        ),
-        segment_ids or None,
-        num_devices,
+        z_loss=total_z_loss if report_z_loss else None,
+        segment_ids=segment_ids or None,
+        token_losses=token_losses,
+        num_devices=num_devices,
     )
     return loss, metrics
