@@ -109,6 +109,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from metrics_manager._problems import Problems as _Problems
+from metrics_manager._problems import describe as _describe
 from metrics_manager.metrics import is_metric_obj
 from metrics_manager.packing import PackedMetrics
 
@@ -120,33 +122,6 @@ _FIX_NOT_METRIC = (
     "wrap the value in a metric, e.g. metrics_manager.Sum.from_model_output(x), "
     "clu.metrics.Average.from_model_output(x) or clu.metrics.LastValue(value=x)"
 )
-
-
-def _describe(x: Any) -> str:
-    """A short description of a value for error messages: type, and shape/dtype for arrays."""
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return f"{type(x).__name__} of shape {tuple(x.shape)} and dtype {x.dtype}"
-    text = repr(x)
-    return f"{type(x).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
-class _Problems:
-    """Collects every problem of a call so that one error lists them all."""
-
-    def __init__(self) -> None:
-        self.type_errors: list[str] = []
-        self.value_errors: list[str] = []
-
-    def raise_if_any(self, context: str) -> None:
-        problems = self.type_errors + self.value_errors
-        if not problems:
-            return
-        error = TypeError if self.type_errors else ValueError
-        if len(problems) == 1:
-            raise error(f"{context}: {problems[0]}")
-        raise error(
-            f"{context}: {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems)
-        )
 
 
 def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:

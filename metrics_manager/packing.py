@@ -40,6 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.lax import lax as _lax_internal
 
+from metrics_manager._problems import Problems
+from metrics_manager._problems import describe as _describe
 from metrics_manager.metrics import is_metric_obj
 
 __all__ = ["PackedMetrics"]
@@ -76,20 +78,6 @@ def _replicated(x: jax.Array) -> jax.Array:
     if any(axis is not None for axis in spec):
         return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
     return x
-
-
-def _describe(x: Any) -> str:
-    if hasattr(x, "shape") and hasattr(x, "dtype"):
-        return f"{type(x).__name__} of shape {tuple(x.shape)} and dtype {x.dtype}"
-    return type(x).__name__
-
-
-def _raise_type_error(problems: list[str]) -> None:
-    if len(problems) == 1:
-        raise TypeError(f"PackedMetrics.pack: {problems[0]}")
-    raise TypeError(
-        f"PackedMetrics.pack: {len(problems)} problems:\n" + "\n".join(f"- {p}" for p in problems)
-    )
 
 
 @jax.tree_util.register_pytree_node_class
@@ -143,7 +131,7 @@ class PackedMetrics:
             >>> PackedMetrics.pack({"n": Sum(2.0)}).keys()
             ['n']
         """
-        problems = []
+        problems = Problems()
         if not isinstance(metrics, Mapping):
             raise TypeError(
                 "PackedMetrics.pack: expected a dict of name -> clu Metric, got "
@@ -151,24 +139,23 @@ class PackedMetrics:
             )
         for key, value in metrics.items():
             if not isinstance(key, str) or not is_metric_obj(value):
-                problems.append(
+                problems.type_errors.append(
                     f"[{key!r}]: expected a str key and a clu.metrics.Metric (or Collection), "
                     f"got {type(key).__name__} -> {_describe(value)}"
                 )
-        if problems:  # a non-str key would also stop the flattening
-            _raise_type_error(problems)
+        # A non-str key would also stop the flattening.
+        problems.raise_if_any("PackedMetrics.pack")
         paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(dict(metrics))
         arrays = []
         for path, leaf in paths_leaves:
             try:
                 arrays.append(jnp.asarray(leaf))
             except TypeError as err:
-                problems.append(
+                problems.type_errors.append(
                     f"{jax.tree_util.keystr(path)}: expected an array or scalar leaf, got "
                     f"{_describe(leaf)} ({err})"
                 )
-        if problems:
-            _raise_type_error(problems)
+        problems.raise_if_any("PackedMetrics.pack")
 
         dtypes: list[str] = []
         sizes: list[int] = []
@@ -258,10 +245,9 @@ class PackedMetrics:
                 "PackedMetrics.unpack_host: expected a sequence of numpy arrays (one per "
                 f"buffer, e.g. jax.device_get(packed.buffers)), got {_describe(host_buffers)}"
             )
-        type_errors: list[str] = []
-        value_errors: list[str] = []
+        problems = Problems()
         if len(host_buffers) != len(layout.dtypes):
-            value_errors.append(
+            problems.value_errors.append(
                 f"expected {len(layout.dtypes)} buffers (dtypes {list(layout.dtypes)}), got "
                 f"{len(host_buffers)}; pass jax.device_get(packed.buffers) of this PackedMetrics"
             )
@@ -270,18 +256,14 @@ class PackedMetrics:
             zip(arrays, layout.dtypes, layout.sizes, strict=False)
         ):
             if array.dtype.name != dtype:
-                type_errors.append(f"buffer {i}: expected dtype {dtype}, got {array.dtype.name}")
+                problems.type_errors.append(
+                    f"buffer {i}: expected dtype {dtype}, got {array.dtype.name}"
+                )
             if array.shape != (size,):
-                value_errors.append(f"buffer {i}: expected shape {(size,)}, got {array.shape}")
-        problems = type_errors + value_errors
-        if problems:
-            error = TypeError if type_errors else ValueError
-            if len(problems) == 1:
-                raise error(f"PackedMetrics.unpack_host: {problems[0]}")
-            raise error(
-                f"PackedMetrics.unpack_host: {len(problems)} problems:\n"
-                + "\n".join(f"- {p}" for p in problems)
-            )
+                problems.value_errors.append(
+                    f"buffer {i}: expected shape {(size,)}, got {array.shape}"
+                )
+        problems.raise_if_any("PackedMetrics.unpack_host")
         leaves = [
             arrays[leaf.buffer][leaf.offset : leaf.offset + leaf.size].reshape(leaf.shape)
             for leaf in layout.leaves
