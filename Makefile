@@ -12,14 +12,14 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet -e '.[test,dev]'
+	$(PY) -m pip install --quiet -e '.[demo,test,dev]'
 	touch $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
 
 demo: $(STAMP)
-	$(PY) -m metrics_manager.demo --gin_file=configs/demo.gin
+	$(PY) -m examples.demo --gin_file=configs/demo.gin
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run_all --write_results
@@ -28,10 +28,10 @@ bench-quick: $(STAMP)
 	$(PY) -m benchmarks.run_all --quick
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check metrics_manager writers tests benchmarks
+	$(VENV)/bin/ruff check metrics_manager writers examples tests benchmarks
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy metrics_manager writers
+	$(VENV)/bin/mypy metrics_manager writers examples
 
 clean:
 	rm -rf $(VENV) runs *.egg-info

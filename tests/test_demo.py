@@ -1,6 +1,6 @@
 """The demo (`make demo`) end to end: files it writes, read back with their own readers.
 
-One short run of the command line `make demo` uses (`python -m metrics_manager.demo
+One short run of the command line `make demo` uses (`python -m examples.demo
 --gin_file=configs/demo.gin`, with `--gin_bindings` for fewer steps and a `tmp_path` model
 dir) is shared by the tests below.
 """
@@ -18,7 +18,7 @@ import optax
 import pytest
 from tensorboard.backend.event_processing import event_accumulator, event_multiplexer
 
-from metrics_manager import demo_model
+from examples import demo_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -82,7 +82,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     # The test process raises on implicit rank promotion; hold the demo to the same rule.
     env = dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise", JAX_PLATFORMS="cpu")
     result = subprocess.run(
-        [sys.executable, "-m", "metrics_manager.demo", "--gin_file=configs/demo.gin", *flags],
+        [sys.executable, "-m", "examples.demo", "--gin_file=configs/demo.gin", *flags],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -239,7 +239,7 @@ def test_bad_config_names_every_problem():
 
 
 def test_t5x_gin_shorthand_is_rewritten_and_a_missing_value_named():
-    from metrics_manager.demo import rewrite_gin_args
+    from examples.demo import rewrite_gin_args
 
     assert rewrite_gin_args(["demo", "--gin.MODEL_DIR='/tmp/x'", "--gin_file=demo.gin"]) == [
         "demo",

@@ -13,7 +13,7 @@ A complete training loop in the shape T5X uses, written to be copied:
   the console, a JSONL log and TensorBoard; a second manager writes periodic eval summaries.
 
 Usage:
-    python -m metrics_manager.demo --gin_file=configs/demo.gin --gin.TOTAL_STEPS=600 \\
+    python -m examples.demo --gin_file=configs/demo.gin --gin.TOTAL_STEPS=600 \\
         --gin_bindings='demo_model.TrainConfig.num_microbatches = 4'
 
 Flags (T5X's names):
@@ -57,10 +57,10 @@ from metrics_manager import (
     PackedMetrics,
     accumulate_grads_microbatched,
     compute_loss_and_metrics,
-    demo_model,
     merge_metrics,
     with_loss_normalization,
 )
+from examples import demo_model
 from metrics_manager.gin_utils import configured, write_gin_config
 
 Batch = Mapping[str, Any]
@@ -68,9 +68,9 @@ Metrics = dict[str, clu.metrics.Metric]
 Running = Metrics | PackedMetrics  # what merge_metrics returns (packed only with pack=True)
 Summary = Mapping[str, clu.values.Value]
 
-REPO_CONFIGS_DIR = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
-)
+# Relative to the working directory (`make demo` runs from the repository root), so the demo
+# finds its configs wherever the package is installed; pass --gin_search_paths otherwise.
+DEFAULT_CONFIGS_DIR = "configs"
 
 _GIN_FILE = flags.DEFINE_multi_string("gin_file", None, "Gin files to parse, in order.")
 _GIN_BINDINGS = flags.DEFINE_multi_string(
@@ -78,7 +78,7 @@ _GIN_BINDINGS = flags.DEFINE_multi_string(
 )
 _GIN_SEARCH_PATHS = flags.DEFINE_list(
     "gin_search_paths",
-    [REPO_CONFIGS_DIR],
+    [DEFAULT_CONFIGS_DIR],
     "Directories in which relative gin files and includes are looked up.",
 )
 
@@ -319,9 +319,9 @@ def _remove_previous_run(config: demo_model.TrainConfig) -> None:
 def run(
     gin_files: Sequence[str],
     gin_bindings: Sequence[str] = (),
-    gin_search_paths: Sequence[str] = (REPO_CONFIGS_DIR,),
+    gin_search_paths: Sequence[str] = (DEFAULT_CONFIGS_DIR,),
 ) -> tuple[demo_model.TrainConfig, dict[str, Summary]]:
-    """Parses the gin config and trains: what `python -m metrics_manager.demo` does.
+    """Parses the gin config and trains: what `python -m examples.demo` does.
 
     Args:
         gin_files: Gin files, parsed in order; relative paths are looked up in

@@ -1,4 +1,4 @@
-"""The demo's model, synthetic data and hyper-parameters (used by `metrics_manager.demo`).
+"""The demo's model, synthetic data and hyper-parameters (used by `examples.demo`).
 
 Kept apart from `demo.py` so that the demo reads as a plain training loop that people
 copy into their own code; nothing here is part of the library's API.

@@ -1,0 +1,1 @@
+"""Runnable examples: `python -m examples.demo` is what `make demo` runs."""
