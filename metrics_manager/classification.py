@@ -77,9 +77,7 @@ def _is_concrete(x: Any) -> bool:
     return not isinstance(x, jax.core.Tracer)
 
 
-def _check_mask(
-    mask: ArrayLike | None, shape: tuple[int, ...], problems: _Problems
-) -> jax.Array:
+def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Problems) -> jax.Array:
     """A bool mask of `shape`; a given mask covers leading dimensions and broadcasts."""
     if mask is None:
         return jnp.ones(shape, bool)
@@ -264,7 +262,8 @@ class _ConfusionCounts(clu_metrics.Metric):
 
     def compute(self) -> jax.Array:
         tp, fp, fn = (
-            jnp.atleast_1d(x) for x in (self.true_positives, self.false_positives, self.false_negatives)
+            jnp.atleast_1d(x)
+            for x in (self.true_positives, self.false_positives, self.false_negatives)
         )
         if self.average == "binary":
             tp, fp, fn = tp[-1], fp[-1], fn[-1]
@@ -293,8 +292,9 @@ class Precision(_ConfusionCounts):
     Example:
         >>> import jax.numpy as jnp
         >>> scores = jnp.array([0.9, 0.8, 0.2, 0.6])
-        >>> float(Precision.from_model_output(scores, jnp.array([1, 0, 0, 1])).compute())
-        0.6666666865348816
+        >>> metric = Precision.from_model_output(scores, jnp.array([1, 0, 0, 1]))
+        >>> round(float(metric.compute()), 6)
+        0.666667
     """
 
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
@@ -652,4 +652,3 @@ class Perplexity(clu_metrics.Metric):
     def compute(self) -> jax.Array:
         mean = self.total / jnp.maximum(self.count, 1).astype(jnp.result_type(self.total))
         return jnp.where(self.count > 0, jnp.exp(mean), jnp.nan)
-

@@ -219,7 +219,9 @@ class Accuracy(Metric):
         if threshold is not None and (
             isinstance(threshold, bool) or not isinstance(threshold, int | float)
         ):
-            raise TypeError(f"Accuracy: threshold must be a float or None, got {_describe(threshold)}")
+            raise TypeError(
+                f"Accuracy: threshold must be a float or None, got {_describe(threshold)}"
+            )
         self.threshold = threshold
         if threshold is None:
             super().__init__(TopKAccuracy, k=1)
@@ -352,7 +354,9 @@ def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -
         _as_scalar(key, value, out, problems)
 
 
-def _add_metric(key: str, metric: nnx.metrics.Metric, out: SummaryMetrics, problems: _Problems) -> None:
+def _add_metric(
+    key: str, metric: nnx.metrics.Metric, out: SummaryMetrics, problems: _Problems
+) -> None:
     """Adds an NNX metric under `key` as a CLU metric where its state maps onto one."""
     if isinstance(metric, Metric):
         out[key] = metric.metric
@@ -426,4 +430,3 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
         )
     problems.raise_if_any("as_summary_metrics")
     return out
-

@@ -1,6 +1,7 @@
 """Classification metrics against scikit-learn, merged over microbatches and 8 devices;
 merge properties; errors; and what google-metrax's versions do (why some are ours)."""
 
+import doctest
 import functools
 import warnings
 
@@ -15,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from sklearn import metrics as skm
 
+from metrics_manager import classification
 from metrics_manager.classification import (
     AUROC,
     FBeta,
@@ -105,6 +107,12 @@ def sklearn_values(batch):
 TOLERANCE = {"auroc": 1e-3}
 
 
+def test_docstring_examples_run():
+    result = doctest.testmod(classification)
+    assert result.attempted >= 8
+    assert result.failed == 0
+
+
 @functools.cache
 def step_metrics(num_microbatches):
     return jax.jit(
@@ -128,7 +136,9 @@ def test_values_equal_sklearn_for_any_number_of_microbatches(one_batch, num_micr
     expected = sklearn_values(batch)
     assert set(got) == set(expected)
     for key, value in expected.items():
-        np.testing.assert_allclose(got[key], value, rtol=1e-5, atol=TOLERANCE.get(key, 1e-6), err_msg=key)
+        np.testing.assert_allclose(
+            got[key], value, rtol=1e-5, atol=TOLERANCE.get(key, 1e-6), err_msg=key
+        )
         # Counts are integers: the split cannot change them, only float sums may round.
         np.testing.assert_allclose(got[key], whole[key], rtol=1e-6, err_msg=key)
 
@@ -149,7 +159,9 @@ def test_steps_merge_like_one_batch_of_their_union():
     union = {k: np.concatenate([first[k], second[k]]) for k in first}
     expected = sklearn_values(union)
     for key, value in computed(merged).items():
-        np.testing.assert_allclose(value, expected[key], rtol=1e-5, atol=TOLERANCE.get(key, 1e-6), err_msg=key)
+        np.testing.assert_allclose(
+            value, expected[key], rtol=1e-5, atol=TOLERANCE.get(key, 1e-6), err_msg=key
+        )
 
 
 def test_macro_averages_over_the_classes_seen_like_sklearn():
@@ -159,9 +171,13 @@ def test_macro_averages_over_the_classes_seen_like_sklearn():
     pred = logits.argmax(-1)
     for cls, score in [(Precision, skm.precision_score), (Recall, skm.recall_score)]:
         got = float(cls.from_model_output(logits, labels, average="macro").compute())
-        np.testing.assert_allclose(got, score(labels, pred, average="macro", zero_division=0), rtol=1e-6)
+        np.testing.assert_allclose(
+            got, score(labels, pred, average="macro", zero_division=0), rtol=1e-6
+        )
     got = float(FBeta.from_model_output(logits, labels, average="macro").compute())
-    np.testing.assert_allclose(got, skm.f1_score(labels, pred, average="macro", zero_division=0), rtol=1e-6)
+    np.testing.assert_allclose(
+        got, skm.f1_score(labels, pred, average="macro", zero_division=0), rtol=1e-6
+    )
     assert got == pytest.approx((1 + 2 / 3 + 0 + 2 / 3) / 4)  # classes 0, 1, 2, 4 by hand
 
 
@@ -182,8 +198,11 @@ def test_auroc_by_hand_and_perplexity_of_uniform_logits():
     auroc = AUROC.from_model_output(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
     assert float(auroc.compute()) == 0.75
     assert auroc.positives.shape == (1000,) and int(auroc.positives.sum()) == 2
-    ppl = Perplexity.from_model_output(np.zeros((3, 2, 8), np.float32), np.zeros((3, 2), np.int32),
-                                       mask=np.array([True, False, True]))
+    ppl = Perplexity.from_model_output(
+        np.zeros((3, 2, 8), np.float32),
+        np.zeros((3, 2), np.int32),
+        mask=np.array([True, False, True]),
+    )
     assert int(ppl.count) == 4
     np.testing.assert_allclose(ppl.compute(), 8.0, rtol=1e-6)
 
@@ -255,17 +274,25 @@ def test_empty_is_a_two_sided_identity(cls, seeds):
 
 def test_errors_name_what_was_expected_and_what_came():
     logits, labels = np.zeros((4, 3), np.float32), np.array([0, 1, 2, 3])
-    with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\) for 3 classes, got values from 0 to 3"):
+    with pytest.raises(
+        ValueError, match=r"labels must lie in \[0, 3\) for 3 classes, got values from 0 to 3"
+    ):
         Precision.from_model_output(logits, labels, average="macro")
     with pytest.raises(ValueError, match=r"k=4 must lie in \[1, 3\]"):
         TopKAccuracy.from_model_output(logits, labels % 3, k=4)
-    with pytest.raises(ValueError, match=r"predictions of shape \(4, 3\) do not fit labels of shape \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"predictions of shape \(4, 3\) do not fit labels of shape \(3,\)"
+    ):
         Recall.from_model_output(logits, labels[:3], average="micro")
-    with pytest.raises(ValueError, match="average=None does not fit 3-class scores; expected 'micro' or 'macro'"):
+    with pytest.raises(
+        ValueError, match="average=None does not fit 3-class scores; expected 'micro' or 'macro'"
+    ):
         FBeta.from_model_output(logits, labels % 3)
     with pytest.raises(TypeError, match="labels must be integer class indices, got"):
         Perplexity.from_model_output(logits, labels.astype(np.float32))
-    with pytest.raises(ValueError, match=r"mask of shape \(2,\) does not match the labels of shape \(4,\)"):
+    with pytest.raises(
+        ValueError, match=r"mask of shape \(2,\) does not match the labels of shape \(4,\)"
+    ):
         AUROC.from_model_output(np.zeros(4), np.zeros(4, np.int32), mask=np.ones(2, bool))
     # One error lists every problem of the call.
     with pytest.raises(ValueError, match="2 problems") as info:
@@ -302,7 +329,9 @@ def test_metrax_binary_precision_and_recall_equal_sklearn_and_merge_over_microba
             "recall": metrax.Recall.from_model_output(b["scores"], b["binary"]),
         }
 
-    got = computed(jax.jit(lambda b: accumulate_grads_microbatched(metrax_loss, 0.0, b, 4)[1])(batch))
+    got = computed(
+        jax.jit(lambda b: accumulate_grads_microbatched(metrax_loss, 0.0, b, 4)[1])(batch)
+    )
     y, pred = batch["binary"], batch["scores"] >= 0.5
     np.testing.assert_allclose(got["precision"], skm.precision_score(y, pred), rtol=1e-6)
     np.testing.assert_allclose(got["recall"], skm.recall_score(y, pred), rtol=1e-6)
@@ -336,12 +365,19 @@ def test_metrax_fbeta_cannot_merge_and_perplexity_depends_on_the_split():
         f1.merge(f1)
     batch = make_batch(5)
     halves = [slice(0, ROWS // 2), slice(ROWS // 2, ROWS)]
-    args = [(batch["token_logits"][h], batch["tokens"][h], batch["token_mask"][h].astype(np.float32)) for h in halves]
+    args = [
+        (batch["token_logits"][h], batch["tokens"][h], batch["token_mask"][h].astype(np.float32))
+        for h in halves
+    ]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         theirs = [metrax.Perplexity.from_model_output(*a, from_logits=True) for a in args]
     ours = [Perplexity.from_model_output(*a) for a in args]
-    whole = float(Perplexity.from_model_output(batch["token_logits"], batch["tokens"], batch["token_mask"]).compute())
+    whole = float(
+        Perplexity.from_model_output(
+            batch["token_logits"], batch["tokens"], batch["token_mask"]
+        ).compute()
+    )
     np.testing.assert_allclose(ours[0].merge(ours[1]).compute(), whole, rtol=1e-6)
     # metrax averages per batch and weights batches by their number of sequences, not tokens.
     assert abs(float(theirs[0].merge(theirs[1]).compute()) - whole) > 1e-4
