@@ -451,7 +451,7 @@ class TopKAccuracy(clu_metrics.Metric):
         labels = _check_labels(labels, max(num_classes, 1), problems)
         mask = _check_mask(mask, labels.shape, problems)
         problems.raise_if_any("TopKAccuracy.from_model_output")
-        _, top = jax.lax.top_k(predictions, int(k))
+        top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1)
         mask = mask & (labels >= 0) & (labels < num_classes)
         return cls(

@@ -363,8 +363,8 @@ def _add_metric(
     elif isinstance(metric, nnx.MultiMetric):
         for name in metric._metric_names:
             _add_metric(f"{key}/{name}", getattr(metric, name), out, problems)
-    elif isinstance(getattr(metric, "clu_metric", None), clu_metrics.Metric):
-        out[key] = metric.clu_metric  # google-metrax's NnxWrapper
+    elif isinstance(wrapped := getattr(metric, "clu_metric", None), clu_metrics.Metric):
+        out[key] = wrapped  # google-metrax's NnxWrapper
     elif isinstance(metric, nnx.metrics.Welford):
         out[key] = _metrics.Welford(
             count=jnp.asarray(metric.count[...]).astype(jnp.int32),
