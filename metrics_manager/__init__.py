@@ -1,10 +1,20 @@
 """jax-metrics-manager: T5X-quality training metrics for any JAX loop.
 
-Device side (inside jit): metric types, merging, losses and base metrics.
+Device side (inside jit): metric types (classification metrics in
+`metrics_manager.classification`), merging, losses and base metrics.
+Flax NNX-style stateful metrics and NNX interop: `metrics_manager.nnx`.
 Host side: the duration timer, the background summary worker and the
 `MetricsManager` that sends values to pluggable `writers`.
 """
 
+from metrics_manager.classification import (
+    AUROC,
+    FBeta,
+    Perplexity,
+    Precision,
+    Recall,
+    TopKAccuracy,
+)
 from metrics_manager.host_copy import device_get_batched
 from metrics_manager.losses import (
     LOSS_NORMALIZING_FACTOR_KEY,
@@ -32,6 +42,8 @@ from metrics_manager.metrics import (
     Sum,
     Time,
     TimeRate,
+    Welford,
+    WelfordScalar,
     compute_metric_values,
     is_metric_obj,
     is_time_metric,
@@ -39,12 +51,15 @@ from metrics_manager.metrics import (
     set_time_metrics_duration,
     set_time_rate_metrics_duration,
 )
+from metrics_manager.nnx import as_summary_metrics
 from metrics_manager.packing import PackedMetrics
 from metrics_manager.timer import DurationTimer
 
 __all__: list[str] = [
+    "AUROC",
     "AveragePerStep",
     "DurationTimer",
+    "FBeta",
     "LOSS_NORMALIZING_FACTOR_KEY",
     "Max",
     "MeanStd",
@@ -53,6 +68,9 @@ __all__: list[str] = [
     "MetricsManagerError",
     "Min",
     "PackedMetrics",
+    "Perplexity",
+    "Precision",
+    "Recall",
     "SpecialLossNormalizingFactor",
     "Step",
     "StepsPerTime",
@@ -60,7 +78,11 @@ __all__: list[str] = [
     "Time",
     "TimeRate",
     "TokenLosses",
+    "TopKAccuracy",
+    "Welford",
+    "WelfordScalar",
     "accumulate_grads_microbatched",
+    "as_summary_metrics",
     "compute_base_metrics",
     "compute_loss_and_metrics",
     "compute_metric_values",

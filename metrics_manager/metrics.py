@@ -16,7 +16,8 @@ T5X's types keep T5X's names and meaning:
 
 Added because T5X and CLU lack a working version: `Max(value)`, `Min(value)` and
 `MeanStd(count=..., mean=..., m2=...)`, a numerically stable mean and standard deviation with a
-parallel (Chan et al.) merge; clu 0.0.12's `Std` crashes on current JAX and subtracts two large
+parallel (Chan et al.) merge (`Welford` adds the standard error of the mean, as Flax NNX's
+`Welford` reports it); clu 0.0.12's `Std` crashes on current JAX and subtracts two large
 sums, which loses all precision when the mean is large against the spread.
 
 Construction is keyword-only wherever T5X's positional field order is a trap: T5X's
@@ -69,6 +70,8 @@ __all__ = [
     "Sum",
     "Time",
     "TimeRate",
+    "Welford",
+    "WelfordScalar",
     "compute_metric_values",
     "is_metric_obj",
     "is_time_metric",
@@ -450,6 +453,29 @@ class MeanStdScalar(clu.values.Scalar):
 
     std: Any
 
+    def extra_values(self) -> dict[str, Any]:
+        """What `compute_metric_values` writes next to the mean, as `<key>/<suffix>`."""
+        return {"std": self.std}
+
+
+@dataclasses.dataclass(eq=False)
+class WelfordScalar(MeanStdScalar):
+    """A `MeanStdScalar` that also carries the standard error of the mean.
+
+    `compute_metric_values` writes the mean under the metric's key, the standard error under
+    `<key>/sem` and the standard deviation under `<key>/std`.
+
+    Attributes:
+        value: the mean.
+        std: the population standard deviation.
+        sem: the standard error of the mean, `std / sqrt(count)`.
+    """
+
+    sem: Any
+
+    def extra_values(self) -> dict[str, Any]:
+        return {"sem": self.sem, "std": self.std}
+
 
 @flax.struct.dataclass(kw_only=True)
 class MeanStd(clu_metrics.Metric):
@@ -523,6 +549,37 @@ class MeanStd(clu_metrics.Metric):
 
     def compute_value(self) -> MeanStdScalar:
         return MeanStdScalar(self.compute(), self.std())
+
+
+@flax.struct.dataclass(kw_only=True)
+class Welford(MeanStd):
+    """`MeanStd` plus the standard error of the mean, as Flax NNX's `Welford` reports it.
+
+    Same state and merge as `MeanStd` (count, mean and `m2` merged with Chan et al.'s
+    update, so any split over steps, microbatches and devices gives the same statistics).
+    The standard error is Flax's: the population standard deviation over `sqrt(count)`.
+    `compute_value()` returns a `WelfordScalar`: `compute_metric_values` writes `key` (the
+    mean), `key/sem` and `key/std`.
+
+    Attributes:
+        count: number of values seen (int32, keyword-only).
+        mean: their mean (keyword-only).
+        m2: the sum of their squared deviations from `mean` (keyword-only).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> stats = Welford.from_model_output(jnp.array([1.0, 2.0, 3.0, 4.0]))
+        >>> float(stats.compute()), round(float(stats.sem()), 6), round(float(stats.std()), 6)
+        (2.5, 0.559017, 1.118034)
+    """
+
+    def sem(self) -> ArrayLike:
+        """The standard error of the mean, `std / sqrt(count)` (NaN when nothing was seen)."""
+        count = jnp.asarray(self.count).astype(jnp.result_type(self.m2))
+        return self.std() / jnp.sqrt(jnp.maximum(count, 1))
+
+    def compute_value(self) -> WelfordScalar:
+        return WelfordScalar(self.compute(), self.std(), self.sem())
 
 
 def is_metric_obj(obj: Any) -> bool:
@@ -645,7 +702,7 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
     """Host side: `compute_value()` of every metric, flattened for `writers.write_values`.
 
     A CLU `Collection` under `key` becomes `key/<field>` entries; a `MeanStd` (any value that
-    is a `MeanStdScalar`) becomes `key` (the mean) and `key/std`.
+    is a `MeanStdScalar`) becomes `key` (the mean) and `key/std`; a `Welford` also `key/sem`.
 
     Args:
         metrics: name -> metric or `Collection`, with durations and steps already set.
@@ -680,7 +737,8 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
             # goes through `typing.Protocol` (clu's `Value`), slow at one per value.
             if type(value) is not clu.values.Scalar and isinstance(value, MeanStdScalar):
                 out[name] = clu.values.Scalar(value.value)
-                out[f"{name}/std"] = clu.values.Scalar(value.std)
+                for suffix, extra in value.extra_values().items():
+                    out[f"{name}/{suffix}"] = clu.values.Scalar(extra)
             else:
                 out[name] = value
     return out

@@ -1,0 +1,432 @@
+"""Flax NNX-style stateful metrics over this library's mergeable metrics, and NNX interop.
+
+Flax NNX metrics are objects updated in place: `update(**kwargs)`, `compute()`, `reset()`.
+The classes here have the same names and API as `flax.nnx.metrics` (`Metric`, `Average`,
+`Accuracy`, `Welford`, `MultiMetric`) but each holds an immutable CLU metric from this
+library (or any CLU metric type) in an `nnx.metrics.MetricState` and replaces it on
+`update()` with `state.merge(type.from_model_output(**kwargs))`. So they are
+`flax.nnx.metrics.Metric`s (they work inside Flax's own `nnx.MultiMetric` and `nnx.jit`),
+JAX pytrees (pass them through `jax.jit` and return them), and their state is a metric that
+`merge_metrics` and `MetricsManager.write_metrics_summary` understand (`.metric`).
+
+`as_summary_metrics` turns an `nnx.MultiMetric` (Flax's or ours) or the dict its `compute()`
+returns into `{name: clu Metric or clu.values.Value}` for the manager.
+
+Synopsis:
+
+    metrics = MultiMetric(
+        loss=Average(),
+        accuracy=Accuracy(),
+        f1=Metric(FBeta, average="macro"),
+        loss_stats=Welford(argname="values"),
+    )
+
+    @nnx.jit
+    def eval_step(model, metrics, batch):
+        logits = model(batch["x"])
+        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
+        metrics.update(values=loss, logits=logits, labels=batch["y"])
+
+    for batch in batches:
+        eval_step(model, metrics, batch)
+    manager.write_metrics_summary(as_summary_metrics(metrics), step, num_steps=1)
+    metrics.reset()
+"""
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import clu.metrics as clu_metrics
+import clu.values
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from metrics_manager import metrics as _metrics
+from metrics_manager._problems import Problems as _Problems
+from metrics_manager._problems import describe as _describe
+from metrics_manager.classification import TopKAccuracy
+
+__all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
+
+SummaryMetrics = dict[str, clu_metrics.Metric | clu.values.Value]
+_CLU_VALUES = (
+    clu.values.Scalar,
+    clu.values.Text,
+    clu.values.Image,
+    clu.values.Audio,
+    clu.values.Histogram,
+    clu.values.HyperParam,
+    clu.values.Summary,
+)
+
+
+def _parameters(function: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
+    """(all keyword-passable names, required names, whether it takes **kwargs)."""
+    names, required, var_keyword = set(), set(), False
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind is inspect.Parameter.VAR_KEYWORD:
+            var_keyword = True
+        elif parameter.kind is not inspect.Parameter.VAR_POSITIONAL:
+            names.add(name)
+            if parameter.default is inspect.Parameter.empty:
+                required.add(name)
+    return frozenset(names), frozenset(required), var_keyword
+
+
+class Metric(nnx.metrics.Metric):
+    """A stateful metric over a mergeable CLU metric type (the NNX API over `metric_type`).
+
+    `update(**kwargs)` calls `metric_type.from_model_output` with the keyword arguments it
+    accepts (others are ignored, so a `MultiMetric` can pass every metric the same
+    arguments), renamed by `argnames` and with `settings` added, and merges the result into
+    the state. `logits=` is passed as `predictions=` to a type that takes `predictions`
+    but not `logits` (this library's and google-metrax's classification metrics).
+
+    Args:
+        metric_type: a `clu.metrics.Metric` subclass, e.g. `metrics_manager.FBeta`.
+        argnames: update argument name -> `from_model_output` parameter name.
+        **settings: fixed keyword arguments of `from_model_output`, e.g. `average="macro"`
+            or `k=5`; Python scalars or strings (they are static under jit).
+
+    Raises:
+        TypeError: `metric_type` is not a CLU metric type, or a setting is not hashable.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from metrics_manager.classification import Recall
+        >>> recall = Metric(Recall, average="macro")
+        >>> recall.update(logits=jnp.array([[2.0, 0.0], [2.0, 0.0]]), labels=jnp.array([0, 1]))
+        >>> float(recall.compute())
+        0.5
+    """
+
+    def __init__(
+        self,
+        metric_type: type[clu_metrics.Metric],
+        *,
+        argnames: Mapping[str, str] | None = None,
+        **settings: Any,
+    ):
+        if not (isinstance(metric_type, type) and issubclass(metric_type, clu_metrics.Metric)):
+            raise TypeError(
+                f"Metric: metric_type must be a clu.metrics.Metric subclass, got "
+                f"{_describe(metric_type)}; pass the class, e.g. Metric(metrics_manager.FBeta)"
+            )
+        try:
+            hash(tuple(settings.items()))
+        except TypeError as err:
+            raise TypeError(
+                f"Metric({metric_type.__name__}): settings must be hashable Python values "
+                f"(they are static under jit), got {settings!r}; pass arrays to update()"
+            ) from err
+        # Tuples, not dicts: static pytree attributes must be hashable for jit's cache.
+        self.metric_type = metric_type
+        self.argnames = tuple(sorted((argnames or {}).items()))
+        self.settings = tuple(sorted(settings.items()))
+        self.state = nnx.metrics.MetricState(metric_type.empty())
+
+    @property
+    def metric(self) -> clu_metrics.Metric:
+        """The CLU metric holding everything seen since the last `reset()`."""
+        return self.state.get_value()
+
+    def reset(self) -> None:
+        """Starts over from `metric_type.empty()`."""
+        self.state.set_value(self.metric_type.empty())
+
+    def _from_model_output(self, kwargs: Mapping[str, Any]) -> clu_metrics.Metric:
+        names, required, var_keyword = _parameters(self.metric_type.from_model_output)
+        renamed = dict(self.argnames)
+        if "predictions" in names and "logits" not in names:
+            renamed.setdefault("logits", "predictions")
+        call = {renamed.get(k, k): v for k, v in kwargs.items()}
+        call = {k: v for k, v in call.items() if var_keyword or k in names}
+        call.update(self.settings)
+        missing = sorted(required - call.keys())
+        if missing:
+            raise TypeError(
+                f"{type(self).__name__}({self.metric_type.__name__}).update: missing "
+                f"{', '.join(map(repr, missing))} among the arguments {sorted(kwargs)}; pass "
+                "them to update(), or map your names with argnames={'yours': 'theirs'}"
+            )
+        return self.metric_type.from_model_output(**call)
+
+    def update(self, **kwargs: Any) -> None:
+        """Merges `metric_type.from_model_output(**kwargs)` into the state."""
+        self.state.set_value(self.metric.merge(self._from_model_output(kwargs)))
+
+    def compute(self) -> Any:
+        """`compute()` of the state."""
+        return self.metric.compute()
+
+
+class Average(Metric):
+    """The mean of every value seen (Flax's `nnx.metrics.Average`), over `clu.metrics.Average`.
+
+    NaN until something was seen. `mask` (if given) covers the values' leading dimensions.
+
+    Args:
+        argname: the `update()` argument holding the values.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> average = Average()
+        >>> average.update(values=jnp.array([1, 2, 3, 4]))
+        >>> float(average.compute())
+        2.5
+        >>> average.update(values=jnp.array([3, 2, 1, 0]))
+        >>> float(average.compute())
+        2.0
+        >>> average.reset()
+        >>> float(average.compute())
+        nan
+    """
+
+    def __init__(self, argname: str = "values"):
+        super().__init__(clu_metrics.Average, argnames={argname: "values"})
+        self.argname = argname
+
+    def update(self, **kwargs: Any) -> None:
+        if self.argname not in kwargs:
+            raise TypeError(
+                f"Average.update: expected the keyword argument {self.argname!r} (this "
+                f"metric's argname), got {sorted(kwargs)}"
+            )
+        values = jnp.asarray(kwargs[self.argname])
+        super().update(**{**kwargs, self.argname: values.astype(jnp.float32)})
+
+
+class Accuracy(Metric):
+    """Accuracy as Flax's `nnx.metrics.Accuracy`: argmax of the last axis, or a threshold.
+
+    Without `threshold`, backed by `TopKAccuracy(k=1)` (`update(logits=[..., C], labels=[...])`);
+    with one, by `clu.metrics.Average` of `(logits >= threshold) == (labels > 0)`.
+
+    Args:
+        threshold: for binary scores of the labels' shape, where a score becomes positive.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> accuracy = Accuracy()
+        >>> accuracy.update(logits=jnp.array([[0.1, 0.9], [0.8, 0.2]]), labels=jnp.array([1, 1]))
+        >>> float(accuracy.compute())
+        0.5
+    """
+
+    def __init__(self, threshold: float | None = None):
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, int | float)
+        ):
+            raise TypeError(
+                f"Accuracy: threshold must be a float or None, got {_describe(threshold)}"
+            )
+        self.threshold = threshold
+        if threshold is None:
+            super().__init__(TopKAccuracy, k=1)
+        else:
+            super().__init__(clu_metrics.Average)
+
+    def update(self, **kwargs: Any) -> None:  # type: ignore[override]
+        if self.threshold is None:
+            super().update(**kwargs)
+            return
+        missing = sorted({"logits", "labels"} - kwargs.keys())
+        if missing:
+            raise TypeError(f"Accuracy.update: missing {missing}, got {sorted(kwargs)}")
+        logits, labels = jnp.asarray(kwargs["logits"]), jnp.asarray(kwargs["labels"])
+        if logits.shape != labels.shape:
+            raise ValueError(
+                f"Accuracy.update: with a threshold, logits (shape {logits.shape}) and labels "
+                f"(shape {labels.shape}) must have the same shape"
+            )
+        correct = ((logits >= self.threshold) == (labels > 0)).astype(jnp.float32)
+        super().update(values=correct, mask=kwargs.get("mask"))
+
+
+class Welford(Metric):
+    """Mean, standard error and standard deviation (Flax's `nnx.metrics.Welford`).
+
+    Backed by `metrics_manager.Welford` (Chan et al.'s parallel merge); `compute()` returns
+    Flax's `nnx.metrics.Statistics`, with Flax's values for nothing seen (mean 0, the others
+    NaN).
+
+    Args:
+        argname: the `update()` argument holding the values.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> welford = Welford()
+        >>> welford.update(values=jnp.array([1, 2, 3, 4]))
+        >>> stats = welford.compute()
+        >>> [round(float(x), 6) for x in (stats.mean, stats.standard_error_of_mean,
+        ...                               stats.standard_deviation)]
+        [2.5, 0.559017, 1.118034]
+    """
+
+    def __init__(self, argname: str = "values"):
+        super().__init__(_metrics.Welford, argnames={argname: "values"})
+        self.argname = argname
+
+    def update(self, **kwargs: Any) -> None:
+        if self.argname not in kwargs:
+            raise TypeError(
+                f"Welford.update: expected the keyword argument {self.argname!r} (this "
+                f"metric's argname), got {sorted(kwargs)}"
+            )
+        super().update(**kwargs)
+
+    def compute(self) -> nnx.metrics.Statistics:
+        state = self.metric
+        return nnx.metrics.Statistics(
+            mean=jnp.asarray(state.mean),
+            standard_error_of_mean=state.sem(),
+            standard_deviation=state.std(),
+        )
+
+
+class MultiMetric(nnx.MultiMetric):
+    """Flax's `nnx.MultiMetric`, checking its members: `update()` updates all of them.
+
+    Args:
+        **metrics: name -> `flax.nnx.metrics.Metric` (the classes here or Flax's own).
+
+    Raises:
+        TypeError: a member is not an NNX metric.
+        ValueError: a name is one of the methods (`update`, `compute`, `reset`, `split`).
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> metrics = MultiMetric(loss=Average(), accuracy=Accuracy())
+        >>> metrics.update(values=jnp.array([1.0, 3.0]), logits=jnp.eye(2), labels=jnp.array([0, 0]))
+        >>> {k: float(v) for k, v in metrics.compute().items()}
+        {'loss': 2.0, 'accuracy': 0.5}
+    """
+
+    def __init__(self, **metrics: nnx.metrics.Metric):
+        problems = _Problems()
+        for name, metric in metrics.items():
+            if name in ("update", "compute", "reset", "split") or name.startswith("_"):
+                problems.value_errors.append(
+                    f"{name!r} cannot name a metric (it is a method or private); rename it"
+                )
+            if not isinstance(metric, nnx.metrics.Metric):
+                problems.type_errors.append(
+                    f"{name!r}: expected a flax.nnx.metrics.Metric, got {_describe(metric)}; "
+                    "wrap a CLU metric type with metrics_manager.nnx.Metric(type)"
+                )
+        problems.raise_if_any("MultiMetric")
+        super().__init__(**metrics)
+
+
+def _as_scalar(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -> None:
+    if isinstance(value, bool) or not (
+        isinstance(value, int | float | np.number) or hasattr(value, "shape")
+    ):
+        problems.type_errors.append(
+            f"{key!r}: expected a number, an array of one element, a clu Metric or Value, "
+            f"Statistics or a dict of those, got {_describe(value)}"
+        )
+    elif np.size(value) != 1:
+        problems.value_errors.append(
+            f"{key!r}: expected one number, got {_describe(value)}; reduce it (e.g. .mean()) "
+            "or write it as a clu.values.Histogram"
+        )
+    else:
+        out[key] = clu.values.Scalar(value)
+
+
+def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -> None:
+    """Adds a `compute()` result (or a metric) under `key`, flattening dicts and Statistics."""
+    if isinstance(value, clu_metrics.Metric):
+        out[key] = value
+    elif isinstance(value, nnx.metrics.Statistics):
+        out[key] = clu.values.Scalar(value.mean)
+        out[f"{key}/sem"] = clu.values.Scalar(value.standard_error_of_mean)
+        out[f"{key}/std"] = clu.values.Scalar(value.standard_deviation)
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            _add_value(f"{key}/{name}", item, out, problems)
+    elif isinstance(value, _CLU_VALUES):
+        out[key] = value
+    else:
+        _as_scalar(key, value, out, problems)
+
+
+def _add_metric(
+    key: str, metric: nnx.metrics.Metric, out: SummaryMetrics, problems: _Problems
+) -> None:
+    """Adds an NNX metric under `key` as a CLU metric where its state maps onto one."""
+    if isinstance(metric, Metric):
+        out[key] = metric.metric
+    elif isinstance(metric, nnx.MultiMetric):
+        for name in metric._metric_names:
+            _add_metric(f"{key}/{name}", getattr(metric, name), out, problems)
+    elif isinstance(wrapped := getattr(metric, "clu_metric", None), clu_metrics.Metric):
+        out[key] = wrapped  # google-metrax's NnxWrapper
+    elif isinstance(metric, nnx.metrics.Welford):
+        out[key] = _metrics.Welford(
+            count=jnp.asarray(metric.count[...]).astype(jnp.int32),
+            mean=jnp.asarray(metric.mean[...]),
+            m2=jnp.asarray(metric.m2[...]),
+        )
+    elif isinstance(metric, nnx.metrics.Average):  # Flax's Accuracy too
+        out[key] = clu_metrics.Average(total=metric.total[...], count=metric.count[...])
+    else:
+        _add_value(key, metric.compute(), out, problems)
+
+
+def as_summary_metrics(obj: Any) -> SummaryMetrics:
+    """What `MetricsManager.write_metrics_summary` writes for NNX metrics.
+
+    Args:
+        obj: an `nnx.MultiMetric` (Flax's or this module's), or the dict its `compute()`
+            returns.
+
+    Returns:
+        name -> CLU metric or `clu.values.Value`. A member whose state maps onto a CLU
+        metric becomes one, so it can still be merged: this module's metrics give their
+        state (`.metric`), Flax's `Average` and `Accuracy` a `clu.metrics.Average`, Flax's
+        `Welford` a `metrics_manager.Welford` (written as `name`, `name/sem`, `name/std`;
+        its mean is NaN, not Flax's 0, when nothing was seen), google-metrax's NNX wrappers
+        their CLU metric. Any other member, and every value of a `compute()` dict, becomes
+        values: a number or one-element array a `Scalar`, Flax's `Statistics` the three
+        scalars `name`, `name/sem`, `name/std`, a dict `name/<key>` entries, a clu `Value`
+        or `Metric` itself.
+
+    Raises:
+        TypeError: `obj` is neither, or a value is not a number, array, metric or value
+            (every such key is listed).
+        ValueError: a value is an array of more than one element.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> from flax import nnx
+        >>> metrics = nnx.MultiMetric(loss=nnx.metrics.Average(), stats=nnx.metrics.Welford())
+        >>> metrics.update(values=jnp.array([1.0, 2.0, 3.0, 4.0]))
+        >>> summary = as_summary_metrics(metrics)
+        >>> type(summary["loss"]).__name__, float(summary["loss"].compute())
+        ('Average', 2.5)
+        >>> values = _metrics.compute_metric_values(summary)
+        >>> {k: round(float(v.value), 6) for k, v in sorted(values.items())}
+        {'loss': 2.5, 'stats': 2.5, 'stats/sem': 0.559017, 'stats/std': 1.118034}
+    """
+    problems = _Problems()
+    out: SummaryMetrics = {}
+    if isinstance(obj, nnx.MultiMetric):
+        for name in obj._metric_names:
+            _add_metric(name, getattr(obj, name), out, problems)
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            if not isinstance(key, str) or not key:
+                problems.type_errors.append(f"key {key!r}: expected a non-empty str")
+            else:
+                _add_value(key, value, out, problems)
+    else:
+        problems.type_errors.append(
+            f"expected an nnx.MultiMetric or the dict its compute() returns, got "
+            f"{_describe(obj)}; wrap single metrics in nnx.MultiMetric(name=metric)"
+        )
+    problems.raise_if_any("as_summary_metrics")
+    return out

@@ -1,0 +1,383 @@
+"""Classification metrics against scikit-learn, merged over microbatches and 8 devices;
+merge properties; errors; and what google-metrax's versions do (why some are ours)."""
+
+import doctest
+import functools
+import warnings
+
+import jax
+import jax.numpy as jnp
+import metrax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from sklearn import metrics as skm
+
+from metrics_manager import classification
+from metrics_manager.classification import (
+    AUROC,
+    FBeta,
+    Perplexity,
+    Precision,
+    Recall,
+    TopKAccuracy,
+)
+from metrics_manager.merging import accumulate_grads_microbatched
+
+ROWS, CLASSES, LENGTH, VOCAB, BINS = 64, 5, 4, 7, 1000
+
+
+def make_batch(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "logits": rng.standard_normal((ROWS, CLASSES)).astype(np.float32),
+        "labels": rng.integers(0, CLASSES, ROWS).astype(np.int32),
+        "mask": rng.random(ROWS) < 0.8,
+        "scores": rng.random(ROWS).astype(np.float32),
+        "binary": rng.integers(0, 2, ROWS).astype(np.int32),
+        # Scores in the middle of their bins: binning them loses nothing.
+        "binned_scores": ((rng.integers(0, 20, ROWS) + 0.5) / 20).astype(np.float32),
+        "token_logits": rng.standard_normal((ROWS, LENGTH, VOCAB)).astype(np.float32),
+        "tokens": rng.integers(0, VOCAB, (ROWS, LENGTH)).astype(np.int32),
+        # Sequences of different lengths: per-batch averaging would weight them wrongly.
+        "token_mask": np.arange(LENGTH)[None, :] < rng.integers(1, LENGTH + 1, ROWS)[:, None],
+    }
+
+
+def loss_fn(scale, batch):
+    logits, labels, mask = batch["logits"] * scale, batch["labels"], batch["mask"]
+    scores, binary = batch["scores"], batch["binary"]
+    return (logits * mask[:, None]).sum(), {
+        "precision/binary": Precision.from_model_output(scores, binary, mask),
+        "recall/binary": Recall.from_model_output(scores, binary, mask, threshold=0.3),
+        "f2/binary": FBeta.from_model_output(scores, binary, mask, beta=2.0),
+        "precision/micro": Precision.from_model_output(logits, labels, mask, average="micro"),
+        "precision/macro": Precision.from_model_output(logits, labels, mask, average="macro"),
+        "recall/micro": Recall.from_model_output(logits, labels, mask, average="micro"),
+        "recall/macro": Recall.from_model_output(logits, labels, mask, average="macro"),
+        "f1/micro": FBeta.from_model_output(logits, labels, mask, average="micro"),
+        "f1/macro": FBeta.from_model_output(logits, labels, mask, average="macro"),
+        "f05/macro": FBeta.from_model_output(logits, labels, mask, beta=0.5, average="macro"),
+        "top1": TopKAccuracy.from_model_output(logits, labels, mask, k=1),
+        "top3": TopKAccuracy.from_model_output(logits, labels, mask, k=3),
+        "auroc": AUROC.from_model_output(scores, binary, mask, num_bins=BINS),
+        "auroc/binned": AUROC.from_model_output(batch["binned_scores"], binary, mask, num_bins=20),
+        "perplexity": Perplexity.from_model_output(
+            batch["token_logits"], batch["tokens"], batch["token_mask"]
+        ),
+    }
+
+
+def sklearn_values(batch):
+    m = batch["mask"]
+    y, pred = batch["labels"][m], batch["logits"][m].argmax(-1)
+    yb, s = batch["binary"][m], batch["scores"][m]
+    tm = batch["token_mask"].reshape(-1)
+    probs = np.asarray(jax.nn.softmax(batch["token_logits"].astype(np.float64), axis=-1))
+    log_loss = skm.log_loss(
+        batch["tokens"].reshape(-1)[tm], probs.reshape(-1, VOCAB)[tm], labels=range(VOCAB)
+    )
+    # zero_division=0 is the value of sklearn's default ("warn"), without the warning.
+    zd = {"zero_division": 0}
+    return {
+        "precision/binary": skm.precision_score(yb, s >= 0.5, **zd),
+        "recall/binary": skm.recall_score(yb, s >= 0.3, **zd),
+        "f2/binary": skm.fbeta_score(yb, s >= 0.5, beta=2.0, **zd),
+        "precision/micro": skm.precision_score(y, pred, average="micro", **zd),
+        "precision/macro": skm.precision_score(y, pred, average="macro", **zd),
+        "recall/micro": skm.recall_score(y, pred, average="micro", **zd),
+        "recall/macro": skm.recall_score(y, pred, average="macro", **zd),
+        "f1/micro": skm.f1_score(y, pred, average="micro", **zd),
+        "f1/macro": skm.f1_score(y, pred, average="macro", **zd),
+        "f05/macro": skm.fbeta_score(y, pred, beta=0.5, average="macro", **zd),
+        "top1": skm.top_k_accuracy_score(y, batch["logits"][m], k=1, labels=range(CLASSES)),
+        "top3": skm.top_k_accuracy_score(y, batch["logits"][m], k=3, labels=range(CLASSES)),
+        "auroc": skm.roc_auc_score(yb, s),
+        "auroc/binned": skm.roc_auc_score(yb, batch["binned_scores"][m]),
+        "perplexity": np.exp(log_loss),
+    }
+
+
+# Binned AUROC vs sklearn on raw scores: a (positive, negative) pair is misjudged only when
+# both fall into one bin, where it counts 1/2 instead of 0 or 1; with ~ROWS/2 of each class
+# spread uniformly over 1000 bins that is about 1/1000 of the pairs, so |error| < 1e-3.
+TOLERANCE = {"auroc": 1e-3}
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(classification)
+    assert result.attempted >= 8
+    assert result.failed == 0
+
+
+@functools.cache
+def step_metrics(num_microbatches):
+    return jax.jit(
+        lambda batch: accumulate_grads_microbatched(loss_fn, 1.0, batch, num_microbatches)[1]
+    )
+
+
+def computed(metrics):
+    return {key: float(metric.compute()) for key, metric in jax.device_get(metrics).items()}
+
+
+@pytest.fixture(scope="module")
+def one_batch():
+    return make_batch(0), computed(step_metrics(1)(make_batch(0)))
+
+
+@pytest.mark.parametrize("num_microbatches", [1, 4, 8])
+def test_values_equal_sklearn_for_any_number_of_microbatches(one_batch, num_microbatches):
+    batch, whole = one_batch
+    got = computed(step_metrics(num_microbatches)(batch))
+    expected = sklearn_values(batch)
+    assert set(got) == set(expected)
+    for key, value in expected.items():
+        np.testing.assert_allclose(
+            got[key], value, rtol=1e-5, atol=TOLERANCE.get(key, 1e-6), err_msg=key
+        )
+        # Counts are integers: the split cannot change them, only float sums may round.
+        np.testing.assert_allclose(got[key], whole[key], rtol=1e-6, err_msg=key)
+
+
+def test_values_on_8_devices_equal_one_device(one_batch):
+    batch, whole = one_batch
+    mesh = Mesh(np.array(jax.devices()[:8]), ("data",))
+    sharded = jax.device_put(batch, NamedSharding(mesh, P("data")))
+    assert len(sharded["logits"].sharding.device_set) == 8
+    got = computed(step_metrics(4)(sharded))
+    for key, value in whole.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
+
+
+def test_steps_merge_like_one_batch_of_their_union():
+    first, second = make_batch(1), make_batch(2)
+    merged = {k: m.merge(step_metrics(1)(second)[k]) for k, m in step_metrics(1)(first).items()}
+    union = {k: np.concatenate([first[k], second[k]]) for k in first}
+    expected = sklearn_values(union)
+    for key, value in computed(merged).items():
+        np.testing.assert_allclose(
+            value, expected[key], rtol=1e-5, atol=TOLERANCE.get(key, 1e-6), err_msg=key
+        )
+
+
+def test_macro_averages_over_the_classes_seen_like_sklearn():
+    # Class 3 of 5 never appears; class 2 is predicted but never true (precision 0).
+    logits = np.eye(5, dtype=np.float32)[[0, 1, 2, 2, 4, 0]]
+    labels = np.array([0, 1, 1, 4, 4, 0])
+    pred = logits.argmax(-1)
+    for cls, score in [(Precision, skm.precision_score), (Recall, skm.recall_score)]:
+        got = float(cls.from_model_output(logits, labels, average="macro").compute())
+        np.testing.assert_allclose(
+            got, score(labels, pred, average="macro", zero_division=0), rtol=1e-6
+        )
+    got = float(FBeta.from_model_output(logits, labels, average="macro").compute())
+    np.testing.assert_allclose(
+        got, skm.f1_score(labels, pred, average="macro", zero_division=0), rtol=1e-6
+    )
+    assert got == pytest.approx((1 + 2 / 3 + 0 + 2 / 3) / 4)  # classes 0, 1, 2, 4 by hand
+
+
+def test_nothing_seen_reads_like_sklearn_zero_division_or_nan():
+    assert float(Precision.empty().compute()) == 0.0
+    assert float(FBeta.empty().compute()) == 0.0
+    for cls in (TopKAccuracy, AUROC, Perplexity):
+        assert np.isnan(cls.empty().compute())
+    # No positive prediction at all: sklearn's zero_division value, 0.
+    metric = Precision.from_model_output(np.zeros(4, np.float32), np.array([1, 0, 1, 0]))
+    assert float(metric.compute()) == 0.0
+    # One class only: AUROC is undefined (sklearn raises), NaN here.
+    assert np.isnan(AUROC.from_model_output(np.ones(3, np.float32), np.ones(3, np.int32)).compute())
+
+
+def test_auroc_by_hand_and_perplexity_of_uniform_logits():
+    # 2 positives, 2 negatives: pairs (p > n) 3 of 4.
+    auroc = AUROC.from_model_output(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
+    assert float(auroc.compute()) == 0.75
+    assert auroc.positives.shape == (1000,) and int(auroc.positives.sum()) == 2
+    ppl = Perplexity.from_model_output(
+        np.zeros((3, 2, 8), np.float32),
+        np.zeros((3, 2), np.int32),
+        mask=np.array([True, False, True]),
+    )
+    assert int(ppl.count) == 4
+    np.testing.assert_allclose(ppl.compute(), 8.0, rtol=1e-6)
+
+
+# --- merge properties -------------------------------------------------------------------
+
+PIECE = 8
+
+
+def _piece(cls, seed):
+    """One metric of `cls` from 8 random rows, with fixed shapes (eager ops compile once)."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal((PIECE, 4)).astype(np.float32)
+    labels = rng.integers(0, 4, PIECE)
+    mask = rng.random(PIECE) < 0.7
+    scores, binary = rng.random(PIECE).astype(np.float32), rng.integers(0, 2, PIECE)
+    if cls is TopKAccuracy:
+        return cls.from_model_output(logits, labels, mask, k=2)
+    if cls is AUROC:
+        return cls.from_model_output(scores, binary, mask, num_bins=16)
+    if cls is Perplexity:
+        return cls.from_model_output(logits, labels, mask)
+    if cls is FBeta:
+        return cls.from_model_output(logits, labels, mask, beta=0.5, average="macro")
+    if cls is Recall:
+        return cls.from_model_output(scores, binary, mask)
+    return cls.from_model_output(logits, labels, mask, average="micro")
+
+
+ALL_TYPES = [Precision, Recall, FBeta, TopKAccuracy, AUROC, Perplexity]
+property_settings = settings(max_examples=8, deadline=None, derandomize=True)
+seeds = st.tuples(*[st.integers(0, 2**16)] * 3)
+
+
+def _assert_same(a, b, exact=True):
+    assert type(a) is type(b)
+    leaves_a, tree_a = jax.tree.flatten(a)
+    leaves_b, tree_b = jax.tree.flatten(b)
+    assert tree_a == tree_b  # static settings included
+    for x, y in zip(leaves_a, leaves_b, strict=True):
+        if exact:
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        else:
+            np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6)
+
+
+@pytest.mark.parametrize("cls", ALL_TYPES, ids=lambda c: c.__name__)
+@property_settings
+@given(seeds=seeds)
+def test_merge_is_associative(cls, seeds):
+    a, b, c = (_piece(cls, s) for s in seeds)
+    # Counts are integers (exact); Perplexity's float sum may round in the last bit.
+    _assert_same(a.merge(b).merge(c), a.merge(b.merge(c)), exact=cls is not Perplexity)
+
+
+@pytest.mark.parametrize("cls", ALL_TYPES, ids=lambda c: c.__name__)
+@property_settings
+@given(seeds=seeds)
+def test_empty_is_a_two_sided_identity(cls, seeds):
+    metric = _piece(cls, seeds[0]).merge(_piece(cls, seeds[1]))
+    _assert_same(cls.empty().merge(metric), metric)
+    _assert_same(metric.merge(cls.empty()), metric)
+    _assert_same(cls.empty().merge(cls.empty()), cls.empty())
+    np.testing.assert_array_equal(cls.empty().merge(metric).compute(), metric.compute())
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_errors_name_what_was_expected_and_what_came():
+    logits, labels = np.zeros((4, 3), np.float32), np.array([0, 1, 2, 3])
+    with pytest.raises(
+        ValueError, match=r"labels must lie in \[0, 3\) for 3 classes, got values from 0 to 3"
+    ):
+        Precision.from_model_output(logits, labels, average="macro")
+    with pytest.raises(ValueError, match=r"k=4 must lie in \[1, 3\]"):
+        TopKAccuracy.from_model_output(logits, labels % 3, k=4)
+    with pytest.raises(
+        ValueError, match=r"predictions of shape \(4, 3\) do not fit labels of shape \(3,\)"
+    ):
+        Recall.from_model_output(logits, labels[:3], average="micro")
+    with pytest.raises(
+        ValueError, match="average=None does not fit 3-class scores; expected 'micro' or 'macro'"
+    ):
+        FBeta.from_model_output(logits, labels % 3)
+    with pytest.raises(TypeError, match="labels must be integer class indices, got"):
+        Perplexity.from_model_output(logits, labels.astype(np.float32))
+    with pytest.raises(
+        ValueError, match=r"mask of shape \(2,\) does not match the labels of shape \(4,\)"
+    ):
+        AUROC.from_model_output(np.zeros(4), np.zeros(4, np.int32), mask=np.ones(2, bool))
+    # One error lists every problem of the call.
+    with pytest.raises(ValueError, match="2 problems") as info:
+        TopKAccuracy.from_model_output(logits, labels, k=5)
+    assert "k=5" in str(info.value) and "labels must lie in" in str(info.value)
+
+
+def test_settings_are_checked_at_trace_time_and_labels_out_of_range_ignored_in_jit():
+    traces = []
+
+    @jax.jit
+    def merged(logits, labels):
+        traces.append(1)
+        a = TopKAccuracy.from_model_output(logits, labels, k=1)
+        return a.merge(TopKAccuracy.from_model_output(logits, labels, k=2))
+
+    with pytest.raises(ValueError, match="cannot merge metrics with k=1 and k=2"):
+        merged(np.zeros((2, 3), np.float32), np.array([0, 1]))
+    assert traces == [1]
+    step = jax.jit(lambda p, y: Precision.from_model_output(p, y, average="micro"))
+    metric = step(np.eye(3, dtype=np.float32), np.array([0, 1, 7]))  # 7: out of range
+    assert int(metric.true_positives.sum() + metric.false_negatives.sum()) == 2
+
+
+# --- google-metrax: what it does right, and why some metrics here are ours -------------
+
+
+def test_metrax_binary_precision_and_recall_equal_sklearn_and_merge_over_microbatches():
+    batch = {k: make_batch(3)[k] for k in ("scores", "binary")}
+
+    def metrax_loss(_, b):
+        return jnp.zeros(()), {
+            "precision": metrax.Precision.from_model_output(b["scores"], b["binary"]),
+            "recall": metrax.Recall.from_model_output(b["scores"], b["binary"]),
+        }
+
+    got = computed(
+        jax.jit(lambda b: accumulate_grads_microbatched(metrax_loss, 0.0, b, 4)[1])(batch)
+    )
+    y, pred = batch["binary"], batch["scores"] >= 0.5
+    np.testing.assert_allclose(got["precision"], skm.precision_score(y, pred), rtol=1e-6)
+    np.testing.assert_allclose(got["recall"], skm.recall_score(y, pred), rtol=1e-6)
+    ours = Precision.from_model_output(batch["scores"], batch["binary"])
+    np.testing.assert_allclose(got["precision"], ours.compute(), rtol=1e-6)
+
+
+def test_metrax_aucroc_merges_and_is_near_sklearn_but_takes_no_mask():
+    batch = make_batch(4)
+
+    def metrax_loss(_, b):
+        return jnp.zeros(()), {"auroc": metrax.AUCROC.from_model_output(b["scores"], b["binary"])}
+
+    step = jax.jit(lambda b: accumulate_grads_microbatched(metrax_loss, 0.0, b, 4)[1])
+    # It compares [B] scores with [T, 1] thresholds by implicit rank promotion, which the
+    # strict setting (conftest.py, recommended for training code) refuses.
+    with pytest.raises(ValueError, match="rank_promotion"):
+        step(batch)
+    with jax.numpy_rank_promotion("allow"):
+        got = computed(step(batch))
+    expected = skm.roc_auc_score(batch["binary"], batch["scores"])
+    assert abs(got["auroc"] - expected) < 1 / 200  # its 200 thresholds
+    with pytest.raises(TypeError):
+        metrax.AUCROC.from_model_output(batch["scores"], batch["binary"], mask=batch["mask"])
+
+
+def test_metrax_fbeta_cannot_merge_and_perplexity_depends_on_the_split():
+    scores, binary = make_batch(5)["scores"], make_batch(5)["binary"]
+    f1 = metrax.FBetaScore.from_model_output(scores, binary)
+    with pytest.raises(NotImplementedError):
+        f1.merge(f1)
+    batch = make_batch(5)
+    halves = [slice(0, ROWS // 2), slice(ROWS // 2, ROWS)]
+    args = [
+        (batch["token_logits"][h], batch["tokens"][h], batch["token_mask"][h].astype(np.float32))
+        for h in halves
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        theirs = [metrax.Perplexity.from_model_output(*a, from_logits=True) for a in args]
+    ours = [Perplexity.from_model_output(*a) for a in args]
+    whole = float(
+        Perplexity.from_model_output(
+            batch["token_logits"], batch["tokens"], batch["token_mask"]
+        ).compute()
+    )
+    np.testing.assert_allclose(ours[0].merge(ours[1]).compute(), whole, rtol=1e-6)
+    # metrax averages per batch and weights batches by their number of sequences, not tokens.
+    assert abs(float(theirs[0].merge(theirs[1]).compute()) - whole) > 1e-4

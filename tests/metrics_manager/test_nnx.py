@@ -1,0 +1,258 @@
+"""The NNX-style facade: Flax's documented numbers, parity with `flax.nnx.metrics`, state
+carried through `jax.jit` and `nnx.jit`, and `as_summary_metrics` for the manager."""
+
+import doctest
+import json
+
+import clu.metrics as clu_metrics
+import clu.values
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from metrax import nnx as metrax_nnx
+
+import metrics_manager
+import writers
+from metrics_manager import nnx as mnnx
+from metrics_manager.classification import FBeta, TopKAccuracy
+from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
+from metrics_manager.metrics import compute_metric_values
+
+BATCH_1, BATCH_2 = jnp.array([1, 2, 3, 4]), jnp.array([3, 2, 1, 0])
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(mnnx)
+    assert result.attempted >= 15
+    assert result.failed == 0
+
+
+def test_average_reproduces_flax_documented_example():
+    average = mnnx.Average()
+    assert np.isnan(average.compute())
+    average.update(values=BATCH_1)
+    assert float(average.compute()) == 2.5
+    average.update(values=BATCH_2)
+    assert float(average.compute()) == 2.0
+    average.reset()
+    assert np.isnan(average.compute())
+    assert isinstance(average.metric, clu_metrics.Average)
+
+
+def test_average_with_another_argname_and_a_mask_equals_flax():
+    ours, theirs = mnnx.Average("loss"), nnx.metrics.Average("loss")
+    values = jnp.array([[1.0, 2.0], [3.0, 5.0]])
+    mask = jnp.array([[True, False], [True, True]])
+    for metric in (ours, theirs):
+        metric.update(loss=values, mask=mask)
+        metric.update(loss=jnp.array([7.0]))
+    assert float(ours.compute()) == float(theirs.compute()) == 4.0
+    with pytest.raises(TypeError, match="expected the keyword argument 'loss'.*got \\['values'\\]"):
+        ours.update(values=values)
+
+
+def _statistics(stats):
+    return [float(stats.mean), float(stats.standard_error_of_mean), float(stats.standard_deviation)]
+
+
+def test_welford_reproduces_flax_documented_example():
+    ours, theirs = mnnx.Welford(), nnx.metrics.Welford()
+    mean, sem, std = _statistics(ours.compute())
+    assert mean == 0.0 and np.isnan(sem) and np.isnan(std)
+    expected = [[2.5, 0.559017, 1.118034], [2.0, 0.43301272, 1.2247449]]
+    for batch, numbers in zip([BATCH_1, BATCH_2], expected, strict=True):
+        ours.update(values=batch)
+        theirs.update(values=batch)
+        np.testing.assert_allclose(_statistics(ours.compute()), numbers, rtol=1e-6)
+        np.testing.assert_allclose(
+            _statistics(ours.compute()), _statistics(theirs.compute()), rtol=1e-6
+        )
+    assert isinstance(ours.compute(), nnx.metrics.Statistics)
+    ours.reset()
+    mean, sem, std = _statistics(ours.compute())
+    assert mean == 0.0 and np.isnan(sem) and np.isnan(std)
+
+
+def test_welford_over_microbatches_equals_flax_welford_over_the_batch():
+    values = jnp.arange(16.0) ** 1.5
+
+    def loss_fn(_, batch):
+        return jnp.zeros(()), {"stats": metrics_manager.Welford.from_model_output(batch)}
+
+    merged = accumulate_grads_microbatched(loss_fn, 0.0, values, 4)[1]["stats"]
+    theirs = nnx.metrics.Welford()
+    theirs.update(values=values)
+    stats = _statistics(theirs.compute())
+    np.testing.assert_allclose([merged.compute(), merged.sem(), merged.std()], stats, rtol=1e-6)
+
+
+def test_accuracy_equals_flax_accuracy_on_random_logits():
+    ours, theirs = mnnx.Accuracy(), nnx.metrics.Accuracy()
+    key = jax.random.key(0)
+    for i in range(3):
+        logits = jax.random.normal(jax.random.fold_in(key, i), (16, 5))
+        labels = jax.random.randint(jax.random.fold_in(key, 10 + i), (16,), 0, 5)
+        mask = jnp.arange(16) % 3 != i
+        for metric in (ours, theirs):
+            metric.update(logits=logits, labels=labels, mask=mask)
+        assert float(ours.compute()) == pytest.approx(float(theirs.compute()), abs=1e-7)
+    assert isinstance(ours.metric, TopKAccuracy) and int(ours.metric.count) > 0
+    # Flax's binary example: random logits against a threshold.
+    binary, flax_binary = mnnx.Accuracy(threshold=0.5), nnx.metrics.Accuracy(threshold=0.5)
+    logits3, labels3 = jax.random.normal(jax.random.key(2), (5,)), jnp.array([0, 1, 0, 1, 1])
+    binary.update(logits=logits3, labels=labels3)
+    flax_binary.update(logits=logits3, labels=labels3)
+    assert float(binary.compute()) == float(flax_binary.compute())
+
+
+def make_multi():
+    return mnnx.MultiMetric(
+        loss=mnnx.Average(),
+        accuracy=mnnx.Accuracy(),
+        f1=mnnx.Metric(FBeta, average="macro"),
+        stats=mnnx.Welford(),
+    )
+
+
+def batches():
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        yield {
+            "values": rng.standard_normal(8).astype(np.float32),
+            "logits": rng.standard_normal((8, 4)).astype(np.float32),
+            "labels": rng.integers(0, 4, 8).astype(np.int32),
+        }
+
+
+def flat(values):
+    """{'stats.mean': 0.1, ...}: every number of a compute() result, by its path."""
+    leaves = jax.tree_util.tree_flatten_with_path(values)[0]
+    return {jax.tree_util.keystr(p, simple=True, separator="."): float(x) for p, x in leaves}
+
+
+def test_multimetric_state_is_carried_through_jax_jit_and_nnx_jit():
+    eager = make_multi()
+    for batch in batches():
+        eager.update(**batch)
+    expected = flat(eager.compute())
+    assert set(expected) == {
+        "loss",
+        "accuracy",
+        "f1",
+        "stats.mean",
+        "stats.standard_error_of_mean",
+        "stats.standard_deviation",
+    }
+
+    @jax.jit
+    def step(metrics, batch):  # functional: the facade is a pytree
+        metrics.update(**batch)
+        return metrics
+
+    carried = make_multi()
+    for batch in batches():
+        carried = step(carried, batch)
+    assert flat(carried.compute()) == pytest.approx(expected, rel=1e-6)
+
+    @nnx.jit
+    def nnx_step(metrics, batch):  # in place, as Flax's examples do
+        metrics.update(**batch)
+
+    in_place = make_multi()
+    for batch in batches():
+        nnx_step(in_place, batch)
+    assert flat(in_place.compute()) == pytest.approx(expected, rel=1e-6)
+    # And the f1 state is the library's mergeable metric, with per-class counts.
+    assert isinstance(in_place.f1.metric, FBeta) and in_place.f1.metric.true_positives.shape == (4,)
+
+
+def test_facade_metrics_work_inside_flax_own_multimetric():
+    metrics = nnx.MultiMetric(top2=mnnx.Metric(TopKAccuracy, k=2), loss=nnx.metrics.Average())
+    logits = jnp.array([[0.5, 0.3, 0.2], [0.1, 0.3, 0.6]])
+    metrics.update(logits=logits, labels=jnp.array([1, 0]), values=jnp.array([1.0, 3.0]))
+    assert {k: float(v) for k, v in metrics.compute().items()} == {"top2": 0.5, "loss": 2.0}
+
+
+def test_facade_errors_name_the_problem():
+    with pytest.raises(TypeError, match="metric_type must be a clu.metrics.Metric subclass"):
+        mnnx.Metric(FBeta.empty())
+    with pytest.raises(TypeError, match=r"missing 'labels' among the arguments \['logits'\]"):
+        mnnx.Metric(FBeta, average="micro").update(logits=jnp.zeros((2, 3)))
+    with pytest.raises(TypeError, match=r"'loss': expected a flax.nnx.metrics.Metric, got float"):
+        mnnx.MultiMetric(loss=1.0)
+    with pytest.raises(ValueError, match="'update' cannot name a metric"):
+        mnnx.MultiMetric(update=mnnx.Average())
+
+
+def test_as_summary_metrics_of_flax_multimetric():
+    metrics = nnx.MultiMetric(
+        loss=nnx.metrics.Average(), accuracy=nnx.metrics.Accuracy(), stats=nnx.metrics.Welford()
+    )
+    metrics.update(values=BATCH_1, logits=jnp.eye(4), labels=jnp.array([0, 1, 0, 0]))
+    summary = metrics_manager.as_summary_metrics(metrics)
+    assert {k: type(v) for k, v in summary.items()} == {
+        "loss": clu_metrics.Average,
+        "accuracy": clu_metrics.Average,
+        "stats": metrics_manager.Welford,
+    }
+    values = {k: float(v.value) for k, v in compute_metric_values(summary).items()}
+    assert values == pytest.approx(
+        {"loss": 2.5, "accuracy": 0.5, "stats": 2.5, "stats/sem": 0.559017, "stats/std": 1.118034},
+        rel=1e-6,
+    )
+
+
+def test_as_summary_metrics_of_our_multimetric_gives_mergeable_metrics():
+    metrics, more = make_multi(), make_multi()
+    for metric, batch in zip([metrics, more, more], batches(), strict=True):
+        metric.update(**batch)
+    a, b = mnnx.as_summary_metrics(metrics), mnnx.as_summary_metrics(more)
+    assert isinstance(a["f1"], FBeta) and isinstance(a["stats"], metrics_manager.Welford)
+    merged = merge_metrics(a, b)
+    everything = make_multi()
+    for batch in batches():
+        everything.update(**batch)
+    expected = compute_metric_values(mnnx.as_summary_metrics(everything))
+    got = compute_metric_values(merged)
+    assert set(got) == {"loss", "accuracy", "f1", "stats", "stats/sem", "stats/std"}
+    for key, value in expected.items():
+        np.testing.assert_allclose(got[key].value, value.value, rtol=1e-5, err_msg=key)
+
+
+def test_as_summary_metrics_of_a_compute_dict_and_metrax_wrappers():
+    metrics = nnx.MultiMetric(loss=nnx.metrics.Average(), stats=nnx.metrics.Welford())
+    metrics.update(values=BATCH_2)
+    summary = mnnx.as_summary_metrics({**metrics.compute(), "extra": {"lr": 0.1}})
+    assert all(isinstance(v, clu.values.Scalar) for v in summary.values())
+    assert {k: float(v.value) for k, v in summary.items()} == pytest.approx(
+        {"loss": 1.5, "stats": 1.5, "stats/sem": 0.559017, "stats/std": 1.118034, "extra/lr": 0.1},
+        rel=1e-6,
+    )
+    wrapped = nnx.MultiMetric(avg=metrax_nnx.Average())
+    wrapped.update(values=jnp.array([1.0, 2.0]))
+    assert float(mnnx.as_summary_metrics(wrapped)["avg"].compute()) == 1.5
+    with pytest.raises(
+        ValueError, match=r"'v': expected one number, got ArrayImpl of shape \(2,\)"
+    ):
+        mnnx.as_summary_metrics({"v": jnp.ones(2)})
+    with pytest.raises(TypeError, match="expected an nnx.MultiMetric or the dict"):
+        mnnx.as_summary_metrics(mnnx.Average())
+
+
+def test_summary_values_are_written_to_jsonl_and_read_back(tmp_path):
+    metrics = nnx.MultiMetric(loss=nnx.metrics.Average(), stats=mnnx.Welford())
+    metrics.update(values=BATCH_1)
+    summary = mnnx.as_summary_metrics(metrics)
+    values = compute_metric_values(summary)
+    path = tmp_path / "metrics.jsonl"
+    writer = writers.JsonlWriter(path, clock=lambda: 1.0)
+    writers.write_values(writer, 7, values)
+    writer.close()
+    (line,) = path.read_text().splitlines()
+    record = json.loads(line)
+    assert record["step"] == 7
+    assert {k: record[k] for k in values} == pytest.approx(
+        {"loss": 2.5, "stats": 2.5, "stats/sem": 0.559017, "stats/std": 1.118034}, rel=1e-6
+    )
