@@ -141,8 +141,12 @@ def _nvml_sensors() -> tuple[list[_Sensor], Any]:
         return [], None
     try:
         pynvml.nvmlInit()
-        count = pynvml.nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001  (no driver, no GPU: NVML is absent, not an error)
+        return [], None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+    except Exception:  # noqa: BLE001
+        pynvml.nvmlShutdown()
         return [], None
     indices: Iterable[int] = range(count)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
@@ -307,20 +311,28 @@ class SystemMonitor:
         return values
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stops the background thread (waiting at most `timeout_s`) and NVML. Idempotent."""
+        """Stops the background thread (waiting at most `timeout_s`) and NVML. Idempotent.
+
+        A sample still running after `timeout_s` (a hung driver) is left to its
+        daemon thread, and NVML is then not shut down under it.
+        """
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                _LOG.warning("SystemMonitor: sampling thread still running after %.1f s", timeout_s)
+                _LOG.warning(
+                    "SystemMonitor: a sample still runs after %.1f s; not waiting", timeout_s
+                )
+                return
         with self._lock:
-            if self._nvml is not None:
-                nvml, self._nvml = self._nvml, None
-                self._sensors = [s for s in self._sensors if not s.name.startswith("nvml")]
-                try:
-                    nvml.nvmlShutdown()
-                except Exception:  # noqa: BLE001  (shutting down a failed driver is harmless)
-                    _LOG.debug("SystemMonitor: nvmlShutdown failed", exc_info=True)
+            nvml, self._nvml = self._nvml, None
+            if nvml is None:
+                return
+            self._sensors = [s for s in self._sensors if not s.name.startswith("nvml")]
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001  (shutting down a failed driver is harmless)
+            _LOG.debug("SystemMonitor: nvmlShutdown failed", exc_info=True)
 
     def __enter__(self) -> SystemMonitor:
         return self

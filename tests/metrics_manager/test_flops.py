@@ -78,7 +78,9 @@ def test_cost_analysis_as_a_list_of_one_dict(monkeypatch):
 def test_no_flops_entry_names_the_keys_and_the_fix(monkeypatch):
     compiled = jax.jit(_matmul).lower(*_operands()).compile()
     monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: {"bytes accessed": 1.0})
-    with pytest.raises(ValueError, match=r"no 'flops' entry \(got \['bytes accessed'\]\).*perf_values"):
+    with pytest.raises(
+        ValueError, match=r"no 'flops' entry \(got \['bytes accessed'\]\).*perf_values"
+    ):
         mm.step_flops(compiled)
 
 
