@@ -6,7 +6,7 @@
     python -m benchmarks.run_all --only overhead,latency
 
 RESULTS.md holds the machine, library versions and date, the headline lines, every
-target with its verdict, the six tables (medians of repeated, interleaved runs, each
+target with its verdict, every table (medians of repeated, interleaved runs, each
 figure next to its ratio to a baseline measured in the same run) and the hand-written
 analysis kept in benchmarks/ANALYSIS.md (causes of missed targets, found by profiling).
 The same run rewrites the summary between the README's `benchmarks:begin`/`end` markers.
