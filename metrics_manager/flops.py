@@ -242,4 +242,5 @@ def perf_values(
     return values
 
 
+# perf_values' argument `peak_flops_per_device` shadows the function of that name.
 _lookup_peak: Callable[..., float | None] = peak_flops_per_device

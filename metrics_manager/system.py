@@ -37,6 +37,7 @@ Host-side module: never import it from code traced by jit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -177,7 +178,7 @@ def _nvml_sensors() -> tuple[list[_Sensor], Any]:
 
 def _default_sensors(devices: Iterable[Any] | None) -> tuple[list[_Sensor], Any]:
     """The host's sensors: CPU and memory always, the others where a first reading works."""
-    optional = []
+    optional: list[_Sensor] = []
     if hasattr(psutil, "sensors_temperatures"):  # Linux and FreeBSD only
         optional.append(_Sensor("cpu temperature", _cpu_temperature))
     if devices is None:
@@ -185,7 +186,8 @@ def _default_sensors(devices: Iterable[Any] | None) -> tuple[list[_Sensor], Any]
 
         devices = jax.local_devices()
     for device in devices:
-        optional.append(_Sensor(f"memory_stats of {device}", lambda d=device: _device_memory(d)))
+        read = functools.partial(_device_memory, device)
+        optional.append(_Sensor(f"memory_stats of {device}", read))
     nvml_sensors, nvml = _nvml_sensors()
     present = [sensor for sensor in optional + nvml_sensors if _present(sensor)]
     return [_Sensor("cpu percent", _CpuPercent()), _Sensor("memory", _memory()), *present], nvml
