@@ -76,9 +76,10 @@ class _CpuPercent:
     def _times(self) -> tuple[float, float, float, float]:
         process = self._process.cpu_times()
         host = psutil.cpu_times()
-        host_total = sum(host)
         # Like psutil.cpu_percent, but with our own baseline: psutil's module-level one is
-        # shared with every other caller in the process.
+        # shared with every other caller in the process. Linux counts guest time inside
+        # user time too, so it is taken out once (as psutil does).
+        host_total = sum(host) - getattr(host, "guest", 0.0) - getattr(host, "guest_nice", 0.0)
         host_idle = host.idle + getattr(host, "iowait", 0.0)
         return self._clock(), process.user + process.system, host_total, host_idle
 
