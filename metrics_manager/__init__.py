@@ -4,7 +4,8 @@ Device side (inside jit): metric types (classification metrics in
 `metrics_manager.classification`), merging, losses and base metrics.
 Flax NNX-style stateful metrics and NNX interop: `metrics_manager.nnx`.
 Host side: the duration timer, the background summary worker and the
-`MetricsManager` that sends values to pluggable `writers`.
+`MetricsManager` that sends values to pluggable `writers`, system metrics
+(`SystemMonitor`) and FLOPs/MFU (`step_flops`, `perf_values`).
 """
 
 from metrics_manager.classification import (
@@ -15,6 +16,7 @@ from metrics_manager.classification import (
     Recall,
     TopKAccuracy,
 )
+from metrics_manager.flops import peak_flops_per_device, perf_values, step_flops
 from metrics_manager.host_copy import device_get_batched
 from metrics_manager.losses import (
     LOSS_NORMALIZING_FACTOR_KEY,
@@ -53,6 +55,7 @@ from metrics_manager.metrics import (
 )
 from metrics_manager.nnx import as_summary_metrics
 from metrics_manager.packing import PackedMetrics
+from metrics_manager.system import SystemMonitor
 from metrics_manager.timer import DurationTimer
 
 __all__: list[str] = [
@@ -75,6 +78,7 @@ __all__: list[str] = [
     "Step",
     "StepsPerTime",
     "Sum",
+    "SystemMonitor",
     "Time",
     "TimeRate",
     "TokenLosses",
@@ -95,9 +99,12 @@ __all__: list[str] = [
     "is_metric_obj",
     "is_time_metric",
     "merge_metrics",
+    "peak_flops_per_device",
+    "perf_values",
     "set_step_metrics_num_steps",
     "set_time_metrics_duration",
     "set_time_rate_metrics_duration",
+    "step_flops",
     "validate_metrics",
     "with_loss_normalization",
 ]

@@ -1,0 +1,246 @@
+"""FLOPs per train step from XLA's cost analysis, and the throughput and MFU they give.
+
+The step's FLOPs are read once, when the step is compiled, never per step:
+
+  flops = step_flops(train_step, state, batch)          # global FLOPs of one call
+  ...
+  values = perf_values(flops, num_steps, duration_s, num_devices=jax.device_count())
+  # {"perf/flops_per_step": ..., "perf/tflops_per_second": ...,
+  #  "perf/tflops_per_second_per_device": ..., "perf/mfu": ...}   (mfu where a peak is known)
+
+Semantics (checked on 8 CPU devices, jax 0.10.2): XLA compiles an SPMD program once
+per device, and `Compiled.cost_analysis()` reports the FLOPs of that per-device
+program. A [256,128]x[128,64] matmul sharded 8 ways over its rows reports 524,288
+FLOPs, 1/8 of 2*M*N*K; sharded over the contracting dimension it reports 540,672
+(the local matmul plus the all-reduce's additions). `step_flops` therefore returns the
+per-device figure times the number of devices the program runs on: the FLOPs of one
+call of the whole step, summed over devices. Replicated work is counted once per
+device that does it (hardware FLOPs, not model FLOPs).
+
+Known limit of XLA's estimate: a loop (`lax.scan`, `fori_loop`, microbatching) is
+counted as one trip of its body, so steps that loop under-report; pass the FLOPs you
+computed by hand to `perf_values` for those.
+
+Host-side module: never import it from code traced by jit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+_LOG = logging.getLogger(__name__)
+
+# Dense (no structured sparsity) peak FLOP/s per JAX device, in TFLOP/s, for 16-bit
+# matrix math: (substring of `device.device_kind`, bf16, fp16). The first entry whose
+# substring occurs in the device kind wins, so specific names come before general ones
+# ("L40S" before "L4", "GH200" before "H200", "TPU v5 lite" before "TPU v5"). None: the
+# chip has no such unit. Sources: NVIDIA data sheets (V100, T4, A10, A100, L4, L40, L40S,
+# H100 SXM/PCIe/NVL, H200, GH200, B200: the "BF16/FP16 Tensor Core" rows halved where
+# the sheet quotes sparsity) and Google Cloud's TPU system-architecture pages (v2..v6e:
+# bf16 peak per chip; v2 and v3 expose two JAX devices per chip, so half a chip each).
+_PEAK_TFLOPS: tuple[tuple[str, float | None, float | None], ...] = (
+    ("TPU v2", 22.5, None),
+    ("TPU v3", 61.5, None),
+    ("TPU v4 lite", 137.5, None),
+    ("TPU v4", 275.0, None),
+    ("TPU v5 lite", 197.0, None),
+    ("TPU v5e", 197.0, None),
+    ("TPU v5p", 459.0, None),
+    ("TPU v5", 459.0, None),
+    ("TPU v6 lite", 918.0, None),
+    ("TPU v6e", 918.0, None),
+    ("V100", None, 125.0),
+    ("T4", None, 65.0),
+    ("A10G", 70.0, 70.0),
+    ("A100", 312.0, 312.0),
+    ("A10", 125.0, 125.0),
+    ("L40S", 362.0, 362.0),
+    ("L40", 181.0, 181.0),
+    ("L4", 121.0, 121.0),
+    ("H100 PCIe", 756.0, 756.0),
+    ("H100 NVL", 835.0, 835.0),
+    ("H100", 989.0, 989.0),  # SXM5 (device kind e.g. "NVIDIA H100 80GB HBM3")
+    ("GH200", 989.0, 989.0),
+    ("H200 NVL", 835.0, 835.0),
+    ("H200", 989.0, 989.0),
+    ("B200", 2250.0, 2250.0),
+)
+_DTYPES = ("bf16", "fp16")
+
+
+def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """Lowers and compiles `fn_or_compiled` for `args` unless it is compiled already."""
+    if isinstance(fn_or_compiled, (jax.stages.Lowered, jax.stages.Compiled)):
+        if args or kwargs:
+            raise TypeError(
+                f"step_flops: a {type(fn_or_compiled).__name__} is already specialized to its "
+                f"arguments, but {len(args)} positional and {len(kwargs)} keyword arguments "
+                "came too; pass either the function and its arguments, or the "
+                "Lowered/Compiled object alone."
+            )
+        if isinstance(fn_or_compiled, jax.stages.Lowered):
+            return fn_or_compiled.compile()
+        return fn_or_compiled
+    if not callable(fn_or_compiled):
+        raise TypeError(
+            "step_flops expects a function, a jitted function, a jax.stages.Lowered or a "
+            f"jax.stages.Compiled, got {type(fn_or_compiled).__name__}: {fn_or_compiled!r}."
+        )
+    jitted = fn_or_compiled if hasattr(fn_or_compiled, "lower") else jax.jit(fn_or_compiled)
+    return jitted.lower(*args, **kwargs).compile()
+
+
+def _num_program_devices(compiled: Any) -> int:
+    """Devices the compiled SPMD program runs on, from its input and output shardings."""
+    devices: set[Any] = set()
+    shardings = [compiled.input_shardings, compiled.output_shardings]
+    for sharding in jax.tree.leaves(
+        shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
+    ):
+        if isinstance(sharding, jax.sharding.Sharding):
+            devices.update(sharding.device_set)
+    return max(len(devices), 1)
+
+
+def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
+    """FLOPs of one call of a jitted step, summed over the devices it runs on.
+
+    Compiles the step (or uses the given compiled one) and reads XLA's cost
+    analysis: the per-device program's FLOPs times the number of devices in the
+    program's shardings (see the module docstring). Call it once, next to the
+    first step; compilation is cached by `jax.jit`, so a jitted step compiled here
+    is not compiled again by its first call.
+
+    Args:
+      fn_or_compiled: the step: a plain function (jitted here), a `jax.jit`-ed
+        function, a `jax.stages.Lowered` or a `jax.stages.Compiled`.
+      *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a
+        Lowered or Compiled.
+      **kwargs: the step's keyword arguments.
+
+    Returns:
+      FLOPs per call, as XLA estimates them.
+
+    Raises:
+      TypeError: `fn_or_compiled` is none of the above, or arguments came with a
+        Lowered/Compiled object.
+      ValueError: the backend's cost analysis has no "flops" entry.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> step_flops(lambda a, b: a @ b, jnp.ones((8, 4)), jnp.ones((4, 2)))
+      128.0
+    """
+    compiled = _compiled(fn_or_compiled, args, kwargs)
+    analysis = compiled.cost_analysis()
+    if isinstance(analysis, (list, tuple)):  # one dict per program on some jax versions
+        analysis = analysis[0] if len(analysis) == 1 else None
+    flops = analysis.get("flops") if isinstance(analysis, Mapping) else None
+    if flops is None:
+        keys = sorted(analysis) if isinstance(analysis, Mapping) else analysis
+        raise ValueError(
+            "step_flops: XLA's cost analysis on backend "
+            f"{jax.default_backend()!r} gave no 'flops' entry (got {keys!r}); this backend "
+            "does not estimate FLOPs: count the step's FLOPs by hand and pass them to "
+            "perf_values."
+        )
+    return float(flops) * _num_program_devices(compiled)
+
+
+def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float | None:
+    """Vendor peak FLOP/s of one JAX device for dense 16-bit matrix math, if known.
+
+    Args:
+      device: a `jax.Device` (anything with a `device_kind` str); default
+        `jax.devices()[0]`.
+      dtype: "bf16" or "fp16".
+
+    Returns:
+      Peak FLOP/s (not TFLOP/s), or None for CPUs, unknown accelerators and chips
+      without a `dtype` unit (V100 and T4 have no bf16 one).
+
+    Raises:
+      ValueError: `dtype` is not "bf16" or "fp16".
+
+    Example:
+      >>> import types
+      >>> peak_flops_per_device(types.SimpleNamespace(device_kind="TPU v4"))
+      275000000000000.0
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"peak_flops_per_device: dtype must be one of {_DTYPES}, got {dtype!r}.")
+    if device is None:
+        device = jax.devices()[0]
+    kind = str(getattr(device, "device_kind", "")).lower()
+    for name, bf16, fp16 in _PEAK_TFLOPS:
+        if name.lower() in kind:
+            tflops = bf16 if dtype == "bf16" else fp16
+            return None if tflops is None else tflops * 1e12
+    return None
+
+
+def perf_values(
+    flops_per_step: float,
+    num_steps: int,
+    duration_s: float,
+    *,
+    num_devices: int,
+    peak_flops_per_device: float | None = None,
+) -> dict[str, float]:
+    """Throughput of a summary window, and MFU where the devices' peak is known.
+
+    Args:
+      flops_per_step: FLOPs of one step summed over all devices (`step_flops`).
+      num_steps: steps in the window.
+      duration_s: the window's duration in seconds.
+      num_devices: devices the step runs on (usually `jax.device_count()`).
+      peak_flops_per_device: peak FLOP/s of one device; default: looked up for
+        `jax.devices()[0]` (`peak_flops_per_device()`), None on CPU.
+
+    Returns:
+      `perf/flops_per_step` (FLOPs), `perf/tflops_per_second` (all devices),
+      `perf/tflops_per_second_per_device`, and `perf/mfu` (a fraction, 0..1:
+      achieved FLOP/s per device over the peak) when a peak is known.
+
+    Raises:
+      ValueError: a value is negative, zero where it must not be, or not finite
+        (all problems in one message).
+
+    Example:
+      >>> values = perf_values(2e12, 10, 2.0, num_devices=4, peak_flops_per_device=5e12)
+      >>> values["perf/tflops_per_second"], values["perf/mfu"]
+      (10.0, 0.5)
+    """
+    peak = peak_flops_per_device
+    if peak is None:
+        peak = _lookup_peak()
+    problems = []
+    if not flops_per_step >= 0:  # also catches NaN
+        problems.append(f"flops_per_step must be >= 0, got {flops_per_step!r}")
+    if not num_steps >= 0:
+        problems.append(f"num_steps must be >= 0, got {num_steps!r}")
+    if not duration_s > 0:
+        problems.append(f"duration_s must be > 0 seconds, got {duration_s!r}")
+    if not num_devices >= 1:
+        problems.append(f"num_devices must be >= 1, got {num_devices!r}")
+    if peak is not None and not peak > 0:
+        problems.append(f"peak_flops_per_device must be > 0 FLOP/s or None, got {peak!r}")
+    if problems:
+        raise ValueError("perf_values: " + "; ".join(problems) + ".")
+    flops_per_second = flops_per_step * num_steps / duration_s
+    values = {
+        "perf/flops_per_step": float(flops_per_step),
+        "perf/tflops_per_second": flops_per_second / 1e12,
+        "perf/tflops_per_second_per_device": flops_per_second / num_devices / 1e12,
+    }
+    if peak is not None:
+        values["perf/mfu"] = flops_per_second / num_devices / peak
+    return values
+
+
+# perf_values' argument `peak_flops_per_device` shadows the function of that name.
+_lookup_peak: Callable[..., float | None] = peak_flops_per_device

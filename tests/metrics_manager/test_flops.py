@@ -1,0 +1,161 @@
+"""FLOPs from XLA's cost analysis, the peak table, and throughput/MFU by hand."""
+
+from __future__ import annotations
+
+import types
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import metrics_manager as mm
+
+M, K, N = 256, 128, 64
+MATMUL_FLOPS = 2 * M * N * K
+
+
+def _matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    return a @ b
+
+
+def _operands() -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    return jax.ShapeDtypeStruct((M, K), jnp.float32), jax.ShapeDtypeStruct((K, N), jnp.float32)
+
+
+def test_matmul_flops_are_2mnk_for_every_kind_of_step():
+    a, b = _operands()
+    jitted = jax.jit(_matmul)
+    lowered = jitted.lower(a, b)
+    for step, args in [
+        (_matmul, (a, b)),
+        (jitted, (a, b)),
+        (lowered, ()),
+        (lowered.compile(), ()),
+    ]:
+        assert mm.step_flops(step, *args) == pytest.approx(MATMUL_FLOPS, rel=0.01), step
+
+
+def test_keyword_arguments_reach_the_step():
+    def step(a, *, b):
+        return a @ b
+
+    a, b = _operands()
+    assert mm.step_flops(step, a, b=b) == pytest.approx(MATMUL_FLOPS, rel=0.01)
+
+
+def test_sharded_matmul_reports_global_flops_over_8_devices():
+    mesh = jax.make_mesh((8,), ("d",), devices=jax.devices()[:8])
+    rows = NamedSharding(mesh, P("d", None))
+    a = jax.device_put(jnp.ones((M, K)), rows)
+    b = jax.device_put(jnp.ones((K, N)), NamedSharding(mesh, P()))
+    compiled = jax.jit(_matmul).lower(a, b).compile()
+    # XLA's own figure is for the per-device program: one eighth of the rows.
+    assert compiled.cost_analysis()["flops"] == pytest.approx(MATMUL_FLOPS / 8, rel=0.01)
+    # step_flops multiplies by the program's devices: the whole step.
+    assert mm.step_flops(compiled) == pytest.approx(MATMUL_FLOPS, rel=0.01)
+
+
+def test_contracting_dimension_sharding_adds_the_all_reduce():
+    mesh = jax.make_mesh((8,), ("d",), devices=jax.devices()[:8])
+    step = jax.jit(
+        _matmul,
+        in_shardings=(NamedSharding(mesh, P(None, "d")), NamedSharding(mesh, P("d", None))),
+        out_shardings=NamedSharding(mesh, P()),
+    )
+    # Each device multiplies [M, K/8] x [K/8, N], then the all-reduce adds M*N partial sums.
+    expected = 8 * (MATMUL_FLOPS / 8 + M * N)
+    assert mm.step_flops(step, *_operands()) == pytest.approx(expected, rel=0.01)
+
+
+def test_cost_analysis_as_a_list_of_one_dict(monkeypatch):
+    compiled = jax.jit(_matmul).lower(*_operands()).compile()
+    monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: [{"flops": 5.0}])
+    assert mm.step_flops(compiled) == 5.0
+
+
+def test_no_flops_entry_names_the_keys_and_the_fix(monkeypatch):
+    compiled = jax.jit(_matmul).lower(*_operands()).compile()
+    monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: {"bytes accessed": 1.0})
+    with pytest.raises(
+        ValueError, match=r"no 'flops' entry \(got \['bytes accessed'\]\).*perf_values"
+    ):
+        mm.step_flops(compiled)
+
+
+def test_wrong_arguments_are_type_errors():
+    lowered = jax.jit(_matmul).lower(*_operands())
+    with pytest.raises(TypeError, match="Lowered is already specialized.*2 positional"):
+        mm.step_flops(lowered, *_operands())
+    with pytest.raises(TypeError, match="expects a function.*got int"):
+        mm.step_flops(3)
+
+
+@pytest.mark.parametrize(
+    ("kind", "bf16", "fp16"),
+    [
+        ("TPU v4", 275e12, None),
+        ("TPU v5 lite", 197e12, None),
+        ("TPU v5", 459e12, None),
+        ("TPU v6 lite", 918e12, None),
+        ("NVIDIA A100-SXM4-80GB", 312e12, 312e12),
+        ("NVIDIA H100 80GB HBM3", 989e12, 989e12),
+        ("NVIDIA H100 PCIe", 756e12, 756e12),
+        ("NVIDIA H200", 989e12, 989e12),
+        ("NVIDIA GH200 480GB", 989e12, 989e12),
+        ("NVIDIA L4", 121e12, 121e12),
+        ("NVIDIA L40S", 362e12, 362e12),
+        ("Tesla V100-SXM2-16GB", None, 125e12),
+        ("cpu", None, None),
+        ("Some Future Chip", None, None),
+    ],
+)
+def test_peak_table(kind, bf16, fp16):
+    device = types.SimpleNamespace(device_kind=kind)
+    assert mm.peak_flops_per_device(device) == bf16
+    assert mm.peak_flops_per_device(device, dtype="fp16") == fp16
+
+
+def test_peak_of_the_cpu_test_device_is_unknown_and_dtype_is_checked():
+    assert mm.peak_flops_per_device() is None
+    with pytest.raises(ValueError, match=r"dtype must be one of \('bf16', 'fp16'\), got 'fp32'"):
+        mm.peak_flops_per_device(dtype="fp32")
+
+
+def test_perf_values_by_hand():
+    # 3e12 FLOPs per step, 50 steps in 4 s on 8 devices of 100 TFLOP/s peak.
+    values = mm.perf_values(3e12, 50, 4.0, num_devices=8, peak_flops_per_device=100e12)
+    assert values == pytest.approx(
+        {
+            "perf/flops_per_step": 3e12,
+            "perf/tflops_per_second": 37.5,  # 3e12 * 50 / 4 / 1e12
+            "perf/tflops_per_second_per_device": 37.5 / 8,
+            "perf/mfu": 37.5 / 8 / 100,
+        }
+    )
+
+
+def test_perf_values_on_cpu_leave_mfu_out():
+    values = mm.perf_values(MATMUL_FLOPS, 10, 0.5, num_devices=1)
+    assert values == pytest.approx(
+        {
+            "perf/flops_per_step": MATMUL_FLOPS,
+            "perf/tflops_per_second": MATMUL_FLOPS * 20 / 1e12,
+            "perf/tflops_per_second_per_device": MATMUL_FLOPS * 20 / 1e12,
+        }
+    )
+
+
+def test_perf_values_lists_every_problem():
+    with pytest.raises(ValueError) as info:
+        mm.perf_values(float("nan"), -1, 0.0, num_devices=0, peak_flops_per_device=-5.0)
+    message = str(info.value)
+    for part in [
+        "flops_per_step must be >= 0, got nan",
+        "num_steps must be >= 0, got -1",
+        "duration_s must be > 0 seconds, got 0.0",
+        "num_devices must be >= 1, got 0",
+        "peak_flops_per_device must be > 0 FLOP/s or None, got -5.0",
+    ]:
+        assert part in message

@@ -1,0 +1,325 @@
+"""SystemMonitor: real host readings, window mean/max, absent sensors, NVML, files read back."""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import types
+
+import jax
+import psutil
+import pytest
+from tensorboard.backend.event_processing import event_accumulator as ea
+
+import metrics_manager as mm
+import writers
+from metrics_manager import system
+
+MIB = 1 << 20
+_Temp = collections.namedtuple("_Temp", "label current high critical")
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def _scripted(samples):
+    """A sample_fn returning `samples` in order, then nothing."""
+    it = iter(samples)
+    return lambda: next(it, {})
+
+
+def test_real_host_readings_are_in_range():
+    with mm.SystemMonitor(None, devices=()) as monitor:
+        _busy(0.2)  # CPU rates need >= 0.1 s between readings
+        values = monitor.window_values()
+        rss = psutil.Process().memory_info().rss / MIB
+    cores = psutil.cpu_count()
+    assert 0 < values["system/process_cpu_percent"] <= 100 * cores
+    assert 0 <= values["system/host_cpu_percent"] <= 100
+    assert values["system/process_rss_mib"] == pytest.approx(rss, rel=0.1)
+    host = psutil.virtual_memory()
+    assert 0 < values["system/host_memory_percent"] <= 100
+    assert 0 < values["system/host_memory_used_mib"] <= host.total / MIB
+    assert 0 < values["system/host_memory_available_mib"] <= host.total / MIB
+    for key in list(values):
+        if not key.endswith("/max"):
+            assert values[f"{key}/max"] >= values[key], key
+
+
+def test_cpu_percent_waits_for_a_long_enough_span():
+    now = [100.0]
+    reader = system._CpuPercent(clock=lambda: now[0])
+    now[0] += 0.05
+    assert reader() == {}  # a 50 ms span: tick counters would give noise
+    now[0] += 10.0
+    _busy(0.03)  # let the host's tick counters advance
+    values = reader()  # 10.05 s since the baseline: a few ms of CPU at most
+    assert 0 <= values["system/process_cpu_percent"] < 100
+    assert 0 <= values["system/host_cpu_percent"] <= 100
+
+
+def test_window_mean_and_max_then_a_new_window():
+    samples = [
+        {"system/a": 1.0, "system/b": 10.0},
+        {"system/a": 5.0},
+        {"system/a": 3.0, "system/b": 20.0},  # taken by window_values itself
+        {"system/a": 7.0},
+    ]
+    monitor = mm.SystemMonitor(None, sample_fn=_scripted(samples))
+    monitor.sample()
+    monitor.sample()
+    assert monitor.window_values() == {
+        "system/a": 3.0,
+        "system/a/max": 5.0,
+        "system/b": 15.0,
+        "system/b/max": 20.0,
+    }
+    assert monitor.window_values() == {"system/a": 7.0, "system/a/max": 7.0}
+    assert monitor.window_values() == {}
+    monitor.close()
+
+
+def test_background_thread_samples_and_close_stops_it_quickly():
+    calls = []
+    three = threading.Event()
+
+    def sample_fn():
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            three.set()
+        return {"system/x": float(len(calls))}
+
+    monitor = mm.SystemMonitor(0.01, sample_fn=sample_fn)
+    assert three.wait(5.0), f"3 samples expected within 5 s, got {len(calls)}"
+    start = time.perf_counter()
+    monitor.close()
+    assert time.perf_counter() - start < 1.0
+    assert not monitor._thread.is_alive()
+    after = len(calls)
+    values = monitor.window_values()  # closed: no fresh sample
+    assert len(calls) == after
+    assert values["system/x/max"] == after
+    assert values["system/x"] == pytest.approx((after + 1) / 2)  # mean of 1..after
+
+
+def test_close_is_bounded_when_a_sample_hangs():
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck():
+        entered.set()
+        release.wait(10.0)
+        return {}
+
+    monitor = mm.SystemMonitor(0.001, sample_fn=stuck)
+    assert entered.wait(5.0)
+    start = time.perf_counter()
+    monitor.close(timeout_s=0.2)
+    assert time.perf_counter() - start < 1.0
+    release.set()
+    monitor._thread.join(5.0)
+
+
+def test_a_sensor_that_starts_failing_is_logged_once_and_dropped(caplog):
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) >= 2:
+            raise OSError("sensor went away")
+        return {"system/x": 4.0}
+
+    caplog.set_level(logging.DEBUG, logger="metrics_manager.system")
+    with mm.SystemMonitor(None, sample_fn=flaky) as monitor:
+        monitor.sample()
+        # The second sample fails: the sensor is dropped, the first sample stays.
+        assert monitor.window_values() == {"system/x": 4.0, "system/x/max": 4.0}
+        assert monitor.window_values() == {}
+    assert len(calls) == 2
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == ["SystemMonitor: dropping sensor 'sample_fn' after an error"]
+
+
+class _FakeDevice:
+    def __init__(self, device_id, stats):
+        self.id = device_id
+        self._stats = stats
+
+    def memory_stats(self):
+        if isinstance(self._stats, Exception):
+            raise self._stats
+        return self._stats
+
+    def __str__(self):
+        return f"fake:{self.id}"
+
+
+def test_device_memory_where_memory_stats_gives_a_dict(monkeypatch):
+    monkeypatch.setattr(psutil, "sensors_temperatures", lambda: {}, raising=False)
+    devices = [
+        _FakeDevice(0, None),  # CPU: no statistics
+        _FakeDevice(3, {"bytes_in_use": 3 * MIB, "peak_bytes_in_use": 8 * MIB}),
+        _FakeDevice(5, RuntimeError("unimplemented")),
+    ]
+    with mm.SystemMonitor(None, devices=devices) as monitor:
+        values = monitor.window_values()
+    device_keys = sorted(k for k in values if k.startswith("system/device"))
+    assert device_keys == [
+        "system/device3/memory_in_use_mib",
+        "system/device3/memory_in_use_mib/max",
+        "system/device3/peak_memory_in_use_mib",
+        "system/device3/peak_memory_in_use_mib/max",
+    ]
+    assert values["system/device3/memory_in_use_mib"] == 3.0
+    assert values["system/device3/peak_memory_in_use_mib"] == 8.0
+
+
+def test_jax_cpu_devices_have_no_memory_keys():
+    with mm.SystemMonitor(None) as monitor:  # devices default to jax.local_devices()
+        values = monitor.window_values()
+    if jax.default_backend() == "cpu":
+        assert not [k for k in values if k.startswith("system/device")]
+
+
+def test_cpu_temperature_when_present_and_absent(monkeypatch):
+    groups = {
+        "acpitz": [_Temp("", 40.0, None, None)],
+        "coretemp": [_Temp("Package", 55.0, 90, 100), _Temp("Core 0", 61.0, 90, 100)],
+    }
+    monkeypatch.setattr(psutil, "sensors_temperatures", lambda: groups, raising=False)
+    with mm.SystemMonitor(None, devices=()) as monitor:
+        values = monitor.window_values()
+    assert values["system/cpu_temperature_c"] == 61.0  # coretemp preferred, hottest reading
+
+    for absent in [lambda: {}, lambda: (_ for _ in ()).throw(OSError("no hwmon"))]:
+        monkeypatch.setattr(psutil, "sensors_temperatures", absent, raising=False)
+        with mm.SystemMonitor(None, devices=()) as monitor:
+            values = monitor.window_values()
+        assert "system/cpu_temperature_c" not in values
+        assert "system/process_rss_mib" in values
+
+
+def test_nvml_absent_or_failing_gives_no_gpu_keys(monkeypatch):
+    # On this CPU machine nvidia-ml-py imports but nvmlInit fails (no driver library).
+    with mm.SystemMonitor(None, devices=()) as monitor:
+        values = monitor.window_values()
+    if not _has_nvidia_gpu():
+        assert not [k for k in values if k.startswith("system/gpu")]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
+    with mm.SystemMonitor(None, devices=()) as monitor:
+        values = monitor.window_values()
+    assert not [k for k in values if k.startswith("system/gpu")]
+
+
+def _fake_nvml(calls):
+    class NotSupported(Exception):
+        pass
+
+    def power(handle):
+        if handle == 1:
+            raise NotSupported("power readings not supported")
+        return 312_500  # milliwatts
+
+    return types.SimpleNamespace(
+        NVML_TEMPERATURE_GPU=0,
+        nvmlInit=lambda: calls.append("init"),
+        nvmlShutdown=lambda: calls.append("shutdown"),
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=40 + h, memory=0),
+        nvmlDeviceGetTemperature=lambda h, sensor: 60 + h,
+        nvmlDeviceGetPowerUsage=power,
+    )
+
+
+def test_nvml_path_with_a_fake_library(monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "pynvml", _fake_nvml(calls))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    with mm.SystemMonitor(None, devices=()) as monitor:
+        values = monitor.window_values()
+    gpu = {k: v for k, v in values.items() if k.startswith("system/gpu") and not k.endswith("/max")}
+    assert gpu == {
+        "system/gpu0/utilization_percent": 40.0,
+        "system/gpu0/temperature_c": 60.0,
+        "system/gpu0/power_w": 312.5,
+        "system/gpu1/utilization_percent": 41.0,
+        "system/gpu1/temperature_c": 61.0,  # gpu1 has no power reading: no key, no error
+    }
+    assert calls == ["init", "shutdown"]
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    with mm.SystemMonitor(None, devices=()) as monitor:
+        values = monitor.window_values()
+    assert sorted(k for k in values if k.startswith("system/gpu") and not k.endswith("/max")) == [
+        "system/gpu1/temperature_c",
+        "system/gpu1/utilization_percent",
+    ]
+
+
+def _has_nvidia_gpu() -> bool:
+    try:
+        return any(d.platform == "gpu" for d in jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+@pytest.mark.skipif(not _has_nvidia_gpu(), reason="needs an NVIDIA GPU visible to JAX")
+def test_real_gpu_keys():
+    pytest.importorskip("pynvml")
+    with mm.SystemMonitor(None, devices=jax.devices("gpu")) as monitor:
+        values = monitor.window_values()
+    assert 0 <= values["system/gpu0/utilization_percent"] <= 100
+    assert 0 < values["system/gpu0/temperature_c"] < 120
+    assert values["system/gpu0/power_w"] > 0
+    device = jax.devices("gpu")[0]
+    assert values[f"system/device{device.id}/memory_in_use_mib"] >= 0
+
+
+def test_invalid_arguments():
+    with pytest.raises(ValueError, match=r"interval_s must be > 0 seconds .* got 0"):
+        mm.SystemMonitor(0)
+    with pytest.raises(TypeError, match="sample_fn must be a callable .* got int: 3"):
+        mm.SystemMonitor(None, sample_fn=3)
+
+
+def test_values_read_back_from_jsonl_and_tensorboard(tmp_path):
+    writer = writers.create_default_writer(tmp_path, console=False)
+    written = {}
+    with mm.SystemMonitor(0.05, devices=()) as monitor:
+        for step in (1, 2):
+            _busy(0.15)
+            written[step] = monitor.window_values()
+            writers.write_values(writer, step, written[step])
+    writer.close()
+
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        expected = written[line["step"]]
+        assert {k: line[k] for k in expected} == pytest.approx(expected)
+        assert 0 < line["system/process_cpu_percent"] <= 100 * psutil.cpu_count()
+
+    acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    for key in (
+        "system/process_cpu_percent",
+        "system/process_rss_mib",
+        "system/host_memory_percent",
+    ):
+        assert key in tags and f"{key}/max" in tags
+        events = acc.Scalars(key)
+        assert [e.step for e in events] == [1, 2]
+        assert [e.value for e in events] == pytest.approx(
+            [written[1][key], written[2][key]], rel=1e-6
+        )
+    assert os.path.exists(tmp_path / "metrics.jsonl")
