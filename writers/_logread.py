@@ -23,6 +23,7 @@ import math
 import os
 import struct
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 JSONL_NAME = "metrics.jsonl"
 EVENTS_GLOB = "events.out.tfevents.*"
@@ -184,12 +185,13 @@ def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
                 yield None, int(event.step), value.tag, number
 
 
-def _scalar(value: object) -> float | None:
-    if value.HasField("simple_value"):  # type: ignore[attr-defined]
-        return float(value.simple_value)  # type: ignore[attr-defined]
-    if value.metadata.plugin_data.plugin_name != "scalars":  # type: ignore[attr-defined]
+def _scalar(value: Any) -> float | None:
+    """The number in a `Summary.Value`, or None when it holds something else."""
+    if value.HasField("simple_value"):
+        return float(value.simple_value)
+    if value.metadata.plugin_data.plugin_name != "scalars":
         return None
-    tensor = value.tensor  # type: ignore[attr-defined]
+    tensor = value.tensor
     for field in (tensor.float_val, tensor.double_val):
         if len(field) == 1:
             return float(field[0])

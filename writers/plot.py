@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -40,7 +41,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -248,21 +249,40 @@ def plot_runs(
     return PlotData(keys, series, out, text)
 
 
-def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...] | None:
-    """Size and modification time of every file read; None while there is no run yet."""
-    try:
-        runs = _logread.find_runs(paths)
-    except FileNotFoundError:
-        return None
+def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
+    """Path, size and modification time of every file read (raises while there is no run)."""
     stats = []
-    for run in runs:
+    for run in _logread.find_runs(paths):
         for path in run.files:
-            try:
+            with contextlib.suppress(FileNotFoundError):  # rotated away since it was listed
                 stat = os.stat(path)
-            except FileNotFoundError:
-                continue
-            stats.append((path, stat.st_size, stat.st_mtime_ns))
+                stats.append((path, stat.st_size, stat.st_mtime_ns))
     return tuple(stats)
+
+
+def _follow(
+    paths: Sequence[str], draw: Callable[[], None], interval: float, max_redraws: int
+) -> None:
+    """Calls `draw` whenever the files under `paths` change, until `max_redraws` (0: never).
+
+    Until there is something to draw (no run yet, a key not logged yet), the reason is
+    printed once and the files are checked again.
+    """
+    last: tuple[tuple[str, int, int], ...] | None = None
+    redraws, reported = 0, ""
+    while not max_redraws or redraws < max_redraws:
+        try:
+            signature = _signature(paths)
+            if signature != last:
+                last = signature
+                draw()
+                redraws += 1
+        except (FileNotFoundError, ValueError) as err:
+            if str(err) != reported:
+                reported = str(err)
+                print(f"{err} (--follow: checking every {interval} s)", file=sys.stderr, flush=True)
+        if not max_redraws or redraws < max_redraws:
+            time.sleep(interval)
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:
@@ -294,6 +314,18 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dump_series", help="write the plotted series as JSON on every draw")
     args = parser.parse_args(argv)
     problems = []
+    if not 0 <= args.smoothing < 1:
+        problems.append(
+            f"--smoothing must be in [0, 1) (TensorBoard's slider), got {args.smoothing}"
+        )
+    sizes = {
+        f"--{name}": getattr(args, name) for name in ("width", "height", "dpi", "cols", "rows")
+    }
+    problems += [
+        f"{flag} must be a positive integer, got {v}"
+        for flag, v in sizes.items()
+        if v is not None and v < 1
+    ]
     if not args.interval > 0:
         problems.append(f"--interval must be > 0 seconds, got {args.interval}")
     if args.max_redraws < 0:
@@ -336,32 +368,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
     try:
-        if not args.follow:
+        if args.follow:
+            _follow(args.run_dirs, draw, args.interval, args.max_redraws)
+        else:
             draw()
-            return 0
-        last, redraws, reported = None, 0, ""
-        while True:
-            signature = _signature(args.run_dirs)
-            if signature is not None and signature != last:
-                try:
-                    draw()
-                    last, redraws = signature, redraws + 1
-                except (FileNotFoundError, ValueError) as err:  # nothing to plot yet: wait
-                    if str(err) != reported:
-                        print(
-                            f"{err} (--follow: checking again every {args.interval} s)",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        reported = str(err)
-            if args.max_redraws and redraws >= args.max_redraws:
-                return 0
-            time.sleep(args.interval)
     except (FileNotFoundError, ValueError, ImportError) as err:
         print(err, file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        return 0
+        pass
+    return 0
 
 
 if __name__ == "__main__":

@@ -39,6 +39,9 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
         f"demo_model.TrainConfig.eval_period = {EVAL_PERIOD}",
         "demo_model.TrainConfig.warmup_steps = 5",
         "demo_model.TrainConfig.num_eval_batches = 1",
+        # Smaller than make demo's model: compiling dominates this short run.
+        "demo_model.ModelConfig.num_layers = 1",
+        "demo_model.DataConfig.batch_size = 8",
     ]
     flags = [f"--gin_bindings={b}" for b in bindings] + [f"--gin.TOTAL_STEPS={TOTAL_STEPS}"]
     env = dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise", JAX_PLATFORMS="cpu")
@@ -266,6 +269,10 @@ def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
         load_series([str(tmp_path / "r")], smoothing=1.0)
     result = _plot(str(tmp_path / "r"), "--keys", "nope", "--terminal")
     assert result.returncode == 2 and "available: ['acc', 'loss']" in result.stderr
+    result = _plot(str(tmp_path / "r"), "--follow", "--smoothing", "1", "--width", "0")
+    assert result.returncode == 2  # checked before --follow starts waiting
+    assert "--smoothing must be in [0, 1) (TensorBoard's slider), got 1.0" in result.stderr
+    assert "--width must be a positive integer, got 0" in result.stderr
 
 
 # --- --follow ----------------------------------------------------------------------------
