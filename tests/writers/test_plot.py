@@ -259,7 +259,10 @@ def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
     with pytest.raises(FileNotFoundError) as error:
         load_series([str(tmp_path / "empty"), str(tmp_path / "missing")])
     message = str(error.value)
-    assert f"no metrics.jsonl and no events.out.tfevents.* files in {str(tmp_path / 'empty')!r}" in message
+    assert (
+        f"no metrics.jsonl and no events.out.tfevents.* files in {str(tmp_path / 'empty')!r}"
+        in message
+    )
     assert f"{str(tmp_path / 'missing')!r} is not a directory" in message
     _write_jsonl(str(tmp_path / "r" / "metrics.jsonl"),
                  [{"step": 1, "time": 0.0, "collection": None, "loss": 1.0, "acc": 0.5}])  # fmt: skip
