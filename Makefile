@@ -12,7 +12,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
-	$(PY) -m pip install --quiet -e '.[demo,test,dev]'
+	$(PY) -m pip install --quiet -e '.[demo,plot,test,dev]'
 	touch $(STAMP)
 
 test: $(STAMP)

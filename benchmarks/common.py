@@ -47,6 +47,8 @@ LIBRARIES = (
     "optax",
     "tensorboardX",
     "rich",
+    "matplotlib",
+    "plotext",
     "jax-metrics-manager",
 )
 

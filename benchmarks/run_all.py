@@ -91,6 +91,10 @@ def _system_overhead(quick: bool) -> common.Table:
     from benchmarks import system_overhead  # noqa: PLC0415
 
     return system_overhead.run(quick)
+def _plot_time(quick: bool) -> common.Table:
+    from benchmarks import plot_time  # noqa: PLC0415
+
+    return plot_time.run(quick)
 
 
 BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
@@ -101,6 +105,7 @@ BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "microbatching": _microbatching,
     "memory": _memory,
     "system_overhead": _system_overhead,
+    "plot_time": _plot_time,
 }
 
 

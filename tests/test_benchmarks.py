@@ -25,6 +25,7 @@ from benchmarks import (
     microbatching,
     model,
     overhead,
+    plot_time,
     run_all,
     summary_leaves,
 )
@@ -278,6 +279,21 @@ def test_memory_smoke():
             assert row["ratio"] == row["rss_bytes"] / row["baseline_rss_bytes"]
         assert rows[0]["ratio"] == 1.0
     assert len(table.targets) == 2
+
+
+def test_plot_time_smoke():
+    table = plot_time.run(quick=True, points=200, cli_runs=1)
+    _check_structure(table)
+    rows = {row["variant"]: row for row in table.rows}
+    assert list(rows) == [plot_time.BASELINE, plot_time.READ, plot_time.PNG, plot_time.TERMINAL,
+                          plot_time.CLI]  # fmt: skip
+    baseline = rows[plot_time.BASELINE]["median_s"]
+    for row in table.rows:
+        assert row["points"] == 200 and row["median_s"] > 0
+        assert row["ratio"] == row["median_s"] / baseline
+    assert [t.value for t in table.targets] == [
+        rows[name]["median_s"] for name in (plot_time.PNG, plot_time.TERMINAL, plot_time.CLI)
+    ]
 
 
 # --- run_all ----------------------------------------------------------------------------

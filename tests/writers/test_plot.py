@@ -1,0 +1,323 @@
+"""`python -m writers.plot`: series read back equal the logs, PNG size, terminal plot, --follow.
+
+The demo's output (one short run of `python -m examples.demo`, shared by the tests that
+need it) is plotted and the plotted series are compared with `metrics.jsonl` read by
+`json.loads` and the event files read by TensorBoard's own `EventAccumulator`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing import event_accumulator
+
+import writers
+from writers import _logread
+from writers.plot import load_series, plot_runs, smooth
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOTAL_STEPS = 40
+SUMMARY_PERIOD = 10
+EVAL_PERIOD = 20
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The model dir of a short demo run (train and eval/synthetic runs under it)."""
+    model_dir = str(tmp_path_factory.mktemp("plot") / "demo")
+    bindings = [
+        f"demo_model.TrainConfig.model_dir = '{model_dir}'",
+        f"demo_model.TrainConfig.summary_period = {SUMMARY_PERIOD}",
+        f"demo_model.TrainConfig.eval_period = {EVAL_PERIOD}",
+        "demo_model.TrainConfig.warmup_steps = 5",
+        "demo_model.TrainConfig.num_eval_batches = 1",
+        # Smaller than make demo's model: compiling dominates this short run.
+        "demo_model.ModelConfig.num_layers = 1",
+        "demo_model.DataConfig.batch_size = 8",
+    ]
+    flags = [f"--gin_bindings={b}" for b in bindings] + [f"--gin.TOTAL_STEPS={TOTAL_STEPS}"]
+    env = dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise", JAX_PLATFORMS="cpu")
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.demo", "--gin_file=configs/demo.gin", *flags],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-5000:]
+    return model_dir
+
+
+def _jsonl_series(path: str, key: str) -> tuple[list[int], list[float]]:
+    with open(path) as f:
+        lines = [json.loads(line) for line in f]
+    points = [(line["step"], float(line[key])) for line in lines if key in line]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def _png_size(path: str) -> tuple[int, int]:
+    with open(path, "rb") as f:
+        head = f.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and head[12:16] == b"IHDR", head
+    return struct.unpack(">II", head[16:24])
+
+
+def _plot(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "writers.plot", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _write_jsonl(path: str, lines: list[dict]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "a") as f:
+        f.write("".join(json.dumps(line) + "\n" for line in lines))
+
+
+# --- smoothing -------------------------------------------------------------------------
+
+
+def test_smoothing_is_tensorboards_debiased_ema_and_skips_nan():
+    # w = 0.5: last = 0.5, 1.25, (NaN skipped), 2.625; debiased by 1 - 0.5**n, n = 1, 2, 3.
+    out = smooth([1.0, 2.0, math.nan, 4.0], 0.5)
+    assert out[0] == 0.5 / 0.5
+    assert out[1] == pytest.approx(1.25 / 0.75)
+    assert math.isnan(out[2])
+    assert out[3] == pytest.approx(2.625 / 0.875)
+    assert smooth([3.0, 3.0, 3.0], 0.9).tolist() == [3.0, 3.0, 3.0]  # constant: unchanged
+    assert smooth([1.0, 5.0], 0.0).tolist() == [1.0, 5.0]
+
+
+# --- the demo's output ------------------------------------------------------------------
+
+
+def test_series_equal_the_jsonl_and_png_has_the_asked_size(demo_dir, tmp_path):
+    png = str(tmp_path / "plot.png")
+    data = plot_runs([demo_dir], ["loss", "accuracy"], out=png, width=640, height=480, dpi=80)
+    assert _png_size(png) == (640, 480)
+    assert data.png == png and data.keys == ["loss", "accuracy"]
+    by_label = {s.label: s for s in data.series}
+    assert sorted(by_label) == [
+        "demo/eval/synthetic:accuracy",
+        "demo/eval/synthetic:loss",
+        "demo/train:accuracy",
+        "demo/train:loss",
+    ]
+    for run, sub in (("demo/train", "train"), ("demo/eval/synthetic", "eval/synthetic")):
+        for key in ("loss", "accuracy"):
+            steps, values = _jsonl_series(os.path.join(demo_dir, sub, "metrics.jsonl"), key)
+            series = by_label[f"{run}:{key}"]
+            assert series.steps.tolist() == steps
+            assert series.values.tolist() == values
+            np.testing.assert_allclose(series.smoothed, smooth(values, 0.6))
+    assert by_label["demo/train:loss"].steps.tolist() == [10, 20, 30, 40]
+    assert by_label["demo/eval/synthetic:loss"].steps.tolist() == [20, 40]
+
+
+def test_event_reader_agrees_with_tensorboards_reader(demo_dir):
+    train = os.path.join(demo_dir, "train")
+    (path,) = [os.path.join(train, n) for n in os.listdir(train) if n.startswith("events.")]
+    ours: dict[str, list[tuple[int, float]]] = {}
+    for _, step, tag, value in _logread.read_events(path):
+        ours.setdefault(tag, []).append((step, value))
+    acc = event_accumulator.EventAccumulator(train)
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    assert "loss" in tags and set(ours) == set(tags)
+    for tag in tags:
+        assert ours[tag] == [(e.step, e.value) for e in acc.Scalars(tag)], tag
+    # The same values as the JSONL, to float32 precision (simple_value is a float).
+    steps, values = _jsonl_series(os.path.join(train, "metrics.jsonl"), "loss")
+    assert [s for s, _ in ours["loss"]] == steps
+    np.testing.assert_allclose([v for _, v in ours["loss"]], values, rtol=1e-6)
+
+
+def test_cli_writes_png_and_dumps_the_series(demo_dir, tmp_path):
+    png, dump = str(tmp_path / "cli.png"), str(tmp_path / "series.json")
+    result = _plot(demo_dir, "--keys", "loss", "--out", png, "--dump_series", dump,
+                   "--width", "300", "--height", "200", "--smoothing", "0")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {png} (2 series of loss)" in result.stdout
+    assert _png_size(png) == (300, 200)
+    with open(dump) as f:
+        series = {s["label"]: s for s in json.load(f)["series"]}
+    steps, values = _jsonl_series(os.path.join(demo_dir, "train", "metrics.jsonl"), "loss")
+    assert series["demo/train:loss"]["steps"] == steps
+    assert series["demo/train:loss"]["values"] == values == series["demo/train:loss"]["smoothed"]
+
+
+def test_terminal_mode_prints_a_plot_of_each_key(demo_dir):
+    result = _plot(os.path.join(demo_dir, "train"), "--terminal", "--cols", "90", "--rows", "30")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "\x1b[" not in result.stdout  # no colors when stdout is not a terminal
+    assert [line.strip() for line in lines if line.strip() in ("loss", "accuracy")] == [
+        "loss",
+        "accuracy",
+    ]
+    assert sum("┤" in line for line in lines) >= 4  # y ticks of both panels
+    assert sum(line.lstrip().startswith("└") for line in lines) == 2  # two x axes
+    assert max(len(line) for line in lines) <= 90
+    assert not os.path.exists(os.path.join(REPO, "plot.png"))  # --terminal alone: no PNG
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def test_jsonl_reading_keeps_last_value_per_step_and_skips_partial_lines(tmp_path):
+    path = str(tmp_path / "exp" / "train" / "metrics.jsonl")
+    _write_jsonl(path, [
+        {"step": None, "time": 0.0, "collection": "train", "hparams": {"lr": 0.1}},
+        {"step": 0, "time": 0.0, "collection": "train", "config": "text", "flag": True},
+        {"step": 1, "time": 0.0, "collection": "train", "loss": 4.0, "acc": 0},
+        {"step": 2, "time": 0.0, "collection": "train", "loss": "NaN", "acc": 0.5},
+        {"step": 2, "time": 0.0, "collection": "train", "loss": 2.0},  # resumed: repeats 2
+        {"step": 3, "time": 0.0, "collection": "train", "loss": "Infinity"},
+    ])  # fmt: skip
+    with open(path, "a") as f:
+        f.write("\n" + '{"step": 4, "time": 0.0, "collection": "train", "loss": 1.')  # torn
+    keys, series = load_series([str(tmp_path / "exp")], smoothing=0.0)
+    assert keys == ["loss"]  # the default: loss and accuracy, those present
+    (loss,) = series
+    assert loss.run == "exp/train"
+    assert loss.steps.tolist() == [1, 2, 3]
+    assert loss.values.tolist() == [4.0, 2.0, math.inf]
+    keys, series = load_series([str(tmp_path / "exp" / "train")], ["acc"], smoothing=0.0)
+    assert [(s.run, s.steps.tolist(), s.values.tolist()) for s in series] == [
+        ("exp/train", [1, 2], [0.0, 0.5])
+    ]
+
+
+def test_default_keys_without_loss_are_the_first_few(tmp_path):
+    _write_jsonl(str(tmp_path / "r" / "metrics.jsonl"), [
+        {"step": 1, "time": 0.0, "collection": None, "a": 1, "b": 2, "c": 3, "d": 4, "e": 5},
+    ])  # fmt: skip
+    keys, _ = load_series([str(tmp_path / "r")])
+    assert keys == ["a", "b", "c", "d"]
+
+
+def test_runs_of_several_experiments_are_labelled_apart(tmp_path):
+    for exp in ("a", "b"):
+        _write_jsonl(str(tmp_path / exp / "train" / "metrics.jsonl"),
+                     [{"step": 1, "time": 0.0, "collection": "train", "loss": 1.0}])  # fmt: skip
+    _, series = load_series([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert [s.label for s in series] == ["a/train:loss", "b/train:loss"]
+    # Two experiments of the same name: the labels fall back to the paths.
+    for parent in ("x", "y"):
+        _write_jsonl(str(tmp_path / parent / "exp" / "train" / "metrics.jsonl"),
+                     [{"step": 1, "time": 0.0, "collection": "train", "loss": 1.0}])  # fmt: skip
+    _, series = load_series([str(tmp_path / "x" / "exp"), str(tmp_path / "y" / "exp")])
+    assert [s.run for s in series] == [
+        os.path.relpath(tmp_path / "x" / "exp" / "train"),
+        os.path.relpath(tmp_path / "y" / "exp" / "train"),
+    ]
+
+
+def test_event_files_are_read_when_there_is_no_jsonl_and_truncation_is_tolerated(tmp_path):
+    logdir = str(tmp_path / "tb" / "train")
+    w = writers.TensorBoardWriter(logdir)
+    for step in (1, 2, 3):
+        w.write_scalars(step, {"loss": 1.0 / step, "nan": math.nan})
+    w.write_texts(3, {"note": "text is not a scalar"})
+    w.close()
+    keys, series = load_series([str(tmp_path / "tb")], ["loss", "nan"], smoothing=0.0)
+    loss, nan = series
+    assert loss.run == "tb/train" and loss.steps.tolist() == [1, 2, 3]
+    np.testing.assert_allclose(loss.values, [1.0, 0.5, 1 / 3], rtol=1e-7)
+    assert np.isnan(nan.values).all()
+    # A record still being written (cut short) is left for the next read.
+    with open(w.path, "rb") as f:
+        data = f.read()
+    with open(w.path, "wb") as f:
+        f.write(data[:-10])
+    _, (loss,) = load_series([logdir], ["loss"])
+    assert loss.steps.tolist() == [1, 2, 3]  # only the text event was cut
+    with open(w.path, "wb") as f:
+        f.write(data[:-60].replace(b"loss", b"lost"))
+    with pytest.raises(ValueError, match="fails its CRC check"):
+        load_series([logdir], ["loss"])
+
+
+# --- errors ----------------------------------------------------------------------------
+
+
+def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as error:
+        load_series([str(tmp_path / "empty"), str(tmp_path / "missing")])
+    message = str(error.value)
+    assert (
+        f"no metrics.jsonl and no events.out.tfevents.* files in {str(tmp_path / 'empty')!r}"
+        in message
+    )
+    assert f"{str(tmp_path / 'missing')!r} is not a directory" in message
+    _write_jsonl(str(tmp_path / "r" / "metrics.jsonl"),
+                 [{"step": 1, "time": 0.0, "collection": None, "loss": 1.0, "acc": 0.5}])  # fmt: skip
+    with pytest.raises(ValueError, match=r"key\(s\) \['nope'\]; available: \['acc', 'loss'\]"):
+        load_series([str(tmp_path / "r")], ["loss", "nope"])
+    with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\)"):
+        load_series([str(tmp_path / "r")], smoothing=1.0)
+    result = _plot(str(tmp_path / "r"), "--keys", "nope", "--terminal")
+    assert result.returncode == 2 and "available: ['acc', 'loss']" in result.stderr
+    result = _plot(str(tmp_path / "r"), "--follow", "--smoothing", "1", "--width", "0")
+    assert result.returncode == 2  # checked before --follow starts waiting
+    assert "--smoothing must be in [0, 1) (TensorBoard's slider), got 1.0" in result.stderr
+    assert "--width must be a positive integer, got 0" in result.stderr
+
+
+# --- --follow ----------------------------------------------------------------------------
+
+
+def test_follow_redraws_when_the_log_grows(tmp_path):
+    path = str(tmp_path / "exp" / "train" / "metrics.jsonl")
+    _write_jsonl(path, [{"step": s, "time": 0.0, "collection": "train", "loss": 1.0 / s}
+                        for s in (1, 2, 3)])  # fmt: skip
+    png, dump = str(tmp_path / "f.png"), str(tmp_path / "f.json")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "writers.plot", str(tmp_path / "exp"), "--follow",
+         "--interval", "0.1", "--max_redraws", "2", "--out", png, "--dump_series", dump,
+         "--smoothing", "0", "--width", "200", "--height", "150"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.exists(dump) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with open(dump) as f:
+            assert json.load(f)["series"][0]["steps"] == [1, 2, 3]
+        _write_jsonl(path, [{"step": s, "time": 0.0, "collection": "train", "loss": 1.0 / s}
+                            for s in (4, 5)])  # fmt: skip
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    assert stdout.count(f"wrote {png}") == 2
+    with open(dump) as f:
+        (series,) = json.load(f)["series"]
+    assert series["steps"] == [1, 2, 3, 4, 5]
+    assert series["values"] == [1.0, 0.5, 1 / 3, 0.25, 0.2]
+    assert _png_size(png) == (200, 150)
+
+
+# --- imports -----------------------------------------------------------------------------
+
+
+def test_import_writers_and_writers_plot_load_no_plotting_library():
+    script = "import sys, writers, writers.plot\nprint(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
+    loaded = {name.split(".")[0] for name in out.stdout.split()}
+    assert {"writers"} <= loaded
+    assert loaded.isdisjoint({"matplotlib", "plotext", "tensorboardX", "tensorboard"})

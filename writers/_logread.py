@@ -1,0 +1,201 @@
+"""Reads scalar series back from run directories: `metrics.jsonl` and TensorBoard event files.
+
+The reading half of `writers.plot`, usable on its own:
+
+    runs = find_runs(["runs/demo"])           # runs/demo/train, runs/demo/eval/synthetic
+    scalars = read_run(runs[0].path)          # {(collection, key): {step: value}}
+
+A run is a directory holding `metrics.jsonl` or `events.out.tfevents.*` files; when it
+holds both, only the JSONL is read (it is the same data, and cheaper to parse). Both
+readers tolerate a file that is still being written: a partial last JSONL line or a
+truncated last event record is skipped and read on the next call. A step written twice
+(a resumed run appends to the same log) keeps its last value, as TensorBoard does.
+Event files are read with a small reader of the TFRecord framing and tensorboardX's
+`Event` proto: neither TensorFlow nor the `tensorboard` package is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import struct
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+JSONL_NAME = "metrics.jsonl"
+EVENTS_GLOB = "events.out.tfevents.*"
+# The JSONL writer's spellings of non-finite floats (writers/jsonl.py).
+_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+# {(collection, key): {step: value}}; collection is None when a log does not set one.
+Scalars = dict[tuple[str | None, str], dict[int, float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run directory found under a path given by the user.
+
+    Attributes:
+      label: `<experiment>/<subdir>`, e.g. `demo/train` or `demo/eval/synthetic`.
+      path: the directory.
+      files: the files read for it: `[metrics.jsonl]`, else its event files.
+    """
+
+    label: str
+    path: str
+    files: tuple[str, ...]
+
+
+def run_files(directory: str) -> tuple[str, ...]:
+    """The files to read in `directory`: its JSONL log if any, else its event files."""
+    jsonl = os.path.join(directory, JSONL_NAME)
+    if os.path.isfile(jsonl):
+        return (jsonl,)
+    return tuple(sorted(glob.glob(os.path.join(glob.escape(directory), EVENTS_GLOB))))
+
+
+def find_runs(paths: Sequence[str]) -> list[Run]:
+    """Every run directory at or under `paths`, in path order.
+
+    A path that is itself a run is labelled `<parent>/<name>` (`runs/demo/train` ->
+    `demo/train`); runs found below a path `P` are labelled `<name of P>/<relative path>`
+    (`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Labels that would collide (two
+    experiments with the same name) fall back to the directories' paths.
+
+    Raises:
+      FileNotFoundError: a path does not exist, or holds no `metrics.jsonl` and no event
+        files at any depth.
+    """
+    problems = []
+    found: list[tuple[str, str, tuple[str, ...]]] = []
+    for given in paths:
+        root = os.path.abspath(given)
+        if not os.path.isdir(root):
+            problems.append(f"{given!r} is not a directory")
+            continue
+        before = len(found)
+        for directory, subdirs, _ in os.walk(root):
+            subdirs.sort()
+            files = run_files(directory)
+            if not files:
+                continue
+            if directory == root:
+                label = os.path.join(
+                    os.path.basename(os.path.dirname(root)), os.path.basename(root)
+                )
+            else:
+                label = os.path.join(os.path.basename(root), os.path.relpath(directory, root))
+            found.append((label.replace(os.sep, "/"), directory, files))
+        if len(found) == before:
+            problems.append(
+                f"no {JSONL_NAME} and no {EVENTS_GLOB} files in {given!r} or any directory below it"
+            )
+    if problems:
+        raise FileNotFoundError(
+            "writers.plot: expected run directories (holding metrics.jsonl or TensorBoard event "
+            "files, e.g. runs/demo/train) or experiment directories containing them (runs/demo); "
+            + "; ".join(problems)
+            + ". Pass the model_dir a training run wrote to."
+        )
+    labels = [label for label, _, _ in found]
+    if len(set(labels)) < len(labels):
+        labels = [os.path.relpath(directory) for _, directory, _ in found]
+    return [Run(label, d, f) for label, (_, d, f) in zip(labels, found, strict=True)]
+
+
+def read_run(run: Run) -> Scalars:
+    """The scalar series of one run, from its JSONL log or else its event files."""
+    scalars: Scalars = {}
+    for path in run.files:
+        points = read_jsonl(path) if path.endswith(".jsonl") else read_events(path)
+        for collection, step, key, value in points:
+            scalars.setdefault((collection, key), {})[step] = value  # the last one wins
+    return scalars
+
+
+def read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
+    """`(collection, step, key, value)` for every number in a JSONL log, in file order.
+
+    Lines without a step (hyperparameters), blank lines and a partially written last line
+    are skipped; texts and summarized arrays are not scalars and are skipped too.
+    """
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                return  # still being written: read it next time
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a blank line, or one torn by a crash
+            step = record.get("step")
+            if not isinstance(step, int):
+                continue
+            collection = record.get("collection")
+            for key, value in record.items():
+                if key in ("step", "time", "collection") or isinstance(value, bool):
+                    continue
+                if isinstance(value, int | float):
+                    yield collection, step, key, float(value)
+                elif isinstance(value, str) and value in _NON_FINITE:
+                    yield collection, step, key, _NON_FINITE[value]
+
+
+def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
+    """`(None, step, tag, value)` for every scalar in a TensorBoard event file.
+
+    Scalars are `simple_value`s (what `TensorBoardWriter` and tensorboardX write) or
+    one-element float tensors of the scalars plugin (what TensorFlow 2 writes). A
+    truncated last record (a file being written) ends the reading.
+
+    Raises:
+      ValueError: a record's checksum does not match (a corrupted file).
+    """
+    from tensorboardX.proto import event_pb2  # noqa: PLC0415  (only when event files are read)
+
+    from writers._records import masked_crc32c  # noqa: PLC0415  (imports tensorboardX)
+
+    with open(path, "rb") as f:
+        data = f.read()
+    offset = 0
+    while offset + 12 <= len(data):
+        header = data[offset : offset + 8]
+        (length,) = struct.unpack("<Q", header)
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return  # still being written
+        (header_crc,) = struct.unpack("<I", data[offset + 8 : offset + 12])
+        payload = data[offset + 12 : offset + 12 + length]
+        (payload_crc,) = struct.unpack("<I", data[end - 4 : end])
+        if header_crc != masked_crc32c(header) or payload_crc != masked_crc32c(payload):
+            raise ValueError(
+                f"writers.plot: record at byte {offset} of {path!r} fails its CRC check; "
+                "expected TFRecord-framed events. The file is corrupted: move it out of the run "
+                "directory to plot the others."
+            )
+        offset = end
+        event = event_pb2.Event.FromString(payload)
+        if not event.HasField("summary"):
+            continue
+        for value in event.summary.value:
+            number = _scalar(value)
+            if number is not None:
+                yield None, int(event.step), value.tag, number
+
+
+def _scalar(value: Any) -> float | None:
+    """The number in a `Summary.Value`, or None when it holds something else."""
+    if value.HasField("simple_value"):
+        return float(value.simple_value)
+    if value.metadata.plugin_data.plugin_name != "scalars":
+        return None
+    tensor = value.tensor
+    for field in (tensor.float_val, tensor.double_val):
+        if len(field) == 1:
+            return float(field[0])
+    fmt = {1: "<f", 2: "<d"}.get(tensor.dtype)  # DT_FLOAT, DT_DOUBLE
+    if fmt and len(tensor.tensor_content) == struct.calcsize(fmt):
+        return float(struct.unpack(fmt, tensor.tensor_content)[0])
+    return None

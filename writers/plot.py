@@ -1,0 +1,384 @@
+"""Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
+
+Reads `metrics.jsonl` (or, where a run has none, its TensorBoard event files) of one or
+more runs and draws one panel per key, every run's series overlaid: train and eval of an
+experiment, and several experiments side by side. Curves are smoothed as TensorBoard's
+scalar dashboard smooths them (a debiased exponential moving average), with the raw
+values drawn faintly behind.
+
+Usage:
+    python -m writers.plot runs/demo                          # loss and accuracy -> plot.png
+    python -m writers.plot runs/demo runs/other --keys loss,learning_rate --out cmp.png
+    python -m writers.plot runs/demo --terminal               # over ssh: a text plot
+    python -m writers.plot runs/demo --terminal --follow      # redraw as the logs grow
+
+A path is a run directory (holding `metrics.jsonl` or event files, e.g.
+`runs/demo/train`) or an experiment directory whose runs are found below it
+(`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Series are labelled
+`<run>:<key>`. Needs the `plot` extra (`pip install 'jax-metrics-manager[plot]'`):
+matplotlib for PNGs, plotext for the terminal.
+
+Example:
+  >>> import tempfile, writers
+  >>> from writers.plot import plot_runs
+  >>> logdir = tempfile.mkdtemp()
+  >>> w = writers.JsonlWriter(f"{logdir}/train/metrics.jsonl", collection="train")
+  >>> for step in (1, 2, 3): w.write_scalars(step, {"loss": 1.0 / step})
+  >>> w.close()
+  >>> data = plot_runs([logdir], smoothing=0.0)
+  >>> [(s.key, s.steps.tolist(), s.values.tolist()) for s in data.series]
+  [('loss', [1, 2, 3], [1.0, 0.5, 0.3333333333333333])]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from writers import _logread
+
+DEFAULT_KEYS = ("loss", "accuracy")
+MAX_DEFAULT_KEYS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Series:
+    """One plotted line: a key of one run against step.
+
+    Attributes:
+      run: the run's label, e.g. `demo/train`.
+      key: the metric, e.g. `loss`.
+      steps: the steps, increasing.
+      values: the logged values at those steps (NaN where the log has NaN).
+      smoothed: `values` smoothed as TensorBoard does (`smooth`).
+    """
+
+    run: str
+    key: str
+    steps: np.ndarray
+    values: np.ndarray
+    smoothed: np.ndarray
+
+    @property
+    def label(self) -> str:
+        """`<run>:<key>`, the legend entry."""
+        return f"{self.run}:{self.key}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotData:
+    """What one call of `plot_runs` drew.
+
+    Attributes:
+      keys: the keys plotted, one panel each, in order.
+      series: every line drawn, in panel order.
+      png: the PNG written, or None.
+      text: the terminal plot (what `--terminal` prints), or None.
+    """
+
+    keys: list[str]
+    series: list[Series]
+    png: str | None = None
+    text: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The series as JSON-ready data; non-finite floats as `"NaN"` / `"Infinity"`, as in JSONL."""
+
+        def numbers(array: np.ndarray) -> list[Any]:
+            return [
+                x if math.isfinite(x) else str(x).replace("inf", "Infinity").replace("nan", "NaN")
+                for x in array.tolist()
+            ]
+
+        return {
+            "keys": self.keys,
+            "png": self.png,
+            "series": [
+                {
+                    "run": s.run,
+                    "key": s.key,
+                    "label": s.label,
+                    "steps": s.steps.tolist(),
+                    "values": numbers(s.values),
+                    "smoothed": numbers(s.smoothed),
+                }
+                for s in self.series
+            ],
+        }
+
+
+def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's scalar smoothing: a debiased exponential moving average.
+
+    `last = last * weight + (1 - weight) * value`, divided by `1 - weight**n` after `n`
+    finite values; non-finite values are left as they are and not averaged in. A constant
+    series is returned as it is (TensorBoard does the same).
+
+    Example:
+      >>> smooth([1.0, 0.0], 0.5).tolist()  # (0.5 * 0.5 + 0) / (1 - 0.25)
+      [1.0, 0.3333333333333333]
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if weight == 0 or values.size == 0 or np.all(values == values[0]):
+        return values.copy()
+    out = values.copy()
+    last, count = 0.0, 0
+    for i, value in enumerate(values.tolist()):
+        if math.isfinite(value):
+            last = last * weight + (1 - weight) * value
+            count += 1
+            out[i] = last / (1 - weight**count)
+    return out
+
+
+def load_series(
+    paths: Sequence[str], keys: Sequence[str] | None = None, smoothing: float = 0.6
+) -> tuple[list[str], list[Series]]:
+    """The keys to plot and their series, read from the runs at or under `paths`.
+
+    Args:
+      paths: run or experiment directories (see module docstring).
+      keys: metrics to plot; None for `loss` and `accuracy` (those present), or the
+        first few keys when neither is logged.
+      smoothing: TensorBoard's smoothing weight, 0 (none) to below 1.
+
+    Returns:
+      The keys, and one series per run that logged each key (runs in path order).
+
+    Raises:
+      FileNotFoundError: no run directory at or under a path.
+      ValueError: a key no run logged (the message lists those that were), no scalars
+        logged yet, or `smoothing` outside [0, 1).
+    """
+    if not 0 <= smoothing < 1:
+        raise ValueError(
+            f"writers.plot: smoothing must be in [0, 1) (TensorBoard's slider), got "
+            f"{smoothing!r}; 0 draws the raw values, 0.6 is TensorBoard's default."
+        )
+    table: dict[str, list[tuple[str, dict[int, float]]]] = {}
+    for run in _logread.find_runs(paths):
+        scalars = _logread.read_run(run)
+        several = len({collection for collection, _ in scalars}) > 1
+        for (collection, key), points in scalars.items():
+            label = f"{run.label}[{collection}]" if several else run.label
+            table.setdefault(key, []).append((label, points))
+    if not table:
+        raise ValueError(
+            f"writers.plot: no scalars logged yet under {list(paths)}; expected JSONL lines "
+            "with numbers or scalar events. Wait for the first summary, or use --follow."
+        )
+    if keys is None:
+        keys = [key for key in DEFAULT_KEYS if key in table] or list(table)[:MAX_DEFAULT_KEYS]
+    unknown = [key for key in keys if key not in table]
+    if unknown:
+        raise ValueError(
+            f"writers.plot: no run under {list(paths)} logged the key(s) {unknown}; "
+            f"available: {sorted(table)}. Pick some of those with --keys."
+        )
+    series = []
+    for key in keys:
+        for label, points in table[key]:
+            steps = np.array(sorted(points), dtype=np.int64)
+            values = np.array([points[step] for step in steps.tolist()], dtype=np.float64)
+            series.append(Series(label, key, steps, values, smooth(values, smoothing)))
+    return list(keys), series
+
+
+def plot_runs(
+    paths: Sequence[str],
+    keys: Sequence[str] | None = None,
+    *,
+    out: str | None = None,
+    terminal: bool = False,
+    smoothing: float = 0.6,
+    width: int = 1200,
+    height: int = 800,
+    dpi: int = 100,
+    cols: int | None = None,
+    rows: int | None = None,
+    color: bool = False,
+) -> PlotData:
+    """Reads the runs at or under `paths` and draws `keys` against step.
+
+    Args:
+      paths: run or experiment directories (see module docstring).
+      keys: metrics to plot (None: `loss` and `accuracy`, or the first few keys).
+      out: PNG file to write (replaced atomically), or None for no PNG.
+      terminal: also render a text plot (returned as `PlotData.text`, not printed).
+      smoothing: TensorBoard's smoothing weight in [0, 1).
+      width: PNG width in pixels.
+      height: PNG height in pixels.
+      dpi: PNG resolution (fonts scale with it).
+      cols: text plot width in characters (None: the terminal's).
+      rows: text plot height in lines (None: the terminal's, less two).
+      color: ANSI colors in the text plot.
+
+    Returns:
+      The keys and series drawn, the PNG path and the text plot.
+
+    Raises:
+      FileNotFoundError, ValueError: as `load_series`; ValueError also for a size < 1.
+      ImportError: matplotlib (PNG) or plotext (terminal) is not installed.
+    """
+    sizes = {"width": width, "height": height, "dpi": dpi, "cols": cols, "rows": rows}
+    bad = {name: v for name, v in sizes.items() if v is not None and not (int(v) == v and v >= 1)}
+    if bad:
+        raise ValueError(f"writers.plot: sizes must be positive integers, got {bad}.")
+    keys, series = load_series(paths, keys, smoothing)
+    text = None
+    if out is not None:
+        from writers import _draw  # noqa: PLC0415  (matplotlib only when a PNG is asked for)
+
+        _draw.png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
+    if terminal:
+        from writers import _draw  # noqa: PLC0415
+
+        size = shutil.get_terminal_size((100, 32))
+        text = _draw.text(keys, series, cols or size.columns, rows or max(size.lines - 2, 8), color)
+    return PlotData(keys, series, out, text)
+
+
+def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
+    """Path, size and modification time of every file read (raises while there is no run)."""
+    stats = []
+    for run in _logread.find_runs(paths):
+        for path in run.files:
+            with contextlib.suppress(FileNotFoundError):  # rotated away since it was listed
+                stat = os.stat(path)
+                stats.append((path, stat.st_size, stat.st_mtime_ns))
+    return tuple(stats)
+
+
+def _follow(
+    paths: Sequence[str], draw: Callable[[], None], interval: float, max_redraws: int
+) -> None:
+    """Calls `draw` whenever the files under `paths` change, until `max_redraws` (0: never).
+
+    Until there is something to draw (no run yet, a key not logged yet), the reason is
+    printed once and the files are checked again.
+    """
+    last: tuple[tuple[str, int, int], ...] | None = None
+    redraws, reported = 0, ""
+    while not max_redraws or redraws < max_redraws:
+        try:
+            signature = _signature(paths)
+            if signature != last:
+                last = signature
+                draw()
+                redraws += 1
+        except (FileNotFoundError, ValueError) as err:
+            if str(err) != reported:
+                reported = str(err)
+                print(f"{err} (--follow: checking every {interval} s)", file=sys.stderr, flush=True)
+        if not max_redraws or redraws < max_redraws:
+            time.sleep(interval)
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)  # a reader never sees a half-written file
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m writers.plot", description=(__doc__ or "").split("\n\n")[0]
+    )
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run or experiment dirs")
+    parser.add_argument("--keys", default="", help="comma-separated keys (default: loss,accuracy)")
+    parser.add_argument("--out", help="PNG to write (default plot.png, unless --terminal)")
+    parser.add_argument("--terminal", action="store_true", help="print a text plot")
+    parser.add_argument("--smoothing", type=float, default=0.6, help="TensorBoard's, in [0, 1)")
+    parser.add_argument("--width", type=int, default=1200, help="PNG width in pixels")
+    parser.add_argument("--height", type=int, default=800, help="PNG height in pixels")
+    parser.add_argument("--dpi", type=int, default=100, help="PNG dots per inch")
+    parser.add_argument("--cols", type=int, help="text plot width (default: the terminal's)")
+    parser.add_argument("--rows", type=int, help="text plot height (default: the terminal's)")
+    parser.add_argument("--follow", action="store_true", help="redraw when the logs grow")
+    parser.add_argument("--interval", type=float, default=2.0, help="--follow: seconds per check")
+    parser.add_argument(
+        "--max_redraws", type=int, default=0, help="--follow: stop after N (0: never)"
+    )
+    parser.add_argument("--dump_series", help="write the plotted series as JSON on every draw")
+    args = parser.parse_args(argv)
+    problems = []
+    if not 0 <= args.smoothing < 1:
+        problems.append(
+            f"--smoothing must be in [0, 1) (TensorBoard's slider), got {args.smoothing}"
+        )
+    sizes = {
+        f"--{name}": getattr(args, name) for name in ("width", "height", "dpi", "cols", "rows")
+    }
+    problems += [
+        f"{flag} must be a positive integer, got {v}"
+        for flag, v in sizes.items()
+        if v is not None and v < 1
+    ]
+    if not args.interval > 0:
+        problems.append(f"--interval must be > 0 seconds, got {args.interval}")
+    if args.max_redraws < 0:
+        problems.append(f"--max_redraws must be >= 0 (0: never stop), got {args.max_redraws}")
+    if problems:
+        parser.error("; ".join(problems))
+    if args.out is None and not args.terminal:
+        args.out = "plot.png"
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line (see module docstring); returns the exit status."""
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    keys = [key for key in args.keys.split(",") if key] or None
+    clear = args.follow and args.terminal and sys.stdout.isatty()
+
+    def draw() -> None:
+        data = plot_runs(
+            args.run_dirs,
+            keys,
+            out=args.out,
+            terminal=args.terminal,
+            smoothing=args.smoothing,
+            width=args.width,
+            height=args.height,
+            dpi=args.dpi,
+            cols=args.cols,
+            rows=args.rows,
+            color=sys.stdout.isatty(),
+        )
+        if args.dump_series:
+            _write_json(args.dump_series, data.to_json())
+        if data.text is not None:
+            print(("\x1b[H\x1b[2J" if clear else "") + data.text, flush=True)
+        if data.png and not clear:
+            print(
+                f"wrote {data.png} ({len(data.series)} series of {', '.join(data.keys)})",
+                flush=True,
+            )
+
+    try:
+        if args.follow:
+            _follow(args.run_dirs, draw, args.interval, args.max_redraws)
+        else:
+            draw()
+    except (FileNotFoundError, ValueError, ImportError) as err:
+        print(err, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
