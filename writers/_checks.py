@@ -31,7 +31,7 @@ def check_step(step: Any, method: str = "write") -> int:
       TypeError: `step` is not an integer (a float, a string, a bool...).
       ValueError: `step` is negative.
     """
-    if type(step) is int and step >= 0:  # the common case: no ABC isinstance checks
+    if type(step) is int and 0 <= step < MAX_STEP:  # the common case: no ABC isinstance checks
         return step
     value = step
     if isinstance(value, np.ndarray) or _looks_like_array(value):
@@ -49,7 +49,27 @@ def check_step(step: Any, method: str = "write") -> int:
             f"{method}: step must be a non-negative integer, got {value}. Steps count "
             "from 0; check the step counter you pass in."
         )
+    if value >= MAX_STEP:
+        raise ValueError(
+            f"{method}: step must be below 2**63 (TensorBoard and JSONL readers store steps "
+            f"as int64), got {value}. Check the step counter you pass in."
+        )
     return value
+
+
+MAX_STEP = 2**63
+"""Steps are int64 in TensorBoard's event proto; 2**63 and above read back wrong."""
+
+
+class Checked(dict):  # type: ignore[type-arg]
+    """A mapping already checked at a public entry point (keys, step, values converted).
+
+    The manager checks a call's values once and hands its writers a `Checked`; backends
+    built on `writers._base.BaseWriter` skip their own checks for it. Any other writer
+    just sees a dict.
+    """
+
+    __slots__ = ()
 
 
 def check_keys(values: Any, method: str) -> None:
@@ -68,12 +88,7 @@ def check_keys(values: Any, method: str) -> None:
             f"{method}: expected a mapping from name to value, got "
             f"{type(values).__name__}. Wrap the value, e.g. {{'loss': value}}."
         )
-    if {*map(type, values)} <= _STR_TYPE and _VALID_KEYS.issuperset(values):
-        return  # every key is an exact str already seen valid: two C-level passes
     if all(type(k) is str and k and not k.isspace() for k in values):
-        if len(_VALID_KEYS) >= _MAX_CACHED_KEYS:  # unbounded key sets: keep memory bounded
-            _VALID_KEYS.clear()
-        _VALID_KEYS.update(values)
         return  # the common case, in one pass
     problems: list[tuple[type[Exception], str]] = []
     bad_types = [k for k in values if not isinstance(k, str)]
@@ -92,31 +107,6 @@ def check_keys(values: Any, method: str) -> None:
             )
         )
     _raise_all(problems, method)
-
-
-# Keys (exact `str`, non-empty, not only whitespace) that `check_keys` accepted:
-# summaries repeat the same keys every step, so later calls only look them up.
-# Only exact `str` keys are trusted, so a key object that merely compares equal
-# to a cached name is still checked in full.
-_VALID_KEYS: set[str] = set()
-_STR_TYPE = frozenset({str})
-_MAX_CACHED_KEYS = 100_000
-
-
-def known_good(step: Any, values: Any) -> bool:
-    """True when `check_call(..., step, values)` would pass, by cheap tests only.
-
-    That is: `step` is a non-negative int and `values` a dict whose keys are all
-    exact strs that `check_keys` accepted before. False means "not known", not
-    "bad": run the full check then (it builds the error message).
-    """
-    return (
-        type(step) is int
-        and step >= 0
-        and type(values) is dict
-        and {*map(type, values)} <= _STR_TYPE
-        and _VALID_KEYS.issuperset(values)
-    )
 
 
 def check_call(method: str, step: Any, values: Any) -> int:
@@ -212,8 +202,8 @@ def to_number(key: str, value: Any) -> int | float:
     if convert is not None:  # numpy scalars and bool, without ABC isinstance checks
         return convert(value)
     if isinstance(value, np.generic):
-        if isinstance(value, np.floating):
-            return float(value)
+        if isinstance(value, np.floating) or _is_ml_float(value.dtype):
+            return float(value)  # bfloat16 and float8 widen to float exactly
         if isinstance(value, np.integer | np.bool_):
             return int(value)
     elif isinstance(value, np.ndarray) or _looks_like_array(value):
@@ -223,7 +213,7 @@ def to_number(key: str, value: Any) -> int | float:
                 f"scalar {key!r} must hold exactly one number, got an array of shape "
                 f"{arr.shape}. Reduce it first (e.g. .mean()) or write it as a histogram."
             )
-        if np.issubdtype(arr.dtype, np.floating):
+        if np.issubdtype(arr.dtype, np.floating) or _is_ml_float(arr.dtype):
             return float(arr.reshape(()))
         if np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
             return int(arr.reshape(()))
@@ -425,6 +415,11 @@ def images_as_uint8(arr: np.ndarray) -> np.ndarray:
         return np.clip(arr, 0, 255).astype(np.uint8)
     scaled = np.nan_to_num(arr.astype(np.float64), nan=0.0) * 255.0
     return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+
+def _is_ml_float(dtype: Any) -> bool:
+    """bfloat16 and float8 (ml_dtypes, as JAX uses them) are floats NumPy does not know."""
+    return np.dtype(dtype).name.startswith(("bfloat16", "float8"))
 
 
 def _looks_like_array(value: Any) -> bool:

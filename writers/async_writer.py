@@ -1,6 +1,8 @@
 """`AsyncWriter`: runs a writer's calls on one ordered background thread.
 
-Each `AsyncWriter` owns one worker thread and one bounded queue. Every write is
+Each `AsyncWriter` owns one `writers._worker.OrderedWorker` (the worker `MetricsManager`
+uses too): one thread and one bounded queue. Use it for a writer used on its own; under a
+`MetricsManager` writers are called from the manager's worker already, so wrap nothing. Every write is
 checked (step and keys) on the caller's thread, then queued and run by the worker
 in call order, so the training loop does not wait on disks or terminals.
 
@@ -28,16 +30,13 @@ Example:
 
 from __future__ import annotations
 
-import queue
 import threading
 from collections.abc import Mapping
 from typing import Any
 
 from writers import _checks, _exit
+from writers._worker import OrderedWorker
 from writers.interface import Array, MetricWriter, Scalar, WriterClosedError, WriterError
-
-_STOP = object()
-
 
 class AsyncWriter(MetricWriter):
     """Runs every call of `writer` on a background thread, in order.
@@ -61,15 +60,11 @@ class AsyncWriter(MetricWriter):
                 "bounds the calls waiting for the worker; 128 suits most loops."
             )
         self._writer = writer
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._errors: list[tuple[str, BaseException]] = []
         self._errors_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
-        self._thread = threading.Thread(
-            target=self._run, name=f"AsyncWriter({self._name})", daemon=True
-        )
-        self._thread.start()
+        self._worker = OrderedWorker(f"AsyncWriter({self._name})", max_pending=max_queue)
         self._at_exit = _exit.register(self, f"AsyncWriter({self._name})")
 
     @property
@@ -140,8 +135,8 @@ class AsyncWriter(MetricWriter):
         if self._closed:
             self._raise_errors("flush")
             return
-        self._queue.put(("flush", {}))
-        self._queue.join()
+        self._submit("flush", raise_errors=False)
+        self._worker.drain()
         self._raise_errors("flush")
 
     def close(self) -> None:
@@ -154,9 +149,8 @@ class AsyncWriter(MetricWriter):
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(("close", {}))
-            self._queue.put(_STOP)
-            self._thread.join()
+            self._submit("close", raise_errors=False)
+            self._worker.close()
             _exit.unregister(self._at_exit)
         self._raise_errors("close")
 
@@ -171,9 +165,20 @@ class AsyncWriter(MetricWriter):
         self._check_open(method)
         return _checks.check_call(f"AsyncWriter({self._name}).{method}", step, values)
 
-    def _submit(self, method: str, **kwargs: Any) -> None:
-        self._queue.put((method, kwargs))  # Blocks while the queue is full.
-        self._raise_errors(method)
+    def _submit(self, method: str, *, raise_errors: bool = True, **kwargs: Any) -> None:
+        def call(_: Any) -> None:
+            try:
+                getattr(self._writer, method)(**kwargs)
+            except Exception as err:  # noqa: BLE001  (kept and re-raised on the caller's thread)
+                where = f"{self._name}.{method}" + (
+                    f"(step={kwargs['step']})" if "step" in kwargs else "()"
+                )
+                with self._errors_lock:
+                    self._errors.append((where, err))
+
+        self._worker.submit([(method, call, None)])  # blocks while the queue is full
+        if raise_errors:
+            self._raise_errors(method)
 
     def _raise_errors(self, method: str) -> None:
         with self._errors_lock:
@@ -182,21 +187,3 @@ class AsyncWriter(MetricWriter):
             raise WriterError(
                 f"AsyncWriter({self._name}), reported on {method}()", errors, what="call"
             ) from errors[0][1]
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is _STOP:
-                    return
-                method, kwargs = item
-                try:
-                    getattr(self._writer, method)(**kwargs)
-                except BaseException as err:  # noqa: BLE001  (kept and re-raised on the caller's thread)
-                    where = f"{self._name}.{method}" + (
-                        f"(step={kwargs['step']})" if "step" in kwargs else "()"
-                    )
-                    with self._errors_lock:
-                        self._errors.append((where, err))
-            finally:
-                self._queue.task_done()

@@ -121,7 +121,7 @@ class MultiWriter(MetricWriter):
 
     def _begin(self, method: str, step: Any, values: Any) -> int:
         self._check_open(method)
-        if _checks.known_good(step, values):  # the common case: no message to build
+        if type(values) is _checks.Checked:
             return step
         return _checks.check_call(f"MultiWriter.{method}", step, values)
 

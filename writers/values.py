@@ -36,10 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from writers._checks import _looks_like_array, check_keys, check_step, known_good
+from writers._checks import _is_ml_float, _looks_like_array, check_keys, check_step
 from writers.interface import MetricWriter
 
-__all__ = ["write_values"]
+__all__ = ["group_values", "write_values"]
+
+Call = tuple[str, dict[str, Any]]
+"""A writer call: method name and keyword arguments (without the step)."""
 
 
 def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> None:
@@ -60,11 +63,28 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
       >>> import writers
       >>> writers.write_values(writers.NoopWriter(), 0, {"loss": 1.0})
     """
-    if not known_good(step, values):
-        step = check_step(step, "write_values")
-        check_keys(values, "write_values")
-    clu_values = sys.modules.get("clu.values")
+    step = check_step(step, "write_values")
+    check_keys(values, "write_values")
+    for method, kwargs in group_values(values):
+        if method == "write_hparams":
+            writer.write_hparams(**kwargs)
+        else:
+            getattr(writer, method)(step=step, **kwargs)
 
+
+def group_values(values: Mapping[str, Any]) -> list[Call]:
+    """The writer calls that write `values`: one per kind, in `write_values`' order.
+
+    Args:
+      values: Mapping from name to a `clu.values.Value` or a plain scalar.
+
+    Returns:
+      `(method, kwargs)` pairs; every call but `write_hparams` also takes `step`.
+
+    Raises:
+      TypeError: naming every key whose value has an unsupported type.
+    """
+    clu_values = sys.modules.get("clu.values")
     summaries: list[tuple[Any, dict[str, Any]]] = []
     scalars: dict[str, Any] = {}
     images: dict[str, Any] = {}
@@ -74,26 +94,13 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
     num_buckets: dict[str, int] = {}
     audios: dict[int, dict[str, Any]] = {}
     unsupported: list[str] = []
-
-    clu_kinds = _clu_kinds(clu_values)
     for key, value in values.items():
-        cls = type(value)
-        if cls in _PLAIN_SCALAR_TYPES:  # fast paths: no isinstance against typing classes
+        if type(value) in _PLAIN_SCALAR_TYPES:
             scalars[key] = value
             continue
-        clu_kind = clu_kinds.get(cls, _UNSEEN) if clu_kinds is not None else None
-        if clu_kind is _UNSEEN:
-            clu_kind = clu_kinds[cls] = _clu_kind(cls, clu_values)  # type: ignore[index]
-        if clu_kind == "scalar":
-            inner = value.value
-            if type(inner) in _PLAIN_SCALAR_TYPES or _is_plain_scalar(inner):
-                scalars[key] = inner
-            else:
-                unsupported.append(f"{key!r}: {_describe(value)}")
-            continue
-        kind = clu_kind if clu_kind is not None else _kind(value, None)
+        kind = _kind(value, clu_values)
         if kind == "scalar":
-            scalars[key] = value
+            scalars[key] = getattr(value, "value", value) if _is_clu(value, clu_values) else value
         elif kind == "summary":
             _group_by_metadata(summaries, value.metadata)[key] = value.value
         elif kind == "image":
@@ -109,30 +116,37 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
             audios.setdefault(value.sample_rate, {})[key] = value.value
         else:
             unsupported.append(f"{key!r}: {_describe(value)}")
-
     if unsupported:
         raise TypeError(
             "write_values: unsupported value types for "
             + ", ".join(unsupported)
             + ". Supported: clu.values (Scalar, Image, Text, HyperParam, Histogram, Audio, "
-            "Summary), Python/numpy numbers and arrays of one element. Reduce arrays to a "
-            "scalar or wrap them, e.g. clu.values.Histogram(x, num_buckets=30)."
+            "Summary), Python/numpy numbers and arrays of one element (bfloat16 and float16 "
+            "included). Reduce arrays to a scalar or wrap them, e.g. "
+            "clu.values.Histogram(x, num_buckets=30)."
         )
-
-    for metadata, group in summaries:
-        writer.write_summaries(step, group, metadata=metadata)
+    calls: list[Call] = [
+        ("write_summaries", {"values": group, "metadata": metadata})
+        for metadata, group in summaries
+    ]
     if scalars:
-        writer.write_scalars(step, scalars)
+        calls.append(("write_scalars", {"scalars": scalars}))
     if images:
-        writer.write_images(step, images)
+        calls.append(("write_images", {"images": images}))
     if texts:
-        writer.write_texts(step, texts)
+        calls.append(("write_texts", {"texts": texts}))
     if hparams:
-        writer.write_hparams(hparams)
+        calls.append(("write_hparams", {"hparams": hparams}))
     if histograms:
-        writer.write_histograms(step, histograms, num_buckets=num_buckets)
-    for sample_rate, group in audios.items():
-        writer.write_audios(step, group, sample_rate=sample_rate)
+        calls.append(("write_histograms", {"arrays": histograms, "num_buckets": num_buckets}))
+    calls += [
+        ("write_audios", {"audios": group, "sample_rate": rate}) for rate, group in audios.items()
+    ]
+    return calls
+
+
+def _is_clu(value: Any, clu_values: Any) -> bool:
+    return clu_values is not None and isinstance(value, clu_values.Scalar)
 
 
 _CLU_KINDS = (
@@ -164,29 +178,11 @@ def _clu_kind(cls: type, clu_values: Any) -> str | None:
     return None
 
 
-# `type(value)` -> `_clu_kind`, per `clu.values` module object: whether a value is
-# a clu `Scalar`, `Image`, ... depends only on its class, and `isinstance` against
-# these classes (subclasses of a `typing.Protocol`) is slow. Bounded like the key cache.
-_CLU_KIND_CACHE: dict[int, tuple[Any, dict[type, str | None]]] = {}
-_UNSEEN: Any = object()
-
 # Exact types that `_is_plain_scalar` always accepts, checked with one set lookup.
 _PLAIN_SCALAR_TYPES = frozenset(
     {float, int, bool, np.bool_, np.float16, np.float32, np.float64, np.longdouble}
     | {np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64}
 )
-
-
-def _clu_kinds(clu_values: Any) -> dict[type, str | None] | None:
-    if clu_values is None:
-        return None
-    entry = _CLU_KIND_CACHE.get(id(clu_values))
-    if entry is None or entry[0] is not clu_values:  # first call, or clu.values was reloaded
-        _CLU_KIND_CACHE.clear()
-        entry = _CLU_KIND_CACHE[id(clu_values)] = (clu_values, {})
-    if len(entry[1]) >= 10_000:  # many distinct value classes: keep memory bounded
-        entry[1].clear()
-    return entry[1]
 
 
 def _is_plain_scalar(value: Any) -> bool:
@@ -199,6 +195,7 @@ def _is_plain_scalar(value: Any) -> bool:
         return int(np.prod(value.shape)) == 1 and (
             np.issubdtype(dtype, np.integer)
             or np.issubdtype(dtype, np.floating)
+            or _is_ml_float(dtype)
             or dtype == np.bool_
         )
     return False
