@@ -52,6 +52,7 @@ import optax
 from absl import app, flags, logging
 from flax.training import train_state
 
+from examples import demo_model
 from metrics_manager import (
     MetricsManager,
     PackedMetrics,
@@ -60,7 +61,6 @@ from metrics_manager import (
     merge_metrics,
     with_loss_normalization,
 )
-from examples import demo_model
 from metrics_manager.gin_utils import configured, write_gin_config
 
 Batch = Mapping[str, Any]

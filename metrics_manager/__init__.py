@@ -17,7 +17,6 @@ from metrics_manager.classification import (
     TopKAccuracy,
 )
 from metrics_manager.flops import peak_flops_per_device, perf_values, step_flops
-from metrics_manager.host_copy import device_get_batched
 from metrics_manager.losses import (
     LOSS_NORMALIZING_FACTOR_KEY,
     SpecialLossNormalizingFactor,
@@ -31,7 +30,7 @@ from metrics_manager.losses import (
     get_loss_normalizing_factor_and_weights,
     with_loss_normalization,
 )
-from metrics_manager.manager import MetricsManager, MetricsManagerError
+from metrics_manager.manager import Failure, MetricsManager, MetricsManagerError
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
 from metrics_manager.metrics import (
     AveragePerStep,
@@ -56,13 +55,12 @@ from metrics_manager.metrics import (
 from metrics_manager.nnx import as_summary_metrics
 from metrics_manager.packing import PackedMetrics
 from metrics_manager.system import SystemMonitor
-from metrics_manager.timer import DurationTimer
 
 __all__: list[str] = [
     "AUROC",
     "AveragePerStep",
-    "DurationTimer",
     "FBeta",
+    "Failure",
     "LOSS_NORMALIZING_FACTOR_KEY",
     "Max",
     "MeanStd",
@@ -94,7 +92,6 @@ __all__: list[str] = [
     "compute_weighted_cross_entropy",
     "convert_special_loss_normalizing_factor_to_enum",
     "count_packed_examples",
-    "device_get_batched",
     "get_loss_normalizing_factor_and_weights",
     "is_metric_obj",
     "is_time_metric",

@@ -1,57 +1,31 @@
-"""`MetricsManager`: T5X's summary contract with a background worker and pluggable writers.
-
-Plug it into any training loop:
+"""`MetricsManager`: T5X's summary contract on one background worker, with isolated writers.
 
   with MetricsManager("train", summary_dir="runs/exp") as manager:
-    metrics = None
+    running = None
     manager.start_duration_timer(block_on=state)
-    for step in range(start, start + num_steps):
-      state, step_metrics = train_step(state, batch)
-      metrics = merge_metrics(metrics, step_metrics)
-    future = manager.write_metrics_summary(metrics, start + num_steps, num_steps)
+    for step in range(start + 1, start + num_steps + 1):
+      state, running = train_step(state, running, batch)   # merge_metrics inside the step
+    manager.write_metrics_summary(running, start + num_steps, num_steps)
 
-`metrics` is a dict of metrics or a `PackedMetrics` (`merge_metrics(...,
-pack=True)` inside the jitted step: one buffer per dtype, the cheaper choice
-for sub-millisecond steps).
+One linear host pipeline. The caller's thread checks every argument once (a bad input raises
+at the call, naming the key and the fix) and queues a job; one ordered worker thread
+(`writers._worker.OrderedWorker`) does the rest: it times the window, copies the metrics to
+the host in one transfer, calls `compute_value()` per metric and hands the values to each
+writer in turn. Writers are plain synchronous backends: the manager's fan-out is what
+isolates them.
 
-What happens where:
+Failures (see the README's "Failure modes"):
 
-* Caller's thread: cheap checks and two queue submissions; it never waits for
-  the device or a writer, unless `max_pending` jobs are already waiting (see
-  back-pressure below).
-* Timer thread (`timer.DurationTimer`): the window runs from "`block_on`
-  ready" to "metrics ready"; donated buffers count as ready.
-* Summary worker (one thread, jobs in call order): waits for the window's
-  duration, copies all metrics to the host in one batched transfer
-  (`host_copy.device_get_batched`; for a `PackedMetrics`, one `jax.device_get`
-  of its few buffers and `unpack_host`, with no device dispatch), sets
-  durations (`set_time_metrics_duration`) and steps
-  (`set_step_metrics_num_steps`), calls `compute_value()` per metric and
-  `writers.write_values`. `write_scalar(s)`, `write_texts`,
-  `write_hparams` and `flush` go through the same worker, so everything reaches
-  the writer in call order.
-
-Only `jax.process_index() == 0` builds a writer (so only it creates files).
-Other processes still time the window and compute the summary (the returned
-future holds the same values on every process, so decisions taken from it
-agree across hosts) but skip every write and never call the writer factory.
-
-Back-pressure: at most `max_pending` jobs (summaries and direct writes, the
-running one included) wait for the worker. Every pending summary keeps its
-metrics' device buffers alive, so a loop that summarizes faster than its
-writers absorb blocks in the submitting call until a job finishes, instead of
-queueing without limit; nothing is dropped. This is the policy of
-`writers.AsyncWriter` (`max_queue`), one level up: with the default 16 the
-loop never waits unless the writers fall 16 jobs behind.
-
-A failure in the background (a metric's `compute_value()`, a writer) is kept:
-the returned future raises it, and so do the next call, `flush()` and
-`close()`, naming the metric or writer. After a failure the manager refuses new
-work; `close()` still releases the writer and threads, then raises. Writers
-that queue work on threads of their own (`writers.AsyncWriter`) report a
-failure on their next call, so it surfaces one manager call later; the configs
-in `configs/` therefore build synchronous writers, which the manager's worker
-already keeps off the training loop.
+* A writer that raises is logged at once (writer, step, keys), counted in `errors`, and
+  retried on the next call; after `max_writer_failures` failures in a row it is quarantined
+  (no more calls). Every other writer still receives every value.
+* A writer call that runs past `writer_deadline_s` is abandoned: the writer is quarantined,
+  the worker goes on without it, `close()` returns and the process can exit.
+* A metric whose `compute_value()` raises is left out of that summary; the rest is written.
+* `on_error="warn"` (default) keeps training; `on_error="raise"` is T5X's contract: the
+  summary's future fails and the next call raises `MetricsManagerError`.
+* SIGTERM and SIGINT: every summary issued before the signal reaches every writer's storage,
+  then the previous handler runs (so the process exits as it would have).
 
 Host-side module: never import it from code traced by jit.
 """
@@ -59,14 +33,20 @@ Host-side module: never import it from code traced by jit.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
+import fcntl
 import inspect
 import logging
+import math
 import numbers
 import os
+import signal
 import threading
+import time
 import types
+import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal
 
 import clu.metrics as clu_metrics
 import clu.values
@@ -74,120 +54,59 @@ import jax
 import numpy as np
 
 import writers
-from metrics_manager import gin_utils, host_copy
 from metrics_manager import metrics as metrics_lib
 from metrics_manager.packing import PackedMetrics
-from metrics_manager.timer import Clock, DurationTimer
+from writers import _checks
+from writers._worker import Job, OrderedWorker
 
 WriterFactory = Callable[..., Any]
-"""`writer_factory(logdir)` returns a writer with CLU's `MetricWriter` methods.
+"""`writer_factory(logdir)` returns a writer (or a `writers.MultiWriter` of writers).
 
-`logdir` is the manager's `summary_dir` (None when the manager has none). A
-factory with a `collection` keyword defaulting to None is also given
-`collection=<manager name>`.
+A factory with a `collection` keyword defaulting to None also gets `collection=<name>`; one
+with a `resume_step` keyword gets the manager's `resume_step`.
 """
 
-_R = TypeVar("_R")
+Clock = Callable[[], float]
 _LOG = logging.getLogger(__name__)
-
-_WRITER_METHODS = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
+_POLICIES = ("warn", "raise")
+_NONFINITE = ("ignore", "warn", "stop")
+_KEEP_ERRORS = 1000
+_REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 
 
 class MetricsManagerError(RuntimeError):
-    """A background job of a `MetricsManager` failed (or an earlier one did).
-
-    The message names the failing metric or writer and the step; `__cause__`
-    holds the original exception.
-    """
+    """A background job of a `MetricsManager` failed; the message names the writer or metric."""
 
 
-class _Checks:
-    """Collects every problem with a call's arguments, then raises once.
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """One background failure: where (`source`), at which step, for which keys, and why."""
 
-    The error is a TypeError when any problem is about a type, else a ValueError.
-    """
+    source: str  # "writer:<name>", "metric:<key>", "summary" or "nonfinite"
+    step: int | None
+    keys: tuple[str, ...]
+    error: BaseException
 
-    def __init__(self, method: str) -> None:
-        self.method = method
-        self.type_problems: list[str] = []
-        self.value_problems: list[str] = []
-
-    def step(self, value: Any, what: str, *, minimum: int) -> int:
-        """Returns `value` as an int (0 when it is wrong; `raise_if_any` reports it)."""
-        if isinstance(value, jax.Array):
-            self.type_problems.append(
-                f"{what} must be a Python or NumPy int, got a jax.Array "
-                f"({value.dtype}{list(value.shape)}); converting it would block the training "
-                "loop until the device catches up, so keep a host-side counter (step += 1)"
-            )
-            return 0
-        if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            self.type_problems.append(
-                f"{what} must be an int, got {value!r} of type {type(value).__name__}"
-            )
-            return 0
-        if value < minimum:
-            self.value_problems.append(f"{what} must be >= {minimum}, got {value}")
-        return int(value)
-
-    def mapping(self, values: Any, what: str) -> dict[str, Any]:
-        """Returns a shallow copy of `values` (empty when it is not a mapping)."""
-        if not isinstance(values, Mapping):
-            self.type_problems.append(
-                f"{what} must be a mapping from names to values, got {type(values).__name__} "
-                "(wrap a single value, e.g. {'loss': value})"
-            )
-            return {}
-        snapshot = dict(values)
-        bad = [k for k in snapshot if not isinstance(k, str) or not k]
-        if bad:
-            self.type_problems.append(
-                f"every key of {what} must be a non-empty str such as 'loss' or "
-                f"'eval/accuracy', got {', '.join(repr(k) for k in bad)}"
-            )
-        return snapshot
-
-    def strings(self, values: Mapping[str, Any], what: str) -> None:
-        bad = {k: type(v).__name__ for k, v in values.items() if not isinstance(v, str)}
-        if bad:
-            self.type_problems.append(
-                f"every value of {what} must be a str, got "
-                + ", ".join(f"{k!r}: {t}" for k, t in bad.items())
-            )
-
-    def raise_if_any(self) -> None:
-        problems = self.type_problems + self.value_problems
-        if problems:
-            error = TypeError if self.type_problems else ValueError
-            raise error(f"MetricsManager.{self.method}: " + "; ".join(problems) + ".")
+    def __str__(self) -> str:
+        at = "" if self.step is None else f" at step {self.step}"
+        keys = f" (keys {', '.join(self.keys[:5])}{', ...' if len(self.keys) > 5 else ''})"
+        return f"{self.source}{at}{keys if self.keys else ''}: {type(self.error).__name__}: {self.error}"
 
 
-def _build_writer(factory: WriterFactory, logdir: str | None, name: str) -> Any:
-    """Calls `factory(logdir)`, adding `collection=name` where the factory takes one.
+class _WriterState:
+    __slots__ = ("writer", "failures", "in_a_row", "quarantined")
 
-    A factory whose `collection` parameter defaults to None (such as
-    `writers.create_default_writer`) gets the manager's name, so console lines
-    and JSONL records say which run they belong to. A factory that fixed its
-    own collection (e.g. `functools.partial(..., collection="x")`) keeps it.
-    """
-    try:
-        parameter = inspect.signature(factory).parameters.get("collection")
-    except (TypeError, ValueError):  # no signature (e.g. some builtins)
-        parameter = None
-    if (
-        parameter is not None
-        and parameter.kind in (parameter.KEYWORD_ONLY, parameter.POSITIONAL_OR_KEYWORD)
-        and parameter.default is None
-    ):
-        return factory(logdir, collection=name)
-    return factory(logdir)
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.failures = 0
+        self.in_a_row = 0
+        self.quarantined: str | None = None  # why, once quarantined
 
 
-def _writer_name(writer: Any) -> str:
-    name = getattr(writer, "name", None)
-    return name if isinstance(name, str) and name else type(writer).__name__
+_OPEN: weakref.WeakSet[MetricsManager] = weakref.WeakSet()
+_DIRS: dict[str, int] = {}  # summary dirs held by open managers of this process -> lock fd
+_DIRS_LOCK = threading.Lock()
+_PREVIOUS_HANDLERS: dict[int, Any] = {}
 
 
 class MetricsManager:
@@ -195,38 +114,38 @@ class MetricsManager:
 
     Args:
       name: the run's name, e.g. "train" or "eval/glue"; summaries go to
-        `<summary_dir>/<name>`.
-      summary_dir: root directory of the experiment's summaries, or None to
-        write no files (the writer factory then gets `logdir=None`; the
-        default factory shows the console only).
-      writer_factory: `writer_factory(logdir)` returns the writer used for
-        everything this manager writes; it is called once, on process 0 only.
-        If it has a `collection` parameter defaulting to None, it also gets
-        `collection=name`. Defaults to `writers.create_default_writer`
-        (console + TensorBoard + JSONL) with the bindings of any parsed gin
-        config (see `gin_utils.configured`). In gin:
-        `metrics_manager.MetricsManager.writer_factory =
-        @writers.create_default_writer`.
-      clock: returns the current time in seconds, used to time summary
-        windows; defaults to `time.perf_counter`. Inject a fake in tests.
-      max_pending: most background jobs (summaries and direct writes, the
-        running one included) waiting at once; a submitting call blocks while
-        the worker is this far behind (back-pressure; nothing is dropped).
-        Bounds the memory pinned by pending summaries.
-
-    Call a manager from one thread (the training loop), not from callbacks of
-    the futures it returns or from its writer: those run on its worker, which
-    `flush()` and `close()` wait for, and which alone frees queue slots (such a
-    call raises RuntimeError when the queue is full instead of hanging).
-
-    Attributes:
-      name: the run's name.
-      summary_dir: `<summary_dir>/<name>` (on every process), or None.
+        `<summary_dir>/<name>`. It must stay inside `summary_dir` (no `..`, not absolute).
+      summary_dir: root of the experiment's summaries, or None to write no files.
+      writer_factory: `writer_factory(logdir)` returns the writer(s); called once, on process
+        0 only. A `writers.MultiWriter` is unpacked so each writer is isolated. Defaults to
+        `writers.create_default_writer` (console + TensorBoard + JSONL). Use
+        `gin_utils.configured(MetricsManager)` to apply gin bindings.
+      clock: returns seconds; times the windows (default `time.perf_counter`).
+      max_pending: most jobs waiting behind the running one; a call blocks while the worker
+        is this far behind (back-pressure: nothing is dropped).
+      on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
+        fails and the next call raises `MetricsManagerError`).
+      writer_deadline_s: a writer call running longer is abandoned and its writer
+        quarantined; None waits forever.
+      max_writer_failures: a writer failing this many calls in a row is quarantined.
+      resume_step: the step a restored checkpoint resumes from: passed to the writers so that
+        values written after it by an earlier run are dropped (TensorBoard `purge_step`,
+        JSONL rewrite).
+      nonfinite: what a NaN or infinite scalar in a summary does: "ignore", "warn" (log once
+        per key) or "stop" (the next call raises `MetricsManagerError` naming the step and
+        keys).
+      system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
+        most once per `system_interval_s`.
+      system_interval_s: least time between two `system/*` samples.
+      flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
+        `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
+      peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
+      handle_signals: flush on SIGTERM/SIGINT before the previous handler runs (main
+        thread only).
 
     Raises:
-      TypeError: a wrong argument type, or a factory result that lacks the
-        writer methods the manager calls.
-      ValueError: an empty name, or `max_pending` < 1.
+      TypeError, ValueError: every bad argument, listed in one message; a summary dir already
+        written by another open manager.
 
     Example:
       >>> import jax.numpy as jnp
@@ -247,433 +166,288 @@ class MetricsManager:
         writer_factory: WriterFactory | None = None,
         clock: Clock | None = None,
         max_pending: int = 16,
+        on_error: Literal["warn", "raise"] = "warn",
+        writer_deadline_s: float | None = 60.0,
+        max_writer_failures: int = 10,
+        resume_step: int | None = None,
+        nonfinite: Literal["ignore", "warn", "stop"] = "warn",
+        system_metrics: bool = False,
+        system_interval_s: float = 10.0,
+        flops_per_step: float | None = None,
+        peak_flops_per_device: float | None = None,
+        handle_signals: bool = True,
     ) -> None:
-        problems: list[str] = []
+        problems = _Problems("MetricsManager")
         if not isinstance(name, str):
-            problems.append(f"name must be a str such as 'train', got {type(name).__name__}")
+            problems.add(TypeError, f"name must be a str such as 'train', got {name!r}")
+        elif not name.strip("/ "):
+            problems.add(
+                ValueError,
+                f"name must be a non-empty run name such as 'train' or 'eval/<task>', got {name!r}",
+            )
+        elif os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+            problems.add(
+                ValueError,
+                f"name {name!r} would write outside summary_dir; use a relative name such as "
+                "'eval/my_task'",
+            )
         if summary_dir is not None and not isinstance(summary_dir, str | os.PathLike):
-            problems.append(
-                f"summary_dir must be a path (str or os.PathLike) or None, got "
-                f"{type(summary_dir).__name__}"
-            )
-        if writer_factory is not None and not callable(writer_factory):
-            problems.append(
-                f"writer_factory must be callable as writer_factory(logdir), got "
-                f"{type(writer_factory).__name__}"
-            )
-        if clock is not None and not callable(clock):
-            problems.append(f"clock must be callable returning seconds, got {type(clock).__name__}")
-        if isinstance(max_pending, bool) or not isinstance(max_pending, numbers.Integral):
-            problems.append(
-                f"max_pending must be an int such as 16, got {type(max_pending).__name__}"
-            )
-        if problems:
-            raise TypeError("MetricsManager: " + "; ".join(problems) + ".")
-        if not name.strip("/ "):
-            raise ValueError(
-                f"MetricsManager: name must be a non-empty run name such as 'train' or "
-                f"'eval/<task>', got {name!r}."
-            )
-        if max_pending < 1:
-            raise ValueError(
-                f"MetricsManager({name!r}): max_pending must be >= 1, got {max_pending}. It "
-                "bounds the summaries and writes waiting for the worker; 16 suits most loops."
-            )
+            problems.add(TypeError, f"summary_dir must be a path or None, got {summary_dir!r}")
+        for arg, value in (("writer_factory", writer_factory), ("clock", clock)):
+            if value is not None and not callable(value):
+                problems.add(TypeError, f"{arg} must be callable, got {value!r}")
+        problems.integer("max_pending", max_pending, minimum=1)
+        problems.integer("max_writer_failures", max_writer_failures, minimum=1)
+        if resume_step is not None:
+            problems.integer("resume_step", resume_step, minimum=0)
+        problems.choice("on_error", on_error, _POLICIES)
+        problems.choice("nonfinite", nonfinite, _NONFINITE)
+        for arg, value in (
+            ("writer_deadline_s", writer_deadline_s),
+            ("flops_per_step", flops_per_step),
+            ("peak_flops_per_device", peak_flops_per_device),
+        ):
+            if value is not None:
+                problems.positive(arg, value)
+        problems.positive("system_interval_s", system_interval_s)
+        problems.raise_if_any()
 
         self.name = name
-        self.summary_dir: str | None = (
+        self.summary_dir = (
             None if summary_dir is None else os.path.join(os.fspath(summary_dir), name)
         )
+        self.on_error = on_error
+        self.nonfinite = nonfinite
+        self._clock: Clock = clock or time.perf_counter
+        self._deadline = writer_deadline_s
+        self._max_failures = max_writer_failures
+        self._flops = flops_per_step
+        self._peak = peak_flops_per_device
         self._lock = threading.Lock()
-        self._error: BaseException | None = None
+        self._failures: list[Failure] = []
+        self._failure_count = 0
+        self._fatal: Failure | None = None
+        self._nonfinite_warned: set[str] = set()
         self._closed = False
-        # One slot per pending job, taken by the submitting call, freed when the job ends.
-        self._pending = threading.BoundedSemaphore(int(max_pending))
-        self._writer: Any = None
+        self._window_open = False
+        self._window_start: float | None = None  # worker-side state
+        self._last_step: int | None = None
+        self._writers: dict[str, _WriterState] = {}
+        self._reserved: frozenset[str] = frozenset()
+        self._lock_fd: int | None = None
+        self._made: Any = None
+        self._monitor: Any = None
+        self._system_interval = system_interval_s
+        self._system_last = -math.inf
         if jax.process_index() == 0:
-            if writer_factory is None:
-                writer_factory = gin_utils.configured(writers.create_default_writer)
-            self._writer = _build_writer(writer_factory, self.summary_dir, name)
-            missing = [m for m in _WRITER_METHODS if not callable(getattr(self._writer, m, None))]
-            if missing:
-                close = getattr(self._writer, "close", None)
-                if callable(close):
-                    close()  # release what the factory opened before refusing it
-                raise TypeError(
-                    f"MetricsManager({name!r}): writer_factory returned "
-                    f"{type(self._writer).__name__}, which lacks {', '.join(missing)}; return a "
-                    "writers.MetricWriter (e.g. writers.create_default_writer(logdir))."
-                )
-        thread_name = f"MetricsManager[{name}]"
-        self._timer = DurationTimer(clock=clock, thread_name=f"{thread_name}.timer")
-        self._worker = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"{thread_name}.summary"
-        )
-        # Start the thread now, not inside the first write_metrics_summary call, and learn
-        # which thread it is (a call from it must not wait for a slot only it can free).
-        self._worker_thread = self._worker.submit(threading.current_thread).result()
+            self._claim_dir()
+            try:
+                self._build_writers(writer_factory or writers.create_default_writer, resume_step)
+            except BaseException:
+                self._release_dir()
+                raise
+            if system_metrics:
+                from metrics_manager.system import SystemMonitor
 
-    # ----------------------------------------------------------------- state
+                self._monitor = SystemMonitor(interval_s=None)
+        self._worker = OrderedWorker(
+            f"MetricsManager[{name}]", max_pending=max_pending, on_stuck=self._stuck
+        )
+        _OPEN.add(self)
+        if handle_signals:
+            _install_signal_handlers()
+
+    # ------------------------------------------------------------------ state
 
     @property
     def writes(self) -> bool:
         """Whether this process writes (only `jax.process_index() == 0` does)."""
-        return self._writer is not None
+        return bool(self._writers)
+
+    @property
+    def writers(self) -> dict[str, Any]:
+        """The writers by name (empty on processes that do not write)."""
+        return {n: s.writer for n, s in self._writers.items()}
 
     @property
     def writer(self) -> Any:
-        """The writer built by `writer_factory`, or None on processes that do not write."""
-        return self._writer
+        """What `writer_factory` returned, or None on processes that do not write."""
+        return self._made
 
     @property
     def closed(self) -> bool:
         """Whether `close()` has been called."""
         return self._closed
 
-    def _record(self, err: BaseException) -> None:
+    @property
+    def errors(self) -> list[Failure]:
+        """Background failures so far, oldest first (the last 1,000)."""
         with self._lock:
-            first = self._error is None
-            if first:
-                self._error = err
-        if first:
-            # Logged now, since the loop may run long before its next call raises it.
-            _LOG.error("MetricsManager %r: %s (the next call raises this)", self.name, err)
+            return list(self._failures)
 
-    def _raise_if_failed(self) -> None:
-        err = self._error
-        if err is not None:
-            raise MetricsManagerError(
-                f"MetricsManager {self.name!r}: a background job failed, so this manager "
-                f"refuses further work: {err}"
-            ) from err
+    def health(self) -> dict[str, Any]:
+        """Per-writer failure counts and quarantine reasons, and the total failure count."""
+        return {
+            "failures": self._failure_count,
+            "writers": {
+                n: {"failures": s.failures, "quarantined": s.quarantined}
+                for n, s in self._writers.items()
+            },
+        }
 
-    def _check_usable(self, method: str) -> None:
-        if self._closed:
-            raise RuntimeError(
-                f"MetricsManager {self.name!r} is closed; {method}() needs an open manager. "
-                "Create a new MetricsManager."
-            )
-        self._raise_if_failed()
-
-    def _take_slot(self) -> None:
-        """Takes a pending-job slot, waiting while `max_pending` jobs are pending."""
-        if self._pending.acquire(blocking=False):
-            return
-        if threading.current_thread() is self._worker_thread:
-            raise RuntimeError(
-                f"MetricsManager {self.name!r} was called from its own summary worker (its "
-                "writer, or a callback of a future it returned) while max_pending jobs are "
-                "waiting; the "
-                "call would wait for a slot only this thread can free. Call the manager from "
-                "the training loop instead."
-            )
-        self._pending.acquire()
-
-    def _submit(
-        self, job: Callable[[], _R], *, after_failure: bool = False, reserved: bool = False
-    ) -> concurrent.futures.Future[_R]:
-        """Runs `job` on the summary worker, recording its error before the future fails.
-
-        Takes a pending slot first (blocking while `max_pending` jobs wait)
-        unless the caller already took one (`reserved`); the slot is freed when
-        the job ends.
-        """
-        if not reserved:
-            self._take_slot()
-
-        def run() -> _R:
-            try:
-                if not after_failure and self._error is not None:
-                    raise MetricsManagerError(
-                        f"skipped: an earlier background job of MetricsManager {self.name!r} "
-                        f"failed: {self._error}"
-                    ) from self._error
-                try:
-                    return job()
-                except BaseException as err:
-                    self._record(err)
-                    raise
-            finally:
-                self._pending.release()
-
-        try:
-            return self._worker.submit(run)
-        except BaseException:
-            self._pending.release()
-            raise
-
-    def _call_writer(self, step: int | None, what: str, call: Callable[[Any], None]) -> None:
-        """Calls the writer (worker thread), translating errors to name it."""
-        try:
-            call(self._writer)
-        except Exception as err:
-            at = "" if step is None else f" at step {step}"
-            raise MetricsManagerError(
-                f"writer {_writer_name(self._writer)} raised in {what}{at} "
-                f"(MetricsManager {self.name!r}): {type(err).__name__}: {err}"
-            ) from err
-
-    # --------------------------------------------------------------- summary
+    # ------------------------------------------------------------------ calls
 
     def start_duration_timer(self, block_on: Any = ()) -> None:
-        """Starts the summary window once `block_on` is ready; returns at once.
+        """Opens a summary window that starts when `block_on` (the train state) is ready.
 
-        Call it at the start of every summary window (after evaluation or
-        checkpointing, so they are not counted as training time).
-
-        Args:
-          block_on: pytree to wait for, usually the train state; donated
-            (deleted) buffers count as ready.
-
-        Raises:
-          RuntimeError: the manager is closed.
-          MetricsManagerError: an earlier background job failed.
+        Returns at once; the worker waits. When the state is already ready (or donated) by
+        the time the worker looks, the window starts at this call.
         """
         self._check_usable("start_duration_timer")
-        self._timer.start(block_on)
+        called = self._clock()
+        self._window_open = True
+
+        def start(_: Job) -> None:
+            self._window_start = _ready_time(block_on, called, self._clock)
+
+        self._worker.submit([("start_duration_timer", start, None)])
 
     def write_metrics_summary(
-        self, metrics: Mapping[str, Any] | PackedMetrics, step: int, num_steps: int
+        self, metrics: Any, step: int, num_steps: int
     ) -> concurrent.futures.Future[Mapping[str, clu.values.Value]]:
-        """Summarizes and writes `metrics` in the background; returns at once.
-
-        Blocks only while `max_pending` jobs are already waiting for the
-        worker (back-pressure). Stops the duration timer (the window ends when
-        `metrics` are ready),
-        then in the summary worker: one batched device-to-host copy, the
-        window's duration into every Time metric, `num_steps` into every Step
-        metric, `compute_value()` per metric, and `write_values` at `step`.
+        """Summarizes and writes `metrics` in the background; returns a future at once.
 
         Args:
-          metrics: name -> CLU metric (or `Collection`), usually merged over the
-            window on the device; or a `PackedMetrics` (`merge_metrics(...,
-            pack=True)`), whose few buffers are awaited by the timer and copied
-            in one `jax.device_get`, then unpacked on the host.
-          step: the step the summary is written at (usually `start + num_steps`).
-          num_steps: number of train steps the metrics cover (> 0).
+          metrics: name -> CLU metric (merged over the window on the device), a
+            `PackedMetrics`, or NNX metrics (`nnx.MultiMetric` or its `compute()` dict).
+          step: the step to write at (0 <= step < 2**63).
+          num_steps: train steps in the window (>= 1).
 
         Returns:
-          A future of the summary, name -> `clu.values.Value` (a `Collection`
-          under `k` gives `k/<field>`, a `MeanStd` gives `k` and `k/std`). It
-          raises `MetricsManagerError` naming the metric or writer if the
-          summary fails. The same values on every process; only process 0
-          writes them.
+          A future of name -> `clu.values.Value` (the same on every process). It fails when
+          the summary cannot be computed, and under `on_error="raise"` when a writer fails.
 
         Raises:
-          TypeError: `metrics` is not a `PackedMetrics` or a mapping with str
-            keys, or `step` or
-            `num_steps` is not an int.
-          ValueError: `step` < 0 or `num_steps` < 1.
-          RuntimeError: the manager is closed, or this is called from its own
-            worker while `max_pending` jobs wait.
-          MetricsManagerError: an earlier background job failed.
+          TypeError, ValueError: bad metrics, keys or steps (all listed; nothing queued).
+          MetricsManagerError: under "raise", an earlier background failure.
+          RuntimeError: the manager is closed.
         """
         self._check_usable("write_metrics_summary")
-        checks = _Checks("write_metrics_summary")
-        snapshot: dict[str, Any] | PackedMetrics
-        block_on: Any
-        if isinstance(metrics, PackedMetrics):
-            snapshot, block_on = metrics, metrics.buffers
-        else:
-            snapshot = block_on = checks.mapping(metrics, "metrics")
-        step = checks.step(step, "step", minimum=0)
-        num_steps = checks.step(num_steps, "num_steps", minimum=1)
-        checks.raise_if_any()
-        # Wait for a slot before the timer holds on to the metrics too.
-        self._take_slot()
-        try:
-            duration = self._timer.stop(block_on=block_on)
-        except BaseException:
-            self._pending.release()
-            raise
-        return self._submit(
-            lambda: self._summarize(snapshot, step, num_steps, duration), reserved=True
+        called = self._clock()
+        problems = _Problems("MetricsManager.write_metrics_summary")
+        ready: dict[str, Any] = {}
+        if not isinstance(metrics, PackedMetrics):
+            metrics, ready = _split_metrics(metrics, problems)
+        step = problems.step("step", step)
+        num_steps = problems.integer("num_steps", num_steps, minimum=1)
+        keys = metrics.keys() if isinstance(metrics, PackedMetrics) else list(metrics)
+        problems.keys([*keys, *ready], self._reserved)
+        problems.raise_if_any()
+        self._check_order(step)
+        window = self._window_open
+        self._window_open = False
+        block_on = metrics.buffers if isinstance(metrics, PackedMetrics) else metrics
+
+        def prepare(job: Job) -> None:
+            start, self._window_start = self._window_start, None
+            try:
+                end = _ready_time(block_on, called, self._clock)
+                duration = None if not window or start is None else max(end - start, 1e-9)
+                job.result = summary = self._summarize(metrics, ready, step, num_steps, duration)
+                job.state["calls"] = self._checked_calls(step, summary)
+            except Exception as err:
+                self._record(
+                    Failure("summary", step, tuple(keys), err), fatal=self.on_error == "raise"
+                )
+                raise
+
+        return self._worker.submit(
+            [("summary", prepare, None), *self._fan_out(step, None), ("result", self._result, None)]
         )
 
-    def _summarize(
-        self,
-        metrics: dict[str, Any] | PackedMetrics,
-        step: int,
-        num_steps: int,
-        duration_future: concurrent.futures.Future[float | None],
-    ) -> dict[str, clu.values.Value]:
-        try:
-            duration = duration_future.result()
-        except Exception as err:
-            raise MetricsManagerError(
-                f"summary at step {step} (MetricsManager {self.name!r}): waiting for the train "
-                f"state or the metrics to be ready failed: {type(err).__name__}: {err}"
-            ) from err
-        host = _to_host(metrics)
-        if duration is None:
-            timed = sorted(k for k, m in host.items() if _contains_time_metric(m))
-            if timed:
-                raise MetricsManagerError(
-                    f"summary at step {step} (MetricsManager {self.name!r}): metrics {timed} "
-                    "measure time, but no window was open: call "
-                    "manager.start_duration_timer(block_on=state) at the start of every "
-                    "summary window."
-                )
-        else:
-            host = metrics_lib.set_time_metrics_duration(host, duration)
-        host = metrics_lib.set_step_metrics_num_steps(host, num_steps)
-
-        try:
-            summary = metrics_lib.compute_metric_values(host)
-        except Exception:
-            summary, failures = {}, []
-            for key, metric in host.items():  # again one by one, to name every failing metric
-                try:
-                    summary.update(metrics_lib.compute_metric_values({key: metric}))
-                except Exception as err:
-                    failures.append((key, metric, err))
-        else:
-            failures = []
-        if failures:
-            listed = "; ".join(
-                f"metric {key!r} ({type(m).__name__}): {type(e).__name__}: {e}"
-                for key, m, e in failures
-            )
-            raise MetricsManagerError(
-                f"summary at step {step} (MetricsManager {self.name!r}): compute_value() "
-                f"failed for {listed}"
-            ) from failures[0][2]
-        if self._writer is not None:
-            self._call_writer(
-                step, "write_values", lambda w: writers.write_values(w, step, summary)
-            )
-        return summary
-
-    # ------------------------------------------------------- direct writes
-
     def write_scalar(self, key: str, val: Any, step: int) -> None:
-        """Writes one scalar at `step` (in the background, in call order).
-
-        Args:
-          key: the scalar's name, e.g. "timing/compilation_seconds".
-          val: a number or a one-element array.
-          step: the step to write at.
-
-        Raises:
-          TypeError, ValueError: a bad key or step.
-          RuntimeError: the manager is closed (or called from its worker with a
-            full queue).
-          MetricsManagerError: an earlier background job failed.
-        """
+        """Writes one scalar at `step`, in call order (in the background)."""
         self.write_scalars(step, {key: val}, _method="write_scalar")
 
     def write_scalars(
         self, step: int, scalars: Mapping[str, Any], *, _method: str = "write_scalars"
     ) -> None:
-        """Writes scalars at `step` (in the background, in call order).
-
-        Args:
-          step: the step to write at.
-          scalars: name -> number or one-element array.
-
-        Raises:
-          TypeError, ValueError: a bad key or step.
-          RuntimeError: the manager is closed (or called from its worker with a
-            full queue).
-          MetricsManagerError: an earlier background job failed.
-        """
-        self._write(_method, step, scalars, "scalars", lambda w, s, v: w.write_scalars(s, v))
+        """Writes host-side numbers at `step`, in call order; checked and converted now."""
+        self._check_usable(_method)
+        problems = _Problems(f"MetricsManager.{_method}")
+        step = problems.step("step", step)
+        values = problems.mapping("scalars", scalars)
+        problems.keys(values, self._reserved)
+        numbers_ = problems.numbers(values)
+        problems.raise_if_any()
+        self._direct(step, [("write_scalars", {"scalars": _checks.Checked(numbers_)})])
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Writes texts (markdown in TensorBoard) at `step`, in call order.
-
-        Args:
-          step: the step to write at.
-          texts: name -> str.
-
-        Raises:
-          TypeError, ValueError: a bad key, value or step.
-          RuntimeError: the manager is closed (or called from its worker with a
-            full queue).
-          MetricsManagerError: an earlier background job failed.
-        """
-        self._write(
-            "write_texts", step, texts, "texts", lambda w, s, v: w.write_texts(s, v), strings=True
-        )
+        """Writes texts (markdown in TensorBoard) at `step`, in call order."""
+        self._check_usable("write_texts")
+        problems = _Problems("MetricsManager.write_texts")
+        step = problems.step("step", step)
+        values = problems.mapping("texts", texts)
+        problems.keys(values, self._reserved)
+        bad = [f"{k!r}: {type(v).__name__}" for k, v in values.items() if not isinstance(v, str)]
+        if bad:
+            problems.add(
+                TypeError,
+                f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars",
+            )
+        problems.raise_if_any()
+        self._direct(step, [("write_texts", {"texts": _checks.Checked(values)})])
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Writes the run's hyperparameters (no step), in call order.
+        """Writes the run's hyperparameters (no step), in call order."""
+        self._check_usable("write_hparams")
+        problems = _Problems("MetricsManager.write_hparams")
+        values = problems.mapping("hparams", hparams)
+        problems.keys(values, frozenset())
+        problems.raise_if_any()
+        self._direct(None, [("write_hparams", {"hparams": values})])
 
-        Args:
-          hparams: name -> bool, number or str.
-
-        Raises:
-          TypeError: `hparams` is not a mapping with str keys.
-          RuntimeError: the manager is closed (or called from its worker with a
-            full queue).
-          MetricsManagerError: an earlier background job failed.
-        """
-        self._write("write_hparams", None, hparams, "hparams", lambda w, _, v: w.write_hparams(v))
-
-    def _write(
-        self,
-        method: str,
-        step: int | None,
-        values: Mapping[str, Any],
-        what: str,
-        call: Callable[[Any, Any, dict[str, Any]], None],
-        *,
-        strings: bool = False,
-    ) -> None:
-        self._check_usable(method)
-        checks = _Checks(method)
-        if step is not None:
-            step = checks.step(step, "step", minimum=0)
-        snapshot = checks.mapping(values, what)
-        if strings:
-            checks.strings(snapshot, what)
-        checks.raise_if_any()
-        if self._writer is None:
-            return
-        self._submit(lambda: self._call_writer(step, method, lambda w: call(w, step, snapshot)))
-
-    # ------------------------------------------------------------ lifecycle
-
-    def flush(self) -> None:
-        """Waits for every pending summary and write, then flushes the writer.
+    def flush(self, timeout: float | None = None) -> None:
+        """Waits for every queued summary and write, then flushes every writer.
 
         Raises:
-          RuntimeError: the manager is closed (or called from its worker with a
-            full queue).
-          MetricsManagerError: a background job failed (this one or earlier).
+          MetricsManagerError: under "raise", a background failure.
         """
         self._check_usable("flush")
-        if self._writer is not None:
-            job = self._submit(lambda: self._call_writer(None, "flush", lambda w: w.flush()))
-        else:
-            job = self._submit(lambda: None)
-        concurrent.futures.wait([job])
-        self._raise_if_failed()
+        future = self._worker.submit(self._fan_out(None, [("flush", {})]))
+        self._wait(future, timeout)
+        self._raise_if_fatal()
 
     def close(self) -> None:
-        """Finishes pending work, closes the writer and joins the manager's threads.
+        """Finishes queued work, closes every writer and stops the worker; idempotent.
 
-        Idempotent: later calls do nothing. The writer is closed and every
-        thread the manager started has ended when this returns, even when it
-        raises.
+        Returns within about `writer_deadline_s` + 5 s even when a writer hangs (that writer
+        is named in the log and in `errors`).
 
         Raises:
-          MetricsManagerError: a background job failed (now or earlier, even if
-            an earlier call already raised it); it names the metric or writer.
+          MetricsManagerError: under "raise", a background failure not yet raised.
         """
         if self._closed:
             return
         self._closed = True
+        _OPEN.discard(self)
         try:
-            if self._writer is not None:
-                self._submit(
-                    lambda: self._call_writer(None, "close", lambda w: w.close()),
-                    after_failure=True,
-                )
+            future = self._worker.submit(self._fan_out(None, [("close", {})], closing=True))
+            self._wait(future, None)
+            if not self._worker.close(5.0):
+                _LOG.error("MetricsManager %r: the worker did not stop in time", self.name)
         finally:
-            self._worker.shutdown(wait=True)
-            self._timer.close()
-        self._raise_if_failed()
+            if self._monitor is not None:
+                self._monitor.close()
+            self._release_dir()
+        if self._failure_count:
+            _LOG.warning(
+                "MetricsManager %r closed after %d background failure(s); last: %s",
+                self.name,
+                self._failure_count,
+                self._failures[-1],
+            )
+        self._raise_if_fatal()
 
     def __enter__(self) -> MetricsManager:
         return self
@@ -689,40 +463,476 @@ class MetricsManager:
             return
         try:
             self.close()
-        except Exception as close_err:
-            # Keep the loop's own exception; report the background one with it.
-            _LOG.error("%s", close_err)
-            if hasattr(exc, "add_note"):  # Python >= 3.11
-                exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")
+        except Exception as close_err:  # keep the loop's own exception; note the other
+            exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("failed" if self._error else "open")
-        return (
-            f"MetricsManager(name={self.name!r}, summary_dir={self.summary_dir!r}, "
-            f"writer={_writer_name(self._writer) if self._writer is not None else None}, {state})"
+        state = "closed" if self._closed else ("failed" if self._fatal else "open")
+        return f"MetricsManager(name={self.name!r}, summary_dir={self.summary_dir!r}, {state})"
+
+    # ------------------------------------------------------------- internals
+
+    def _build_writers(self, factory: WriterFactory, resume_step: int | None) -> None:
+        kwargs: dict[str, Any] = {}
+        try:
+            parameters = inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            parameters = {}  # type: ignore[assignment]
+        collection = parameters.get("collection")
+        if collection is not None and collection.default is None:
+            kwargs["collection"] = self.name
+        if resume_step is not None:
+            if "resume_step" not in parameters:
+                raise TypeError(
+                    f"MetricsManager({self.name!r}): resume_step={resume_step} needs a "
+                    "writer_factory with a resume_step argument (such as "
+                    "writers.create_default_writer)."
+                )
+            kwargs["resume_step"] = resume_step
+        made = self._made = factory(self.summary_dir, **kwargs)
+        named = (
+            made.writers if isinstance(made, writers.MultiWriter) else {type(made).__name__: made}
+        )
+        if not named:
+            named = {}
+        for writer_name, writer in named.items():
+            missing = [m for m in _REQUIRED if not callable(getattr(writer, m, None))]
+            if missing:
+                for w in named.values():
+                    getattr(w, "close", lambda: None)()
+                raise TypeError(
+                    f"MetricsManager({self.name!r}): writer_factory returned "
+                    f"{writer_name}, which lacks "
+                    f"{', '.join(missing)}; return a writers.MetricWriter (e.g. "
+                    "writers.create_default_writer(logdir))."
+                )
+            self._writers[writer_name] = _WriterState(writer)
+        self._reserved = frozenset(
+            key for w in named.values() for key in getattr(w, "reserved_keys", ())
         )
 
+    def _claim_dir(self) -> None:
+        """Refuses a second open manager on the same directory, in or across processes."""
+        if self.summary_dir is None or "://" in self.summary_dir:
+            return
+        path = os.path.realpath(self.summary_dir)
+        os.makedirs(path, exist_ok=True)
+        taken = f"MetricsManager({self.name!r}): {self.summary_dir} is already written by "
+        fix = "; close it first, or give this manager another name or summary_dir."
+        with _DIRS_LOCK:
+            if path in _DIRS:
+                raise ValueError(taken + "another open MetricsManager in this process" + fix)
+            fd = os.open(os.path.join(path, ".metrics_manager.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise ValueError(taken + "a MetricsManager in another process" + fix) from None
+            _DIRS[path] = fd
+            self._lock_fd = fd
 
-def _to_host(metrics: dict[str, Any] | PackedMetrics) -> dict[str, Any]:
-    """The metrics with NumPy leaves, in one batched transfer (summary worker)."""
-    if not isinstance(metrics, PackedMetrics):
-        return host_copy.device_get_batched(metrics)
-    buffers = metrics.buffers
+    def _release_dir(self) -> None:
+        if self._lock_fd is None:
+            return
+        with _DIRS_LOCK:
+            for path, fd in list(_DIRS.items()):
+                if fd == self._lock_fd:
+                    del _DIRS[path]
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _check_usable(self, method: str) -> None:
+        if self._closed:
+            raise RuntimeError(
+                f"MetricsManager {self.name!r} is closed; {method}() needs an open manager."
+            )
+        self._raise_if_fatal()
+
+    def _raise_if_fatal(self) -> None:
+        fatal = self._fatal
+        if fatal is not None:
+            self._fatal = None  # raised once; later calls go on (errors keeps it)
+            raise MetricsManagerError(
+                f"MetricsManager {self.name!r}: background failure: {fatal}"
+            ) from fatal.error
+
+    def _check_order(self, step: int) -> None:
+        last, self._last_step = self._last_step, step
+        if last is not None and step < last and not getattr(self, "_warned_order", False):
+            self._warned_order = True
+            _LOG.warning(
+                "MetricsManager %r: step %d comes after step %d. If the run resumed from a "
+                "checkpoint, pass resume_step so earlier values after it are dropped.",
+                self.name,
+                step,
+                last,
+            )
+
+    def _record(self, failure: Failure, *, fatal: bool) -> None:
+        with self._lock:
+            self._failures.append(failure)
+            del self._failures[:-_KEEP_ERRORS]
+            self._failure_count += 1
+            if fatal and self._fatal is None:
+                self._fatal = failure
+        _LOG.error("MetricsManager %r: %s", self.name, failure)
+
+    def _fan_out(
+        self, step: int | None, calls: list[Any] | None, *, closing: bool = False
+    ) -> list[Any]:
+        """One piece per writer; each catches its own errors, so one writer never stops another."""
+        pieces = []
+        for writer_name, state in self._writers.items():
+
+            def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
+                if state.quarantined and not (closing and state.quarantined != "hung"):
+                    return
+                todo = job.state.get("calls", ()) if calls is None else calls
+                for method, kwargs in todo:
+                    try:
+                        if method == "write_hparams" or step is None:
+                            getattr(state.writer, method)(**kwargs)
+                        else:
+                            getattr(state.writer, method)(step=step, **kwargs)
+                    except Exception as err:  # noqa: BLE001  (isolated: recorded, not raised)
+                        self._writer_failed(name, state, step, kwargs, err, job)
+                        return
+                state.in_a_row = 0
+
+            pieces.append((f"writer {writer_name!r}", call, self._deadline))
+        return pieces
+
+    def _writer_failed(
+        self,
+        name: str,
+        state: _WriterState,
+        step: int | None,
+        kwargs: dict[str, Any],
+        err: BaseException,
+        job: Job,
+    ) -> None:
+        state.failures += 1
+        state.in_a_row += 1
+        keys = next((tuple(v) for v in kwargs.values() if isinstance(v, Mapping)), ())
+        failure = Failure(f"writer:{name}", step, keys, err)
+        self._record(failure, fatal=self.on_error == "raise")
+        if self.on_error == "raise":
+            job.state.setdefault("failure", failure)
+        if state.in_a_row >= self._max_failures and not state.quarantined:
+            state.quarantined = f"{state.in_a_row} failures in a row"
+            _LOG.error(
+                "MetricsManager %r: writer %r quarantined after %d failures in a row; "
+                "the other writers go on",
+                self.name,
+                name,
+                state.in_a_row,
+            )
+
+    def _stuck(self, label: str, job: Job) -> None:
+        name = label.removeprefix("writer ").strip("'")
+        state = self._writers.get(name)
+        if state is not None:
+            state.quarantined = "hung"
+        err = TimeoutError(
+            f"{label} ran past writer_deadline_s={self._deadline}; abandoned and quarantined"
+        )
+        self._record(Failure(f"writer:{name}", None, (), err), fatal=self.on_error == "raise")
+
+    def _result(self, job: Job) -> None:
+        failure = job.state.get("failure")
+        if failure is not None:
+            raise MetricsManagerError(
+                f"MetricsManager {self.name!r}: summary at step {failure.step}: {failure}"
+            ) from failure.error
+
+    def _direct(self, step: int | None, calls: list[Any]) -> None:
+        if self._writers:
+            self._worker.submit(self._fan_out(step, calls))
+
+    def _wait(self, future: concurrent.futures.Future[Any], timeout: float | None) -> None:
+        """Waits for `future`, abandoning hung writers meanwhile (the worker's waiters do)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not future.done():
+            self._worker.drain(0.05)
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
+
+    def _summarize(
+        self,
+        metrics: Mapping[str, Any] | PackedMetrics,
+        ready: dict[str, Any],
+        step: int,
+        num_steps: int,
+        duration: float | None,
+    ) -> dict[str, clu.values.Value]:
+        """Worker side: host copy, durations and steps, compute_value() per metric."""
+        host = _to_host(metrics)
+        timed = sorted(k for k, m in host.items() if _has_time_metric(m))
+        if duration is None and timed:
+            raise MetricsManagerError(
+                f"summary at step {step} (MetricsManager {self.name!r}): metrics {timed} "
+                "measure time, but no window was open: call "
+                "manager.start_duration_timer(block_on=state) at the start of every window."
+            )
+        if duration is not None:
+            host = metrics_lib.set_time_metrics_duration(host, duration)
+        host = metrics_lib.set_step_metrics_num_steps(host, num_steps)
+        summary: dict[str, Any] = dict(ready)
+        for key, metric in host.items():
+            try:
+                summary.update(metrics_lib.compute_metric_values({key: metric}))
+            except Exception as err:  # noqa: BLE001  (that key is skipped, the rest written)
+                self._record(
+                    Failure(f"metric:{key}", step, (key,), err), fatal=self.on_error == "raise"
+                )
+        if self._flops is not None and duration is not None:
+            from metrics_manager.flops import peak_flops_per_device, perf_values
+
+            peak = self._peak if self._peak is not None else peak_flops_per_device()
+            summary.update(
+                perf_values(
+                    self._flops,
+                    num_steps,
+                    duration,
+                    num_devices=jax.device_count(),
+                    peak_flops_per_device=peak,
+                )
+            )
+        if (
+            self._monitor is not None
+            and time.monotonic() - self._system_last >= self._system_interval
+        ):
+            self._system_last = time.monotonic()
+            summary.update(self._monitor.window_values())
+        self._check_finite(step, summary)
+        return summary
+
+    def _check_finite(self, step: int, summary: Mapping[str, Any]) -> None:
+        if self.nonfinite == "ignore":
+            return
+        bad = []
+        for key, value in summary.items():
+            inner = getattr(value, "value", value)
+            if isinstance(inner, float | np.floating | np.ndarray) and np.size(inner) == 1:
+                if not np.isfinite(np.asarray(inner, np.float64)).all():
+                    bad.append(key)
+        if not bad:
+            return
+        if self.nonfinite == "stop":
+            err = FloatingPointError(
+                f"non-finite values in the summary window ending at step {step} for keys "
+                f"{sorted(bad)}; the run was stopped by nonfinite='stop'"
+            )
+            self._record(Failure("nonfinite", step, tuple(sorted(bad)), err), fatal=True)
+        elif set(bad) - self._nonfinite_warned:
+            self._nonfinite_warned.update(bad)
+            _LOG.warning(
+                "MetricsManager %r: non-finite values at step %d for %s",
+                self.name,
+                step,
+                sorted(bad),
+            )
+
+    def _checked_calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
+        """The writer calls for a summary, checked once here for every writer."""
+        calls = writers.group_values(summary)
+        for method, kwargs in calls:
+            if method == "write_scalars":
+                kwargs["scalars"] = _checks.Checked(
+                    _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
+                )
+        return calls
+
+    def _flush_for_signal(self, timeout: float) -> None:
+        """Drains the queue and flushes every writer (called from a signal handler)."""
+        if self._closed:
+            return
+        try:
+            future = self._worker.submit(self._fan_out(None, [("flush", {})]))
+            self._wait(future, timeout)
+        except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
+            _LOG.error("MetricsManager %r: flush on signal failed: %s", self.name, err)
+
+
+# ------------------------------------------------------------------- helpers
+
+
+class _Problems:
+    """Every problem with one call's arguments, raised together (TypeError if any is one)."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.items: list[tuple[type[Exception], str]] = []
+
+    def add(self, kind: type[Exception], message: str) -> None:
+        self.items.append((kind, message))
+
+    def integer(self, what: str, value: Any, *, minimum: int) -> int:
+        if isinstance(value, np.integer) or (
+            isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu"
+        ):
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            hint = (
+                "; keep a host-side counter (step += 1): converting a jax.Array would block "
+                "the training loop"
+                if isinstance(value, jax.Array)
+                else ""
+            )
+            self.add(
+                TypeError, f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
+            )
+            return 0
+        if value < minimum:
+            self.add(ValueError, f"{what} must be >= {minimum}, got {value}")
+        return int(value)
+
+    def step(self, what: str, value: Any) -> int:
+        step = self.integer(what, value, minimum=0)
+        if step >= _checks.MAX_STEP:
+            self.add(
+                ValueError, f"{what} must be below 2**63 (steps are stored as int64), got {step}"
+            )
+        return step
+
+    def positive(self, what: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            self.add(
+                TypeError,
+                f"{what} must be a number of seconds or units, got {value!r} "
+                f"({type(value).__name__}); in gin write 30.0, not '30'",
+            )
+        elif not value > 0:
+            self.add(ValueError, f"{what} must be > 0, got {value}")
+
+    def choice(self, what: str, value: Any, options: tuple[str, ...]) -> None:
+        if value not in options:
+            self.add(ValueError, f"{what} must be one of {list(options)}, got {value!r}")
+
+    def mapping(self, what: str, values: Any) -> dict[str, Any]:
+        if not isinstance(values, Mapping):
+            self.add(
+                TypeError,
+                f"{what} must be a mapping from names to values, got "
+                f"{type(values).__name__} (wrap it: {{'loss': value}})",
+            )
+            return {}
+        return dict(values)
+
+    def keys(self, keys: Any, reserved: frozenset[str]) -> None:
+        bad = [k for k in keys if not isinstance(k, str) or not k.strip()]
+        if bad:
+            listed = ", ".join(repr(k) for k in bad)
+            self.add(TypeError, f"every key must be a non-empty str such as 'loss', got {listed}")
+        clash = sorted(k for k in keys if k in reserved)
+        if clash:
+            self.add(
+                ValueError,
+                f"keys {clash} are reserved by a writer (JSONL stores step, "
+                f"time and collection in every line); rename them, e.g. "
+                f"'train/{clash[0]}'",
+            )
+
+    def numbers(self, values: Mapping[str, Any]) -> dict[str, int | float]:
+        out: dict[str, int | float] = {}
+        for key, value in values.items():
+            try:
+                out[key] = _checks.to_number(key, value)
+            except (TypeError, ValueError) as err:
+                self.add(type(err), str(err))
+        return out
+
+    def raise_if_any(self) -> None:
+        if self.items:
+            kind = TypeError if any(k is TypeError for k, _ in self.items) else ValueError
+            raise kind(f"{self.method}: " + "; ".join(m for _, m in self.items) + ".")
+
+
+def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metrics to merge on the host, values ready to write) from a dict or NNX metrics."""
+    if not isinstance(obj, Mapping) and type(obj).__name__ != "MultiMetric":
+        problems.add(
+            TypeError,
+            f"metrics must be a mapping from names to CLU metrics, a "
+            f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}",
+        )
+        return {}, {}
+    if not isinstance(obj, Mapping) or any(not metrics_lib.is_metric_obj(v) for v in obj.values()):
+        try:
+            from metrics_manager.nnx import as_summary_metrics
+
+            obj = as_summary_metrics(obj)
+        except (TypeError, ValueError) as err:
+            problems.add(type(err), f"metrics: {err}")
+            return {}, {}
+    metrics = {k: v for k, v in obj.items() if metrics_lib.is_metric_obj(v)}
+    return metrics, {k: v for k, v in obj.items() if k not in metrics}
+
+
+def _ready_time(tree: Any, called: float, clock: Clock) -> float:
+    """When `tree` became ready: the call's time if it already was, else the time it became so.
+
+    A leaf that is ready (or donated) when the worker first looks may have become ready any
+    time before; the call's own clock reading is then the best bound, so a busy worker never
+    shifts the window.
+    """
+    from metrics_manager.timer import block_until_ready_or_deleted
+
+    leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
+    if all(x.is_deleted() or x.is_ready() for x in leaves):
+        return called
+    block_until_ready_or_deleted(leaves)
+    return clock()
+
+
+_pack = jax.jit(PackedMetrics.pack)
+
+
+def _to_host(metrics: Mapping[str, Any] | PackedMetrics) -> dict[str, Any]:
+    """The metrics with NumPy leaves: one packing step on the device, one transfer."""
+    if not metrics:
+        return {}
+    packed = metrics if isinstance(metrics, PackedMetrics) else _pack(metrics)
     deleted = [
         f"buffer {i} ({b.dtype}[{b.size}])"
-        for i, b in enumerate(buffers)
+        for i, b in enumerate(packed.buffers)
         if isinstance(b, jax.Array) and b.is_deleted()
     ]
     if deleted:
         raise ValueError(
-            f"Cannot copy the PackedMetrics of {metrics.keys()} to the host: "
-            f"{', '.join(deleted)} was deleted (donated to a later computation). Do not donate "
-            "metrics passed to write_metrics_summary (or pass a copy)."
+            f"Cannot copy the metrics {packed.keys()} to the host: {', '.join(deleted)} was "
+            "deleted (donated to a later computation). Do not donate metrics passed to "
+            "write_metrics_summary (or pass a copy)."
         )
-    return metrics.unpack_host(jax.device_get(buffers))
+    return packed.unpack_host(jax.device_get(packed.buffers))
 
 
-def _contains_time_metric(metric: Any) -> bool:
+def _has_time_metric(metric: Any) -> bool:
     if isinstance(metric, clu_metrics.Collection):
-        return any(_contains_time_metric(m) for m in vars(metric).values())
+        return any(_has_time_metric(m) for m in vars(metric).values())
     return metrics_lib.is_time_metric(metric)
+
+
+# ------------------------------------------------------------------- signals
+
+
+def _install_signal_handlers() -> None:
+    """Flush every open manager on SIGTERM/SIGINT, then run the handler that was there."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        if signum in _PREVIOUS_HANDLERS:
+            continue
+        _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+        signal.signal(signum, _on_signal)
+
+
+def _on_signal(signum: int, frame: types.FrameType | None) -> None:
+    for manager in list(_OPEN):
+        manager._flush_for_signal(timeout=25.0)
+    previous = _PREVIOUS_HANDLERS.get(signum)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)  # die as the default would: status 128 + signum
+        os.kill(os.getpid(), signum)

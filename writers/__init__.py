@@ -29,7 +29,7 @@ from writers.logging_writer import LoggingWriter
 from writers.multi import MultiWriter
 from writers.noop import NoopWriter
 from writers.tensorboard import TensorBoardWriter
-from writers.values import write_values
+from writers.values import group_values, write_values
 
 __all__ = [
     "AsyncWriter",
@@ -43,5 +43,6 @@ __all__ = [
     "WriterClosedError",
     "WriterError",
     "create_default_writer",
+    "group_values",
     "write_values",
 ]

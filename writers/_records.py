@@ -71,7 +71,9 @@ class EventFile:
         for attempt in range(1000):
             self.path = base + (f".{attempt}" if attempt else "") + filename_suffix
             try:
-                self._file: Any = open(self.path, "xb")  # noqa: SIM115  (closed in close())
+                # Unbuffered: every event reaches the OS at once, so a killed process
+                # (SIGKILL) loses none that was written; flush() adds the fsync.
+                self._file: Any = open(self.path, "xb", buffering=0)  # noqa: SIM115
                 return
             except FileExistsError:
                 continue

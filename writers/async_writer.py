@@ -38,6 +38,7 @@ from writers import _checks, _exit
 from writers._worker import OrderedWorker
 from writers.interface import Array, MetricWriter, Scalar, WriterClosedError, WriterError
 
+
 class AsyncWriter(MetricWriter):
     """Runs every call of `writer` on a background thread, in order.
 

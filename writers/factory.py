@@ -1,8 +1,9 @@
 """`create_default_writer`: the usual writer set for a training run, in one call.
 
 By default: console + TensorBoard (events in `logdir`) + JSONL (`<logdir>/metrics.jsonl`),
-each behind its own `AsyncWriter` and fanned out by a `MultiWriter`, so a slow or
-failing backend neither blocks the loop nor stops the others. `logdir=None` means
+fanned out by a `MultiWriter`, so a failing backend does not stop the others (a
+`MetricsManager` unpacks it and isolates each writer itself; `asynchronous=True` puts each
+behind its own `AsyncWriter` for use without a manager). `logdir=None` means
 no file writers (console and absl log only). The writers inside the `MultiWriter`
 are named `console`, `tensorboard`, `jsonl` and `log`; errors use those names.
 
@@ -39,7 +40,7 @@ def create_default_writer(
     logdir: str | os.PathLike[str] | None,
     *,
     collection: str | None = None,
-    asynchronous: bool = True,
+    asynchronous: bool = False,
     console: bool = True,
     tensorboard: bool = True,
     jsonl: bool = True,
@@ -58,7 +59,8 @@ def create_default_writer(
       collection: Name shown by the console and log writers and stored in every
         JSONL line (e.g. `train`, `eval`).
       asynchronous: Wrap each writer in its own `AsyncWriter` (one ordered worker
-        per writer, bounded queue of `max_queue` calls).
+        per writer, bounded queue of `max_queue` calls). Off by default: a
+        `MetricsManager` already calls its writers from its own worker, and isolates them.
       console: Include a `ConsoleWriter`.
       tensorboard: Include a `TensorBoardWriter` (needs `logdir`).
       jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl` (needs a local

@@ -72,6 +72,9 @@ class JsonlWriter(BaseWriter):
       ValueError: `path` is a URL (`gs://...`): this writer needs a local file.
     """
 
+    reserved_keys = RESERVED_KEYS
+    """Keys a value may not have: every line's own fields (a manager refuses them at the call)."""
+
     def __init__(
         self,
         path: str | os.PathLike[str],

@@ -78,6 +78,11 @@ class TensorBoardWriter(BaseWriter):
         # Imported here so that `import writers` does not load tensorboardX.
         from writers import _records, _tb_summary
 
+        if isinstance(flush_secs, bool) or not isinstance(flush_secs, int | float):
+            raise TypeError(
+                f"TensorBoardWriter: flush_secs must be a number of seconds such as 10.0, got "
+                f"{flush_secs!r} ({type(flush_secs).__name__}); in gin write 10.0, not '10'."
+            )
         if not flush_secs > 0:
             raise ValueError(
                 f"TensorBoardWriter: flush_secs must be a positive number of seconds, got "

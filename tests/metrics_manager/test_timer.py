@@ -1,4 +1,10 @@
-"""Tests for the background duration timer (fake clocks, real arrays, no sleeps)."""
+"""Window timing: `block_until_ready_or_deleted` and the manager's window rule.
+
+The rule (`manager._ready_time`): a window end whose arrays are already ready (or donated)
+when the worker looks is the caller's own clock reading; only arrays still computing are
+waited for, and the clock is read when they are ready. So a busy worker never moves a window,
+which is what keeps `timing/*` right for steps of microseconds.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+import writers
 from metrics_manager import timer as timer_lib
-from metrics_manager.timer import DurationTimer, block_until_ready_or_deleted
+from metrics_manager.manager import MetricsManager, _ready_time
+from metrics_manager.metrics import StepsPerTime
+from metrics_manager.timer import block_until_ready_or_deleted
 
 
 class FakeClock:
@@ -31,41 +40,45 @@ def _donated() -> jax.Array:
     return x
 
 
-def test_duration_is_difference_of_clock_reads_at_ready_points():
-    clock = FakeClock(100.0, 140.0)
-    timer = DurationTimer(clock=clock)
-    timer.start(block_on={"params": jnp.ones(3)})
-    assert timer.started
-    duration = timer.stop(block_on=[jnp.zeros(2), 1.0, None]).result()
-    timer.close()
-    assert duration == 40.0
-    assert clock.reads == 2
-    assert not timer.started
-
-
-def test_stop_without_start_gives_none_and_reads_no_clock():
+def test_already_ready_values_use_the_callers_clock_reading():
     clock = FakeClock()
-    timer = DurationTimer(clock=clock)
-    assert timer.stop(block_on=jnp.ones(1)).result() is None
-    timer.close()
-    assert clock.reads == 0
+    assert _ready_time({"x": jnp.ones(2), "gone": _donated()}, 7.0, clock) == 7.0
+    assert clock.reads == 0  # never read late by a busy worker
 
 
-def test_restart_before_stop_measures_from_last_start():
-    timer = DurationTimer(clock=FakeClock(1.0, 5.0, 12.0))
-    timer.start()
-    timer.start()
-    assert timer.stop().result() == 7.0
-    timer.close()
+def test_values_still_computing_are_waited_for_then_the_clock_is_read(monkeypatch):
+    pending = jnp.ones(3)
+    monkeypatch.setattr(type(pending), "is_ready", lambda self: False)
+    waited = []
+    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", lambda t: waited.append(t))
+    assert _ready_time({"x": pending}, 7.0, FakeClock(9.5)) == 9.5
+    assert len(waited) == 1
 
 
-def test_donated_buffers_count_as_ready():
-    state = {"params": _donated(), "step": jnp.int32(3)}
-    block_until_ready_or_deleted(state)  # must not raise
-    timer = DurationTimer(clock=FakeClock(0.0, 2.5))
-    timer.start(block_on=state)
-    assert timer.stop(block_on={"metrics": _donated()}).result() == 2.5
-    timer.close()
+def test_a_busy_worker_does_not_shorten_the_window():
+    """Window of 100 steps of 50 us: start and end read on the caller, the worker is late."""
+    clock = FakeClock(1.000, 1.005)  # start_duration_timer, then write_metrics_summary
+    gate = threading.Event()
+
+    class SlowWriter(writers.NoopWriter):
+        def write_texts(self, step, texts):
+            gate.wait(30)  # the worker is busy while the window runs
+
+    with MetricsManager("t", writer_factory=lambda d: SlowWriter(), clock=clock) as manager:
+        manager.write_texts(0, {"note": "busy"})
+        manager.start_duration_timer(block_on=jnp.ones(2))
+        future = manager.write_metrics_summary({"sps": StepsPerTime(steps=100)}, 100, 100)
+        gate.set()
+        summary = future.result()
+    assert float(summary["sps"].value) == pytest.approx(100 / 0.005)  # 20,000 steps/s
+
+
+def test_donated_state_and_metrics_count_as_ready():
+    clock = FakeClock(0.0, 2.5)
+    with MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), clock=clock) as m:
+        m.start_duration_timer(block_on={"params": _donated()})
+        summary = m.write_metrics_summary({"sps": StepsPerTime(steps=5)}, 5, 5).result()
+    assert float(summary["sps"].value) == 2.0
 
 
 def test_a_leaf_donated_during_the_batched_wait_counts_as_ready(monkeypatch):
@@ -81,63 +94,3 @@ def test_a_leaf_donated_during_the_batched_wait_counts_as_ready(monkeypatch):
     monkeypatch.setattr(jax, "block_until_ready", batched_wait)
     block_until_ready_or_deleted({"victim": victim, "other": other, "host": 1.0})
     assert seen == [2]  # the two live arrays in one call, the host value skipped
-
-
-def test_start_and_stop_never_wait_for_the_arrays(monkeypatch):
-    """The caller returns while the awaited arrays are still "running".
-
-    A gate stands in for an unfinished device computation: waiting on any
-    array blocks until the test opens it. If `start` or `stop` waited on the
-    caller's thread, the test would deadlock instead of reaching `gate.set()`.
-    """
-    gate = threading.Event()
-    real_wait = timer_lib.block_until_ready_or_deleted
-    opened_before_read = []
-
-    def gated_wait(tree):
-        assert gate.wait(timeout=30), "gate never opened"
-        real_wait(tree)
-
-    def clock():
-        opened_before_read.append(gate.is_set())
-        return float(len(opened_before_read))
-
-    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", gated_wait)
-    timer = DurationTimer(clock=clock)
-    timer.start(block_on=jnp.ones(2))
-    future = timer.stop(block_on=jnp.ones(2))
-    assert not future.done()
-    gate.set()
-    assert future.result() == 1.0
-    timer.close()
-    assert opened_before_read == [True, True]
-
-
-def test_failed_wait_surfaces_in_stop_future(monkeypatch):
-    def failing_wait(tree):
-        raise RuntimeError("device computation failed")
-
-    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", failing_wait)
-    timer = DurationTimer(clock=FakeClock(0.0, 1.0))
-    timer.start(block_on=jnp.ones(1))
-    with pytest.raises(RuntimeError, match="device computation failed"):
-        timer.stop().result()
-    timer.close()
-
-
-def test_close_joins_thread_and_is_idempotent():
-    before = set(threading.enumerate())
-    timer = DurationTimer(clock=FakeClock(0.0, 1.0), thread_name="TimerUnderTest")
-    timer.start(block_on=jnp.ones(1))
-    timer.stop().result()
-    assert any(t.name.startswith("TimerUnderTest") for t in threading.enumerate())
-    timer.close()
-    timer.close()
-    assert set(threading.enumerate()) <= before
-    with pytest.raises(RuntimeError, match="closed"):
-        timer.start()
-
-
-def test_bad_clock_is_a_type_error():
-    with pytest.raises(TypeError, match="clock must be a callable"):
-        DurationTimer(clock=3.0)  # type: ignore[arg-type]

@@ -1,0 +1,121 @@
+"""A training loop run as a subprocess by the fault tests (SIGTERM, SIGKILL, hung writers).
+
+    python -m tests.metrics_manager.fault_loop MODE SUMMARY_DIR [PERIOD_S]
+
+MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds),
+`hang` (a writer that never returns, next to JSONL), `multiprocess` (see
+`test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
+After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
+knows what was issued before the signal.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import writers
+from metrics_manager import MetricsManager, Sum
+
+
+class HangingWriter(writers.NoopWriter):
+    """Never returns from a write (a dead NFS mount, a stuck remote logger)."""
+
+    def write_scalars(self, step, scalars):
+        threading.Event().wait()
+
+
+class FailingWriter(writers.NoopWriter):
+    def write_scalars(self, step, scalars):
+        raise OSError(f"remote logger down (step {step})")
+
+
+@jax.jit
+def step_fn(x):
+    return x + 1.0, {"loss": Sum(jnp.sum(x))}
+
+
+def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
+    if mode == "multiprocess":
+        return multiprocess(summary_dir, int(period))
+    if mode == "hang":
+
+        def factory(logdir):
+            return writers.MultiWriter(
+                {
+                    "jsonl": writers.JsonlWriter(os.path.join(logdir, "metrics.jsonl")),
+                    "stuck": HangingWriter(),
+                }
+            )
+
+        manager = MetricsManager(
+            "train", summary_dir, writer_factory=factory, writer_deadline_s=1.0, max_pending=2
+        )
+        x = jnp.zeros(4)
+        for step in range(1, 21):
+            x, metrics = step_fn(x)
+            manager.write_metrics_summary(metrics, step, 1)
+        start = time.monotonic()
+        manager.close()
+        print(f"closed in {time.monotonic() - start:.2f} s", flush=True)
+        print("errors:", *[str(f) for f in manager.errors], sep="\n", flush=True)
+        return None
+    manager = MetricsManager(
+        "train",
+        summary_dir,
+        writer_factory=lambda d, collection=None: writers.create_default_writer(
+            d, collection=collection, console=False
+        ),
+    )
+    x = jnp.zeros(4)
+    last = time.monotonic()
+    for step in range(1, 1_000_000):
+        x, metrics = step_fn(x)
+        if mode == "every_step" or time.monotonic() - last >= period:
+            last = time.monotonic()
+            manager.write_metrics_summary(metrics, step, 1)
+            print(f"issued {step}", flush=True)
+        time.sleep(0.002)
+
+
+def multiprocess(summary_dir: str, process_id: int) -> None:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=os.environ["COORDINATOR"], num_processes=2, process_id=process_id
+    )
+    mesh = jax.make_mesh((jax.device_count(),), ("d",))
+    sharding = jax.NamedSharding(mesh, jax.P("d"))
+    manager = MetricsManager(
+        "train",
+        summary_dir,
+        writer_deadline_s=5.0,
+        writer_factory=lambda d: writers.MultiWriter(
+            {
+                "jsonl": writers.JsonlWriter(os.path.join(d, "metrics.jsonl")),
+                "failing": FailingWriter(),
+            }
+        ),
+    )
+    local = np.ones((jax.local_device_count(),), np.float32)
+    x = jax.make_array_from_process_local_data(sharding, local)
+    total = jax.jit(lambda v: {"loss": Sum(jnp.sum(v))})
+    for step in range(1, 11):
+        metrics = total(x)  # a cross-process reduction every step: a hang would stop here
+        summary = manager.write_metrics_summary(metrics, step, 1).result()
+        x = x + 1.0
+    manager.close()
+    print(
+        f"process {process_id} done loss={float(summary['loss'].value)} "
+        f"errors={len(manager.errors)}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 0.2)

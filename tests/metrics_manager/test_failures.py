@@ -1,0 +1,339 @@
+"""Never lose a value: writer isolation, hung writers, signals, bad input refused at the call.
+
+Faults are real: writers that raise or never return, subprocesses killed with SIGTERM and
+SIGKILL, two `jax.distributed` processes. What reached disk is read back with TensorBoard's
+own reader and `json.loads`, and counted.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import writers
+from metrics_manager import AveragePerStep, MetricsManager, MetricsManagerError, Sum
+from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class RaisingWriter(writers.NoopWriter):
+    def write_scalars(self, step, scalars):
+        raise OSError(f"disk error at step {step}")
+
+
+def isolated_factory(logdir, collection=None):
+    """The default writer set (TensorBoard + JSONL) plus a writer that raises on every call."""
+    default = writers.create_default_writer(logdir, collection=collection, console=False)
+    return writers.MultiWriter({**default.writers, "broken": RaisingWriter()})
+
+
+def tb_steps(logdir: str, tag: str = "loss") -> list[int]:
+    acc = read_tensorboard(logdir)
+    return (
+        [e.step for e in acc.Tensors(tag)]
+        if tag in acc.Tags()["tensors"]
+        else [e.step for e in acc.Scalars(tag)]
+    )
+
+
+def test_a_raising_writer_costs_the_others_nothing_under_warn(tmp_path):
+    with MetricsManager(
+        "train", tmp_path, writer_factory=isolated_factory, max_writer_failures=10**6
+    ) as manager:
+        for step in range(1, 1001):
+            manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
+    logdir = str(tmp_path / "train")
+    lines = read_jsonl(logdir)
+    assert [line["step"] for line in lines] == list(range(1, 1001))
+    assert [line["loss"] for line in lines] == [float(s) for s in range(1, 1001)]
+    assert tb_steps(logdir) == list(range(1, 1001))
+    assert manager.health()["writers"]["broken"]["failures"] == 1000
+    assert manager.health()["writers"]["jsonl"]["failures"] == 0
+
+
+def test_a_raising_writer_stops_the_loop_with_a_clear_error_under_raise(tmp_path):
+    with pytest.raises(MetricsManagerError, match=r"writer:broken at step \d+.*disk error"):
+        with MetricsManager(
+            "train", tmp_path, writer_factory=isolated_factory, on_error="raise"
+        ) as manager:
+            for step in range(1, 1001):
+                manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
+    written = [line["step"] for line in read_jsonl(str(tmp_path / "train"))]
+    assert written == list(range(1, len(written) + 1)) and written  # the others kept theirs
+
+
+def test_a_writer_quarantined_after_failures_in_a_row_is_not_called_again(tmp_path):
+    calls = []
+
+    class Counting(RaisingWriter):
+        def write_scalars(self, step, scalars):
+            calls.append(step)
+            super().write_scalars(step, scalars)
+
+    with MetricsManager("t", writer_factory=lambda d: Counting(), max_writer_failures=3) as m:
+        for step in range(1, 11):
+            m.write_scalar("x", 1.0, step)
+    assert calls == [1, 2, 3]
+    assert m.health()["writers"]["Counting"]["quarantined"] == "3 failures in a row"
+
+
+def run_loop(*args: str, timeout: float = 60, **popen: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.metrics_manager.fault_loop", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
+
+
+def test_a_hanging_writer_is_abandoned_and_the_process_exits(tmp_path):
+    start = time.monotonic()
+    proc = run_loop("hang", str(tmp_path))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    closed_in = float(out.split("closed in ")[1].split(" s")[0])
+    assert closed_in < 1.0 + 5.0  # writer_deadline_s + 5 s
+    assert "writer:stuck" in out and "writer_deadline_s=1.0" in out
+    steps = [line["step"] for line in read_jsonl(str(tmp_path / "train"))]
+    assert steps == list(range(1, 21))  # the healthy writer got every summary
+    assert time.monotonic() - start < 45
+
+
+def wait_for_issued(proc: subprocess.Popen[str], count: int) -> list[int]:
+    issued = []
+    assert proc.stdout is not None
+    while len(issued) < count:
+        line = proc.stdout.readline()
+        assert line, "the loop ended early"
+        if line.startswith("issued "):
+            issued.append(int(line.split()[1]))
+    return issued
+
+
+@pytest.mark.parametrize("mode", ["every_step", "periodic"])
+def test_sigterm_loses_no_issued_summary(tmp_path, mode):
+    rng = random.Random(0)
+    for kill in range(5):
+        run_dir = tmp_path / str(kill)
+        proc = run_loop(mode, str(run_dir), "0.2")
+        issued = wait_for_issued(proc, rng.randint(3, 8))
+        time.sleep(rng.uniform(0.0, 0.2))  # between flushes, at a random point
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+        issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+        assert proc.returncode == -signal.SIGTERM, rest  # the default action still ran
+        logdir = str(run_dir / "train")
+        jsonl = [line["step"] for line in read_jsonl(logdir)]
+        assert set(issued) <= set(jsonl), (issued, jsonl)
+        assert set(issued) <= set(tb_steps(logdir))
+
+
+def test_sigkill_leaves_readable_files_and_loses_at_most_the_queue(tmp_path):
+    proc = run_loop("every_step", str(tmp_path))
+    issued = wait_for_issued(proc, 30)
+    proc.kill()
+    proc.communicate(timeout=60)
+    logdir = str(tmp_path / "train")
+    jsonl = [line["step"] for line in read_jsonl(logdir)]
+    tb = tb_steps(logdir)
+    # Documented bound: the summaries queued or running when the kill came (max_pending + 1).
+    assert len(set(issued) - set(jsonl)) <= 17 and len(set(issued) - set(tb)) <= 17
+    assert tb == sorted(tb) and jsonl == sorted(jsonl)
+
+
+def test_a_writer_failing_on_process_0_does_not_hang_process_1(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {
+        **os.environ,
+        "COORDINATOR": f"127.0.0.1:{port}",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    }
+    procs = [run_loop("multiprocess", str(tmp_path), str(i), env=env) for i in range(2)]
+    outs = []
+    deadline = time.monotonic() + 90
+    for proc in procs:
+        try:
+            outs.append(proc.communicate(timeout=max(1, deadline - time.monotonic()))[0])
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            pytest.fail("a process hung")
+    assert [p.returncode for p in procs] == [0, 0], outs
+    # 4 devices hold 1 each: step s sums 4 * s; process 0 logged 10 failures, process 1 none.
+    assert "process 0 done loss=40.0 errors=10" in outs[0]
+    assert "process 1 done loss=40.0 errors=0" in outs[1]
+    assert [line["loss"] for line in read_jsonl(str(tmp_path / "train"))] == [
+        4.0 * s for s in range(1, 11)
+    ]
+
+
+# --------------------------------------------------------------- bad input at the call
+
+GOOD = {"loss": Sum(np.float32(1.0))}
+
+BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
+    "string scalar": (lambda m: m.write_scalar("x", "abc", 1), TypeError, "'x'.*must be a number"),
+    "None scalar": (lambda m: m.write_scalar("x", None, 1), TypeError, "'x'.*number"),
+    "vector scalar": (
+        lambda m: m.write_scalars(1, {"v": np.ones(3)}),
+        ValueError,
+        "'v'.*exactly one number.*histogram",
+    ),
+    "complex scalar": (lambda m: m.write_scalars(1, {"c": 1j}), TypeError, "'c'.*number"),
+    "metric named step": (
+        lambda m: m.write_metrics_summary({"step": Sum(1.0)}, 1, 1),
+        ValueError,
+        r"\['step'\] are reserved.*rename",
+    ),
+    "metric named time": (
+        lambda m: m.write_metrics_summary({"time": Sum(1.0)}, 1, 1),
+        ValueError,
+        r"\['time'\] are reserved",
+    ),
+    "scalar named collection": (
+        lambda m: m.write_scalars(1, {"collection": 1.0}),
+        ValueError,
+        "'train/collection'",
+    ),
+    "text named step": (lambda m: m.write_texts(1, {"step": "x"}), ValueError, "reserved"),
+    "step 2**63": (lambda m: m.write_scalar("x", 1.0, 2**63), ValueError, "below 2\\*\\*63"),
+    "step 2**70": (lambda m: m.write_metrics_summary(GOOD, 2**70, 1), ValueError, "2\\*\\*63"),
+    "negative step": (lambda m: m.write_scalar("x", 1.0, -1), ValueError, "step must be >= 0"),
+    "float step": (lambda m: m.write_scalar("x", 1.0, 1.5), TypeError, "step must be an int"),
+    "bool step": (lambda m: m.write_scalar("x", 1.0, True), TypeError, "step must be an int"),
+    "jax step": (
+        lambda m: m.write_metrics_summary(GOOD, jnp.int32(3), 1),
+        TypeError,
+        "host-side counter",
+    ),
+    "zero num_steps": (
+        lambda m: m.write_metrics_summary(GOOD, 1, 0),
+        ValueError,
+        "num_steps must be >= 1",
+    ),
+    "empty key": (lambda m: m.write_scalars(1, {"": 1.0}), TypeError, "non-empty str"),
+    "int key": (lambda m: m.write_scalars(1, {3: 1.0}), TypeError, "non-empty str.*got 3"),
+    "blank key": (lambda m: m.write_scalars(1, {"  ": 1.0}), TypeError, "non-empty str"),
+    "metrics a list": (
+        lambda m: m.write_metrics_summary([GOOD], 1, 1),
+        TypeError,
+        "mapping from names",
+    ),
+    "metrics a str": (
+        lambda m: m.write_metrics_summary("loss", 1, 1),
+        TypeError,
+        "mapping from names.*got str",
+    ),
+    "scalars a list": (lambda m: m.write_scalars(1, [1.0]), TypeError, "mapping.*'loss'"),
+    "text not str": (lambda m: m.write_texts(1, {"t": 3}), TypeError, "'t': int.*write_scalars"),
+    "hparams not mapping": (lambda m: m.write_hparams(["lr"]), TypeError, "mapping"),
+    "bad on_error": (
+        lambda m: MetricsManager("x", on_error="ignore"),
+        ValueError,
+        r"on_error must be one of \['warn', 'raise'\]",
+    ),
+    "string flush_secs in gin": (
+        lambda m: writers.create_default_writer(m.summary_dir, flush_secs="30", console=False),
+        TypeError,
+        "flush_secs.*10.0, not '10'",
+    ),
+    "name escaping summary_dir": (
+        lambda m: MetricsManager("../..", "runs"),
+        ValueError,
+        "outside summary_dir",
+    ),
+    "absolute name": (lambda m: MetricsManager("/etc", "runs"), ValueError, "outside"),
+    "second manager on the dir": (
+        lambda m: MetricsManager("train", os.path.dirname(m.summary_dir)),
+        ValueError,
+        "already written by another open MetricsManager",
+    ),
+    "bad deadline": (
+        lambda m: MetricsManager("x", writer_deadline_s="5"),
+        TypeError,
+        "writer_deadline_s",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_path, case):
+    call, error, match = BAD_CALLS[case]
+    factory = lambda d, collection=None: writers.create_default_writer(  # noqa: E731
+        d, collection=collection, console=False
+    )
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        with pytest.raises(error, match=match):
+            call(manager)
+        manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 5, 1)
+    logdir = str(tmp_path / "train")
+    assert [(x["step"], x["loss"]) for x in read_jsonl(logdir)] == [(5, 2.0)]
+    assert tb_steps(logdir) == [5]
+    assert manager.errors == []
+
+
+def test_bfloat16_and_float16_scalars_are_written_exactly(tmp_path):
+    factory = lambda d, collection=None: writers.create_default_writer(  # noqa: E731
+        d, collection=collection, console=False
+    )
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        manager.write_metrics_summary(
+            {
+                "bf16": Sum(jnp.sum(jnp.asarray([1.5, 2.25], jnp.bfloat16))),
+                "f16": AveragePerStep.from_model_output(jnp.float16(0.125)),
+            },
+            1,
+            1,
+        ).result()
+        manager.write_scalars(2, {"bf16": jnp.bfloat16(3.5)})
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert lines[0]["bf16"] == 3.75 and lines[0]["f16"] == 0.125 and lines[1]["bf16"] == 3.5
+    assert manager.errors == []
+
+
+def test_a_step_going_backwards_warns_once(caplog):
+    with MetricsManager("t", writer_factory=lambda d: writers.NoopWriter()) as manager:
+        for step in (10, 5, 3):
+            manager.write_metrics_summary({"loss": Sum(1.0)}, step, 1)
+    warnings = [r for r in caplog.records if "comes after step" in r.getMessage()]
+    assert len(warnings) == 1 and "resume_step" in warnings[0].getMessage()
+
+
+def test_nonfinite_stop_names_the_window_and_key():
+    with MetricsManager(
+        "t", writer_factory=lambda d: writers.NoopWriter(), nonfinite="stop"
+    ) as manager:
+        for step in range(1, 37):
+            manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, step, 1)
+        manager.write_metrics_summary({"loss": Sum(np.float32(np.nan))}, 37, 1).result()
+        with pytest.raises(MetricsManagerError, match=r"step 37.*\['loss'\]"):
+            manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 38, 1)
+
+
+def test_nonfinite_warn_writes_every_summary(tmp_path):
+    with MetricsManager(
+        "train",
+        tmp_path,
+        nonfinite="warn",
+        writer_factory=lambda d, collection=None: writers.create_default_writer(
+            d, collection=collection, console=False
+        ),
+    ) as m:
+        for step in range(1, 6):
+            m.write_metrics_summary({"loss": Sum(np.float32(np.nan if step > 2 else 1.0))}, step, 1)
+    assert [x["loss"] for x in read_jsonl(str(tmp_path / "train"))] == [1.0, 1.0] + ["NaN"] * 3
