@@ -95,6 +95,10 @@ def _plot_time(quick: bool) -> common.Table:
     from benchmarks import plot_time  # noqa: PLC0415
 
     return plot_time.run(quick)
+def _remote_flush(quick: bool) -> common.Table:
+    from benchmarks import remote_flush  # noqa: PLC0415
+
+    return remote_flush.run(quick)
 
 
 BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
@@ -106,6 +110,7 @@ BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "memory": _memory,
     "system_overhead": _system_overhead,
     "plot_time": _plot_time,
+    "remote_flush": _remote_flush,
 }
 
 

@@ -9,7 +9,7 @@ uses it for its default writer factory, so bindings such as
 manager built in plain Python.
 
 `write_gin_config` saves the operative config the way T5X does: to
-`<model_dir>/config.gin` and, through a manager, as the TensorBoard text
+`<model_dir>/config.gin` (local or a `gs://`/`s3://` URL) and, through a manager, as the TensorBoard text
 summary `config` (markdown).
 
 Usage:
@@ -25,12 +25,13 @@ Host-side module: never import it from code traced by jit.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 import gin
 import jax
+
+from writers import _storage
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -103,7 +104,9 @@ def write_gin_config(
     manager writes the text summary on process 0 only, by itself.
 
     Args:
-      model_dir: the experiment's root directory (created if missing).
+      model_dir: the experiment's root directory (created if missing), or a URL
+        (`gs://bucket/run`, any fsspec protocol). The file's mode follows the
+        process umask.
       manager: where the text summary `config` goes, usually the train
         `MetricsManager`; None writes only the file.
       step: the step of the text summary (T5X: the start step).
@@ -129,12 +132,8 @@ def write_gin_config(
     text = gin.operative_config_str() if config_str is None else config_str
     if jax.process_index() == 0:
         model_dir = os.fspath(model_dir)
-        os.makedirs(model_dir, exist_ok=True)
-        # Write then rename, so a reader never sees half a config.
-        fd, tmp = tempfile.mkstemp(prefix=f".{CONFIG_FILENAME}.", dir=model_dir)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(model_dir, CONFIG_FILENAME))
+        # Atomic (a reader never sees half a config), mode 0o666 & ~umask, local or URL.
+        _storage.replace_file(_storage.join(model_dir, CONFIG_FILENAME), [text.encode("utf-8")])
     if manager is not None:
         manager.write_texts(step, {CONFIG_SUMMARY_KEY: config_markdown(text)})
     return text

@@ -368,3 +368,14 @@ def test_machine_info_names_versions():
     info = common.machine_info()
     for key in ("date", "cpu", "cores", "python", "jax", "numpy", "tensorboardX"):
         assert info[key]
+
+
+def test_remote_flush_benchmark_smallest_size(monkeypatch):
+    from benchmarks import remote_flush
+
+    monkeypatch.setattr(remote_flush, "PRIORS", (2, 6))
+    table = remote_flush.run(repeats=3)
+    assert [row["prior"] for row in table.rows] == [2, 6]
+    assert all(row["median_ms"] > 0 and row["bytes_per_flush"] > 0 for row in table.rows)
+    assert table.rows[0]["ratio"] == 1.0 and len(table.targets) == 1
+    assert "remote flush (GCS emulator)" in table.headlines[0]

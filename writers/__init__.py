@@ -4,7 +4,8 @@
 implements `MetricWriter` (CLU's method and parameter names), `write_values`
 writes a mapping of `clu.values` objects with one call per kind, and
 `create_default_writer` builds the usual console + TensorBoard + JSONL set, each
-behind its own background worker.
+behind its own background worker. File writers take local paths or fsspec URLs
+(`gs://`, `s3://`); `read_jsonl` reads a JSONL log back from either.
 
 Backends: `ConsoleWriter` (people at a terminal), `TensorBoardWriter` (event
 files; tensorboardX is imported only when one is created), `JsonlWriter` (one
@@ -20,6 +21,7 @@ Example:
   >>> w.close()
 """
 
+from writers._jsonl_log import read_jsonl
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
 from writers.factory import create_default_writer
@@ -44,5 +46,6 @@ __all__ = [
     "WriterError",
     "create_default_writer",
     "group_values",
+    "read_jsonl",
     "write_values",
 ]

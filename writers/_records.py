@@ -11,7 +11,14 @@ through tensorboardX's queue-backed `EventFileWriter` so that `flush()` means
 
 `EventFile` writes one file per writer, named like tensorboardX's
 (`events.out.tfevents.<unix seconds>.<host><suffix>`), never overwriting an
-existing file (a counter is added instead).
+existing file (a counter is added instead). On a URL (`gs://`, `s3://`, any
+fsspec protocol) it writes one object per flush instead, holding the events
+since the previous flush (`_storage.PartStream`):
+`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`.
+TensorBoard reads every event file of a run directory in name order, so the
+parts read as one stream, and a later writer's parts sort after an earlier
+one's. Upload bytes grow linearly with the events written, not with their
+square as with tensorboardX's whole-file re-upload on every flush.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import time
 from typing import Any
 
 from tensorboardX.record_writer import masked_crc32c as _tbx_masked_crc32c
+
+from writers import _storage
 
 
 def masked_crc32c(data: bytes) -> int:
@@ -46,25 +55,29 @@ class EventFile:
     """An append-only event file; `write` and `flush` are thread-safe.
 
     Local paths (and mounted file systems) are written with `open()` and fsynced on
-    `flush()`. Paths with a scheme (`gs://...`, `s3://...`) go through tensorboardX's
-    record-writer factories, which need `google-cloud-storage` or `boto3` and upload
-    the file on each flush.
+    `flush()`. URLs (`gs://...`, `s3://...`, any fsspec protocol) are written as one
+    new object per flush holding the records since the previous one.
 
     Args:
-      logdir: Directory for the file (created if missing).
+      logdir: Directory for the file (created if missing), or a URL.
       filename_suffix: Appended to the file name.
 
     Raises:
-      ValueError: `logdir` has a scheme tensorboardX has no writer for.
+      ImportError: `logdir` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 
     def __init__(self, logdir: str, filename_suffix: str = ""):
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
+        now = time.time()
+        name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}"
         self._lock = threading.Lock()
         self._closed = False
-        self._local = "://" not in logdir
+        self._local = not _storage.is_remote(logdir)
+        self._file: Any
         if not self._local:
-            self._open_remote(logdir, name + filename_suffix)
+            # Microseconds keep a later writer's parts after an earlier one's within a second.
+            prefix = f"{name}.{int(now * 1e6) % 1_000_000:06d}."
+            self._file = _storage.PartStream(logdir, lambda i: f"{prefix}{i:08d}{filename_suffix}")
+            self.path = self._file.next_path
             return
         os.makedirs(logdir, exist_ok=True)
         base = os.path.join(logdir, name)
@@ -73,25 +86,11 @@ class EventFile:
             try:
                 # Unbuffered: every event reaches the OS at once, so a killed process
                 # (SIGKILL) loses none that was written; flush() adds the fsync.
-                self._file: Any = open(self.path, "xb", buffering=0)  # noqa: SIM115
+                self._file = open(self.path, "xb", buffering=0)  # noqa: SIM115
                 return
             except FileExistsError:
                 continue
         raise FileExistsError(f"EventFile: could not create a new file next to {base}")
-
-    def _open_remote(self, logdir: str, filename: str) -> None:
-        from tensorboardX import record_writer
-
-        scheme = logdir.split("://", 1)[0]
-        if scheme not in record_writer.REGISTERED_FACTORIES:
-            known = sorted(record_writer.REGISTERED_FACTORIES)
-            raise ValueError(
-                f"TensorBoardWriter: no writer for {scheme}:// paths (logdir={logdir!r}); "
-                f"tensorboardX knows {known}. Use a local directory or one of those."
-            )
-        record_writer.directory_check(logdir)
-        self.path = logdir.rstrip("/") + "/" + filename
-        self._file = record_writer.open_file(self.path)
 
     def write(self, data: bytes) -> None:
         """Appends one serialized event."""
@@ -114,7 +113,8 @@ class EventFile:
             try:
                 self._flush()
             finally:
-                self._file.close()
+                if self._local:
+                    self._file.close()
 
     def _flush(self) -> None:
         self._file.flush()

@@ -4,8 +4,12 @@ By default: console + TensorBoard (events in `logdir`) + JSONL (`<logdir>/metric
 fanned out by a `MultiWriter`, so a failing backend does not stop the others (a
 `MetricsManager` unpacks it and isolates each writer itself; `asynchronous=True` puts each
 behind its own `AsyncWriter` for use without a manager). `logdir=None` means
-no file writers (console and absl log only). The writers inside the `MultiWriter`
-are named `console`, `tensorboard`, `jsonl` and `log`; errors use those names.
+no file writers (console and absl log only). `logdir` may be a URL
+(`gs://bucket/run`, `s3://...`, any fsspec protocol). `resume_step=S` prepares
+both file writers for a run resumed from step S: TensorBoard gets
+`purge_step=S + 1`, and `metrics.jsonl` is rewritten without the lines after S.
+The writers inside the `MultiWriter` are named `console`, `tensorboard`,
+`jsonl` and `log`; errors use those names.
 
 Gin: configs in `configs/writers/*.gin` bind this function's arguments with
 `from __gin__ import dynamic_registration`.
@@ -25,6 +29,7 @@ import os
 from collections.abc import Callable
 from typing import IO, Any
 
+from writers import _checks, _storage
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
 from writers.interface import MetricWriter
@@ -47,6 +52,7 @@ def create_default_writer(
     log: bool = False,
     total_steps: int | None = None,
     purge_step: int | None = None,
+    resume_step: int | None = None,
     flush_secs: float = 10.0,
     max_queue: int = 128,
     console_stream: IO[str] | None = None,
@@ -54,8 +60,9 @@ def create_default_writer(
     """Builds console + TensorBoard + JSONL (+ absl log) writers behind one `MultiWriter`.
 
     Args:
-      logdir: Directory for TensorBoard events and `metrics.jsonl`; None writes no
-        files (the `tensorboard` and `jsonl` flags are then ignored).
+      logdir: Directory (or `gs://`, `s3://`, any fsspec URL) for TensorBoard
+        events and `metrics.jsonl`; None writes no files (the `tensorboard` and
+        `jsonl` flags are then ignored).
       collection: Name shown by the console and log writers and stored in every
         JSONL line (e.g. `train`, `eval`).
       asynchronous: Wrap each writer in its own `AsyncWriter` (one ordered worker
@@ -63,12 +70,14 @@ def create_default_writer(
         `MetricsManager` already calls its writers from its own worker, and isolates them.
       console: Include a `ConsoleWriter`.
       tensorboard: Include a `TensorBoardWriter` (needs `logdir`).
-      jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl` (needs a local
-        `logdir`; pass False for `gs://` logdirs).
+      jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl`.
       log: Include a `LoggingWriter` (absl INFO log, CLU's line format).
       total_steps: Last step of the run, for the console's progress line and ETA.
-      purge_step: On resume, hide TensorBoard events at or after this step from
-        earlier runs in `logdir`.
+      purge_step: Hide TensorBoard events at or after this step from earlier runs
+        in `logdir`. Prefer `resume_step`, which also cleans the JSONL log.
+      resume_step: The step a resumed run restarts from: TensorBoard hides
+        earlier runs' events after it (`purge_step=resume_step + 1`) and the
+        JSONL log loses its lines after it (rewritten atomically).
       flush_secs: TensorBoard flush period in seconds.
       max_queue: Queue size of each `AsyncWriter`.
       console_stream: Stream for the console writer (default `sys.stdout`).
@@ -78,7 +87,7 @@ def create_default_writer(
       `tensorboard`, `jsonl` and `log`.
 
     Raises:
-      ValueError: `max_queue` is below 1, or `jsonl` is on with a `gs://` logdir.
+      ValueError: `max_queue` is below 1, or `purge_step` and `resume_step` disagree.
 
     Example:
       >>> import writers
@@ -87,6 +96,15 @@ def create_default_writer(
     """
     if asynchronous and max_queue < 1:
         raise ValueError(f"create_default_writer: max_queue must be >= 1, got {max_queue}.")
+    if resume_step is not None:
+        resume_step = _checks.check_step(resume_step, "create_default_writer(resume_step=...)")
+        if purge_step is not None and purge_step != resume_step + 1:
+            raise ValueError(
+                f"create_default_writer: purge_step={purge_step} disagrees with "
+                f"resume_step={resume_step} (a resumed run purges from resume_step + 1 = "
+                f"{resume_step + 1}). Pass resume_step alone."
+            )
+        purge_step = resume_step + 1
     makers: dict[str, Callable[[], MetricWriter]] = {}
     if console:
         makers["console"] = lambda: ConsoleWriter(
@@ -97,8 +115,10 @@ def create_default_writer(
             logdir, purge_step=purge_step, flush_secs=flush_secs
         )
     if logdir is not None and jsonl:
-        path = os.path.join(os.fspath(logdir), JSONL_FILENAME)
-        makers["jsonl"] = lambda: JsonlWriter(path, collection=collection)
+        path = _storage.join(os.fspath(logdir), JSONL_FILENAME)
+        makers["jsonl"] = lambda: JsonlWriter(
+            path, collection=collection, resume_step=resume_step, flush_secs=flush_secs
+        )
     if log:
         makers["log"] = lambda: LoggingWriter(collection=collection)
     chosen: dict[str, Any] = {}

@@ -2,10 +2,13 @@
 
 Every call appends one line:
 `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25, ...}`,
-where `time` is Unix seconds and `collection` is null when unset. The file is
-opened in append mode (a resumed run continues the same file) and line-buffered,
-so `tail -f` and `jq` see each line as soon as it is written; `flush()` also
-fsyncs it.
+where `time` is Unix seconds and `collection` is null when unset. A local file
+is opened in append mode (a new run continues the same file) and
+line-buffered, so `tail -f` and `jq` see each line as soon as it is written;
+`flush()` also fsyncs it. A URL (`gs://b/run/metrics.jsonl`, any fsspec
+protocol) is written as numbered part objects under `<path>.d/`, one per
+flush (upload bytes grow linearly with the log); `writers.read_jsonl(path)`
+reads either kind back.
 
 Policies (the file always stays strict JSON; `json.loads` and `jq` read every line):
 
@@ -20,9 +23,11 @@ Policies (the file always stays strict JSON; `json.loads` and `jq` read every li
   hold at most `max_array_size` elements, else without `values`.
 * Hyperparameters are one line `{"step": null, "time", "collection", "hparams": {...}}`;
   values other than bool, number and str are written as their `str()`.
-* Resuming appends: lines the earlier run wrote for steps after the resume point
-  stay in the file. Readers that want one value per step keep the last line per
-  (collection, step), e.g. `df.drop_duplicates(["collection", "step"], keep="last")`.
+* Resuming: `resume_step=S` first rewrites the log so that it keeps only lines
+  with a step <= S (lines without a step, like hparams, stay), atomically: a
+  crash leaves the complete old or the complete new log, never a truncated one.
+  Without `resume_step` the log is appended to; a step lower than one already in
+  the log is then logged as a warning, once per writer.
 * The keys `step`, `time` and `collection` are reserved: a value with one of those
   names raises `ValueError` (rename it, e.g. `train/step`).
 
@@ -47,8 +52,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from absl import logging
 
-from writers import _checks
+from writers import _checks, _jsonl_log, _storage
 from writers._base import BaseWriter
 from writers.interface import Array, Scalar
 
@@ -60,16 +66,23 @@ _ENCODER = json.JSONEncoder(allow_nan=False)
 
 
 class JsonlWriter(BaseWriter):
-    """Appends one JSON object per write call to a `.jsonl` file.
+    """Appends one JSON object per write call to a `.jsonl` file (or remote parts).
 
     Args:
-      path: File to append to; missing parent directories are created.
+      path: File to append to (missing parent directories are created), or a URL
+        any fsspec protocol can write (`gs://`, `s3://`, `memory://`, ...).
       collection: Value of the `collection` field of every line (null when None).
       clock: Returns Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
+      resume_step: The step a resumed run restarts from: lines of the existing
+        log with a later step are removed first (atomically). None appends.
+      flush_secs: Remote logs only: a write uploads the buffered lines once this
+        many seconds have passed since the last upload (`flush()` always does).
 
     Raises:
-      ValueError: `path` is a URL (`gs://...`): this writer needs a local file.
+      TypeError: `resume_step` is not an integer.
+      ValueError: `resume_step` is negative or `flush_secs` is not positive.
+      ImportError: `path` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 
     reserved_keys = RESERVED_KEYS
@@ -82,26 +95,32 @@ class JsonlWriter(BaseWriter):
         collection: str | None = None,
         clock: Callable[[], float] = time.time,
         max_array_size: int = 1024,
+        resume_step: int | None = None,
+        flush_secs: float = 10.0,
     ):
         self._path = os.fspath(path)
-        if "://" in self._path:
+        if resume_step is not None:
+            resume_step = _checks.check_step(resume_step, "JsonlWriter(resume_step=...)")
+        if not flush_secs > 0:
             raise ValueError(
-                f"JsonlWriter: {self._path!r} is a remote URL; JSONL is appended line by line "
-                "to a local (or mounted) file. Use a local path, or jsonl=False in "
-                "create_default_writer for a gs:// logdir."
+                f"JsonlWriter: flush_secs must be a positive number of seconds, got "
+                f"{flush_secs!r}. Call flush() yourself for immediate uploads."
             )
-        parent = os.path.dirname(self._path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
         self._collection = collection
         self._clock = clock
         self._max_array_size = max_array_size
-        # buffering=1: line-buffered, each line reaches the OS when it is written.
-        self._file = open(self._path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+        self._log: _jsonl_log.LocalLog | _jsonl_log.RemoteLog
+        if _storage.is_remote(self._path):
+            self._log = _jsonl_log.RemoteLog(self._path, resume_step, flush_secs)
+        else:
+            self._log = _jsonl_log.LocalLog(self._path, resume_step)
+        # Steps written so far (the log's last one, then this writer's): a lower one warns.
+        self._max_step = -1 if self._log.last_step is None else self._log.last_step
+        self._warned_backwards = False
 
     @property
     def path(self) -> str:
-        """The file this writer appends to."""
+        """The file (or URL) this writer appends to."""
         return self._path
 
     def write_summaries(
@@ -180,20 +199,18 @@ class JsonlWriter(BaseWriter):
         self._write_line(None, {"hparams": {k: _hparam(v) for k, v in hparams.items()}})
 
     def flush(self) -> None:
-        """Flushes the file and fsyncs it, so every line written so far is on disk."""
+        """Makes every line written so far durable: fsync locally, an upload remotely."""
         if self._closed:
             return
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        self._log.flush()
 
     def close(self) -> None:
-        """Flushes, fsyncs and closes the file; idempotent."""
+        """Flushes and closes the log; idempotent."""
         if self._closed:
             return
         try:
-            self.flush()
+            self._log.close()
         finally:
-            self._file.close()
             self._closed = True
 
     def _begin_line(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
@@ -213,7 +230,19 @@ class JsonlWriter(BaseWriter):
         record.update(values)
         # allow_nan=False: a non-finite float that slipped through fails loudly
         # instead of producing a line that strict JSON readers reject.
-        self._file.write(_ENCODER.encode(record) + "\n")
+        self._log.write(_ENCODER.encode(record) + "\n")
+        if step is not None:
+            if step < self._max_step and not self._warned_backwards:
+                self._warned_backwards = True
+                logging.warning(
+                    "JsonlWriter(%s): step %d comes after step %d, so the log now holds "
+                    "some steps twice. When resuming a run, pass resume_step=<the restored "
+                    "step> (MetricsManager(..., resume_step=...)) to drop the stale lines.",
+                    self._path,
+                    step,
+                    self._max_step,
+                )
+            self._max_step = max(self._max_step, step)
 
     def _tensor(self, arr: np.ndarray) -> dict[str, Any]:
         out: dict[str, Any] = {"type": "tensor", "shape": list(arr.shape), "dtype": str(arr.dtype)}

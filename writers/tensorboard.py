@@ -25,11 +25,13 @@ Where values land (as TensorBoard's `EventAccumulator` reads them):
 * raw tensors (`write_summaries`): tensor protos with the given `SummaryMetadata`.
 
 A writer that is never closed is closed at interpreter exit, so its last
-events still reach the disk. `purge_step` is the resume fix: TensorBoard hides events at or after that step
-written by earlier runs into the same directory. Each writer creates its own
-event file in `logdir`, never overwriting one; `gs://` and `s3://` logdirs go
-through tensorboardX's record writers (they need `google-cloud-storage` or
-`boto3`).
+events still reach the disk. `purge_step` is the resume fix: TensorBoard hides
+events at or after that step written by earlier runs into the same directory
+(a resumed run at step S passes `purge_step=S + 1`). Each writer creates its
+own event file in `logdir`, never overwriting one. A URL logdir (`gs://`,
+`s3://`, any fsspec protocol; install the `[gcs]` or `[s3]` extra) gets one new
+event-file object per flush holding the events since the previous flush, so
+upload bytes grow linearly with the run (`_records.EventFile`).
 
 Example:
   >>> import tempfile, writers
@@ -56,9 +58,10 @@ class TensorBoardWriter(BaseWriter):
     """Writes TensorBoard event files; all values of one call become one event.
 
     Args:
-      logdir: Directory for the event file (created if missing).
-      purge_step: When resuming at this step, hide events at or after it from
-        earlier runs in `logdir`.
+      logdir: Directory for the event file (created if missing), or a URL
+        (`gs://bucket/run`, `s3://...`, any fsspec protocol).
+      purge_step: Hide events at or after this step written by earlier runs in
+        `logdir` (a run resumed from step S passes S + 1).
       flush_secs: A background timer flushes pending events this often.
       filename_suffix: Appended to the event file name.
 
@@ -115,7 +118,7 @@ class TensorBoardWriter(BaseWriter):
 
     @property
     def path(self) -> str:
-        """The event file this writer appends to."""
+        """The event file this writer appends to (for a URL logdir: its first part)."""
         return self._file.path
 
     def write_summaries(
@@ -187,7 +190,7 @@ class TensorBoardWriter(BaseWriter):
         self._emit(0, self._tb.hparams(hparams))
 
     def flush(self) -> None:
-        """Writes buffered events to disk and fsyncs the event file."""
+        """Writes buffered events out: fsyncs a local file, uploads a new part remotely."""
         if not self._closed:
             self._pending = False
             self._file.flush()

@@ -79,14 +79,10 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ValueError, match="flush_secs must be a positive number"):
         writers.create_default_writer(tmp_path, flush_secs=0)
-    from tensorboardX import record_writer
-
-    from tests.writers.memory_files import MemoryFactory
-
-    record_writer.register_writer_factory("memfactory", MemoryFactory())
-    with pytest.raises(ValueError, match="remote URL"):  # after TensorBoard was built
-        writers.create_default_writer("memfactory://bucket/run")
     with pytest.raises(ValueError, match="max_queue must be >= 1"):
         writers.create_default_writer(tmp_path, max_queue=0)
-    assert {t.name for t in threading.enumerate()} <= before
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)  # JSONL cannot open its file
+    with pytest.raises(IsADirectoryError):  # after TensorBoard was built
+        writers.create_default_writer(tmp_path / "run")
+    assert {t.name for t in threading.enumerate()} <= before  # its flush thread was stopped

@@ -112,11 +112,31 @@ def test_lines_are_visible_before_flush_and_the_file_is_appended(tmp_path):
     assert [line["a"] for line in _strict_lines(path)] == [1, 2]
 
 
-def test_remote_urls_are_rejected_with_the_fix(tmp_path, monkeypatch):
+def test_url_logs_are_parts_uploaded_per_flush_and_read_back_in_order(tmp_path, monkeypatch):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ValueError, match="remote URL.*jsonl=False"):
-        writers.JsonlWriter("gs://bucket/run/metrics.jsonl")
-    assert list(tmp_path.iterdir()) == []  # no local "gs:" directory created
+    w = writers.JsonlWriter("memory://jl-bucket/run/metrics.jsonl", clock=lambda: 1.0)
+    w.write_scalars(1, {"a": 1})
+    w.write_scalars(2, {"a": 2})
+    assert not fs.exists("/jl-bucket/run/metrics.jsonl.d")  # buffered until a flush
+    w.flush()
+    w.write_scalars(3, {"a": 3})
+    w.close()
+    assert sorted(fs.ls("/jl-bucket/run/metrics.jsonl.d", detail=False)) == [
+        "/jl-bucket/run/metrics.jsonl.d/000000-00000000.jsonl",
+        "/jl-bucket/run/metrics.jsonl.d/000000-00000001.jsonl",
+    ]
+    again = writers.JsonlWriter("memory://jl-bucket/run/metrics.jsonl", clock=lambda: 1.0)
+    again.write_scalars(4, {"a": 4})
+    again.close()  # a new writer continues with the next part
+    lines = writers.read_jsonl("memory://jl-bucket/run/metrics.jsonl")
+    assert [(line["step"], line["a"]) for line in lines] == [(1, 1), (2, 2), (3, 3), (4, 4)]
+    assert list(tmp_path.iterdir()) == []  # no local "memory:" directory created
+    fs.rm("/jl-bucket", recursive=True)
+    with pytest.raises(FileNotFoundError, match="no JSONL log at 'memory://jl-bucket/run"):
+        writers.read_jsonl("memory://jl-bucket/run/metrics.jsonl")
 
 
 def test_bad_input_raises_and_keeps_what_was_written(writer):

@@ -20,7 +20,6 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 import writers
-from tests.writers.memory_files import MemoryFactory, MemoryFile
 from writers import _records
 
 _ALL = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 0, ea.AUDIO: 0, ea.HISTOGRAMS: 0}
@@ -276,18 +275,25 @@ def test_hand_encoded_scalar_events_match_protobuf_for_any_keys_and_values(step,
     assert encoded == expected.SerializeToString()
 
 
-def test_remote_paths_use_tensorboardx_writer_factories(tmp_path):
-    from tensorboardX import record_writer
+def test_url_logdirs_get_one_new_object_per_flush(tmp_path):
+    import fsspec
 
-    record_writer.register_writer_factory("memtest", MemoryFactory())
-    w = writers.TensorBoardWriter("memtest://bucket/run")
-    assert w.path.startswith("memtest://bucket/run/events.out.tfevents.")
+    fs = fsspec.filesystem("memory")
+    w = writers.TensorBoardWriter("memory://tb-bucket/run", flush_secs=3600)
+    assert w.path.startswith("memory://tb-bucket/run/events.out.tfevents.")
     w.write_scalars(3, {"loss": 0.5})
+    w.flush()
+    w.flush()  # nothing new: no new object
+    w.write_scalars(4, {"loss": 0.25})
     w.close()
-    local = tmp_path / os.path.basename(w.path)
-    local.write_bytes(MemoryFile.store[w.path])
-    assert [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")] == [(3, 0.5)]
-    with pytest.raises(ValueError, match=r"no writer for nope:// paths"):
+    names = sorted(fs.ls("/tb-bucket/run", detail=False))
+    assert len(names) == 2 and w.path.endswith(names[0])
+    for name in names:  # parts in name order are the event stream
+        (tmp_path / os.path.basename(name)).write_bytes(fs.cat_file(name))
+    loss = _accumulator(tmp_path).Scalars("loss")
+    assert [(s.step, s.value) for s in loss] == [(3, 0.5), (4, 0.25)]
+    fs.rm("/tb-bucket", recursive=True)
+    with pytest.raises(ValueError, match=r"fsspec knows no nope:// protocol"):
         writers.TensorBoardWriter("nope://bucket/run")
 
 

@@ -1,0 +1,220 @@
+"""The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back.
+
+Local: one file, appended line by line (line-buffered, `tail -f` works).
+Resuming at step S rewrites it through `_storage.replace_file` (temporary file,
+fsync, rename): lines with a step after S go, lines without a step (hparams)
+stay, and a crash leaves the complete old or the complete new log.
+
+Remote (`gs://b/run/metrics.jsonl`): objects cannot be appended to, so the log
+is a directory of parts, `<path>.d/<generation>-<index>.jsonl`, one per upload
+(`_storage.PartStream`). A reader uses the parts of the highest generation only,
+in name order. Resuming writes the kept lines as part 0 of the next generation
+(one object: readers switch from the old log to the new one at once), then
+deletes the old generation; a crash in between leaves stale parts that readers
+ignore and the next writer deletes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+from absl import logging
+
+from writers import _storage
+
+_STEP = re.compile(rb'^\{"step": (null|\d+)[,}]')
+_PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
+_UNKNOWN = -1  # a line whose step cannot be read
+
+
+def parts_dir(path: str) -> str:
+    """The directory holding the parts of the remote log `path`."""
+    return path.rstrip("/") + ".d"
+
+
+def _part_name(generation: int, index: int) -> str:
+    return f"{generation:06d}-{index:08d}.jsonl"
+
+
+def line_step(line: bytes) -> int | None:
+    """The `step` of one log line: an int, None for lines without one, -1 if unreadable."""
+    match = _STEP.match(line)
+    if match:
+        return None if match.group(1) == b"null" else int(match.group(1))
+    try:
+        step = json.loads(line).get("step")
+    except (ValueError, AttributeError):
+        return _UNKNOWN
+    return step if isinstance(step, int) or step is None else _UNKNOWN
+
+
+def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
+    """The lines a run resumed at `resume_step` keeps.
+
+    Kept: lines with a step <= `resume_step`, lines without a step (hparams)
+    and complete lines whose step cannot be read (not ours to judge). Dropped:
+    lines after `resume_step`, and a last line without its newline (a write
+    the earlier run's crash cut short).
+    """
+    for line in lines:
+        if not line.endswith(b"\n"):
+            logging.warning("JsonlWriter: dropping an incomplete last line %r", line[:80])
+            continue
+        step = line_step(line)
+        if step is None or step <= resume_step:
+            yield line
+
+
+def last_step(tail: bytes) -> int | None:
+    """The step of the last complete line with a step in `tail` (the end of a log)."""
+    for line in reversed(tail.split(b"\n")[:-1]):
+        step = line_step(line)
+        if step is not None and step != _UNKNOWN:
+            return step
+    return None
+
+
+class LocalLog:
+    """A local JSONL file, rewritten on resume, then appended to line by line."""
+
+    def __init__(self, path: str, resume_step: int | None):
+        self.path = path
+        parent = os.path.dirname(path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        if resume_step is not None and os.path.exists(path):
+            with open(path, "rb") as old:
+                _storage.replace_file(path, kept_lines(old, resume_step))
+        self.last_step = self._read_last_step()
+        # buffering=1: line-buffered, each line reaches the OS when it is written.
+        self._file: TextIO = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+
+    def _read_last_step(self) -> int | None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 65536))
+                return last_step(f.read())
+        except FileNotFoundError:
+            return None
+
+    def write(self, text: str) -> None:
+        self._file.write(text)
+
+    def flush(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._file.close()
+
+
+class RemoteLog:
+    """A remote JSONL log as parts of one generation (see the module docstring)."""
+
+    def __init__(self, path: str, resume_step: int | None, flush_secs: float):
+        self.path = path
+        directory = parts_dir(path)
+        parts = _parse_parts(_storage.list_names(directory))
+        generation = max((g for g, _ in parts), default=0)
+        current = sorted(i for g, i in parts if g == generation)
+        stale = [_part_name(g, i) for g, i in parts if g < generation]
+        if resume_step is not None and current:
+            old = b"".join(_read_parts(directory, [_part_name(generation, i) for i in current]))
+            kept = b"".join(kept_lines(old.splitlines(keepends=True), resume_step))
+            _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [kept])
+            stale += [_part_name(generation, i) for i in current]
+            generation, current, tail = generation + 1, [0], kept
+        else:
+            tail = (
+                _read_parts(directory, [_part_name(generation, current[-1])])[0] if current else b""
+            )
+        # The new generation is in place: the old one can go (readers ignore it already).
+        _storage.remove(f"{directory}/{name}" for name in stale)
+        self.last_step = last_step(tail[-65536:])
+        first = current[-1] + 1 if current else 0
+        self._stream = _storage.PartStream(
+            directory, functools.partial(_part_name, generation), first_index=first
+        )
+        self._flush_secs = flush_secs
+        self._uploaded = time.monotonic()
+
+    def write(self, text: str) -> None:
+        self._stream.write(text.encode("utf-8"))
+        if time.monotonic() - self._uploaded >= self._flush_secs:
+            self.flush()
+
+    def flush(self) -> None:
+        self._stream.flush()
+        self._uploaded = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+
+
+def _parse_parts(names: Iterable[str]) -> list[tuple[int, int]]:
+    return [(int(m.group(1)), int(m.group(2))) for m in map(_PART.match, names) if m]
+
+
+def _read_parts(directory: str, names: list[str]) -> list[bytes]:
+    fs, fs_path = _storage.filesystem(directory)
+    return [fs.cat_file(f"{fs_path.rstrip('/')}/{name}") for name in names]
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Reads a JSONL log written by `JsonlWriter`, local or remote, as one dict per line.
+
+    A remote log is the parts of its highest generation, in order. A last line
+    still being written (no newline yet) is left out.
+
+    Args:
+      path: the path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
+
+    Returns:
+      The lines, parsed with `json.loads`, in the order they were written.
+
+    Raises:
+      FileNotFoundError: no log at `path`.
+
+    Example:
+      >>> import os, tempfile, writers
+      >>> path = os.path.join(tempfile.mkdtemp(), "metrics.jsonl")
+      >>> with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+      ...   w.write_scalars(1, {"loss": 0.5})
+      >>> writers.read_jsonl(path)
+      [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
+    """
+    path = os.fspath(path)
+    if not _storage.is_remote(path):
+        with open(path, "rb") as f:
+            data = f.read()
+    else:
+        data = _read_remote(path)
+    return [json.loads(line) for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
+
+
+def _read_remote(path: str) -> bytes:
+    directory = parts_dir(path)
+    for _ in range(5):  # a resume may delete the generation being read: list again
+        parts = _parse_parts(_storage.list_names(directory))
+        if not parts:
+            break
+        generation = max(g for g, _ in parts)
+        names = [_part_name(g, i) for g, i in sorted(parts) if g == generation]
+        try:
+            return b"".join(_read_parts(directory, names))
+        except FileNotFoundError:
+            continue
+    raise FileNotFoundError(
+        f"read_jsonl: no JSONL log at {path!r} (expected parts under {directory}/, "
+        "written by JsonlWriter). Check the URL and the run's summary_dir."
+    )
