@@ -164,7 +164,9 @@ class WandbWriter(BaseWriter):
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
         """Logs every number of the call in one `run.log`."""
         step = self._begin("write_scalars", step, scalars)
-        self._log("write_scalars", step, _checks.check_numbers(scalars, "WandbWriter.write_scalars"))
+        self._log(
+            "write_scalars", step, _checks.check_numbers(scalars, "WandbWriter.write_scalars")
+        )
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         """Logs N `wandb.Image`s per `[N, H, W, C]` key (one per `[H, W, C]` key)."""
