@@ -14,7 +14,9 @@ Where values land (W&B history, one row per step):
   part of the extra);
 * videos `[N, T, H, W, C]`: each video as one filmstrip image `[H, T*W, C]`
   (`wandb.Video` would need moviepy);
-* audio `[N, T, C]`: N `wandb.Audio` 16-bit WAV clips per key;
+* audio `[N, T, C]`: one `wandb.Audio` 16-bit WAV clip under the key, or under
+  `<key>/<i>` when N > 1 (as TensorBoardWriter names them; a list of clips per key
+  would need soundfile);
 * histograms: `wandb.Histogram` of `num_buckets` equal-width buckets (30 by
   default; W&B stores at most 512, more raises `ValueError`);
 * hparams: the run's config (`run.config.update`, values may change);
@@ -24,7 +26,11 @@ W&B's limits, enforced here instead of dropped silently: history steps never
 decrease within a run (W&B drops a `log` at a step below the last one), so such a
 write raises `ValueError`; several calls at one step fill one row, and a key
 written twice at one step keeps the last value. `flush()` does nothing (W&B's
-service writes in the background); `close()` finishes runs this writer started.
+service writes in the background); `close()` finishes runs this writer started
+(`run.finish()`, which waits for W&B's service). Offline, wandb 0.31's `finish()`
+can return a few milliseconds before the service has appended the last records
+to the local run file (about 1 run in 15 here); readers of that file should wait
+for its `exit` record.
 
 Run identity: `run_id=None` starts a new run; `run_id` alone attaches to that
 run (creating it if missing, `resume="allow"`); `run_id` with `resume_step=R`
@@ -182,7 +188,7 @@ class WandbWriter(BaseWriter):
         self._log("write_videos", step, values)
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Logs N `wandb.Audio` clips (16-bit WAV) per `[N, T, C]` key."""
+        """Logs each clip of `[N, T, C]` as a `wandb.Audio` (16-bit WAV) under `<key>/<i>`."""
         step = self._begin("write_audios", step, audios)
         arrays = _checks.check_audios(audios, sample_rate, "WandbWriter.write_audios")
         if self._run is None:
@@ -190,12 +196,12 @@ class WandbWriter(BaseWriter):
         with tempfile.TemporaryDirectory() as tmp:  # W&B copies each file into the run
             values = {}
             for i, (key, clips) in enumerate(arrays.items()):
-                values[key] = []
                 for j, clip in enumerate(clips):
                     path = os.path.join(tmp, f"{i}_{j}.wav")
                     with open(path, "wb") as f:
                         f.write(_encode.wav(clip, sample_rate))
-                    values[key].append(self._wandb.Audio(path, sample_rate=sample_rate))
+                    name = key if len(clips) == 1 else f"{key}/{j}"
+                    values[name] = self._wandb.Audio(path, sample_rate=sample_rate)
             self._log("write_audios", step, values)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:

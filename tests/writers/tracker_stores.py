@@ -20,6 +20,7 @@ import os
 import shutil
 import struct
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,22 +55,40 @@ def wandb_records(path: str) -> Iterator[Any]:
             yield record
 
 
-def wandb_run_files(logdir: str) -> list[str]:
-    """The `.wandb` files of every offline run under `<logdir>/wandb`, oldest first."""
-    return sorted(glob.glob(os.path.join(logdir, "wandb", "offline-run-*", "*.wandb")))
+def wandb_run_files(logdir: str, timeout: float = 10.0) -> list[str]:
+    """The `.wandb` files of the finished offline runs under `<logdir>/wandb`, oldest first.
+
+    `run.finish()` can return a few milliseconds before W&B's service has appended
+    the last records (measured with wandb 0.31: about 1 run in 15), so this waits
+    until each file ends with its `exit` record.
+    """
+    paths = glob.glob(os.path.join(logdir, "wandb", "offline-run-*", "*.wandb"))
+    deadline = time.monotonic() + timeout
+    for path in paths:
+        while not any(r.WhichOneof("record_type") == "exit" for r in wandb_records(path)):
+            assert time.monotonic() < deadline, f"{path} has no exit record after {timeout} s"
+            time.sleep(0.01)
+    return sorted(paths, key=lambda p: wandb_run_record(p).start_time.ToNanoseconds())
 
 
 def wandb_history(path: str) -> dict[int, dict[str, Any]]:
-    """Step -> {key: value} of a run file's history rows (W&B's own `_`-keys left out)."""
+    """Step -> {key: value} of a run file's history rows (W&B's own `_`-keys left out).
+
+    Media values (images, audio, histograms) are dicts, as W&B stores them.
+    """
     rows: dict[int, dict[str, Any]] = {}
     for record in wandb_records(path):
         if record.WhichOneof("record_type") != "history":
             continue
         row = rows.setdefault(record.history.step.num, {})
         for item in record.history.item:
-            key = item.key or "/".join(item.nested_key)
-            if not key.startswith("_"):
-                row[key] = json.loads(item.value_json)
+            *parents, last = list(item.nested_key) or [item.key]
+            if parents[:1] == [] and last.startswith("_"):
+                continue
+            target = row
+            for parent in parents:
+                target = target.setdefault(parent, {})
+            target[last] = json.loads(item.value_json)
     return rows
 
 
