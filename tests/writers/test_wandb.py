@@ -12,13 +12,13 @@ import wandb
 from PIL import Image
 
 import writers
-from writers import _encode
 from tests.writers.tracker_stores import (
     wandb_config,
     wandb_history,
     wandb_run_files,
     wandb_run_record,
 )
+from writers import _encode
 
 
 def _writer(tmp_path, **kwargs) -> writers.WandbWriter:
