@@ -78,7 +78,9 @@ def create_tracker_writer(
 
 
 def _parameters(factory: Callable[..., Any]) -> Any:
+    # gin's configurable classes report `(*args, **kwargs)`: look at the real __init__.
+    target = inspect.unwrap(factory.__init__) if inspect.isclass(factory) else factory
     try:
-        return inspect.signature(factory).parameters
+        return inspect.signature(target).parameters
     except (TypeError, ValueError):  # builtins without a signature
         return {}
