@@ -1,12 +1,12 @@
 """Runs every benchmark, prints the tables and headlines, and writes benchmarks/RESULTS.md.
 
-    python -m benchmarks.run_all                  # all six tables (what `make bench` runs)
+    python -m benchmarks.run_all                  # all seven tables (what `make bench` runs)
     python -m benchmarks.run_all --quick          # same tables, fewer repetitions
     python -m benchmarks.run_all --write_results  # also (re)write benchmarks/RESULTS.md
     python -m benchmarks.run_all --only overhead,latency
 
 RESULTS.md holds the machine, library versions and date, the headline lines, every
-target with its verdict, the six tables (medians of repeated, interleaved runs, each
+target with its verdict, the seven tables (medians of repeated, interleaved runs, each
 figure next to its ratio to a baseline measured in the same run) and the hand-written
 analysis kept in benchmarks/ANALYSIS.md (causes of missed targets, found by profiling).
 The same run rewrites the summary between the README's `benchmarks:begin`/`end` markers.
@@ -87,6 +87,12 @@ def _memory(quick: bool) -> common.Table:
         return pool.submit(memory.run, quick).result()
 
 
+def _trackers(quick: bool) -> common.Table:
+    from benchmarks import trackers  # noqa: PLC0415
+
+    return trackers.run(quick)
+
+
 BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "overhead": _overhead,
     "writer_throughput": _writer_throughput,
@@ -94,6 +100,7 @@ BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "summary_leaves": _summary_leaves,
     "microbatching": _microbatching,
     "memory": _memory,
+    "trackers": _trackers,
 }
 
 
