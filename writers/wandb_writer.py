@@ -132,11 +132,14 @@ class WandbWriter(BaseWriter):
                 else:  # id and resume_from together: W&B checks that they agree
                     kwargs.update(id=run_id, resume_from=f"{run_id}?_step={resume_step}")
             if logdir is not None:
+                # Absolute: W&B's service resolves a relative dir against its own working
+                # directory, which is where the process was when its first run started.
+                logdir = os.path.abspath(logdir)
                 os.makedirs(logdir, exist_ok=True)
             run = self._wandb.init(
                 project=project,
                 entity=entity,
-                dir=None if logdir is None else os.fspath(logdir),
+                dir=logdir,
                 name=name or collection,
                 group=group,
                 mode=mode,

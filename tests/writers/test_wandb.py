@@ -176,3 +176,16 @@ def test_missing_wandb_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ImportError, match=r"pip install 'jax-metrics-manager\[wandb\]'"):
         writers.WandbWriter(process_index=0)
+
+
+def test_a_relative_logdir_is_relative_to_the_callers_working_directory(tmp_path, monkeypatch):
+    # W&B's service resolves relative paths against its own working directory, which
+    # earlier runs in this process fixed elsewhere.
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        w = writers.WandbWriter("tests", logdir="runs/a", process_index=0)
+        w.write_scalars(1, {"a": 1.0})
+        w.close()
+        (path,) = wandb_run_files(str(tmp_path / folder / "runs" / "a"))
+        assert wandb_history(path) == {1: {"a": 1.0}}
