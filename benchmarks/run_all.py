@@ -99,6 +99,10 @@ def _remote_flush(quick: bool) -> common.Table:
     from benchmarks import remote_flush  # noqa: PLC0415
 
     return remote_flush.run(quick)
+def _trackers(quick: bool) -> common.Table:
+    from benchmarks import trackers  # noqa: PLC0415
+
+    return trackers.run(quick)
 
 
 BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
@@ -111,6 +115,7 @@ BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "system_overhead": _system_overhead,
     "plot_time": _plot_time,
     "remote_flush": _remote_flush,
+    "trackers": _trackers,
 }
 
 

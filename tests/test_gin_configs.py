@@ -11,6 +11,8 @@ without editing this file. For each file, with a fresh gin config:
    flags the config binds. Selectors that need arguments no config can give
    (a manager's name) get them from BUILD_ARGS; a selector this test does not
    know how to build fails the test with instructions. Nothing is skipped.
+   Tracker writers stay local: W&B runs offline (tests/conftest.py) and MLflow
+   logs to a SQLite store in the test's temporary directory (TEST_BINDINGS).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import gin.config_parser
 import pytest
 
 import writers
+from tests.writers.tracker_stores import sqlite_store
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -33,6 +36,14 @@ GIN_FILES = sorted(CONFIGS.rglob("*.gin"))
 BUILD_ARGS = {
     "metrics_manager.MetricsManager": lambda tmp: {"name": "train", "summary_dir": str(tmp)},
     "writers.create_default_writer": lambda tmp: {"logdir": str(tmp / "logs")},
+    "writers.create_tracker_writer": lambda tmp: {"logdir": str(tmp / "logs")},
+    "writers.WandbWriter": lambda tmp: {"logdir": str(tmp / "wandb"), "process_index": 0},
+}
+
+# Bindings replaced for the test (only where a config binds them): no files outside tmp.
+TEST_BINDINGS = {
+    "writers.MlflowWriter.tracking_uri": lambda tmp: sqlite_store(str(tmp / "mlflow")),
+    "writers.MlflowWriter.artifact_location": lambda tmp: str(tmp / "mlflow" / "artifacts"),
 }
 
 WRITER_FLAGS = ("console", "tensorboard", "jsonl", "log")
@@ -74,6 +85,9 @@ def test_gin_file_parses_and_builds_what_it_names(path, tmp_path):
     gin.parse_config_file(str(path))
     selectors = bound_selectors(path)
     assert selectors, f"{path} binds nothing"
+    for binding, value in TEST_BINDINGS.items():
+        if binding.rsplit(".", 1)[0] in selectors:
+            gin.bind_parameter(binding, value(tmp_path))
     for selector in selectors:
         built = _build(selector, tmp_path)
         _close(built)
@@ -82,7 +96,7 @@ def test_gin_file_parses_and_builds_what_it_names(path, tmp_path):
 def _build(selector: str, tmp_path: pathlib.Path) -> Any:
     configurable = gin.get_configurable(selector)
     args = BUILD_ARGS[selector](tmp_path) if selector in BUILD_ARGS else {}
-    if selector == "writers.create_default_writer":
+    if selector in ("writers.create_default_writer", "writers.create_tracker_writer"):
         return _build_writer(configurable, args, tmp_path)
     if not inspect.isclass(configurable) and selector not in BUILD_ARGS:
         pytest.fail(
@@ -102,7 +116,12 @@ def _expected_writers() -> set[str]:
     except ValueError:  # no config mentions the factory: its defaults apply
         bindings = {}
     defaults = inspect.signature(writers.create_default_writer).parameters
-    return {name for name in WRITER_FLAGS if bindings.get(name, defaults[name].default)}
+    names = {name for name in WRITER_FLAGS if bindings.get(name, defaults[name].default)}
+    try:  # a config with a tracker adds it to the set (named by the factory's `name`)
+        tracker = gin.get_bindings("writers.create_tracker_writer").get("name")
+    except ValueError:  # no config mentions the tracker factory
+        tracker = None
+    return names | ({tracker} if tracker else set())
 
 
 def _build_writer(factory: Any, args: dict[str, Any], tmp_path: pathlib.Path) -> Any:

@@ -18,6 +18,8 @@ from tensorboard.backend.event_processing import event_accumulator
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MARKER = "<!-- test: readme-example -->"
 GIN_MARKER = "<!-- test: readme-gin -->"
+WANDB_MARKER = "<!-- test: readme-wandb -->"
+MLFLOW_MARKER = "<!-- test: readme-mlflow -->"
 
 
 def readme_example(marker: str = MARKER) -> str:
@@ -117,3 +119,44 @@ def test_readme_cloud_block_writes_to_a_gcs_emulator(monkeypatch, capsys):
     finally:
         fsspec.get_filesystem_class("gs").clear_instance_cache()
         server.stop()
+
+
+def _run_block(marker: str, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "readme_" + marker}
+    exec(compile(readme_example(marker), f"README.md:{marker}", "exec"), namespace)
+
+
+def test_readme_wandb_block_logs_what_it_says(tmp_path, monkeypatch):
+    from tests.writers.tracker_stores import (
+        wandb_config,
+        wandb_history,
+        wandb_run_files,
+        wandb_run_record,
+    )
+
+    _run_block(WANDB_MARKER, tmp_path, monkeypatch)
+    first, resumed = wandb_run_files(str(tmp_path / "runs" / "exp1"))
+    history = wandb_history(first)
+    assert sorted(history) == list(range(1, 101))
+    assert history[50] == {"train/loss": 1.0 / 50, "train/accuracy": 1.0 - 1.0 / 50}
+    assert history[100]["notes"] == "every key of a call goes in one wandb.log"
+    assert wandb_config(first) == {"learning_rate": 3e-3, "optimizer": "adamw"}
+    assert wandb_run_record(resumed).branch_point.value == 60
+    assert wandb_history(resumed) == {61: {"train/loss": 0.5}}
+
+
+def test_readme_mlflow_block_logs_what_it_says(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    _run_block(MLFLOW_MARKER, tmp_path, monkeypatch)
+    client = MlflowClient("sqlite:///mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("my-experiment").experiment_id])
+    assert run.info.run_name == "exp1" and run.info.status == "FINISHED"
+    assert run.data.params == {"learning_rate": "0.003", "optimizer": "adamw"}
+    loss = sorted(
+        (m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/loss")
+    )
+    assert loss == [(s, 1.0 / s) for s in range(1, 101)] + [(s, 0.5 / s) for s in range(101, 121)]
+    (text,) = client.list_artifacts(run.info.run_id, "texts/notes")
+    assert text.path == "texts/notes/step_00000100.txt"

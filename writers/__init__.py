@@ -10,6 +10,9 @@ behind its own background worker. File writers take local paths or fsspec URLs
 Backends: `ConsoleWriter` (people at a terminal), `TensorBoardWriter` (event
 files; tensorboardX is imported only when one is created), `JsonlWriter` (one
 JSON line per call), `LoggingWriter` (absl log, CLU's line format), `NoopWriter`.
+Trackers: `WandbWriter` and `MlflowWriter` (extras `[wandb]`, `[mlflow]`; each
+library is imported when its first writer is made, never by `import writers`) and
+`create_tracker_writer` (the default set plus one tracker).
 Combinators: `MultiWriter` (fan-out; one failure stops none) and `AsyncWriter`
 (ordered background worker, bounded queue). Importing this package imports
 neither TensorFlow nor torch (nor JAX).
@@ -28,10 +31,13 @@ from writers.factory import create_default_writer
 from writers.interface import MetricWriter, WriterClosedError, WriterError
 from writers.jsonl import JsonlWriter
 from writers.logging_writer import LoggingWriter
+from writers.mlflow_writer import MlflowWriter
 from writers.multi import MultiWriter
 from writers.noop import NoopWriter
 from writers.tensorboard import TensorBoardWriter
+from writers.tracker_factory import create_tracker_writer
 from writers.values import group_values, write_values
+from writers.wandb_writer import WandbWriter
 
 __all__ = [
     "AsyncWriter",
@@ -39,12 +45,16 @@ __all__ = [
     "JsonlWriter",
     "LoggingWriter",
     "MetricWriter",
+    "MlflowWriter",
     "MultiWriter",
     "NoopWriter",
     "TensorBoardWriter",
+    "WandbWriter",
     "WriterClosedError",
     "WriterError",
     "create_default_writer",
+    "create_tracker_writer",
+    "group_values",
     "group_values",
     "read_jsonl",
     "write_values",

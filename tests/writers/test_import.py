@@ -1,4 +1,4 @@
-"""`import writers` stays light: no TensorFlow, torch, JAX or tensorboardX."""
+"""`import writers` stays light: no TensorFlow, torch, JAX, tensorboardX, W&B or MLflow."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def _modules_after(code: str) -> set[str]:
 
 def test_import_writers_imports_no_heavy_framework():
     loaded = _modules_after("import writers")
-    heavy = {"tensorflow", "torch", "jax", "tensorboardX", "clu", "flax"}
+    heavy = {"tensorflow", "torch", "jax", "tensorboardX", "clu", "flax", "wandb", "mlflow"}
     assert heavy.isdisjoint(name.split(".")[0] for name in loaded)
 
 

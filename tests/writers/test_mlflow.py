@@ -1,0 +1,301 @@
+"""MlflowWriter against real tracking stores (SQLite, and one `mlflow server`), read back
+with `MlflowClient`: metric history per key, params, and artifacts."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+from mlflow import MlflowClient
+from PIL import Image
+
+import writers
+from tests.writers.tracker_stores import sqlite_store
+from writers import _encode
+
+
+@pytest.fixture
+def store(tmp_path):
+    return {
+        "tracking_uri": sqlite_store(str(tmp_path / "store")),
+        "artifact_location": str(tmp_path / "artifacts"),
+    }
+
+
+def _writer(store, **kwargs) -> writers.MlflowWriter:
+    kwargs.setdefault("process_index", 0)
+    return writers.MlflowWriter("exp", **store, **kwargs)
+
+
+def _history(client, run_id, key) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def _value(step: int, i: int) -> float:
+    return step * 0.5 + i / 16  # exact in binary floating point
+
+
+def test_200_summaries_x_20_keys_one_log_batch_each_all_read_back(store, monkeypatch):
+    w = _writer(store, run_name="train")
+    calls = []
+    log_batch = w._client.log_batch
+    monkeypatch.setattr(
+        w._client, "log_batch", lambda *a, **k: calls.append(1) or log_batch(*a, **k)
+    )
+    for step in range(200):
+        w.write_scalars(step, {f"train/m{i:02d}": np.float32(_value(step, i)) for i in range(20)})
+    w.close()
+    assert len(calls) == 200
+    client = MlflowClient(store["tracking_uri"])
+    run = client.get_run(w.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "train"
+    found = 0
+    for i in range(20):
+        history = _history(client, w.run_id, f"train/m{i:02d}")
+        assert history == [(step, _value(step, i)) for step in range(200)]
+        found += len(history)
+    assert found == 200 * 20
+
+
+def test_a_call_over_mlflows_batch_limit_is_split_into_full_batches(store, monkeypatch):
+    w = _writer(store)
+    sizes = []
+    log_batch = w._client.log_batch
+    monkeypatch.setattr(
+        w._client,
+        "log_batch",
+        lambda r, metrics: sizes.append(len(metrics)) or log_batch(r, metrics),
+    )
+    w.write_scalars(3, {f"k{i:04d}": float(i) for i in range(2500)})
+    w.close()
+    assert sizes == [1000, 1000, 500]
+    client = MlflowClient(store["tracking_uri"])
+    assert client.get_run(w.run_id).data.metrics == {f"k{i:04d}": float(i) for i in range(2500)}
+
+
+def test_nan_is_kept_and_ints_become_floats(store):
+    w = _writer(store)
+    w.write_scalars(1, {"nan": float("nan"), "n": np.int64(7), "ok": True})
+    w.close()
+    metrics = MlflowClient(store["tracking_uri"]).get_run(w.run_id).data.metrics
+    assert np.isnan(metrics["nan"]) and metrics["n"] == 7.0 and metrics["ok"] == 1.0
+
+
+def test_hparams_become_params_in_batches_of_100(store):
+    w = _writer(store)
+    hparams = {f"p{i:03d}": i for i in range(150)}
+    hparams.update(lr=np.float32(0.5), name="adam", flag=True, shape=(2, 3))
+    w.write_hparams(hparams)
+    w.close()
+    params = MlflowClient(store["tracking_uri"]).get_run(w.run_id).data.params
+    assert params == {
+        **{f"p{i:03d}": str(i) for i in range(150)},
+        "lr": "0.5",
+        "name": "adam",
+        "flag": "True",
+        "shape": "(2, 3)",
+    }
+
+
+def test_texts_images_videos_audio_histograms_are_artifacts(store, tmp_path):
+    w = _writer(store)
+    image = np.arange(2 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 4, 5, 3)
+    video = np.linspace(0, 1, 1 * 3 * 4 * 5 * 1).reshape(1, 3, 4, 5, 1)
+    clip = np.linspace(-1, 1, 2 * 8 * 1).reshape(2, 8, 1)
+    for step in (5, 10):
+        w.write_texts(step, {"notes/sample": f"héllo at {step}"})
+        w.write_images(step, {"img": image})
+        w.write_videos(step, {"vid": video})
+        w.write_audios(step, {"aud": clip}, sample_rate=8000)
+        w.write_histograms(step, {"h": np.array([0.0, 1.0, 1.0, 3.0])}, num_buckets={"h": 3})
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    root = client.download_artifacts(w.run_id, "", str(tmp_path / "down"))
+
+    def read(path: str) -> bytes:
+        with open(os.path.join(root, path), "rb") as f:
+            return f.read()
+
+    for step in (5, 10):
+        assert read(f"texts/notes/sample/step_{step:08d}.txt").decode() == f"héllo at {step}"
+        for i in range(2):
+            png = read(f"images/img/step_{step:08d}_{i}.png")
+            np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png))), image[i])
+            assert read(f"audio/aud/step_{step:08d}_{i}.wav") == _encode.wav(clip[i], 8000)
+        strip = np.asarray(Image.open(io.BytesIO(read(f"videos/vid/step_{step:08d}_0.png"))))
+        assert strip.shape == (4, 15)  # [H, T*W], grayscale
+        hist = json.loads(read(f"histograms/h/step_{step:08d}.json"))
+        assert hist["counts"] == [1, 2, 1] and hist["edges"] == [0.0, 1.0, 2.0, 3.0]
+        assert (hist["count"], hist["min"], hist["max"], hist["mean"]) == (4, 0.0, 3.0, 1.25)
+    names = [f.path for f in client.list_artifacts(w.run_id, "images/img")]
+    assert names == [f"images/img/step_{s:08d}_{i}.png" for s in (5, 10) for i in range(2)]
+
+
+def test_one_log_artifacts_call_per_write(store, monkeypatch):
+    w = _writer(store)
+    calls = []
+    upload = w._client.log_artifacts
+    monkeypatch.setattr(
+        w._client, "log_artifacts", lambda *a, **k: calls.append(a) or upload(*a, **k)
+    )
+    w.write_texts(1, {f"t{i}": "x" for i in range(30)})
+    w.write_images(1, {f"i{i}": np.zeros((2, 2, 2, 1), np.uint8) for i in range(30)})
+    w.close()
+    assert len(calls) == 2
+
+
+def test_resume_keeps_one_point_per_step(store, caplog):
+    first = _writer(store, run_name="train")
+    for step in range(10):
+        first.write_scalars(
+            step,
+            {"loss": float(step), "every5": float(step)}
+            if step % 5 == 0
+            else {"loss": float(step)},
+        )
+    first.close()  # steps 0-9 logged; the checkpoint was at step 5
+
+    again = _writer(store, run_name="train", resume_step=5)
+    assert again.run_id == first.run_id
+    with caplog.at_level("WARNING"):
+        for step in range(6, 13):
+            again.write_scalars(step, {"loss": 100.0 + step, "every5": 100.0 + step})
+    again.close()
+    assert "cannot be rewritten" in caplog.text
+    client = MlflowClient(store["tracking_uri"])
+    # Each step once: the earlier points where the first run had logged that key, new ones after.
+    assert _history(client, first.run_id, "loss") == [(s, float(s)) for s in range(10)] + [
+        (s, 100.0 + s) for s in range(10, 13)
+    ]
+    assert _history(client, first.run_id, "every5") == [(0, 0.0), (5, 5.0)] + [
+        (s, 100.0 + s) for s in range(6, 13)
+    ]
+    assert client.get_run(first.run_id).info.status == "FINISHED"
+
+
+def test_resume_by_run_id_and_a_missing_run_is_an_error(store):
+    first = _writer(store)
+    first.write_scalars(4, {"loss": 1.0})
+    first.close()
+    again = _writer(store, run_id=first.run_id, resume_step=2)
+    again.write_scalars(4, {"loss": 2.0})
+    again.write_scalars(5, {"loss": 3.0})
+    again.close()
+    client = MlflowClient(store["tracking_uri"])
+    assert _history(client, first.run_id, "loss") == [(4, 1.0), (5, 3.0)]
+    with pytest.raises(ValueError, match="found no run named 'nope'"):
+        _writer(store, run_name="nope", resume_step=3)
+
+
+def test_attaching_by_run_id_leaves_the_run_running(store):
+    client = MlflowClient(store["tracking_uri"])
+    run_id = client.create_run("0").info.run_id
+    w = _writer(store, run_id=run_id)
+    w.write_scalars(0, {"a": 1.0})
+    w.close()
+    assert client.get_run(run_id).info.status == "RUNNING"
+    assert client.get_run(run_id).data.metrics == {"a": 1.0}
+
+
+def test_only_process_0_talks_to_mlflow(store, monkeypatch):
+    import jax
+
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    w = writers.MlflowWriter("exp", **store)  # process_index from JAX
+    w.write_scalars(0, {"a": 1.0})
+    w.write_texts(0, {"t": "x"})
+    w.write_hparams({"lr": 0.1})
+    w.close()
+    assert w.run_id is None
+    assert MlflowClient(store["tracking_uri"]).get_experiment_by_name("exp") is None
+    with pytest.raises(TypeError, match="must be a number"):
+        w2 = writers.MlflowWriter("exp", **store)
+        w2.write_scalars(0, {"a": "x"})  # inputs are still checked on every process
+
+
+def test_what_mlflow_cannot_store_raises(store):
+    w = _writer(store)
+    with pytest.raises(NotImplementedError, match="no raw-tensor type"):
+        w.write_summaries(0, {"t": np.zeros(3)})
+    with pytest.raises(ValueError, match=r"\['\.\./x'\] become artifact paths"):
+        w.write_texts(0, {"../x": "escape"})
+    w.close()
+    with pytest.raises(writers.WriterClosedError):
+        w.write_scalars(1, {"a": 1.0})
+
+
+def test_missing_mlflow_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    with pytest.raises(ImportError, match=r"pip install 'jax-metrics-manager\[mlflow\]'"):
+        writers.MlflowWriter(process_index=0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_against_a_real_mlflow_server(tmp_path):
+    port = _free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            sqlite_store(str(tmp_path / "server")),
+            "--artifacts-destination",
+            str(tmp_path / "served"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        # No background job workers (their own processes, slow to start); its own process
+        # group, so the server and the uvicorn worker it starts are stopped together.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{uri}/health", timeout=1) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        w = writers.MlflowWriter("served", tracking_uri=uri, process_index=0)
+        for step in range(20):
+            w.write_scalars(step, {f"m{i}": _value(step, i) for i in range(20)})
+        w.write_texts(19, {"note": "served"})
+        w.write_hparams({"lr": 0.1})
+        w.close()
+        client = MlflowClient(uri)
+        for i in range(20):
+            assert _history(client, w.run_id, f"m{i}") == [(s, _value(s, i)) for s in range(20)]
+        assert client.get_run(w.run_id).data.params == {"lr": "0.1"}
+        path = client.download_artifacts(w.run_id, "texts/note", str(tmp_path / "down"))
+        with open(os.path.join(path, "step_00000019.txt")) as f:
+            assert f.read() == "served"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -1,0 +1,60 @@
+"""create_tracker_writer: the default writers and one tracker in one flat MultiWriter."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import gin
+import pytest
+
+import writers
+from tests.writers.tracker_stores import wandb_history, wandb_run_files
+
+
+def _files_only(logdir, collection):
+    return writers.create_default_writer(
+        logdir, collection=collection, console=False, tensorboard=False, asynchronous=False
+    )
+
+
+def test_the_tracker_gets_the_collection_and_keeps_its_files_in_logdir(tmp_path):
+    tracker = functools.partial(writers.WandbWriter, "tests", process_index=0)
+    w = writers.create_tracker_writer(
+        tmp_path, collection="train", tracker=tracker, name="wandb", default_writer=_files_only
+    )
+    assert sorted(w.writers) == ["jsonl", "wandb"]
+    assert w.writers["wandb"].run.name == "train"
+    w.write_scalars(1, {"loss": 0.5})
+    w.close()
+    assert wandb_history(wandb_run_files(str(tmp_path))[0]) == {1: {"loss": 0.5}}
+    with open(tmp_path / "metrics.jsonl") as f:
+        assert json.loads(f.readline())["loss"] == 0.5
+
+
+def test_a_gin_configured_tracker_class_gets_logdir_too(tmp_path):
+    gin.clear_config()
+    try:
+        gin.parse_config(
+            "from __gin__ import dynamic_registration\nimport writers\n"
+            "writers.WandbWriter.process_index = 0\n"
+        )
+        tracker = gin.get_configurable("writers.WandbWriter")
+        w = writers.create_tracker_writer(tmp_path, tracker=tracker, default_writer=_files_only)
+        w.close()
+    finally:
+        gin.clear_config()
+    assert len(wandb_run_files(str(tmp_path))) == 1
+
+
+def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
+    with pytest.raises(ValueError, match="name='jsonl' is taken"):
+        writers.create_tracker_writer(
+            tmp_path, tracker=writers.NoopWriter, name="jsonl", default_writer=_files_only
+        )
+
+    def broken(collection):
+        raise OSError("tracker down")
+
+    with pytest.raises(OSError, match="tracker down"):
+        writers.create_tracker_writer(tmp_path, tracker=broken, default_writer=_files_only)

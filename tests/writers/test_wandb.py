@@ -1,0 +1,191 @@
+"""WandbWriter in offline mode (tests/conftest.py sets WANDB_MODE=offline): every value read
+back from the offline run file (`run-<id>.wandb`) with W&B's own record proto."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import wandb
+from PIL import Image
+
+import writers
+from tests.writers.tracker_stores import (
+    wandb_config,
+    wandb_history,
+    wandb_run_files,
+    wandb_run_record,
+)
+from writers import _encode
+
+
+def _writer(tmp_path, **kwargs) -> writers.WandbWriter:
+    kwargs.setdefault("process_index", 0)
+    return writers.WandbWriter("tests", logdir=tmp_path, **kwargs)
+
+
+def _value(step: int, i: int) -> float:
+    return step * 0.5 + i / 16
+
+
+def test_200_summaries_x_20_keys_one_log_each_all_read_back(tmp_path, monkeypatch):
+    w = _writer(tmp_path, run_id="full", collection="train")
+    calls = []
+    log = w.run.log
+    monkeypatch.setattr(w.run, "log", lambda *a, **k: calls.append(1) or log(*a, **k))
+    for step in range(200):
+        w.write_scalars(step, {f"train/m{i:02d}": np.float32(_value(step, i)) for i in range(20)})
+    w.close()
+    assert len(calls) == 200
+    (path,) = wandb_run_files(str(tmp_path))
+    assert wandb_run_record(path).run_id == "full-train"
+    history = wandb_history(path)
+    assert history == {
+        step: {f"train/m{i:02d}": _value(step, i) for i in range(20)} for step in range(200)
+    }
+    assert sum(len(row) for row in history.values()) == 200 * 20
+
+
+def test_nan_inf_texts_and_calls_at_one_step_fill_one_row(tmp_path):
+    w = _writer(tmp_path)
+    w.write_scalars(1, {"nan": float("nan"), "inf": np.inf, "n": np.int64(7)})
+    w.write_texts(1, {"note": "héllo"})
+    w.write_scalars(2, {"n": 8})
+    w.close()
+    rows = wandb_history(wandb_run_files(str(tmp_path))[0])
+    assert np.isnan(rows[1]["nan"]) and rows[1]["inf"] == np.inf
+    assert (rows[1]["n"], rows[1]["note"], rows[2]) == (7, "héllo", {"n": 8})
+
+
+def test_images_videos_audio_histograms(tmp_path):
+    w = _writer(tmp_path)
+    image = np.arange(2 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 4, 5, 3)
+    w.write_images(3, {"img": image, "one": np.ones((4, 5, 1))})
+    w.write_videos(3, {"vid": np.zeros((1, 3, 4, 5, 3))})
+    w.write_audios(3, {"aud": np.linspace(-1, 1, 2 * 8).reshape(2, 8, 1)}, sample_rate=8000)
+    w.write_histograms(3, {"h": np.array([0.0, 1.0, 1.0, 3.0])}, num_buckets={"h": 3})
+    w.close()
+    (path,) = wandb_run_files(str(tmp_path))
+    row = wandb_history(path)[3]
+    run_dir = os.path.join(os.path.dirname(path), "files")
+
+    def pixels(name: str) -> np.ndarray:
+        return np.asarray(Image.open(os.path.join(run_dir, name)))
+
+    assert row["img"]["_type"] == "images/separated" and row["img"]["count"] == 2
+    for i, name in enumerate(row["img"]["filenames"]):  # N images per key, in order
+        np.testing.assert_array_equal(pixels(name), image[i])
+    np.testing.assert_array_equal(pixels(row["one"]["filenames"][0]), np.full((4, 5), 255))
+    (strip,) = row["vid"]["filenames"]  # one filmstrip [H, T*W, C] per video
+    assert pixels(strip).shape == (4, 15, 3)
+    for i in range(2):  # one clip per key (N > 1: `<key>/<i>`)
+        clip = row[f"aud/{i}"]
+        assert clip["_type"] == "audio-file"
+        with open(os.path.join(run_dir, clip["path"]), "rb") as f:
+            assert f.read() == _encode.wav(  # the WAV header holds the sample rate
+                np.linspace(-1, 1, 16).reshape(2, 8, 1)[i], 8000
+            )
+    assert row["h"] == {"_type": "histogram", "values": [1, 2, 1], "bins": [0, 1, 2, 3]}
+
+
+def test_hparams_are_the_run_config(tmp_path):
+    w = _writer(tmp_path, config={"seed": 1})
+    w.write_hparams({"lr": np.float32(0.5), "name": "adam", "shape": (2, 3)})
+    w.write_hparams({"lr": 0.25})  # W&B config values may change
+    w.close()
+    config = wandb_config(wandb_run_files(str(tmp_path))[0])
+    assert config == {"seed": 1, "lr": 0.25, "name": "adam", "shape": "(2, 3)"}
+
+
+def test_a_decreasing_step_raises_instead_of_being_dropped(tmp_path):
+    w = _writer(tmp_path)
+    w.write_scalars(5, {"a": 1.0})
+    w.write_scalars(5, {"b": 2.0})  # the same step: one row
+    with pytest.raises(ValueError, match=r"got step 4 for \['a'\] after step 5"):
+        w.write_scalars(4, {"a": 3.0})
+    w.close()
+    assert wandb_history(wandb_run_files(str(tmp_path))[0]) == {5: {"a": 1.0, "b": 2.0}}
+
+
+def test_resume_rewinds_to_the_resume_step(tmp_path):
+    first = _writer(tmp_path, run_id="run1")
+    for step in range(10):
+        first.write_scalars(step, {"loss": float(step)})
+    first.close()  # logged steps 0-9; the checkpoint was at step 5
+
+    again = _writer(tmp_path, run_id="run1", resume_step=5)
+    with pytest.raises(ValueError, match="got step 5"):
+        again.write_scalars(5, {"loss": 0.0})
+    for step in range(6, 13):
+        again.write_scalars(step, {"loss": 100.0 + step})
+    again.close()
+    old, new = wandb_run_files(str(tmp_path))
+    assert wandb_history(old) == {s: {"loss": float(s)} for s in range(10)}
+    # Offline, the rewind is recorded for `wandb sync`: the new run file names the point.
+    record = wandb_run_record(new)
+    assert (record.run_id, record.branch_point.run, record.branch_point.value) == (
+        "run1",
+        "run1",
+        5,
+    )
+    assert wandb_history(new) == {s: {"loss": 100.0 + s} for s in range(6, 13)}
+
+
+def test_resume_needs_a_run_id(tmp_path):
+    with pytest.raises(ValueError, match="needs the run to resume; pass run_id="):
+        _writer(tmp_path, resume_step=3)
+
+
+def test_an_existing_run_is_used_and_left_open(tmp_path):
+    run = wandb.init(project="tests", dir=str(tmp_path), reinit="create_new")
+    w = writers.WandbWriter(run=run, process_index=0)
+    w.write_scalars(0, {"a": 1.0})
+    w.close()
+    run.log({"b": 2.0}, step=1)  # still usable: the writer did not finish it
+    run.finish()
+    assert wandb_history(wandb_run_files(str(tmp_path))[0]) == {0: {"a": 1.0}, 1: {"b": 2.0}}
+
+
+def test_only_process_0_talks_to_wandb(tmp_path, monkeypatch):
+    import jax
+
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    w = writers.WandbWriter("tests", logdir=tmp_path)  # process_index from JAX
+    w.write_scalars(0, {"a": 1.0})
+    w.write_hparams({"lr": 0.1})
+    with pytest.raises(TypeError, match="must be a number"):
+        w.write_scalars(1, {"a": "x"})  # inputs are still checked on every process
+    w.close()
+    assert w.run is None and wandb_run_files(str(tmp_path)) == []
+
+
+def test_what_wandb_cannot_store_raises(tmp_path):
+    w = _writer(tmp_path)
+    with pytest.raises(NotImplementedError, match="no raw-tensor type"):
+        w.write_summaries(0, {"t": np.zeros(3)})
+    with pytest.raises(ValueError, match=r"at most 512 buckets, got num_buckets \{'h': 600\}"):
+        w.write_histograms(0, {"h": np.arange(5.0)}, num_buckets={"h": 600})
+    w.close()
+    with pytest.raises(writers.WriterClosedError):
+        w.write_scalars(1, {"a": 1.0})
+
+
+def test_missing_wandb_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    with pytest.raises(ImportError, match=r"pip install 'jax-metrics-manager\[wandb\]'"):
+        writers.WandbWriter(process_index=0)
+
+
+def test_a_relative_logdir_is_relative_to_the_callers_working_directory(tmp_path, monkeypatch):
+    # W&B's service resolves relative paths against its own working directory, which
+    # earlier runs in this process fixed elsewhere.
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+        monkeypatch.chdir(tmp_path / folder)
+        w = writers.WandbWriter("tests", logdir="runs/a", process_index=0)
+        w.write_scalars(1, {"a": 1.0})
+        w.close()
+        (path,) = wandb_run_files(str(tmp_path / folder / "runs" / "a"))
+        assert wandb_history(path) == {1: {"a": 1.0}}

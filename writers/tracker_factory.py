@@ -1,0 +1,86 @@
+"""`create_tracker_writer`: the default writer set plus one experiment tracker (W&B, MLflow).
+
+A `MetricsManager` builds one writer per collection (`train`, `eval/<task>`) by
+calling `writer_factory(logdir, collection=name)`. This factory returns the
+writers of `default_writer(logdir, collection=...)` (console, TensorBoard,
+JSONL...) and `tracker(collection=..., logdir=...)` side by side in one flat
+`MultiWriter`, so a failing tracker stops none of the files. The tracker is
+given `logdir` only if it takes one (`WandbWriter` keeps its local files there).
+
+Gin: `configs/writers/wandb.gin` and `configs/writers/mlflow.gin` bind it.
+
+Example:
+  >>> import tempfile, writers
+  >>> w = writers.create_tracker_writer(
+  ...     tempfile.mkdtemp(), collection="train", tracker=lambda collection: writers.NoopWriter(),
+  ...     default_writer=lambda logdir, collection: writers.create_default_writer(
+  ...         logdir, collection=collection, console=False, tensorboard=False))
+  >>> sorted(w.writers)
+  ['jsonl', 'tracker']
+  >>> w.close()
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from typing import Any
+
+from writers.factory import create_default_writer
+from writers.interface import MetricWriter
+from writers.multi import MultiWriter
+
+
+def create_tracker_writer(
+    logdir: str | os.PathLike[str] | None,
+    *,
+    collection: str | None = None,
+    tracker: Callable[..., MetricWriter],
+    name: str = "tracker",
+    default_writer: Callable[..., MultiWriter] = create_default_writer,
+) -> MultiWriter:
+    """Builds `default_writer`'s writers plus `tracker`'s, in one `MultiWriter`.
+
+    Args:
+      logdir: Directory of the file writers (and of the tracker's local files).
+      collection: Passed to both factories (the manager's name, e.g. `train`).
+      tracker: Makes the tracker writer, e.g. `writers.WandbWriter` or a
+        `functools.partial` of `writers.MlflowWriter`; called as
+        `tracker(collection=..., [logdir=...])`.
+      name: Name of the tracker inside the `MultiWriter` (errors name it).
+      default_writer: Makes the other writers (`writers.create_default_writer`, or
+        its gin-configured version `@writers.create_default_writer`).
+
+    Returns:
+      A `MultiWriter` over the default writers and the tracker, named `name`.
+
+    Raises:
+      ValueError: `name` is already the name of one of the default writers.
+    """
+    base = default_writer(logdir, collection=collection)
+    chosen = dict(base.writers)
+    if name in chosen:
+        base.close()
+        raise ValueError(
+            f"create_tracker_writer: name={name!r} is taken by a default writer "
+            f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
+        )
+    kwargs: dict[str, Any] = {"collection": collection}
+    if "logdir" in _parameters(tracker):
+        kwargs["logdir"] = logdir
+    try:
+        chosen[name] = tracker(**kwargs)
+    except Exception:
+        base.close()  # no half-built set with open files and threads
+        raise
+    return MultiWriter(chosen)
+
+
+def _parameters(factory: Callable[..., Any]) -> Any:
+    # gin's configurable classes report `(*args, **kwargs)`: look at the real __init__.
+    target = inspect.unwrap(factory.__init__) if inspect.isclass(factory) else factory
+    try:
+        return inspect.signature(target).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        return {}
