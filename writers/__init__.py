@@ -55,7 +55,6 @@ __all__ = [
     "create_default_writer",
     "create_tracker_writer",
     "group_values",
-    "group_values",
     "read_jsonl",
     "write_values",
 ]
