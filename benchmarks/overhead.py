@@ -115,12 +115,11 @@ def quiet_stdout() -> Iterator[None]:
 
 
 def make_writer(logdir: str | None) -> Any:
-    """The writers every variant with writers uses: console + TensorBoard + JSONL, asynchronous."""
+    """The writers every variant with writers uses: the default set (console + TensorBoard +
+    JSONL), synchronous: the manager's worker calls them, as under the README's loop."""
     import writers  # noqa: PLC0415
 
-    return writers.create_default_writer(
-        logdir, asynchronous=True, console=True, tensorboard=True, jsonl=True
-    )
+    return writers.create_default_writer(logdir, console=True, tensorboard=True, jsonl=True)
 
 
 class Loops:
@@ -535,10 +534,10 @@ def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
     from metrics_manager import (  # noqa: PLC0415
         MetricsManager,
         compute_metric_values,
-        device_get_batched,
         set_step_metrics_num_steps,
         set_time_metrics_duration,
     )
+    from metrics_manager.manager import _to_host as device_get_batched  # noqa: PLC0415
 
     _, metrics = loops.step_t5x(loops.fresh_params(), loops.batch)
     _, packed = loops.step_library(loops.fresh_params(), None, loops.batch)
@@ -576,7 +575,7 @@ def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
             "jax.device_get of the 20 metrics as a dict (a copy per leaf)": per_call(
                 lambda _: jax.device_get(metrics)
             ),
-            "device_get_batched of the dict (the manager's copy for (b0))": per_call(
+            "jitted pack + one device_get of the dict (the manager's copy for (b0))": per_call(
                 lambda _: device_get_batched(metrics)
             ),
             "device_get + unpack_host of the PackedMetrics (the manager's copy for (b))": (

@@ -95,6 +95,12 @@ def _plot_time(quick: bool) -> common.Table:
     from benchmarks import plot_time  # noqa: PLC0415
 
     return plot_time.run(quick)
+def _window_timing(quick: bool) -> common.Table:
+    from benchmarks import window_timing  # noqa: PLC0415
+
+    return window_timing.run(quick)
+
+
 def _remote_flush(quick: bool) -> common.Table:
     from benchmarks import remote_flush  # noqa: PLC0415
 
@@ -115,6 +121,7 @@ BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "system_overhead": _system_overhead,
     "plot_time": _plot_time,
     "remote_flush": _remote_flush,
+    "window_timing": _window_timing,
     "trackers": _trackers,
 }
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import fcntl
 import inspect
 import logging
 import math
@@ -104,7 +103,7 @@ class _WriterState:
 
 
 _OPEN: weakref.WeakSet[MetricsManager] = weakref.WeakSet()
-_DIRS: dict[str, int] = {}  # summary dirs held by open managers of this process -> lock fd
+_DIRS: set[str | None] = set()  # summary dirs held by open managers of this process
 _DIRS_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 
@@ -234,7 +233,7 @@ class MetricsManager:
         self._last_step: int | None = None
         self._writers: dict[str, _WriterState] = {}
         self._reserved: frozenset[str] = frozenset()
-        self._lock_fd: int | None = None
+        self._dir: str | None = None
         self._made: Any = None
         self._monitor: Any = None
         self._system_interval = system_interval_s
@@ -512,34 +511,24 @@ class MetricsManager:
         )
 
     def _claim_dir(self) -> None:
-        """Refuses a second open manager on the same directory, in or across processes."""
-        if self.summary_dir is None or "://" in self.summary_dir:
+        """Refuses a second open manager of this process on the same directory."""
+        if self.summary_dir is None:
             return
-        path = os.path.realpath(self.summary_dir)
-        os.makedirs(path, exist_ok=True)
-        taken = f"MetricsManager({self.name!r}): {self.summary_dir} is already written by "
-        fix = "; close it first, or give this manager another name or summary_dir."
+        path = self.summary_dir if "://" in self.summary_dir else os.path.realpath(self.summary_dir)
         with _DIRS_LOCK:
             if path in _DIRS:
-                raise ValueError(taken + "another open MetricsManager in this process" + fix)
-            fd = os.open(os.path.join(path, ".metrics_manager.lock"), os.O_RDWR | os.O_CREAT, 0o666)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                os.close(fd)
-                raise ValueError(taken + "a MetricsManager in another process" + fix) from None
-            _DIRS[path] = fd
-            self._lock_fd = fd
+                raise ValueError(
+                    f"MetricsManager({self.name!r}): {self.summary_dir} is already written by "
+                    "another open MetricsManager in this process; close it first, or give this "
+                    "manager another name or summary_dir."
+                )
+            _DIRS.add(path)
+            self._dir = path
 
     def _release_dir(self) -> None:
-        if self._lock_fd is None:
-            return
         with _DIRS_LOCK:
-            for path, fd in list(_DIRS.items()):
-                if fd == self._lock_fd:
-                    del _DIRS[path]
-            os.close(self._lock_fd)
-            self._lock_fd = None
+            _DIRS.discard(self._dir)
+            self._dir = None
 
     def _check_usable(self, method: str) -> None:
         if self._closed:

@@ -20,7 +20,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 import writers
 from metrics_manager import gin_utils
-from metrics_manager.manager import MetricsManager, MetricsManagerError
+from metrics_manager.manager import MetricsManager
 from metrics_manager.metrics import AveragePerStep, StepsPerTime, Sum
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -97,34 +97,31 @@ def test_one_config_gives_train_and_eval_runs(config, tmp_path, capsys):
     assert (("loss" in out) and ("eval/glue" in out)) == ("console" in expected_writers)
 
 
-def test_writer_bindings_take_effect_through_gin_and_in_plain_python(tmp_path):
+def test_writer_bindings_take_effect_through_gin_and_not_behind_its_back(tmp_path):
     parse(
         "default.gin",
         "writers.create_default_writer.jsonl = False",
         "writers.create_default_writer.console = False",
     )
     through_gin = gin_utils.configured(MetricsManager)("train", tmp_path)
-    plain = MetricsManager("eval/glue", tmp_path)  # default factory: also gin-aware
-    for manager in (through_gin, plain):
-        assert sorted(manager.writer.writers) == ["tensorboard"]
-        manager.close()
+    assert sorted(through_gin.writers) == ["tensorboard"]
+    through_gin.close()
     assert run_files(tmp_path / "train") == {"events"}
-    assert run_files(tmp_path / "eval" / "glue") == {"events"}
+    # A manager built in plain Python does not read gin's registry: its defaults hold.
+    plain = MetricsManager("eval/glue", tmp_path, writer_factory=lambda d: writers.NoopWriter())
+    plain.close()
+    assert not (tmp_path / "eval" / "glue" / "metrics.jsonl").exists()
 
 
-def test_with_a_top_level_config_a_backend_failure_fails_its_own_summary(tmp_path):
-    """JSONL rejects the reserved key `time`: that summary's future names `jsonl`."""
+def test_with_a_top_level_config_a_reserved_key_is_refused_at_the_call(tmp_path):
+    """JSONL reserves `time`: the call raises at once, naming the key and the fix."""
     parse("default.gin", "writers.create_default_writer.console = False")
     manager = gin_utils.configured(MetricsManager)("train", tmp_path)
-    manager.start_duration_timer()
-    future = manager.write_metrics_summary({"time": Sum(jnp.float32(1.5))}, 3, 1)
-    with pytest.raises(MetricsManagerError, match="jsonl.*time"):
-        future.result()
-    with pytest.raises(MetricsManagerError, match="jsonl"):
-        manager.write_scalar("lr", 0.1, 3)
-    with pytest.raises(MetricsManagerError, match="jsonl"):
-        manager.close()
-    assert scalars(tmp_path / "train")["time"] == [(3, 1.5)]  # TensorBoard still wrote it
+    with pytest.raises(ValueError, match=r"\['time'\] are reserved.*'train/time'"):
+        manager.write_metrics_summary({"time": Sum(jnp.float32(1.5))}, 3, 1)
+    manager.write_scalar("lr", 0.1, 3)
+    manager.close()
+    assert scalars(tmp_path / "train")["lr"] == [(3, pytest.approx(0.1))]
 
 
 def test_manager_binding_replaces_the_factory(tmp_path):

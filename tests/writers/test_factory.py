@@ -14,7 +14,9 @@ import writers
 
 def test_default_set_writes_console_tensorboard_and_jsonl(tmp_path):
     out = io.StringIO()
-    w = writers.create_default_writer(tmp_path, collection="train", console_stream=out)
+    w = writers.create_default_writer(
+        tmp_path, collection="train", console_stream=out, asynchronous=True
+    )
     assert sorted(w.writers) == ["console", "jsonl", "tensorboard"]
     assert all(isinstance(x, writers.AsyncWriter) for x in w.writers.values())
     writers.write_values(w, 4, {"loss": 0.5, "accuracy": 0.75})
@@ -80,7 +82,7 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
     with pytest.raises(ValueError, match="flush_secs must be a positive number"):
         writers.create_default_writer(tmp_path, flush_secs=0)
     with pytest.raises(ValueError, match="max_queue must be >= 1"):
-        writers.create_default_writer(tmp_path, max_queue=0)
+        writers.create_default_writer(tmp_path, asynchronous=True, max_queue=0)
     assert list(tmp_path.iterdir()) == []
     (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)  # JSONL cannot open its file
     with pytest.raises(IsADirectoryError):  # after TensorBoard was built
