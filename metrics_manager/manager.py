@@ -54,6 +54,7 @@ import numpy as np
 
 import writers
 from metrics_manager import metrics as metrics_lib
+from metrics_manager._problems import Problems
 from metrics_manager.packing import PackedMetrics
 from writers import _checks
 from writers._worker import Job, OrderedWorker
@@ -746,15 +747,15 @@ class MetricsManager:
 # ------------------------------------------------------------------- helpers
 
 
-class _Problems:
-    """Every problem with one call's arguments, raised together (TypeError if any is one)."""
+class _Problems(Problems):
+    """The project's one error collector, with the checks of the manager's public calls."""
 
     def __init__(self, method: str) -> None:
+        super().__init__()
         self.method = method
-        self.items: list[tuple[type[Exception], str]] = []
 
     def add(self, kind: type[Exception], message: str) -> None:
-        self.items.append((kind, message))
+        (self.type_errors if kind is TypeError else self.value_errors).append(message)
 
     def integer(self, what: str, value: Any, *, minimum: int) -> int:
         if isinstance(value, np.integer) or (
@@ -831,10 +832,8 @@ class _Problems:
                 self.add(type(err), str(err))
         return out
 
-    def raise_if_any(self) -> None:
-        if self.items:
-            kind = TypeError if any(k is TypeError for k, _ in self.items) else ValueError
-            raise kind(f"{self.method}: " + "; ".join(m for _, m in self.items) + ".")
+    def raise_if_any(self) -> None:  # type: ignore[override]
+        super().raise_if_any(self.method)
 
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -418,7 +418,7 @@ def test_one_error_lists_every_bad_argument():
         assert "metrics must be a mapping" in message
         assert "step must be an int, got 1.5" in message
         assert "num_steps must be >= 1, got 0" in message
-        with pytest.raises(TypeError, match="step must be an int.*'b': int"):
+        with pytest.raises(TypeError, match="(?s)step must be an int.*'b': int"):
             manager.write_texts("3", {"a": "fine", "b": 2})  # type: ignore[arg-type]
         manager.write_scalar("x", 1.0, np.array(3))  # a 0-d NumPy int is a fine step
 

@@ -59,3 +59,31 @@ def test_a_read_only_mlflow_store_mid_run_costs_the_jsonl_writer_nothing(tmp_pat
     assert sorted(m.step for m in history) == list(range(100))
     with pytest.raises(writers.WriterError, match="mlflow"):
         w.close()  # ending the MLflow run needs a write too; the JSONL file is closed anyway
+
+
+def test_a_read_only_mlflow_store_under_a_manager_is_isolated(tmp_path):
+    """The same fault inside a MetricsManager: logged and counted, JSONL gets 100%."""
+    from metrics_manager import MetricsManager
+
+    uri = sqlite_store(str(tmp_path / "store"))
+    made = {}
+
+    def factory(logdir):
+        made["mlflow"] = writers.MlflowWriter("exp", tracking_uri=uri, process_index=0)
+        return writers.MultiWriter(
+            {"jsonl": writers.JsonlWriter(f"{logdir}/metrics.jsonl"), "mlflow": made["mlflow"]}
+        )
+
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        for step in range(200):
+            if step == 100:
+                manager.flush()
+                _read_only(made["mlflow"]._client._tracking_client.store.engine)
+            manager.write_scalars(step, {f"m{i:02d}": step + i / 32 for i in range(20)})
+    lines = [json.loads(x) for x in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == list(range(200))
+    assert all(x[f"m{i:02d}"] == x["step"] + i / 32 for x in lines for i in range(20))
+    failed = [f for f in manager.errors if f.source == "writer:mlflow"]
+    assert failed and failed[0].step == 100 and "readonly" in str(failed[0])
+    history = MlflowClient(uri).get_metric_history(made["mlflow"].run_id, "m00")
+    assert [m.step for m in history] == list(range(100))

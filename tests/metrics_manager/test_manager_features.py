@@ -1,0 +1,98 @@
+"""The manager's resume, NNX interop, system metrics and FLOPs keys, through real writers."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import psutil
+import pytest
+from flax import nnx
+
+import writers
+from metrics_manager import MetricsManager, StepsPerTime, Sum, step_flops
+from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
+
+
+def files_only(d, collection=None, resume_step=None):
+    return writers.create_default_writer(
+        d, collection=collection, console=False, resume_step=resume_step
+    )
+
+
+def test_resume_step_keeps_each_step_once_in_tensorboard_and_jsonl(tmp_path):
+    for first, last, resume_step, offset in ((1, 100, None, 0.0), (51, 100, 50, 1000.0)):
+        with MetricsManager(
+            "train", tmp_path, writer_factory=files_only, resume_step=resume_step
+        ) as manager:
+            for step in range(first, last + 1):
+                manager.write_metrics_summary({"loss": Sum(np.float32(step + offset))}, step, 1)
+    logdir = str(tmp_path / "train")
+    lines = read_jsonl(logdir)
+    assert [x["step"] for x in lines] == list(range(1, 101))
+    assert [x["loss"] for x in lines] == [float(s) for s in range(1, 51)] + [
+        s + 1000.0 for s in range(51, 101)
+    ]
+    events = read_tensorboard(logdir).Scalars("loss")
+    assert [e.step for e in events] == list(range(1, 101))
+    assert events[-1].value == 1100.0
+
+
+def test_resume_step_needs_a_factory_that_takes_it():
+    with pytest.raises(TypeError, match="resume_step=5 needs a writer_factory"):
+        MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), resume_step=5)
+
+
+def test_an_nnx_multimetric_is_written(tmp_path):
+    multi = nnx.MultiMetric(loss=nnx.metrics.Average("loss"), accuracy=nnx.metrics.Accuracy())
+    multi.update(
+        loss=jnp.asarray([1.0, 2.0, 3.0, 4.0]),
+        logits=jnp.asarray([[0.1, 0.9], [0.8, 0.2]]),
+        labels=jnp.asarray([1, 1]),
+    )
+    with MetricsManager("eval", tmp_path, writer_factory=files_only) as manager:
+        summary = manager.write_metrics_summary(multi, 7, 1).result()
+        manager.write_metrics_summary(multi.compute(), 8, 1)
+    assert float(summary["loss"].value) == 2.5 and float(summary["accuracy"].value) == 0.5
+    lines = read_jsonl(str(tmp_path / "eval"))
+    assert [(x["step"], x["loss"], x["accuracy"]) for x in lines] == [(7, 2.5, 0.5), (8, 2.5, 0.5)]
+
+
+def test_system_metrics_land_in_jsonl_and_tensorboard(tmp_path):
+    with MetricsManager(
+        "train", tmp_path, writer_factory=files_only, system_metrics=True
+    ) as manager:
+        x = jnp.ones((256, 256))
+        for _ in range(20):
+            x = (x @ x) / 256.0
+        rss = psutil.Process().memory_info().rss / 2**20
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 1, 1).result()
+    (line,) = read_jsonl(str(tmp_path / "train"))
+    assert 0.0 <= line["system/host_memory_percent"] <= 100.0
+    assert line["system/process_rss_mib"] == pytest.approx(rss, rel=0.1)
+    if "system/process_cpu_percent" in line:  # needs 0.1 s since the monitor started
+        assert 0.0 <= line["system/process_cpu_percent"] <= 100.0 * os.cpu_count()
+    tags = read_tensorboard(str(tmp_path / "train")).Tags()["scalars"]
+    assert "system/process_rss_mib" in tags and "system/host_memory_percent/max" in tags
+
+
+def test_perf_keys_from_the_compiled_steps_flops():
+    m, k, n = 128, 64, 32
+    a, b = jnp.ones((m, k)), jnp.ones((k, n))
+    flops = step_flops(jax.jit(lambda a, b: a @ b), a, b)
+    assert flops == pytest.approx(2 * m * n * k, rel=0.01)
+    ticks = iter([0.0, 2.0])
+    with MetricsManager(
+        "t",
+        writer_factory=lambda d: writers.NoopWriter(),
+        clock=lambda: next(ticks),
+        flops_per_step=flops,
+        peak_flops_per_device=1e9,
+    ) as manager:
+        manager.start_duration_timer()
+        summary = manager.write_metrics_summary({"sps": StepsPerTime(steps=10)}, 10, 10).result()
+    tflops = flops * 10 / 2.0 / 1e12
+    assert summary["perf/tflops_per_second"] == pytest.approx(tflops)
+    assert summary["perf/mfu"] == pytest.approx(flops * 10 / 2.0 / (1e9 * jax.device_count()))
