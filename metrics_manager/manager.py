@@ -354,7 +354,8 @@ class MetricsManager:
                 end = _ready_time(block_on, called, self._clock)
                 duration = None if not window or start is None else max(end - start, 1e-9)
                 job.result = summary = self._summarize(metrics, ready, step, num_steps, duration)
-                job.state["calls"] = self._checked_calls(step, summary)
+                job.state["calls"] = calls = self._checked_calls(step, summary)
+                self._check_finite(step, calls)
             except Exception as err:
                 self._record(
                     Failure("summary", step, tuple(keys), err), fatal=self.on_error == "raise"
@@ -668,13 +669,17 @@ class MetricsManager:
             host = metrics_lib.set_time_metrics_duration(host, duration)
         host = metrics_lib.set_step_metrics_num_steps(host, num_steps)
         summary: dict[str, Any] = dict(ready)
-        for key, metric in host.items():
-            try:
-                summary.update(metrics_lib.compute_metric_values({key: metric}))
-            except Exception as err:  # noqa: BLE001  (that key is skipped, the rest written)
-                self._record(
-                    Failure(f"metric:{key}", step, (key,), err), fatal=self.on_error == "raise"
-                )
+        try:  # the common case in one call; key by key only to find what failed
+            summary.update(metrics_lib.compute_metric_values(host))
+        except Exception:  # noqa: BLE001
+            for key, metric in host.items():
+                try:
+                    summary.update(metrics_lib.compute_metric_values({key: metric}))
+                except Exception as err:  # noqa: BLE001  (that key is skipped, the rest written)
+                    self._record(
+                        Failure(f"metric:{key}", step, (key,), err),
+                        fatal=self.on_error == "raise",
+                    )
         if self._flops is not None and duration is not None:
             from metrics_manager.flops import peak_flops_per_device, perf_values
 
@@ -694,18 +699,19 @@ class MetricsManager:
         ):
             self._system_last = time.monotonic()
             summary.update(self._monitor.window_values())
-        self._check_finite(step, summary)
         return summary
 
-    def _check_finite(self, step: int, summary: Mapping[str, Any]) -> None:
+    def _check_finite(self, step: int, calls: list[Any]) -> None:
+        """Looks at the summary's scalars, already plain Python numbers (`_checked_calls`)."""
         if self.nonfinite == "ignore":
             return
-        bad = []
-        for key, value in summary.items():
-            inner = getattr(value, "value", value)
-            if isinstance(inner, float | np.floating | np.ndarray) and np.size(inner) == 1:
-                if not np.isfinite(np.asarray(inner, np.float64)).all():
-                    bad.append(key)
+        bad = [
+            key
+            for method, kwargs in calls
+            if method == "write_scalars"
+            for key, value in kwargs["scalars"].items()
+            if type(value) is float and not math.isfinite(value)
+        ]
         if not bad:
             return
         if self.nonfinite == "stop":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import clu.metrics as clu_metrics
@@ -520,7 +521,10 @@ def test_a_full_queue_blocks_the_caller_until_a_job_starts_and_drops_nothing():
 
     caller = threading.Thread(target=loop)
     caller.start()
-    caller.join(timeout=1.0)
+    deadline = time.monotonic() + 30
+    while len(returned) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    caller.join(timeout=0.3)
     assert returned == [1, 2]  # 1 runs (gated), 2 waits; 3 finds the queue full
     writer_free.set()
     caller.join(timeout=30)
