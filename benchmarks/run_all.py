@@ -95,6 +95,12 @@ def _plot_time(quick: bool) -> common.Table:
     from benchmarks import plot_time  # noqa: PLC0415
 
     return plot_time.run(quick)
+def _guard_overhead(quick: bool) -> common.Table:
+    from benchmarks import guard_overhead  # noqa: PLC0415
+
+    return guard_overhead.run(quick)
+
+
 def _window_timing(quick: bool) -> common.Table:
     from benchmarks import window_timing  # noqa: PLC0415
 
@@ -122,6 +128,7 @@ BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "plot_time": _plot_time,
     "remote_flush": _remote_flush,
     "window_timing": _window_timing,
+    "guard_overhead": _guard_overhead,
     "trackers": _trackers,
 }
 

@@ -379,3 +379,11 @@ def test_remote_flush_benchmark_smallest_size(monkeypatch):
     assert all(row["median_ms"] > 0 and row["bytes_per_flush"] > 0 for row in table.rows)
     assert table.rows[0]["ratio"] == 1.0 and len(table.targets) == 1
     assert "remote flush (GCS emulator)" in table.headlines[0]
+
+
+def test_window_timing_and_guard_overhead_smoke():
+    from benchmarks import guard_overhead, window_timing
+
+    ratios = window_timing.one_run(windows=3)
+    assert len(ratios) == 3 and all(0.5 < r < 1.5 for r in ratios)  # measured / true steps/s
+    assert guard_overhead.one_loop("stop", steps=30) > 0.0
