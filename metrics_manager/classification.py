@@ -258,7 +258,11 @@ class _ConfusionCounts(clu_metrics.Metric):
         )
 
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
-        raise NotImplementedError
+        """The score from per-class counts; each of Precision, Recall and FBeta defines it."""
+        raise TypeError(
+            f"{type(self).__name__} holds confusion counts only; compute Precision, Recall or "
+            "FBeta instead."
+        )
 
     def compute(self) -> jax.Array:
         tp, fp, fn = (
