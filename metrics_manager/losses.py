@@ -61,6 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metrics_manager import metrics as metrics_lib
+from writers._problems import Problems as _Problems
 
 __all__ = [
     "LOSS_NORMALIZING_FACTOR_KEY",
@@ -86,32 +87,6 @@ _SEGMENT_IDS_SUFFIX = "_segment_ids"
 
 
 # ----------------------------------------------------------------------------- input checks
-
-
-class _Problems:
-    """Collects every problem with a call's inputs, then raises one error listing them all.
-
-    Raises `TypeError` when any problem is about a type or dtype, `ValueError` otherwise.
-    """
-
-    def __init__(self, where: str) -> None:
-        self._where = where
-        self._type_problems: list[str] = []
-        self._value_problems: list[str] = []
-
-    def type_problem(self, message: str) -> None:
-        self._type_problems.append(message)
-
-    def value_problem(self, message: str) -> None:
-        self._value_problems.append(message)
-
-    def raise_if_any(self) -> None:
-        problems = self._type_problems + self._value_problems
-        if not problems:
-            return
-        error = TypeError if self._type_problems else ValueError
-        lines = "\n".join(f"  - {p}" for p in problems)
-        raise error(f"{self._where}: {len(problems)} problem(s) with the inputs:\n{lines}")
 
 
 def _describe(x: Any) -> str:

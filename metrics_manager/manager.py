@@ -54,9 +54,9 @@ import numpy as np
 
 import writers
 from metrics_manager import metrics as metrics_lib
-from metrics_manager._problems import Problems
 from metrics_manager.packing import PackedMetrics
 from writers import _checks
+from writers._problems import Problems
 from writers._worker import Job, OrderedWorker
 
 WriterFactory = Callable[..., Any]
@@ -756,13 +756,6 @@ class MetricsManager:
 class _Problems(Problems):
     """The project's one error collector, with the checks of the manager's public calls."""
 
-    def __init__(self, method: str) -> None:
-        super().__init__()
-        self.method = method
-
-    def add(self, kind: type[Exception], message: str) -> None:
-        (self.type_errors if kind is TypeError else self.value_errors).append(message)
-
     def integer(self, what: str, value: Any, *, minimum: int) -> int:
         if isinstance(value, np.integer) or (
             isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu"
@@ -837,9 +830,6 @@ class _Problems(Problems):
             except (TypeError, ValueError) as err:
                 self.add(type(err), str(err))
         return out
-
-    def raise_if_any(self) -> None:  # type: ignore[override]
-        super().raise_if_any(self.method)
 
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+
+from writers._problems import Problems
 
 
 def check_step(step: Any, method: str = "write") -> int:
@@ -90,23 +92,22 @@ def check_keys(values: Any, method: str) -> None:
         )
     if all(type(k) is str and k and not k.isspace() for k in values):
         return  # the common case, in one pass
-    problems: list[tuple[type[Exception], str]] = []
+    problems = Problems(method)
+    _key_problems(values, problems)
+    problems.raise_if_any()
+
+
+def _key_problems(values: Mapping[Any, Any], problems: Problems) -> None:
     bad_types = [k for k in values if not isinstance(k, str)]
     if bad_types:
         listed = ", ".join(f"{k!r} ({type(k).__name__})" for k in bad_types)
-        problems.append(
-            (TypeError, f"every key must be a str, got {listed}. Convert keys with str().")
-        )
+        problems.type_problem(f"every key must be a str, got {listed}. Convert keys with str().")
     empty = [k for k in values if isinstance(k, str) and not k.strip()]
     if empty:
-        problems.append(
-            (
-                ValueError,
-                f"keys must be non-empty names, got {empty!r}. Give each value a name such "
-                "as 'loss' or 'eval/accuracy'.",
-            )
+        problems.value_problem(
+            f"keys must be non-empty names, got {empty!r}. Give each value a name such "
+            "as 'loss' or 'eval/accuracy'."
         )
-    _raise_all(problems, method)
 
 
 def check_call(method: str, step: Any, values: Any) -> int:
@@ -125,20 +126,17 @@ def check_call(method: str, step: Any, values: Any) -> int:
         not a str (if both the step and the keys are wrong, the message has both).
       ValueError: the step is negative or a key is empty.
     """
-    errors: list[Exception] = []
+    problems = Problems(method)
     checked = 0
     try:
         checked = check_step(step, method)
     except (TypeError, ValueError) as err:
-        errors.append(err)
+        problems.add(type(err), str(err).removeprefix(f"{method}: "))
     try:
         check_keys(values, method)
     except (TypeError, ValueError) as err:
-        errors.append(err)
-    if len(errors) == 1:
-        raise errors[0]
-    if errors:
-        _raise_all([(type(e), str(e).removeprefix(f"{method}: ")) for e in errors], method)
+        problems.add(type(err), str(err).removeprefix(f"{method}: "))
+    problems.raise_if_any()
     return checked
 
 
@@ -162,20 +160,20 @@ def check_writers(writers: Mapping[str, Any], context: str) -> None:
     Raises:
       TypeError: naming every object that is not a writer and its missing methods.
     """
-    problems = []
+    problems = Problems(context)
+    fix = "pass instances with CLU's MetricWriter methods, e.g. writers.JsonlWriter(path)"
     for name, writer in writers.items():
         if isinstance(writer, type):
-            problems.append(f"{name!r} is the class {writer.__name__}, not an instance")
+            problems.type_problem(
+                f"{name!r} is the class {writer.__name__}, not an instance; {fix}"
+            )
             continue
         missing = [m for m in WRITER_METHODS if not callable(getattr(writer, m, None))]
         if missing:
-            problems.append(f"{name!r} ({type(writer).__name__}) lacks {', '.join(missing)}")
-    if problems:
-        raise TypeError(
-            f"{context}: expected writers with CLU's MetricWriter methods; "
-            + "; ".join(problems)
-            + ". Pass writer instances, e.g. writers.JsonlWriter(path)."
-        )
+            problems.type_problem(
+                f"{name!r} ({type(writer).__name__}) lacks {', '.join(missing)}; {fix}"
+            )
+    problems.raise_if_any()
 
 
 def to_number(key: str, value: Any) -> int | float:
@@ -262,7 +260,7 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
     except KeyError:
         pass
     out: dict[str, int | float] = {}
-    problems: list[tuple[type[Exception], str]] = []
+    problems = Problems(method)
     for key, value in scalars.items():
         convert = converters.get(type(value))
         if convert is not None:
@@ -271,8 +269,8 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
         try:
             out[key] = to_number(key, value)
         except (TypeError, ValueError) as err:
-            problems.append((type(err), str(err)))
-    _raise_all(problems, method)
+            problems.add(type(err), str(err))
+    problems.raise_if_any()
     return out
 
 
@@ -295,8 +293,11 @@ def check_arrays(
       ValueError: listing every key whose array failed `check`.
     """
     out = {key: np.asarray(value) for key, value in arrays.items()}
-    problems = [(ValueError, msg) for key, arr in out.items() if (msg := check(key, arr))]
-    _raise_all(problems, method)
+    problems = Problems(method)
+    for key, arr in out.items():
+        if msg := check(key, arr):
+            problems.value_problem(msg)
+    problems.raise_if_any()
     return out
 
 
@@ -425,16 +426,6 @@ def _is_ml_float(dtype: Any) -> bool:
 def _looks_like_array(value: Any) -> bool:
     # JAX, torch and other array types without importing them.
     return hasattr(value, "__array__") and hasattr(value, "shape") and hasattr(value, "dtype")
-
-
-def _raise_all(problems: Sequence[tuple[type[Exception], str]], method: str) -> None:
-    if not problems:
-        return
-    kind = TypeError if any(t is TypeError for t, _ in problems) else ValueError
-    if len(problems) == 1:
-        raise kind(f"{method}: {problems[0][1]}")
-    lines = "\n".join(f"  - {msg}" for _, msg in problems)
-    raise kind(f"{method}: {len(problems)} problems:\n{lines}")
 
 
 DEFAULT_NUM_BUCKETS = 30

@@ -358,7 +358,7 @@ def test_bad_shapes_and_arguments_are_all_listed():
             num_devices=0,
         )
     message = str(info.value)
-    assert "4 problem(s)" in message
+    assert "4 problems:" in message
     assert "`mask`" in message and "`loss` must be a scalar" in message
     assert "segment_ids['decoder']" in message and "num_devices" in message
 

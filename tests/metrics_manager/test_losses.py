@@ -191,7 +191,7 @@ def test_every_input_problem_is_listed_in_one_error():
             label_smoothing=1.5,  # out of range
         )
     message = str(info.value)
-    assert "3 problem(s)" in message
+    assert "3 problems:" in message
     assert "`logits`" in message and "`targets`" in message and "label_smoothing" in message
 
 
@@ -427,6 +427,6 @@ def test_batch_shape_problems_are_listed_together():
     with pytest.raises(ValueError) as info:
         losses.get_loss_normalizing_factor_and_weights("average_per_sequence", batch)
     message = str(info.value)
-    assert "2 problem(s)" in message
+    assert "2 problems:" in message
     assert "batch['decoder_loss_weights']` must have the shape of `targets` (2, 4)" in message
     assert "batch['decoder_segment_ids']` must have the shape of `targets` (2, 4)" in message

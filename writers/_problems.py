@@ -1,0 +1,51 @@
+"""The one error collector: every check of a call adds to it, then one error lists them all.
+
+`TypeError` if any problem is about a type, `ValueError` otherwise. One problem reads
+`"<call>: <problem>"`; several read `"<call>: N problems:"` with one `  - ` line each.
+Both packages use it (`writers` never imports `metrics_manager`, so it lives here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def describe(x: Any) -> str:
+    """A short description of a value for error messages: type, and shape/dtype for arrays."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"{type(x).__name__} of shape {tuple(x.shape)} and dtype {x.dtype}"
+    text = repr(x)
+    return f"{type(x).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
+class Problems:
+    """Collects every problem of a call so that one error lists them all."""
+
+    def __init__(self, context: str = "") -> None:
+        self.context = context
+        self.type_errors: list[str] = []
+        self.value_errors: list[str] = []
+
+    def add(self, kind: type[Exception], message: str) -> None:
+        (self.type_errors if issubclass(kind, TypeError) else self.value_errors).append(message)
+
+    def type_problem(self, message: str) -> None:
+        self.type_errors.append(message)
+
+    def value_problem(self, message: str) -> None:
+        self.value_errors.append(message)
+
+    def __bool__(self) -> bool:
+        return bool(self.type_errors or self.value_errors)
+
+    def raise_if_any(self, context: str | None = None) -> None:
+        """Raises one error naming every collected problem, prefixed by the call's name."""
+        problems = self.type_errors + self.value_errors
+        if not problems:
+            return
+        error = TypeError if self.type_errors else ValueError
+        where = context or self.context
+        if len(problems) == 1:
+            raise error(f"{where}: {problems[0]}")
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise error(f"{where}: {len(problems)} problems:\n{lines}")
