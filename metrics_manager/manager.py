@@ -310,7 +310,7 @@ class MetricsManager:
         def start(_: Job) -> None:
             self._window_start = _ready_time(block_on, called, self._clock)
 
-        self._worker.submit([("start_duration_timer", start, None)])
+        self._worker.post([("start_duration_timer", start, None)])
 
     def write_metrics_summary(
         self, metrics: Any, step: int, num_steps: int
@@ -638,7 +638,7 @@ class MetricsManager:
 
     def _direct(self, step: int | None, calls: list[Any]) -> None:
         if self._writers:
-            self._worker.submit(self._fan_out(step, calls))
+            self._worker.post(self._fan_out(step, calls))
 
     def _wait(self, future: concurrent.futures.Future[Any], timeout: float | None) -> None:
         """Waits for `future`, abandoning hung writers meanwhile (the worker's waiters do)."""
@@ -658,8 +658,12 @@ class MetricsManager:
     ) -> dict[str, clu.values.Value]:
         """Worker side: host copy, durations and steps, compute_value() per metric."""
         host = _to_host(metrics)
-        timed = sorted(k for k, m in host.items() if _has_time_metric(m))
-        if duration is None and timed:
+        timed = (
+            []
+            if duration is not None
+            else sorted(k for k, m in host.items() if _has_time_metric(m))
+        )
+        if timed:
             raise MetricsManagerError(
                 f"summary at step {step} (MetricsManager {self.name!r}): metrics {timed} "
                 "measure time, but no window was open: call "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ from typing import Any
 
 Piece = tuple[str, Callable[["Job"], None], float | None]
 
+_LOG = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a waiting caller looks for an overrun piece
 
 
@@ -36,9 +38,11 @@ class Job:
 
     __slots__ = ("pieces", "future", "index", "state", "result")
 
-    def __init__(self, pieces: Sequence[Piece]) -> None:
+    def __init__(self, pieces: Sequence[Piece], future: bool = True) -> None:
         self.pieces = list(pieces)
-        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.future: concurrent.futures.Future[Any] | None = (
+            concurrent.futures.Future() if future else None
+        )
         self.index = 0
         self.state: dict[str, Any] = {}
         self.result: Any = None
@@ -89,7 +93,16 @@ class OrderedWorker:
           RuntimeError: the worker is stopping, or the call comes from the worker itself
             while the queue is full (it would wait for a slot only it can free).
         """
-        job = Job(pieces)
+        job = Job(pieces, future=True)
+        self._enqueue(job)
+        assert job.future is not None
+        return job.future
+
+    def post(self, pieces: Sequence[Piece]) -> None:
+        """`submit` for a job nobody waits on: no future is made; an error ending it is logged."""
+        self._enqueue(Job(pieces, future=False))
+
+    def _enqueue(self, job: Job) -> None:
         with self._cond:
             while len(self._queue) >= self._max and not self._stopping:
                 if self.on_worker_thread():
@@ -103,7 +116,6 @@ class OrderedWorker:
                 raise RuntimeError(f"{self.name} is closed; create a new one.")
             self._queue.append(job)
             self._cond.notify_all()
-        return job.future
 
     def drain(self, timeout: float | None = None) -> bool:
         """Waits until every queued job has ended; False if `timeout` passed first."""
@@ -124,11 +136,6 @@ class OrderedWorker:
         if drained:
             self._threads[-1].join(timeout)
         return drained
-
-    def running_label(self) -> str | None:
-        """The label of the piece running now, or None."""
-        piece = self._piece
-        return None if piece is None else piece[0]
 
     # --------------------------------------------------------------------- internals
 
@@ -157,43 +164,62 @@ class OrderedWorker:
         thread.start()
 
     def _run(self, generation: int) -> None:
+        cond = self._cond
         while True:
-            with self._cond:
+            with cond:
                 if generation != self._generation:
                     return  # this thread was abandoned; a newer one owns the queue
                 job = self._current
                 if job is None:
                     while not self._queue and not self._stopping:
-                        self._cond.wait()
+                        cond.wait()
                     if not self._queue:
                         return
                     job = self._current = self._queue.popleft()
-                    self._cond.notify_all()  # a queue slot opened
+                    cond.notify_all()  # a queue slot opened
+                self._arm(job)
+            pieces = job.pieces
+            while job.index < len(pieces):
                 index = job.index
-                if index < len(job.pieces):
-                    label, fn, deadline = job.pieces[index]
-                    self._piece = (label, None if deadline is None else time.monotonic() + deadline)
-            if index >= len(job.pieces):
-                self._finish(job, generation)
-                continue
-            try:
-                fn(job)
-                failed = None
-            except BaseException as err:  # noqa: BLE001  (fails this job's future)
-                failed = err
-            with self._cond:
-                if generation != self._generation:
-                    return
-                self._piece = None
-                if failed is None:
+                label, fn, deadline = pieces[index]
+                try:
+                    fn(job)
+                    failed = None
+                except BaseException as err:  # noqa: BLE001  (fails this job's future)
+                    failed = err
+                if deadline is None and failed is None:
+                    # Only a piece with a deadline can be abandoned, so only its end needs
+                    # the lock: the common piece costs no lock round at all.
                     job.index = index + 1
-                else:
-                    job.index = len(job.pieces)
-                    job.state["error"] = failed
+                    if job.index < len(pieces) and pieces[job.index][2] is not None:
+                        with cond:
+                            self._arm(job)
+                    continue
+                with cond:
+                    if generation != self._generation:
+                        return
+                    if failed is None:
+                        job.index = index + 1
+                    else:
+                        job.index = len(pieces)
+                        job.state["error"] = failed
+                    self._arm(job)
+            self._finish(job, generation)
+
+    def _arm(self, job: Job) -> None:
+        """Publishes the deadline of the job's next piece (under the lock), or clears it."""
+        pieces = job.pieces
+        deadline = pieces[job.index][2] if job.index < len(pieces) else None
+        self._piece = (
+            None if deadline is None else (pieces[job.index][0], time.monotonic() + deadline)
+        )
 
     def _finish(self, job: Job, generation: int) -> None:
         error = job.state.get("error")
-        if error is None:
+        if job.future is None:
+            if error is not None:
+                _LOG.error("%s: a background job failed: %r", self.name, error)
+        elif error is None:
             job.future.set_result(job.result)
         else:
             job.future.set_exception(error)

@@ -177,7 +177,7 @@ class AsyncWriter(MetricWriter):
                 with self._errors_lock:
                     self._errors.append((where, err))
 
-        self._worker.submit([(method, call, None)])  # blocks while the queue is full
+        self._worker.post([(method, call, None)])  # blocks while the queue is full
         if raise_errors:
             self._raise_errors(method)
 

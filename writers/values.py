@@ -94,9 +94,14 @@ def group_values(values: Mapping[str, Any]) -> list[Call]:
     num_buckets: dict[str, int] = {}
     audios: dict[int, dict[str, Any]] = {}
     unsupported: list[str] = []
+    scalar_type = None if clu_values is None else clu_values.Scalar
     for key, value in values.items():
-        if type(value) in _PLAIN_SCALAR_TYPES:
+        cls = type(value)
+        if cls in _PLAIN_SCALAR_TYPES:
             scalars[key] = value
+            continue
+        if cls is scalar_type and type(value.value) in _PLAIN_SCALAR_TYPES:
+            scalars[key] = value.value  # what compute_value() gives: the common case
             continue
         kind = _kind(value, clu_values)
         if kind == "scalar":
