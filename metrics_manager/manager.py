@@ -228,12 +228,14 @@ class MetricsManager:
         self._failure_count = 0
         self._fatal: Failure | None = None
         self._nonfinite_warned: set[str] = set()
+        self._int32_warned: set[str] = set()
         self._closed = False
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
         self._last_step: int | None = None
         self._writers: dict[str, _WriterState] = {}
         self._reserved: frozenset[str] = frozenset()
+        self._keys_checked: tuple[Any, ...] = ()
         self._dir: str | None = None
         self._made: Any = None
         self._monitor: Any = None
@@ -340,9 +342,11 @@ class MetricsManager:
             metrics, ready = _split_metrics(metrics, problems)
         step = problems.step("step", step)
         num_steps = problems.integer("num_steps", num_steps, minimum=1)
-        keys = metrics.keys() if isinstance(metrics, PackedMetrics) else list(metrics)
-        problems.keys([*keys, *ready], self._reserved)
+        keys = (*(metrics.keys() if isinstance(metrics, PackedMetrics) else metrics), *ready)
+        if keys != self._keys_checked:  # a loop sends the same keys every time: check once
+            problems.keys(keys, self._reserved)
         problems.raise_if_any()
+        self._keys_checked = keys
         self._check_order(step)
         window = self._window_open
         self._window_open = False
@@ -357,9 +361,7 @@ class MetricsManager:
                 job.state["calls"] = calls = self._checked_calls(step, summary)
                 self._check_finite(step, calls)
             except Exception as err:
-                self._record(
-                    Failure("summary", step, tuple(keys), err), fatal=self.on_error == "raise"
-                )
+                self._record(Failure("summary", step, keys, err), fatal=self.on_error == "raise")
                 raise
 
         return self._worker.submit(
@@ -657,7 +659,19 @@ class MetricsManager:
         duration: float | None,
     ) -> dict[str, clu.values.Value]:
         """Worker side: host copy, durations and steps, compute_value() per metric."""
-        host = _to_host(metrics)
+        near_limit: list[str] = []
+        host = _to_host(metrics, near_limit)
+        if set(near_limit) - self._int32_warned:
+            self._int32_warned.update(near_limit)
+            _LOG.warning(
+                "MetricsManager %r: at step %d the int32 accumulators of %s are past 2**30; "
+                "int32 wraps silently at 2**31. Accumulate in float32 (e.g. "
+                "Sum(jnp.sum(x, dtype=jnp.float32))), write summaries more often, or enable "
+                "jax_enable_x64 for int64.",
+                self.name,
+                step,
+                sorted(near_limit),
+            )
         timed = (
             []
             if duration is not None
@@ -876,8 +890,13 @@ def _ready_time(tree: Any, called: float, clock: Clock) -> float:
 _pack = jax.jit(PackedMetrics.pack)
 
 
-def _to_host(metrics: Mapping[str, Any] | PackedMetrics) -> dict[str, Any]:
-    """The metrics with NumPy leaves: one packing step on the device, one transfer."""
+def _to_host(
+    metrics: Mapping[str, Any] | PackedMetrics, near_limit: list[str] | None = None
+) -> dict[str, Any]:
+    """The metrics with NumPy leaves: one packing step on the device, one transfer.
+
+    Keys with an int32 accumulator past half of int32's range are added to `near_limit`.
+    """
     if not metrics:
         return {}
     packed = metrics if isinstance(metrics, PackedMetrics) else _pack(metrics)
@@ -892,7 +911,24 @@ def _to_host(metrics: Mapping[str, Any] | PackedMetrics) -> dict[str, Any]:
             "deleted (donated to a later computation). Do not donate metrics passed to "
             "write_metrics_summary (or pass a copy)."
         )
-    return packed.unpack_host(jax.device_get(packed.buffers))
+    host_buffers = jax.device_get(packed.buffers)
+    host = packed.unpack_host(host_buffers)
+    if near_limit is not None and any(_near_int32_limit(b) for b in host_buffers):
+        for key, metric in host.items():
+            if any(_near_int32_limit(leaf) for leaf in jax.tree.leaves(metric)):
+                near_limit.append(key)
+    return host
+
+
+_INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
+
+
+def _near_int32_limit(array: Any) -> bool:
+    return (
+        getattr(array, "dtype", None) == np.int32
+        and array.size > 0
+        and (array.max() >= _INT32_NEAR or array.min() <= -_INT32_NEAR)
+    )
 
 
 def _has_time_metric(metric: Any) -> bool:

@@ -96,3 +96,24 @@ def test_perf_keys_from_the_compiled_steps_flops():
     tflops = flops * 10 / 2.0 / 1e12
     assert summary["perf/tflops_per_second"] == pytest.approx(tflops)
     assert summary["perf/mfu"] == pytest.approx(flops * 10 / 2.0 / (1e9 * jax.device_count()))
+
+
+def test_int32_accumulators_near_wrapping_are_warned_once_per_key(caplog):
+    big = Sum(jnp.int32(2**30 + 5))
+    wrapped = jax.jit(lambda a, b: a.merge(b))(Sum(jnp.int32(2**30)), Sum(jnp.int32(2**30)))
+    assert int(wrapped.total) == -(2**31)  # what silently happens inside a jitted merge
+    metrics = {
+        "tokens": big,
+        "wrapped": wrapped,
+        "small": Sum(jnp.int32(7)),
+        "loss": Sum(jnp.float32(3e9)),
+    }
+    with caplog.at_level("WARNING", logger="metrics_manager.manager"):
+        with MetricsManager("train", writer_factory=lambda d: writers.NoopWriter()) as m:
+            first = m.write_metrics_summary(metrics, 1, 1).result()
+            m.write_metrics_summary(metrics, 2, 1).result()
+    assert int(first["tokens"].value) == 2**30 + 5
+    warnings = [r.getMessage() for r in caplog.records if "int32" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "['tokens', 'wrapped']" in warnings[0] and "at step 1" in warnings[0]
+    assert "float32" in warnings[0] and "jax_enable_x64" in warnings[0]
