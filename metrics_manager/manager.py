@@ -370,45 +370,19 @@ class MetricsManager:
 
     def write_scalar(self, key: str, val: Any, step: int) -> None:
         """Writes one scalar at `step`, in call order (in the background)."""
-        self.write_scalars(step, {key: val}, _method="write_scalar")
+        self._host_write("write_scalar", "scalars", step, {key: val})
 
-    def write_scalars(
-        self, step: int, scalars: Mapping[str, Any], *, _method: str = "write_scalars"
-    ) -> None:
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """Writes host-side numbers at `step`, in call order; checked and converted now."""
-        self._check_usable(_method)
-        problems = _Problems(f"MetricsManager.{_method}")
-        step = problems.step("step", step)
-        values = problems.mapping("scalars", scalars)
-        problems.keys(values, self._reserved)
-        numbers_ = problems.numbers(values)
-        problems.raise_if_any()
-        self._direct(step, [("write_scalars", {"scalars": _checks.Checked(numbers_)})])
+        self._host_write("write_scalars", "scalars", step, scalars)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         """Writes texts (markdown in TensorBoard) at `step`, in call order."""
-        self._check_usable("write_texts")
-        problems = _Problems("MetricsManager.write_texts")
-        step = problems.step("step", step)
-        values = problems.mapping("texts", texts)
-        problems.keys(values, self._reserved)
-        bad = [f"{k!r}: {type(v).__name__}" for k, v in values.items() if not isinstance(v, str)]
-        if bad:
-            problems.add(
-                TypeError,
-                f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars",
-            )
-        problems.raise_if_any()
-        self._direct(step, [("write_texts", {"texts": _checks.Checked(values)})])
+        self._host_write("write_texts", "texts", step, texts)
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Writes the run's hyperparameters (no step), in call order."""
-        self._check_usable("write_hparams")
-        problems = _Problems("MetricsManager.write_hparams")
-        values = problems.mapping("hparams", hparams)
-        problems.keys(values, frozenset())
-        problems.raise_if_any()
-        self._direct(None, [("write_hparams", {"hparams": values})])
+        self._host_write("write_hparams", "hparams", None, hparams)
 
     def flush(self, timeout: float | None = None) -> None:
         """Waits for every queued summary and write, then flushes every writer.
@@ -638,9 +612,27 @@ class MetricsManager:
                 f"MetricsManager {self.name!r}: summary at step {failure.step}: {failure}"
             ) from failure.error
 
-    def _direct(self, step: int | None, calls: list[Any]) -> None:
+    def _host_write(self, method: str, arg: str, step: Any, values: Any) -> None:
+        """Checks a write of host values now, then queues it for every writer."""
+        self._check_usable(method)
+        problems = _Problems(f"MetricsManager.{method}")
+        step = None if arg == "hparams" else problems.step("step", step)
+        values = problems.mapping(arg, values)
+        problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
+        if arg == "scalars":
+            values = problems.numbers(values)
+        elif arg == "texts":
+            if bad := [
+                f"{k!r}: {type(v).__name__}" for k, v in values.items() if type(v) is not str
+            ]:
+                problems.add(
+                    TypeError,
+                    f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars",
+                )
+        problems.raise_if_any()
         if self._writers:
-            self._worker.post(self._fan_out(step, calls))
+            checked = values if arg == "hparams" else _checks.Checked(values)
+            self._worker.post(self._fan_out(step, [(f"write_{arg}", {arg: checked})]))
 
     def _wait(self, future: concurrent.futures.Future[Any], timeout: float | None) -> None:
         """Waits for `future`, abandoning hung writers meanwhile (the worker's waiters do)."""

@@ -19,20 +19,7 @@ from writers._problems import Problems
 
 
 def check_step(step: Any, method: str = "write") -> int:
-    """Returns `step` as a Python int, or raises if it is not a non-negative integer.
-
-    Args:
-      step: The step passed to a write method: a Python or numpy integer, or an
-        integer array holding one element.
-      method: Name of the calling method, for the error message.
-
-    Returns:
-      The step as a Python int.
-
-    Raises:
-      TypeError: `step` is not an integer (a float, a string, a bool...).
-      ValueError: `step` is negative.
-    """
+    """`step` (an integer, or an integer array of one element) as an int in [0, 2**63)."""
     if type(step) is int and 0 <= step < MAX_STEP:  # the common case: no ABC isinstance checks
         return step
     value = step
@@ -64,27 +51,17 @@ MAX_STEP = 2**63
 
 
 class Checked(dict):  # type: ignore[type-arg]
-    """A mapping already checked at a public entry point (keys, step, values converted).
+    """Values already checked and converted at a public entry point (the manager's).
 
-    The manager checks a call's values once and hands its writers a `Checked`; backends
-    built on `writers._base.BaseWriter` skip their own checks for it. Any other writer
-    just sees a dict.
+    Backends built on `writers._base.BaseWriter` skip their own checks for it; any other
+    writer just sees a dict.
     """
 
     __slots__ = ()
 
 
 def check_keys(values: Any, method: str) -> None:
-    """Raises if `values` is not a mapping whose keys are all non-empty strings.
-
-    Args:
-      values: The mapping passed to a write method.
-      method: Name of the calling method, for the error message.
-
-    Raises:
-      TypeError: `values` is not a mapping, or some keys are not strings.
-      ValueError: some keys are empty (or only whitespace).
-    """
+    """Raises unless `values` is a mapping whose keys are all non-empty strings."""
     if type(values) is not dict and not isinstance(values, Mapping):
         raise TypeError(
             f"{method}: expected a mapping from name to value, got "
@@ -111,21 +88,7 @@ def _key_problems(values: Mapping[Any, Any], problems: Problems) -> None:
 
 
 def check_call(method: str, step: Any, values: Any) -> int:
-    """Checks a write call's step and keys together, so one error lists both problems.
-
-    Args:
-      method: Name of the calling method, for the error message.
-      step: The step argument.
-      values: The mapping argument.
-
-    Returns:
-      The step as a Python int.
-
-    Raises:
-      TypeError: the step is not an integer, `values` is not a mapping, or a key is
-        not a str (if both the step and the keys are wrong, the message has both).
-      ValueError: the step is negative or a key is empty.
-    """
+    """`check_step` and `check_keys` together: one error lists the problems of both."""
     problems = Problems(method)
     checked = 0
     try:
@@ -155,11 +118,7 @@ WRITER_METHODS = (
 
 
 def check_writers(writers: Mapping[str, Any], context: str) -> None:
-    """Raises if some objects lack CLU's writer methods (each one and what it lacks is listed).
-
-    Raises:
-      TypeError: naming every object that is not a writer and its missing methods.
-    """
+    """Raises a TypeError naming every object that lacks CLU's writer methods, and what."""
     problems = Problems(context)
     fix = "pass instances with CLU's MetricWriter methods, e.g. writers.JsonlWriter(path)"
     for name, writer in writers.items():
@@ -177,21 +136,10 @@ def check_writers(writers: Mapping[str, Any], context: str) -> None:
 
 
 def to_number(key: str, value: Any) -> int | float:
-    """Returns a scalar value as a Python int or float.
+    """A number, or an array of one number, as a Python int (integers, bools) or float.
 
-    Bools become ints; NaN and infinities are kept (each backend documents how it
-    shows them).
-
-    Args:
-      key: Name of the value, for the error message.
-      value: A Python or numpy number, or an array (numpy, JAX, ...) of size 1.
-
-    Returns:
-      A Python int for integer and bool inputs, else a Python float.
-
-    Raises:
-      TypeError: `value` is not numeric.
-      ValueError: `value` is an array with more or fewer than one element.
+    NaN and infinities are kept; bfloat16/float8 widen exactly. TypeError if not numeric,
+    ValueError for an array of other than one element.
     """
     cls = type(value)
     if cls is float or cls is int:  # the common case first: this runs once per value
@@ -241,19 +189,7 @@ _CONVERTERS: dict[type, Callable[[Any], int | float]] = {
 
 
 def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | float]:
-    """Converts every scalar with `to_number`, raising once with all bad keys.
-
-    Args:
-      scalars: Mapping from name to scalar value.
-      method: Name of the calling method, for the error message.
-
-    Returns:
-      A new dict from name to Python int or float, in the input order.
-
-    Raises:
-      TypeError: if any value is not numeric (all such keys are listed).
-      ValueError: if any array value does not hold exactly one number.
-    """
+    """`to_number` on every value (a new dict, same order); one error lists every bad key."""
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
         return {key: converters[type(value)](value) for key, value in scalars.items()}
@@ -279,19 +215,7 @@ def check_arrays(
     method: str,
     check: Callable[[str, np.ndarray], str | None],
 ) -> dict[str, np.ndarray]:
-    """Converts every value to a numpy array and runs `check` on each.
-
-    Args:
-      arrays: Mapping from name to array-like.
-      method: Name of the calling method, for the error message.
-      check: Returns a problem description for a bad array, or None.
-
-    Returns:
-      A new dict from name to numpy array.
-
-    Raises:
-      ValueError: listing every key whose array failed `check`.
-    """
+    """Every value as a numpy array; one ValueError lists every key `check` describes as bad."""
     out = {key: np.asarray(value) for key, value in arrays.items()}
     problems = Problems(method)
     for key, arr in out.items():
@@ -349,12 +273,7 @@ def check_videos(videos: Mapping[str, Any], method: str) -> dict[str, np.ndarray
 
 
 def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
-    """Checks every audio array (`[N, T, C]`) and the sample rate (a positive int).
-
-    Raises:
-      TypeError: `sample_rate` is not an integer.
-      ValueError: `sample_rate` is not positive, or an array has the wrong shape.
-    """
+    """Every audio array is `[N, T, C]`, and `sample_rate` a positive int."""
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Integral):
         raise TypeError(
             f"{method}: sample_rate must be an integer number of samples per second, got "
@@ -381,11 +300,7 @@ def histogram_problem(key: str, arr: np.ndarray) -> str | None:
 
 
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
-    """Checks that every text value is a str.
-
-    Raises:
-      TypeError: listing every key whose value is not a str.
-    """
+    """Raises a TypeError listing every key whose value is not a str."""
     bad = {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}
     if bad:
         raise TypeError(
@@ -401,11 +316,8 @@ def is_finite_number(value: int | float) -> bool:
 
 
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:
-    """Returns images as `[N, H, W, C]` uint8.
-
-    Integer images are read as [0, 255], float images as [0, 1] (as TensorBoard
-    does); both are clipped, NaN becomes 0.
-    """
+    """Images as `[N, H, W, C]` uint8: integers read as [0, 255], floats as [0, 1] (as
+    TensorBoard does), both clipped, NaN as 0."""
     if arr.ndim == 3:
         arr = arr[None]
     if arr.dtype == np.uint8:
@@ -432,15 +344,9 @@ DEFAULT_NUM_BUCKETS = 30
 
 
 def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """Equal-width histogram of a finite, non-empty array, as TensorFlow builds it.
+    """`(counts, edges)` of an equal-width histogram of finite values, as TensorFlow builds it.
 
-    Args:
-      arr: Finite numeric values of any shape (see `histogram_problem`).
-      num_buckets: Number of buckets; None means 30, values below 2 mean 2.
-
-    Returns:
-      `(counts, edges)` with `len(edges) == len(counts) + 1`. When every value is
-      the same, one bucket `[v - 0.5, v + 0.5]` holds them all.
+    `num_buckets` None means 30, below 2 means 2; equal values fill one bucket `[v - 0.5, v + 0.5]`.
     """
     flat = np.asarray(arr, dtype=np.float64).reshape(-1)
     buckets = max(2, int(num_buckets or DEFAULT_NUM_BUCKETS))

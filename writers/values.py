@@ -51,13 +51,11 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
     Args:
       writer: Any writer with CLU's method names (ours or CLU's).
       step: Non-negative integer step.
-      values: Mapping from name to a `clu.values.Value`, a Python or numpy number,
-        or an array (numpy, JAX) of one element.
+      values: name -> `clu.values.Value`, a number, or an array of one element.
 
     Raises:
-      TypeError: some values are of an unsupported type (all are listed, with
-        their keys), a key is not a str, or `step` is not an integer.
-      ValueError: `step` is negative or a key is empty.
+      TypeError: unsupported values (every key listed), a non-str key, a non-integer step.
+      ValueError: a negative step or an empty key.
 
     Example:
       >>> import writers
@@ -73,54 +71,34 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
 
 
 def group_values(values: Mapping[str, Any]) -> list[Call]:
-    """The writer calls that write `values`: one per kind, in `write_values`' order.
+    """The writer calls that write `values`, as `(method, kwargs)` without the step.
 
-    Args:
-      values: Mapping from name to a `clu.values.Value` or a plain scalar.
-
-    Returns:
-      `(method, kwargs)` pairs; every call but `write_hparams` also takes `step`.
-
-    Raises:
-      TypeError: naming every key whose value has an unsupported type.
+    One call per kind in `write_values`' order; a TypeError names every unsupported value.
     """
     clu_values = sys.modules.get("clu.values")
+    scalar_type = None if clu_values is None else clu_values.Scalar
     summaries: list[tuple[Any, dict[str, Any]]] = []
-    scalars: dict[str, Any] = {}
-    images: dict[str, Any] = {}
-    texts: dict[str, Any] = {}
-    hparams: dict[str, Any] = {}
-    histograms: dict[str, Any] = {}
+    groups: dict[str, dict[str, Any]] = {kind: {} for kind in _SIMPLE_CALLS}
     num_buckets: dict[str, int] = {}
     audios: dict[int, dict[str, Any]] = {}
     unsupported: list[str] = []
-    scalar_type = None if clu_values is None else clu_values.Scalar
     for key, value in values.items():
         cls = type(value)
         if cls in _PLAIN_SCALAR_TYPES:
-            scalars[key] = value
-            continue
-        if cls is scalar_type and type(value.value) in _PLAIN_SCALAR_TYPES:
-            scalars[key] = value.value  # what compute_value() gives: the common case
-            continue
-        kind = _kind(value, clu_values)
-        if kind == "scalar":
-            scalars[key] = getattr(value, "value", value) if _is_clu(value, clu_values) else value
+            groups["scalar"][key] = value
+        elif cls is scalar_type and type(value.value) in _PLAIN_SCALAR_TYPES:
+            groups["scalar"][key] = value.value  # what compute_value() gives: the common case
+        elif (kind := _kind(value, clu_values)) is None:
+            unsupported.append(f"{key!r}: {_describe(value)}")
         elif kind == "summary":
             _group_by_metadata(summaries, value.metadata)[key] = value.value
-        elif kind == "image":
-            images[key] = value.value
-        elif kind == "text":
-            texts[key] = value.value
-        elif kind == "hparam":
-            hparams[key] = value.value
-        elif kind == "histogram":
-            histograms[key] = value.value
-            num_buckets[key] = value.num_buckets
         elif kind == "audio":
             audios.setdefault(value.sample_rate, {})[key] = value.value
         else:
-            unsupported.append(f"{key!r}: {_describe(value)}")
+            plain = kind == "scalar" and not _is_clu(value, clu_values)
+            groups[kind][key] = value if plain else value.value
+            if kind == "histogram":
+                num_buckets[key] = value.num_buckets
     if unsupported:
         raise TypeError(
             "write_values: unsupported value types for "
@@ -134,20 +112,24 @@ def group_values(values: Mapping[str, Any]) -> list[Call]:
         ("write_summaries", {"values": group, "metadata": metadata})
         for metadata, group in summaries
     ]
-    if scalars:
-        calls.append(("write_scalars", {"scalars": scalars}))
-    if images:
-        calls.append(("write_images", {"images": images}))
-    if texts:
-        calls.append(("write_texts", {"texts": texts}))
-    if hparams:
-        calls.append(("write_hparams", {"hparams": hparams}))
-    if histograms:
-        calls.append(("write_histograms", {"arrays": histograms, "num_buckets": num_buckets}))
+    for kind, (method, arg) in _SIMPLE_CALLS.items():
+        if groups[kind]:
+            calls.append((method, {arg: groups[kind]}))
+            if kind == "histogram":
+                calls[-1][1]["num_buckets"] = num_buckets
     calls += [
         ("write_audios", {"audios": group, "sample_rate": rate}) for rate, group in audios.items()
     ]
     return calls
+
+
+_SIMPLE_CALLS = {  # kind -> (method, argument), in the order of the calls
+    "scalar": ("write_scalars", "scalars"),
+    "image": ("write_images", "images"),
+    "text": ("write_texts", "texts"),
+    "hparam": ("write_hparams", "hparams"),
+    "histogram": ("write_histograms", "arrays"),
+}
 
 
 def _is_clu(value: Any, clu_values: Any) -> bool:
@@ -176,7 +158,6 @@ def _kind(value: Any, clu_values: Any) -> str | None:
 
 
 def _clu_kind(cls: type, clu_values: Any) -> str | None:
-    """The kind of `clu.values` class `cls` is (a subclass counts), or None."""
     for name, kind in _CLU_KINDS:
         if issubclass(cls, getattr(clu_values, name)):
             return kind
