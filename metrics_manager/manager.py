@@ -202,14 +202,14 @@ class MetricsManager:
             problems.integer("resume_step", resume_step, minimum=0)
         problems.choice("on_error", on_error, _POLICIES)
         problems.choice("nonfinite", nonfinite, _NONFINITE)
-        for arg, value in (
+        for arg, number in (
             ("writer_deadline_s", writer_deadline_s),
             ("flops_per_step", flops_per_step),
             ("peak_flops_per_device", peak_flops_per_device),
+            ("system_interval_s", system_interval_s),
         ):
-            if value is not None:
-                problems.positive(arg, value)
-        problems.positive("system_interval_s", system_interval_s)
+            if number is not None:
+                problems.positive(arg, number)
         problems.raise_if_any()
 
         self.name = name
@@ -782,7 +782,7 @@ class _Problems(Problems):
                 TypeError, f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
             )
             return 0
-        if value < minimum:
+        if int(value) < minimum:
             self.add(ValueError, f"{what} must be >= {minimum}, got {value}")
         return int(value)
 
@@ -801,7 +801,7 @@ class _Problems(Problems):
                 f"{what} must be a number of seconds or units, got {value!r} "
                 f"({type(value).__name__}); in gin write 30.0, not '30'",
             )
-        elif not value > 0:
+        elif not float(value) > 0:
             self.add(ValueError, f"{what} must be > 0, got {value}")
 
     def choice(self, what: str, value: Any, options: tuple[str, ...]) -> None:
@@ -873,7 +873,7 @@ def _ready_time(tree: Any, called: float, clock: Clock) -> float:
     from metrics_manager.timer import block_until_ready_or_deleted
 
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-    if all(x.is_deleted() or x.is_ready() for x in leaves):
+    if all(x.is_deleted() or x.is_ready() for x in leaves):  # type: ignore[attr-defined]
         return called
     block_until_ready_or_deleted(leaves)
     return clock()
