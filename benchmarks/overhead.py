@@ -383,6 +383,7 @@ def run(
             common.Column("cpu_ratio", "CPU ratio to (a)", ".3f", "x"),
             common.Column("run_seconds", "median run (s)", ".3f"),
             common.Column("run_ratio", "run ratio to (a)", ".3f", "x"),
+            common.Column("spread", "per-run ratios (min-max)"),
         ],
     )
     estimates = {key: estimate(timings, num_steps) for key, timings in samples.items()}
@@ -390,6 +391,10 @@ def run(
         base = estimates[(every, "none")]
         for variant in VARIANTS:
             est = estimates[(every, variant)]
+            per_run = [
+                run_time(t, num_steps) / run_time(b, num_steps)
+                for t, b in zip(samples[(every, variant)], samples[(every, "none")], strict=True)
+            ]
             table.rows.append(
                 {
                     "summary": summary_name(every),
@@ -405,6 +410,8 @@ def run(
                     "ratio": common.ratio(est["seconds"], base["seconds"]),
                     "cpu_ratio": common.ratio(est["cpu_seconds"], base["cpu_seconds"]),
                     "run_ratio": common.ratio(est["run_seconds"], base["run_seconds"]),
+                    "per_run_ratios": per_run,
+                    "spread": f"{min(per_run):.3f}x-{max(per_run):.3f}x",
                 }
             )
     names = {
@@ -416,7 +423,9 @@ def run(
     for variant, name in names.items():
         for row in table.rows:
             if row["variant"] == variant:
-                table.headlines.append(f"{name} ({row['summary']}): {row['ratio']:.3f}x")
+                table.headlines.append(
+                    f"{name} ({row['summary']}): {row['ratio']:.3f}x (runs {row['spread']})"
+                )
     for row in table.rows:
         if row["variant"] == "library" and row["every"] in TARGETS:
             table.targets.append(
@@ -430,6 +439,13 @@ def run(
                 every = next(e for e in summary_every if summary_name(e) in target.name)
                 table.notes.append(explain(loops, every, num_steps=min(num_steps, 500)))
     return table
+
+
+def run_time(timing: Timing, num_steps: int) -> float:
+    """One run's time as `estimate` takes it: median window x windows + the tail."""
+    if not timing.windows:
+        return timing.wall
+    return common.median(timing.windows) * (num_steps // WINDOW) + timing.tail
 
 
 def estimate(timings: list[Timing], num_steps: int) -> dict[str, Any]:

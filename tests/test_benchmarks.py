@@ -160,8 +160,16 @@ def test_overhead_smoke():
         assert row["cpu_ratio"] == row["cpu_seconds"] / row["baseline_cpu_seconds"]
     assert table.rows[0]["ratio"] == table.rows[0]["cpu_ratio"] == 1.0
     library = next(row for row in table.rows if row["variant"] == "library")
-    assert f"overhead (summary every 2 steps): {library['ratio']:.3f}x" in table.headlines
-    assert all(re.fullmatch(r".+ \(summary every .+\): \d+\.\d{3}x", h) for h in table.headlines)
+    ratios = library["per_run_ratios"]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+    spread = f"{min(ratios):.3f}x-{max(ratios):.3f}x"
+    assert library["spread"] == spread
+    assert (
+        f"overhead (summary every 2 steps): {library['ratio']:.3f}x (runs {spread})"
+        in table.headlines
+    )
+    pattern = r".+ \(summary every .+\): \d+\.\d{3}x \(runs \d+\.\d{3}x-\d+\.\d{3}x\)"
+    assert all(re.fullmatch(pattern, h) for h in table.headlines)
 
 
 def test_estimate_takes_median_windows_plus_median_tail():
