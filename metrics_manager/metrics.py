@@ -1,16 +1,12 @@
 """Metric types that a loss function returns and the train step merges on the device.
 
-Every type is an immutable `flax.struct.dataclass` pytree on `clu.metrics.Metric`: it passes
-through `jax.jit`, `lax.scan` and donation, and merges with CLU's and google-metrax's metrics in
-one dict (`metrics_manager.merging`). T5X's types keep T5X's names and meaning: `Sum`, `Step`,
-`AveragePerStep`, `Time`, `TimeRate`, `StepsPerTime`; `steps` and `duration` are set on the host
-(`set_step_metrics_num_steps`, `set_time_metrics_duration`). Added: `Max`, `Min`, and `MeanStd`
-/ `Welford`, a numerically stable mean and standard deviation (clu 0.0.12's `Std` crashes on
-current JAX and loses all precision when the mean is large against the spread).
-
-Construction is keyword-only where T5X's positional order is a trap (T5X's
-`AveragePerStep(5, 1.0)` means `steps=5`); only `Sum`, `Max` and `Min` take their value
-positionally. Every `empty()` is a two-sided identity of `merge()`.
+Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric` that merge with CLU's and
+google-metrax's metrics in one dict. `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate` and
+`StepsPerTime` keep T5X's names and meaning (`steps` and `duration` are set on the host); `Max`,
+`Min`, `MeanStd` and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses
+precision when the mean is large against the spread). Constructors are keyword-only where T5X's
+positional order is a trap (its `AveragePerStep(5, 1.0)` means `steps=5`), and every `empty()`
+is a two-sided identity of `merge()`.
 
 Synopsis:
 
