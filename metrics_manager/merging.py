@@ -18,14 +18,10 @@ to the summary are never donated again::
 `pack=True` carries the accumulator as one buffer per dtype (`metrics_manager.packing`), which
 saves the per-output cost of ~40 leaves per step.
 
-Keys, types and shapes are checked while JAX traces (once per compiled variant); every problem
-is reported in one error naming the key, what was expected, what came and the likely fix. Any
-CLU metric merges here, google-metrax's included.
-
-`accumulate_grads_microbatched` starts from the first microbatch's metrics and merges the others
-in a `lax.scan` with CLU's `_reduce_merge` (the merge for parts of one global batch: `LastValue`
-averages, a `Step` counts one step), so reported values do not depend on the number of
-microbatches and compile time does not grow with it.
+Keys, types and shapes are checked at trace time, and every problem is reported in one error.
+`accumulate_grads_microbatched` merges microbatches with CLU's `_reduce_merge` (the merge for
+parts of one batch: `LastValue` averages, a `Step` counts one step), starting from the first
+microbatch's metrics, so values do not depend on the number of microbatches.
 
 Example:
     >>> import functools
