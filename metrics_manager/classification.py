@@ -1,30 +1,17 @@
 """Classification metrics that merge inside the compiled step: top-k accuracy, precision,
 recall, F-beta, binned AUROC and perplexity.
 
-Every type is a `flax.struct.dataclass` on `clu.metrics.Metric` whose state is counts or sums,
-so `merge()` is addition: associative, exact for the integer counts, and the same for steps,
-microbatches (`metrics_manager.accumulate_grads_microbatched`) and devices. Settings that
-change what the counts mean (`k`, `average`, `beta`, `num_bins`) are static fields; merging
-two metrics whose settings differ is an error, raised at trace time.
+Each type is a `flax.struct.dataclass` on `clu.metrics.Metric` whose state is counts or sums, so
+`merge()` is addition: exact, and the same over steps, microbatches and devices. Settings (`k`,
+`average`, `beta`, `num_bins`) are static fields; merging metrics whose settings differ raises
+at trace time. `empty()` holds zero counts of shape `()` and unset settings: an identity of
+`merge()`, but not of a real metric's shape, so start a running merge from the first real one.
 
-`empty()` holds zero counts of shape `()` and unset (None) settings: merged with anything it
-returns the other side unchanged (the zeros broadcast), so it is a two-sided identity, but it
-has not the shape of a real metric. Start a running merge from the first real metric (as
-`merge_metrics(None, ...)` does), not from `empty()`.
-
-What is computed matches scikit-learn with its defaults (tested against it):
-
-- `TopKAccuracy(k)`: `top_k_accuracy_score`; NaN when nothing was seen, like CLU's `Accuracy`.
-- `Precision`, `Recall`, `FBeta`: `precision_score`, `recall_score`, `fbeta_score` with
-  `average="binary"` (binary scores and a threshold), `"micro"` or `"macro"`, and
-  `zero_division` behaving as sklearn's default: a 0/0 ratio is 0. "macro" averages over the
-  classes seen in the labels or the predictions, as sklearn's default `labels=None` does.
-- `AUROC`: `roc_auc_score` on the scores rounded down to `num_bins` equal bins of [0, 1]
-  (exactly; ties count one half), so within about `1 / num_bins` of the unbinned value.
-  NaN while only one class was seen (sklearn raises).
-- `Perplexity`: `exp` of the mean negative log-likelihood per (unmasked) token, that is
-  `exp(log_loss(...))`; summed, not averaged per batch, so any split of the tokens into
-  microbatches or devices gives the same value.
+Values match scikit-learn's defaults (tested against it): `top_k_accuracy_score`,
+`precision_score`, `recall_score` and `fbeta_score` (`average` "binary", "micro" or "macro", 0/0
+read as 0), `roc_auc_score` of the scores rounded down to `num_bins` bins, and
+`exp(log_loss(...))` per token. `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have
+seen something (`AUROC`: both classes).
 
 Synopsis:
 
@@ -38,6 +25,7 @@ Synopsis:
         }
 """
 
+import dataclasses
 from typing import Any, Literal
 
 import clu.metrics as clu_metrics
@@ -60,6 +48,10 @@ def _static_field() -> Any:
     return flax.struct.field(pytree_node=False, default=None)
 
 
+def _is_static(field: dataclasses.Field) -> bool:
+    return not field.metadata.get("pytree_node", True)
+
+
 def _merged_setting(a: Any, b: Any, name: str) -> Any:
     """The static setting `name` of a merge of `a` and `b`; None (an `empty()`) adopts the other."""
     mine, theirs = getattr(a, name), getattr(b, name)
@@ -71,10 +63,6 @@ def _merged_setting(a: Any, b: Any, name: str) -> Any:
         f"{type(a).__name__}.merge: cannot merge metrics with {name}={mine!r} and "
         f"{name}={theirs!r}; use one {name} per metric key (or two keys)."
     )
-
-
-def _is_concrete(x: Any) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Problems) -> jax.Array:
@@ -103,7 +91,7 @@ def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Arr
             "labels.astype(jnp.int32)"
         )
         return jnp.zeros(labels.shape, jnp.int32)
-    if _is_concrete(labels) and labels.size:
+    if not isinstance(labels, jax.core.Tracer) and labels.size:
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= num_classes:
             problems.value_errors.append(
@@ -114,23 +102,35 @@ def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Arr
     return labels
 
 
+def _shape_problem(predictions: jax.Array, labels: jax.Array, expected: str) -> str:
+    return (
+        f"predictions of shape {predictions.shape} do not fit labels of shape {labels.shape}: "
+        f"expected {expected}"
+    )
+
+
+def _checked_labels_and_mask(
+    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, context: str
+) -> tuple[jax.Array, jax.Array]:
+    """Checks labels and mask, raises every problem of the call, and masks out-of-range labels."""
+    labels = _check_labels(labels, num_classes, problems)
+    mask = _check_mask(mask, labels.shape, problems)
+    problems.raise_if_any(context)
+    return labels, mask & (labels >= 0) & (labels < num_classes)
+
+
 def _class_predictions(
-    predictions: ArrayLike,
-    labels: ArrayLike,
-    mask: ArrayLike | None,
-    threshold: float,
-    metric: str,
+    predictions: ArrayLike, labels: ArrayLike, mask: ArrayLike | None, threshold: float, metric: str
 ) -> tuple[jax.Array, jax.Array, jax.Array, int]:
     """(predicted class, label, valid mask, number of classes), all checked at trace time.
 
-    Binary: `predictions` has the labels' shape and is compared with `threshold` (2 classes).
-    Multi-class: `predictions` has one more, last axis of C >= 2 scores; the argmax wins.
+    Binary scores have the labels' shape and are compared with `threshold`; C >= 2 scores per
+    class have one more, last axis, and the argmax wins.
     """
     problems = _Problems()
     predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
-    binary = predictions.shape == labels.shape
-    if binary:
-        num_classes = 2
+    num_classes = 2
+    if predictions.shape == labels.shape:
         if isinstance(threshold, bool) or not isinstance(threshold, int | float):
             problems.type_errors.append(
                 f"threshold must be a Python float, got {_describe(threshold)}"
@@ -142,16 +142,17 @@ def _class_predictions(
         predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
     else:
         problems.value_errors.append(
-            f"predictions of shape {predictions.shape} do not fit labels of shape "
-            f"{labels.shape}: expected {labels.shape} (binary scores) or "
-            f"{labels.shape + ('C',)} with C >= 2 (one score per class)"
+            _shape_problem(
+                predictions,
+                labels,
+                f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2 (one "
+                "score per class)",
+            )
         )
-        num_classes = 2
         predicted = jnp.zeros(labels.shape, jnp.int32)
-    labels = _check_labels(labels, num_classes, problems)
-    mask = _check_mask(mask, labels.shape, problems)
-    problems.raise_if_any(f"{metric}.from_model_output")
-    mask = mask & (labels >= 0) & (labels < num_classes)
+    labels, mask = _checked_labels_and_mask(
+        labels, mask, num_classes, problems, f"{metric}.from_model_output"
+    )
     return predicted, labels, mask, num_classes
 
 
@@ -163,23 +164,38 @@ def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
 
 
 @flax.struct.dataclass(kw_only=True)
-class _ConfusionCounts(clu_metrics.Metric):
+class _Counts(clu_metrics.Metric):
+    """Array fields merge by addition from int32 zeros; static settings must agree."""
+
+    @classmethod
+    def empty(cls) -> Any:
+        fields = dataclasses.fields(cls)
+        return cls(**{f.name: jnp.zeros((), jnp.int32) for f in fields if not _is_static(f)})
+
+    def merge(self, other: Any) -> Any:
+        return self.replace(
+            **{
+                f.name: _merged_setting(self, other, f.name)
+                if _is_static(f)
+                else getattr(self, f.name) + getattr(other, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+
+@flax.struct.dataclass(kw_only=True)
+class _ConfusionCounts(_Counts):
     """Per-class true positive, false positive and false negative counts (int32, [C]).
 
-    Subclasses say how a class's score comes from its counts (`_score`); `average` says
-    which classes and how: "binary" (class 1 of binary scores), "micro" (counts summed over
-    classes first) or "macro" (the mean over the classes seen of the per-class scores).
+    Subclasses define a class's score from its counts (`_score`); `average` is "binary" (class 1
+    of binary scores), "micro" (counts summed over classes first) or "macro" (the mean of the
+    per-class scores over the classes seen in the labels or the predictions).
     """
 
     true_positives: jax.Array
     false_positives: jax.Array
     false_negatives: jax.Array
     average: Average | None = _static_field()
-
-    @classmethod
-    def empty(cls) -> Any:
-        zero = jnp.zeros((), jnp.int32)
-        return cls(true_positives=zero, false_positives=zero, false_negatives=zero)
 
     @classmethod
     def _counts(
@@ -197,11 +213,11 @@ class _ConfusionCounts(clu_metrics.Metric):
         if average is None and binary:
             average = "binary"
         if average not in _AVERAGES or (average == "binary" and not binary):
+            expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
             raise ValueError(
                 f"{cls.__name__}.from_model_output: average={average!r} does not fit "
                 f"{'binary scores' if binary else f'{num_classes}-class scores'}; expected "
-                f"{'one of ' + repr(_AVERAGES) if binary else repr('micro') + ' or ' + repr('macro')}"
-                " (sklearn's average argument)"
+                f"{expected} (sklearn's average argument)"
             )
         weight = mask.astype(jnp.int32)
         zeros = jnp.zeros(num_classes, jnp.int32)
@@ -230,35 +246,25 @@ class _ConfusionCounts(clu_metrics.Metric):
         """Counts one batch.
 
         Args:
-            predictions: binary scores (probabilities) of the labels' shape, a prediction is
-                positive where `>= threshold`; or [..., C] scores (logits or
-                probabilities) per class, whose argmax is the prediction.
+            predictions: binary scores of the labels' shape (positive where `>= threshold`),
+                or [..., C] scores per class, whose argmax is the prediction.
             labels: integer class indices (0/1 for binary scores), shape [...].
             mask: bool mask over the labels' leading dimensions; False entries are ignored.
             threshold: binary scores only: where a score becomes a positive prediction.
-            average: "binary" (binary scores only, the default there), "micro" or "macro"
-                (required for C classes).
+            average: "binary" (the default for binary scores), "micro" or "macro" (required
+                for C classes).
 
         Returns:
             The metric of this batch.
 
         Raises:
             TypeError: `labels` are not integers, or `threshold` is not a number.
-            ValueError: shapes do not fit, `average` is not valid for the input, or (outside
-                jit) a label is outside `[0, C)`.
+            ValueError: shapes do not fit, `average` does not fit the input, or (outside jit)
+                a label is outside `[0, C)`.
         """
         return cls(**cls._counts(predictions, labels, mask, threshold, average))
 
-    def merge(self, other: Any) -> Any:
-        return self.replace(
-            true_positives=self.true_positives + other.true_positives,
-            false_positives=self.false_positives + other.false_positives,
-            false_negatives=self.false_negatives + other.false_negatives,
-            average=_merged_setting(self, other, "average"),
-        )
-
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
-        """The score from per-class counts; each of Precision, Recall and FBeta defines it."""
         raise TypeError(
             f"{type(self).__name__} holds confusion counts only; compute Precision, Recall or "
             "FBeta instead."
@@ -270,8 +276,7 @@ class _ConfusionCounts(clu_metrics.Metric):
             for x in (self.true_positives, self.false_positives, self.false_negatives)
         )
         if self.average == "binary":
-            tp, fp, fn = tp[-1], fp[-1], fn[-1]
-            return self._score(tp, fp, fn)
+            return self._score(tp[-1], fp[-1], fn[-1])
         if self.average == "macro":
             seen = (tp + fp + fn) > 0
             per_class = jnp.where(seen, self._score(tp, fp, fn), 0.0)
@@ -281,17 +286,9 @@ class _ConfusionCounts(clu_metrics.Metric):
 
 @flax.struct.dataclass(kw_only=True)
 class Precision(_ConfusionCounts):
-    """Precision `tp / (tp + fp)`, binary or per class averaged "micro" or "macro".
+    """Precision `tp / (tp + fp)`: `sklearn.metrics.precision_score(..., average=average)`.
 
-    Equals `sklearn.metrics.precision_score(labels, predicted, average=average)`, 0/0 read
-    as 0 (sklearn's default `zero_division`). For single-label multi-class data, "micro"
-    precision equals accuracy.
-
-    Attributes:
-        true_positives: per-class counts (int32 [C]); C is 2 for binary scores.
-        false_positives: per-class counts.
-        false_negatives: per-class counts.
-        average: "binary", "micro" or "macro" (static).
+    For single-label multi-class data, "micro" precision equals accuracy.
 
     Example:
         >>> import jax.numpy as jnp
@@ -307,15 +304,7 @@ class Precision(_ConfusionCounts):
 
 @flax.struct.dataclass(kw_only=True)
 class Recall(_ConfusionCounts):
-    """Recall `tp / (tp + fn)`, binary or per class averaged "micro" or "macro".
-
-    Equals `sklearn.metrics.recall_score(labels, predicted, average=average)`, 0/0 read as 0.
-
-    Attributes:
-        true_positives: per-class counts (int32 [C]); C is 2 for binary scores.
-        false_positives: per-class counts.
-        false_negatives: per-class counts.
-        average: "binary", "micro" or "macro" (static).
+    """Recall `tp / (tp + fn)`: `sklearn.metrics.recall_score(..., average=average)`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -331,18 +320,9 @@ class Recall(_ConfusionCounts):
 
 @flax.struct.dataclass(kw_only=True)
 class FBeta(_ConfusionCounts):
-    """F-beta `(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)`: the weighted harmonic mean of
-    precision and recall (recall `beta` times as important); F1 for `beta=1`.
+    """F-beta `(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)`, F1 for `beta=1`.
 
-    Equals `sklearn.metrics.fbeta_score(labels, predicted, beta=beta, average=average)`,
-    0/0 read as 0.
-
-    Attributes:
-        true_positives: per-class counts (int32 [C]); C is 2 for binary scores.
-        false_positives: per-class counts.
-        false_negatives: per-class counts.
-        average: "binary", "micro" or "macro" (static).
-        beta: the weight of recall, > 0 (static).
+    Equals `sklearn.metrics.fbeta_score(labels, predicted, beta=beta, average=average)`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -374,9 +354,6 @@ class FBeta(_ConfusionCounts):
         counts = cls._counts(predictions, labels, mask, threshold, average)
         return cls(**counts, beta=float(beta))
 
-    def merge(self, other: "FBeta") -> "FBeta":
-        return super().merge(other).replace(beta=_merged_setting(self, other, "beta"))
-
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
         b2 = (1.0 if self.beta is None else self.beta) ** 2
         tp, fp, fn = (x.astype(jnp.float32) for x in (tp, fp, fn))
@@ -384,16 +361,11 @@ class FBeta(_ConfusionCounts):
 
 
 @flax.struct.dataclass(kw_only=True)
-class TopKAccuracy(clu_metrics.Metric):
-    """The fraction of labels among the `k` highest-scored classes.
+class TopKAccuracy(_Counts):
+    """The fraction of labels among the `k` highest-scored classes (k=1: plain accuracy).
 
-    Equals `sklearn.metrics.top_k_accuracy_score(labels, scores, k=k)` (ties go to the lower
-    class index, as with `jnp.argmax`; k=1 is plain accuracy). NaN while nothing was seen.
-
-    Attributes:
-        correct: the number of labels within the top k (int32).
-        count: the number of (unmasked) labels (int32).
-        k: how many classes count as predicted (static).
+    Equals `sklearn.metrics.top_k_accuracy_score(labels, scores, k=k)`; ties go to the lower
+    class index.
 
     Example:
         >>> import jax.numpy as jnp
@@ -407,11 +379,6 @@ class TopKAccuracy(clu_metrics.Metric):
     k: int | None = _static_field()
 
     @classmethod
-    def empty(cls) -> "TopKAccuracy":
-        zero = jnp.zeros((), jnp.int32)
-        return cls(correct=zero, count=zero)
-
-    @classmethod
     def from_model_output(
         cls,
         predictions: ArrayLike,
@@ -421,16 +388,7 @@ class TopKAccuracy(clu_metrics.Metric):
         k: int,
         **_: Any,
     ) -> "TopKAccuracy":
-        """Counts one batch.
-
-        Args:
-            predictions: [..., C] scores per class (logits or probabilities).
-            labels: integer class indices, shape [...].
-            mask: bool mask over the labels' leading dimensions.
-            k: 1 <= k <= C.
-
-        Returns:
-            The metric of this batch.
+        """Counts one batch of [..., C] scores per class and integer labels [...], 1 <= k <= C.
 
         Raises:
             TypeError: `labels` are not integers or `k` is not an int.
@@ -442,8 +400,7 @@ class TopKAccuracy(clu_metrics.Metric):
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         if predictions.shape[:-1] != labels.shape or predictions.ndim == 0:
             problems.value_errors.append(
-                f"predictions of shape {predictions.shape} do not fit labels of shape "
-                f"{labels.shape}: expected {labels.shape + ('C',)}, one score per class"
+                _shape_problem(predictions, labels, f"{labels.shape + ('C',)}, one score per class")
             )
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
             problems.type_errors.append(f"k must be an int, got {_describe(k)}")
@@ -452,44 +409,27 @@ class TopKAccuracy(clu_metrics.Metric):
                 f"k={k} must lie in [1, {num_classes}] for {num_classes} classes (the last "
                 "axis of predictions); choose a smaller k or check the predictions' shape"
             )
-        labels = _check_labels(labels, max(num_classes, 1), problems)
-        mask = _check_mask(mask, labels.shape, problems)
-        problems.raise_if_any("TopKAccuracy.from_model_output")
+        labels, mask = _checked_labels_and_mask(
+            labels, mask, max(num_classes, 1), problems, "TopKAccuracy.from_model_output"
+        )
         top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1)
-        mask = mask & (labels >= 0) & (labels < num_classes)
-        return cls(
-            correct=(hit & mask).sum(dtype=jnp.int32), count=mask.sum(dtype=jnp.int32), k=int(k)
-        )
-
-    def merge(self, other: "TopKAccuracy") -> "TopKAccuracy":
-        return type(self)(
-            correct=self.correct + other.correct,
-            count=self.count + other.count,
-            k=_merged_setting(self, other, "k"),
-        )
+        correct = (hit & mask).sum(dtype=jnp.int32)
+        return cls(correct=correct, count=mask.sum(dtype=jnp.int32), k=int(k))
 
     def compute(self) -> jax.Array:
         return jnp.where(self.count > 0, _divide(self.correct, self.count), jnp.nan)
 
 
 @flax.struct.dataclass(kw_only=True)
-class AUROC(clu_metrics.Metric):
+class AUROC(_Counts):
     """Binned area under the ROC curve of binary scores in [0, 1], mergeable.
 
-    Keeps, per bin of `num_bins` equal bins of [0, 1], the number of positive and of negative
-    labels whose score fell into it (scores outside [0, 1] go to the end bins; pass
-    probabilities, e.g. `jax.nn.sigmoid(logits)`). The area is the Mann-Whitney statistic
-    over bins: the fraction of (positive, negative) pairs in which the positive is in a higher
-    bin, pairs within one bin counting one half. That equals `sklearn.metrics.roc_auc_score`
-    on the scores rounded down to their bin exactly, and differs from it on raw scores by at
-    most half the fraction of pairs that share a bin (about `1 / num_bins` for spread-out
-    scores). NaN until both classes were seen.
-
-    Attributes:
-        positives: per-bin counts of positive labels (int32 [num_bins]).
-        negatives: per-bin counts of negative labels (int32 [num_bins]).
-        num_bins: the number of bins (static).
+    Counts positive and negative labels per bin of `num_bins` equal bins of [0, 1] (scores
+    outside go to the end bins: pass probabilities). The area is the fraction of (positive,
+    negative) pairs whose positive is in a higher bin, same-bin pairs counting one half: exactly
+    `sklearn.metrics.roc_auc_score` of the binned scores, within about `1 / num_bins` of it on
+    raw scores.
 
     Example:
         >>> import jax.numpy as jnp
@@ -503,11 +443,6 @@ class AUROC(clu_metrics.Metric):
     num_bins: int | None = _static_field()
 
     @classmethod
-    def empty(cls) -> "AUROC":
-        zero = jnp.zeros((), jnp.int32)
-        return cls(positives=zero, negatives=zero)
-
-    @classmethod
     def from_model_output(
         cls,
         predictions: ArrayLike,
@@ -517,16 +452,7 @@ class AUROC(clu_metrics.Metric):
         num_bins: int = 1000,
         **_: Any,
     ) -> "AUROC":
-        """Counts one batch.
-
-        Args:
-            predictions: scores in [0, 1] (probabilities of the positive class), shape [...].
-            labels: 0/1 (or bool) labels of the same shape.
-            mask: bool mask over the labels' leading dimensions.
-            num_bins: the number of equal bins of [0, 1], >= 1 (static).
-
-        Returns:
-            The metric of this batch.
+        """Counts one batch of scores in [0, 1] and 0/1 (or bool) labels of the same shape.
 
         Raises:
             TypeError: `labels` are not integers or `num_bins` is not an int.
@@ -544,9 +470,9 @@ class AUROC(clu_metrics.Metric):
             num_bins = 1
         elif num_bins < 1:
             problems.value_errors.append(f"num_bins must be >= 1, got {num_bins}")
-        labels = _check_labels(labels, 2, problems)
-        mask = _check_mask(mask, labels.shape, problems)
-        problems.raise_if_any("AUROC.from_model_output")
+        labels, mask = _checked_labels_and_mask(
+            labels, mask, 2, problems, "AUROC.from_model_output"
+        )
         num_bins = int(num_bins)
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
@@ -555,13 +481,6 @@ class AUROC(clu_metrics.Metric):
             positives=zeros.at[bins].add((mask & (labels == 1)).astype(jnp.int32)),
             negatives=zeros.at[bins].add((mask & (labels == 0)).astype(jnp.int32)),
             num_bins=num_bins,
-        )
-
-    def merge(self, other: "AUROC") -> "AUROC":
-        return type(self)(
-            positives=self.positives + other.positives,
-            negatives=self.negatives + other.negatives,
-            num_bins=_merged_setting(self, other, "num_bins"),
         )
 
     def compute(self) -> jax.Array:
@@ -576,16 +495,11 @@ class AUROC(clu_metrics.Metric):
 
 
 @flax.struct.dataclass(kw_only=True)
-class Perplexity(clu_metrics.Metric):
+class Perplexity(_Counts):
     """`exp(total / count)`: the exponential of the mean negative log-likelihood per token.
 
-    Keeps the summed negative log-likelihood and the token count, so the value does not
-    depend on how tokens were split into batches, microbatches or devices (google-metrax's
-    `Perplexity` averages per batch first, which does). NaN while nothing was seen.
-
-    Attributes:
-        total: the summed negative log-likelihood (float32).
-        count: the number of (unmasked) tokens (int32).
+    Sums, so the value does not depend on how tokens were split over batches, microbatches or
+    devices (google-metrax's `Perplexity` averages per batch first).
 
     Example:
         >>> import jax.numpy as jnp
@@ -603,11 +517,7 @@ class Perplexity(clu_metrics.Metric):
 
     @classmethod
     def from_model_output(
-        cls,
-        predictions: ArrayLike,
-        labels: ArrayLike,
-        mask: ArrayLike | None = None,
-        **_: Any,
+        cls, predictions: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None, **_: Any
     ) -> "Perplexity":
         """From logits [..., V] and integer labels [...]: log-softmax, then the labels' NLL.
 
@@ -619,16 +529,15 @@ class Perplexity(clu_metrics.Metric):
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.ndim == 0 or predictions.shape[:-1] != labels.shape:
             problems.value_errors.append(
-                f"predictions of shape {predictions.shape} do not fit labels of shape "
-                f"{labels.shape}: expected logits of shape {labels.shape + ('V',)}"
+                _shape_problem(predictions, labels, f"logits of shape {labels.shape + ('V',)}")
             )
         vocab = predictions.shape[-1] if predictions.ndim else 1
-        labels = _check_labels(labels, vocab, problems)
-        mask = _check_mask(mask, labels.shape, problems)
-        problems.raise_if_any("Perplexity.from_model_output")
+        labels, mask = _checked_labels_and_mask(
+            labels, mask, vocab, problems, "Perplexity.from_model_output"
+        )
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, jnp.clip(labels, 0, vocab - 1)[..., None], -1)
-        return cls.from_log_likelihood(picked[..., 0], mask & (labels >= 0) & (labels < vocab))
+        return cls.from_log_likelihood(picked[..., 0], mask)
 
     @classmethod
     def from_log_likelihood(
@@ -649,9 +558,6 @@ class Perplexity(clu_metrics.Metric):
         problems.raise_if_any("Perplexity.from_log_likelihood")
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))
         return cls(total=jnp.where(mask, nll, 0).sum(), count=mask.sum(dtype=jnp.int32))
-
-    def merge(self, other: "Perplexity") -> "Perplexity":
-        return type(self)(total=self.total + other.total, count=self.count + other.count)
 
     def compute(self) -> jax.Array:
         mean = self.total / jnp.maximum(self.count, 1).astype(jnp.result_type(self.total))

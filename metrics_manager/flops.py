@@ -1,47 +1,29 @@
 """FLOPs per train step from XLA's cost analysis, and the throughput and MFU they give.
 
-The step's FLOPs are read once, when the step is compiled, never per step:
+Host-side module; the step's FLOPs are read once, when the step is compiled:
 
   flops = step_flops(train_step, state, batch)          # global FLOPs of one call
-  ...
   values = perf_values(flops, num_steps, duration_s, num_devices=jax.device_count())
-  # {"perf/flops_per_step": ..., "perf/tflops_per_second": ...,
-  #  "perf/tflops_per_second_per_device": ..., "perf/mfu": ...}   (mfu where a peak is known)
+  # {"perf/flops_per_step", "perf/tflops_per_second", "perf/tflops_per_second_per_device",
+  #  "perf/mfu" (where a peak is known)}
 
-Semantics (checked on 8 CPU devices, jax 0.10.2): XLA compiles an SPMD program once
-per device, and `Compiled.cost_analysis()` reports the FLOPs of that per-device
-program. A [256,128]x[128,64] matmul sharded 8 ways over its rows reports 524,288
-FLOPs, 1/8 of 2*M*N*K; sharded over the contracting dimension it reports 540,672
-(the local matmul plus the all-reduce's additions). `step_flops` therefore returns the
-per-device figure times the number of devices the program runs on: the FLOPs of one
-call of the whole step, summed over devices. Replicated work is counted once per
-device that does it (hardware FLOPs, not model FLOPs).
-
-Known limit of XLA's estimate: a loop (`lax.scan`, `fori_loop`, microbatching) is
-counted as one trip of its body, so steps that loop under-report; pass the FLOPs you
-computed by hand to `perf_values` for those.
-
-Host-side module: never import it from code traced by jit.
+`Compiled.cost_analysis()` reports the FLOPs of the per-device SPMD program (a matmul sharded 8
+ways reports 1/8 of 2*M*N*K, plus any all-reduce additions), so `step_flops` multiplies by the
+program's device count: hardware FLOPs, replicated work counted once per device. XLA counts a
+loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
-_LOG = logging.getLogger(__name__)
-
-# Dense (no structured sparsity) peak FLOP/s per JAX device, in TFLOP/s, for 16-bit
-# matrix math: (substring of `device.device_kind`, bf16, fp16). The first entry whose
-# substring occurs in the device kind wins, so specific names come before general ones
-# ("L40S" before "L4", "GH200" before "H200", "TPU v5 lite" before "TPU v5"). None: the
-# chip has no such unit. Sources: NVIDIA data sheets (V100, T4, A10, A100, L4, L40, L40S,
-# H100 SXM/PCIe/NVL, H200, GH200, B200: the "BF16/FP16 Tensor Core" rows halved where
-# the sheet quotes sparsity) and Google Cloud's TPU system-architecture pages (v2..v6e:
-# bf16 peak per chip; v2 and v3 expose two JAX devices per chip, so half a chip each).
+# Dense peak TFLOP/s per JAX device for 16-bit matrix math: (substring of `device_kind`, bf16,
+# fp16); None: no such unit. The first match wins, so specific names come first ("L40S" before
+# "L4"). Sources: NVIDIA data sheets (sparsity figures halved) and Google Cloud's TPU pages
+# (v2 and v3 expose two JAX devices per chip, so half a chip each).
 _PEAK_TFLOPS: tuple[tuple[str, float | None, float | None], ...] = (
     ("TPU v2", 22.5, None),
     ("TPU v3", 61.5, None),
@@ -73,7 +55,6 @@ _DTYPES = ("bf16", "fp16")
 
 
 def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    """Lowers and compiles `fn_or_compiled` for `args` unless it is compiled already."""
     if isinstance(fn_or_compiled, (jax.stages.Lowered, jax.stages.Compiled)):
         if args or kwargs:
             raise TypeError(
@@ -96,34 +77,25 @@ def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any
 
 def _num_program_devices(compiled: Any) -> int:
     """Devices the compiled SPMD program runs on, from its input and output shardings."""
-    devices: set[Any] = set()
-    shardings = [compiled.input_shardings, compiled.output_shardings]
-    for sharding in jax.tree.leaves(
-        shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding)
-    ):
-        if isinstance(sharding, jax.sharding.Sharding):
-            devices.update(sharding.device_set)
+    shardings = jax.tree.leaves(
+        [compiled.input_shardings, compiled.output_shardings],
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
+    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
     return max(len(devices), 1)
 
 
 def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
-    """FLOPs of one call of a jitted step, summed over the devices it runs on.
+    """FLOPs of one call of a jitted step, summed over the devices it runs on, as XLA estimates.
 
-    Compiles the step (or uses the given compiled one) and reads XLA's cost
-    analysis: the per-device program's FLOPs times the number of devices in the
-    program's shardings (see the module docstring). Call it once, next to the
-    first step; compilation is cached by `jax.jit`, so a jitted step compiled here
-    is not compiled again by its first call.
+    Call it once, next to the first step: `jax.jit` caches the compilation.
 
     Args:
-      fn_or_compiled: the step: a plain function (jitted here), a `jax.jit`-ed
-        function, a `jax.stages.Lowered` or a `jax.stages.Compiled`.
+      fn_or_compiled: a function (jitted here), a jitted function, a `jax.stages.Lowered` or
+        a `jax.stages.Compiled`.
       *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a
         Lowered or Compiled.
       **kwargs: the step's keyword arguments.
-
-    Returns:
-      FLOPs per call, as XLA estimates them.
 
     Raises:
       TypeError: `fn_or_compiled` is none of the above, or arguments came with a
@@ -155,13 +127,11 @@ def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float |
     """Vendor peak FLOP/s of one JAX device for dense 16-bit matrix math, if known.
 
     Args:
-      device: a `jax.Device` (anything with a `device_kind` str); default
-        `jax.devices()[0]`.
+      device: anything with a `device_kind` str; default `jax.devices()[0]`.
       dtype: "bf16" or "fp16".
 
     Returns:
-      Peak FLOP/s (not TFLOP/s), or None for CPUs, unknown accelerators and chips
-      without a `dtype` unit (V100 and T4 have no bf16 one).
+      Peak FLOP/s, or None for CPUs, unknown chips and chips without a `dtype` unit.
 
     Raises:
       ValueError: `dtype` is not "bf16" or "fp16".
@@ -198,26 +168,21 @@ def perf_values(
       num_steps: steps in the window.
       duration_s: the window's duration in seconds.
       num_devices: devices the step runs on (usually `jax.device_count()`).
-      peak_flops_per_device: peak FLOP/s of one device; default: looked up for
-        `jax.devices()[0]` (`peak_flops_per_device()`), None on CPU.
+      peak_flops_per_device: peak FLOP/s of one device; default: `peak_flops_per_device()`.
 
     Returns:
-      `perf/flops_per_step` (FLOPs), `perf/tflops_per_second` (all devices),
-      `perf/tflops_per_second_per_device`, and `perf/mfu` (a fraction, 0..1:
-      achieved FLOP/s per device over the peak) when a peak is known.
+      `perf/flops_per_step`, `perf/tflops_per_second` (all devices),
+      `perf/tflops_per_second_per_device`, and `perf/mfu` (0..1) when a peak is known.
 
     Raises:
-      ValueError: a value is negative, zero where it must not be, or not finite
-        (all problems in one message).
+      ValueError: a value is out of range or not finite (all problems in one message).
 
     Example:
       >>> values = perf_values(2e12, 10, 2.0, num_devices=4, peak_flops_per_device=5e12)
       >>> values["perf/tflops_per_second"], values["perf/mfu"]
       (10.0, 0.5)
     """
-    peak = peak_flops_per_device
-    if peak is None:
-        peak = _lookup_peak()
+    peak = _lookup_peak() if peak_flops_per_device is None else peak_flops_per_device
     problems = []
     if not flops_per_step >= 0:  # also catches NaN
         problems.append(f"flops_per_step must be >= 0, got {flops_per_step!r}")

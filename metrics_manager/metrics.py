@@ -1,33 +1,12 @@
 """Metric types that a loss function returns and the train step merges on the device.
 
-Every type here is an immutable `flax.struct.dataclass` pytree on `clu.metrics.Metric`, so it
-passes through `jax.jit`, `lax.scan` and buffer donation like any other pytree, and merges with
-CLU's and google-metrax's metrics in one dict (see `metrics_manager.merging`).
-
-T5X's types keep T5X's names and meaning:
-
-- `Sum(total)`: the sum of every value seen.
-- `Step(steps=1)`: a count of train steps; `steps` is replaced on the host by the true number
-  of steps in the summary window (`set_step_metrics_num_steps`).
-- `AveragePerStep(total=..., steps=1)`: `total / steps`, e.g. the summed loss per train step.
-- `Time(duration=None)`: seconds in the window, set on the host (`set_time_metrics_duration`).
-- `TimeRate(numerator=..., duration=None)`: `numerator / duration`, e.g. sequences per second.
-- `StepsPerTime(steps=1, duration=None)`: `steps / duration`.
-
-Added because T5X and CLU lack a working version: `Max(value)`, `Min(value)` and
-`MeanStd(count=..., mean=..., m2=...)`, a numerically stable mean and standard deviation with a
-parallel (Chan et al.) merge (`Welford` adds the standard error of the mean, as Flax NNX's
-`Welford` reports it); clu 0.0.12's `Std` crashes on current JAX and subtracts two large
-sums, which loses all precision when the mean is large against the spread.
-
-Construction is keyword-only wherever T5X's positional field order is a trap: T5X's
-`AveragePerStep(5, 1.0)` means `steps=5, total=1.0`, and `TimeRate(3)` would set the duration.
-Only the one-field types `Sum`, `Max` and `Min` take their value positionally.
-
-Every type's `empty()` is a two-sided identity of its `merge()` (`Max`: -inf, `Min`: +inf,
-`Time` types: duration unset, counts 0), so a merge may start from it; the library itself never
-does, because `empty()` cannot know the shape of a user's array-valued metric (see
-`metrics_manager.merging`).
+Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric` that merge with CLU's and
+google-metrax's metrics in one dict. `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate` and
+`StepsPerTime` keep T5X's names and meaning (`steps` and `duration` are set on the host); `Max`,
+`Min`, `MeanStd` and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses
+precision when the mean is large against the spread). Constructors are keyword-only where T5X's
+positional order is a trap (its `AveragePerStep(5, 1.0)` means `steps=5`), and every `empty()`
+is a two-sided identity of `merge()`.
 
 Synopsis:
 
@@ -35,16 +14,13 @@ Synopsis:
         per_example = ...
         return per_example.sum(), {
             "loss": AveragePerStep.from_model_output(per_example),
-            "loss_max": Max.from_model_output(per_example),
             "loss_stats": MeanStd.from_model_output(per_example),
-            "timing/seqs_per_second": TimeRate.from_model_output(per_example.shape[0]),
-            "timing/steps_per_second": StepsPerTime.from_model_output(),
+            "seqs_per_second": TimeRate.from_model_output(per_example.shape[0]),
         }
 
     # On the host, once per summary window, after a device-to-host copy:
-    metrics = set_time_metrics_duration(metrics, seconds)
-    metrics = set_step_metrics_num_steps(metrics, num_steps)
-    values = compute_metric_values(metrics)   # {key: clu.values.Value}
+    metrics = set_step_metrics_num_steps(set_time_metrics_duration(metrics, seconds), num_steps)
+    values = compute_metric_values(metrics)  # {key: clu.values.Value}
 """
 
 import dataclasses
@@ -83,21 +59,12 @@ __all__ = [
 ArrayLike = jax.typing.ArrayLike
 
 
-def _float_dtype(x: Any) -> Any:
-    """Accumulation dtype: at least float32, so ints do not overflow and bf16 does not round."""
-    return jnp.result_type(x, jnp.float32)
-
-
 def _values_and_mask(
     values: ArrayLike, mask: ArrayLike | None, metric: str
 ) -> tuple[jax.Array, jax.Array]:
-    """Returns `values` (0-d promoted to 1-d) as floats and a bool mask of the same shape.
-
-    A mask covers leading dimensions of `values` ([batch] or [batch, length] for
-    [batch, length, ...] values) and is broadcast over the rest, as in CLU's `Average`.
-    """
+    """`values` (at least 1-d) as floats, and a bool mask over its leading dims broadcast to it."""
     values = jnp.asarray(values)
-    values = values.astype(_float_dtype(values))
+    values = values.astype(jnp.result_type(values, jnp.float32))  # no int overflow, bf16 rounding
     if values.ndim == 0:
         values = values[None]
     if mask is None:
@@ -124,9 +91,6 @@ def _masked_sum(values: ArrayLike, mask: ArrayLike | None, metric: str) -> jax.A
 class Sum(clu_metrics.Metric):
     """The sum of every value seen (T5X `Sum`).
 
-    Attributes:
-        total: the running sum (float32 or wider).
-
     Example:
         >>> import jax.numpy as jnp
         >>> float(Sum.from_model_output(jnp.array([[1, 2], [2, 3], [3, 4]])).compute())
@@ -140,9 +104,7 @@ class Sum(clu_metrics.Metric):
         return cls(jnp.zeros((), jnp.float32))
 
     @classmethod
-    def from_model_output(
-        cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any
-    ) -> "Sum":
+    def from_model_output(cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any) -> "Sum":
         """Sums all elements of `values` (where `mask` is true, if given)."""
         return cls(_masked_sum(values, mask, cls.__name__))
 
@@ -165,12 +127,8 @@ def _unset_steps_error(metric: Any) -> ValueError:
 class Step(clu_metrics.Metric):
     """A count of train steps (T5X `Step`), the base of every per-step metric.
 
-    Merging adds `steps`, but under microbatching a train step's pieces keep one step
-    (`_reduce_merge`), and on the host `set_step_metrics_num_steps` replaces `steps` by the true
-    number of train steps in the summary window before `compute()`.
-
-    Attributes:
-        steps: the number of steps; None until set on the host makes `compute()` raise.
+    Merging adds `steps`; the microbatches of one step count one step (`_reduce_merge`), and
+    `set_step_metrics_num_steps` sets the true count on the host.
 
     Example:
         >>> Step(steps=3).merge(Step(steps=2)).compute()
@@ -214,14 +172,7 @@ class Step(clu_metrics.Metric):
 class AveragePerStep(Step):
     """`total / steps`: a per-step average of a value summed within each step (T5X).
 
-    Each train step contributes the sum of its values; on the host `steps` becomes the number of
-    train steps in the window. Microbatches of one step sum their totals and count one step, so
-    a per-microbatch *sum* gives the right value for any number of microbatches (a
-    per-microbatch *mean* would not: report sums, normalize in `compute()`).
-
-    Attributes:
-        total: the summed value (keyword-only).
-        steps: the number of steps (keyword-only, default 1).
+    Report per-microbatch sums, not means, so the value does not depend on the microbatching.
 
     Example:
         >>> import jax.numpy as jnp
@@ -238,11 +189,7 @@ class AveragePerStep(Step):
 
     @classmethod
     def from_model_output(  # type: ignore[override]
-        cls,
-        values: ArrayLike,
-        steps: ArrayLike = 1,
-        mask: ArrayLike | None = None,
-        **_: Any,
+        cls, values: ArrayLike, steps: ArrayLike = 1, mask: ArrayLike | None = None, **_: Any
     ) -> "AveragePerStep":
         """Sums `values` (where `mask` is true, if given) as one step's total."""
         return cls(total=_masked_sum(values, mask, cls.__name__), steps=steps)
@@ -267,12 +214,7 @@ def _check_durations_unset(a: "Time", b: "Time") -> None:
 class Time(clu_metrics.Metric):
     """Seconds in the summary window (T5X `Time`), set on the host.
 
-    The device never measures time: the summary path sets `duration` with
-    `set_time_metrics_duration` after the merged metrics reach the host. Merging is only
-    defined while the duration is unset (T5X silently kept one side).
-
-    Attributes:
-        duration: seconds, or None until set (keyword-only).
+    Merging is only defined while `duration` is unset (T5X silently kept one side).
 
     Example:
         >>> set_time_metrics_duration({"t": Time()}, 2.5)["t"].compute()
@@ -310,10 +252,6 @@ class Time(clu_metrics.Metric):
 class TimeRate(Time):
     """`numerator / duration`, e.g. sequences or tokens per second (T5X `TimeRate`).
 
-    Attributes:
-        numerator: the count of things processed in the window (keyword-only).
-        duration: seconds, set on the host (keyword-only).
-
     Example:
         >>> metric = TimeRate.from_model_output(3)
         >>> float(set_time_metrics_duration({"rate": metric}, 2.0)["rate"].compute())
@@ -343,24 +281,12 @@ class TimeRate(Time):
 class StepsPerTime(Step, Time):
     """`steps / duration`: train steps per second (T5X `StepsPerTime`).
 
-    Attributes:
-        steps: the number of steps, replaced on the host (keyword-only, default 1).
-        duration: seconds, set on the host (keyword-only).
-
     Example:
         >>> metrics = {"steps_per_second": StepsPerTime(steps=8)}
         >>> metrics = set_time_metrics_duration(metrics, 2.0)
         >>> set_step_metrics_num_steps(metrics, 8)["steps_per_second"].compute()
         4.0
     """
-
-    @classmethod
-    def empty(cls) -> "StepsPerTime":
-        return cls(steps=0)
-
-    @classmethod
-    def from_model_output(cls, steps: ArrayLike = 1, **_: Any) -> "StepsPerTime":
-        return cls(steps=steps)
 
     def merge(self, other: "StepsPerTime") -> "StepsPerTime":  # type: ignore[override]
         _check_durations_unset(self, other)
@@ -376,7 +302,6 @@ class _Extremum(clu_metrics.Metric):
 
     value: ArrayLike
 
-    # jnp.max / jnp.min and the identity they start from (-inf / +inf); subclasses set them.
     _op: ClassVar[Callable[..., jax.Array]]
     _pairwise: ClassVar[Callable[..., jax.Array]]
     _identity: ClassVar[float]
@@ -386,9 +311,7 @@ class _Extremum(clu_metrics.Metric):
         return cls(jnp.full((), cls._identity, jnp.float32))
 
     @classmethod
-    def from_model_output(
-        cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any
-    ) -> Any:
+    def from_model_output(cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any) -> Any:
         values, mask = _values_and_mask(values, mask, cls.__name__)
         return cls(cls._op(values, where=mask, initial=cls._identity))
 
@@ -401,12 +324,7 @@ class _Extremum(clu_metrics.Metric):
 
 @flax.struct.dataclass
 class Max(_Extremum):
-    """The largest value seen (where `mask` is true); `empty()` holds -inf.
-
-    The identity is -inf, not 0, so the maximum of all-negative data stays negative.
-
-    Attributes:
-        value: the running maximum (float32 or wider).
+    """The largest value seen (where `mask` is true); `empty()` holds -inf, not 0.
 
     Example:
         >>> import jax.numpy as jnp
@@ -423,9 +341,6 @@ class Max(_Extremum):
 class Min(_Extremum):
     """The smallest value seen (where `mask` is true); `empty()` holds +inf.
 
-    Attributes:
-        value: the running minimum (float32 or wider).
-
     Example:
         >>> import jax.numpy as jnp
         >>> float(Min.from_model_output(jnp.array([3.0, 1.0])).merge(Min.empty()).compute())
@@ -439,16 +354,10 @@ class Min(_Extremum):
 
 @dataclasses.dataclass(eq=False)
 class MeanStdScalar(clu.values.Scalar):
-    """A `clu.values.Scalar` holding a mean that also carries the standard deviation.
+    """A `clu.values.Scalar` of a mean that carries the standard deviation (`<key>/std`).
 
-    CLU's `write_values` accepts one `Value` per key and has no two-number type, so
-    `MeanStd.compute_value()` returns this: every writer that understands `Scalar` writes the
-    mean under the metric's key, and `compute_metric_values` also writes the standard deviation
-    under `<key>/std`.
-
-    Attributes:
-        value: the mean.
-        std: the population standard deviation.
+    CLU has no two-number `Value`: writers that know `Scalar` write the mean, and
+    `compute_metric_values` adds `extra_values()` under `<key>/<suffix>`.
     """
 
     std: Any
@@ -460,16 +369,7 @@ class MeanStdScalar(clu.values.Scalar):
 
 @dataclasses.dataclass(eq=False)
 class WelfordScalar(MeanStdScalar):
-    """A `MeanStdScalar` that also carries the standard error of the mean.
-
-    `compute_metric_values` writes the mean under the metric's key, the standard error under
-    `<key>/sem` and the standard deviation under `<key>/std`.
-
-    Attributes:
-        value: the mean.
-        std: the population standard deviation.
-        sem: the standard error of the mean, `std / sqrt(count)`.
-    """
+    """A `MeanStdScalar` that also carries the standard error of the mean (`<key>/sem`)."""
 
     sem: Any
 
@@ -479,21 +379,11 @@ class WelfordScalar(MeanStdScalar):
 
 @flax.struct.dataclass(kw_only=True)
 class MeanStd(clu_metrics.Metric):
-    """Mean and standard deviation with a numerically stable parallel merge.
+    """Mean and population standard deviation with a numerically stable parallel merge.
 
-    Keeps the count, the mean and `m2`, the sum of squared deviations from the mean, and merges
-    two parts with Chan et al.'s update (`delta = mean_b - mean_a`,
-    `m2 = m2_a + m2_b + delta**2 * n_a * n_b / n`), which stays exact when the mean is large
-    against the spread, unlike the sum of squares that clu's `Std` keeps. The standard deviation
-    is the population one (ddof=0), as in CLU's `Std`.
-
-    `compute()` returns the mean (NaN when nothing was seen); `std()` the standard deviation;
-    `compute_value()` a `MeanStdScalar` carrying both (see there for how it is written).
-
-    Attributes:
-        count: number of values seen (int32, keyword-only).
-        mean: their mean (keyword-only).
-        m2: the sum of their squared deviations from `mean` (keyword-only).
+    Keeps the count, mean and `m2` (sum of squared deviations) and merges with Chan et al.'s
+    update, exact when the mean is large against the spread. `compute()` is the mean (NaN when
+    nothing was seen), `std()` the standard deviation, `compute_value()` a `MeanStdScalar`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -527,8 +417,7 @@ class MeanStd(clu_metrics.Metric):
     def merge(self, other: "MeanStd") -> "MeanStd":
         count = self.count + other.count
         dtype = jnp.result_type(self.mean, other.mean)
-        n_a = jnp.asarray(self.count).astype(dtype)
-        n_b = jnp.asarray(other.count).astype(dtype)
+        n_a, n_b = (jnp.asarray(m.count).astype(dtype) for m in (self, other))
         fraction_b = n_b / jnp.maximum(n_a + n_b, 1)
         delta = other.mean - self.mean
         mean = self.mean + delta * fraction_b
@@ -542,9 +431,12 @@ class MeanStd(clu_metrics.Metric):
     def compute(self) -> ArrayLike:
         return jnp.where(self.count > 0, self.mean, jnp.nan)
 
+    def _float_count(self) -> jax.Array:
+        return jnp.asarray(self.count).astype(jnp.result_type(self.m2))
+
     def std(self) -> ArrayLike:
         """The population standard deviation (NaN when nothing was seen)."""
-        count = jnp.asarray(self.count).astype(jnp.result_type(self.m2))
+        count = self._float_count()
         return jnp.where(count > 0, jnp.sqrt(self.m2 / jnp.maximum(count, 1)), jnp.nan)
 
     def compute_value(self) -> MeanStdScalar:
@@ -553,18 +445,7 @@ class MeanStd(clu_metrics.Metric):
 
 @flax.struct.dataclass(kw_only=True)
 class Welford(MeanStd):
-    """`MeanStd` plus the standard error of the mean, as Flax NNX's `Welford` reports it.
-
-    Same state and merge as `MeanStd` (count, mean and `m2` merged with Chan et al.'s
-    update, so any split over steps, microbatches and devices gives the same statistics).
-    The standard error is Flax's: the population standard deviation over `sqrt(count)`.
-    `compute_value()` returns a `WelfordScalar`: `compute_metric_values` writes `key` (the
-    mean), `key/sem` and `key/std`.
-
-    Attributes:
-        count: number of values seen (int32, keyword-only).
-        mean: their mean (keyword-only).
-        m2: the sum of their squared deviations from `mean` (keyword-only).
+    """`MeanStd` plus Flax NNX's standard error of the mean, `std / sqrt(count)` (`key/sem`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -575,8 +456,7 @@ class Welford(MeanStd):
 
     def sem(self) -> ArrayLike:
         """The standard error of the mean, `std / sqrt(count)` (NaN when nothing was seen)."""
-        count = jnp.asarray(self.count).astype(jnp.result_type(self.m2))
-        return self.std() / jnp.sqrt(jnp.maximum(count, 1))
+        return self.std() / jnp.sqrt(jnp.maximum(self._float_count(), 1))
 
     def compute_value(self) -> WelfordScalar:
         return WelfordScalar(self.compute(), self.std(), self.sem())
@@ -625,15 +505,11 @@ def _replace_in_metrics(
 
 
 def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
-    """Sets `steps` of every `Step` metric to the true number of train steps in the window.
-
-    Host side, on the summary path, after merging: merged `steps` count what was merged, which
-    differs from the number of train steps when steps were skipped or metrics were merged
-    across evaluation batches.
+    """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
 
     Args:
-        metrics: name -> metric (device or host values); other values pass through.
-        num_steps: the number of train steps the metrics cover, a positive integer.
+        metrics: name -> metric; other values pass through.
+        num_steps: the number of train steps the metrics cover, > 0.
 
     Returns:
         A new dict; the input is not changed.
@@ -661,9 +537,7 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
 
 
 def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
-    """Sets `duration` of every `Time` metric (`Time`, `TimeRate`, `StepsPerTime`).
-
-    Host side, on the summary path, after merging and before `compute()`.
+    """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
 
     Args:
         metrics: name -> metric; other values pass through.
@@ -682,7 +556,9 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
         1.5
     """
     _check_metrics_mapping(metrics, "set_time_metrics_duration")
-    if isinstance(duration, bool) or not isinstance(duration, int | float | np.integer | np.floating):
+    if isinstance(duration, bool) or not isinstance(
+        duration, int | float | np.integer | np.floating
+    ):
         raise TypeError(
             f"set_time_metrics_duration: duration must be a number of seconds, got "
             f"{duration!r} of type {type(duration).__name__}."
@@ -701,11 +577,10 @@ set_time_rate_metrics_duration = set_time_metrics_duration
 def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Value]:
     """Host side: `compute_value()` of every metric, flattened for `writers.write_values`.
 
-    A CLU `Collection` under `key` becomes `key/<field>` entries; a `MeanStd` (any value that
-    is a `MeanStdScalar`) becomes `key` (the mean) and `key/std`; a `Welford` also `key/sem`.
+    A `Collection` becomes `key/<field>`; a `MeanStdScalar` `key` and `key/std` (and `key/sem`).
 
     Args:
-        metrics: name -> metric or `Collection`, with durations and steps already set.
+        metrics: name -> metric or `Collection`, with durations and steps set.
 
     Returns:
         name -> `clu.values.Value`.
@@ -733,8 +608,7 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
         else:
             items = {key: metric.compute_value()}
         for name, value in items.items():
-            # Most values are plain `Scalar`s: the type test skips an isinstance check that
-            # goes through `typing.Protocol` (clu's `Value`), slow at one per value.
+            # The exact type test skips a slow `typing.Protocol` isinstance for plain Scalars.
             if type(value) is not clu.values.Scalar and isinstance(value, MeanStdScalar):
                 out[name] = clu.values.Scalar(value.value)
                 for suffix, extra in value.extra_values().items():

@@ -1,25 +1,15 @@
 """Flax NNX-style stateful metrics over this library's mergeable metrics, and NNX interop.
 
-Flax NNX metrics are objects updated in place: `update(**kwargs)`, `compute()`, `reset()`.
-The classes here have the same names and API as `flax.nnx.metrics` (`Metric`, `Average`,
-`Accuracy`, `Welford`, `MultiMetric`) but each holds an immutable CLU metric from this
-library (or any CLU metric type) in an `nnx.metrics.MetricState` and replaces it on
-`update()` with `state.merge(type.from_model_output(**kwargs))`. So they are
-`flax.nnx.metrics.Metric`s (they work inside Flax's own `nnx.MultiMetric` and `nnx.jit`),
-JAX pytrees (pass them through `jax.jit` and return them), and their state is a metric that
-`merge_metrics` and `MetricsManager.write_metrics_summary` understand (`.metric`).
-
-`as_summary_metrics` turns an `nnx.MultiMetric` (Flax's or ours) or the dict its `compute()`
-returns into `{name: clu Metric or clu.values.Value}` for the manager.
+`Metric`, `Average`, `Accuracy`, `Welford` and `MultiMetric` have the names and API of
+`flax.nnx.metrics` (`update(**kwargs)`, `compute()`, `reset()`), but each holds an immutable
+CLU metric (`.metric`) that `update()` replaces by `metric.merge(type.from_model_output(...))`:
+they work in Flax's `nnx.MultiMetric` and `nnx.jit`, and their state merges like any metric.
+`as_summary_metrics` turns an `nnx.MultiMetric` or its `compute()` dict into what
+`MetricsManager.write_metrics_summary` takes.
 
 Synopsis:
 
-    metrics = MultiMetric(
-        loss=Average(),
-        accuracy=Accuracy(),
-        f1=Metric(FBeta, average="macro"),
-        loss_stats=Welford(argname="values"),
-    )
+    metrics = MultiMetric(loss=Average(), accuracy=Accuracy(), f1=Metric(FBeta, average="macro"))
 
     @nnx.jit
     def eval_step(model, metrics, batch):
@@ -27,8 +17,7 @@ Synopsis:
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"])
         metrics.update(values=loss, logits=logits, labels=batch["y"])
 
-    for batch in batches:
-        eval_step(model, metrics, batch)
+    ...  # eval_step over the batches
     manager.write_metrics_summary(as_summary_metrics(metrics), step, num_steps=1)
     metrics.reset()
 """
@@ -51,15 +40,8 @@ from metrics_manager.classification import TopKAccuracy
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
 
 SummaryMetrics = dict[str, clu_metrics.Metric | clu.values.Value]
-_CLU_VALUES = (
-    clu.values.Scalar,
-    clu.values.Text,
-    clu.values.Image,
-    clu.values.Audio,
-    clu.values.Histogram,
-    clu.values.HyperParam,
-    clu.values.Summary,
-)
+_CLU_VALUE_NAMES = ("Scalar", "Text", "Image", "Audio", "Histogram", "HyperParam", "Summary")
+_CLU_VALUES = tuple(getattr(clu.values, name) for name in _CLU_VALUE_NAMES)
 
 
 def _parameters(function: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
@@ -78,17 +60,14 @@ def _parameters(function: Callable[..., Any]) -> tuple[frozenset[str], frozenset
 class Metric(nnx.metrics.Metric):
     """A stateful metric over a mergeable CLU metric type (the NNX API over `metric_type`).
 
-    `update(**kwargs)` calls `metric_type.from_model_output` with the keyword arguments it
-    accepts (others are ignored, so a `MultiMetric` can pass every metric the same
-    arguments), renamed by `argnames` and with `settings` added, and merges the result into
-    the state. `logits=` is passed as `predictions=` to a type that takes `predictions`
-    but not `logits` (this library's and google-metrax's classification metrics).
+    `update(**kwargs)` passes `metric_type.from_model_output` the arguments it accepts (so a
+    `MultiMetric` can pass all metrics the same ones), renamed by `argnames`, plus `settings`;
+    `logits=` becomes `predictions=` for a type that takes only the latter.
 
     Args:
         metric_type: a `clu.metrics.Metric` subclass, e.g. `metrics_manager.FBeta`.
         argnames: update argument name -> `from_model_output` parameter name.
-        **settings: fixed keyword arguments of `from_model_output`, e.g. `average="macro"`
-            or `k=5`; Python scalars or strings (they are static under jit).
+        **settings: fixed, hashable keyword arguments of `from_model_output`, e.g. `k=5`.
 
     Raises:
         TypeError: `metric_type` is not a CLU metric type, or a setting is not hashable.
@@ -162,10 +141,24 @@ class Metric(nnx.metrics.Metric):
         return self.metric.compute()
 
 
-class Average(Metric):
-    """The mean of every value seen (Flax's `nnx.metrics.Average`), over `clu.metrics.Average`.
+class _ValuesMetric(Metric):
+    """A metric of the values passed to `update()` as `argname`."""
 
-    NaN until something was seen. `mask` (if given) covers the values' leading dimensions.
+    def __init__(self, metric_type: type[clu_metrics.Metric], argname: str):
+        super().__init__(metric_type, argnames={argname: "values"})
+        self.argname = argname
+
+    def update(self, **kwargs: Any) -> None:
+        if self.argname not in kwargs:
+            raise TypeError(
+                f"{type(self).__name__}.update: expected the keyword argument {self.argname!r} "
+                f"(this metric's argname), got {sorted(kwargs)}"
+            )
+        super().update(**kwargs)
+
+
+class Average(_ValuesMetric):
+    """The mean of every value seen (Flax's `nnx.metrics.Average`), NaN until one was seen.
 
     Args:
         argname: the `update()` argument holding the values.
@@ -185,24 +178,19 @@ class Average(Metric):
     """
 
     def __init__(self, argname: str = "values"):
-        super().__init__(clu_metrics.Average, argnames={argname: "values"})
-        self.argname = argname
+        super().__init__(clu_metrics.Average, argname)
 
     def update(self, **kwargs: Any) -> None:
-        if self.argname not in kwargs:
-            raise TypeError(
-                f"Average.update: expected the keyword argument {self.argname!r} (this "
-                f"metric's argname), got {sorted(kwargs)}"
-            )
-        values = jnp.asarray(kwargs[self.argname])
-        super().update(**{**kwargs, self.argname: values.astype(jnp.float32)})
+        if self.argname in kwargs:
+            kwargs[self.argname] = jnp.asarray(kwargs[self.argname]).astype(jnp.float32)
+        super().update(**kwargs)
 
 
 class Accuracy(Metric):
     """Accuracy as Flax's `nnx.metrics.Accuracy`: argmax of the last axis, or a threshold.
 
-    Without `threshold`, backed by `TopKAccuracy(k=1)` (`update(logits=[..., C], labels=[...])`);
-    with one, by `clu.metrics.Average` of `(logits >= threshold) == (labels > 0)`.
+    Without `threshold`, `TopKAccuracy(k=1)`; with one, the mean of
+    `(logits >= threshold) == (labels > 0)`.
 
     Args:
         threshold: for binary scores of the labels' shape, where a score becomes positive.
@@ -245,12 +233,10 @@ class Accuracy(Metric):
         super().update(values=correct, mask=kwargs.get("mask"))
 
 
-class Welford(Metric):
+class Welford(_ValuesMetric):
     """Mean, standard error and standard deviation (Flax's `nnx.metrics.Welford`).
 
-    Backed by `metrics_manager.Welford` (Chan et al.'s parallel merge); `compute()` returns
-    Flax's `nnx.metrics.Statistics`, with Flax's values for nothing seen (mean 0, the others
-    NaN).
+    Over `metrics_manager.Welford`; `compute()` returns Flax's `nnx.metrics.Statistics`.
 
     Args:
         argname: the `update()` argument holding the values.
@@ -266,16 +252,7 @@ class Welford(Metric):
     """
 
     def __init__(self, argname: str = "values"):
-        super().__init__(_metrics.Welford, argnames={argname: "values"})
-        self.argname = argname
-
-    def update(self, **kwargs: Any) -> None:
-        if self.argname not in kwargs:
-            raise TypeError(
-                f"Welford.update: expected the keyword argument {self.argname!r} (this "
-                f"metric's argname), got {sorted(kwargs)}"
-            )
-        super().update(**kwargs)
+        super().__init__(_metrics.Welford, argname)
 
     def compute(self) -> nnx.metrics.Statistics:
         state = self.metric
@@ -287,7 +264,7 @@ class Welford(Metric):
 
 
 class MultiMetric(nnx.MultiMetric):
-    """Flax's `nnx.MultiMetric`, checking its members: `update()` updates all of them.
+    """Flax's `nnx.MultiMetric`, with its members checked.
 
     Args:
         **metrics: name -> `flax.nnx.metrics.Metric` (the classes here or Flax's own).
@@ -320,8 +297,20 @@ class MultiMetric(nnx.MultiMetric):
         super().__init__(**metrics)
 
 
-def _as_scalar(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -> None:
-    if isinstance(value, bool) or not (
+def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -> None:
+    """Adds a `compute()` result (or a metric) under `key`, flattening dicts and Statistics."""
+    if isinstance(value, clu_metrics.Metric):
+        out[key] = value
+    elif isinstance(value, nnx.metrics.Statistics):
+        out[key] = clu.values.Scalar(value.mean)
+        out[f"{key}/sem"] = clu.values.Scalar(value.standard_error_of_mean)
+        out[f"{key}/std"] = clu.values.Scalar(value.standard_deviation)
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            _add_value(f"{key}/{name}", item, out, problems)
+    elif isinstance(value, _CLU_VALUES):
+        out[key] = value
+    elif isinstance(value, bool) or not (
         isinstance(value, int | float | np.number) or hasattr(value, "shape")
     ):
         problems.type_errors.append(
@@ -337,27 +326,10 @@ def _as_scalar(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -
         out[key] = clu.values.Scalar(value)
 
 
-def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -> None:
-    """Adds a `compute()` result (or a metric) under `key`, flattening dicts and Statistics."""
-    if isinstance(value, clu_metrics.Metric):
-        out[key] = value
-    elif isinstance(value, nnx.metrics.Statistics):
-        out[key] = clu.values.Scalar(value.mean)
-        out[f"{key}/sem"] = clu.values.Scalar(value.standard_error_of_mean)
-        out[f"{key}/std"] = clu.values.Scalar(value.standard_deviation)
-    elif isinstance(value, Mapping):
-        for name, item in value.items():
-            _add_value(f"{key}/{name}", item, out, problems)
-    elif isinstance(value, _CLU_VALUES):
-        out[key] = value
-    else:
-        _as_scalar(key, value, out, problems)
-
-
 def _add_metric(
     key: str, metric: nnx.metrics.Metric, out: SummaryMetrics, problems: _Problems
 ) -> None:
-    """Adds an NNX metric under `key` as a CLU metric where its state maps onto one."""
+    """Adds an NNX metric under `key`, as a CLU metric where its state maps onto one."""
     if isinstance(metric, Metric):
         out[key] = metric.metric
     elif isinstance(metric, nnx.MultiMetric):
@@ -381,23 +353,16 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
     """What `MetricsManager.write_metrics_summary` writes for NNX metrics.
 
     Args:
-        obj: an `nnx.MultiMetric` (Flax's or this module's), or the dict its `compute()`
-            returns.
+        obj: an `nnx.MultiMetric` (Flax's or this module's), or the dict its `compute()` returns.
 
     Returns:
-        name -> CLU metric or `clu.values.Value`. A member whose state maps onto a CLU
-        metric becomes one, so it can still be merged: this module's metrics give their
-        state (`.metric`), Flax's `Average` and `Accuracy` a `clu.metrics.Average`, Flax's
-        `Welford` a `metrics_manager.Welford` (written as `name`, `name/sem`, `name/std`;
-        its mean is NaN, not Flax's 0, when nothing was seen), google-metrax's NNX wrappers
-        their CLU metric. Any other member, and every value of a `compute()` dict, becomes
-        values: a number or one-element array a `Scalar`, Flax's `Statistics` the three
-        scalars `name`, `name/sem`, `name/std`, a dict `name/<key>` entries, a clu `Value`
-        or `Metric` itself.
+        name -> CLU metric or `clu.values.Value`. Members whose state maps onto a CLU metric
+        stay mergeable (this module's, Flax's `Average`, `Accuracy` and `Welford`, metrax's
+        wrappers); other values become `Scalar`s, `Statistics` `name`, `name/sem`, `name/std`,
+        and dicts `name/<key>` entries.
 
     Raises:
-        TypeError: `obj` is neither, or a value is not a number, array, metric or value
-            (every such key is listed).
+        TypeError: `obj` is neither, or a value is not a number, array, metric or value.
         ValueError: a value is an array of more than one element.
 
     Example:

@@ -1,37 +1,24 @@
 """System metrics (CPU, memory, temperatures, accelerators) sampled off the training thread.
 
-A `SystemMonitor` samples every sensor the host has, in a daemon thread, every
-`interval_s` seconds; the summary worker asks for the window's mean and max:
+Host-side module. A `SystemMonitor` samples every sensor the host has in a daemon thread; the
+summary worker asks for each window's mean and max:
 
   monitor = SystemMonitor(interval_s=1.0)
-  ...                                    # train steps; the monitor samples meanwhile
-  values = monitor.window_values()       # {"system/process_cpu_percent": 87.5,
-                                         #  "system/process_cpu_percent/max": 101.0, ...}
-  writers.write_values(writer, step, values)
+  values = monitor.window_values()  # {"system/process_cpu_percent": 87.5,
+                                    #  "system/process_cpu_percent/max": 101.0, ...}
   monitor.close()
 
-Keys and units (each also as `<key>/max`, the window's maximum):
+Keys (each also as `<key>/max`):
 
-  system/process_cpu_percent        this process, 100 = one core busy (0..100*cores)
-  system/host_cpu_percent           whole host, 0..100 (all cores busy = 100)
-  system/process_rss_mib            this process's resident memory, MiB
-  system/host_memory_used_mib       host memory in use, MiB
-  system/host_memory_available_mib  host memory available to new work, MiB
-  system/host_memory_percent        host memory in use, 0..100
-  system/cpu_temperature_c          hottest CPU sensor, degrees Celsius
-  system/device{id}/memory_in_use_mib       per JAX device (`memory_stats()`), MiB
-  system/device{id}/peak_memory_in_use_mib  the allocator's peak since start, MiB
-  system/gpu{i}/utilization_percent  NVML: time the GPU was busy, 0..100
-  system/gpu{i}/temperature_c        NVML: GPU temperature, degrees Celsius
-  system/gpu{i}/power_w              NVML: power draw, watts
+  system/process_cpu_percent        this process, 100 = one core busy
+  system/host_cpu_percent           whole host, 0..100
+  system/process_rss_mib, system/host_memory_{used,available}_mib, system/host_memory_percent
+  system/cpu_temperature_c          hottest CPU sensor
+  system/device{id}/{memory_in_use,peak_memory_in_use}_mib   per JAX device (`memory_stats()`)
+  system/gpu{i}/{utilization_percent,temperature_c,power_w}  NVML (`nvidia-ml-py`)
 
-A sensor the host lacks (no temperature sensors, a CPU device whose
-`memory_stats()` is None, no NVIDIA GPU or no `nvidia-ml-py`) gives no key and no
-error. A sensor that worked and then raises is logged once at debug level and
-dropped. `{i}` for GPUs is NVML's index (restricted to `CUDA_VISIBLE_DEVICES` when
-that lists indices); `{id}` is `jax.Device.id`.
-
-Host-side module: never import it from code traced by jit.
+A sensor the host lacks gives no key and no error; one that fails later is logged at debug
+level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`), `{id}` `Device.id`.
 """
 
 from __future__ import annotations
@@ -55,8 +42,7 @@ _MIN_RATE_SPAN_S = 0.1
 # Sensor groups that report the CPU package (Intel, AMD, ARM boards), best first.
 _CPU_SENSOR_GROUPS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
 
-SampleFn = Callable[[], Mapping[str, float]]
-"""Takes one sample: quantity name (e.g. `system/process_rss_mib`) -> value."""
+SampleFn = Callable[[], Mapping[str, float]]  # one sample: key -> value
 
 
 @dataclasses.dataclass
@@ -76,9 +62,8 @@ class _CpuPercent:
     def _times(self) -> tuple[float, float, float, float]:
         process = self._process.cpu_times()
         host = psutil.cpu_times()
-        # Like psutil.cpu_percent, but with our own baseline: psutil's module-level one is
-        # shared with every other caller in the process. Linux counts guest time inside
-        # user time too, so it is taken out once (as psutil does).
+        # psutil.cpu_percent with our own baseline (psutil's is shared process-wide); guest
+        # time is inside user time on Linux, so it is taken out once, as psutil does.
         host_total = sum(host) - getattr(host, "guest", 0.0) - getattr(host, "guest_nice", 0.0)
         host_idle = host.idle + getattr(host, "iowait", 0.0)
         return self._clock(), process.user + process.system, host_total, host_idle
@@ -122,17 +107,10 @@ def _cpu_temperature() -> dict[str, float]:
 
 
 def _device_memory(device: Any) -> dict[str, float]:
-    stats = device.memory_stats()
-    if not stats:  # None on CPU
-        return {}
-    values = {}
-    for stat, key in (
-        ("bytes_in_use", "memory_in_use_mib"),
-        ("peak_bytes_in_use", "peak_memory_in_use_mib"),
-    ):
-        if stat in stats:
-            values[f"system/device{device.id}/{key}"] = stats[stat] / _MIB
-    return values
+    stats = device.memory_stats() or {}  # None on CPU
+    keys = {"bytes_in_use": "memory_in_use_mib", "peak_bytes_in_use": "peak_memory_in_use_mib"}
+    prefix = f"system/device{device.id}"
+    return {f"{prefix}/{key}": stats[stat] / _MIB for stat, key in keys.items() if stat in stats}
 
 
 def _nvml_sensors() -> tuple[list[_Sensor], Any]:
@@ -205,18 +183,13 @@ def _present(sensor: _Sensor) -> bool:
 class SystemMonitor:
     """Samples system metrics in a background thread; reports each window's mean and max.
 
-    Each sample reads every present sensor (see the module docstring for keys and
-    units); on CPU one sample costs about 0.1-0.2 ms of host time
-    (`benchmarks/system_overhead.py`). `window_values` and `sample` may be called
-    from any thread.
+    A sample costs about 0.1-0.2 ms of host time on CPU (`benchmarks/system_overhead.py`).
+    `window_values` and `sample` may be called from any thread.
 
     Args:
-      interval_s: seconds between background samples; None starts no thread
-        (samples are then taken only by `sample()` and `window_values()`).
-      devices: JAX devices whose `memory_stats()` to report; default
-        `jax.local_devices()`; `()` for none.
-      sample_fn: replaces every built-in sensor with this function (for tests
-        and custom sensors); it returns name -> value for one sample.
+      interval_s: seconds between background samples; None starts no thread.
+      devices: JAX devices whose `memory_stats()` to report; default `jax.local_devices()`.
+      sample_fn: replaces every built-in sensor (tests, custom sensors): () -> {key: value}.
 
     Raises:
       ValueError: `interval_s` is not positive.
@@ -247,14 +220,13 @@ class SystemMonitor:
                 "SystemMonitor: sample_fn must be a callable returning {name: value}, got "
                 f"{type(sample_fn).__name__}: {sample_fn!r}."
             )
-        self._nvml: Any = None
-        if sample_fn is not None:
-            sensors = [_Sensor("sample_fn", sample_fn)]
-        else:
-            sensors, self._nvml = _default_sensors(devices)
-        self._sensors = sensors
+        self._sensors, self._nvml = (
+            ([_Sensor("sample_fn", sample_fn)], None)
+            if sample_fn is not None
+            else _default_sensors(devices)
+        )
         self._lock = threading.Lock()  # one sample at a time; guards the window too
-        self._window: dict[str, list[float]] = {}  # key -> [count, sum, max]
+        self._window: dict[str, tuple[float, float, float]] = {}  # key -> (count, sum, max)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if interval_s is not None:
@@ -284,23 +256,13 @@ class SystemMonitor:
                 continue
             for key, value in values.items():
                 value = float(value)
-                stats = self._window.get(key)
-                if stats is None:
-                    self._window[key] = [1.0, value, value]
-                else:
-                    stats[0] += 1.0
-                    stats[1] += value
-                    stats[2] = max(stats[2], value)
+                count, total, top = self._window.get(key, (0.0, 0.0, value))
+                self._window[key] = (count + 1.0, total + value, max(top, value))
 
     def window_values(self) -> dict[str, float]:
-        """The mean and max of every quantity since the previous call; starts a new window.
+        """`<key>` -> mean and `<key>/max` -> max since the previous call, sorted by key.
 
-        Takes one fresh sample first (unless closed), so a window shorter than
-        `interval_s` still has data.
-
-        Returns:
-          `<key>` -> mean and `<key>/max` -> maximum, for every key sampled in the
-          window, sorted by key.
+        Takes one fresh sample first (unless closed), so a short window still has data.
         """
         with self._lock:
             if not self._stop.is_set():
@@ -314,10 +276,9 @@ class SystemMonitor:
         return values
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stops the background thread (waiting at most `timeout_s`) and NVML. Idempotent.
+        """Stops the thread (waiting at most `timeout_s`) and NVML. Idempotent.
 
-        A sample still running after `timeout_s` (a hung driver) is left to its
-        daemon thread, and NVML is then not shut down under it.
+        NVML is not shut down under a sample still running after `timeout_s` (a hung driver).
         """
         self._stop.set()
         if self._thread is not None:
