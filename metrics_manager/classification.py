@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager._problems import Problems as _Problems
-from metrics_manager._problems import describe as _describe
+from writers._problems import Problems as _Problems
+from writers._problems import describe as _describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import jax
 
+from writers._problems import Problems
+
 # Dense peak TFLOP/s per JAX device for 16-bit matrix math: (substring of `device_kind`, bf16,
 # fp16); None: no such unit. The first match wins, so specific names come first ("L40S" before
 # "L4"). Sources: NVIDIA data sheets (sparsity figures halved) and Google Cloud's TPU pages
@@ -183,19 +185,18 @@ def perf_values(
       (10.0, 0.5)
     """
     peak = _lookup_peak() if peak_flops_per_device is None else peak_flops_per_device
-    problems = []
+    problems = Problems("perf_values")
     if not flops_per_step >= 0:  # also catches NaN
-        problems.append(f"flops_per_step must be >= 0, got {flops_per_step!r}")
+        problems.value_problem(f"flops_per_step must be >= 0, got {flops_per_step!r}")
     if not num_steps >= 0:
-        problems.append(f"num_steps must be >= 0, got {num_steps!r}")
+        problems.value_problem(f"num_steps must be >= 0, got {num_steps!r}")
     if not duration_s > 0:
-        problems.append(f"duration_s must be > 0 seconds, got {duration_s!r}")
+        problems.value_problem(f"duration_s must be > 0 seconds, got {duration_s!r}")
     if not num_devices >= 1:
-        problems.append(f"num_devices must be >= 1, got {num_devices!r}")
+        problems.value_problem(f"num_devices must be >= 1, got {num_devices!r}")
     if peak is not None and not peak > 0:
-        problems.append(f"peak_flops_per_device must be > 0 FLOP/s or None, got {peak!r}")
-    if problems:
-        raise ValueError("perf_values: " + "; ".join(problems) + ".")
+        problems.value_problem(f"peak_flops_per_device must be > 0 FLOP/s or None, got {peak!r}")
+    problems.raise_if_any()
     flops_per_second = flops_per_step * num_steps / duration_s
     values = {
         "perf/flops_per_step": float(flops_per_step),

@@ -58,10 +58,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager._problems import Problems as _Problems
-from metrics_manager._problems import describe as _describe
 from metrics_manager.metrics import is_metric_obj
 from metrics_manager.packing import PackedMetrics
+from writers._problems import Problems as _Problems
+from writers._problems import describe as _describe
 
 __all__ = ["accumulate_grads_microbatched", "merge_metrics", "validate_metrics"]
 

@@ -33,9 +33,9 @@ import numpy as np
 from flax import nnx
 
 from metrics_manager import metrics as _metrics
-from metrics_manager._problems import Problems as _Problems
-from metrics_manager._problems import describe as _describe
 from metrics_manager.classification import TopKAccuracy
+from writers._problems import Problems as _Problems
+from writers._problems import describe as _describe
 
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
 

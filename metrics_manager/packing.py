@@ -33,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.lax import lax as _lax_internal
 
-from metrics_manager._problems import Problems
-from metrics_manager._problems import describe as _describe
 from metrics_manager.metrics import is_metric_obj
+from writers._problems import Problems
+from writers._problems import describe as _describe
 
 __all__ = ["PackedMetrics"]
 

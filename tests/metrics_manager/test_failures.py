@@ -337,3 +337,25 @@ def test_nonfinite_warn_writes_every_summary(tmp_path):
         for step in range(1, 6):
             m.write_metrics_summary({"loss": Sum(np.float32(np.nan if step > 2 else 1.0))}, step, 1)
     assert [x["loss"] for x in read_jsonl(str(tmp_path / "train"))] == [1.0, 1.0] + ["NaN"] * 3
+
+
+def test_a_second_process_on_the_same_directory_is_refused_until_the_first_dies(tmp_path):
+    proc = run_loop("periodic", str(tmp_path), "0.05")
+    try:
+        wait_for_issued(proc, 3)
+        with pytest.raises(ValueError) as info:
+            MetricsManager("train", tmp_path, writer_factory=isolated_factory)
+        message = str(info.value)
+        assert str(tmp_path / "train" / "metrics.jsonl") in message
+        assert "another process" in message and "summary_dir" in message
+        assert proc.poll() is None  # the first run was not disturbed
+    finally:
+        proc.kill()  # SIGKILL: the kernel drops its lock, no stale lock file is left
+        proc.communicate(timeout=60)
+    before = [line["step"] for line in read_jsonl(str(tmp_path / "train"))]
+    assert before and before == sorted(before)
+    with MetricsManager("train", tmp_path, writer_factory=isolated_factory) as manager:
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, before[-1] + 1, 1)
+    after = [line["step"] for line in read_jsonl(str(tmp_path / "train"))]
+    assert after == [*before, before[-1] + 1]
+    assert not [name for name in os.listdir(tmp_path / "train") if "lock" in name]
