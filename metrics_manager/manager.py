@@ -651,6 +651,12 @@ class MetricsManager:
         duration: float | None,
     ) -> dict[str, clu.values.Value]:
         """Worker side: host copy, durations and steps, compute_value() per metric."""
+
+        def failed(key: str, err: Exception) -> None:
+            self._record(
+                Failure(f"metric:{key}", step, (key,), err), fatal=self.on_error == "raise"
+            )
+
         near_limit: list[str] = []
         host = _to_host(metrics, near_limit)
         if set(near_limit) - self._int32_warned:
@@ -675,21 +681,8 @@ class MetricsManager:
                 "measure time, but no window was open: call "
                 "manager.start_duration_timer(block_on=state) at the start of every window."
             )
-        if duration is not None:
-            host = metrics_lib.set_time_metrics_duration(host, duration)
-        host = metrics_lib.set_step_metrics_num_steps(host, num_steps)
         summary: dict[str, Any] = dict(ready)
-        try:  # the common case in one call; key by key only to find what failed
-            summary.update(metrics_lib.compute_metric_values(host))
-        except Exception:  # noqa: BLE001
-            for key, metric in host.items():
-                try:
-                    summary.update(metrics_lib.compute_metric_values({key: metric}))
-                except Exception as err:  # noqa: BLE001  (that key is skipped, the rest written)
-                    self._record(
-                        Failure(f"metric:{key}", step, (key,), err),
-                        fatal=self.on_error == "raise",
-                    )
+        summary.update(metrics_lib.host_values(host, duration, num_steps, failed))
         if self._flops is not None and duration is not None:
             from metrics_manager.flops import peak_flops_per_device, perf_values
 

@@ -603,16 +603,58 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
         )
     out: dict[str, clu.values.Value] = {}
     for key, metric in metrics.items():
-        if isinstance(metric, clu_metrics.Collection):
-            items = {f"{key}/{name}": v for name, v in metric.compute_values().items()}
-        else:
-            items = {key: metric.compute_value()}
-        for name, value in items.items():
-            # The exact type test skips a slow `typing.Protocol` isinstance for plain Scalars.
-            if type(value) is not clu.values.Scalar and isinstance(value, MeanStdScalar):
-                out[name] = clu.values.Scalar(value.value)
-                for suffix, extra in value.extra_values().items():
-                    out[f"{name}/{suffix}"] = clu.values.Scalar(extra)
-            else:
-                out[name] = value
+        _add_values(out, key, metric)
     return out
+
+
+def _add_values(out: dict[str, clu.values.Value], key: str, metric: Any) -> None:
+    if isinstance(metric, clu_metrics.Collection):
+        items = {f"{key}/{name}": v for name, v in metric.compute_values().items()}
+    else:
+        items = {key: metric.compute_value()}
+    for name, value in items.items():
+        # The exact type test skips a slow `typing.Protocol` isinstance for plain Scalars.
+        if type(value) is not clu.values.Scalar and isinstance(value, MeanStdScalar):
+            out[name] = clu.values.Scalar(value.value)
+            for suffix, extra in value.extra_values().items():
+                out[f"{name}/{suffix}"] = clu.values.Scalar(extra)
+        else:
+            out[name] = value
+
+
+def host_values(
+    metrics: Mapping[str, Any],
+    duration: float | None,
+    num_steps: int,
+    failed: Callable[[str, Exception], None],
+) -> dict[str, clu.values.Value]:
+    """The manager's trusted path: steps and duration set, then `compute_value()`, in one pass.
+
+    Takes metrics already checked (a dict of metrics with host leaves); a key whose
+    `compute_value()` raises is left out and handed to `failed(key, error)`.
+    """
+    out: dict[str, clu.values.Value] = {}
+    for key, metric in metrics.items():
+        try:
+            _add_values(out, key, _set_host_fields(metric, duration, num_steps))
+        except Exception as err:  # noqa: BLE001  (that key is skipped, the rest written)
+            failed(key, err)
+    return out
+
+
+def _set_host_fields(metric: Any, duration: float | None, num_steps: int) -> Any:
+    fields: dict[str, Any] = {}
+    if isinstance(metric, Step):
+        fields["steps"] = num_steps
+    if isinstance(metric, Time) and duration is not None:
+        fields["duration"] = duration
+    if isinstance(metric, clu_metrics.Collection):
+        return metric.replace(
+            **{n: _set_host_fields(m, duration, num_steps) for n, m in vars(metric).items()}
+        )
+    if not fields:
+        return metric
+    # The fields are trusted numbers, so skip dataclasses.replace's re-validation (4x slower).
+    new = object.__new__(type(metric))
+    new.__dict__.update(metric.__dict__, **fields)
+    return new
