@@ -24,6 +24,7 @@ Example:
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,6 +65,16 @@ class _Layout:
     dtypes: tuple[str, ...]  # one per buffer
     sizes: tuple[int, ...]  # one per buffer
     keys: tuple[str, ...]
+
+    @functools.cached_property
+    def host_plan(self) -> tuple[tuple[np.dtype, ...], tuple[tuple[int, slice, tuple], ...]]:
+        """Buffer dtypes and per-leaf (buffer, slice, shape), computed once per layout."""
+        dtypes = tuple(np.dtype(d) for d in self.dtypes)
+        slices = tuple(
+            (leaf.buffer, slice(leaf.offset, leaf.offset + leaf.size), leaf.shape)
+            for leaf in self.leaves
+        )
+        return dtypes, slices
 
 
 def _replicated(x: jax.Array) -> jax.Array:
@@ -228,6 +239,13 @@ class PackedMetrics:
                 f"{len(host_buffers)}; pass jax.device_get(packed.buffers) of this PackedMetrics"
             )
         arrays = [np.asarray(b) for b in host_buffers]
+        dtypes, slices = layout.host_plan
+        if len(arrays) == len(dtypes) and all(
+            a.dtype == d and a.shape == (n,)
+            for a, d, n in zip(arrays, dtypes, layout.sizes, strict=True)
+        ):  # the common case: no per-buffer messages to build
+            leaves = [arrays[b][where].reshape(shape) for b, where, shape in slices]
+            return jax.tree.unflatten(layout.treedef, leaves)
         for i, (array, dtype, size) in enumerate(
             zip(arrays, layout.dtypes, layout.sizes, strict=False)
         ):
