@@ -190,6 +190,8 @@ _CONVERTERS: dict[type, Callable[[Any], int | float]] = {
 
 def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | float]:
     """`to_number` on every value (a new dict, same order); one error lists every bad key."""
+    if type(scalars) is Checked:  # converted once already, at the public entry point
+        return scalars
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
         return {key: converters[type(value)](value) for key, value in scalars.items()}
