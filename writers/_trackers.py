@@ -99,8 +99,7 @@ class TrackerWriter(BaseWriter):
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Logs the hyperparameters (bools, numbers and strs; anything else as its `str()`)."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, self._name("write_hparams"))
+        self._begin_hparams(hparams)
         self._hparams({k: _encode.hparam(v) for k, v in hparams.items()})
 
     def flush(self) -> None:
@@ -114,7 +113,7 @@ class TrackerWriter(BaseWriter):
                 self._end_run()
 
     def _name(self, method: str) -> str:
-        return f"{type(self).__name__}.{method}"
+        return f"{self._where()}.{method}"
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None: ...
     def _images(self, method: str, step: int, images: dict[str, np.ndarray]) -> None: ...
