@@ -168,10 +168,7 @@ class JsonlWriter(BaseWriter):
         self._write_line(step, _checks.check_texts(texts, "JsonlWriter.write_texts"))
 
     def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
+        self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         """Writes bucket edges and counts plus count, min, max and mean per array."""
         step = self._begin_line("write_histograms", step, arrays)
@@ -194,8 +191,7 @@ class JsonlWriter(BaseWriter):
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Writes one line with `"step": null` and the hyperparameters under `"hparams"`."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, "JsonlWriter.write_hparams")
+        self._begin_hparams(hparams)
         self._write_line(None, {"hparams": {k: _hparam(v) for k, v in hparams.items()}})
 
     def flush(self) -> None:

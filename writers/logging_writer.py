@@ -1,11 +1,10 @@
 """`LoggingWriter`: writes every value to the absl INFO log in CLU's line format.
 
-Scalars become one line per call, `[<step>] collection=<name> k1=v1, k2=v2`, with
-keys sorted, floats formatted `.6g` (NaN and infinities as `nan`, `inf`, `-inf`)
-and integers as they are; ` collection=<name>` appears only when a collection is
-set. Log parsers written for CLU's `LoggingWriter` keep working. Other kinds are
-logged as CLU does: shapes for tensors, images, videos and audio, the text mapping,
-one line per histogram with its buckets, and `[Hyperparameters]` for hparams.
+Scalars: one line per call, `[<step>] collection=<name> k1=v1, k2=v2`, keys sorted, floats
+`.6g` (`nan`, `inf`, `-inf`), ints as they are, ` collection=<name>` only when set, so log
+parsers written for CLU's `LoggingWriter` keep working. Other kinds are logged as CLU does:
+shapes for tensors, images, videos and audio, the texts, one line per histogram with its
+buckets, and `[Hyperparameters]` for hparams.
 
 Example:
   >>> import writers
@@ -30,7 +29,7 @@ class LoggingWriter(BaseWriter):
     """Writes values to absl's INFO log, one line per call (one per histogram).
 
     Args:
-      collection: Optional name shown as ` collection=<name>` on every line.
+      collection: Name shown as ` collection=<name>` on every line.
     """
 
     def __init__(self, collection: str | None = None):
@@ -53,7 +52,7 @@ class LoggingWriter(BaseWriter):
         """Logs the shape of every image array."""
         step = self._begin("write_images", step, images)
         arrays = _checks.check_images(images, "LoggingWriter.write_images")
-        self._log(step, "Got images: %s.", {k: v.shape for k, v in arrays.items()})
+        self._log(step, "Got images: %s.", _shapes(arrays))
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         """Logs the shape of every video array."""
@@ -73,10 +72,7 @@ class LoggingWriter(BaseWriter):
         self._log(step, "Got texts: %s.", _checks.check_texts(texts, "LoggingWriter.write_texts"))
 
     def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
+        self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         """Logs one line per histogram: `Histogram for 'key' = {[a, b): n, ..., [y, z]: n}`."""
         step = self._begin("write_histograms", step, arrays)
@@ -88,8 +84,7 @@ class LoggingWriter(BaseWriter):
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Logs `[Hyperparameters] collection=name {...}`."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, "LoggingWriter.write_hparams")
+        self._begin_hparams(hparams)
         logging.info("[Hyperparameters]%s %s", self._prefix_tail, dict(hparams))
 
     def flush(self) -> None:

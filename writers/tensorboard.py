@@ -172,10 +172,7 @@ class TensorBoardWriter(BaseWriter):
         )
 
     def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
+        self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         """Writes a histogram per array with `num_buckets[key]` buckets (default 30)."""
         step = self._begin("write_histograms", step, arrays)
@@ -185,8 +182,7 @@ class TensorBoardWriter(BaseWriter):
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Writes hyperparameters for TensorBoard's HParams plugin (at step 0)."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, "TensorBoardWriter.write_hparams")
+        self._begin_hparams(hparams)
         self._emit(0, self._tb.hparams(hparams))
 
     def flush(self) -> None:
