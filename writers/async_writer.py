@@ -47,24 +47,24 @@ class AsyncWriter(ForwardingWriter):
     """
 
     def __init__(self, writer: Any, *, name: str | None = None, max_queue: int = 128):
-        self._name = name or type(writer).__name__
-        _checks.check_writers({self._name: writer}, "AsyncWriter")
+        self._label = name or type(writer).__name__
+        _checks.check_writers({self._label: writer}, "AsyncWriter")
         if max_queue < 1:
             raise ValueError(
-                f"AsyncWriter({self._name}): max_queue must be >= 1, got {max_queue}. It "
+                f"AsyncWriter({self._label}): max_queue must be >= 1, got {max_queue}. It "
                 "bounds the calls waiting for the worker; 128 suits most loops."
             )
         self._writer = writer
         self._errors: list[tuple[str, BaseException]] = []
         self._errors_lock = threading.Lock()
         self._close_lock = threading.Lock()
-        self._worker = OrderedWorker(f"AsyncWriter({self._name})", max_pending=max_queue)
-        self._at_exit = _exit.register(self, f"AsyncWriter({self._name})")
+        self._worker = OrderedWorker(f"AsyncWriter({self._label})", max_pending=max_queue)
+        self._at_exit = _exit.register(self, f"AsyncWriter({self._label})")
 
     @property
     def name(self) -> str:
         """The name used in error messages."""
-        return self._name
+        return self._label
 
     @property
     def writer(self) -> Any:
@@ -98,7 +98,7 @@ class AsyncWriter(ForwardingWriter):
         self._raise_errors("close")
 
     def _where(self) -> str:
-        return f"AsyncWriter({self._name})"
+        return f"AsyncWriter({self._label})"
 
     def _forward(self, method: str, **kwargs: Any) -> None:
         self._submit(
@@ -110,7 +110,7 @@ class AsyncWriter(ForwardingWriter):
             try:
                 getattr(self._writer, method)(**kwargs)
             except Exception as err:  # noqa: BLE001  (kept and re-raised on the caller's thread)
-                where = f"{self._name}.{method}" + (
+                where = f"{self._label}.{method}" + (
                     f"(step={kwargs['step']})" if "step" in kwargs else "()"
                 )
                 with self._errors_lock:
@@ -125,5 +125,5 @@ class AsyncWriter(ForwardingWriter):
             errors, self._errors = self._errors, []
         if errors:
             raise WriterError(
-                f"AsyncWriter({self._name}), reported on {method}()", errors, what="call"
+                f"AsyncWriter({self._label}), reported on {method}()", errors, what="call"
             ) from errors[0][1]

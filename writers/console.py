@@ -4,7 +4,8 @@ Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30
 and an ETA, measured from the first write on so compilation does not skew them), then one
 line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
 significant digits, integers and rates of 1,000 or more with thousands separators, NaN as
-`NaN`. Colour (via `rich`) only on a terminal or with `color=True`, so CI logs stay plain.
+`NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
+`rich`) only on a terminal or with `color=True`, so CI logs stay plain.
 
 Example:
   >>> import io, writers
@@ -30,7 +31,6 @@ import numpy as np
 
 from writers import _checks, _format
 from writers._base import BaseWriter
-from writers.interface import Array, Scalar
 
 
 class ConsoleWriter(BaseWriter):
@@ -77,62 +77,37 @@ class ConsoleWriter(BaseWriter):
         if color is None and stream is not None:
             self._auto = (stream, _auto_color(stream))
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Prints the shape and dtype of every tensor."""
-        step = self._begin("write_summaries", step, values)
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         arrays = {k: np.asarray(v) for k, v in values.items()}
         self._block(step, {k: f"tensor {list(a.shape)} {a.dtype}" for k, a in arrays.items()})
 
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Prints every scalar, formatted for humans (see module docstring)."""
-        step = self._begin("write_scalars", step, scalars)
-        numbers = _checks.check_numbers(scalars, "ConsoleWriter.write_scalars")
+    def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._block(step, _format.numbers(numbers), numbers)
 
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Prints the shape of every image array."""
-        step = self._begin("write_images", step, images)
-        arrays = _checks.check_images(images, "ConsoleWriter.write_images")
-        self._block(step, {k: f"image {list(a.shape)}" for k, a in arrays.items()})
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        self._block(step, {k: f"image {list(a.shape)}" for k, a in images.items()})
 
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Prints the shape of every video array."""
-        step = self._begin("write_videos", step, videos)
-        arrays = _checks.check_videos(videos, "ConsoleWriter.write_videos")
-        self._block(step, {k: f"video {list(v.shape)}" for k, v in arrays.items()})
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._block(step, {k: f"video {list(v.shape)}" for k, v in videos.items()})
 
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Prints the shape and sample rate of every audio array."""
-        step = self._begin("write_audios", step, audios)
-        arrays = _checks.check_audios(audios, sample_rate, "ConsoleWriter.write_audios")
+    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
         self._block(
-            step, {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in arrays.items()}
+            step, {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in clips.items()}
         )
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Prints every text; continuation lines are indented under the value column."""
-        step = self._begin("write_texts", step, texts)
-        self._block(step, _checks.check_texts(texts, "ConsoleWriter.write_texts"))
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._block(step, texts)  # continuation lines are indented under the value column
 
-    def write_histograms(
-        self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
-    ) -> None:
-        """Prints count, min, mean and max of every array."""
-        step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, "ConsoleWriter.write_histograms")
+    def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
         lines = {}
-        for key, arr in checked.items():
+        for key, arr in arrays.items():
             flat = arr.astype(np.float64).reshape(-1)
             stats = (("min", flat.min()), ("mean", flat.mean()), ("max", flat.max()))
             parts = " ".join(f"{name}={_format.number(key, float(v))}" for name, v in stats)
             lines[key] = f"histogram n={flat.size:,} {parts}"
         self._block(step, lines)
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Prints a `hyperparameters` block with every value."""
-        self._begin_hparams(hparams)
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._print(self._header_text("hyperparameters"), {k: str(v) for k, v in hparams.items()})
 
     def flush(self) -> None:

@@ -44,7 +44,6 @@ from absl import logging
 
 from writers import _checks, _encode, _jsonl_log, _storage
 from writers._base import BaseWriter
-from writers.interface import Array, Scalar
 
 RESERVED_KEYS = ("step", "time", "collection")
 
@@ -111,68 +110,37 @@ class JsonlWriter(BaseWriter):
         """The file (or URL) this writer appends to."""
         return self._path
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Writes raw tensors as `{"type": "tensor", ...}` objects (see module docstring)."""
-        step = self._begin_line("write_summaries", step, values)
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         self._write_line(step, {k: self._tensor(np.asarray(v)) for k, v in values.items()})
 
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Writes numbers; NaN and infinities become `"NaN"`, `"Infinity"`, `"-Infinity"`."""
-        step = self._begin_line("write_scalars", step, scalars)
-        numbers = _checks.check_numbers(scalars, "JsonlWriter.write_scalars")
+    def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         if not _all_finite(numbers.values()):
             numbers = {k: _json_number(v) for k, v in numbers.items()}  # type: ignore[misc]
         self._write_line(step, numbers)
 
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Writes `{"type": "image", "shape": [...]}` per image array."""
-        step = self._begin_line("write_images", step, images)
-        arrays = _checks.check_images(images, "JsonlWriter.write_images")
-        self._write_line(step, {k: _shaped("image", v) for k, v in arrays.items()})
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        self._write_line(step, {k: _shaped("image", v) for k, v in images.items()})
 
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Writes `{"type": "video", "shape": [...]}` per video array."""
-        step = self._begin_line("write_videos", step, videos)
-        arrays = _checks.check_videos(videos, "JsonlWriter.write_videos")
-        self._write_line(step, {k: _shaped("video", v) for k, v in arrays.items()})
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._write_line(step, {k: _shaped("video", v) for k, v in videos.items()})
 
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Writes `{"type": "audio", "shape": [...], "sample_rate": r}` per audio array."""
-        step = self._begin_line("write_audios", step, audios)
-        arrays = _checks.check_audios(audios, sample_rate, "JsonlWriter.write_audios")
+    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
+        rate = int(sample_rate)
         self._write_line(
-            step,
-            {
-                k: {**_shaped("audio", v), "sample_rate": int(sample_rate)}
-                for k, v in arrays.items()
-            },
+            step, {k: {**_shaped("audio", v), "sample_rate": rate} for k, v in clips.items()}
         )
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Writes texts as JSON strings."""
-        step = self._begin_line("write_texts", step, texts)
-        self._write_line(step, _checks.check_texts(texts, "JsonlWriter.write_texts"))
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._write_line(step, texts)
 
-    def write_histograms(
-        self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
-    ) -> None:
-        """Writes bucket edges and counts plus count, min, max and mean per array."""
-        step = self._begin_line("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, "JsonlWriter.write_histograms")
-        buckets = num_buckets or {}
-        self._write_line(
-            step,
-            {
-                k: {"type": "histogram", **_encode.histogram(v, buckets.get(k))}
-                for k, v in checked.items()
-            },
-        )
+    def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
+        line = {
+            k: {"type": "histogram", **_encode.histogram(v, buckets.get(k))}
+            for k, v in arrays.items()
+        }
+        self._write_line(step, line)
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Writes one line with `"step": null` and the hyperparameters under `"hparams"`."""
-        self._begin_hparams(hparams)
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._write_line(None, {"hparams": {k: _hparam(v) for k, v in hparams.items()}})
 
     def flush(self) -> None:
@@ -186,8 +154,8 @@ class JsonlWriter(BaseWriter):
             self._closed = True
             self._log.close()
 
-    def _begin_line(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
-        checked = self._begin(method, step, values)
+    def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
+        checked = super()._begin(method, step, values)
         if not _RESERVED.isdisjoint(values):  # keys are strs here (checked above): hashable
             reserved = [k for k in values if k in RESERVED_KEYS]
             raise ValueError(

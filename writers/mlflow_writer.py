@@ -126,7 +126,7 @@ class MlflowWriter(_trackers.TrackerWriter):
         for start in range(0, len(metrics), self._max_metrics):
             self._client.log_batch(self.run_id, metrics=metrics[start : start + self._max_metrics])
 
-    def _images(self, method: str, step: int, images: dict[str, Any]) -> None:
+    def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
         files = {k: [_encode.png(i) for i in v] for k, v in images.items()}
         self._upload(method, method.removeprefix("write_"), step, files, ".png")
 
@@ -137,13 +137,13 @@ class MlflowWriter(_trackers.TrackerWriter):
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._upload("write_texts", "texts", step, {k: v.encode() for k, v in texts.items()})
 
-    def _histograms(self, step: int, arrays: dict[str, Any], buckets: Mapping[str, int]) -> None:
+    def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
         files = {
             k: json.dumps(_encode.histogram(v, buckets.get(k))).encode() for k, v in arrays.items()
         }
         self._upload("write_histograms", "histograms", step, files, ".json")
 
-    def _hparams(self, hparams: dict[str, Any]) -> None:
+    def _params(self, hparams: dict[str, Any]) -> None:
         if self._client is None:
             return
         params = [self._param(k, str(v)) for k, v in hparams.items()]

@@ -37,7 +37,6 @@ import numpy as np
 
 from writers import _checks, _encode, _exit
 from writers._base import BaseWriter
-from writers.interface import Array, Scalar
 
 
 class TensorBoardWriter(BaseWriter):
@@ -107,60 +106,32 @@ class TensorBoardWriter(BaseWriter):
         """The event file this writer appends to (for a URL logdir: its first part)."""
         return self._file.path
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Writes raw tensors, each with `metadata` (a `SummaryMetadata` proto or its bytes)."""
-        step = self._begin("write_summaries", step, values)
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         meta = self._tb.metadata(metadata, "TensorBoardWriter.write_summaries")
         self._emit(step, [self._tb.tensor(k, np.asarray(v), meta) for k, v in values.items()])
 
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Writes every scalar of the call as one `simple_value` in one event."""
-        step = self._begin("write_scalars", step, scalars)
-        numbers = _checks.check_numbers(scalars, "TensorBoardWriter.write_scalars")
+    def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._file.write(self._tb.scalar_event(step, numbers))
         self._pending = True
 
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Writes each `[H, W, C]` or `[N, H, W, C]` array under its key as PNGs."""
-        step = self._begin("write_images", step, images)
-        arrays = _checks.check_images(images, "TensorBoardWriter.write_images")
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
         self._emit(
-            step, [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in arrays.items()]
+            step, [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in images.items()]
         )
 
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Writes each `[N, T, H, W, C]` video as a filmstrip image `[H, T*W, C]`."""
-        step = self._begin("write_videos", step, videos)
-        arrays = _checks.check_videos(videos, "TensorBoardWriter.write_videos")
-        self._emit(step, [self._tb.images(k, _encode.filmstrip(v)) for k, v in arrays.items()])
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._emit(step, [self._tb.images(k, _encode.filmstrip(v)) for k, v in videos.items()])
 
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Writes each `[N, T, C]` array as N 16-bit WAV clips."""
-        step = self._begin("write_audios", step, audios)
-        arrays = _checks.check_audios(audios, sample_rate, "TensorBoardWriter.write_audios")
-        self._emit(step, [v for k, c in arrays.items() for v in self._tb.audios(k, c, sample_rate)])
+    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
+        self._emit(step, [v for k, c in clips.items() for v in self._tb.audios(k, c, sample_rate)])
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Writes texts (markdown) to the text plugin under their keys."""
-        step = self._begin("write_texts", step, texts)
-        self._emit(
-            step, self._tb.texts(_checks.check_texts(texts, "TensorBoardWriter.write_texts"))
-        )
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._emit(step, self._tb.texts(texts))
 
-    def write_histograms(
-        self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
-    ) -> None:
-        """Writes a histogram per array with `num_buckets[key]` buckets (default 30)."""
-        step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, "TensorBoardWriter.write_histograms")
-        buckets = num_buckets or {}
-        self._emit(step, [self._tb.histogram(k, arr, buckets.get(k)) for k, arr in checked.items()])
+    def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
+        self._emit(step, [self._tb.histogram(k, v, buckets.get(k)) for k, v in arrays.items()])
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Writes hyperparameters for TensorBoard's HParams plugin (at step 0)."""
-        self._begin_hparams(hparams)
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._emit(0, self._tb.hparams(hparams))
 
     def flush(self) -> None:

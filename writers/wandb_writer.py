@@ -136,7 +136,7 @@ class WandbWriter(_trackers.TrackerWriter):
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._log("write_scalars", step, numbers)
 
-    def _images(self, method: str, step: int, images: dict[str, Any]) -> None:
+    def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
         self._log(method, step, {k: [self._wandb.Image(i) for i in v] for k, v in images.items()})
 
     def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
@@ -156,7 +156,7 @@ class WandbWriter(_trackers.TrackerWriter):
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._log("write_texts", step, texts)
 
-    def _histograms(self, step: int, arrays: dict[str, Any], buckets: Mapping[str, int]) -> None:
+    def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
         too_many = {k: buckets[k] for k in arrays if buckets.get(k, 0) > MAX_HISTOGRAM_BUCKETS}
         if too_many:
             raise ValueError(
@@ -169,7 +169,7 @@ class WandbWriter(_trackers.TrackerWriter):
             values[key] = self._wandb.Histogram(np_histogram=(counts, edges))
         self._log("write_histograms", step, values)
 
-    def _hparams(self, hparams: dict[str, Any]) -> None:
+    def _params(self, hparams: dict[str, Any]) -> None:
         if self._run is not None:  # a value written again replaces the earlier one
             self._run.config.update(hparams, allow_val_change=True)
 
