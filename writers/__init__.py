@@ -1,21 +1,15 @@
 """Pluggable metric writers with CLU's interface and no TensorFlow.
 
-`writers` is usable on its own, with or without `metrics_manager`: every writer
-implements `MetricWriter` (CLU's method and parameter names), `write_values`
-writes a mapping of `clu.values` objects with one call per kind, and
-`create_default_writer` builds the usual console + TensorBoard + JSONL set, each
-behind its own background worker. File writers take local paths or fsspec URLs
-(`gs://`, `s3://`); `read_jsonl` reads a JSONL log back from either.
+Usable with or without `metrics_manager`: every writer implements `MetricWriter` (CLU's
+names), `write_values` writes a mapping of `clu.values` with one call per kind, and
+`create_default_writer` builds the usual console + TensorBoard + JSONL set. File writers
+take local paths or fsspec URLs (`gs://`, `s3://`); `read_jsonl` reads a JSONL log back.
 
-Backends: `ConsoleWriter` (people at a terminal), `TensorBoardWriter` (event
-files; tensorboardX is imported only when one is created), `JsonlWriter` (one
-JSON line per call), `LoggingWriter` (absl log, CLU's line format), `NoopWriter`.
-Trackers: `WandbWriter` and `MlflowWriter` (extras `[wandb]`, `[mlflow]`; each
-library is imported when its first writer is made, never by `import writers`) and
-`create_tracker_writer` (the default set plus one tracker).
-Combinators: `MultiWriter` (fan-out; one failure stops none) and `AsyncWriter`
-(ordered background worker, bounded queue). Importing this package imports
-neither TensorFlow nor torch (nor JAX).
+Backends: `ConsoleWriter`, `TensorBoardWriter` (tensorboardX imported on first use),
+`JsonlWriter`, `LoggingWriter` (CLU's absl log lines), `NoopWriter`. Trackers: `WandbWriter`,
+`MlflowWriter` (extras `[wandb]`, `[mlflow]`, imported on first use) and
+`create_tracker_writer`. Combinators: `MultiWriter` (fan-out) and `AsyncWriter` (ordered
+background worker). `import writers` imports neither TensorFlow, torch nor JAX.
 
 Example:
   >>> import tempfile, writers

@@ -1,19 +1,19 @@
 """The drawing half of `writers.plot`: a PNG with matplotlib, a text plot with plotext.
 
-Both take the keys (one panel each) and the series of `writers.plot.load_series`. The PNG
-is drawn on a `matplotlib.figure.Figure` with the Agg canvas: no pyplot, so no global
-backend or figure registry is touched, and it works with no display. matplotlib and
-plotext are imported only here, on the first drawing.
+The PNG is drawn on a `Figure` with the Agg canvas, not pyplot: no global backend or figure
+registry is touched, and no display is needed. Both libraries are imported only here.
 """
 
 from __future__ import annotations
 
+import io
 import math
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from writers import _storage
 
 if TYPE_CHECKING:
     from writers.plot import Series
@@ -23,9 +23,7 @@ _EXTRA = "pip install 'jax-metrics-manager[plot]'"
 
 def _colors(series: Sequence[Series]) -> dict[str, str]:
     """One color per run, the same in every panel (matplotlib's default cycle)."""
-    palette = [f"C{i}" for i in range(10)]
-    runs = list(dict.fromkeys(s.run for s in series))
-    return {run: palette[i % len(palette)] for i, run in enumerate(runs)}
+    return {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(s.run for s in series))}
 
 
 def png(
@@ -38,19 +36,10 @@ def png(
     dpi: int,
     raw: bool,
 ) -> None:
-    """Writes a `width` x `height` pixel PNG to `path` (atomically: a temporary file, renamed).
+    """Writes a `width` x `height` pixel PNG, one panel per key (two columns beyond 3 keys).
 
-    Args:
-      keys: one panel per key, in order (one column up to 3 keys, else two).
-      series: the lines; each is drawn in its key's panel.
-      path: the PNG file.
-      width: pixels.
-      height: pixels.
-      dpi: dots per inch (fonts and lines scale with it).
-      raw: also draw the unsmoothed values, faintly, behind the smoothed line.
-
-    Raises:
-      ImportError: matplotlib is not installed.
+    `raw` also draws the unsmoothed values, faintly, behind each smoothed line. `path` is
+    replaced atomically, so `--follow` readers never see half a PNG.
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
@@ -74,21 +63,13 @@ def png(
         ax.legend(fontsize="small")
     for ax in axes[len(keys) :]:
         ax.set_visible(False)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp")
-    figure.savefig(tmp, dpi=dpi, format="png")
-    os.replace(tmp, path)  # `--follow` readers never see a half-written PNG
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=dpi, format="png")
+    _storage.replace_file(path, [buffer.getvalue()])
 
 
 def text(keys: Sequence[str], series: Sequence[Series], cols: int, rows: int, color: bool) -> str:
-    """A text plot `cols` x `rows` characters, one panel per key stacked, smoothed lines.
-
-    Non-finite values are left out (plotext cannot place them).
-
-    Raises:
-      ImportError: plotext is not installed.
-    """
+    """A `cols` x `rows` character plot of the smoothed lines, panels stacked (no NaN/inf)."""
     try:
         import plotext  # noqa: PLC0415
     except ImportError as err:

@@ -1,7 +1,7 @@
-"""PNG and WAV encoders for the TensorBoard writer, with only the standard library.
+"""Checked values turned into files and plain data: PNG, WAV, filmstrips, histograms, hparams.
 
-tensorboardX encodes images with Pillow and audio with soundfile, neither of which
-this package depends on; both formats are simple enough to write directly.
+PNG and WAV are written with the standard library: tensorboardX would need Pillow and
+soundfile, neither of which this package depends on.
 """
 
 from __future__ import annotations
@@ -10,8 +10,11 @@ import io
 import struct
 import wave
 import zlib
+from typing import Any
 
 import numpy as np
+
+from writers import _checks
 
 _PNG_COLOR_TYPE = {1: 0, 3: 2, 4: 6}  # channels -> grayscale, RGB, RGBA
 
@@ -24,30 +27,49 @@ def png(image: np.ndarray) -> bytes:
         [np.zeros((height, 1), np.uint8), np.ascontiguousarray(image).reshape(height, -1)], axis=1
     )
     header = struct.pack(">IIBBBBB", width, height, 8, _PNG_COLOR_TYPE[channels], 0, 0, 0)
-    return b"".join(
-        [
-            b"\x89PNG\r\n\x1a\n",
-            _png_chunk(b"IHDR", header),
-            _png_chunk(b"IDAT", zlib.compress(rows.tobytes(), 6)),
-            _png_chunk(b"IEND", b""),
-        ]
+    chunks = ((b"IHDR", header), (b"IDAT", zlib.compress(rows.tobytes(), 6)), (b"IEND", b""))
+    return b"\x89PNG\r\n\x1a\n" + b"".join(
+        struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        for kind, data in chunks
     )
-
-
-def _png_chunk(kind: bytes, data: bytes) -> bytes:
-    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
-    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
 
 
 def wav(clip: np.ndarray, sample_rate: int) -> bytes:
     """Encodes one `[T, C]` float clip in [-1, 1] as 16-bit PCM WAV bytes (clipped)."""
-    frames, channels = clip.shape
     pcm = np.clip(np.nan_to_num(clip.astype(np.float64)), -1.0, 1.0)
-    samples = np.rint(pcm * 32767.0).astype("<i2")
     buffer = io.BytesIO()
     with wave.open(buffer, "wb") as out:
-        out.setnchannels(channels)
+        out.setnchannels(clip.shape[1])
         out.setsampwidth(2)
         out.setframerate(int(sample_rate))
-        out.writeframes(samples.tobytes())
+        out.writeframes(np.rint(pcm * 32767.0).astype("<i2").tobytes())
     return buffer.getvalue()
+
+
+def filmstrip(video: np.ndarray) -> np.ndarray:
+    """Turns a `[N, T, H, W, C]` video into N uint8 images `[H, T*W, C]` (frames side by side)."""
+    n, t, h, w, c = video.shape
+    return _checks.images_as_uint8(video.transpose(0, 2, 1, 3, 4).reshape(n, h, t * w, c))
+
+
+def histogram(arr: np.ndarray, num_buckets: int | None) -> dict[str, Any]:
+    """Count, min, max, mean, bucket edges and counts of a checked histogram input."""
+    counts, edges = _checks.bucketize(arr, num_buckets)
+    flat = arr.astype(np.float64).reshape(-1)
+    return {
+        "count": int(flat.size),
+        "min": float(flat.min()),
+        "max": float(flat.max()),
+        "mean": float(flat.mean()),
+        "edges": [float(e) for e in edges],
+        "counts": [int(c) for c in counts],
+    }
+
+
+def hparam(value: object) -> bool | int | float | str:
+    """A hyperparameter as a bool, number or str (anything else becomes its `str()`)."""
+    if isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float | np.number):
+        return _checks.to_number("hparam", value)
+    return str(value)

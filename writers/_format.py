@@ -6,9 +6,10 @@ import math
 import re
 from collections.abc import Mapping
 
-# Keys whose values are rates ("per second"), shown as whole numbers with
-# thousands separators once they reach 1,000: 12,345 seqs/s reads better than 1.235e+04.
+# Rates ("per second") of 1,000 or more read better as 12,345 than as 1.235e+04.
 _RATE_KEY = re.compile(r"per_sec(ond)?|_per_s$|/s$|throughput", re.IGNORECASE)
+# `is_rate` per key: the same keys come back at every summary.
+_IS_RATE: dict[str, bool] = {}
 
 
 def is_rate(key: str) -> bool:
@@ -22,16 +23,8 @@ def is_rate(key: str) -> bool:
     return rate
 
 
-# `is_rate` per key: the same keys come back at every summary.
-_IS_RATE: dict[str, bool] = {}
-
-
 def number(key: str, value: int | float) -> str:
-    """Formats a scalar for a human: 4 significant digits, separators for big rates.
-
-    Ints are shown exactly with thousands separators; NaN as `NaN`; infinities as
-    `inf` and `-inf`; rates of 1,000 or more as whole numbers with separators;
-    every other float with 4 significant digits (`.4g`).
+    """Formats a scalar: ints exactly, rates >= 1,000 whole, floats `.4g`, `NaN`, `inf`, `-inf`.
 
     Example:
       >>> number("loss", 0.123456), number("timing/seqs_per_second", 12345.6), number("n", 12345)
@@ -40,9 +33,7 @@ def number(key: str, value: int | float) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if math.isfinite(value):
-        if abs(value) >= 1000 and is_rate(key):
-            return f"{value:,.0f}"
-        return f"{value:.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1000 and is_rate(key) else f"{value:.4g}"
     if math.isnan(value):
         return "NaN"
     return "inf" if value > 0 else "-inf"
@@ -55,14 +46,13 @@ def numbers(values: Mapping[str, int | float]) -> dict[str, str]:
       >>> numbers({"loss": 0.123456, "n": 12345})
       {'loss': '0.1235', 'n': '12,345'}
     """
-    out = {}
-    for key, value in values.items():
-        # A float below 1,000 in size is finite and never a big rate: `.4g`, as `number` does.
-        if type(value) is float and -1000.0 < value < 1000.0:
-            out[key] = f"{value:.4g}"
-        else:
-            out[key] = number(key, value)
-    return out
+    # A float below 1,000 in size is finite and never a big rate: `.4g`, as `number` does.
+    return {
+        key: f"{value:.4g}"
+        if type(value) is float and -1000.0 < value < 1000.0
+        else number(key, value)
+        for key, value in values.items()
+    }
 
 
 def duration(seconds: float) -> str:
@@ -76,10 +66,8 @@ def duration(seconds: float) -> str:
     if total < 60:
         return f"{total}s"
     minutes, secs = divmod(total, 60)
-    if minutes < 60:
-        return f"{minutes}m {secs:02d}s"
     hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m"
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"
 
 
 def group_key(key: str) -> tuple[str, str]:

@@ -1,17 +1,13 @@
 """The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back.
 
-Local: one file, appended line by line (line-buffered, `tail -f` works).
-Resuming at step S rewrites it through `_storage.replace_file` (temporary file,
-fsync, rename): lines with a step after S go, lines without a step (hparams)
-stay, and a crash leaves the complete old or the complete new log.
+Local: one file, appended line by line. Resuming at step S rewrites it atomically
+(`_storage.replace_file`): lines after S go, lines without a step (hparams) stay.
 
-Remote (`gs://b/run/metrics.jsonl`): objects cannot be appended to, so the log
-is a directory of parts, `<path>.d/<generation>-<index>.jsonl`, one per upload
-(`_storage.PartStream`). A reader uses the parts of the highest generation only,
-in name order. Resuming writes the kept lines as part 0 of the next generation
-(one object: readers switch from the old log to the new one at once), then
-deletes the old generation; a crash in between leaves stale parts that readers
-ignore and the next writer deletes.
+Remote (`gs://b/run/metrics.jsonl`): objects cannot be appended to, so the log is a directory
+of parts, `<path>.d/<generation>-<index>.jsonl`, one per upload (`_storage.PartStream`).
+Readers use the highest generation only, in name order. Resuming writes the kept lines as
+part 0 of the next generation (readers switch at once), then deletes the old generation; a
+crash in between leaves stale parts that readers ignore and the next writer deletes.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ _PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
 _UNKNOWN = -1  # a line whose step cannot be read
 
 
-def parts_dir(path: str) -> str:
-    """The directory holding the parts of the remote log `path`."""
+def _parts_dir(path: str) -> str:
     return path.rstrip("/") + ".d"
 
 
@@ -57,10 +52,8 @@ def line_step(line: bytes) -> int | None:
 def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
     """The lines a run resumed at `resume_step` keeps.
 
-    Kept: lines with a step <= `resume_step`, lines without a step (hparams)
-    and complete lines whose step cannot be read (not ours to judge). Dropped:
-    lines after `resume_step`, and a last line without its newline (a write
-    the earlier run's crash cut short).
+    Kept: steps <= `resume_step`, no step (hparams), unreadable steps (not ours to judge).
+    Dropped: later steps, and a last line without its newline (cut short by a crash).
     """
     for line in lines:
         if not line.endswith(b"\n"):
@@ -84,25 +77,19 @@ class LocalLog:
     """A local JSONL file, rewritten on resume, then appended to line by line."""
 
     def __init__(self, path: str, resume_step: int | None):
-        self.path = path
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
         if resume_step is not None and os.path.exists(path):
             with open(path, "rb") as old:
                 _storage.replace_file(path, kept_lines(old, resume_step))
-        self.last_step = self._read_last_step()
+        self.last_step: int | None = None
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+                self.last_step = last_step(f.read())
         # buffering=1: line-buffered, each line reaches the OS when it is written.
         self._file: TextIO = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-
-    def _read_last_step(self) -> int | None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - 65536))
-                return last_step(f.read())
-        except FileNotFoundError:
-            return None
 
     def write(self, text: str) -> None:
         self._file.write(text)
@@ -122,8 +109,7 @@ class RemoteLog:
     """A remote JSONL log as parts of one generation (see the module docstring)."""
 
     def __init__(self, path: str, resume_step: int | None, flush_secs: float):
-        self.path = path
-        directory = parts_dir(path)
+        directory = _parts_dir(path)
         parts = _parse_parts(_storage.list_names(directory))
         generation = max((g for g, _ in parts), default=0)
         current = sorted(i for g, i in parts if g == generation)
@@ -173,11 +159,10 @@ def _read_parts(directory: str, names: list[str]) -> list[bytes]:
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Reads a JSONL log written by `JsonlWriter`, local or remote, as one dict per line.
 
-    A remote log is the parts of its highest generation, in order. A last line
-    still being written (no newline yet) is left out.
+    A last line still being written (no newline yet) is left out.
 
     Args:
-      path: the path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
+      path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
 
     Returns:
       The lines, parsed with `json.loads`, in the order they were written.
@@ -203,7 +188,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 
 def _read_remote(path: str) -> bytes:
-    directory = parts_dir(path)
+    directory = _parts_dir(path)
     for _ in range(5):  # a resume may delete the generation being read: list again
         parts = _parse_parts(_storage.list_names(directory))
         if not parts:

@@ -1,17 +1,10 @@
-"""Reads scalar series back from run directories: `metrics.jsonl` and TensorBoard event files.
+"""Reads scalar series back from run directories: `metrics.jsonl` or TensorBoard event files.
 
-The reading half of `writers.plot`, usable on its own:
-
-    runs = find_runs(["runs/demo"])           # runs/demo/train, runs/demo/eval/synthetic
-    scalars = read_run(runs[0].path)          # {(collection, key): {step: value}}
-
-A run is a directory holding `metrics.jsonl` or `events.out.tfevents.*` files; when it
-holds both, only the JSONL is read (it is the same data, and cheaper to parse). Both
-readers tolerate a file that is still being written: a partial last JSONL line or a
-truncated last event record is skipped and read on the next call. A step written twice
-(a resumed run appends to the same log) keeps its last value, as TensorBoard does.
-Event files are read with a small reader of the TFRecord framing and tensorboardX's
-`Event` proto: neither TensorFlow nor the `tensorboard` package is needed.
+The reading half of `writers.plot`. A run is a directory holding `metrics.jsonl` (read when
+present: the same data, cheaper to parse) or `events.out.tfevents.*` files. A partial last
+JSONL line or event record (a file being written) is skipped and read on the next call; a
+step written twice keeps its last value, as TensorBoard does. Event files are read with a
+small TFRecord reader and tensorboardX's `Event` proto: no TensorFlow or `tensorboard`.
 """
 
 from __future__ import annotations
@@ -19,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
-import math
 import os
 import struct
 from collections.abc import Iterator, Sequence
@@ -27,8 +19,7 @@ from typing import Any
 
 JSONL_NAME = "metrics.jsonl"
 EVENTS_GLOB = "events.out.tfevents.*"
-# The JSONL writer's spellings of non-finite floats (writers/jsonl.py).
-_NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float() reads them
 
 # {(collection, key): {step: value}}; collection is None when a log does not set one.
 Scalars = dict[tuple[str | None, str], dict[int, float]]
@@ -36,13 +27,7 @@ Scalars = dict[tuple[str | None, str], dict[int, float]]
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """One run directory found under a path given by the user.
-
-    Attributes:
-      label: `<experiment>/<subdir>`, e.g. `demo/train` or `demo/eval/synthetic`.
-      path: the directory.
-      files: the files read for it: `[metrics.jsonl]`, else its event files.
-    """
+    """A run directory: its label (`demo/train`), path, and the files read for it."""
 
     label: str
     path: str
@@ -60,14 +45,11 @@ def run_files(directory: str) -> tuple[str, ...]:
 def find_runs(paths: Sequence[str]) -> list[Run]:
     """Every run directory at or under `paths`, in path order.
 
-    A path that is itself a run is labelled `<parent>/<name>` (`runs/demo/train` ->
-    `demo/train`); runs found below a path `P` are labelled `<name of P>/<relative path>`
-    (`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Labels that would collide (two
-    experiments with the same name) fall back to the directories' paths.
+    A run given itself is labelled `<parent>/<name>` (`runs/demo/train` -> `demo/train`), one
+    found below `P` `<name of P>/<relative path>`; colliding labels fall back to the paths.
 
     Raises:
-      FileNotFoundError: a path does not exist, or holds no `metrics.jsonl` and no event
-        files at any depth.
+      FileNotFoundError: a path does not exist or holds no run at any depth.
     """
     problems = []
     found: list[tuple[str, str, tuple[str, ...]]] = []
@@ -117,11 +99,7 @@ def read_run(run: Run) -> Scalars:
 
 
 def read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
-    """`(collection, step, key, value)` for every number in a JSONL log, in file order.
-
-    Lines without a step (hyperparameters), blank lines and a partially written last line
-    are skipped; texts and summarized arrays are not scalars and are skipped too.
-    """
+    """`(collection, step, key, value)` for every number in a JSONL log, in file order."""
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.endswith("\n"):
@@ -134,21 +112,18 @@ def read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
             if not isinstance(step, int):
                 continue
             collection = record.get("collection")
-            for key, value in record.items():
-                if key in ("step", "time", "collection") or isinstance(value, bool):
-                    continue
-                if isinstance(value, int | float):
+            for key, value in record.items():  # bools, texts and summarized arrays are no scalars
+                if key not in ("step", "time", "collection") and (
+                    type(value) in (int, float) or value in _NON_FINITE
+                ):
                     yield collection, step, key, float(value)
-                elif isinstance(value, str) and value in _NON_FINITE:
-                    yield collection, step, key, _NON_FINITE[value]
 
 
 def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
     """`(None, step, tag, value)` for every scalar in a TensorBoard event file.
 
-    Scalars are `simple_value`s (what `TensorBoardWriter` and tensorboardX write) or
-    one-element float tensors of the scalars plugin (what TensorFlow 2 writes). A
-    truncated last record (a file being written) ends the reading.
+    Scalars are `simple_value`s (tensorboardX) or one-element float tensors of the scalars
+    plugin (TensorFlow 2).
 
     Raises:
       ValueError: a record's checksum does not match (a corrupted file).
@@ -161,14 +136,14 @@ def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
         data = f.read()
     offset = 0
     while offset + 12 <= len(data):
-        header = data[offset : offset + 8]
-        (length,) = struct.unpack("<Q", header)
+        # A record: [length u64][masked crc of length u32][payload][masked crc of payload u32]
+        length, header_crc = struct.unpack_from("<QI", data, offset)
         end = offset + 12 + length + 4
         if end > len(data):
             return  # still being written
-        (header_crc,) = struct.unpack("<I", data[offset + 8 : offset + 12])
-        payload = data[offset + 12 : offset + 12 + length]
-        (payload_crc,) = struct.unpack("<I", data[end - 4 : end])
+        payload = data[offset + 12 : end - 4]
+        (payload_crc,) = struct.unpack_from("<I", data, end - 4)
+        header = data[offset : offset + 8]
         if header_crc != masked_crc32c(header) or payload_crc != masked_crc32c(payload):
             raise ValueError(
                 f"writers.plot: record at byte {offset} of {path!r} fails its CRC check; "

@@ -1,24 +1,17 @@
 """TensorBoard event files: TFRecord framing, written synchronously.
 
-An event file is a sequence of records `[len: u64][masked_crc(len): u32][data]
-[masked_crc(data): u32]`, little-endian, where the CRC is CRC32C (Castagnoli).
-The CRC is tensorboardX's `masked_crc32c`, which is fast because the `crc32c`
-package (a declared dependency, hardware CRC instructions) is installed; without
-it tensorboardX falls back to a byte-at-a-time Python loop, more than half the
-cost of writing a 50-scalar event. The file itself is written here rather than
-through tensorboardX's queue-backed `EventFileWriter` so that `flush()` means
-"on disk" and a writer never overwrites an existing file.
+A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`,
+little-endian. The CRC is tensorboardX's `masked_crc32c`, fast because the `crc32c` package
+(a declared dependency) is installed; without it tensorboardX falls back to a Python loop.
+Files are written here, not by tensorboardX's queue-backed `EventFileWriter`, so that
+`flush()` means "on disk" and a writer never overwrites an existing file.
 
-`EventFile` writes one file per writer, named like tensorboardX's
-(`events.out.tfevents.<unix seconds>.<host><suffix>`), never overwriting an
-existing file (a counter is added instead). On a URL (`gs://`, `s3://`, any
-fsspec protocol) it writes one object per flush instead, holding the events
-since the previous flush (`_storage.PartStream`):
-`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`.
-TensorBoard reads every event file of a run directory in name order, so the
-parts read as one stream, and a later writer's parts sort after an earlier
-one's. Upload bytes grow linearly with the events written, not with their
-square as with tensorboardX's whole-file re-upload on every flush.
+Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`,
+a counter added on a clash). On a URL each flush writes one new object holding the events
+since the previous one (`_storage.PartStream`), named
+`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`: TensorBoard reads
+a directory's event files in name order, so the parts read as one stream and upload bytes
+grow linearly with the events (tensorboardX re-uploads the whole file on every flush).
 """
 
 from __future__ import annotations
@@ -30,37 +23,13 @@ import threading
 import time
 from typing import Any
 
-from tensorboardX.record_writer import masked_crc32c as _tbx_masked_crc32c
+from tensorboardX.record_writer import masked_crc32c
 
 from writers import _storage
 
 
-def masked_crc32c(data: bytes) -> int:
-    """The masked CRC32C that TFRecord stores (tensorboardX's, computed by `crc32c`)."""
-    return _tbx_masked_crc32c(data)
-
-
-def record(data: bytes) -> bytes:
-    """`data` framed as one TFRecord."""
-    header = struct.pack("<Q", len(data))
-    return (
-        header
-        + struct.pack("<I", masked_crc32c(header))
-        + data
-        + struct.pack("<I", masked_crc32c(data))
-    )
-
-
 class EventFile:
-    """An append-only event file; `write` and `flush` are thread-safe.
-
-    Local paths (and mounted file systems) are written with `open()` and fsynced on
-    `flush()`. URLs (`gs://...`, `s3://...`, any fsspec protocol) are written as one
-    new object per flush holding the records since the previous one.
-
-    Args:
-      logdir: Directory for the file (created if missing), or a URL.
-      filename_suffix: Appended to the file name.
+    """An append-only event file in `logdir` (a directory or URL); thread-safe.
 
     Raises:
       ImportError: `logdir` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
@@ -93,8 +62,16 @@ class EventFile:
         raise FileExistsError(f"EventFile: could not create a new file next to {base}")
 
     def write(self, data: bytes) -> None:
-        """Appends one serialized event."""
-        framed = record(data)
+        """Appends one serialized event as a record."""
+        header = struct.pack("<Q", len(data))
+        framed = b"".join(
+            (
+                header,
+                struct.pack("<I", masked_crc32c(header)),
+                data,
+                struct.pack("<I", masked_crc32c(data)),
+            )
+        )
         with self._lock:
             self._file.write(framed)
 

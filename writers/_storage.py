@@ -1,22 +1,12 @@
 """Where writers put bytes: local files with plain file IO, URLs through fsspec.
 
-Local paths (and mounted file systems) keep plain `open()`: appends are cheap,
-`tail -f` works, `fsync` makes a flush durable. Anything with a scheme
-(`gs://`, `s3://`, `memory://`, any protocol fsspec knows) goes through fsspec,
-where an object cannot be appended to. Re-uploading a growing object on every
-flush (tensorboardX's GCS writer) costs bytes that grow with the square of the
-run, so remote logs here are written as *parts*: every flush uploads only the
-bytes written since the previous flush, as a new object whose name sorts after
-the earlier ones. Upload bytes grow linearly with the data; the number of
-objects grows with the number of flushes.
-
-Credentials and endpoints are fsspec's: its config files or environment
-variables (`FSSPEC_GS_TOKEN`, `FSSPEC_S3_ENDPOINT_URL`, ...), or the
-libraries' own (`GOOGLE_APPLICATION_CREDENTIALS`, `STORAGE_EMULATOR_HOST`,
-`AWS_*`).
-
-Files created here honour the process umask (mode `0o666 & ~umask`), unlike
-`tempfile.mkstemp`'s fixed 0600.
+Local paths keep `open()`: cheap appends, `tail -f`, `fsync`. Anything with a scheme
+(`gs://`, `s3://`, `memory://`) goes through fsspec, where objects cannot be appended to;
+re-uploading a growing object on every flush costs bytes that grow with the square of the run,
+so remote logs are written as parts: each flush uploads only the new bytes as a new object
+whose name sorts after the earlier ones. Credentials and endpoints are fsspec's (its config,
+`FSSPEC_*` variables) or the libraries' own (`GOOGLE_APPLICATION_CREDENTIALS`, `AWS_*`).
+Files created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
 """
 
 from __future__ import annotations
@@ -47,16 +37,10 @@ def filesystem(url: str) -> tuple[Any, str]:
 
     Raises:
       ValueError: fsspec knows no such protocol.
-      ImportError: the protocol's package (gcsfs, s3fs, ...) is not installed;
-        the message names the extra to install.
+      ImportError: the protocol's package (gcsfs, s3fs) is missing; names the extra.
     """
-    try:
-        import fsspec
-        import fsspec.core
-    except ImportError as err:  # pragma: no cover  (fsspec is a declared dependency)
-        raise ImportError(
-            f"Writing to {url!r} needs fsspec: pip install 'jax-metrics-manager'."
-        ) from err
+    import fsspec.core  # a declared dependency, imported on the first remote path
+
     scheme = url.split("://", 1)[0]
     if scheme not in fsspec.available_protocols():
         raise ValueError(
@@ -71,30 +55,12 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise ImportError(f"Writing to {url!r} needs fsspec's {scheme}:// backend: {fix}.") from err
 
 
-def makedirs(path: str) -> None:
-    """Creates a local directory and its parents; object stores need none."""
-    if not is_remote(path):
-        os.makedirs(path, exist_ok=True)
-
-
-def _temp_path(path: str) -> str:
-    directory, name = os.path.split(path)
-    return os.path.join(directory, f".{name}.{uuid.uuid4().hex[:12]}.tmp")
-
-
 def replace_file(path: str, chunks: Iterable[bytes]) -> None:
-    """Replaces `path` with the bytes of `chunks`, atomically for any reader.
+    """Replaces `path` (a file or URL) with the bytes of `chunks`, atomically for any reader.
 
-    Local: the chunks go to a temporary file in the same directory (mode
-    `0o666 & ~umask`), which is flushed, fsynced and renamed over `path`
-    (`os.replace`), then the directory is fsynced. A crash at any moment
-    leaves either the complete old file or the complete new one (plus, at
-    worst, a stray `.<name>.*.tmp`). Remote: one object upload, which object
-    stores make visible all at once.
-
-    Args:
-      path: the file or URL to replace.
-      chunks: the new content, in pieces (a large log is streamed, not held).
+    Local: a temporary file in the same directory, fsynced and renamed over `path`, then the
+    directory fsynced: a crash leaves the complete old or new file (at worst plus a stray
+    `.<name>.*.tmp`). Remote: one object upload, visible all at once.
     """
     if is_remote(path):
         fs, fs_path = filesystem(path)
@@ -102,7 +68,7 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
         return
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = _temp_path(path)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
     # os.open with 0o666 lets the kernel apply the umask, as open() does.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -148,18 +114,10 @@ def remove(urls: Iterable[str]) -> None:
 
 
 class PartStream:
-    """An append-only remote log written as numbered objects, one per upload.
+    """An append-only remote log in `directory`, one object `name(index)` per upload.
 
-    `write` buffers bytes; `flush` uploads the bytes written since the last
-    upload as the object `name(index)`, then counts `index` up, so each byte
-    is uploaded once. A buffer that reaches `roll_bytes` is uploaded without
-    waiting for a flush. `write` and `flush` are thread-safe.
-
-    Args:
-      directory: URL of the directory holding the parts.
-      name: the object name of part `index`; names must sort in write order.
-      first_index: index of the first part this stream writes.
-      roll_bytes: upload once this many bytes are buffered.
+    `write` buffers; `flush` uploads what was written since the last upload as the next part
+    (names must sort in write order), as does a write that fills `roll_bytes`. Thread-safe.
     """
 
     def __init__(

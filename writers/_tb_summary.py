@@ -1,7 +1,6 @@
-"""Builds TensorBoard `Summary.Value` protos for `TensorBoardWriter`.
+"""Builds TensorBoard events and `Summary.Value` protos from checked values.
 
-Imported only when a `TensorBoardWriter` is created, so `import writers` does not
-load tensorboardX. Inputs are already checked and converted (see `_checks`).
+Imported when the first `TensorBoardWriter` is created: `import writers` loads no tensorboardX.
 """
 
 from __future__ import annotations
@@ -46,47 +45,34 @@ def purge_event(step: int) -> bytes:
 
 
 def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
-    """`event(step, scalars(numbers))`, encoded by hand: the hot path of training loops.
+    """An event of `simple_value`s, encoded by hand: the hot path of training loops.
 
-    Building one proto object per value costs about 1 us each; the wire format
-    of `Event{wall_time, step, summary{value{tag, simple_value}}}` is simple, and
-    a summary repeats the same tags every time, so each tag's bytes are cached.
-    The output is byte-for-byte what protobuf serializes (a test checks it).
+    A proto object per value costs about 1 us; `Event{wall_time, step, summary{value{tag,
+    simple_value}}}` is simple to encode and a summary repeats its tags, so each tag's bytes
+    are cached. The output is byte-for-byte protobuf's (a test checks it).
     """
     keys = tuple(numbers)
-    packer = _SUMMARY_PACKERS.get(keys)
-    if packer is None:
-        packer = _summary_packer(keys)
+    packer = _SUMMARY_PACKERS.get(keys) or _summary_packer(keys)
     try:  # the whole summary in one struct.pack: tags' bytes and float32 values interleaved
         summary = packer[0].pack(
             *chain.from_iterable(zip(packer[1], numbers.values(), strict=True))
         )
     except OverflowError:  # a value beyond float32: the per-value path below
         summary = _scalar_summary(numbers)
-    return b"".join(
-        (
-            b"\x09",
-            _F64.pack(time.time()),
-            b"\x10" + _varint(step) if step else b"",  # proto3 omits a zero step
-            b"\x2a",
-            _varint(len(summary)),
-            summary,
-        )
-    )
+    step_field = b"\x10" + _varint(step) if step else b""  # proto3 omits a zero step
+    size = _varint(len(summary))
+    return b"".join((b"\x09", _F64.pack(time.time()), step_field, b"\x2a", size, summary))
 
 
 def _scalar_summary(numbers: Mapping[str, int | float]) -> bytes:
-    parts = []
+    parts: list[bytes] = []
     for key, number in numbers.items():
-        prefix = _SCALAR_PREFIX.get(key)
-        if prefix is None:
-            prefix = _scalar_prefix(key)
+        prefix = _SCALAR_PREFIX.get(key) or _scalar_prefix(key)
         try:
             packed = _F32.pack(number)
         except OverflowError:  # beyond float32: protobuf stores +-inf as well
             packed = _F32.pack(math.copysign(math.inf, number))
-        parts.append(prefix)
-        parts.append(packed)
+        parts += (prefix, packed)
     return b"".join(parts)
 
 
@@ -217,8 +203,5 @@ def _shape(dims: tuple[int, ...]) -> Any:
 
 
 def _hparam(value: Any) -> bool | float | str:
-    if isinstance(value, bool | str):
-        return value
-    if isinstance(value, int | float | np.number):
-        return float(_checks.to_number("hparam", value))
-    return str(value)
+    value = _encode.hparam(value)
+    return value if isinstance(value, bool | str) else float(value)

@@ -1,21 +1,20 @@
-"""What `WandbWriter` and `MlflowWriter` share: the optional import, process 0, filmstrips."""
+"""What `WandbWriter` and `MlflowWriter` share: the optional import, process 0, the write methods."""
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from writers import _checks
+from writers import _checks, _encode
+from writers._base import BaseWriter
 
 
 def import_extra(module: str, extra: str, writer: str) -> ModuleType:
-    """Imports an optional tracker library, or raises an ImportError naming the extra.
-
-    Raises:
-      ImportError: `module` is not installed; the message says which extra installs it.
-    """
+    """Imports an optional tracker library, or raises an ImportError naming the extra."""
     try:
         return importlib.import_module(module)
     except ImportError as err:
@@ -25,25 +24,55 @@ def import_extra(module: str, extra: str, writer: str) -> ModuleType:
         ) from err
 
 
-def writes_here(process_index: int | None) -> bool:
-    """True on the process that talks to the tracker: index 0 (JAX's, when None is given)."""
-    if process_index is None:
-        import jax  # imported here: `import writers` must not import JAX
+class TrackerWriter(BaseWriter):
+    """What the tracker writers share: process 0, raw tensors refused, images and videos as
+    uint8 pictures (`_pictures`), hparams as bools, numbers and strs, `close()` ending the run.
 
-        process_index = jax.process_index()
-    return process_index == 0
+    Subclasses set `_tracker` (the service's name in messages). On processes other than 0
+    the hooks still run (every process rejects the same keys) and log nothing.
+    """
 
+    _tracker = ""
+    _owned = False  # close() ends the run: this writer started or resumed it
 
-def filmstrip(video: np.ndarray) -> np.ndarray:
-    """Turns a `[N, T, H, W, C]` video into N uint8 images `[H, T*W, C]` (frames side by side)."""
-    n, t, h, w, c = video.shape
-    return _checks.images_as_uint8(video.transpose(0, 2, 1, 3, 4).reshape(n, h, t * w, c))
+    def _start(self, resume_step: int | None, process_index: int | None) -> tuple[int | None, bool]:
+        """The checked `resume_step`, and whether this process talks to the tracker (index 0)."""
+        if resume_step is not None:
+            resume_step = _checks.check_step(resume_step, f"{self._where()}(resume_step=...)")
+        if process_index is None:
+            import jax  # imported here: `import writers` must not import JAX
 
+            process_index = jax.process_index()
+        return resume_step, process_index == 0
 
-def hparam(value: object) -> bool | int | float | str:
-    """A hyperparameter as a bool, number or str (anything else becomes its `str()`)."""
-    if isinstance(value, bool | str):
-        return value
-    if isinstance(value, int | float | np.number):
-        return _checks.to_number("hparam", value)
-    return str(value)
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
+        raise NotImplementedError(
+            f"{self._where()}.write_summaries: {self._tracker} has no raw-tensor type, so "
+            f"{sorted(values)} cannot be stored. Write them as scalars (one element) or "
+            "histograms instead."
+        )
+
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        self._pictures(
+            "write_images", step, {k: _checks.images_as_uint8(v) for k, v in images.items()}
+        )
+
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._pictures("write_videos", step, {k: _encode.filmstrip(v) for k, v in videos.items()})
+
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
+        self._params({k: _encode.hparam(v) for k, v in hparams.items()})
+
+    def flush(self) -> None:
+        """Does nothing: each call has been handed to the tracker's client when it returns."""
+
+    def close(self) -> None:
+        """Ends the run if this writer started or resumed it (waits for it); idempotent."""
+        if not self._closed:
+            self._closed = True
+            if self._owned:
+                self._end_run()
+
+    def _pictures(self, method: str, step: int, images: dict[str, np.ndarray]) -> None: ...
+    def _params(self, hparams: dict[str, bool | int | float | str]) -> None: ...
+    def _end_run(self) -> None: ...

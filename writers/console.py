@@ -1,17 +1,11 @@
-"""`ConsoleWriter`: a readable block per summary for people watching a terminal.
+"""`ConsoleWriter`: a readable block per write call for people watching a terminal.
 
-Each write call prints one block: a header with the step (and, when
-`total_steps` is known, a progress line: `step 300/1,000 (30.0%)`, steps/s and an
-ETA), then one line per value with the keys aligned and grouped by prefix
-(un-prefixed keys first, then `eval/...`, `timing/...`, ...). Numbers are for
-humans: 4 significant digits, integers and rates of 1,000 or more with thousands
-separators, NaN as `NaN`.
-
-Steps/s and the ETA are measured from the first write onward, so the first window,
-which usually includes compilation, does not skew them; they appear from the
-second write on. Colour output is rendered with `rich`, only when the stream is
-a terminal (or `color=True`); otherwise the same text is written plainly, so CI
-logs stay clean (and writing costs no rendering).
+Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30.0%)`, steps/s
+and an ETA, measured from the first write on so compilation does not skew them), then one
+line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
+significant digits, integers and rates of 1,000 or more with thousands separators, NaN as
+`NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
+`rich`) only on a terminal or with `color=True`, so CI logs stay plain.
 
 Example:
   >>> import io, writers
@@ -37,7 +31,6 @@ import numpy as np
 
 from writers import _checks, _format
 from writers._base import BaseWriter
-from writers.interface import Array, Scalar
 
 
 class ConsoleWriter(BaseWriter):
@@ -47,10 +40,8 @@ class ConsoleWriter(BaseWriter):
       stream: Where to print (default `sys.stdout`, looked up at each write).
       collection: Name shown in every header, e.g. `train`.
       total_steps: Last step of the run; enables the progress part of the header.
-      color: Force colours on or off; None means "only if the stream is a TTY and
-        the NO_COLOR environment variable is unset", decided once (at
-        construction for a given `stream`, at the first write to each new
-        `sys.stdout` otherwise), not on every write.
+      color: Force colours on or off; None: only on a TTY with NO_COLOR unset, decided once
+        per stream (at construction for `stream`, at the first write to each `sys.stdout`).
       clock: Monotonic seconds, for steps/s and the ETA (patch it in tests).
 
     Raises:
@@ -80,73 +71,43 @@ class ConsoleWriter(BaseWriter):
         self._color = color
         self._clock = clock
         self._first: tuple[float, int] | None = None  # (time, step) of the first write
-        self._last: tuple[float, int] | None = None
         self._rich: tuple[IO[str], Any] | None = None  # (stream, rich Console) for colour
         # (stream, colour on it): isatty() and the environment are read once per stream.
         self._auto: tuple[IO[str], bool] | None = None
         if color is None and stream is not None:
             self._auto = (stream, _auto_color(stream))
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Prints the shape and dtype of every tensor."""
-        step = self._begin("write_summaries", step, values)
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         arrays = {k: np.asarray(v) for k, v in values.items()}
         self._block(step, {k: f"tensor {list(a.shape)} {a.dtype}" for k, a in arrays.items()})
 
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Prints every scalar, formatted for humans (see module docstring)."""
-        step = self._begin("write_scalars", step, scalars)
-        numbers = _checks.check_numbers(scalars, "ConsoleWriter.write_scalars")
+    def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._block(step, _format.numbers(numbers), numbers)
 
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Prints the shape of every image array."""
-        step = self._begin("write_images", step, images)
-        arrays = _checks.check_images(images, "ConsoleWriter.write_images")
-        self._block(step, {k: f"image {list(a.shape)}" for k, a in arrays.items()})
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        self._block(step, {k: f"image {list(a.shape)}" for k, a in images.items()})
 
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Prints the shape of every video array."""
-        step = self._begin("write_videos", step, videos)
-        arrays = _checks.check_videos(videos, "ConsoleWriter.write_videos")
-        self._block(step, {k: f"video {list(v.shape)}" for k, v in arrays.items()})
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._block(step, {k: f"video {list(v.shape)}" for k, v in videos.items()})
 
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Prints the shape and sample rate of every audio array."""
-        step = self._begin("write_audios", step, audios)
-        arrays = _checks.check_audios(audios, sample_rate, "ConsoleWriter.write_audios")
+    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
         self._block(
-            step, {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in arrays.items()}
+            step, {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in clips.items()}
         )
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Prints every text; continuation lines are indented under the value column."""
-        step = self._begin("write_texts", step, texts)
-        self._block(step, _checks.check_texts(texts, "ConsoleWriter.write_texts"))
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._block(step, texts)  # continuation lines are indented under the value column
 
-    def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
-    ) -> None:
-        """Prints count, min, mean and max of every array."""
-        step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, "ConsoleWriter.write_histograms")
+    def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
         lines = {}
-        for key, arr in checked.items():
+        for key, arr in arrays.items():
             flat = arr.astype(np.float64).reshape(-1)
             stats = (("min", flat.min()), ("mean", flat.mean()), ("max", flat.max()))
             parts = " ".join(f"{name}={_format.number(key, float(v))}" for name, v in stats)
             lines[key] = f"histogram n={flat.size:,} {parts}"
         self._block(step, lines)
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Prints a `hyperparameters` block with every value."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, "ConsoleWriter.write_hparams")
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._print(self._header_text("hyperparameters"), {k: str(v) for k, v in hparams.items()})
 
     def flush(self) -> None:
@@ -166,31 +127,24 @@ class ConsoleWriter(BaseWriter):
     def _block(
         self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
-        self._observe(step)
         self._print(self._header_text(self._progress(step)), lines, numbers)
 
-    def _observe(self, step: int) -> None:
-        now = self._clock()
+    def _progress(self, step: int) -> str:
+        now, total = self._clock(), self._total
         if self._first is None:
             self._first = (now, step)
-        self._last = (now, step)
-
-    def _progress(self, step: int) -> str:
-        parts = [f"step {step:,}" if self._total is None else _progress_step(step, self._total)]
-        rate = self._rate()
-        if rate is not None:
+        (t0, s0) = self._first
+        parts = [
+            f"step {step:,}"
+            if total is None
+            else f"step {step:,}/{total:,} ({100.0 * step / total:.1f}%)"
+        ]
+        if step > s0 and now > t0:
+            rate = (step - s0) / (now - t0)
             parts.append(f"{_format.number('steps_per_second', rate)} steps/s")
-            if self._total is not None and step < self._total:
-                parts.append(f"ETA {_format.duration((self._total - step) / rate)}")
+            if total is not None and step < total:
+                parts.append(f"ETA {_format.duration((total - step) / rate)}")
         return " | ".join(parts)
-
-    def _rate(self) -> float | None:
-        if self._first is None or self._last is None:
-            return None
-        (t0, s0), (t1, s1) = self._first, self._last
-        if s1 <= s0 or t1 <= t0:
-            return None
-        return (s1 - s0) / (t1 - t0)
 
     def _header_text(self, head: str) -> str:
         return f"{head} | {self._collection}" if self._collection else head
@@ -228,16 +182,7 @@ class ConsoleWriter(BaseWriter):
             from rich.console import Console
 
             console = Console(
-                file=stream,
-                force_terminal=True,
-                color_system="auto",
-                no_color=False,
-                force_jupyter=False,
-                highlight=False,
-                markup=False,
-                emoji=False,
-                soft_wrap=True,
-                width=10_000,
+                file=stream, force_terminal=True, no_color=False, width=10_000, **_RICH
             )
             self._rich = (stream, console)
         return self._rich[1]
@@ -255,23 +200,17 @@ def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
     return layout
 
 
+# What the rich Console may not guess: values are plain text, not markup, emoji or code.
+_RICH: dict[str, Any] = dict(
+    force_jupyter=False, highlight=False, markup=False, emoji=False, soft_wrap=True
+)
 # Key tuple (in call order) -> `_layout`: summaries repeat the same keys every step.
 _LAYOUTS: dict[tuple[str, ...], list[tuple[str, str]]] = {}
 
 
-def _progress_step(step: int, total: int) -> str:
-    percent = 100.0 * step / total if total > 0 else 100.0
-    return f"step {step:,}/{total:,} ({percent:.1f}%)"
-
-
 def _auto_color(stream: IO[str]) -> bool:
     # https://no-color.org: NO_COLOR turns colours off even on a TTY.
-    return _isatty(stream) and not os.environ.get("NO_COLOR")
-
-
-def _isatty(stream: IO[str]) -> bool:
-    isatty = getattr(stream, "isatty", None)
     try:
-        return bool(isatty and isatty())
-    except ValueError:  # closed stream
+        return bool(stream.isatty()) and not os.environ.get("NO_COLOR")
+    except (AttributeError, ValueError):  # no isatty(), or a closed stream
         return False

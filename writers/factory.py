@@ -1,18 +1,9 @@
 """`create_default_writer`: the usual writer set for a training run, in one call.
 
-By default: console + TensorBoard (events in `logdir`) + JSONL (`<logdir>/metrics.jsonl`),
-fanned out by a `MultiWriter`, so a failing backend does not stop the others (a
-`MetricsManager` unpacks it and isolates each writer itself; `asynchronous=True` puts each
-behind its own `AsyncWriter` for use without a manager). `logdir=None` means
-no file writers (console and absl log only). `logdir` may be a URL
-(`gs://bucket/run`, `s3://...`, any fsspec protocol). `resume_step=S` prepares
-both file writers for a run resumed from step S: TensorBoard gets
-`purge_step=S + 1`, and `metrics.jsonl` is rewritten without the lines after S.
-The writers inside the `MultiWriter` are named `console`, `tensorboard`,
-`jsonl` and `log`; errors use those names.
-
-Gin: configs in `configs/writers/*.gin` bind this function's arguments with
-`from __gin__ import dynamic_registration`.
+Console + TensorBoard (events in `logdir`) + JSONL (`<logdir>/metrics.jsonl`) by default,
+named `console`, `tensorboard`, `jsonl` (and `log`) inside one `MultiWriter`, so a failing
+backend stops none of the others. `logdir` may be a fsspec URL (`gs://bucket/run`).
+Gin: `configs/writers/*.gin` bind its arguments.
 
 Example:
   >>> import tempfile, writers
@@ -60,31 +51,26 @@ def create_default_writer(
     """Builds console + TensorBoard + JSONL (+ absl log) writers behind one `MultiWriter`.
 
     Args:
-      logdir: Directory (or `gs://`, `s3://`, any fsspec URL) for TensorBoard
-        events and `metrics.jsonl`; None writes no files (the `tensorboard` and
-        `jsonl` flags are then ignored).
-      collection: Name shown by the console and log writers and stored in every
-        JSONL line (e.g. `train`, `eval`).
-      asynchronous: Wrap each writer in its own `AsyncWriter` (one ordered worker
-        per writer, bounded queue of `max_queue` calls). Off by default: a
-        `MetricsManager` already calls its writers from its own worker, and isolates them.
+      logdir: Directory or URL for TensorBoard events and `metrics.jsonl`; None writes no
+        files (`tensorboard` and `jsonl` are then ignored).
+      collection: Shown by the console and log writers, stored in every JSONL line.
+      asynchronous: Put each writer behind its own `AsyncWriter` (queue of `max_queue`
+        calls). Off by default: a `MetricsManager` calls its writers from its own worker.
       console: Include a `ConsoleWriter`.
       tensorboard: Include a `TensorBoardWriter` (needs `logdir`).
       jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl`.
       log: Include a `LoggingWriter` (absl INFO log, CLU's line format).
       total_steps: Last step of the run, for the console's progress line and ETA.
-      purge_step: Hide TensorBoard events at or after this step from earlier runs
-        in `logdir`. Prefer `resume_step`, which also cleans the JSONL log.
-      resume_step: The step a resumed run restarts from: TensorBoard hides
-        earlier runs' events after it (`purge_step=resume_step + 1`) and the
-        JSONL log loses its lines after it (rewritten atomically).
-      flush_secs: TensorBoard flush period in seconds.
+      purge_step: Hide TensorBoard events at or after this step from earlier runs; prefer
+        `resume_step`, which also cleans the JSONL log.
+      resume_step: The step a resumed run restarts from: TensorBoard gets
+        `purge_step=resume_step + 1` and the JSONL log loses its lines after it.
+      flush_secs: TensorBoard (and remote JSONL) flush period in seconds.
       max_queue: Queue size of each `AsyncWriter`.
       console_stream: Stream for the console writer (default `sys.stdout`).
 
     Returns:
-      A `MultiWriter` over the selected writers (possibly none), named `console`,
-      `tensorboard`, `jsonl` and `log`.
+      A `MultiWriter` over the selected writers (possibly none).
 
     Raises:
       ValueError: `max_queue` is below 1, or `purge_step` and `resume_step` disagree.

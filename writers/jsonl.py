@@ -1,35 +1,23 @@
 """`JsonlWriter`: one JSON object per write call, one line each, for `jq` and pandas.
 
-Every call appends one line:
-`{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25, ...}`,
-where `time` is Unix seconds and `collection` is null when unset. A local file
-is opened in append mode (a new run continues the same file) and
-line-buffered, so `tail -f` and `jq` see each line as soon as it is written;
-`flush()` also fsyncs it. A URL (`gs://b/run/metrics.jsonl`, any fsspec
-protocol) is written as numbered part objects under `<path>.d/`, one per
-flush (upload bytes grow linearly with the log); `writers.read_jsonl(path)`
-reads either kind back.
+Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
+(`time` in Unix seconds, `collection` null when unset). A local file is appended to and
+line-buffered (`tail -f` sees each line; `flush()` fsyncs). A URL (`gs://b/run/m.jsonl`, any
+fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush;
+`writers.read_jsonl(path)` reads either back. Every line is strict JSON:
 
-Policies (the file always stays strict JSON; `json.loads` and `jq` read every line):
-
-* NaN and infinities are written as the strings `"NaN"`, `"Infinity"` and
-  `"-Infinity"` (bare `NaN` is not JSON); `float(x)` turns them back into floats.
-* Scalars are numbers (ints stay ints), texts are strings.
-* Non-scalar values are summarized, not dumped: images, videos and audio become
-  `{"type": "image" | "video" | "audio", "shape": [...]}` (audio adds
-  `sample_rate`); histograms become `{"type": "histogram", "count", "min", "max",
-  "mean", "edges": [...], "counts": [...]}`; raw tensors (`write_summaries`) are
-  `{"type": "tensor", "shape", "dtype", "values"}` with nested lists when they
-  hold at most `max_array_size` elements, else without `values`.
-* Hyperparameters are one line `{"step": null, "time", "collection", "hparams": {...}}`;
-  values other than bool, number and str are written as their `str()`.
-* Resuming: `resume_step=S` first rewrites the log so that it keeps only lines
-  with a step <= S (lines without a step, like hparams, stay), atomically: a
-  crash leaves the complete old or the complete new log, never a truncated one.
-  Without `resume_step` the log is appended to; a step lower than one already in
-  the log is then logged as a warning, once per writer.
-* The keys `step`, `time` and `collection` are reserved: a value with one of those
-  names raises `ValueError` (rename it, e.g. `train/step`).
+* NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)`
+  turns them back); ints stay ints; texts are strings.
+* Arrays are summarized: images, videos, audio as `{"type", "shape"}` (audio adds
+  `sample_rate`); histograms as `{"type": "histogram", "count", "min", "max", "mean",
+  "edges", "counts"}`; raw tensors as `{"type": "tensor", "shape", "dtype", "values"}`,
+  `values` only up to `max_array_size` elements.
+* Hyperparameters are one line with `"step": null` and `"hparams": {...}` (values other
+  than bool, number and str as their `str()`).
+* `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S
+  (and lines without one). Without it the log is appended to, and a step below one already
+  logged is warned about once.
+* `step`, `time` and `collection` are reserved keys: a value with one of them raises.
 
 Example:
   >>> import json, os, tempfile, writers
@@ -54,9 +42,8 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from writers import _checks, _jsonl_log, _storage
+from writers import _checks, _encode, _jsonl_log, _storage
 from writers._base import BaseWriter
-from writers.interface import Array, Scalar
 
 RESERVED_KEYS = ("step", "time", "collection")
 
@@ -69,15 +56,15 @@ class JsonlWriter(BaseWriter):
     """Appends one JSON object per write call to a `.jsonl` file (or remote parts).
 
     Args:
-      path: File to append to (missing parent directories are created), or a URL
-        any fsspec protocol can write (`gs://`, `s3://`, `memory://`, ...).
-      collection: Value of the `collection` field of every line (null when None).
-      clock: Returns Unix seconds for the `time` field (patch it in tests).
+      path: File to append to (parent directories are created), or a URL any fsspec
+        protocol can write (`gs://`, `s3://`, `memory://`, ...).
+      collection: The `collection` field of every line (null when None).
+      clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
-      resume_step: The step a resumed run restarts from: lines of the existing
-        log with a later step are removed first (atomically). None appends.
-      flush_secs: Remote logs only: a write uploads the buffered lines once this
-        many seconds have passed since the last upload (`flush()` always does).
+      resume_step: The step a resumed run restarts from: later lines of the existing log
+        are removed first (atomically). None appends.
+      flush_secs: Remote logs only: a write uploads the buffered lines once this many
+        seconds have passed since the last upload (`flush()` always does).
 
     Raises:
       TypeError: `resume_step` is not an integer.
@@ -123,102 +110,54 @@ class JsonlWriter(BaseWriter):
         """The file (or URL) this writer appends to."""
         return self._path
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Writes raw tensors as `{"type": "tensor", ...}` objects (see module docstring)."""
-        step = self._begin_line("write_summaries", step, values)
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         self._write_line(step, {k: self._tensor(np.asarray(v)) for k, v in values.items()})
 
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Writes numbers; NaN and infinities become `"NaN"`, `"Infinity"`, `"-Infinity"`."""
-        step = self._begin_line("write_scalars", step, scalars)
-        numbers = _checks.check_numbers(scalars, "JsonlWriter.write_scalars")
+    def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         if not _all_finite(numbers.values()):
             numbers = {k: _json_number(v) for k, v in numbers.items()}  # type: ignore[misc]
         self._write_line(step, numbers)
 
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Writes `{"type": "image", "shape": [...]}` per image array."""
-        step = self._begin_line("write_images", step, images)
-        arrays = _checks.check_images(images, "JsonlWriter.write_images")
-        self._write_line(step, {k: _shaped("image", v) for k, v in arrays.items()})
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        self._write_line(step, {k: _shaped("image", v) for k, v in images.items()})
 
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Writes `{"type": "video", "shape": [...]}` per video array."""
-        step = self._begin_line("write_videos", step, videos)
-        arrays = _checks.check_videos(videos, "JsonlWriter.write_videos")
-        self._write_line(step, {k: _shaped("video", v) for k, v in arrays.items()})
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._write_line(step, {k: _shaped("video", v) for k, v in videos.items()})
 
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Writes `{"type": "audio", "shape": [...], "sample_rate": r}` per audio array."""
-        step = self._begin_line("write_audios", step, audios)
-        arrays = _checks.check_audios(audios, sample_rate, "JsonlWriter.write_audios")
+    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
+        rate = int(sample_rate)
         self._write_line(
-            step,
-            {
-                k: {**_shaped("audio", v), "sample_rate": int(sample_rate)}
-                for k, v in arrays.items()
-            },
+            step, {k: {**_shaped("audio", v), "sample_rate": rate} for k, v in clips.items()}
         )
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Writes texts as JSON strings."""
-        step = self._begin_line("write_texts", step, texts)
-        self._write_line(step, _checks.check_texts(texts, "JsonlWriter.write_texts"))
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._write_line(step, texts)
 
-    def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
-    ) -> None:
-        """Writes bucket edges and counts plus count, min, max and mean per array."""
-        step = self._begin_line("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, "JsonlWriter.write_histograms")
-        buckets = num_buckets or {}
-        line = {}
-        for key, arr in checked.items():
-            counts, edges = _checks.bucketize(arr, buckets.get(key))
-            flat = arr.astype(np.float64).reshape(-1)
-            line[key] = {
-                "type": "histogram",
-                "count": int(flat.size),
-                "min": float(flat.min()),
-                "max": float(flat.max()),
-                "mean": float(flat.mean()),
-                "edges": [float(e) for e in edges],
-                "counts": [int(c) for c in counts],
-            }
+    def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
+        line = {
+            k: {"type": "histogram", **_encode.histogram(v, buckets.get(k))}
+            for k, v in arrays.items()
+        }
         self._write_line(step, line)
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Writes one line with `"step": null` and the hyperparameters under `"hparams"`."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, "JsonlWriter.write_hparams")
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._write_line(None, {"hparams": {k: _hparam(v) for k, v in hparams.items()}})
 
     def flush(self) -> None:
         """Makes every line written so far durable: fsync locally, an upload remotely."""
-        if self._closed:
-            return
-        self._log.flush()
+        if not self._closed:
+            self._log.flush()
 
     def close(self) -> None:
         """Flushes and closes the log; idempotent."""
-        if self._closed:
-            return
-        try:
-            self._log.close()
-        finally:
+        if not self._closed:
             self._closed = True
+            self._log.close()
 
-    def _begin_line(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
-        checked = self._begin(method, step, values)
-        if _RESERVED.isdisjoint(values):  # keys are strs here (checked above): hashable
-            return checked
-        reserved = [k for k in values if k in RESERVED_KEYS]
-        if reserved:
+    def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
+        checked = super()._begin(method, step, values)
+        if not _RESERVED.isdisjoint(values):  # keys are strs here (checked above): hashable
+            reserved = [k for k in values if k in RESERVED_KEYS]
             raise ValueError(
                 f"JsonlWriter.{method}: keys {reserved} are reserved for the fields of each "
                 f"line {list(RESERVED_KEYS)}; rename them, e.g. 'train/{reserved[0]}'."
@@ -232,7 +171,7 @@ class JsonlWriter(BaseWriter):
         # instead of producing a line that strict JSON readers reject.
         self._log.write(_ENCODER.encode(record) + "\n")
         if step is not None:
-            if step < self._max_step and not self._warned_backwards:
+            if step < self._max_step and not self._warned_backwards:  # warned once per writer
                 self._warned_backwards = True
                 logging.warning(
                     "JsonlWriter(%s): step %d comes after step %d, so the log now holds "
@@ -282,9 +221,5 @@ def _shaped(kind: str, arr: np.ndarray) -> dict[str, Any]:
 
 
 def _hparam(value: Any) -> bool | int | float | str:
-    if isinstance(value, bool | str):
-        return value
-    if isinstance(value, int | float | np.number):
-        number = _checks.to_number("hparam", value)
-        return _json_number(number)
-    return str(value)
+    value = _encode.hparam(value)
+    return value if isinstance(value, str) else _json_number(value)

@@ -1,34 +1,24 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra (`pip install 'jax-metrics-manager[mlflow]'`); `mlflow` is
-imported when the first writer is made, never by `import writers`. Works with any
-tracking store: a server (`http://host:5000`), a database (`sqlite:///mlflow.db`,
-no server needed). Only process 0 (`jax.process_index()`, or `process_index`)
-creates a run and logs; the other processes check their inputs and log nothing.
+Needs the `mlflow` extra (imported when the first writer is made). Works with any tracking
+store: a server (`http://host:5000`) or a database (`sqlite:///mlflow.db`, no server). Only
+process 0 creates a run and logs; the others check their inputs and log nothing.
 
-Where values land (what `MlflowClient` reads back):
+Where values land: scalars are metrics, one `log_batch` per call (split into batches of
+MLflow's 1000-metric limit; NaN kept, infinities as the store keeps them: the SQL store
+clamps them to +-1.797e308); hparams are params (100 per batch; MLflow params never change,
+so a different value for a key the run has raises MLflow's error). Texts, images, videos,
+audio and histograms are artifacts, all files of one call in one `log_artifacts`, at
+`<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per image, filmstrip
+`.png` `[H, T*W, C]` per video, 16-bit `.wav` per clip, histograms as `.json`
+(`count`, `min`, `max`, `mean`, `edges`, `counts`); keys must then be relative paths (no
+`..`, `.` or empty parts). Raw tensors (`write_summaries`) raise `NotImplementedError`.
 
-* scalars: metrics, one `log_batch` per call with every key (1000 metrics per
-  batch at most, MLflow's limit: bigger calls are split into 1000-metric
-  batches); NaN is kept, infinities are stored as MLflow stores them (the
-  SQL store clamps them to +-1.797e308);
-* hparams: params (`log_batch`, 100 per batch); MLflow params never change, so
-  writing a different value for a key the run already has raises MLflow's error;
-* texts, images, videos, audio, histograms: artifacts, all files of one call
-  uploaded by one `log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`:
-  texts `.txt`, images `.png` (one per image of `[N, H, W, C]`), videos as filmstrip
-  PNGs `[H, T*W, C]`, audio 16-bit `.wav` clips, histograms `.json`
-  (`{"edges", "counts", "count", "min", "max", "mean"}`); keys must then be
-  relative paths (no `..`, `.` or empty parts);
-* raw tensors (`write_summaries`): MLflow has no such type: raises `NotImplementedError`.
-
-Resume: `resume_step=R` attaches to `run_id`, or to the latest run named
-`run_name` in the experiment. MLflow's metric history is append-only (no API
-deletes a point), so the writer first reads, for every metric of the run, the last
-step logged, and then skips any (key, step) at or before it, logging once (absl
-warning) how many it skipped: read back per step, each step has exactly one point,
-the earlier run's for steps it had already logged. Artifacts of a re-logged step
-are replaced. Repeated keys at one step (outside resume) are recorded as given.
+Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
+MLflow's metric history is append-only, so the writer first reads each metric's last logged
+step and skips any (key, step) at or before it, with one absl warning: each step keeps
+exactly one point, the earlier run's where it had one. Artifacts of a re-logged step are
+replaced. Outside resume, repeated keys at one step are recorded as given.
 
 Example:
   >>> import os, tempfile, writers
@@ -47,28 +37,24 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
 from absl import logging
 
-from writers import _checks, _encode, _trackers
-from writers._base import BaseWriter
-from writers.interface import Array, Scalar
+from writers import _encode, _trackers
 
 
-class MlflowWriter(BaseWriter):
+class MlflowWriter(_trackers.TrackerWriter):
     """Logs every write call to an MLflow run with one `MlflowClient` call.
 
     Args:
-      experiment_name: Experiment of a new run (created if missing; None: MLflow's
-        "Default").
+      experiment_name: Experiment of a new run (created if missing; None: "Default").
       tracking_uri: Tracking store (None: MLflow's default, `MLFLOW_TRACKING_URI`).
-      collection: Name of what is logged (`train`, `eval/task`): the default run name.
-      run_id: Log into this existing run (it is left running by `close()` unless resumed).
+      collection: What is logged (`train`, `eval/task`): the default run name.
+      run_id: Log into this existing run (left running by `close()` unless resumed).
       run_name: Name of a new run, or of the run to resume (default: `collection`).
       resume_step: Resume the run at this step (see the module docstring).
       tags: Tags of a new run.
-      artifact_location: Where a new experiment keeps its artifacts (None: the
-        store's default; for a database store without a server, `./mlruns`).
+      artifact_location: Where a new experiment keeps its artifacts (None: the store's
+        default; for a database store without a server, `./mlruns`).
       clock: Unix seconds for metric timestamps (patch it in tests).
       process_index: This process's index (None: `jax.process_index()`); only 0 logs.
 
@@ -76,6 +62,8 @@ class MlflowWriter(BaseWriter):
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
       ValueError: `resume_step` finds no run to resume, or is negative.
     """
+
+    _tracker = "MLflow"
 
     def __init__(
         self,
@@ -98,15 +86,13 @@ class MlflowWriter(BaseWriter):
         self._metric, self._param = Metric, Param
         self._max_metrics = validation.MAX_METRICS_PER_BATCH
         self._max_params = validation.MAX_PARAMS_TAGS_PER_BATCH
-        if resume_step is not None:
-            resume_step = _checks.check_step(resume_step, "MlflowWriter(resume_step=...)")
+        resume_step, here = self._start(resume_step, process_index)
         self._clock = clock
         self._client: Any = None
         self.run_id: str | None = None
         self._last_steps: dict[str, int] = {}
         self._skipped = 0
-        self._owned = False
-        if not _trackers.writes_here(process_index):
+        if not here:
             return
         self._client = client = mlflow.MlflowClient(tracking_uri)
         run_name = run_name or collection
@@ -130,20 +116,7 @@ class MlflowWriter(BaseWriter):
                 self._last_steps[key] = max(m.step for m in client.get_metric_history(run_id, key))
         self.run_id = run_id
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Raises `NotImplementedError`: MLflow has no raw-tensor type."""
-        self._begin("write_summaries", step, values)
-        raise NotImplementedError(
-            f"MlflowWriter.write_summaries: MLflow has no raw-tensor type, so {sorted(values)} "
-            "cannot be stored. Write them as scalars (one element) or histograms instead."
-        )
-
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Logs every number of the call as a metric in one `log_batch` (1000 per batch)."""
-        step = self._begin("write_scalars", step, scalars)
-        numbers = _checks.check_numbers(scalars, "MlflowWriter.write_scalars")
+    def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         if self._client is None:
             return
         if self._last_steps:
@@ -151,82 +124,34 @@ class MlflowWriter(BaseWriter):
         stamp = int(self._clock() * 1000)
         metrics = [self._metric(k, float(v), stamp, step) for k, v in numbers.items()]
         for start in range(0, len(metrics), self._max_metrics):
-            chunk = metrics[start : start + self._max_metrics]
-            self._client.log_batch(self.run_id, metrics=chunk)
+            self._client.log_batch(self.run_id, metrics=metrics[start : start + self._max_metrics])
 
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Uploads each image as `images/<key>/step_<step>_<i>.png`."""
-        step = self._begin("write_images", step, images)
-        arrays = _checks.check_images(images, "MlflowWriter.write_images")
-        files = {k: [_encode.png(i) for i in _checks.images_as_uint8(v)] for k, v in arrays.items()}
-        self._upload("write_images", "images", step, files, ".png")
+    def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
+        files = {k: [_encode.png(i) for i in v] for k, v in images.items()}
+        self._upload(method, method.removeprefix("write_"), step, files, ".png")
 
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Uploads each `[N, T, H, W, C]` video as N filmstrip PNGs `[H, T*W, C]`."""
-        step = self._begin("write_videos", step, videos)
-        arrays = _checks.check_videos(videos, "MlflowWriter.write_videos")
-        files = {k: [_encode.png(i) for i in _trackers.filmstrip(v)] for k, v in arrays.items()}
-        self._upload("write_videos", "videos", step, files, ".png")
-
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Uploads each clip of `[N, T, C]` as `audio/<key>/step_<step>_<i>.wav`."""
-        step = self._begin("write_audios", step, audios)
-        arrays = _checks.check_audios(audios, sample_rate, "MlflowWriter.write_audios")
-        files = {k: [_encode.wav(c, sample_rate) for c in v] for k, v in arrays.items()}
+    def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
+        files = {k: [_encode.wav(c, sample_rate) for c in v] for k, v in clips.items()}
         self._upload("write_audios", "audio", step, files, ".wav")
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Uploads each text as `texts/<key>/step_<step>.txt` (UTF-8)."""
-        step = self._begin("write_texts", step, texts)
-        checked = _checks.check_texts(texts, "MlflowWriter.write_texts")
-        self._upload("write_texts", "texts", step, {k: v.encode() for k, v in checked.items()})
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._upload("write_texts", "texts", step, {k: v.encode() for k, v in texts.items()})
 
-    def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
-    ) -> None:
-        """Uploads each histogram as `histograms/<key>/step_<step>.json` (edges and counts)."""
-        step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, "MlflowWriter.write_histograms")
-        buckets = num_buckets or {}
-        files = {}
-        for key, arr in checked.items():
-            counts, edges = _checks.bucketize(arr, buckets.get(key))
-            flat = arr.astype(np.float64).reshape(-1)
-            files[key] = json.dumps(
-                {
-                    "edges": edges.tolist(),
-                    "counts": counts.tolist(),
-                    "count": int(flat.size),
-                    "min": float(flat.min()),
-                    "max": float(flat.max()),
-                    "mean": float(flat.mean()),
-                }
-            ).encode()
+    def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
+        files = {
+            k: json.dumps(_encode.histogram(v, buckets.get(k))).encode() for k, v in arrays.items()
+        }
         self._upload("write_histograms", "histograms", step, files, ".json")
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Logs the hyperparameters as params (strings), 100 per `log_batch`."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, "MlflowWriter.write_hparams")
+    def _params(self, hparams: dict[str, Any]) -> None:
         if self._client is None:
             return
-        params = [self._param(k, str(_trackers.hparam(v))) for k, v in hparams.items()]
+        params = [self._param(k, str(v)) for k, v in hparams.items()]
         for start in range(0, len(params), self._max_params):
             self._client.log_batch(self.run_id, params=params[start : start + self._max_params])
 
-    def flush(self) -> None:
-        """Does nothing: every call has reached the tracking store when it returns."""
-
-    def close(self) -> None:
-        """Marks the run FINISHED if this writer created or resumed it; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._client is not None and self._owned:
-            self._client.set_terminated(self.run_id)
+    def _end_run(self) -> None:
+        self._client.set_terminated(self.run_id)
 
     def _find_run(self, experiment: str | None, name: str | None, resume_step: int) -> str:
         found = self._client.get_experiment_by_name(experiment or "Default")

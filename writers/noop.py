@@ -1,7 +1,8 @@
 """`NoopWriter`: accepts every call and writes nothing.
 
-Useful on non-zero processes of a multi-host job, in tests, and as a base for
-writers that only care about a few kinds of values.
+Useful on non-zero processes of a multi-host job, in tests, and as a base for writers that
+only care about a few kinds of values: it checks nothing, so a subclass overriding a few
+methods behaves like a CLU writer with empty methods for the rest.
 
 Example:
   >>> import writers
@@ -19,45 +20,19 @@ from writers.interface import Array, MetricWriter, Scalar
 
 
 class NoopWriter(MetricWriter):
-    """A writer that discards everything; every method returns immediately.
-
-    It checks nothing, so subclasses that override a few methods behave like a
-    CLU writer with empty methods for the rest.
-    """
+    """A writer that discards everything; every method returns immediately."""
 
     def write_summaries(
         self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Discards the values."""
-
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Discards the values."""
-
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Discards the values."""
-
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Discards the values."""
-
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Discards the values."""
-
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Discards the values."""
-
+    ) -> None: ...
+    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None: ...
+    def write_images(self, step: int, images: Mapping[str, Array]) -> None: ...
+    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None: ...
+    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None: ...
+    def write_texts(self, step: int, texts: Mapping[str, str]) -> None: ...
     def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
-    ) -> None:
-        """Discards the values."""
-
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Discards the values."""
-
-    def flush(self) -> None:
-        """Does nothing."""
-
-    def close(self) -> None:
-        """Does nothing."""
+        self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
+    ) -> None: ...
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...

@@ -1,10 +1,8 @@
 """Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
 
-Reads `metrics.jsonl` (or, where a run has none, its TensorBoard event files) of one or
-more runs and draws one panel per key, every run's series overlaid: train and eval of an
-experiment, and several experiments side by side. Curves are smoothed as TensorBoard's
-scalar dashboard smooths them (a debiased exponential moving average), with the raw
-values drawn faintly behind.
+Reads `metrics.jsonl` (or else the TensorBoard event files) of one or more runs and draws one
+panel per key, every run's series overlaid, smoothed as TensorBoard's scalar dashboard does
+(a debiased exponential moving average) with the raw values faint behind.
 
 Usage:
     python -m writers.plot runs/demo                          # loss and accuracy -> plot.png
@@ -12,11 +10,9 @@ Usage:
     python -m writers.plot runs/demo --terminal               # over ssh: a text plot
     python -m writers.plot runs/demo --terminal --follow      # redraw as the logs grow
 
-A path is a run directory (holding `metrics.jsonl` or event files, e.g.
-`runs/demo/train`) or an experiment directory whose runs are found below it
-(`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Series are labelled
-`<run>:<key>`. Needs the `plot` extra (`pip install 'jax-metrics-manager[plot]'`):
-matplotlib for PNGs, plotext for the terminal.
+A path is a run directory (`runs/demo/train`) or an experiment directory whose runs are found
+below it (`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Series are labelled
+`<run>:<key>`. Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
 
 Example:
   >>> import tempfile, writers
@@ -41,12 +37,12 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from writers import _logread
+from writers import _logread, _storage
 
 DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
@@ -54,15 +50,7 @@ MAX_DEFAULT_KEYS = 4
 
 @dataclasses.dataclass(frozen=True)
 class Series:
-    """One plotted line: a key of one run against step.
-
-    Attributes:
-      run: the run's label, e.g. `demo/train`.
-      key: the metric, e.g. `loss`.
-      steps: the steps, increasing.
-      values: the logged values at those steps (NaN where the log has NaN).
-      smoothed: `values` smoothed as TensorBoard does (`smooth`).
-    """
+    """One plotted line: `key` of run `run` at `steps` (increasing), raw and smoothed."""
 
     run: str
     key: str
@@ -78,14 +66,7 @@ class Series:
 
 @dataclasses.dataclass(frozen=True)
 class PlotData:
-    """What one call of `plot_runs` drew.
-
-    Attributes:
-      keys: the keys plotted, one panel each, in order.
-      series: every line drawn, in panel order.
-      png: the PNG written, or None.
-      text: the terminal plot (what `--terminal` prints), or None.
-    """
+    """What one `plot_runs` call drew: keys (one panel each), series, PNG path, text plot."""
 
     keys: list[str]
     series: list[Series]
@@ -101,29 +82,25 @@ class PlotData:
                 for x in array.tolist()
             ]
 
-        return {
-            "keys": self.keys,
-            "png": self.png,
-            "series": [
-                {
-                    "run": s.run,
-                    "key": s.key,
-                    "label": s.label,
-                    "steps": s.steps.tolist(),
-                    "values": numbers(s.values),
-                    "smoothed": numbers(s.smoothed),
-                }
-                for s in self.series
-            ],
-        }
+        series = [
+            {
+                "run": s.run,
+                "key": s.key,
+                "label": s.label,
+                "steps": s.steps.tolist(),
+                "values": numbers(s.values),
+                "smoothed": numbers(s.smoothed),
+            }
+            for s in self.series
+        ]
+        return {"keys": self.keys, "png": self.png, "series": series}
 
 
 def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
     """TensorBoard's scalar smoothing: a debiased exponential moving average.
 
     `last = last * weight + (1 - weight) * value`, divided by `1 - weight**n` after `n`
-    finite values; non-finite values are left as they are and not averaged in. A constant
-    series is returned as it is (TensorBoard does the same).
+    finite values; non-finite values stay as they are. A constant series is returned as is.
 
     Example:
       >>> smooth([1.0, 0.0], 0.5).tolist()  # (0.5 * 0.5 + 0) / (1 - 0.25)
@@ -142,16 +119,36 @@ def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
     return out
 
 
+def _problems(smoothing: float, sizes: Mapping[str, Any], flag: str = "") -> list[str]:
+    """What is wrong with the options, each named as `flag + name`."""
+    problems = []
+    if not 0 <= smoothing < 1:
+        problems.append(
+            f"{flag}smoothing must be in [0, 1) (TensorBoard's slider), got {smoothing!r}: 0 "
+            "draws the raw values, 0.6 is TensorBoard's default"
+        )
+    return problems + [
+        f"{flag}{name} must be a positive integer, got {v!r}"
+        for name, v in sizes.items()
+        if v is not None and not (int(v) == v and v >= 1)
+    ]
+
+
+def _check(smoothing: float, sizes: Mapping[str, Any] | None = None) -> None:
+    problems = _problems(smoothing, sizes or {})
+    if problems:
+        raise ValueError(f"writers.plot: {'; '.join(problems)}.")
+
+
 def load_series(
     paths: Sequence[str], keys: Sequence[str] | None = None, smoothing: float = 0.6
 ) -> tuple[list[str], list[Series]]:
     """The keys to plot and their series, read from the runs at or under `paths`.
 
     Args:
-      paths: run or experiment directories (see module docstring).
-      keys: metrics to plot; None for `loss` and `accuracy` (those present), or the
-        first few keys when neither is logged.
-      smoothing: TensorBoard's smoothing weight, 0 (none) to below 1.
+      paths: Run or experiment directories (see the module docstring).
+      keys: Metrics to plot; None: `loss` and `accuracy` (those logged), else the first few.
+      smoothing: TensorBoard's smoothing weight in [0, 1).
 
     Returns:
       The keys, and one series per run that logged each key (runs in path order).
@@ -161,11 +158,7 @@ def load_series(
       ValueError: a key no run logged (the message lists those that were), no scalars
         logged yet, or `smoothing` outside [0, 1).
     """
-    if not 0 <= smoothing < 1:
-        raise ValueError(
-            f"writers.plot: smoothing must be in [0, 1) (TensorBoard's slider), got "
-            f"{smoothing!r}; 0 draws the raw values, 0.6 is TensorBoard's default."
-        )
+    _check(smoothing)
     table: dict[str, list[tuple[str, dict[int, float]]]] = {}
     for run in _logread.find_runs(paths):
         scalars = _logread.read_run(run)
@@ -212,16 +205,16 @@ def plot_runs(
     """Reads the runs at or under `paths` and draws `keys` against step.
 
     Args:
-      paths: run or experiment directories (see module docstring).
-      keys: metrics to plot (None: `loss` and `accuracy`, or the first few keys).
+      paths: Run or experiment directories (see the module docstring).
+      keys: Metrics to plot (None: `loss` and `accuracy`, or the first few keys).
       out: PNG file to write (replaced atomically), or None for no PNG.
-      terminal: also render a text plot (returned as `PlotData.text`, not printed).
+      terminal: Also render a text plot (returned as `PlotData.text`, not printed).
       smoothing: TensorBoard's smoothing weight in [0, 1).
       width: PNG width in pixels.
       height: PNG height in pixels.
       dpi: PNG resolution (fonts scale with it).
-      cols: text plot width in characters (None: the terminal's).
-      rows: text plot height in lines (None: the terminal's, less two).
+      cols: Text plot width in characters (None: the terminal's).
+      rows: Text plot height in lines (None: the terminal's, less two).
       color: ANSI colors in the text plot.
 
     Returns:
@@ -231,19 +224,14 @@ def plot_runs(
       FileNotFoundError, ValueError: as `load_series`; ValueError also for a size < 1.
       ImportError: matplotlib (PNG) or plotext (terminal) is not installed.
     """
-    sizes = {"width": width, "height": height, "dpi": dpi, "cols": cols, "rows": rows}
-    bad = {name: v for name, v in sizes.items() if v is not None and not (int(v) == v and v >= 1)}
-    if bad:
-        raise ValueError(f"writers.plot: sizes must be positive integers, got {bad}.")
+    _check(smoothing, {"width": width, "height": height, "dpi": dpi, "cols": cols, "rows": rows})
     keys, series = load_series(paths, keys, smoothing)
     text = None
+    if out is not None or terminal:
+        from writers import _draw  # noqa: PLC0415  (matplotlib, plotext only when drawing)
     if out is not None:
-        from writers import _draw  # noqa: PLC0415  (matplotlib only when a PNG is asked for)
-
         _draw.png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
     if terminal:
-        from writers import _draw  # noqa: PLC0415
-
         size = shutil.get_terminal_size((100, 32))
         text = _draw.text(keys, series, cols or size.columns, rows or max(size.lines - 2, 8), color)
     return PlotData(keys, series, out, text)
@@ -263,10 +251,9 @@ def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
 def _follow(
     paths: Sequence[str], draw: Callable[[], None], interval: float, max_redraws: int
 ) -> None:
-    """Calls `draw` whenever the files under `paths` change, until `max_redraws` (0: never).
+    """Calls `draw` whenever the files under `paths` change, `max_redraws` times (0: forever).
 
-    Until there is something to draw (no run yet, a key not logged yet), the reason is
-    printed once and the files are checked again.
+    Until there is something to draw, prints why once and keeps checking.
     """
     last: tuple[tuple[str, int, int], ...] | None = None
     redraws, reported = 0, ""
@@ -285,47 +272,28 @@ def _follow(
             time.sleep(interval)
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)  # a reader never sees a half-written file
-
-
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m writers.plot", description=(__doc__ or "").split("\n\n")[0]
     )
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run or experiment dirs")
-    parser.add_argument("--keys", default="", help="comma-separated keys (default: loss,accuracy)")
-    parser.add_argument("--out", help="PNG to write (default plot.png, unless --terminal)")
-    parser.add_argument("--terminal", action="store_true", help="print a text plot")
-    parser.add_argument("--smoothing", type=float, default=0.6, help="TensorBoard's, in [0, 1)")
-    parser.add_argument("--width", type=int, default=1200, help="PNG width in pixels")
-    parser.add_argument("--height", type=int, default=800, help="PNG height in pixels")
-    parser.add_argument("--dpi", type=int, default=100, help="PNG dots per inch")
-    parser.add_argument("--cols", type=int, help="text plot width (default: the terminal's)")
-    parser.add_argument("--rows", type=int, help="text plot height (default: the terminal's)")
-    parser.add_argument("--follow", action="store_true", help="redraw when the logs grow")
-    parser.add_argument("--interval", type=float, default=2.0, help="--follow: seconds per check")
-    parser.add_argument(
-        "--max_redraws", type=int, default=0, help="--follow: stop after N (0: never)"
-    )
-    parser.add_argument("--dump_series", help="write the plotted series as JSON on every draw")
+    add = parser.add_argument
+    add("run_dirs", nargs="+", metavar="RUN_DIR", help="run or experiment dirs")
+    add("--keys", default="", help="comma-separated keys (default: loss,accuracy)")
+    add("--out", help="PNG to write (default plot.png, unless --terminal)")
+    add("--terminal", action="store_true", help="print a text plot")
+    add("--smoothing", type=float, default=0.6, help="TensorBoard's, in [0, 1)")
+    add("--width", type=int, default=1200, help="PNG width in pixels")
+    add("--height", type=int, default=800, help="PNG height in pixels")
+    add("--dpi", type=int, default=100, help="PNG dots per inch")
+    add("--cols", type=int, help="text plot width (default: the terminal's)")
+    add("--rows", type=int, help="text plot height (default: the terminal's)")
+    add("--follow", action="store_true", help="redraw when the logs grow")
+    add("--interval", type=float, default=2.0, help="--follow: seconds per check")
+    add("--max_redraws", type=int, default=0, help="--follow: stop after N (0: never)")
+    add("--dump_series", help="write the plotted series as JSON on every draw")
     args = parser.parse_args(argv)
-    problems = []
-    if not 0 <= args.smoothing < 1:
-        problems.append(
-            f"--smoothing must be in [0, 1) (TensorBoard's slider), got {args.smoothing}"
-        )
-    sizes = {
-        f"--{name}": getattr(args, name) for name in ("width", "height", "dpi", "cols", "rows")
-    }
-    problems += [
-        f"{flag} must be a positive integer, got {v}"
-        for flag, v in sizes.items()
-        if v is not None and v < 1
-    ]
+    sizes = {name: getattr(args, name) for name in ("width", "height", "dpi", "cols", "rows")}
+    problems = _problems(args.smoothing, sizes, flag="--")
     if not args.interval > 0:
         problems.append(f"--interval must be > 0 seconds, got {args.interval}")
     if args.max_redraws < 0:
@@ -338,34 +306,22 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The command line (see module docstring); returns the exit status."""
+    """The command line (see the module docstring); returns the exit status."""
     args = _parse(sys.argv[1:] if argv is None else argv)
     keys = [key for key in args.keys.split(",") if key] or None
     clear = args.follow and args.terminal and sys.stdout.isatty()
+    options = ("out", "terminal", "smoothing", "width", "height", "dpi", "cols", "rows")
 
     def draw() -> None:
-        data = plot_runs(
-            args.run_dirs,
-            keys,
-            out=args.out,
-            terminal=args.terminal,
-            smoothing=args.smoothing,
-            width=args.width,
-            height=args.height,
-            dpi=args.dpi,
-            cols=args.cols,
-            rows=args.rows,
-            color=sys.stdout.isatty(),
-        )
-        if args.dump_series:
-            _write_json(args.dump_series, data.to_json())
+        kwargs = {name: getattr(args, name) for name in options}
+        data = plot_runs(args.run_dirs, keys, color=sys.stdout.isatty(), **kwargs)
+        if args.dump_series:  # replaced atomically: a reader never sees half a file
+            _storage.replace_file(args.dump_series, [json.dumps(data.to_json()).encode()])
         if data.text is not None:
             print(("\x1b[H\x1b[2J" if clear else "") + data.text, flush=True)
         if data.png and not clear:
-            print(
-                f"wrote {data.png} ({len(data.series)} series of {', '.join(data.keys)})",
-                flush=True,
-            )
+            keys_drawn = ", ".join(data.keys)
+            print(f"wrote {data.png} ({len(data.series)} series of {keys_drawn})", flush=True)
 
     try:
         if args.follow:

@@ -1,37 +1,23 @@
 """`TensorBoardWriter`: TensorBoard event files, all values of one call in one event.
 
-tensorboardX's `add_scalar` writes one event per value, through a process queue,
-and computes each record's CRC byte by byte in Python. This writer puts every
-value of a call into one `Summary`, written as one event (scalar events are
-encoded directly, byte-identical to protobuf's), framed with tensorboardX's
-CRC on the `crc32c` package (`_records`): 25-50x faster than `add_scalar` at 50
-scalars per call here (see
-benchmarks/writer_throughput.py). tensorboardX supplies the protos. Events
-are written synchronously, so `flush()` really means "on disk" (tensorboardX's
-own queue may still hold events after its `flush()`); wrap the writer in
-`AsyncWriter` to take the work off the training loop. A background timer also
-flushes every `flush_secs`.
+tensorboardX's `add_scalar` writes one event per value through a process queue; this writer
+puts every value of a call into one event (scalar events encoded directly, byte-identical to
+protobuf's) with a fast CRC (`_records`): 25-50x faster at 50 scalars per call (see
+benchmarks/writer_throughput.py). Events are written synchronously, so `flush()` means "on
+disk"; a background timer also flushes every `flush_secs`, and a writer never closed is
+closed at exit. Wrap it in `AsyncWriter` to take the work off the training loop.
 
-Where values land (as TensorBoard's `EventAccumulator` reads them):
+Where values land (as TensorBoard's `EventAccumulator` reads them): scalars as `simple_value`
+(NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
+images in the images plugin as PNGs; videos as one filmstrip image `[H, T*W, C]` each;
+audio as 16-bit WAV clips (`<key>/<i>` when N > 1); histograms as `HistogramProto`
+(30 buckets by default); hparams as the HParams plugin's session start at step 0; raw
+tensors (`write_summaries`) as tensor protos with the given `SummaryMetadata`.
 
-* scalars: `simple_value` under the key (NaN and infinities kept as they are);
-* texts: the text plugin, under the key itself (CLU's tag; tensorboardX's
-  `add_text` would add `/text_summary`);
-* images: the images plugin, one tag per key holding all N images as PNG;
-* videos `[N, T, H, W, C]`: each video as one filmstrip image `[H, T*W, C]`;
-* audio `[N, T, C]`: 16-bit WAV clips under the key (`<key>/<i>` when N > 1);
-* histograms: `HistogramProto` with `num_buckets` equal-width buckets (30 by default);
-* hparams: the HParams plugin's session-start info, at step 0;
-* raw tensors (`write_summaries`): tensor protos with the given `SummaryMetadata`.
-
-A writer that is never closed is closed at interpreter exit, so its last
-events still reach the disk. `purge_step` is the resume fix: TensorBoard hides
-events at or after that step written by earlier runs into the same directory
-(a resumed run at step S passes `purge_step=S + 1`). Each writer creates its
-own event file in `logdir`, never overwriting one. A URL logdir (`gs://`,
-`s3://`, any fsspec protocol; install the `[gcs]` or `[s3]` extra) gets one new
-event-file object per flush holding the events since the previous flush, so
-upload bytes grow linearly with the run (`_records.EventFile`).
+Each writer creates its own event file, never overwriting one. `purge_step` is the resume
+fix: TensorBoard hides earlier runs' events at or after it (a run resumed at step S passes
+S + 1). A URL logdir (`gs://`, `s3://`; extras `[gcs]`, `[s3]`) gets one new object per
+flush, so upload bytes grow linearly with the run.
 
 Example:
   >>> import tempfile, writers
@@ -49,9 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from writers import _checks, _exit
+from writers import _checks, _encode, _exit
 from writers._base import BaseWriter
-from writers.interface import Array, Scalar
 
 
 class TensorBoardWriter(BaseWriter):
@@ -121,72 +106,32 @@ class TensorBoardWriter(BaseWriter):
         """The event file this writer appends to (for a URL logdir: its first part)."""
         return self._file.path
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        """Writes raw tensors, each with `metadata` (a `SummaryMetadata` proto or its bytes)."""
-        step = self._begin("write_summaries", step, values)
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         meta = self._tb.metadata(metadata, "TensorBoardWriter.write_summaries")
         self._emit(step, [self._tb.tensor(k, np.asarray(v), meta) for k, v in values.items()])
 
-    def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
-        """Writes every scalar of the call as one `simple_value` in one event."""
-        step = self._begin("write_scalars", step, scalars)
-        numbers = _checks.check_numbers(scalars, "TensorBoardWriter.write_scalars")
+    def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._file.write(self._tb.scalar_event(step, numbers))
         self._pending = True
 
-    def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        """Writes each `[H, W, C]` or `[N, H, W, C]` array under its key as PNGs."""
-        step = self._begin("write_images", step, images)
-        arrays = _checks.check_images(images, "TensorBoardWriter.write_images")
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
         self._emit(
-            step, [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in arrays.items()]
+            step, [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in images.items()]
         )
 
-    def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Writes each `[N, T, H, W, C]` video as a filmstrip image `[H, T*W, C]`."""
-        step = self._begin("write_videos", step, videos)
-        arrays = _checks.check_videos(videos, "TensorBoardWriter.write_videos")
-        values = []
-        for key, video in arrays.items():
-            n, t, h, w, c = video.shape
-            strip = video.transpose(0, 2, 1, 3, 4).reshape(n, h, t * w, c)
-            values.append(self._tb.images(key, _checks.images_as_uint8(strip)))
-        self._emit(step, values)
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._emit(step, [self._tb.images(k, _encode.filmstrip(v)) for k, v in videos.items()])
 
-    def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
-        """Writes each `[N, T, C]` array as N 16-bit WAV clips."""
-        step = self._begin("write_audios", step, audios)
-        arrays = _checks.check_audios(audios, sample_rate, "TensorBoardWriter.write_audios")
-        values = []
-        for key, clips in arrays.items():
-            values += self._tb.audios(key, clips, sample_rate)
-        self._emit(step, values)
+    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
+        self._emit(step, [v for k, c in clips.items() for v in self._tb.audios(k, c, sample_rate)])
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        """Writes texts (markdown) to the text plugin under their keys."""
-        step = self._begin("write_texts", step, texts)
-        self._emit(
-            step, self._tb.texts(_checks.check_texts(texts, "TensorBoardWriter.write_texts"))
-        )
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._emit(step, self._tb.texts(texts))
 
-    def write_histograms(
-        self,
-        step: int,
-        arrays: Mapping[str, Array],
-        num_buckets: Mapping[str, int] | None = None,
-    ) -> None:
-        """Writes a histogram per array with `num_buckets[key]` buckets (default 30)."""
-        step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, "TensorBoardWriter.write_histograms")
-        buckets = num_buckets or {}
-        self._emit(step, [self._tb.histogram(k, arr, buckets.get(k)) for k, arr in checked.items()])
+    def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
+        self._emit(step, [self._tb.histogram(k, v, buckets.get(k)) for k, v in arrays.items()])
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Writes hyperparameters for TensorBoard's HParams plugin (at step 0)."""
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, "TensorBoardWriter.write_hparams")
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._emit(0, self._tb.hparams(hparams))
 
     def flush(self) -> None:

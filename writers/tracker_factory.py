@@ -1,13 +1,9 @@
 """`create_tracker_writer`: the default writer set plus one experiment tracker (W&B, MLflow).
 
-A `MetricsManager` builds one writer per collection (`train`, `eval/<task>`) by
-calling `writer_factory(logdir, collection=name)`. This factory returns the
-writers of `default_writer(logdir, collection=...)` (console, TensorBoard,
-JSONL...) and `tracker(collection=..., logdir=...)` side by side in one flat
-`MultiWriter`, so a failing tracker stops none of the files. The tracker is
-given `logdir` only if it takes one (`WandbWriter` keeps its local files there).
-
-Gin: `configs/writers/wandb.gin` and `configs/writers/mlflow.gin` bind it.
+A `MetricsManager` calls `writer_factory(logdir, collection=name)` once per collection; this
+factory returns `default_writer(logdir, collection=...)`'s writers and
+`tracker(collection=..., [logdir=...])` side by side in one flat `MultiWriter`, so a failing
+tracker stops none of the files. Gin: `configs/writers/wandb.gin`, `mlflow.gin`.
 
 Example:
   >>> import tempfile, writers
@@ -44,13 +40,11 @@ def create_tracker_writer(
 
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
-      collection: Passed to both factories (the manager's name, e.g. `train`).
-      tracker: Makes the tracker writer, e.g. `writers.WandbWriter` or a
-        `functools.partial` of `writers.MlflowWriter`; called as
-        `tracker(collection=..., [logdir=...])`.
+      collection: Passed to both factories (e.g. `train`).
+      tracker: Makes the tracker writer, e.g. `writers.WandbWriter` or a `functools.partial`
+        of `writers.MlflowWriter`; given `logdir` only if it takes one.
       name: Name of the tracker inside the `MultiWriter` (errors name it).
-      default_writer: Makes the other writers (`writers.create_default_writer`, or
-        its gin-configured version `@writers.create_default_writer`).
+      default_writer: Makes the other writers (e.g. `@writers.create_default_writer` in gin).
 
     Returns:
       A `MultiWriter` over the default writers and the tracker, named `name`.
