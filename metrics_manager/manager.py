@@ -7,25 +7,13 @@
       state, running = train_step(state, running, batch)   # merge_metrics inside the step
     manager.write_metrics_summary(running, start + num_steps, num_steps)
 
-One linear host pipeline. The caller's thread checks every argument once (a bad input raises
+One linear host pipeline: the caller's thread checks every argument once (a bad input raises
 at the call, naming the key and the fix) and queues a job; one ordered worker thread
-(`writers._worker.OrderedWorker`) does the rest: it times the window, copies the metrics to
-the host in one transfer, calls `compute_value()` per metric and hands the values to each
-writer in turn. Writers are plain synchronous backends: the manager's fan-out is what
-isolates them.
-
-Failures (see the README's "Failure modes"):
-
-* A writer that raises is logged at once (writer, step, keys), counted in `errors`, and
-  retried on the next call; after `max_writer_failures` failures in a row it is quarantined
-  (no more calls). Every other writer still receives every value.
-* A writer call that runs past `writer_deadline_s` is abandoned: the writer is quarantined,
-  the worker goes on without it, `close()` returns and the process can exit.
-* A metric whose `compute_value()` raises is left out of that summary; the rest is written.
-* `on_error="warn"` (default) keeps training; `on_error="raise"` is T5X's contract: the
-  summary's future fails and the next call raises `MetricsManagerError`.
-* SIGTERM and SIGINT: every summary issued before the signal reaches every writer's storage,
-  then the previous handler runs (so the process exits as it would have).
+(`writers._worker.OrderedWorker`) times the window, copies the metrics to the host in one
+transfer, computes the values and hands them to each writer in turn. Writers are plain
+synchronous backends; the manager's per-writer fan-out isolates them. What each fault costs
+(a raising or hung writer, a failing metric, SIGTERM, SIGKILL) is in the README's "Failure
+modes".
 
 Host-side module: never import it from code traced by jit.
 """
