@@ -22,6 +22,11 @@ from typing import Any, TextIO
 
 from absl import logging
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: logs are opened without the cross-process check
+    fcntl = None  # type: ignore[assignment]
+
 from writers import _storage
 
 _STEP = re.compile(rb'^\{"step": (null|\d+)[,}]')
@@ -80,16 +85,16 @@ class LocalLog:
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        if resume_step is not None and os.path.exists(path):
+        # buffering=1: line-buffered, each line reaches the OS when it is written.
+        self._file: TextIO = _open_locked(path)
+        if resume_step is not None:
             with open(path, "rb") as old:
                 _storage.replace_file(path, kept_lines(old, resume_step))
-        self.last_step: int | None = None
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-                self.last_step = last_step(f.read())
-        # buffering=1: line-buffered, each line reaches the OS when it is written.
-        self._file: TextIO = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+            previous, self._file = self._file, _open_locked(path)  # the rewritten file
+            previous.close()
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            self.last_step: int | None = last_step(f.read())
 
     def write(self, text: str) -> None:
         self._file.write(text)
@@ -103,6 +108,28 @@ class LocalLog:
             self.flush()
         finally:
             self._file.close()
+
+
+def _open_locked(path: str) -> TextIO:
+    """Opens `path` for appending, holding an exclusive lock on it for as long as it is open.
+
+    Two processes appending to one log would interleave their runs' lines. The lock lives
+    on the open file, so the kernel drops it when the process ends, SIGKILL included: no
+    lock file is left behind. Remote logs (no `flock`) are not checked.
+    """
+    file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
+    if fcntl is None:
+        return file
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.close()
+        raise ValueError(
+            f"JsonlWriter: {path} is being written by another process (it holds a lock on "
+            "the file), and two writers would interleave their lines. Give this run another "
+            "summary_dir or name, or stop the other process first."
+        ) from None
+    return file
 
 
 class RemoteLog:
