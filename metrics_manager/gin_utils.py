@@ -32,6 +32,7 @@ import gin
 import jax
 
 from writers import _storage
+from writers._problems import Problems
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -122,13 +123,12 @@ def write_gin_config(
       >>> import tempfile
       >>> text = write_gin_config(tempfile.mkdtemp(), config_str="a.b = 1")
     """
-    problems: list[str] = []
+    problems = Problems("write_gin_config")
     if not isinstance(model_dir, str | os.PathLike):
-        problems.append(f"model_dir must be a path, got {type(model_dir).__name__}")
+        problems.type_problem(f"model_dir must be a path, got {type(model_dir).__name__}")
     if config_str is not None and not isinstance(config_str, str):
-        problems.append(f"config_str must be a str or None, got {type(config_str).__name__}")
-    if problems:
-        raise TypeError("write_gin_config: " + "; ".join(problems) + ".")
+        problems.type_problem(f"config_str must be a str or None, got {type(config_str).__name__}")
+    problems.raise_if_any()
     text = gin.operative_config_str() if config_str is None else config_str
     if jax.process_index() == 0:
         model_dir = os.fspath(model_dir)

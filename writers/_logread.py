@@ -17,6 +17,8 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from writers._problems import Problems
+
 JSONL_NAME = "metrics.jsonl"
 EVENTS_GLOB = "events.out.tfevents.*"
 _NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float() reads them
@@ -51,12 +53,16 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     Raises:
       FileNotFoundError: a path does not exist or holds no run at any depth.
     """
-    problems = []
+    problems = Problems(
+        "writers.plot: expected run directories (holding metrics.jsonl or TensorBoard event "
+        "files, e.g. runs/demo/train) or experiment directories containing them (runs/demo); "
+        "pass the model_dir a training run wrote to"
+    )
     found: list[tuple[str, str, tuple[str, ...]]] = []
     for given in paths:
         root = os.path.abspath(given)
         if not os.path.isdir(root):
-            problems.append(f"{given!r} is not a directory")
+            problems.value_problem(f"{given!r} is not a directory")
             continue
         before = len(found)
         for directory, subdirs, _ in os.walk(root):
@@ -72,16 +78,10 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
                 label = os.path.join(os.path.basename(root), os.path.relpath(directory, root))
             found.append((label.replace(os.sep, "/"), directory, files))
         if len(found) == before:
-            problems.append(
+            problems.value_problem(
                 f"no {JSONL_NAME} and no {EVENTS_GLOB} files in {given!r} or any directory below it"
             )
-    if problems:
-        raise FileNotFoundError(
-            "writers.plot: expected run directories (holding metrics.jsonl or TensorBoard event "
-            "files, e.g. runs/demo/train) or experiment directories containing them (runs/demo); "
-            + "; ".join(problems)
-            + ". Pass the model_dir a training run wrote to."
-        )
+    problems.raise_if_any(error=FileNotFoundError)
     labels = [label for label, _, _ in found]
     if len(set(labels)) < len(labels):
         labels = [os.path.relpath(directory) for _, directory, _ in found]

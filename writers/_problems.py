@@ -38,14 +38,20 @@ class Problems:
     def __bool__(self) -> bool:
         return bool(self.type_errors or self.value_errors)
 
-    def raise_if_any(self, context: str | None = None) -> None:
-        """Raises one error naming every collected problem, prefixed by the call's name."""
+    def message(self, context: str | None = None) -> str:
+        """The one message naming every collected problem, prefixed by the call's name."""
         problems = self.type_errors + self.value_errors
-        if not problems:
-            return
-        error = TypeError if self.type_errors else ValueError
         where = context or self.context
         if len(problems) == 1:
-            raise error(f"{where}: {problems[0]}")
+            return f"{where}: {problems[0]}"
         lines = "\n".join(f"  - {p}" for p in problems)
-        raise error(f"{where}: {len(problems)} problems:\n{lines}")
+        return f"{where}: {len(problems)} problems:\n{lines}"
+
+    def raise_if_any(
+        self, context: str | None = None, error: type[Exception] | None = None
+    ) -> None:
+        """Raises one error naming every problem: `error`, else TypeError if any is about a
+        type, else ValueError."""
+        if self:
+            kind = error or (TypeError if self.type_errors else ValueError)
+            raise kind(self.message(context))

@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from writers import _logread, _storage
+from writers._problems import Problems
 
 DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
@@ -119,25 +120,22 @@ def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
     return out
 
 
-def _problems(smoothing: float, sizes: Mapping[str, Any], flag: str = "") -> list[str]:
+def _problems(smoothing: float, sizes: Mapping[str, Any], flag: str = "") -> Problems:
     """What is wrong with the options, each named as `flag + name`."""
-    problems = []
+    problems = Problems("writers.plot")
     if not 0 <= smoothing < 1:
-        problems.append(
+        problems.value_problem(
             f"{flag}smoothing must be in [0, 1) (TensorBoard's slider), got {smoothing!r}: 0 "
             "draws the raw values, 0.6 is TensorBoard's default"
         )
-    return problems + [
-        f"{flag}{name} must be a positive integer, got {v!r}"
-        for name, v in sizes.items()
-        if v is not None and not (int(v) == v and v >= 1)
-    ]
+    for name, v in sizes.items():
+        if v is not None and not (int(v) == v and v >= 1):
+            problems.value_problem(f"{flag}{name} must be a positive integer, got {v!r}")
+    return problems
 
 
 def _check(smoothing: float, sizes: Mapping[str, Any] | None = None) -> None:
-    problems = _problems(smoothing, sizes or {})
-    if problems:
-        raise ValueError(f"writers.plot: {'; '.join(problems)}.")
+    _problems(smoothing, sizes or {}).raise_if_any()
 
 
 def load_series(
@@ -295,11 +293,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     sizes = {name: getattr(args, name) for name in ("width", "height", "dpi", "cols", "rows")}
     problems = _problems(args.smoothing, sizes, flag="--")
     if not args.interval > 0:
-        problems.append(f"--interval must be > 0 seconds, got {args.interval}")
+        problems.value_problem(f"--interval must be > 0 seconds, got {args.interval}")
     if args.max_redraws < 0:
-        problems.append(f"--max_redraws must be >= 0 (0: never stop), got {args.max_redraws}")
+        problems.value_problem(
+            f"--max_redraws must be >= 0 (0: never stop), got {args.max_redraws}"
+        )
     if problems:
-        parser.error("; ".join(problems))
+        parser.error(problems.message())
     if args.out is None and not args.terminal:
         args.out = "plot.png"
     return args
