@@ -1,0 +1,69 @@
+"""`OrderedWorker`: order, abandoned pieces, and jobs nobody waits on."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from writers._worker import OrderedWorker
+
+
+def test_an_abandoned_piece_that_returns_late_runs_nothing_twice():
+    ran: list[str] = []
+    stuck: list[str] = []
+    release = threading.Event()
+
+    def mark(name):
+        return lambda job: ran.append(name)
+
+    def slow(job):
+        release.wait()
+        ran.append("slow")
+
+    worker = OrderedWorker("test", on_stuck=lambda label, job: stuck.append(label))
+    first = worker.submit(
+        [("a", mark("a"), None), ("slow", slow, 0.2), ("b", mark("b"), None), ("c", mark("c"), 5)]
+    )
+    second = worker.submit([("d", mark("d"), None)])
+    assert worker.drain(10)  # the waiting caller abandons "slow" after its 0.2 s
+    assert first.result(0) is None and second.result(0) is None
+    assert ran == ["a", "b", "c", "d"] and stuck == ["slow"]
+    assert len(worker.threads) == 2
+    release.set()
+    worker.threads[0].join(5)
+    assert not worker.threads[0].is_alive()
+    assert ran == ["a", "b", "c", "d", "slow"]  # it ended on its own thread, nothing ran again
+    assert worker.close(5)
+
+
+def test_a_posted_job_makes_no_future_and_its_error_is_logged(caplog):
+    ran: list[int] = []
+    worker = OrderedWorker("posted")
+
+    def boom(job):
+        raise OSError("disk full")
+
+    assert worker.post([("boom", boom, None), ("never", lambda job: ran.append(1), None)]) is None
+    after = worker.submit([("after", lambda job: ran.append(2), None)])
+    assert after.result(5) is None and ran == [2]  # the failed job ended; the next one ran
+    assert worker.close(5)
+    assert any("posted" in r.getMessage() and "disk full" in r.getMessage() for r in caplog.records)
+
+
+def test_jobs_run_in_submission_order_with_back_pressure():
+    order: list[int] = []
+    gate = threading.Event()
+    worker = OrderedWorker("order", max_pending=2)
+    worker.post([("gate", lambda job: gate.wait(), None)])
+    for i in range(2):
+        worker.post([(str(i), lambda job, i=i: order.append(i), None)])
+    blocked = threading.Thread(
+        target=lambda: worker.post([("2", lambda job: order.append(2), None)])
+    )
+    blocked.start()
+    time.sleep(0.2)
+    assert blocked.is_alive()  # two jobs wait behind the running one: the third blocks
+    gate.set()
+    blocked.join(5)
+    assert worker.drain(5) and order == [0, 1, 2]
+    assert worker.close(5)
