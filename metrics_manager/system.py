@@ -220,6 +220,7 @@ class SystemMonitor:
                 "SystemMonitor: sample_fn must be a callable returning {name: value}, got "
                 f"{type(sample_fn).__name__}: {sample_fn!r}."
             )
+        self._nvml: Any
         self._sensors, self._nvml = (
             ([_Sensor("sample_fn", sample_fn)], None)
             if sample_fn is not None
