@@ -221,6 +221,7 @@ class MetricsManager:
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
         self._last_step: int | None = None
+        self._warned_order = False
         self._writers: dict[str, _WriterState] = {}
         self._reserved: frozenset[str] = frozenset()
         self._keys_checked: tuple[Any, ...] = ()
@@ -513,7 +514,7 @@ class MetricsManager:
 
     def _check_order(self, step: int) -> None:
         last, self._last_step = self._last_step, step
-        if last is not None and step < last and not getattr(self, "_warned_order", False):
+        if last is not None and step < last and not self._warned_order:
             self._warned_order = True
             _LOG.warning(
                 "MetricsManager %r: step %d comes after step %d. If the run resumed from a "
@@ -608,7 +609,7 @@ class MetricsManager:
         values = problems.mapping(arg, values)
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
         if arg == "scalars":
-            values = problems.numbers(values)
+            values = _checks.collect_numbers(values, problems)
         elif arg == "texts":
             if bad := [
                 f"{k!r}: {type(v).__name__}" for k, v in values.items() if type(v) is not str
@@ -812,15 +813,6 @@ class _Problems(Problems):
                 f"time and collection in every line); rename them, e.g. "
                 f"'train/{clash[0]}'",
             )
-
-    def numbers(self, values: Mapping[str, Any]) -> dict[str, int | float]:
-        out: dict[str, int | float] = {}
-        for key, value in values.items():
-            try:
-                out[key] = _checks.to_number(key, value)
-            except (TypeError, ValueError) as err:
-                self.add(type(err), str(err))
-        return out
 
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -77,8 +77,13 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     Returns the model dir and the process's stdout.
     """
     model_dir = str(tmp_path_factory.mktemp("demo") / "run")
-    flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir)]
-    flags.append(f"--gin.TOTAL_STEPS={TOTAL_STEPS}")  # T5X's shorthand for a macro binding
+    return model_dir, run_demo(_bindings(model_dir), TOTAL_STEPS)
+
+
+def run_demo(bindings: list[str], total_steps: int) -> str:
+    """Runs `python -m examples.demo` as `make demo` does, with `bindings`; returns stdout."""
+    flags = [f"--gin_bindings={binding}" for binding in bindings]
+    flags.append(f"--gin.TOTAL_STEPS={total_steps}")  # T5X's shorthand for a macro binding
     # The test process raises on implicit rank promotion; hold the demo to the same rule.
     env = dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise", JAX_PLATFORMS="cpu")
     result = subprocess.run(
@@ -90,7 +95,7 @@ def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr[-5000:]
-    return model_dir, result.stdout
+    return result.stdout
 
 
 def _jsonl(path: str) -> list[dict]:
@@ -115,7 +120,10 @@ def test_train_jsonl_has_one_line_per_summary_and_loss_falls(demo_run):
         if step % EVAL_PERIOD == 0:
             expected.append((step, "timing/evaluate_seconds"))
     kinds = [
-        (line["step"], "loss" if "loss" in line else (set(line) - {"step", "time", "collection"}).pop())
+        (
+            line["step"],
+            "loss" if "loss" in line else (set(line) - {"step", "time", "collection"}).pop(),
+        )
         for line in lines
     ]
     assert kinds == expected
@@ -140,9 +148,7 @@ def test_learning_rate_is_the_window_mean_and_last_value_of_the_schedule(demo_ru
         end_value=0.1 * PEAK_LEARNING_RATE,
     )
     lines = [
-        line
-        for line in _jsonl(os.path.join(model_dir, "train", "metrics.jsonl"))
-        if "loss" in line
+        line for line in _jsonl(os.path.join(model_dir, "train", "metrics.jsonl")) if "loss" in line
     ]
     for line in lines:
         # Summary at `step` covers train steps step - period + 1 .. step, whose updates use
@@ -156,9 +162,7 @@ def test_learning_rate_is_the_window_mean_and_last_value_of_the_schedule(demo_ru
 def test_counts_follow_the_window_and_the_batch(demo_run):
     model_dir, _ = demo_run
     train = [
-        line
-        for line in _jsonl(os.path.join(model_dir, "train", "metrics.jsonl"))
-        if "loss" in line
+        line for line in _jsonl(os.path.join(model_dir, "train", "metrics.jsonl")) if "loss" in line
     ]
     evals = _jsonl(os.path.join(model_dir, "eval", "synthetic", "metrics.jsonl"))
     for line in train:
@@ -175,7 +179,9 @@ def test_counts_follow_the_window_and_the_batch(demo_run):
 def test_eval_jsonl_has_one_line_per_eval(demo_run):
     model_dir, _ = demo_run
     lines = _jsonl(os.path.join(model_dir, "eval", "synthetic", "metrics.jsonl"))
-    assert [line["step"] for line in lines] == list(range(EVAL_PERIOD, TOTAL_STEPS + 1, EVAL_PERIOD))
+    assert [line["step"] for line in lines] == list(
+        range(EVAL_PERIOD, TOTAL_STEPS + 1, EVAL_PERIOD)
+    )
     assert lines[-1]["loss"] < lines[0]["loss"]
 
 

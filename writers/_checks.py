@@ -192,23 +192,26 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
     """`to_number` on every value (a new dict, same order); one error lists every bad key."""
     if type(scalars) is Checked:  # converted once already, at the public entry point
         return scalars
+    problems = Problems(method)
+    out = collect_numbers(scalars, problems)
+    problems.raise_if_any()
+    return out
+
+
+def collect_numbers(scalars: Mapping[str, Any], problems: Problems) -> dict[str, int | float]:
+    """`to_number` on every value; a bad one is added to `problems` and left out."""
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
         return {key: converters[type(value)](value) for key, value in scalars.items()}
     except KeyError:
         pass
     out: dict[str, int | float] = {}
-    problems = Problems(method)
     for key, value in scalars.items():
         convert = converters.get(type(value))
-        if convert is not None:
-            out[key] = convert(value)
-            continue
         try:
-            out[key] = to_number(key, value)
+            out[key] = convert(value) if convert is not None else to_number(key, value)
         except (TypeError, ValueError) as err:
             problems.add(type(err), str(err))
-    problems.raise_if_any()
     return out
 
 

@@ -20,6 +20,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import writers
+from tests.test_demo import run_demo
 from writers import _logread
 from writers.plot import load_series, plot_runs, smooth
 
@@ -43,17 +44,7 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
         "demo_model.ModelConfig.num_layers = 1",
         "demo_model.DataConfig.batch_size = 8",
     ]
-    flags = [f"--gin_bindings={b}" for b in bindings] + [f"--gin.TOTAL_STEPS={TOTAL_STEPS}"]
-    env = dict(os.environ, JAX_NUMPY_RANK_PROMOTION="raise", JAX_PLATFORMS="cpu")
-    result = subprocess.run(
-        [sys.executable, "-m", "examples.demo", "--gin_file=configs/demo.gin", *flags],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-5000:]
+    run_demo(bindings, TOTAL_STEPS)
     return model_dir
 
 
