@@ -7,13 +7,10 @@
       state, running = train_step(state, running, batch)   # merge_metrics inside the step
     manager.write_metrics_summary(running, start + num_steps, num_steps)
 
-One linear host pipeline: the caller's thread checks every argument once (a bad input raises
-at the call, naming the key and the fix) and queues a job; one ordered worker thread
-(`writers._worker.OrderedWorker`) times the window, copies the metrics to the host in one
-transfer, computes the values and hands them to each writer in turn. Writers are plain
-synchronous backends; the manager's per-writer fan-out isolates them. What each fault costs
-(a raising or hung writer, a failing metric, SIGTERM, SIGKILL) is in the README's "Failure
-modes".
+The caller's thread checks every argument once (a bad input raises at the call) and queues a
+job; one ordered worker (`writers._worker.OrderedWorker`) times the window, copies the metrics
+to the host in one transfer, computes the values and hands them to each writer, each isolated
+from the others. What each fault costs is in the README's "Failure modes".
 
 Host-side module: never import it from code traced by jit.
 """
@@ -42,22 +39,18 @@ import numpy as np
 
 import writers
 from metrics_manager import metrics as metrics_lib
+from metrics_manager import timer
+from metrics_manager.flops import perf_values
 from metrics_manager.packing import PackedMetrics
 from writers import _checks
 from writers._problems import Problems
 from writers._worker import Job, OrderedWorker
 
 WriterFactory = Callable[..., Any]
-"""`writer_factory(logdir)` returns a writer (or a `writers.MultiWriter` of writers).
+"""`writer_factory(logdir)` returns a writer or a `writers.MultiWriter`; it also gets
+`collection=<name>` if it has that keyword defaulting to None, and `resume_step` if it has one."""
 
-A factory with a `collection` keyword defaulting to None also gets `collection=<name>`; one
-with a `resume_step` keyword gets the manager's `resume_step`.
-"""
-
-Clock = Callable[[], float]
 _LOG = logging.getLogger(__name__)
-_POLICIES = ("warn", "raise")
-_NONFINITE = ("ignore", "warn", "stop")
 _KEEP_ERRORS = 1000
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 
@@ -81,14 +74,12 @@ class Failure:
         return f"{self.source}{at}{keys if self.keys else ''}: {type(self.error).__name__}: {self.error}"
 
 
+@dataclasses.dataclass(slots=True)
 class _WriterState:
-    __slots__ = ("writer", "failures", "in_a_row", "quarantined")
-
-    def __init__(self, writer: Any) -> None:
-        self.writer = writer
-        self.failures = 0
-        self.in_a_row = 0
-        self.quarantined: str | None = None  # why, once quarantined
+    writer: Any
+    failures: int = 0
+    in_a_row: int = 0
+    quarantined: str | None = None  # why, once quarantined
 
 
 _OPEN: weakref.WeakSet[MetricsManager] = weakref.WeakSet()
@@ -102,28 +93,25 @@ class MetricsManager:
 
     Args:
       name: the run's name, e.g. "train" or "eval/glue"; summaries go to
-        `<summary_dir>/<name>`. It must stay inside `summary_dir` (no `..`, not absolute).
+        `<summary_dir>/<name>`, which must stay inside `summary_dir`.
       summary_dir: root of the experiment's summaries, or None to write no files.
-      writer_factory: `writer_factory(logdir)` returns the writer(s); called once, on process
-        0 only. A `writers.MultiWriter` is unpacked so each writer is isolated. Defaults to
-        `writers.create_default_writer` (console + TensorBoard + JSONL). Use
-        `gin_utils.configured(MetricsManager)` to apply gin bindings.
+      writer_factory: `writer_factory(logdir)` returns the writer(s), called once on process 0;
+        a `writers.MultiWriter` is unpacked so each writer is isolated. Default:
+        `writers.create_default_writer`. `gin_utils.configured(MetricsManager)` applies gin.
       clock: returns seconds; times the windows (default `time.perf_counter`).
       max_pending: most jobs waiting behind the running one; a call blocks while the worker
-        is this far behind (back-pressure: nothing is dropped).
+        is this far behind (nothing is dropped).
       on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
         fails and the next call raises `MetricsManagerError`).
       writer_deadline_s: a writer call running longer is abandoned and its writer
         quarantined; None waits forever.
       max_writer_failures: a writer failing this many calls in a row is quarantined.
-      resume_step: the step a restored checkpoint resumes from: passed to the writers so that
-        values written after it by an earlier run are dropped (TensorBoard `purge_step`,
-        JSONL rewrite).
-      nonfinite: what a NaN or infinite scalar in a summary does: "ignore", "warn" (log once
-        per key) or "stop" (the next call raises `MetricsManagerError` naming the step and
-        keys).
-      system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
-        most once per `system_interval_s`.
+      resume_step: the step a restored checkpoint resumes from; writers drop the values an
+        earlier run wrote after it (TensorBoard `purge_step`, JSONL rewrite).
+      nonfinite: a NaN or infinite scalar is "ignore"d, "warn"ed (once per key) or "stop"s
+        the run (the next call raises `MetricsManagerError` naming the step and keys).
+      system_metrics: write `system/*` (CPU, memory, devices) at most once per
+        `system_interval_s`.
       system_interval_s: least time between two `system/*` samples.
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
@@ -152,7 +140,7 @@ class MetricsManager:
         summary_dir: str | os.PathLike[str] | None = None,
         *,
         writer_factory: WriterFactory | None = None,
-        clock: Clock | None = None,
+        clock: timer.Clock | None = None,
         max_pending: int = 16,
         on_error: Literal["warn", "raise"] = "warn",
         writer_deadline_s: float | None = 60.0,
@@ -188,8 +176,8 @@ class MetricsManager:
         problems.integer("max_writer_failures", max_writer_failures, minimum=1)
         if resume_step is not None:
             problems.integer("resume_step", resume_step, minimum=0)
-        problems.choice("on_error", on_error, _POLICIES)
-        problems.choice("nonfinite", nonfinite, _NONFINITE)
+        problems.choice("on_error", on_error, ("warn", "raise"))
+        problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
         for arg, number in (
             ("writer_deadline_s", writer_deadline_s),
             ("flops_per_step", flops_per_step),
@@ -206,7 +194,7 @@ class MetricsManager:
         )
         self.on_error = on_error
         self.nonfinite = nonfinite
-        self._clock: Clock = clock or time.perf_counter
+        self._clock: timer.Clock = clock or time.perf_counter
         self._deadline = writer_deadline_s
         self._max_failures = max_writer_failures
         self._flops = flops_per_step
@@ -291,8 +279,8 @@ class MetricsManager:
     def start_duration_timer(self, block_on: Any = ()) -> None:
         """Opens a summary window that starts when `block_on` (the train state) is ready.
 
-        Returns at once; the worker waits. When the state is already ready (or donated) by
-        the time the worker looks, the window starts at this call.
+        Returns at once; the worker waits. A state already ready (or donated) when the worker
+        looks starts the window at this call.
         """
         self._check_usable("start_duration_timer")
         called = self._clock()
@@ -347,10 +335,10 @@ class MetricsManager:
                 end = _ready_time(block_on, called, self._clock)
                 duration = None if not window or start is None else max(end - start, 1e-9)
                 job.result = summary = self._summarize(metrics, ready, step, num_steps, duration)
-                job.state["calls"] = calls = self._checked_calls(step, summary)
+                job.state["calls"] = calls = self._checked_calls(summary)
                 self._check_finite(step, calls)
             except Exception as err:
-                self._record(Failure("summary", step, keys, err), fatal=self.on_error == "raise")
+                self._record(Failure("summary", step, keys, err))
                 raise
 
         return self._worker.submit(
@@ -380,8 +368,7 @@ class MetricsManager:
           MetricsManagerError: under "raise", a background failure.
         """
         self._check_usable("flush")
-        future = self._worker.submit(self._fan_out(None, [("flush", {})]))
-        self._wait(future, timeout)
+        self._wait(self._worker.submit(self._fan_out(None, [("flush", {})])), timeout)
         self._raise_if_fatal()
 
     def close(self) -> None:
@@ -398,8 +385,9 @@ class MetricsManager:
         self._closed = True
         _OPEN.discard(self)
         try:
-            future = self._worker.submit(self._fan_out(None, [("close", {})], closing=True))
-            self._wait(future, None)
+            self._wait(
+                self._worker.submit(self._fan_out(None, [("close", {})], closing=True)), None
+            )
             if not self._worker.close(5.0):
                 _LOG.error("MetricsManager %r: the worker did not stop in time", self.name)
         finally:
@@ -424,13 +412,12 @@ class MetricsManager:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
-        if exc is None:
-            self.close()
-            return
         try:
             self.close()
-        except Exception as close_err:  # keep the loop's own exception; note the other
-            exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")
+        except Exception as close_err:
+            if exc is None:
+                raise
+            exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")  # keep exc
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("failed" if self._fatal else "open")
@@ -439,11 +426,11 @@ class MetricsManager:
     # ------------------------------------------------------------- internals
 
     def _build_writers(self, factory: WriterFactory, resume_step: int | None) -> None:
-        kwargs: dict[str, Any] = {}
         try:
             parameters = inspect.signature(factory).parameters
         except (TypeError, ValueError):
             parameters = {}  # type: ignore[assignment]
+        kwargs: dict[str, Any] = {}
         collection = parameters.get("collection")
         if collection is not None and collection.default is None:
             kwargs["collection"] = self.name
@@ -459,22 +446,18 @@ class MetricsManager:
         named = (
             made.writers if isinstance(made, writers.MultiWriter) else {type(made).__name__: made}
         )
-        if not named:
-            named = {}
         for writer_name, writer in named.items():
-            missing = [m for m in _REQUIRED if not callable(getattr(writer, m, None))]
-            if missing:
+            if missing := [m for m in _REQUIRED if not callable(getattr(writer, m, None))]:
                 for w in named.values():
                     getattr(w, "close", lambda: None)()
                 raise TypeError(
-                    f"MetricsManager({self.name!r}): writer_factory returned "
-                    f"{writer_name}, which lacks "
-                    f"{', '.join(missing)}; return a writers.MetricWriter (e.g. "
+                    f"MetricsManager({self.name!r}): writer_factory returned {writer_name}, "
+                    f"which lacks {', '.join(missing)}; return a writers.MetricWriter (e.g. "
                     "writers.create_default_writer(logdir))."
                 )
-            self._writers[writer_name] = _WriterState(writer)
+        self._writers = {n: _WriterState(w) for n, w in named.items()}
         self._reserved = frozenset(
-            key for w in named.values() for key in getattr(w, "reserved_keys", ())
+            k for w in named.values() for k in getattr(w, "reserved_keys", ())
         )
 
     def _claim_dir(self) -> None:
@@ -524,7 +507,10 @@ class MetricsManager:
                 last,
             )
 
-    def _record(self, failure: Failure, *, fatal: bool) -> None:
+    def _record(self, failure: Failure, *, fatal: bool | None = None) -> None:
+        """Logs and keeps `failure`; `fatal` (default: under on_error="raise") raises it next."""
+        if fatal is None:
+            fatal = self.on_error == "raise"
         with self._lock:
             self._failures.append(failure)
             del self._failures[:-_KEEP_ERRORS]
@@ -536,42 +522,39 @@ class MetricsManager:
     def _fan_out(
         self, step: int | None, calls: list[Any] | None, *, closing: bool = False
     ) -> list[Any]:
-        """One piece per writer; each catches its own errors, so one writer never stops another."""
+        """One piece per writer; each catches its own errors, so one writer never stops another.
+
+        `calls` None: the summary's calls, which its first piece leaves in `job.state`.
+        """
         pieces = []
         for writer_name, state in self._writers.items():
 
             def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
                 if state.quarantined and not (closing and state.quarantined != "hung"):
                     return
-                todo = job.state.get("calls", ()) if calls is None else calls
-                for method, kwargs in todo:
+                for method, kwargs in job.state.get("calls", ()) if calls is None else calls:
                     try:
                         if method == "write_hparams" or step is None:
                             getattr(state.writer, method)(**kwargs)
                         else:
                             getattr(state.writer, method)(step=step, **kwargs)
                     except Exception as err:  # noqa: BLE001  (isolated: recorded, not raised)
-                        self._writer_failed(name, state, step, kwargs, err, job)
+                        keys = next(
+                            (tuple(v) for v in kwargs.values() if isinstance(v, Mapping)), ()
+                        )
+                        self._writer_failed(
+                            name, state, Failure(f"writer:{name}", step, keys, err), job
+                        )
                         return
                 state.in_a_row = 0
 
             pieces.append((f"writer {writer_name!r}", call, self._deadline))
         return pieces
 
-    def _writer_failed(
-        self,
-        name: str,
-        state: _WriterState,
-        step: int | None,
-        kwargs: dict[str, Any],
-        err: BaseException,
-        job: Job,
-    ) -> None:
+    def _writer_failed(self, name: str, state: _WriterState, failure: Failure, job: Job) -> None:
         state.failures += 1
         state.in_a_row += 1
-        keys = next((tuple(v) for v in kwargs.values() if isinstance(v, Mapping)), ())
-        failure = Failure(f"writer:{name}", step, keys, err)
-        self._record(failure, fatal=self.on_error == "raise")
+        self._record(failure)
         if self.on_error == "raise":
             job.state.setdefault("failure", failure)
         if state.in_a_row >= self._max_failures and not state.quarantined:
@@ -586,13 +569,12 @@ class MetricsManager:
 
     def _stuck(self, label: str, job: Job) -> None:
         name = label.removeprefix("writer ").strip("'")
-        state = self._writers.get(name)
-        if state is not None:
-            state.quarantined = "hung"
+        if name in self._writers:
+            self._writers[name].quarantined = "hung"
         err = TimeoutError(
             f"{label} ran past writer_deadline_s={self._deadline}; abandoned and quarantined"
         )
-        self._record(Failure(f"writer:{name}", None, (), err), fatal=self.on_error == "raise")
+        self._record(Failure(f"writer:{name}", None, (), err))
 
     def _result(self, job: Job) -> None:
         failure = job.state.get("failure")
@@ -640,12 +622,6 @@ class MetricsManager:
         duration: float | None,
     ) -> dict[str, clu.values.Value]:
         """Worker side: host copy, durations and steps, compute_value() per metric."""
-
-        def failed(key: str, err: Exception) -> None:
-            self._record(
-                Failure(f"metric:{key}", step, (key,), err), fatal=self.on_error == "raise"
-            )
-
         near_limit: list[str] = []
         host = _to_host(metrics, near_limit)
         if set(near_limit) - self._int32_warned:
@@ -659,30 +635,26 @@ class MetricsManager:
                 step,
                 sorted(near_limit),
             )
-        timed = (
-            []
-            if duration is not None
-            else sorted(k for k, m in host.items() if _has_time_metric(m))
-        )
-        if timed:
+        if duration is None and (timed := sorted(k for k, m in host.items() if _has_time(m))):
             raise MetricsManagerError(
                 f"summary at step {step} (MetricsManager {self.name!r}): metrics {timed} "
                 "measure time, but no window was open: call "
                 "manager.start_duration_timer(block_on=state) at the start of every window."
             )
+
+        def failed(key: str, err: Exception) -> None:
+            self._record(Failure(f"metric:{key}", step, (key,), err))
+
         summary: dict[str, Any] = dict(ready)
         summary.update(metrics_lib.host_values(host, duration, num_steps, failed))
         if self._flops is not None and duration is not None:
-            from metrics_manager.flops import peak_flops_per_device, perf_values
-
-            peak = self._peak if self._peak is not None else peak_flops_per_device()
             summary.update(
                 perf_values(
                     self._flops,
                     num_steps,
                     duration,
                     num_devices=jax.device_count(),
-                    peak_flops_per_device=peak,
+                    peak_flops_per_device=self._peak,
                 )
             )
         if (
@@ -697,31 +669,26 @@ class MetricsManager:
         """Looks at the summary's scalars, already plain Python numbers (`_checked_calls`)."""
         if self.nonfinite == "ignore":
             return
-        bad = [
+        bad = sorted(
             key
             for method, kwargs in calls
             if method == "write_scalars"
             for key, value in kwargs["scalars"].items()
             if type(value) is float and not math.isfinite(value)
-        ]
-        if not bad:
-            return
-        if self.nonfinite == "stop":
+        )
+        if bad and self.nonfinite == "stop":
             err = FloatingPointError(
                 f"non-finite values in the summary window ending at step {step} for keys "
-                f"{sorted(bad)}; the run was stopped by nonfinite='stop'"
+                f"{bad}; the run was stopped by nonfinite='stop'"
             )
-            self._record(Failure("nonfinite", step, tuple(sorted(bad)), err), fatal=True)
+            self._record(Failure("nonfinite", step, tuple(bad), err), fatal=True)
         elif set(bad) - self._nonfinite_warned:
             self._nonfinite_warned.update(bad)
             _LOG.warning(
-                "MetricsManager %r: non-finite values at step %d for %s",
-                self.name,
-                step,
-                sorted(bad),
+                "MetricsManager %r: non-finite values at step %d for %s", self.name, step, bad
             )
 
-    def _checked_calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
+    def _checked_calls(self, summary: Mapping[str, Any]) -> list[Any]:
         """The writer calls for a summary, checked once here for every writer."""
         calls = writers.group_values(summary)
         for method, kwargs in calls:
@@ -736,13 +703,9 @@ class MetricsManager:
         if self._closed:
             return
         try:
-            future = self._worker.submit(self._fan_out(None, [("flush", {})]))
-            self._wait(future, timeout)
+            self._wait(self._worker.submit(self._fan_out(None, [("flush", {})])), timeout)
         except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
             _LOG.error("MetricsManager %r: flush on signal failed: %s", self.name, err)
-
-
-# ------------------------------------------------------------------- helpers
 
 
 class _Problems(Problems):
@@ -801,17 +764,14 @@ class _Problems(Problems):
         return dict(values)
 
     def keys(self, keys: Any, reserved: frozenset[str]) -> None:
-        bad = [k for k in keys if not isinstance(k, str) or not k.strip()]
-        if bad:
+        if bad := [k for k in keys if not isinstance(k, str) or not k.strip()]:
             listed = ", ".join(repr(k) for k in bad)
             self.add(TypeError, f"every key must be a non-empty str such as 'loss', got {listed}")
-        clash = sorted(k for k in keys if k in reserved)
-        if clash:
+        if clash := sorted(k for k in keys if k in reserved):
             self.add(
                 ValueError,
-                f"keys {clash} are reserved by a writer (JSONL stores step, "
-                f"time and collection in every line); rename them, e.g. "
-                f"'train/{clash[0]}'",
+                f"keys {clash} are reserved by a writer (JSONL stores step, time and collection "
+                f"in every line); rename them, e.g. 'train/{clash[0]}'",
             )
 
 
@@ -836,23 +796,21 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
     return metrics, {k: v for k, v in obj.items() if k not in metrics}
 
 
-def _ready_time(tree: Any, called: float, clock: Clock) -> float:
-    """When `tree` became ready: the call's time if it already was, else the time it became so.
+def _ready_time(tree: Any, called: float, clock: timer.Clock) -> float:
+    """When `tree` became ready: `called` if it already is (or was donated), else `clock()`.
 
-    A leaf that is ready (or donated) when the worker first looks may have become ready any
-    time before; the call's own clock reading is then the best bound, so a busy worker never
-    shifts the window.
+    A leaf ready when the worker first looks may have become ready any time before; the call's
+    own clock reading is then the best bound, so a busy worker never shifts the window.
     """
-    from metrics_manager.timer import block_until_ready_or_deleted
-
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     if all(x.is_deleted() or x.is_ready() for x in leaves):  # type: ignore[attr-defined]
         return called
-    block_until_ready_or_deleted(leaves)
+    timer.block_until_ready_or_deleted(leaves)
     return clock()
 
 
 _pack = jax.jit(PackedMetrics.pack)
+_INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
 
 
 def _to_host(
@@ -879,13 +837,10 @@ def _to_host(
     host_buffers = jax.device_get(packed.buffers)
     host = packed.unpack_host(host_buffers)
     if near_limit is not None and any(_near_int32_limit(b) for b in host_buffers):
-        for key, metric in host.items():
-            if any(_near_int32_limit(leaf) for leaf in jax.tree.leaves(metric)):
-                near_limit.append(key)
+        near_limit += [
+            k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
+        ]
     return host
-
-
-_INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
 
 
 def _near_int32_limit(array: Any) -> bool:
@@ -896,13 +851,10 @@ def _near_int32_limit(array: Any) -> bool:
     )
 
 
-def _has_time_metric(metric: Any) -> bool:
+def _has_time(metric: Any) -> bool:
     if isinstance(metric, clu_metrics.Collection):
-        return any(_has_time_metric(m) for m in vars(metric).values())
+        return any(_has_time(m) for m in vars(metric).values())
     return metrics_lib.is_time_metric(metric)
-
-
-# ------------------------------------------------------------------- signals
 
 
 def _install_signal_handlers() -> None:
@@ -910,10 +862,9 @@ def _install_signal_handlers() -> None:
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in (signal.SIGTERM, signal.SIGINT):
-        if signum in _PREVIOUS_HANDLERS:
-            continue
-        _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
-        signal.signal(signum, _on_signal)
+        if signum not in _PREVIOUS_HANDLERS:
+            _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+            signal.signal(signum, _on_signal)
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
