@@ -4,13 +4,11 @@ Host-side module; the step's FLOPs are read once, when the step is compiled:
 
   flops = step_flops(train_step, state, batch)          # global FLOPs of one call
   values = perf_values(flops, num_steps, duration_s, num_devices=jax.device_count())
-  # {"perf/flops_per_step", "perf/tflops_per_second", "perf/tflops_per_second_per_device",
-  #  "perf/mfu" (where a peak is known)}
+  # perf/flops_per_step, perf/tflops_per_second[_per_device], perf/mfu (if the peak is known)
 
-`Compiled.cost_analysis()` reports the FLOPs of the per-device SPMD program (a matmul sharded 8
-ways reports 1/8 of 2*M*N*K, plus any all-reduce additions), so `step_flops` multiplies by the
-program's device count: hardware FLOPs, replicated work counted once per device. XLA counts a
-loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
+`Compiled.cost_analysis()` counts the per-device SPMD program, so `step_flops` multiplies by
+its device count: hardware FLOPs, replicated work counted once per device. XLA counts a loop
+(`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
 """
 
 from __future__ import annotations
@@ -88,7 +86,7 @@ def _num_program_devices(compiled: Any) -> int:
 
 
 def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
-    """FLOPs of one call of a jitted step, summed over the devices it runs on, as XLA estimates.
+    """FLOPs of one call of a jitted step, summed over its devices, as XLA estimates them.
 
     Call it once, next to the first step: `jax.jit` caches the compilation.
 
@@ -170,14 +168,14 @@ def perf_values(
       num_steps: steps in the window.
       duration_s: the window's duration in seconds.
       num_devices: devices the step runs on (usually `jax.device_count()`).
-      peak_flops_per_device: peak FLOP/s of one device; default: `peak_flops_per_device()`.
+      peak_flops_per_device: peak FLOP/s of one device; default `peak_flops_per_device()`.
 
     Returns:
       `perf/flops_per_step`, `perf/tflops_per_second` (all devices),
       `perf/tflops_per_second_per_device`, and `perf/mfu` (0..1) when a peak is known.
 
     Raises:
-      ValueError: a value is out of range or not finite (all problems in one message).
+      ValueError: every value out of range or not finite, in one message.
 
     Example:
       >>> values = perf_values(2e12, 10, 2.0, num_devices=4, peak_flops_per_device=5e12)

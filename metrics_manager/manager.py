@@ -92,32 +92,27 @@ class MetricsManager:
     """Writes T5X-style metric summaries from a training or evaluation loop.
 
     Args:
-      name: the run's name, e.g. "train" or "eval/glue"; summaries go to
-        `<summary_dir>/<name>`, which must stay inside `summary_dir`.
+      name: the run's name, e.g. "train" or "eval/glue"; summaries go to `<summary_dir>/<name>`.
       summary_dir: root of the experiment's summaries, or None to write no files.
-      writer_factory: `writer_factory(logdir)` returns the writer(s), called once on process 0;
-        a `writers.MultiWriter` is unpacked so each writer is isolated. Default:
-        `writers.create_default_writer`. `gin_utils.configured(MetricsManager)` applies gin.
+      writer_factory: `writer_factory(logdir)` returns the writer(s), on process 0 only; each
+        writer of a `writers.MultiWriter` is isolated. Default `writers.create_default_writer`.
       clock: returns seconds; times the windows (default `time.perf_counter`).
-      max_pending: most jobs waiting behind the running one; a call blocks while the worker
-        is this far behind (nothing is dropped).
+      max_pending: most jobs waiting behind the running one; then a call blocks (no drops).
       on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
         fails and the next call raises `MetricsManagerError`).
       writer_deadline_s: a writer call running longer is abandoned and its writer
         quarantined; None waits forever.
       max_writer_failures: a writer failing this many calls in a row is quarantined.
-      resume_step: the step a restored checkpoint resumes from; writers drop the values an
-        earlier run wrote after it (TensorBoard `purge_step`, JSONL rewrite).
+      resume_step: the step a restored checkpoint resumes from; writers drop what an earlier
+        run wrote after it (TensorBoard `purge_step`, JSONL rewrite).
       nonfinite: a NaN or infinite scalar is "ignore"d, "warn"ed (once per key) or "stop"s
-        the run (the next call raises `MetricsManagerError` naming the step and keys).
-      system_metrics: write `system/*` (CPU, memory, devices) at most once per
-        `system_interval_s`.
+        the run (the next call raises `MetricsManagerError`).
+      system_metrics: also write `system/*` (CPU, memory, devices), every `system_interval_s`.
       system_interval_s: least time between two `system/*` samples.
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
-      handle_signals: flush on SIGTERM/SIGINT before the previous handler runs (main
-        thread only).
+      handle_signals: flush on SIGTERM/SIGINT, then run the previous handler (main thread).
 
     Raises:
       TypeError, ValueError: every bad argument, listed in one message; a summary dir already
@@ -335,8 +330,7 @@ class MetricsManager:
                 end = _ready_time(block_on, called, self._clock)
                 duration = None if not window or start is None else max(end - start, 1e-9)
                 job.result = summary = self._summarize(metrics, ready, step, num_steps, duration)
-                job.state["calls"] = calls = self._checked_calls(summary)
-                self._check_finite(step, calls)
+                job.state["calls"] = self._writer_calls(step, summary)
             except Exception as err:
                 self._record(Failure("summary", step, keys, err))
                 raise
@@ -368,7 +362,7 @@ class MetricsManager:
           MetricsManagerError: under "raise", a background failure.
         """
         self._check_usable("flush")
-        self._wait(self._worker.submit(self._fan_out(None, [("flush", {})])), timeout)
+        self._to_all("flush", timeout)
         self._raise_if_fatal()
 
     def close(self) -> None:
@@ -385,9 +379,7 @@ class MetricsManager:
         self._closed = True
         _OPEN.discard(self)
         try:
-            self._wait(
-                self._worker.submit(self._fan_out(None, [("close", {})], closing=True)), None
-            )
+            self._to_all("close", None)
             if not self._worker.close(5.0):
                 _LOG.error("MetricsManager %r: the worker did not stop in time", self.name)
         finally:
@@ -605,8 +597,12 @@ class MetricsManager:
             checked = values if arg == "hparams" else _checks.Checked(values)
             self._worker.post(self._fan_out(step, [(f"write_{arg}", {arg: checked})]))
 
-    def _wait(self, future: concurrent.futures.Future[Any], timeout: float | None) -> None:
-        """Waits for `future`, abandoning hung writers meanwhile (the worker's waiters do)."""
+    def _to_all(self, method: str, timeout: float | None) -> None:
+        """Calls `method` ("flush" or "close") of every writer after the queued work; waits.
+
+        Hung writers are abandoned meanwhile (the worker's waiters do that).
+        """
+        future = self._worker.submit(self._fan_out(None, [(method, {})], closing=method == "close"))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not future.done():
             self._worker.drain(0.05)
@@ -665,17 +661,19 @@ class MetricsManager:
             summary.update(self._monitor.window_values())
         return summary
 
-    def _check_finite(self, step: int, calls: list[Any]) -> None:
-        """Looks at the summary's scalars, already plain Python numbers (`_checked_calls`)."""
-        if self.nonfinite == "ignore":
-            return
-        bad = sorted(
-            key
-            for method, kwargs in calls
-            if method == "write_scalars"
-            for key, value in kwargs["scalars"].items()
-            if type(value) is float and not math.isfinite(value)
-        )
+    def _writer_calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
+        """The summary's writer calls, checked once here for every writer; then `nonfinite`."""
+        calls = writers.group_values(summary)
+        bad: list[str] = []
+        for method, kwargs in calls:
+            if method == "write_scalars":
+                scalars = _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
+                kwargs["scalars"] = _checks.Checked(scalars)
+                if self.nonfinite != "ignore":
+                    bad += [
+                        k for k, v in scalars.items() if type(v) is float and not math.isfinite(v)
+                    ]
+        bad.sort()
         if bad and self.nonfinite == "stop":
             err = FloatingPointError(
                 f"non-finite values in the summary window ending at step {step} for keys "
@@ -687,15 +685,6 @@ class MetricsManager:
             _LOG.warning(
                 "MetricsManager %r: non-finite values at step %d for %s", self.name, step, bad
             )
-
-    def _checked_calls(self, summary: Mapping[str, Any]) -> list[Any]:
-        """The writer calls for a summary, checked once here for every writer."""
-        calls = writers.group_values(summary)
-        for method, kwargs in calls:
-            if method == "write_scalars":
-                kwargs["scalars"] = _checks.Checked(
-                    _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
-                )
         return calls
 
     def _flush_for_signal(self, timeout: float) -> None:
@@ -703,7 +692,7 @@ class MetricsManager:
         if self._closed:
             return
         try:
-            self._wait(self._worker.submit(self._fan_out(None, [("flush", {})])), timeout)
+            self._to_all("flush", timeout)
         except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
             _LOG.error("MetricsManager %r: flush on signal failed: %s", self.name, err)
 

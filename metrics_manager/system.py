@@ -1,7 +1,7 @@
 """System metrics (CPU, memory, temperatures, accelerators) sampled off the training thread.
 
-Host-side module. A `SystemMonitor` samples every sensor the host has in a daemon thread; the
-summary worker asks for each window's mean and max:
+Host-side module. A `SystemMonitor` samples every sensor the host has (in a daemon thread, or
+when asked); the summary worker asks for each window's mean and max:
 
   monitor = SystemMonitor(interval_s=1.0)
   values = monitor.window_values()  # {"system/process_cpu_percent": 87.5,
@@ -117,11 +117,9 @@ def _nvml_sensors() -> tuple[list[_Sensor], Any]:
     """Per-GPU sensors from NVML, and the `pynvml` module to shut down (None: no NVML)."""
     try:
         import pynvml  # noqa: PLC0415  (optional extra `[gpu]`: nvidia-ml-py)
-    except ImportError:
-        return [], None
-    try:
+
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001  (no driver, no GPU: NVML is absent, not an error)
+    except Exception:  # noqa: BLE001  (not installed, no driver, no GPU: absent, not an error)
         return [], None
     try:
         count = pynvml.nvmlDeviceGetCount()
@@ -132,26 +130,23 @@ def _nvml_sensors() -> tuple[list[_Sensor], Any]:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     if all(item.strip().isdigit() for item in visible):
         indices = [int(item) for item in visible if int(item) < count]
+    readers: dict[str, Callable[[Any], float]] = {
+        "utilization_percent": lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+        "temperature_c": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+        "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # NVML gives milliwatts
+    }
     sensors = []
     for index in indices:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         except Exception:  # noqa: BLE001  (a GPU NVML cannot open is absent)
             continue
-        prefix = f"system/gpu{index}"
+        for name, read in readers.items():
 
-        def utilization(h: Any = handle, p: str = prefix) -> dict[str, float]:
-            return {f"{p}/utilization_percent": float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu)}
+            def sample(key: str = f"system/gpu{index}/{name}", r: Any = read, h: Any = handle):
+                return {key: float(r(h))}
 
-        def temperature(h: Any = handle, p: str = prefix) -> dict[str, float]:
-            celsius = pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
-            return {f"{p}/temperature_c": float(celsius)}
-
-        def power(h: Any = handle, p: str = prefix) -> dict[str, float]:
-            return {f"{p}/power_w": pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0}  # milliwatts
-
-        for read in (utilization, temperature, power):
-            sensors.append(_Sensor(f"nvml {read.__name__} of GPU {index}", read))
+            sensors.append(_Sensor(f"nvml {name} of GPU {index}", sample))
     return sensors, pynvml
 
 
@@ -220,12 +215,11 @@ class SystemMonitor:
                 "SystemMonitor: sample_fn must be a callable returning {name: value}, got "
                 f"{type(sample_fn).__name__}: {sample_fn!r}."
             )
-        self._nvml: Any
-        self._sensors, self._nvml = (
-            ([_Sensor("sample_fn", sample_fn)], None)
-            if sample_fn is not None
-            else _default_sensors(devices)
-        )
+        self._nvml: Any = None
+        if sample_fn is not None:
+            self._sensors = [_Sensor("sample_fn", sample_fn)]
+        else:
+            self._sensors, self._nvml = _default_sensors(devices)
         self._lock = threading.Lock()  # one sample at a time; guards the window too
         self._window: dict[str, tuple[float, float, float]] = {}  # key -> (count, sum, max)
         self._stop = threading.Event()
@@ -261,17 +255,14 @@ class SystemMonitor:
                 self._window[key] = (count + 1.0, total + value, max(top, value))
 
     def window_values(self) -> dict[str, float]:
-        """`<key>` -> mean and `<key>/max` -> max since the previous call, sorted by key.
-
-        Takes one fresh sample first (unless closed), so a short window still has data.
-        """
+        """`<key>` -> mean and `<key>/max` -> max since the previous call (after a fresh sample
+        unless closed, so a short window has data), sorted by key."""
         with self._lock:
             if not self._stop.is_set():
                 self._sample_locked()
             window, self._window = self._window, {}
         values = {}
-        for key in sorted(window):
-            count, total, maximum = window[key]
+        for key, (count, total, maximum) in sorted(window.items()):
             values[key] = total / count
             values[f"{key}/max"] = maximum
         return values

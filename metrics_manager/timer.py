@@ -1,16 +1,11 @@
-"""Waiting for device values without matching error strings: `block_until_ready_or_deleted`.
+"""`block_until_ready_or_deleted`: waits for device values; donated buffers count as ready.
 
-`MetricsManager` times each summary window on its worker with this: the window starts when
-the train state is ready and ends when the metrics are.
+`MetricsManager`'s worker times each summary window with it (the window starts when the train
+state is ready and ends when the metrics are), so the training loop never waits. A buffer
+donated to a later computation (`x.is_deleted()`) counts as ready: the step that consumed it
+was dispatched after it was computed. Checked per leaf, never by matching error strings.
 
-JAX dispatches asynchronously, so "ready" is only known by blocking; the manager does that
-blocking on its worker thread, so the training loop never waits for it.
-
-Buffers that were donated to a later computation (`x.is_deleted()`) count as
-ready: the step that consumed them has been dispatched after they were
-computed. This is checked per leaf, never by matching error strings.
-
-This module runs on the host only; never import it from code traced by jit.
+Host-side module: never import it from code traced by jit.
 """
 
 from __future__ import annotations
@@ -25,27 +20,19 @@ Clock = Callable[[], float]
 
 
 def block_until_ready_or_deleted(tree: Any) -> None:
-    """Blocks until every `jax.Array` leaf of `tree` is ready or deleted.
+    """Blocks until every `jax.Array` leaf of `tree` is ready or deleted (donated).
 
-    Deleted (donated) buffers count as ready. Leaves that are not `jax.Array`
-    (NumPy arrays, Python numbers, None) are ready by definition.
-
-    Args:
-      tree: any pytree.
+    Other leaves (NumPy arrays, Python numbers, None) are ready by definition.
 
     Raises:
-      Exception: whatever `block_until_ready` raises for a leaf that is still
-        alive afterwards (e.g. the computation producing it failed).
+      Exception: what `block_until_ready` raises for a leaf still alive afterwards (e.g. the
+        computation producing it failed).
 
     Example:
       >>> import jax.numpy as jnp
       >>> block_until_ready_or_deleted({"x": jnp.ones(3), "y": 1.0})
     """
-    arrays = [
-        leaf
-        for leaf in jax.tree.leaves(tree)
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted()
-    ]
+    arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_deleted()]
     try:
         jax.block_until_ready(arrays)  # one batched wait, not one call per leaf
         return
@@ -55,6 +42,5 @@ def block_until_ready_or_deleted(tree: Any) -> None:
         try:
             leaf.block_until_ready()
         except Exception:
-            if leaf.is_deleted():
-                continue
-            raise
+            if not leaf.is_deleted():
+                raise
