@@ -17,6 +17,7 @@ Host-side module: never import it from code traced by jit.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import inspect
@@ -51,7 +52,6 @@ WriterFactory = Callable[..., Any]
 `collection=<name>` if it has that keyword defaulting to None, and `resume_step` if it has one."""
 
 _LOG = logging.getLogger(__name__)
-_KEEP_ERRORS = 1000
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 
 
@@ -195,7 +195,7 @@ class MetricsManager:
         self._flops = flops_per_step
         self._peak = peak_flops_per_device
         self._lock = threading.Lock()
-        self._failures: list[Failure] = []
+        self._failures: collections.deque[Failure] = collections.deque(maxlen=1000)
         self._failure_count = 0
         self._fatal: Failure | None = None
         self._nonfinite_warned: set[str] = set()
@@ -505,7 +505,6 @@ class MetricsManager:
             fatal = self.on_error == "raise"
         with self._lock:
             self._failures.append(failure)
-            del self._failures[:-_KEEP_ERRORS]
             self._failure_count += 1
             if fatal and self._fatal is None:
                 self._fatal = failure
@@ -585,9 +584,8 @@ class MetricsManager:
         if arg == "scalars":
             values = _checks.collect_numbers(values, problems)
         elif arg == "texts":
-            if bad := [
-                f"{k!r}: {type(v).__name__}" for k, v in values.items() if type(v) is not str
-            ]:
+            bad = [f"{k!r}: {type(v).__name__}" for k, v in values.items() if type(v) is not str]
+            if bad:
                 problems.add(
                     TypeError,
                     f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars",
