@@ -301,8 +301,8 @@ def compute_token_losses(
 ) -> TokenLosses:
     """Per-token cross-entropy with label smoothing and z-loss, in float32.
 
-    Soft targets put `1 - label_smoothing` on the target and spread the rest evenly; their
-    entropy is subtracted, so predicting them scores 0.
+    Soft targets put `1 - label_smoothing` on the target and the rest evenly on the others;
+    their entropy is subtracted, so predicting them scores 0.
 
     Args:
         logits: `[..., V]` floating-point scores.
@@ -351,8 +351,7 @@ def compute_weighted_cross_entropy(
         `(loss, z_loss, weight_sum)`, float32 scalars; the z-loss part has no gradient.
 
     Raises:
-        TypeError: wrong dtypes, or an unresolved special factor.
-        ValueError: shapes that do not line up, or options out of range.
+        TypeError, ValueError: as `compute_token_losses`; an unresolved special factor.
 
     Example:
         >>> import jax.numpy as jnp
@@ -577,8 +576,7 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
         An int32 scalar.
 
     Raises:
-        TypeError: `segment_ids` is not an integer array.
-        ValueError: it is not 2-D.
+        TypeError, ValueError: `segment_ids` is not an integer array, or not 2-D.
 
     Example:
         >>> import jax.numpy as jnp
@@ -594,7 +592,6 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
 
 
 def _default_num_devices(logits: Any) -> int:
-    """The current mesh's size, else the devices holding `logits`, else all devices."""
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
         return int(mesh.size)
@@ -617,10 +614,9 @@ def compute_base_metrics(
 ) -> dict[str, clu_metrics.Metric]:
     """T5X's base metrics for one (micro)batch, right under every loss normalizing factor.
 
-    T5X's keys (listed in the README); all merge by addition, so microbatches merge to the
-    global batch's values. Unlike T5X, tokens and sequences count only `mask != 0` (new
-    `timing/all_target_tokens_per_second` counts all), and per-token losses do not depend on
-    the factor.
+    T5X's keys (listed in the README), all merging by addition, so microbatches merge to the
+    global batch's values. Unlike T5X, tokens and sequences count only `mask != 0`, and
+    per-token losses do not depend on the factor.
 
     Args:
         logits: `[B, ..., V]` floating-point scores.
@@ -629,7 +625,7 @@ def compute_base_metrics(
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
         segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding).
-        token_losses: The per-token losses behind `loss`. Without them the per-token sums
+        token_losses: The per-token losses behind `loss`; without them the per-token sums
             are `loss * loss_normalizing_factor`, exact only for binary weights.
         loss_normalizing_factor: The scalar factor `loss` was divided by.
         num_devices: For `*_per_core`; default: the current mesh's size, else the devices
