@@ -351,7 +351,8 @@ def compute_weighted_cross_entropy(
         `(loss, z_loss, weight_sum)`, float32 scalars; the z-loss part has no gradient.
 
     Raises:
-        TypeError, ValueError: as `compute_token_losses`; an unresolved special factor.
+        TypeError: wrong dtypes, or an unresolved special factor.
+        ValueError: shapes that do not line up, or options out of range.
 
     Example:
         >>> import jax.numpy as jnp

@@ -15,27 +15,20 @@ microbatch's metrics, so values do not depend on the number of microbatches.
 Example:
     >>> import functools
     >>> import jax, jax.numpy as jnp
-    >>> from metrics_manager.metrics import AveragePerStep, Max
-    >>> def loss_fn(params, batch):
-    ...     per_example = jnp.square(batch["x"] * params["w"] - batch["y"])
-    ...     return per_example.sum(), {
-    ...         "loss": AveragePerStep.from_model_output(per_example),
-    ...         "loss_max": Max.from_model_output(per_example),
-    ...     }
+    >>> from metrics_manager.metrics import Max
+    >>> def loss_fn(w, batch):
+    ...     err = jnp.square(batch["x"] * w - batch["y"])
+    ...     return err.sum(), {"err_max": Max.from_model_output(err)}
     >>> @functools.partial(jax.jit, donate_argnums=(0, 1))
-    ... def train_step(params, running, batch):
-    ...     grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, 2)
-    ...     params = jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
-    ...     return params, merge_metrics(running, metrics, pack=True)
-    >>> params, running = {"w": jnp.zeros(())}, None
+    ... def train_step(w, running, batch):
+    ...     grads, metrics = accumulate_grads_microbatched(loss_fn, w, batch, 2)
+    ...     return w - 0.01 * grads, merge_metrics(running, metrics, pack=True)
+    >>> w, running = jnp.zeros(()), None
     >>> batch = {"x": jnp.ones(4), "y": jnp.array([1.0, 2.0, 3.0, 4.0])}
     >>> for _ in range(3):
-    ...     params, running = train_step(params, running, batch)
-    >>> [b.dtype.name for b in running.buffers]  # 3 leaves in 2 buffers
-    ['int32', 'float32']
-    >>> values = running.unpack_host(jax.device_get(running.buffers))
-    >>> int(values["loss"].steps), float(values["loss_max"].compute())
-    (3, 16.0)
+    ...     w, running = train_step(w, running, batch)
+    >>> float(running.unpack()["err_max"].compute())
+    16.0
 """
 
 import math
