@@ -1,21 +1,15 @@
 """Cross-entropy losses and T5X's base metrics, computed inside jit.
 
-Device-side only: pure functions of arrays, no host transfers; input checks look at shapes
-and dtypes, so they run once, at trace time. A loss function uses, in order:
+Pure functions of arrays; the input checks look only at shapes and dtypes, so they run once, at
+trace time. A loss function calls `with_loss_normalization(batch, loss_normalizing_factor)` on
+the GLOBAL batch, before it is split into microbatches, then `compute_loss_and_metrics(logits,
+batch)` per microbatch; the other public functions are its parts.
 
-* `with_loss_normalization(batch, loss_normalizing_factor)` on the GLOBAL batch, before it
-  is split into microbatches: resolves the factor and the loss weights.
-* `compute_loss_and_metrics(logits, batch)` per (micro)batch: the loss to differentiate and
-  T5X's base metrics. Its parts are public for loops that need something else:
-  `compute_token_losses`, `compute_weighted_cross_entropy`,
-  `get_loss_normalizing_factor_and_weights`, `compute_base_metrics`, `count_packed_examples`.
-
-Microbatching: T5X computes the factor inside the loss, per microbatch, so a step's loss is a
-sum of microbatch means (`num_microbatches` times too large, microbatches weighted unequally).
-Here the global factor travels with the batch as a `[B]` vector under
-`"loss_normalizing_factor"`, so any split along axis 0 hands every microbatch the global
-factor: microbatch losses add up to the global loss and every metric merges to its value on
-the global batch, whatever `num_microbatches`.
+T5X computes the factor per microbatch inside the loss, so a step's loss is a sum of microbatch
+means (`num_microbatches` times too large). Here the global factor travels with the batch as a
+`[B]` vector under `"loss_normalizing_factor"`, so every split along axis 0 hands each
+microbatch the global factor: losses and metrics merge to their values on the global batch,
+whatever `num_microbatches`.
 
 Example:
     >>> import functools, jax, jax.numpy as jnp
@@ -94,10 +88,7 @@ class _Checks(_Problems):
     def array(
         self, name: str, x: Any, kind: Any, *, shape: Any = None, ndim: Any = None, fix: str = ""
     ) -> bool:
-        """Records what keeps `x` from being an array of dtype `kind`, `shape` and `ndim`.
-
-        Without a `kind` the array is optional (None passes). Returns whether `x` passed.
-        """
+        """Whether `x` is an array of dtype `kind` (None: optional), `shape` and `ndim`."""
         if x is None and kind is None:
             return True
         expected, fix = _KINDS.get(kind, "an array or None"), f" {fix}" if fix else ""
@@ -228,7 +219,6 @@ def _smoothing(label_smoothing: float, vocab_size: int) -> tuple[float, float, f
     """(confidence, low_confidence, entropy of the smoothed targets)."""
     confidence = 1.0 - label_smoothing
     low = label_smoothing / (vocab_size - 1) if vocab_size > 1 else 0.0
-    # Subtracting the smoothed targets' entropy makes predicting them score 0.
     entropy = -(confidence * math.log(confidence))  # confidence > 0: label_smoothing < 1
     if low > 0.0:
         entropy -= (vocab_size - 1) * (low * math.log(low))
@@ -264,18 +254,16 @@ def _token_cross_entropy_bwd(
     label_smoothing: float, residuals: tuple[jax.Array, ...], cotangents: tuple[jax.Array, ...]
 ) -> tuple[jax.Array, None, None]:
     logits, targets, z_loss, log_z = residuals
-    # The logged z-loss (second output) is a copy of a term inside the loss: it must not
-    # train twice, so its cotangent is dropped.
+    # The logged z-loss (second output) copies a term of the loss: dropping its cotangent
+    # keeps it from training twice.
     g_loss, _ = cotangents
     vocab_size = logits.shape[-1]
     confidence, low, _ = _smoothing(label_smoothing, vocab_size)
     probs = jnp.exp(logits.astype(jnp.float32) - log_z[..., None])
     vocab_ids = jax.lax.broadcasted_iota(targets.dtype, probs.shape, probs.ndim - 1)
-    onehot = vocab_ids == targets[..., None]
-    soft_targets = jnp.where(onehot, confidence, low)
-    total_target_mass = confidence + (vocab_size - 1) * low
+    soft_targets = jnp.where(vocab_ids == targets[..., None], confidence, low)
     # d/dlogits of  -sum q log softmax + z * logsumexp^2  =  p * (sum q + 2 z logZ) - q
-    scale = total_target_mass + 2.0 * z_loss * log_z
+    scale = confidence + (vocab_size - 1) * low + 2.0 * z_loss * log_z
     g_logits = g_loss[..., None] * (probs * scale[..., None] - soft_targets)
     return g_logits.astype(logits.dtype), None, None
 
@@ -313,8 +301,8 @@ def compute_token_losses(
 ) -> TokenLosses:
     """Per-token cross-entropy with label smoothing and z-loss, in float32.
 
-    Soft targets put `1 - label_smoothing` on the target and spread the rest evenly; their
-    entropy is subtracted, so predicting them scores 0.
+    Soft targets put `1 - label_smoothing` on the target and the rest evenly on the others;
+    their entropy is subtracted, so predicting them scores 0.
 
     Args:
         logits: `[..., V]` floating-point scores.
@@ -380,11 +368,8 @@ def compute_weighted_cross_entropy(
     problems.raise_if_any()
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, loss_normalizing_factor)
-    if weights is None:
-        weight_sum = jnp.float32(targets.size)
-    else:
-        weight_sum = jnp.sum(weights.astype(jnp.float32))
-    return loss, total_z_loss, weight_sum
+    count = jnp.float32(targets.size) if weights is None else jnp.sum(weights.astype(jnp.float32))
+    return loss, total_z_loss, count
 
 
 class SpecialLossNormalizingFactor(enum.Enum):
@@ -592,8 +577,7 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
         An int32 scalar.
 
     Raises:
-        TypeError: `segment_ids` is not an integer array.
-        ValueError: it is not 2-D.
+        TypeError, ValueError: `segment_ids` is not an integer array, or not 2-D.
 
     Example:
         >>> import jax.numpy as jnp
@@ -609,7 +593,6 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
 
 
 def _default_num_devices(logits: Any) -> int:
-    """The current mesh's size, else the devices holding `logits`, else all devices."""
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
         return int(mesh.size)
@@ -632,10 +615,9 @@ def compute_base_metrics(
 ) -> dict[str, clu_metrics.Metric]:
     """T5X's base metrics for one (micro)batch, right under every loss normalizing factor.
 
-    T5X's keys (listed in the README); all merge by addition, so microbatches merge to the
-    global batch's values. Unlike T5X, tokens and sequences count only `mask != 0` (new
-    `timing/all_target_tokens_per_second` counts all), and per-token losses do not depend on
-    the factor.
+    T5X's keys (listed in the README), all merging by addition, so microbatches merge to the
+    global batch's values. Unlike T5X, tokens and sequences count only `mask != 0`, and
+    per-token losses do not depend on the factor.
 
     Args:
         logits: `[B, ..., V]` floating-point scores.
@@ -644,7 +626,7 @@ def compute_base_metrics(
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
         segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding).
-        token_losses: The per-token losses behind `loss`. Without them the per-token sums
+        token_losses: The per-token losses behind `loss`; without them the per-token sums
             are `loss * loss_normalizing_factor`, exact only for binary weights.
         loss_normalizing_factor: The scalar factor `loss` was divided by.
         num_devices: For `*_per_core`; default: the current mesh's size, else the devices
@@ -688,23 +670,7 @@ def compute_base_metrics(
         problems.array("z_loss", z_loss, jnp.floating, ndim=0)
     problems.metric_options(segment_ids, num_devices)
     problems.raise_if_any()
-    return _base_metrics(
-        logits, targets, mask, loss, z_loss, segment_ids, token_losses, factor, num_devices
-    )
 
-
-def _base_metrics(
-    logits: jax.Array,
-    targets: jax.Array,
-    mask: jax.Array | None,
-    loss: jax.Array,
-    z_loss: jax.Array | None,
-    segment_ids: Mapping[str, jax.Array | None] | None,
-    token_losses: TokenLosses | None,
-    factor: float | jax.Array | None,
-    num_devices: int | None,
-) -> dict[str, clu_metrics.Metric]:
-    """`compute_base_metrics` on checked inputs."""
     if num_devices is None:
         num_devices = _default_num_devices(logits)
     num_tokens = jnp.float32(targets.size)
@@ -821,5 +787,5 @@ def compute_loss_and_metrics(
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, factor)
     z = total_z_loss if _is_array(z_loss) or z_loss != 0.0 else None  # a z-loss in use
-    args = (logits, targets, weights, loss, z, segment_ids or None, token_losses, None, num_devices)
-    return loss, _base_metrics(*args)
+    args = (logits, targets, weights, loss, z, segment_ids or None)
+    return loss, compute_base_metrics(*args, token_losses=token_losses, num_devices=num_devices)

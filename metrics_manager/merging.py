@@ -1,24 +1,13 @@
 """Merging dicts of metrics on the device: across train steps and across microbatches.
 
 The train step merges the loss function's `{name: metric}` into the running accumulator inside
-the compiled step, so there is no per-metric host work or device-to-host copy between summaries
-(T5X merged on the host after every step).
+the compiled step, so nothing per metric happens on the host between summaries (T5X merged on
+the host after every step). Each summary window starts from `running=None` (the summary owns
+the old buffers), not from `empty()`, which cannot know the shape of an array-valued metric
+(metrax's `AUCROC`, a `Sum` of a vector); jit compiles that variant once. `pack=True` carries the accumulator as one buffer per dtype
+(`metrics_manager.packing`), saving the per-output cost of ~40 leaves per step.
 
-Each summary window starts from `running=None`, not from `empty()`: jit compiles a second
-variant in which `merge_metrics(None, metrics)` is `metrics`, whereas `empty()` cannot know the
-shape of an array-valued metric (metrax's `AUCROC`, a `Sum` of a vector), and the buffers handed
-to the summary are never donated again::
-
-    for step in range(start, end):
-        state, running = train_step(state, running, next(batches))  # as in the example below
-        if (step + 1 - start) % period == 0:
-            manager.write_metrics_summary(running, step + 1, num_steps=period)
-            running = None  # the summary owns those buffers now
-
-`pack=True` carries the accumulator as one buffer per dtype (`metrics_manager.packing`), which
-saves the per-output cost of ~40 leaves per step.
-
-Keys, types and shapes are checked at trace time, and every problem is reported in one error.
+Keys, types and shapes are checked at trace time, every problem in one error.
 `accumulate_grads_microbatched` merges microbatches with CLU's `_reduce_merge` (the merge for
 parts of one batch: `LastValue` averages, a `Step` counts one step), starting from the first
 microbatch's metrics, so values do not depend on the number of microbatches.
@@ -26,27 +15,20 @@ microbatch's metrics, so values do not depend on the number of microbatches.
 Example:
     >>> import functools
     >>> import jax, jax.numpy as jnp
-    >>> from metrics_manager.metrics import AveragePerStep, Max
-    >>> def loss_fn(params, batch):
-    ...     per_example = jnp.square(batch["x"] * params["w"] - batch["y"])
-    ...     return per_example.sum(), {
-    ...         "loss": AveragePerStep.from_model_output(per_example),
-    ...         "loss_max": Max.from_model_output(per_example),
-    ...     }
+    >>> from metrics_manager.metrics import Max
+    >>> def loss_fn(w, batch):
+    ...     err = jnp.square(batch["x"] * w - batch["y"])
+    ...     return err.sum(), {"err_max": Max.from_model_output(err)}
     >>> @functools.partial(jax.jit, donate_argnums=(0, 1))
-    ... def train_step(params, running, batch):
-    ...     grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, 2)
-    ...     params = jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
-    ...     return params, merge_metrics(running, metrics, pack=True)
-    >>> params, running = {"w": jnp.zeros(())}, None
+    ... def train_step(w, running, batch):
+    ...     grads, metrics = accumulate_grads_microbatched(loss_fn, w, batch, 2)
+    ...     return w - 0.01 * grads, merge_metrics(running, metrics, pack=True)
+    >>> w, running = jnp.zeros(()), None
     >>> batch = {"x": jnp.ones(4), "y": jnp.array([1.0, 2.0, 3.0, 4.0])}
     >>> for _ in range(3):
-    ...     params, running = train_step(params, running, batch)
-    >>> [b.dtype.name for b in running.buffers]  # 3 leaves in 2 buffers
-    ['int32', 'float32']
-    >>> values = running.unpack_host(jax.device_get(running.buffers))
-    >>> int(values["loss"].steps), float(values["loss_max"].compute())
-    (3, 16.0)
+    ...     w, running = train_step(w, running, batch)
+    >>> float(running.unpack()["err_max"].compute())
+    16.0
 """
 
 import math
@@ -74,19 +56,19 @@ _FIX_NOT_METRIC = (
 
 
 def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
-    """Checks that `metrics` is a mapping of str -> metric; returns whether it is a mapping."""
+    """Checks that `metrics` maps str to metrics; returns whether it is a mapping."""
     if not isinstance(metrics, Mapping):
-        problems.type_errors.append(
+        problems.type_problem(
             f"{what} must be a dict of name -> clu Metric, got {_describe(metrics)}"
         )
         return False
     for key, value in metrics.items():
         if not isinstance(key, str):
-            problems.type_errors.append(
+            problems.type_problem(
                 f"{what} key {key!r}: expected a str name, got {type(key).__name__}"
             )
         if not is_metric_obj(value):
-            problems.type_errors.append(
+            problems.type_problem(
                 f"{what}[{key!r}]: expected a clu.metrics.Metric (or Collection), got "
                 f"{_describe(value)}; {_FIX_NOT_METRIC}"
             )
@@ -100,7 +82,7 @@ def _check_alike(
     missing = [k for k in expected if k not in got]
     extra = [k for k in got if k not in expected]
     if missing or extra:
-        problems.value_errors.append(
+        problems.value_problem(
             f"keys differ: expected the keys of {expected_what} {sorted(map(str, expected))}, "
             f"{got_what} lacks {sorted(map(str, missing))} and adds {sorted(map(str, extra))}; "
             "return the same metric keys from every step and microbatch (use a metric's "
@@ -111,7 +93,7 @@ def _check_alike(
         if not (is_metric_obj(a) and is_metric_obj(b)):
             continue  # already reported by _check_dict
         if type(a) is not type(b):
-            problems.type_errors.append(
+            problems.type_problem(
                 f"[{key!r}]: expected {type(a).__qualname__} (as in {expected_what}), got "
                 f"{type(b).__qualname__} in {got_what}; keep one metric type per key"
             )
@@ -119,7 +101,7 @@ def _check_alike(
         leaves_a, tree_a = jax.tree_util.tree_flatten_with_path(a)
         leaves_b, tree_b = jax.tree_util.tree_flatten_with_path(b)
         if tree_a != tree_b:  # type: ignore[operator]
-            problems.value_errors.append(
+            problems.value_problem(
                 f"[{key!r}] ({type(a).__qualname__}): pytree structure differs: {expected_what} "
                 f"has {tree_a}, {got_what} has {tree_b} (a Time metric's duration is set on "
                 "the host only after merging)"
@@ -128,7 +110,7 @@ def _check_alike(
         for (path, leaf_a), (_, leaf_b) in zip(leaves_a, leaves_b, strict=True):
             shape_a, shape_b = np.shape(leaf_a), np.shape(leaf_b)
             if shape_a != shape_b:
-                problems.value_errors.append(
+                problems.value_problem(
                     f"[{key!r}] ({type(a).__qualname__}) field "
                     f"{jax.tree_util.keystr(path, simple=True, separator='.')}: shape mismatch, "
                     f"expected {shape_a} (as in {expected_what}), got {shape_b} in {got_what}; "
@@ -149,17 +131,16 @@ def validate_metrics(
 
     Args:
         metrics: a mapping of str -> clu `Metric` (or `Collection`).
-        reference: if given, `metrics` must have its keys and, per key, its metric type,
-            pytree structure and leaf shapes.
-        what: how `metrics` is named in error messages.
-        reference_what: how `reference` is named in error messages.
+        reference: if given, the keys and, per key, the metric type, pytree structure and leaf
+            shapes `metrics` must have.
+        what, reference_what: how `metrics` and `reference` are named in error messages.
 
     Returns:
         `metrics` as a new dict.
 
     Raises:
         TypeError: not a mapping, a non-str key, a non-metric value, or a metric type that
-            differs from `reference` (the message lists every problem found).
+            differs from `reference`.
         ValueError: keys, structures or shapes differ from `reference`.
 
     Example:
@@ -182,8 +163,6 @@ def merge_metrics(
 ) -> dict[str, Any] | PackedMetrics:
     """Merges two dicts of metrics key by key (`a[k].merge(b[k])`), in or outside `jax.jit`.
 
-    Both are checked completely (at trace time under jit) before anything is merged.
-
     Args:
         a: the running metrics: a dict, a `PackedMetrics`, or None to start a new window.
         b: the new metrics (dict or `PackedMetrics`): same keys, types and shapes as `a`.
@@ -193,9 +172,7 @@ def merge_metrics(
         The merged metrics in `a`'s key order (`b` as a new dict when `a` is None).
 
     Raises:
-        TypeError: a value is not a clu Metric, a key is not a str, or a key holds different
-            metric types in `a` and `b`.
-        ValueError: the keys, or a metric's structure or shapes, differ.
+        TypeError, ValueError: as `validate_metrics`, for `a` and `b` (before merging).
 
     Example:
         >>> from metrics_manager.metrics import Sum, Max
@@ -234,11 +211,10 @@ def _split_batch(batch: Any, num_microbatches: int) -> Any:
     Strided, so a batch sharded on axis 0 feeds every device in every microbatch in place.
     """
     problems = _Problems()
-    leaves = jax.tree_util.tree_flatten_with_path(batch)[0]
-    for path, leaf in leaves:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
         shape = np.shape(leaf)
         if not shape or shape[0] % num_microbatches:
-            problems.value_errors.append(
+            problems.value_problem(
                 f"batch{jax.tree_util.keystr(path)} has shape {shape}: expected a leading batch "
                 f"dimension divisible by num_microbatches={num_microbatches}; pad the batch or "
                 "choose a num_microbatches that divides the batch size"
@@ -369,8 +345,7 @@ def accumulate_grads_microbatched(
         return (jax.tree.map(jnp.add, grad_sum, grads), merged), None
 
     indices = jnp.arange(1, num_microbatches, dtype=jnp.int32)
-    (grads, metrics), _ = jax.lax.scan(body, (grads, metrics), indices)
-    return grads, metrics
+    return jax.lax.scan(body, (grads, metrics), indices)[0]
 
 
 def _astype_like(value: Any, like: Any) -> Any:

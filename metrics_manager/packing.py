@@ -2,12 +2,9 @@
 
 Every leaf a compiled step returns is a buffer that XLA allocates and JAX wraps on every call:
 ~40 leaves for ~20 metrics, about 10% of a 0.65 ms CPU step. Packed, the step returns one buffer
-per dtype (usually `float32` and `int32`); the layout is static pytree data, so unpacking is
-static slices and packing one concatenate per dtype, traced into the caller's `jax.jit`.
-
-Build one with `merge_metrics(running, metrics, pack=True)`; `MetricsManager` accepts it as it
-accepts a dict. Read values with `packed.unpack()` (device) or
-`packed.unpack_host(jax.device_get(packed.buffers))` (numpy, no device dispatch).
+per dtype; the layout is static pytree data, so unpacking is static slices and packing one
+concatenate per dtype, traced into the caller's `jax.jit`. `merge_metrics(..., pack=True)`
+builds one, and `MetricsManager` accepts it as it accepts a dict.
 
 Example:
     >>> import numpy as np
@@ -89,10 +86,8 @@ def _replicated(x: jax.Array) -> jax.Array:
 class PackedMetrics:
     """A dict of metrics as a pytree whose only leaves are one flat buffer per dtype.
 
-    Build one with `PackedMetrics.pack(metrics)` or `merge_metrics(..., pack=True)`.
-
-    Attributes:
-        buffers: the flat buffers, one per dtype (a tuple of arrays).
+    Read values with `unpack()` (device) or `unpack_host(jax.device_get(packed.buffers))`
+    (numpy, no device dispatch).
     """
 
     __slots__ = ("_buffers", "_layout")
@@ -115,15 +110,13 @@ class PackedMetrics:
         """Packs a dict of str -> clu Metric (or `Collection`), in or outside `jax.jit`.
 
         Args:
-            metrics: metrics whose leaves are arrays or scalars; `None` fields (an unset
-                `Time.duration`) stay in the structure.
+            metrics: metrics whose leaves are arrays or scalars (`None` fields stay None).
 
         Returns:
             A `PackedMetrics` with one buffer per leaf dtype, in order of first appearance.
 
         Raises:
-            TypeError: not a mapping of str -> metric, or a leaf is not an array or scalar
-                (every problem is listed).
+            TypeError: not a mapping of str -> metric, or a leaf is not an array or scalar.
 
         Example:
             >>> from metrics_manager.metrics import Sum
@@ -138,7 +131,7 @@ class PackedMetrics:
             )
         for key, value in metrics.items():
             if not isinstance(key, str) or not is_metric_obj(value):
-                problems.type_errors.append(
+                problems.type_problem(
                     f"[{key!r}]: expected a str key and a clu.metrics.Metric (or Collection), "
                     f"got {type(key).__name__} -> {_describe(value)}"
                 )
@@ -150,7 +143,7 @@ class PackedMetrics:
             try:
                 arrays.append(jnp.asarray(leaf))
             except TypeError as err:
-                problems.type_errors.append(
+                problems.type_problem(
                     f"{jax.tree_util.keystr(path)}: expected an array or scalar leaf, got "
                     f"{_describe(leaf)} ({err})"
                 )
@@ -207,13 +200,13 @@ class PackedMetrics:
         return jax.tree.unflatten(self._layout.treedef, leaves)
 
     def unpack_host(self, host_buffers: Sequence[Any]) -> dict[str, Any]:
-        """Rebuilds the dict of metrics from host copies of `buffers`, without device work.
+        """The dict of metrics, as views of host copies of `buffers`: no device work.
 
         Args:
             host_buffers: numpy arrays in `buffers` order, e.g. `jax.device_get(packed.buffers)`.
 
         Returns:
-            A dict of str -> metric whose leaves are views of `host_buffers`.
+            A dict of str -> metric.
 
         Raises:
             TypeError: not a sequence, or a buffer's dtype differs from the packed one.
@@ -234,7 +227,7 @@ class PackedMetrics:
             )
         problems = Problems()
         if len(host_buffers) != len(layout.dtypes):
-            problems.value_errors.append(
+            problems.value_problem(
                 f"expected {len(layout.dtypes)} buffers (dtypes {list(layout.dtypes)}), got "
                 f"{len(host_buffers)}; pass jax.device_get(packed.buffers) of this PackedMetrics"
             )
@@ -250,13 +243,9 @@ class PackedMetrics:
             zip(arrays, layout.dtypes, layout.sizes, strict=False)
         ):
             if array.dtype.name != dtype:
-                problems.type_errors.append(
-                    f"buffer {i}: expected dtype {dtype}, got {array.dtype.name}"
-                )
+                problems.type_problem(f"buffer {i}: expected dtype {dtype}, got {array.dtype.name}")
             if array.shape != (size,):
-                problems.value_errors.append(
-                    f"buffer {i}: expected shape {(size,)}, got {array.shape}"
-                )
+                problems.value_problem(f"buffer {i}: expected shape {(size,)}, got {array.shape}")
         problems.raise_if_any("PackedMetrics.unpack_host")
         return jax.tree.unflatten(layout.treedef, [leaf.take(arrays) for leaf in layout.leaves])
 
