@@ -74,7 +74,7 @@ class AsyncWriter(ForwardingWriter):
           WriterError: every failed call since the last report.
         """
         if not self._closed:
-            self._submit("flush", {}, raise_errors=False)
+            self._post("flush", {})
             self._worker.drain()
         self._raise_errors("flush")
 
@@ -88,7 +88,7 @@ class AsyncWriter(ForwardingWriter):
             if self._closed:
                 return
             self._closed = True
-            self._submit("close", {}, raise_errors=False)
+            self._post("close", {})
             self._worker.close()
             _exit.unregister(self._at_exit)
         self._raise_errors("close")
@@ -97,11 +97,10 @@ class AsyncWriter(ForwardingWriter):
         return f"AsyncWriter({self._label})"
 
     def _forward(self, method: str, **kwargs: Any) -> None:
-        self._submit(
-            method, {k: dict(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
-        )
+        self._post(method, {k: dict(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()})
+        self._raise_errors(method)
 
-    def _submit(self, method: str, kwargs: dict[str, Any], *, raise_errors: bool = True) -> None:
+    def _post(self, method: str, kwargs: dict[str, Any]) -> None:
         def call(_: Any) -> None:
             try:
                 getattr(self._writer, method)(**kwargs)
@@ -111,8 +110,6 @@ class AsyncWriter(ForwardingWriter):
                     self._errors.append((f"{self._label}.{method}({step})", err))
 
         self._worker.post([(method, call, None)])  # blocks while the queue is full
-        if raise_errors:
-            self._raise_errors(method)
 
     def _raise_errors(self, method: str) -> None:
         with self._errors_lock:

@@ -7,13 +7,11 @@ so a failing backend stops none of the others; `configs/writers/*.gin` bind its 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import IO, Any
 
 from writers import _checks, _storage
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
-from writers.interface import MetricWriter
 from writers.jsonl import JsonlWriter
 from writers.logging_writer import LoggingWriter
 from writers.multi import MultiWriter
@@ -81,26 +79,23 @@ def create_default_writer(
                 f"{resume_step + 1}). Pass resume_step alone."
             )
         purge_step = resume_step + 1
-    makers: dict[str, Callable[[], MetricWriter]] = {}
-    if console:
-        makers["console"] = lambda: ConsoleWriter(
-            console_stream, collection=collection, total_steps=total_steps
-        )
-    if logdir is not None and tensorboard:
-        makers["tensorboard"] = lambda: TensorBoardWriter(
-            logdir, purge_step=purge_step, flush_secs=flush_secs
-        )
-    if logdir is not None and jsonl:
-        path = _storage.join(os.fspath(logdir), JSONL_FILENAME)
-        makers["jsonl"] = lambda: JsonlWriter(
-            path, collection=collection, resume_step=resume_step, flush_secs=flush_secs
-        )
-    if log:
-        makers["log"] = lambda: LoggingWriter(collection=collection)
     chosen: dict[str, Any] = {}
     try:
-        for name, make in makers.items():
-            chosen[name] = make()
+        if console:
+            chosen["console"] = ConsoleWriter(
+                console_stream, collection=collection, total_steps=total_steps
+            )
+        if logdir is not None and tensorboard:
+            chosen["tensorboard"] = TensorBoardWriter(
+                logdir, purge_step=purge_step, flush_secs=flush_secs
+            )
+        if logdir is not None and jsonl:
+            path = _storage.join(os.fspath(logdir), JSONL_FILENAME)
+            chosen["jsonl"] = JsonlWriter(
+                path, collection=collection, resume_step=resume_step, flush_secs=flush_secs
+            )
+        if log:
+            chosen["log"] = LoggingWriter(collection=collection)
     except Exception:
         for made in chosen.values():  # no half-built set with open files and threads
             made.close()

@@ -166,14 +166,10 @@ def _describe(value: Any) -> str:
 def _group_by_metadata(groups: list[tuple[Any, dict[str, Any]]], metadata: Any) -> dict[str, Any]:
     # Metadata is often an unhashable proto or dict, so compare instead of hashing.
     for existing, group in groups:
-        if existing is metadata or _equal(existing, metadata):
-            return group
+        try:
+            if existing is metadata or (existing == metadata) is True:
+                return group
+        except Exception:  # noqa: BLE001  (arbitrary user objects may refuse comparison)
+            pass
     groups.append((metadata, {}))
     return groups[-1][1]
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        return (a == b) is True
-    except Exception:  # noqa: BLE001  (arbitrary user objects may refuse comparison)
-        return False
