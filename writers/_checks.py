@@ -117,14 +117,8 @@ def to_number(key: str, value: Any) -> int | float:
     """A number, or an array of one number, as a Python int (integers, bools) or float.
 
     NaN and infinities are kept; bfloat16/float8 widen exactly. TypeError if not numeric,
-    ValueError for an array of other than one element.
+    ValueError for an array of other than one element. `collect_numbers` has the fast path.
     """
-    cls = type(value)
-    if cls is float or cls is int:  # the common case first: this runs once per value
-        return value
-    convert = _CONVERTERS.get(cls)
-    if convert is not None:  # numpy scalars and bool, without ABC isinstance checks
-        return convert(value)
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
         arr = np.asarray(value)
         if arr.size != 1:

@@ -16,9 +16,7 @@ from absl import logging
 
 def register(writer: Any, name: str) -> Callable[[], None]:
     """Registers `writer.close()` to run at exit; `close()` passes the hook to `unregister`."""
-    hook = functools.partial(_close, weakref.ref(writer), name)
-    atexit.register(hook)
-    return hook
+    return atexit.register(functools.partial(_close, weakref.ref(writer), name))
 
 
 unregister = atexit.unregister

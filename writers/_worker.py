@@ -1,16 +1,13 @@
-"""`OrderedWorker`: the one background worker of this project (bounded, ordered, deadlines).
+"""`OrderedWorker`: the one background worker (bounded, ordered, deadlines).
 
-`writers.AsyncWriter` and `metrics_manager.MetricsManager` both run their background work here.
-A job is a list of pieces `(label, fn, deadline_s)` run in order on one thread, jobs in
+`writers.AsyncWriter` and `metrics_manager.MetricsManager` run their background work here. A
+job is a list of pieces `(label, fn, deadline_s)` run in order on one thread, jobs in
 submission order; `fn(job)` may keep state in `job.state` and set `job.result`, the future's
-value. At most `max_pending` jobs wait: `submit` blocks until one starts, nothing is dropped.
-An exception ends its job (later pieces are skipped) and fails its future.
-
-A piece that overruns its deadline is abandoned: its thread is left behind (a daemon, so the
-process can still exit), `on_stuck` is told, and a fresh thread goes on with the job's next
-piece. Overruns are noticed by whoever waits for the worker (a blocked `submit`, `drain`), so a
-loop that never waits never pays for the check; and only a piece with a deadline publishes
-itself under the lock, so the others cost no lock round (measurable at a summary per step).
+value. An exception ends its job and fails its future. A piece that overruns its deadline is
+abandoned: its (daemon) thread is left behind, `on_stuck` is told, and a fresh thread goes on
+with the job's next piece. Overruns are noticed by whoever waits for the worker (a blocked
+`submit`, `drain`), so a loop that never waits never pays for the check; and only pieces with a
+deadline take the lock (lock rounds were measurable at a summary per step).
 """
 
 from __future__ import annotations
@@ -75,10 +72,6 @@ class OrderedWorker:
         """Every thread this worker started (more than one after an abandoned piece)."""
         return list(self._threads)
 
-    def on_worker_thread(self) -> bool:
-        """True when called from the worker's current thread."""
-        return bool(self._threads) and threading.current_thread() is self._threads[-1]
-
     def submit(self, pieces: Sequence[Piece]) -> Future[Any]:
         """Queues a job; blocks while `max_pending` jobs wait. Returns its future.
 
@@ -98,7 +91,7 @@ class OrderedWorker:
     def _enqueue(self, job: Job) -> None:
         with self._cond:
             while len(self._queue) >= self._max and not self._stopping:
-                if self.on_worker_thread():
+                if threading.current_thread() is self._threads[-1]:
                     raise RuntimeError(
                         f"{self.name}: called from its own worker thread while {self._max} "
                         "jobs are pending; the call would wait for a slot only this thread "
