@@ -17,8 +17,6 @@ from writers.logging_writer import LoggingWriter
 from writers.multi import MultiWriter
 from writers.tensorboard import TensorBoardWriter
 
-JSONL_FILENAME = "metrics.jsonl"
-
 
 def create_default_writer(
     logdir: str | os.PathLike[str] | None,
@@ -90,7 +88,7 @@ def create_default_writer(
                 logdir, purge_step=purge_step, flush_secs=flush_secs
             )
         if logdir is not None and jsonl:
-            path = _storage.join(os.fspath(logdir), JSONL_FILENAME)
+            path = _storage.join(os.fspath(logdir), "metrics.jsonl")
             chosen["jsonl"] = JsonlWriter(
                 path, collection=collection, resume_step=resume_step, flush_secs=flush_secs
             )
