@@ -1,15 +1,11 @@
-"""Pluggable metric writers with CLU's interface and no TensorFlow.
+"""Pluggable metric writers with CLU's interface and no TensorFlow, usable on their own.
 
-Usable with or without `metrics_manager`: every writer implements `MetricWriter` (CLU's
-names), `write_values` writes a mapping of `clu.values` with one call per kind, and
-`create_default_writer` builds the usual console + TensorBoard + JSONL set. File writers
-take local paths or fsspec URLs (`gs://`, `s3://`); `read_jsonl` reads a JSONL log back.
-
-Backends: `ConsoleWriter`, `TensorBoardWriter` (tensorboardX imported on first use),
-`JsonlWriter`, `LoggingWriter` (CLU's absl log lines), `NoopWriter`. Trackers: `WandbWriter`,
-`MlflowWriter` (extras `[wandb]`, `[mlflow]`, imported on first use) and
-`create_tracker_writer`. Combinators: `MultiWriter` (fan-out) and `AsyncWriter` (ordered
-background worker). `import writers` imports neither TensorFlow, torch nor JAX.
+Every writer implements `MetricWriter` (CLU's names); `write_values` writes a mapping of
+`clu.values` with one call per kind; `create_default_writer` builds the usual console +
+TensorBoard + JSONL set. File writers take local paths or fsspec URLs (`gs://`, `s3://`);
+`read_jsonl` reads a JSONL log back. Trackers (`WandbWriter`, `MlflowWriter`, extras `[wandb]`,
+`[mlflow]`) and tensorboardX are imported on first use: `import writers` imports neither
+TensorFlow, torch nor JAX. `MultiWriter` fans out, `AsyncWriter` runs a writer in the background.
 
 Example:
   >>> import tempfile, writers

@@ -1,9 +1,8 @@
 """Base classes of this package's writers: the closed state, the input checks, forwarding.
 
-`BaseWriter`'s public methods check a call once (closed writer, step, keys, values; a
-`_checks.Checked` mapping was checked at the public entry point already) and hand the
-converted values to one hook per kind, so every backend rejects the same inputs with the same
-messages and implements only what it does with valid values.
+`BaseWriter` checks each call once (a `_checks.Checked` mapping was checked already) and hands
+the converted values to one hook per kind, so every backend rejects the same inputs with the
+same messages and implements only what it does with valid values.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from writers.interface import Array, MetricWriter, Scalar, WriterClosedError
 class BaseWriter(MetricWriter):
     """`MetricWriter` that checks each call, then calls the hook of its kind.
 
-    Hooks get numbers as Python ints and floats, arrays as numpy arrays (images `[H, W, C]` or
-    `[N, H, W, C]`, videos `[N, T, H, W, C]`, audio `[N, T, C]`) and `num_buckets` as a dict.
+    Hooks get numbers as Python ints and floats, arrays as numpy arrays, `num_buckets` a dict.
     """
 
     _closed: bool = False
@@ -102,12 +100,6 @@ class BaseWriter(MetricWriter):
 class ForwardingWriter(BaseWriter):
     """Checks each call's step and keys once, then passes it on by keyword to `_forward`."""
 
-    def write_summaries(
-        self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
-    ) -> None:
-        step = self._begin("write_summaries", step, values)
-        self._forward("write_summaries", step=step, values=values, metadata=metadata)
-
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
         step = self._begin("write_scalars", step, scalars)
         self._forward("write_scalars", step=step, scalars=scalars)
@@ -131,9 +123,11 @@ class ForwardingWriter(BaseWriter):
         step = self._begin("write_histograms", step, arrays)
         self._forward("write_histograms", step=step, arrays=arrays, num_buckets=num_buckets)
 
-    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        self._check_open("write_hparams")
-        _checks.check_keys(hparams, self._name("write_hparams"))
+    # `BaseWriter` passes summaries and hparams to these hooks unconverted.
+    def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
+        self._forward("write_summaries", step=step, values=values, metadata=metadata)
+
+    def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._forward("write_hparams", hparams=hparams)
 
     @abc.abstractmethod

@@ -1,13 +1,12 @@
 """Input checks shared by every writer, so all backends reject the same things.
 
-The writer contract (see `writers.interface`) says: steps are non-negative
-integers, keys are non-empty strings, scalars hold exactly one number, images
-are `[H, W, C]` or `[N, H, W, C]` with 1, 3 or 4 channels. Each check looks at
-every key of a call before raising, so one error lists every problem.
+They enforce the contract in `writers.interface`; each looks at every key of a call before
+raising, so one error lists every problem.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -16,6 +15,9 @@ from typing import Any
 import numpy as np
 
 from writers._problems import Problems
+
+MAX_STEP = 2**63  # steps are int64 in TensorBoard's event proto; larger ones read back wrong
+DEFAULT_NUM_BUCKETS = 30
 
 
 def check_step(step: Any, method: str = "write") -> int:
@@ -46,16 +48,8 @@ def check_step(step: Any, method: str = "write") -> int:
     return value
 
 
-MAX_STEP = 2**63
-"""Steps are int64 in TensorBoard's event proto; 2**63 and above read back wrong."""
-
-
 class Checked(dict):  # type: ignore[type-arg]
-    """Values already checked and converted at a public entry point (the manager's).
-
-    Backends built on `writers._base.BaseWriter` skip their own checks for it; any other
-    writer just sees a dict.
-    """
+    """Values checked and converted at a public entry point; `BaseWriter` skips its checks."""
 
     __slots__ = ()
 
@@ -70,21 +64,15 @@ def check_keys(values: Any, method: str) -> None:
     if all(type(k) is str and k and not k.isspace() for k in values):
         return  # the common case, in one pass
     problems = Problems(method)
-    _key_problems(values, problems)
-    problems.raise_if_any()
-
-
-def _key_problems(values: Mapping[Any, Any], problems: Problems) -> None:
-    bad_types = [k for k in values if not isinstance(k, str)]
-    if bad_types:
+    if bad_types := [k for k in values if not isinstance(k, str)]:
         listed = ", ".join(f"{k!r} ({type(k).__name__})" for k in bad_types)
         problems.type_problem(f"every key must be a str, got {listed}. Convert keys with str().")
-    empty = [k for k in values if isinstance(k, str) and not k.strip()]
-    if empty:
+    if empty := [k for k in values if isinstance(k, str) and not k.strip()]:
         problems.value_problem(
             f"keys must be non-empty names, got {empty!r}. Give each value a name such "
             "as 'loss' or 'eval/accuracy'."
         )
+    problems.raise_if_any()
 
 
 def check_call(method: str, step: Any, values: Any) -> int:
@@ -104,16 +92,8 @@ def check_call(method: str, step: Any, values: Any) -> int:
 
 
 WRITER_METHODS = (
-    "write_summaries",
-    "write_scalars",
-    "write_images",
-    "write_videos",
-    "write_audios",
-    "write_texts",
-    "write_histograms",
-    "write_hparams",
-    "flush",
-    "close",
+    *("write_summaries", "write_scalars", "write_images", "write_videos", "write_audios"),
+    *("write_texts", "write_histograms", "write_hparams", "flush", "close"),
 )
 
 
@@ -126,9 +106,7 @@ def check_writers(writers: Mapping[str, Any], context: str) -> None:
             problems.type_problem(
                 f"{name!r} is the class {writer.__name__}, not an instance; {fix}"
             )
-            continue
-        missing = [m for m in WRITER_METHODS if not callable(getattr(writer, m, None))]
-        if missing:
+        elif missing := [m for m in WRITER_METHODS if not callable(getattr(writer, m, None))]:
             problems.type_problem(
                 f"{name!r} ({type(writer).__name__}) lacks {', '.join(missing)}; {fix}"
             )
@@ -139,20 +117,9 @@ def to_number(key: str, value: Any) -> int | float:
     """A number, or an array of one number, as a Python int (integers, bools) or float.
 
     NaN and infinities are kept; bfloat16/float8 widen exactly. TypeError if not numeric,
-    ValueError for an array of other than one element.
+    ValueError for an array of other than one element. `collect_numbers` has the fast path.
     """
-    cls = type(value)
-    if cls is float or cls is int:  # the common case first: this runs once per value
-        return value
-    convert = _CONVERTERS.get(cls)
-    if convert is not None:  # numpy scalars and bool, without ABC isinstance checks
-        return convert(value)
-    if isinstance(value, np.generic):
-        if isinstance(value, np.floating) or _is_ml_float(value.dtype):
-            return float(value)  # bfloat16 and float8 widen to float exactly
-        if isinstance(value, np.integer | np.bool_):
-            return int(value)
-    elif isinstance(value, np.ndarray) or _looks_like_array(value):
+    if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
         arr = np.asarray(value)
         if arr.size != 1:
             raise ValueError(
@@ -173,18 +140,11 @@ def to_number(key: str, value: Any) -> int | float:
     )
 
 
-# Exact types whose `to_number` conversion depends only on the type: looked up
-# by `type(value)` instead of walking isinstance checks against numpy's ABCs.
+# `to_number` by exact type, skipping isinstance checks against numpy's ABCs.
 _CONVERTERS: dict[type, Callable[[Any], int | float]] = {
-    float: float,  # float() and int() return an exact float or int itself
-    int: int,
-    bool: int,
-    np.bool_: int,
-    **{t: float for t in (np.float16, np.float32, np.float64, np.longdouble)},
-    **{
-        t: int
-        for t in (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64)
-    },
+    **{t: float for t in (float, np.float16, np.float32, np.float64, np.longdouble)},
+    **{t: int for t in (int, bool, np.bool_, np.int8, np.int16, np.int32, np.int64)},
+    **{t: int for t in (np.uint8, np.uint16, np.uint32, np.uint64)},
 }
 
 
@@ -216,9 +176,7 @@ def collect_numbers(scalars: Mapping[str, Any], problems: Problems) -> dict[str,
 
 
 def check_arrays(
-    arrays: Mapping[str, Any],
-    method: str,
-    check: Callable[[str, np.ndarray], str | None],
+    arrays: Mapping[str, Any], method: str, check: Callable[[str, np.ndarray], str | None]
 ) -> dict[str, np.ndarray]:
     """Every value as a numpy array; one ValueError lists every key `check` describes as bad."""
     out = {key: np.asarray(value) for key, value in arrays.items()}
@@ -230,8 +188,10 @@ def check_arrays(
     return out
 
 
+# The `*_problem` functions say what is wrong with one array, or return None if it is fine.
+
+
 def image_problem(key: str, arr: np.ndarray) -> str | None:
-    """Describes what is wrong with an image array, or returns None if it is fine."""
     if arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4):
         return (
             f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
@@ -243,7 +203,6 @@ def image_problem(key: str, arr: np.ndarray) -> str | None:
 
 
 def video_problem(key: str, arr: np.ndarray) -> str | None:
-    """Describes what is wrong with a video array, or returns None if it is fine."""
     if arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4):
         return (
             f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
@@ -253,7 +212,6 @@ def video_problem(key: str, arr: np.ndarray) -> str | None:
 
 
 def audio_problem(key: str, arr: np.ndarray) -> str | None:
-    """Describes what is wrong with an audio array, or returns None if it is fine."""
     if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.number):
         return (
             f"audio {key!r} must be a numeric array of shape [N, T, C] with values in "
@@ -262,19 +220,23 @@ def audio_problem(key: str, arr: np.ndarray) -> str | None:
     return None
 
 
-def check_images(images: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
-    """`check_arrays` with `image_problem`: every image is `[H, W, C]` or `[N, H, W, C]`."""
-    return check_arrays(images, method, image_problem)
+def histogram_problem(key: str, arr: np.ndarray) -> str | None:
+    if not np.issubdtype(arr.dtype, np.number):
+        return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
+    if arr.size == 0:
+        return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
+    if not np.all(np.isfinite(arr)):
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        return (
+            f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "
+            "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
+        )
+    return None
 
 
-def check_histograms(arrays: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
-    """`check_arrays` with `histogram_problem`: every array is numeric, finite, non-empty."""
-    return check_arrays(arrays, method, histogram_problem)
-
-
-def check_videos(videos: Mapping[str, Any], method: str) -> dict[str, np.ndarray]:
-    """`check_arrays` with `video_problem`: every video is `[N, T, H, W, C]`."""
-    return check_arrays(videos, method, video_problem)
+check_images = functools.partial(check_arrays, check=image_problem)
+check_videos = functools.partial(check_arrays, check=video_problem)
+check_histograms = functools.partial(check_arrays, check=histogram_problem)
 
 
 def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
@@ -289,21 +251,6 @@ def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> di
     return check_arrays(audios, method, audio_problem)
 
 
-def histogram_problem(key: str, arr: np.ndarray) -> str | None:
-    """Describes what is wrong with a histogram input, or returns None if it is fine."""
-    if not np.issubdtype(arr.dtype, np.number):
-        return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
-    if arr.size == 0:
-        return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
-    if not np.all(np.isfinite(arr)):
-        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        return (
-            f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "
-            "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
-        )
-    return None
-
-
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
     """Raises a TypeError listing every key whose value is not a str."""
     bad = {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}
@@ -316,7 +263,6 @@ def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
 
 
 def is_finite_number(value: int | float) -> bool:
-    """True for ints and finite floats."""
     return isinstance(value, int) or math.isfinite(value)
 
 
@@ -343,9 +289,6 @@ def _is_ml_float(dtype: Any) -> bool:
 def _looks_like_array(value: Any) -> bool:
     # JAX, torch and other array types without importing them.
     return hasattr(value, "__array__") and hasattr(value, "shape") and hasattr(value, "dtype")
-
-
-DEFAULT_NUM_BUCKETS = 30
 
 
 def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,6 @@
-"""Checked values turned into files and plain data: PNG, WAV, filmstrips, histograms, hparams.
+"""Checked values as PNG, WAV, filmstrips, histograms and hparams.
 
-PNG and WAV are written with the standard library: tensorboardX would need Pillow and
-soundfile, neither of which this package depends on.
+PNG and WAV use the standard library (tensorboardX would need Pillow and soundfile).
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""Closes writers that hold buffered data at interpreter exit, if the user did not.
+"""Closes buffering writers at interpreter exit if the program did not (no `__del__`).
 
-`close()` is the way to finish a writer (no `__del__` here); this is the safety net for a
-script that ends without it. The hook holds only a weak reference to the writer.
+The hook holds only a weak reference to the writer.
 """
 
 from __future__ import annotations
@@ -17,9 +16,7 @@ from absl import logging
 
 def register(writer: Any, name: str) -> Callable[[], None]:
     """Registers `writer.close()` to run at exit; `close()` passes the hook to `unregister`."""
-    hook = functools.partial(_close, weakref.ref(writer), name)
-    atexit.register(hook)
-    return hook
+    return atexit.register(functools.partial(_close, weakref.ref(writer), name))
 
 
 unregister = atexit.unregister

@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
 
 # Rates ("per second") of 1,000 or more read better as 12,345 than as 1.235e+04.
 _RATE_KEY = re.compile(r"per_sec(ond)?|_per_s$|/s$|throughput", re.IGNORECASE)
-# `is_rate` per key: the same keys come back at every summary.
-_IS_RATE: dict[str, bool] = {}
 
 
+@functools.lru_cache(maxsize=100_000)  # the same keys come back at every summary
 def is_rate(key: str) -> bool:
     """True when `key` names a rate, e.g. `timing/seqs_per_second`."""
-    rate = _IS_RATE.get(key)
-    if rate is None:
-        rate = bool(_RATE_KEY.search(key))
-        if len(_IS_RATE) >= 100_000:  # unbounded key sets: keep memory bounded
-            _IS_RATE.clear()
-        _IS_RATE[key] = rate
-    return rate
+    return bool(_RATE_KEY.search(key))
 
 
 def number(key: str, value: int | float) -> str:

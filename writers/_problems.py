@@ -1,9 +1,4 @@
-"""The one error collector: every check of a call adds to it, then one error lists them all.
-
-`TypeError` if any problem is about a type, `ValueError` otherwise. One problem reads
-`"<call>: <problem>"`; several read `"<call>: N problems:"` with one `  - ` line each.
-Both packages use it (`writers` never imports `metrics_manager`, so it lives here).
-"""
+"""The error collector of both packages (here, as `writers` never imports `metrics_manager`)."""
 
 from __future__ import annotations
 
@@ -19,7 +14,11 @@ def describe(x: Any) -> str:
 
 
 class Problems:
-    """Collects every problem of a call so that one error lists them all."""
+    """Collects every problem of a call.
+
+    The error is a `TypeError` if any problem is about a type, else a `ValueError`, and reads
+    `"<call>: <problem>"`, or `"<call>: N problems:"` with one `  - ` line per problem.
+    """
 
     def __init__(self, context: str = "") -> None:
         self.context = context
@@ -39,7 +38,7 @@ class Problems:
         return bool(self.type_errors or self.value_errors)
 
     def message(self, context: str | None = None) -> str:
-        """The one message naming every collected problem, prefixed by the call's name."""
+        """The message naming every problem, prefixed by the call's name."""
         problems = self.type_errors + self.value_errors
         where = context or self.context
         if len(problems) == 1:
@@ -50,8 +49,7 @@ class Problems:
     def raise_if_any(
         self, context: str | None = None, error: type[Exception] | None = None
     ) -> None:
-        """Raises one error naming every problem: `error`, else TypeError if any is about a
-        type, else ValueError."""
+        """Raises one error naming every problem, of type `error` if given."""
         if self:
             kind = error or (TypeError if self.type_errors else ValueError)
             raise kind(self.message(context))

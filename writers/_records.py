@@ -1,17 +1,12 @@
 """TensorBoard event files: TFRecord framing, written synchronously.
 
-A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`,
-little-endian. The CRC is tensorboardX's `masked_crc32c`, fast because the `crc32c` package
-(a declared dependency) is installed; without it tensorboardX falls back to a Python loop.
-Files are written here, not by tensorboardX's queue-backed `EventFileWriter`, so that
-`flush()` means "on disk" and a writer never overwrites an existing file.
-
-Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`,
-a counter added on a clash). On a URL each flush writes one new object holding the events
-since the previous one (`_storage.PartStream`), named
-`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`: TensorBoard reads
-a directory's event files in name order, so the parts read as one stream and upload bytes
-grow linearly with the events (tensorboardX re-uploads the whole file on every flush).
+A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`, little
+endian; the CRC is tensorboardX's (fast with the `crc32c` package, a dependency). Writing here
+instead of tensorboardX's queued `EventFileWriter` makes `flush()` mean "on disk" and never
+overwrites a file. Local files are named like tensorboardX's, a counter added on a clash. On a
+URL each flush writes a new object holding the events since the last (`_storage.PartStream`),
+named so that TensorBoard, reading files in name order, sees one stream: uploads grow
+linearly with the events (tensorboardX re-uploads the whole file at every flush).
 """
 
 from __future__ import annotations
@@ -64,16 +59,10 @@ class EventFile:
     def write(self, data: bytes) -> None:
         """Appends one serialized event as a record."""
         header = struct.pack("<Q", len(data))
-        framed = b"".join(
-            (
-                header,
-                struct.pack("<I", masked_crc32c(header)),
-                data,
-                struct.pack("<I", masked_crc32c(data)),
-            )
-        )
+        header += struct.pack("<I", masked_crc32c(header))
+        record = header + data + struct.pack("<I", masked_crc32c(data))
         with self._lock:
-            self._file.write(framed)
+            self._file.write(record)
 
     def flush(self) -> None:
         """Writes buffered records out (fsyncs local files, uploads remote ones)."""

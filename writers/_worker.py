@@ -1,32 +1,23 @@
-"""`OrderedWorker`: the one background worker of this project (bounded, ordered, deadlines).
+"""`OrderedWorker`: the one background worker (bounded, ordered, deadlines).
 
-Both `writers.AsyncWriter` and `metrics_manager.MetricsManager` run their background work
-here. A job is a list of pieces, run in order on one thread, jobs in submission order:
-
-* **Back-pressure**: at most `max_pending` jobs wait behind the running one; `submit`
-  blocks until one starts. Nothing is dropped.
-* **Deadlines**: a piece may carry a deadline in seconds. A piece that overruns it is
-  abandoned: its thread is left behind (a daemon, so the process can still exit), `on_stuck`
-  is told, and a fresh thread goes on with the job's next piece and the rest of the queue.
-  Overruns are noticed by whoever waits for the worker (a blocked `submit`, `drain`), so a
-  loop that never waits never pays for the check.
-* **Errors**: an exception from a piece ends its job (later pieces are skipped) and fails the
-  job's future; callers that want isolation catch inside the piece.
-
-A piece is `(label, fn, deadline_s)`; `fn(job)` may keep state in `job.state` and set
-`job.result`, which becomes the future's value. Only a piece with a deadline can be
-abandoned, so only such a piece publishes itself under the lock: the others cost no lock
-round (at a summary per step, those rounds were measurable).
+`writers.AsyncWriter` and `metrics_manager.MetricsManager` run their background work here. A
+job is a list of pieces `(label, fn, deadline_s)` run in order on one thread, jobs in
+submission order; `fn(job)` may keep state in `job.state` and set `job.result`, the future's
+value. An exception ends its job and fails its future. A piece that overruns its deadline is
+abandoned: its (daemon) thread is left behind, `on_stuck` is told, and a fresh thread goes on
+with the job's next piece. Overruns are noticed by whoever waits for the worker (a blocked
+`submit`, `drain`), so a loop that never waits never pays for the check; and only pieces with a
+deadline take the lock (lock rounds were measurable at a summary per step).
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 Piece = tuple[str, Callable[["Job"], None], float | None]
@@ -42,9 +33,7 @@ class Job:
 
     def __init__(self, pieces: Sequence[Piece], future: bool = True) -> None:
         self.pieces = list(pieces)
-        self.future: concurrent.futures.Future[Any] | None = (
-            concurrent.futures.Future() if future else None
-        )
+        self.future: Future[Any] | None = Future() if future else None
         self.index = 0
         self.state: dict[str, Any] = {}
         self.result: Any = None
@@ -54,10 +43,9 @@ class OrderedWorker:
     """Runs jobs of pieces in order on one daemon thread with a bounded queue.
 
     Args:
-      name: thread name (shown in error messages and thread dumps).
+      name: thread name, also used in error messages.
       max_pending: most jobs waiting at once behind the running one.
-      on_stuck: called as `on_stuck(label, job)` (under the worker's lock, so keep it short)
-        when a piece overruns its deadline and is abandoned.
+      on_stuck: `on_stuck(label, job)` when a piece is abandoned (runs under the lock: be short).
     """
 
     def __init__(
@@ -84,18 +72,14 @@ class OrderedWorker:
         """Every thread this worker started (more than one after an abandoned piece)."""
         return list(self._threads)
 
-    def on_worker_thread(self) -> bool:
-        """True when called from the worker's current thread."""
-        return bool(self._threads) and threading.current_thread() is self._threads[-1]
-
-    def submit(self, pieces: Sequence[Piece]) -> concurrent.futures.Future[Any]:
+    def submit(self, pieces: Sequence[Piece]) -> Future[Any]:
         """Queues a job; blocks while `max_pending` jobs wait. Returns its future.
 
         Raises:
           RuntimeError: the worker is stopping, or the call comes from the worker itself
             while the queue is full (it would wait for a slot only it can free).
         """
-        job = Job(pieces, future=True)
+        job = Job(pieces)
         self._enqueue(job)
         assert job.future is not None
         return job.future
@@ -107,7 +91,7 @@ class OrderedWorker:
     def _enqueue(self, job: Job) -> None:
         with self._cond:
             while len(self._queue) >= self._max and not self._stopping:
-                if self.on_worker_thread():
+                if threading.current_thread() is self._threads[-1]:
                     raise RuntimeError(
                         f"{self.name}: called from its own worker thread while {self._max} "
                         "jobs are pending; the call would wait for a slot only this thread "
@@ -123,7 +107,7 @@ class OrderedWorker:
         """Waits until every queued job has ended; False if `timeout` passed first."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._pending():
+            while self._queue or self._current is not None:
                 if end is not None and time.monotonic() >= end:
                     return False
                 self._wait()
@@ -139,13 +123,8 @@ class OrderedWorker:
             self._threads[-1].join(timeout)
         return drained
 
-    # --------------------------------------------------------------------- internals
-
-    def _pending(self) -> int:
-        return len(self._queue) + (self._current is not None)
-
     def _wait(self) -> None:
-        """Waits a little for the worker, abandoning a piece that overran its deadline."""
+        """Waits a little for the worker; abandons a piece that overran its deadline."""
         self._cond.wait(_POLL_S)
         piece = self._piece
         if piece is not None and piece[1] is not None and time.monotonic() > piece[1]:

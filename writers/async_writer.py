@@ -1,17 +1,14 @@
 """`AsyncWriter`: runs a writer's calls on one ordered background thread.
 
-Each `AsyncWriter` owns one `writers._worker.OrderedWorker` (the worker `MetricsManager` uses
-too). Use it for a writer used on its own; a `MetricsManager` calls its writers from its own
-worker already. Every write is checked on the caller's thread, then queued and run in call
-order, so the training loop does not wait on disks or terminals.
+For a writer used on its own (a `MetricsManager` calls its writers from its own worker, the
+same `writers._worker.OrderedWorker`). Each write is checked on the caller's thread, then
+queued and run in call order, so the training loop does not wait on disks or terminals.
 
-* Back-pressure: at most `max_queue` calls wait; a full queue blocks the caller (nothing
-  is dropped, a slow writer slows the loop instead of filling memory).
-* Errors raised by the wrapped writer are kept and raised on the caller's next call (after
-  its own work is queued), on `flush()` and on `close()`, as a `WriterError` naming the
-  writer, the method and the step. Later calls still run: a failed write loses only itself.
-* `flush()` waits for every queued call, then flushes the writer. `close()` runs everything
-  queued, closes the writer and joins the thread; a writer never closed is closed at exit.
+* At most `max_queue` calls wait; a full queue blocks the caller (nothing is dropped).
+* The wrapped writer's errors are raised on the caller's next call (after its own work is
+  queued), on `flush()` and on `close()`, as a `WriterError` naming the writer, the method and
+  the step. Later calls still run: a failed write loses only itself.
+* A writer never closed is closed at exit.
 * Mappings are copied, arrays are not: do not change an array in place until `flush()`.
 
 Example:
@@ -63,22 +60,20 @@ class AsyncWriter(ForwardingWriter):
 
     @property
     def name(self) -> str:
-        """The name used in error messages."""
         return self._label
 
     @property
     def writer(self) -> Any:
-        """The wrapped writer."""
         return self._writer
 
     def flush(self) -> None:
         """Waits for every queued call, flushes the writer, raises errors seen so far.
 
         Raises:
-          WriterError: naming this writer, for every failed call since the last report.
+          WriterError: every failed call since the last report.
         """
         if not self._closed:
-            self._submit("flush", {}, raise_errors=False)
+            self._post("flush", {})
             self._worker.drain()
         self._raise_errors("flush")
 
@@ -86,13 +81,13 @@ class AsyncWriter(ForwardingWriter):
         """Runs every queued call, closes the writer and joins the thread; idempotent.
 
         Raises:
-          WriterError: naming this writer, for every failed call not yet reported.
+          WriterError: every failed call not yet reported.
         """
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
-            self._submit("close", {}, raise_errors=False)
+            self._post("close", {})
             self._worker.close()
             _exit.unregister(self._at_exit)
         self._raise_errors("close")
@@ -101,24 +96,19 @@ class AsyncWriter(ForwardingWriter):
         return f"AsyncWriter({self._label})"
 
     def _forward(self, method: str, **kwargs: Any) -> None:
-        self._submit(
-            method, {k: dict(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
-        )
+        self._post(method, {k: dict(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()})
+        self._raise_errors(method)
 
-    def _submit(self, method: str, kwargs: dict[str, Any], *, raise_errors: bool = True) -> None:
+    def _post(self, method: str, kwargs: dict[str, Any]) -> None:
         def call(_: Any) -> None:
             try:
                 getattr(self._writer, method)(**kwargs)
             except Exception as err:  # noqa: BLE001  (kept and re-raised on the caller's thread)
-                where = f"{self._label}.{method}" + (
-                    f"(step={kwargs['step']})" if "step" in kwargs else "()"
-                )
+                step = f"step={kwargs['step']}" if "step" in kwargs else ""
                 with self._errors_lock:
-                    self._errors.append((where, err))
+                    self._errors.append((f"{self._label}.{method}({step})", err))
 
         self._worker.post([(method, call, None)])  # blocks while the queue is full
-        if raise_errors:
-            self._raise_errors(method)
 
     def _raise_errors(self, method: str) -> None:
         with self._errors_lock:

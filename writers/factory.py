@@ -1,35 +1,21 @@
 """`create_default_writer`: the usual writer set for a training run, in one call.
 
-Console + TensorBoard (events in `logdir`) + JSONL (`<logdir>/metrics.jsonl`) by default,
-named `console`, `tensorboard`, `jsonl` (and `log`) inside one `MultiWriter`, so a failing
-backend stops none of the others. `logdir` may be a fsspec URL (`gs://bucket/run`).
-Gin: `configs/writers/*.gin` bind its arguments.
-
-Example:
-  >>> import tempfile, writers
-  >>> w = writers.create_default_writer(tempfile.mkdtemp(), collection="train", console=False)
-  >>> sorted(w.writers)
-  ['jsonl', 'tensorboard']
-  >>> w.write_scalars(1, {"loss": 0.5})
-  >>> w.close()
+Console + TensorBoard + JSONL (`<logdir>/metrics.jsonl`) by default, inside one `MultiWriter`
+so a failing backend stops none of the others; `configs/writers/*.gin` bind its arguments.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import IO, Any
 
 from writers import _checks, _storage
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
-from writers.interface import MetricWriter
 from writers.jsonl import JsonlWriter
 from writers.logging_writer import LoggingWriter
 from writers.multi import MultiWriter
 from writers.tensorboard import TensorBoardWriter
-
-JSONL_FILENAME = "metrics.jsonl"
 
 
 def create_default_writer(
@@ -51,15 +37,15 @@ def create_default_writer(
     """Builds console + TensorBoard + JSONL (+ absl log) writers behind one `MultiWriter`.
 
     Args:
-      logdir: Directory or URL for TensorBoard events and `metrics.jsonl`; None writes no
-        files (`tensorboard` and `jsonl` are then ignored).
+      logdir: Directory or fsspec URL for TensorBoard events and `metrics.jsonl`; None writes
+        no files.
       collection: Shown by the console and log writers, stored in every JSONL line.
-      asynchronous: Put each writer behind its own `AsyncWriter` (queue of `max_queue`
-        calls). Off by default: a `MetricsManager` calls its writers from its own worker.
-      console: Include a `ConsoleWriter`.
-      tensorboard: Include a `TensorBoardWriter` (needs `logdir`).
-      jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl`.
-      log: Include a `LoggingWriter` (absl INFO log, CLU's line format).
+      asynchronous: Put each writer behind its own `AsyncWriter`. Off by default: a
+        `MetricsManager` calls its writers from its own worker.
+      console: Include a `ConsoleWriter` (named `console`).
+      tensorboard: Include a `TensorBoardWriter` (`tensorboard`; needs `logdir`).
+      jsonl: Include a `JsonlWriter` (`jsonl`; needs `logdir`).
+      log: Include a `LoggingWriter` (`log`: absl INFO log, CLU's line format).
       total_steps: Last step of the run, for the console's progress line and ETA.
       purge_step: Hide TensorBoard events at or after this step from earlier runs; prefer
         `resume_step`, which also cleans the JSONL log.
@@ -91,26 +77,23 @@ def create_default_writer(
                 f"{resume_step + 1}). Pass resume_step alone."
             )
         purge_step = resume_step + 1
-    makers: dict[str, Callable[[], MetricWriter]] = {}
-    if console:
-        makers["console"] = lambda: ConsoleWriter(
-            console_stream, collection=collection, total_steps=total_steps
-        )
-    if logdir is not None and tensorboard:
-        makers["tensorboard"] = lambda: TensorBoardWriter(
-            logdir, purge_step=purge_step, flush_secs=flush_secs
-        )
-    if logdir is not None and jsonl:
-        path = _storage.join(os.fspath(logdir), JSONL_FILENAME)
-        makers["jsonl"] = lambda: JsonlWriter(
-            path, collection=collection, resume_step=resume_step, flush_secs=flush_secs
-        )
-    if log:
-        makers["log"] = lambda: LoggingWriter(collection=collection)
     chosen: dict[str, Any] = {}
     try:
-        for name, make in makers.items():
-            chosen[name] = make()
+        if console:
+            chosen["console"] = ConsoleWriter(
+                console_stream, collection=collection, total_steps=total_steps
+            )
+        if logdir is not None and tensorboard:
+            chosen["tensorboard"] = TensorBoardWriter(
+                logdir, purge_step=purge_step, flush_secs=flush_secs
+            )
+        if logdir is not None and jsonl:
+            path = _storage.join(os.fspath(logdir), "metrics.jsonl")
+            chosen["jsonl"] = JsonlWriter(
+                path, collection=collection, resume_step=resume_step, flush_secs=flush_secs
+            )
+        if log:
+            chosen["log"] = LoggingWriter(collection=collection)
     except Exception:
         for made in chosen.values():  # no half-built set with open files and threads
             made.close()

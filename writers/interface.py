@@ -1,26 +1,24 @@
 """The `MetricWriter` contract: CLU's writer interface, without TensorFlow.
 
-Every backend (console, TensorBoard, JSONL, absl log, trackers) and every wrapper
-(`MultiWriter`, `AsyncWriter`) implements `MetricWriter` with CLU's method and parameter names
+Every backend and wrapper here implements `MetricWriter` with CLU's method and parameter names
 (`clu.metric_writers.MetricWriter`); wrappers forward by keyword, so a writer written against
-CLU's interface plugs in unchanged. The contract, for every writer here:
+CLU's interface plugs in unchanged. For every writer here:
 
 * Steps are non-negative integers (Python or numpy ints, or one-element integer arrays):
   negative steps raise `ValueError`, floats, bools and strings `TypeError`.
 * Keys are non-empty strings; `/` groups them (`eval/accuracy`). A non-str key raises
   `TypeError`, an empty one `ValueError`.
-* Scalars are numbers or one-element arrays. NaN and +-Inf are valid; each backend documents
-  how it shows them. Images are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4), uint8 in
-  [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]`; audio `[N, T, C]` floats in
-  [-1, 1] with an integer `sample_rate`; histogram inputs any finite numeric array, with
-  `num_buckets` per key (missing keys: 30).
+* Scalars are numbers or one-element arrays; NaN and +-Inf are valid. Images are `[H, W, C]` or
+  `[N, H, W, C]`, C in (1, 3, 4), uint8 in [0, 255] or floats in [0, 1]; videos
+  `[N, T, H, W, C]`; audio `[N, T, C]` floats in [-1, 1] with an integer `sample_rate`;
+  histogram inputs any finite numeric array, with `num_buckets` per key (missing keys: 30).
 * Bad input raises `TypeError` or `ValueError` naming every bad key, what was expected and
   what came, before anything of that call is written. (`NoopWriter` checks nothing.)
 * A key written twice at one step is recorded twice; writers never merge or deduplicate.
 * Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.
-* `close()` is idempotent and leaves everything written on disk; `flush()` after it does
-  nothing, a write after it raises `WriterClosedError`. Writers that buffer
-  (`TensorBoardWriter`, `AsyncWriter`) are closed at interpreter exit if the program forgot.
+* `close()` is idempotent and keeps everything written; `flush()` after it does nothing, a
+  write after it raises `WriterClosedError`. Buffering writers (`TensorBoardWriter`,
+  `AsyncWriter`) are closed at interpreter exit if the program forgot.
 
 Example:
   >>> import writers
@@ -48,11 +46,10 @@ class WriterClosedError(RuntimeError):
 
 
 class WriterError(RuntimeError):
-    """One or more wrapped writers failed; the message names every failing writer.
+    """Wrapped writers failed; the message names each failure.
 
-    Raised by `MultiWriter` (one entry per failing writer) and `AsyncWriter` (one entry per
-    failed call, `<writer>.<method>(step=...)`). `failures` holds the `(name, exception)`
-    pairs; the first exception is also the `__cause__`.
+    `failures` holds `(name, exception)` pairs: one per writer from `MultiWriter`, one per call
+    (`<writer>.<method>(step=...)`) from `AsyncWriter`. The first is also the `__cause__`.
     """
 
     def __init__(
@@ -67,8 +64,7 @@ class WriterError(RuntimeError):
 class MetricWriter(abc.ABC):
     """Writes metric values of every kind at integer steps (CLU's interface).
 
-    Every `write_*` method takes the `step` the values were produced at and a mapping from
-    key to value of its kind (see the module docstring for shapes and the shared contract).
+    Each `write_*` method takes a step and a mapping from key to value of its kind.
     """
 
     @abc.abstractmethod

@@ -1,10 +1,8 @@
 """`MultiWriter`: fans every call out to several writers; one failure stops none.
 
-Each call goes to every writer in order, even when an earlier one raised; the failures are
-then raised together as one `WriterError` naming each failing writer. `close()` closes every
-writer even if some fail. Inputs are checked once, before fan-out, so a bad call raises a
-plain `TypeError` or `ValueError` and reaches no writer. Writers need not subclass
-`MetricWriter`: anything with CLU's method and parameter names works.
+Each call goes to every writer in order, even after one raised; the failures are then raised
+together as one `WriterError`, and `close()` closes every writer. Step and keys are checked
+once, before fan-out. Writers need only CLU's method and parameter names.
 
 Example:
   >>> import writers

@@ -1,17 +1,10 @@
 """`write_values`: writes a mapping of `clu.values` objects with one call per kind.
 
-A metric's `compute_value()` returns a `clu.values.Value` (`Scalar`, `Image`,
-`Text`, `Histogram`, `Audio`, `HyperParam`, `Summary`); plain numbers and
-one-element arrays count as scalars. `write_values` groups a summary by kind and
-calls the writer once per kind, in a fixed order: summaries (one call per
-metadata), scalars, images, texts, hparams, histograms, audios (one call per
-sample rate).
-
-Differences from CLU's `write_values`: `HyperParam` values go to
-`write_hparams(hparams)` without a step (CLU passes a step and breaks); every
-value is checked before anything is written, and one `TypeError` names every
-unsupported key and type; `clu.values` is only looked at when it is already
-imported, so this module does not pull in JAX.
+Plain numbers and one-element arrays count as scalars. The calls come in a fixed order:
+summaries (one per metadata), scalars, images, texts, hparams, histograms, audios (one per
+sample rate). Unlike CLU's: `HyperParam` values go to `write_hparams(hparams)` without a step;
+one `TypeError` names every unsupported value before anything is written; `clu.values` is only
+looked at when already imported, so this module does not pull in JAX.
 
 Example:
   >>> import writers
@@ -88,15 +81,16 @@ def group_values(values: Mapping[str, Any]) -> list[Call]:
             groups["scalar"][key] = value
         elif cls is scalar_type and type(value.value) in _PLAIN_SCALAR_TYPES:
             groups["scalar"][key] = value.value  # what compute_value() gives: the common case
-        elif (kind := _kind(value, clu_values)) is None:
+        elif (kind := _clu_kind(cls, clu_values)) is None and _is_plain_scalar(value):
+            groups["scalar"][key] = value
+        elif kind is None or (kind == "scalar" and not _is_plain_scalar(value.value)):
             unsupported.append(f"{key!r}: {_describe(value)}")
         elif kind == "summary":
             _group_by_metadata(summaries, value.metadata)[key] = value.value
         elif kind == "audio":
             audios.setdefault(value.sample_rate, {})[key] = value.value
         else:
-            plain = kind == "scalar" and not _is_clu(value, clu_values)
-            groups[kind][key] = value if plain else value.value
+            groups[kind][key] = value.value
             if kind == "histogram":
                 num_buckets[key] = value.num_buckets
     if unsupported:
@@ -127,40 +121,18 @@ _SIMPLE_CALLS = {  # kind -> (method, argument), in the order of the calls
     "scalar": ("write_scalars", "scalars"),
     "image": ("write_images", "images"),
     "text": ("write_texts", "texts"),
-    "hparam": ("write_hparams", "hparams"),
+    "hyperparam": ("write_hparams", "hparams"),
     "histogram": ("write_histograms", "arrays"),
 }
-
-
-def _is_clu(value: Any, clu_values: Any) -> bool:
-    return clu_values is not None and isinstance(value, clu_values.Scalar)
-
-
-_CLU_KINDS = (
-    ("Summary", "summary"),
-    ("Scalar", "scalar"),
-    ("Image", "image"),
-    ("Text", "text"),
-    ("HyperParam", "hparam"),
-    ("Histogram", "histogram"),
-    ("Audio", "audio"),
-)
-
-
-def _kind(value: Any, clu_values: Any) -> str | None:
-    if clu_values is not None:
-        kind = _clu_kind(type(value), clu_values)
-        if kind is not None:
-            if kind == "scalar" and not _is_plain_scalar(value.value):
-                return None
-            return kind
-    return "scalar" if _is_plain_scalar(value) else None
+# clu.values classes in the order they are matched; a value's kind is its class name, lowercased.
+_CLU_CLASSES = ("Summary", "Scalar", "Image", "Text", "HyperParam", "Histogram", "Audio")
 
 
 def _clu_kind(cls: type, clu_values: Any) -> str | None:
-    for name, kind in _CLU_KINDS:
-        if issubclass(cls, getattr(clu_values, name)):
-            return kind
+    if clu_values is not None:
+        for name in _CLU_CLASSES:
+            if issubclass(cls, getattr(clu_values, name)):
+                return name.lower()
     return None
 
 
@@ -177,42 +149,27 @@ def _is_plain_scalar(value: Any) -> bool:
     if type(value) is np.ndarray and value.dtype.kind in "biuf":
         return value.size == 1
     if isinstance(value, np.ndarray) or _looks_like_array(value):
-        dtype = np.dtype(value.dtype)
-        return int(np.prod(value.shape)) == 1 and (
-            np.issubdtype(dtype, np.integer)
-            or np.issubdtype(dtype, np.floating)
-            or _is_ml_float(dtype)
-            or dtype == np.bool_
-        )
+        # numpy counts timedelta64 (kind "m") as an integer type.
+        kind = np.dtype(value.dtype).kind
+        return int(np.prod(value.shape)) == 1 and (kind in "biufm" or _is_ml_float(value.dtype))
     return False
 
 
 def _describe(value: Any) -> str:
-    inner = getattr(value, "value", None) if type(value).__name__ == "Scalar" else None
-    if inner is not None:
-        value = inner
-        prefix = "Scalar of "
-    else:
-        prefix = ""
+    prefix = ""
+    if type(value).__name__ == "Scalar" and getattr(value, "value", None) is not None:
+        prefix, value = "Scalar of ", value.value
     shape = getattr(value, "shape", None)
-    if shape is not None:
-        return f"{prefix}{type(value).__name__} of shape {tuple(shape)}"
-    return f"{prefix}{type(value).__name__}"
+    return prefix + type(value).__name__ + ("" if shape is None else f" of shape {tuple(shape)}")
 
 
 def _group_by_metadata(groups: list[tuple[Any, dict[str, Any]]], metadata: Any) -> dict[str, Any]:
     # Metadata is often an unhashable proto or dict, so compare instead of hashing.
     for existing, group in groups:
-        if existing is metadata or _equal(existing, metadata):
-            return group
-    new: dict[str, Any] = {}
-    groups.append((metadata, new))
-    return new
-
-
-def _equal(a: Any, b: Any) -> bool:
-    try:
-        result = a == b
-    except Exception:  # noqa: BLE001  (arbitrary user objects may refuse comparison)
-        return False
-    return result if isinstance(result, bool) else False
+        try:
+            if existing is metadata or (existing == metadata) is True:
+                return group
+        except Exception:  # noqa: BLE001  (arbitrary user objects may refuse comparison)
+            pass
+    groups.append((metadata, {}))
+    return groups[-1][1]
