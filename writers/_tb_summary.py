@@ -54,26 +54,22 @@ def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
     keys = tuple(numbers)
     packer = _SUMMARY_PACKERS.get(keys) or _summary_packer(keys)
     try:  # one struct.pack: tags' bytes and float32 values interleaved
-        summary = packer[0].pack(
-            *chain.from_iterable(zip(packer[1], numbers.values(), strict=True))
-        )
-    except OverflowError:  # a value beyond float32: the per-value path below
-        summary = _scalar_summary(numbers)
+        pairs = zip(packer[1], numbers.values(), strict=True)
+        summary = packer[0].pack(*chain.from_iterable(pairs))
+    except OverflowError:  # beyond float32: protobuf stores +-inf
+        pairs = zip(packer[1], map(_float32, numbers.values()), strict=True)
+        summary = packer[0].pack(*chain.from_iterable(pairs))
     step_field = b"\x10" + _varint(step) if step else b""  # proto3 omits a zero step
     size = _varint(len(summary))
     return b"".join((b"\x09", _F64.pack(time.time()), step_field, b"\x2a", size, summary))
 
 
-def _scalar_summary(numbers: Mapping[str, int | float]) -> bytes:
-    parts: list[bytes] = []
-    for key, number in numbers.items():
-        prefix = _SCALAR_PREFIX.get(key) or _scalar_prefix(key)
-        try:
-            packed = _F32.pack(number)
-        except OverflowError:  # beyond float32: protobuf stores +-inf as well
-            packed = _F32.pack(math.copysign(math.inf, number))
-        parts += (prefix, packed)
-    return b"".join(parts)
+def _float32(number: int | float) -> int | float:
+    try:
+        _F32.pack(number)
+    except OverflowError:
+        return math.copysign(math.inf, number)
+    return number
 
 
 def _summary_packer(keys: tuple[str, ...]) -> tuple[struct.Struct, list[bytes]]:
