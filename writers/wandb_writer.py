@@ -158,10 +158,8 @@ class WandbWriter(_trackers.TrackerWriter):
                 f"WandbWriter.write_histograms: W&B stores at most {MAX_HISTOGRAM_BUCKETS} "
                 f"buckets, got num_buckets {too_many}. Ask for {MAX_HISTOGRAM_BUCKETS} or fewer."
             )
-        values = {}
-        for key, arr in arrays.items():
-            counts, edges = _checks.bucketize(arr, buckets.get(key))
-            values[key] = self._wandb.Histogram(np_histogram=(counts, edges))
+        hists = {k: _checks.bucketize(v, buckets.get(k)) for k, v in arrays.items()}
+        values = {k: self._wandb.Histogram(np_histogram=h) for k, h in hists.items()}
         self._log("write_histograms", step, values)
 
     def _params(self, hparams: dict[str, Any]) -> None:
