@@ -1,7 +1,6 @@
 """The drawing half of `writers.plot`: a PNG with matplotlib, a text plot with plotext.
 
-The PNG is drawn on a `Figure` with the Agg canvas, not pyplot: no global backend or figure
-registry is touched, and no display is needed. Both libraries are imported only here.
+The PNG is drawn on a `Figure` with the Agg canvas, not pyplot: no global state, no display.
 """
 
 from __future__ import annotations
@@ -21,11 +20,6 @@ if TYPE_CHECKING:
 _EXTRA = "pip install 'jax-metrics-manager[plot]'"
 
 
-def _colors(series: Sequence[Series]) -> dict[str, str]:
-    """One color per run, the same in every panel (matplotlib's default cycle)."""
-    return {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(s.run for s in series))}
-
-
 def png(
     keys: Sequence[str],
     series: Sequence[Series],
@@ -36,10 +30,9 @@ def png(
     dpi: int,
     raw: bool,
 ) -> None:
-    """Writes a `width` x `height` pixel PNG, one panel per key (two columns beyond 3 keys).
+    """Writes a PNG, one panel per key (two columns beyond 3 keys), replacing `path` atomically.
 
-    `raw` also draws the unsmoothed values, faintly, behind each smoothed line. `path` is
-    replaced atomically, so `--follow` readers never see half a PNG.
+    `raw` also draws the unsmoothed values faintly behind each smoothed line.
     """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
@@ -51,7 +44,9 @@ def png(
     figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(nrows, ncols, squeeze=False).ravel()
-    colors = _colors(series)
+    # One color per run, the same in every panel (matplotlib's default cycle).
+    runs = dict.fromkeys(s.run for s in series)
+    colors = {run: f"C{i % 10}" for i, run in enumerate(runs)}
     for ax, key in zip(axes, keys, strict=False):
         for s in (s for s in series if s.key == key):
             if raw:

@@ -1,13 +1,13 @@
 """The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back.
 
-Local: one file, appended line by line. Resuming at step S rewrites it atomically
-(`_storage.replace_file`): lines after S go, lines without a step (hparams) stay.
+Local: one file, appended line by line; resuming at step S rewrites it atomically, dropping
+the lines after S (lines without a step, hparams, stay).
 
 Remote (`gs://b/run/metrics.jsonl`): objects cannot be appended to, so the log is a directory
-of parts, `<path>.d/<generation>-<index>.jsonl`, one per upload (`_storage.PartStream`).
-Readers use the highest generation only, in name order. Resuming writes the kept lines as
-part 0 of the next generation (readers switch at once), then deletes the old generation; a
-crash in between leaves stale parts that readers ignore and the next writer deletes.
+of parts, `<path>.d/<generation>-<index>.jsonl`, one per upload. Readers use the highest
+generation only, in name order. Resuming writes the kept lines as part 0 of the next
+generation (readers switch at once), then deletes the old one; a crash in between leaves
+stale parts that readers ignore and the next writer deletes.
 """
 
 from __future__ import annotations
@@ -32,10 +32,6 @@ from writers import _storage
 _STEP = re.compile(rb'^\{"step": (null|\d+)[,}]')
 _PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
 _UNKNOWN = -1  # a line whose step cannot be read
-
-
-def _parts_dir(path: str) -> str:
-    return path.rstrip("/") + ".d"
 
 
 def _part_name(generation: int, index: int) -> str:
@@ -85,7 +81,6 @@ class LocalLog:
         parent = os.path.dirname(path)
         if parent:
             os.makedirs(parent, exist_ok=True)
-        # buffering=1: line-buffered, each line reaches the OS when it is written.
         self._file: TextIO = _open_locked(path)
         if resume_step is not None:
             with open(path, "rb") as old:
@@ -111,11 +106,10 @@ class LocalLog:
 
 
 def _open_locked(path: str) -> TextIO:
-    """Opens `path` for appending, holding an exclusive lock on it for as long as it is open.
+    """Opens `path` line-buffered for appending, with an exclusive lock while it is open.
 
-    Two processes appending to one log would interleave their runs' lines. The lock lives
-    on the open file, so the kernel drops it when the process ends, SIGKILL included: no
-    lock file is left behind. Remote logs (no `flock`) are not checked.
+    Two processes appending to one log would interleave their lines. The kernel drops the
+    lock when the process ends, SIGKILL included: no lock file is left behind.
     """
     file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     if fcntl is None:
@@ -136,22 +130,17 @@ class RemoteLog:
     """A remote JSONL log as parts of one generation (see the module docstring)."""
 
     def __init__(self, path: str, resume_step: int | None, flush_secs: float):
-        directory = _parts_dir(path)
-        parts = _parse_parts(_storage.list_names(directory))
-        generation = max((g for g, _ in parts), default=0)
-        current = sorted(i for g, i in parts if g == generation)
-        stale = [_part_name(g, i) for g, i in parts if g < generation]
+        directory = path.rstrip("/") + ".d"
+        generation, current, stale = _latest(directory)
         if resume_step is not None and current:
-            old = b"".join(_read_parts(directory, [_part_name(generation, i) for i in current]))
-            kept = b"".join(kept_lines(old.splitlines(keepends=True), resume_step))
-            _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [kept])
+            old = _read_parts(directory, generation, current)
+            tail = b"".join(kept_lines(old.splitlines(keepends=True), resume_step))
+            _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [tail])
             stale += [_part_name(generation, i) for i in current]
-            generation, current, tail = generation + 1, [0], kept
+            generation, current = generation + 1, [0]
         else:
-            tail = (
-                _read_parts(directory, [_part_name(generation, current[-1])])[0] if current else b""
-            )
-        # The new generation is in place: the old one can go (readers ignore it already).
+            tail = _read_parts(directory, generation, current[-1:])
+        # The new generation is in place: readers ignore the old one already.
         _storage.remove(f"{directory}/{name}" for name in stale)
         self.last_step = last_step(tail[-65536:])
         first = current[-1] + 1 if current else 0
@@ -174,13 +163,19 @@ class RemoteLog:
         self.flush()
 
 
-def _parse_parts(names: Iterable[str]) -> list[tuple[int, int]]:
-    return [(int(m.group(1)), int(m.group(2))) for m in map(_PART.match, names) if m]
+def _latest(directory: str) -> tuple[int, list[int], list[str]]:
+    """The newest generation of parts in `directory`, its part indices, older parts' names."""
+    names = _storage.list_names(directory)
+    parts = [(int(m.group(1)), int(m.group(2))) for m in map(_PART.match, names) if m]
+    generation = max((g for g, _ in parts), default=0)
+    stale = [_part_name(g, i) for g, i in parts if g < generation]
+    return generation, sorted(i for g, i in parts if g == generation), stale
 
 
-def _read_parts(directory: str, names: list[str]) -> list[bytes]:
+def _read_parts(directory: str, generation: int, indices: list[int]) -> bytes:
     fs, fs_path = _storage.filesystem(directory)
-    return [fs.cat_file(f"{fs_path.rstrip('/')}/{name}") for name in names]
+    base = fs_path.rstrip("/")
+    return b"".join(fs.cat_file(f"{base}/{_part_name(generation, i)}") for i in indices)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -206,24 +201,22 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
     path = os.fspath(path)
-    if not _storage.is_remote(path):
+    if _storage.is_remote(path):
+        data = _read_remote(path)
+    else:
         with open(path, "rb") as f:
             data = f.read()
-    else:
-        data = _read_remote(path)
     return [json.loads(line) for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
 
 
 def _read_remote(path: str) -> bytes:
-    directory = _parts_dir(path)
+    directory = path.rstrip("/") + ".d"
     for _ in range(5):  # a resume may delete the generation being read: list again
-        parts = _parse_parts(_storage.list_names(directory))
-        if not parts:
+        generation, current, _ = _latest(directory)
+        if not current:
             break
-        generation = max(g for g, _ in parts)
-        names = [_part_name(g, i) for g, i in sorted(parts) if g == generation]
         try:
-            return b"".join(_read_parts(directory, names))
+            return _read_parts(directory, generation, current)
         except FileNotFoundError:
             continue
     raise FileNotFoundError(

@@ -1,10 +1,9 @@
-"""Reads scalar series back from run directories: `metrics.jsonl` or TensorBoard event files.
+"""The reading half of `writers.plot`: scalar series from `metrics.jsonl` or event files.
 
-The reading half of `writers.plot`. A run is a directory holding `metrics.jsonl` (read when
-present: the same data, cheaper to parse) or `events.out.tfevents.*` files. A partial last
-JSONL line or event record (a file being written) is skipped and read on the next call; a
-step written twice keeps its last value, as TensorBoard does. Event files are read with a
-small TFRecord reader and tensorboardX's `Event` proto: no TensorFlow or `tensorboard`.
+A run is a directory holding `metrics.jsonl` (read when present: cheaper to parse) or
+`events.out.tfevents.*` files. A partial last line or record (a file being written) is read
+on the next call; a step written twice keeps its last value, as in TensorBoard. Event files
+are read with a small TFRecord reader and tensorboardX's `Event` proto.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ class Run:
 
 
 def run_files(directory: str) -> tuple[str, ...]:
-    """The files to read in `directory`: its JSONL log if any, else its event files."""
+    """`directory`'s JSONL log if any, else its event files."""
     jsonl = os.path.join(directory, JSONL_NAME)
     if os.path.isfile(jsonl):
         return (jsonl,)
@@ -47,7 +46,7 @@ def run_files(directory: str) -> tuple[str, ...]:
 def find_runs(paths: Sequence[str]) -> list[Run]:
     """Every run directory at or under `paths`, in path order.
 
-    A run given itself is labelled `<parent>/<name>` (`runs/demo/train` -> `demo/train`), one
+    Labels: a run given itself is `<parent>/<name>` (`runs/demo/train` -> `demo/train`), one
     found below `P` `<name of P>/<relative path>`; colliding labels fall back to the paths.
 
     Raises:
@@ -70,12 +69,8 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
             files = run_files(directory)
             if not files:
                 continue
-            if directory == root:
-                label = os.path.join(
-                    os.path.basename(os.path.dirname(root)), os.path.basename(root)
-                )
-            else:
-                label = os.path.join(os.path.basename(root), os.path.relpath(directory, root))
+            parent = os.path.dirname(root) if directory == root else root
+            label = os.path.join(os.path.basename(parent), os.path.relpath(directory, parent))
             found.append((label.replace(os.sep, "/"), directory, files))
         if len(found) == before:
             problems.value_problem(
@@ -89,7 +84,7 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
 
 
 def read_run(run: Run) -> Scalars:
-    """The scalar series of one run, from its JSONL log or else its event files."""
+    """The scalar series of one run."""
     scalars: Scalars = {}
     for path in run.files:
         points = read_jsonl(path) if path.endswith(".jsonl") else read_events(path)
@@ -120,17 +115,14 @@ def read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
 
 
 def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
-    """`(None, step, tag, value)` for every scalar in a TensorBoard event file.
-
-    Scalars are `simple_value`s (tensorboardX) or one-element float tensors of the scalars
-    plugin (TensorFlow 2).
+    """`(None, step, tag, value)` for every scalar (`simple_value`, or TF2's scalars plugin).
 
     Raises:
       ValueError: a record's checksum does not match (a corrupted file).
     """
     from tensorboardX.proto import event_pb2  # noqa: PLC0415  (only when event files are read)
 
-    from writers._records import masked_crc32c  # noqa: PLC0415  (imports tensorboardX)
+    from writers._records import masked_crc32c  # noqa: PLC0415
 
     with open(path, "rb") as f:
         data = f.read()

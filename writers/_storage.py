@@ -1,16 +1,14 @@
 """Where writers put bytes: local files with plain file IO, URLs through fsspec.
 
-Local paths keep `open()`: cheap appends, `tail -f`, `fsync`. Anything with a scheme
-(`gs://`, `s3://`, `memory://`) goes through fsspec, where objects cannot be appended to;
-re-uploading a growing object on every flush costs bytes that grow with the square of the run,
-so remote logs are written as parts: each flush uploads only the new bytes as a new object
-whose name sorts after the earlier ones. Credentials and endpoints are fsspec's (its config,
-`FSSPEC_*` variables) or the libraries' own (`GOOGLE_APPLICATION_CREDENTIALS`, `AWS_*`).
-Files created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
+Local paths keep `open()`: cheap appends, `tail -f`, `fsync`. URLs (`gs://`, `s3://`,
+`memory://`) go through fsspec, whose objects cannot be appended to: re-uploading a growing
+object costs bytes growing with the square of the run, so remote logs are written as parts,
+one new object per flush. Credentials are fsspec's or the libraries' own (`AWS_*`, ...).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -58,9 +56,8 @@ def filesystem(url: str) -> tuple[Any, str]:
 def replace_file(path: str, chunks: Iterable[bytes]) -> None:
     """Replaces `path` (a file or URL) with the bytes of `chunks`, atomically for any reader.
 
-    Local: a temporary file in the same directory, fsynced and renamed over `path`, then the
-    directory fsynced: a crash leaves the complete old or new file (at worst plus a stray
-    `.<name>.*.tmp`). Remote: one object upload, visible all at once.
+    Local: a temporary file fsynced and renamed over `path`, then the directory fsynced: a
+    crash leaves the old or the new file (at worst plus a stray `.<name>.*.tmp`).
     """
     if is_remote(path):
         fs, fs_path = filesystem(path)
@@ -69,7 +66,7 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-    # os.open with 0o666 lets the kernel apply the umask, as open() does.
+    # 0o666: the kernel applies the umask, as open() does (mkstemp would give 0600).
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -102,22 +99,17 @@ def list_names(directory: str) -> list[str]:
 
 def remove(urls: Iterable[str]) -> None:
     """Deletes remote objects (missing ones are fine)."""
-    urls = list(urls)
-    if not urls:
-        return
-    fs, _ = filesystem(urls[0])
     for url in urls:
-        try:
-            fs.rm_file(filesystem(url)[1])
-        except FileNotFoundError:
-            pass
+        fs, fs_path = filesystem(url)
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(fs_path)
 
 
 class PartStream:
     """An append-only remote log in `directory`, one object `name(index)` per upload.
 
-    `write` buffers; `flush` uploads what was written since the last upload as the next part
-    (names must sort in write order), as does a write that fills `roll_bytes`. Thread-safe.
+    `flush`, or a write that fills `roll_bytes`, uploads the bytes written since the last
+    upload as the next part (names must sort in write order). Thread-safe.
     """
 
     def __init__(
@@ -143,7 +135,6 @@ class PartStream:
         return f"{self._url}/{self._name(self._index)}"
 
     def write(self, data: bytes) -> None:
-        """Buffers `data`; uploads the buffer once it holds `roll_bytes`."""
         with self._lock:
             self._buffer.append(data)
             self._size += len(data)
@@ -151,7 +142,6 @@ class PartStream:
                 self._upload()
 
     def flush(self) -> None:
-        """Uploads the bytes written since the last upload as a new part (if any)."""
         with self._lock:
             self._upload()
 

@@ -1,6 +1,6 @@
 """Builds TensorBoard events and `Summary.Value` protos from checked values.
 
-Imported when the first `TensorBoardWriter` is created: `import writers` loads no tensorboardX.
+Imported by the first `TensorBoardWriter`: `import writers` loads no tensorboardX.
 """
 
 from __future__ import annotations
@@ -45,39 +45,34 @@ def purge_event(step: int) -> bytes:
 
 
 def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
-    """An event of `simple_value`s, encoded by hand: the hot path of training loops.
+    """An event of `simple_value`s encoded by hand, byte-for-byte protobuf's (a test checks).
 
-    A proto object per value costs about 1 us; `Event{wall_time, step, summary{value{tag,
-    simple_value}}}` is simple to encode and a summary repeats its tags, so each tag's bytes
-    are cached. The output is byte-for-byte protobuf's (a test checks it).
+    The hot path of training loops: a proto object per value costs about 1 us, while
+    `Event{wall_time, step, summary{value{tag, simple_value}}}` is simple to encode and its
+    tags repeat, so their bytes are cached.
     """
     keys = tuple(numbers)
     packer = _SUMMARY_PACKERS.get(keys) or _summary_packer(keys)
-    try:  # the whole summary in one struct.pack: tags' bytes and float32 values interleaved
-        summary = packer[0].pack(
-            *chain.from_iterable(zip(packer[1], numbers.values(), strict=True))
-        )
-    except OverflowError:  # a value beyond float32: the per-value path below
-        summary = _scalar_summary(numbers)
+    try:  # one struct.pack: tags' bytes and float32 values interleaved
+        pairs = zip(packer[1], numbers.values(), strict=True)
+        summary = packer[0].pack(*chain.from_iterable(pairs))
+    except OverflowError:  # beyond float32: protobuf stores +-inf
+        pairs = zip(packer[1], map(_float32, numbers.values()), strict=True)
+        summary = packer[0].pack(*chain.from_iterable(pairs))
     step_field = b"\x10" + _varint(step) if step else b""  # proto3 omits a zero step
     size = _varint(len(summary))
     return b"".join((b"\x09", _F64.pack(time.time()), step_field, b"\x2a", size, summary))
 
 
-def _scalar_summary(numbers: Mapping[str, int | float]) -> bytes:
-    parts: list[bytes] = []
-    for key, number in numbers.items():
-        prefix = _SCALAR_PREFIX.get(key) or _scalar_prefix(key)
-        try:
-            packed = _F32.pack(number)
-        except OverflowError:  # beyond float32: protobuf stores +-inf as well
-            packed = _F32.pack(math.copysign(math.inf, number))
-        parts += (prefix, packed)
-    return b"".join(parts)
+def _float32(number: int | float) -> int | float:
+    try:
+        _F32.pack(number)
+    except OverflowError:
+        return math.copysign(math.inf, number)
+    return number
 
 
 def _summary_packer(keys: tuple[str, ...]) -> tuple[struct.Struct, list[bytes]]:
-    """A `Struct` packing `(prefix, value)` pairs for `keys`, and the prefixes."""
     prefixes = [_SCALAR_PREFIX.get(key) or _scalar_prefix(key) for key in keys]
     packer = (struct.Struct("<" + "".join(f"{len(p)}sf" for p in prefixes)), prefixes)
     if len(_SUMMARY_PACKERS) >= 1_000:  # many distinct key sets: keep memory bounded
@@ -95,8 +90,7 @@ _SUMMARY_PACKERS: dict[tuple[str, ...], tuple[struct.Struct, list[bytes]]] = {}
 
 def _scalar_prefix(key: str) -> bytes:
     tag = key.encode("utf-8")
-    # Value{tag (field 1, bytes), simple_value (field 2, float32)}, then its
-    # length-delimited header as field 1 of Summary.
+    # Value{tag (field 1, bytes), simple_value (field 2, float32)} as field 1 of Summary.
     value_head = b"\x0a" + _varint(len(tag)) + tag + b"\x15"
     prefix = b"\x0a" + _varint(len(value_head) + 4) + value_head
     if len(_SCALAR_PREFIX) >= 100_000:  # unbounded key sets: keep memory bounded
@@ -181,17 +175,13 @@ def metadata(raw: Any, method: str) -> Any:
 def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
     """A raw tensor value, with `meta` (a `SummaryMetadata` or None)."""
     if arr.dtype.name in _DTYPES:
-        proto = tensor_pb2.TensorProto(
-            dtype=_DTYPES[arr.dtype.name],
-            tensor_shape=_shape(arr.shape),
-            tensor_content=np.ascontiguousarray(arr).tobytes(),
+        content = dict(
+            dtype=_DTYPES[arr.dtype.name], tensor_content=np.ascontiguousarray(arr).tobytes()
         )
     else:  # strings and objects: one string per element
         items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]
-        proto = tensor_pb2.TensorProto(
-            dtype=_DT_STRING, tensor_shape=_shape(arr.shape), string_val=items
-        )
-    value = Value(tag=key, tensor=proto)
+        content = dict(dtype=_DT_STRING, string_val=items)
+    value = Value(tag=key, tensor=tensor_pb2.TensorProto(tensor_shape=_shape(arr.shape), **content))
     if meta is not None:
         value.metadata.CopyFrom(meta)
     return value

@@ -1,11 +1,11 @@
 """`ConsoleWriter`: a readable block per write call for people watching a terminal.
 
 Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30.0%)`, steps/s
-and an ETA, measured from the first write on so compilation does not skew them), then one
-line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
-significant digits, integers and rates of 1,000 or more with thousands separators, NaN as
-`NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
-`rich`) only on a terminal or with `color=True`, so CI logs stay plain.
+and an ETA, timed from the first write so compilation does not skew them), then one line per
+value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4 significant
+digits (rates of 1,000 or more and ints with thousands separators, NaN as `NaN`); other kinds
+show their shapes (histograms: count, min, mean, max). Colour (via `rich`) only on a terminal
+or with `color=True`, so CI logs stay plain.
 
 Example:
   >>> import io, writers
@@ -71,9 +71,8 @@ class ConsoleWriter(BaseWriter):
         self._color = color
         self._clock = clock
         self._first: tuple[float, int] | None = None  # (time, step) of the first write
-        self._rich: tuple[IO[str], Any] | None = None  # (stream, rich Console) for colour
-        # (stream, colour on it): isatty() and the environment are read once per stream.
-        self._auto: tuple[IO[str], bool] | None = None
+        self._rich: tuple[IO[str], Any] | None = None  # (stream, its rich Console)
+        self._auto: tuple[IO[str], bool] | None = None  # (stream, colour on it)
         if color is None and stream is not None:
             self._auto = (stream, _auto_color(stream))
 
@@ -96,7 +95,7 @@ class ConsoleWriter(BaseWriter):
         )
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
-        self._block(step, texts)  # continuation lines are indented under the value column
+        self._block(step, texts)
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
         lines = {}
@@ -133,12 +132,9 @@ class ConsoleWriter(BaseWriter):
         now, total = self._clock(), self._total
         if self._first is None:
             self._first = (now, step)
-        (t0, s0) = self._first
-        parts = [
-            f"step {step:,}"
-            if total is None
-            else f"step {step:,}/{total:,} ({100.0 * step / total:.1f}%)"
-        ]
+        t0, s0 = self._first
+        head = f"step {step:,}"
+        parts = [head if total is None else f"{head}/{total:,} ({100.0 * step / total:.1f}%)"]
         if step > s0 and now > t0:
             rate = (step - s0) / (now - t0)
             parts.append(f"{_format.number('steps_per_second', rate)} steps/s")
@@ -158,26 +154,23 @@ class ConsoleWriter(BaseWriter):
             if self._auto is None or self._auto[0] is not stream:
                 self._auto = (stream, _auto_color(stream))
             color = self._auto[1]
-        layout = _layout(tuple(lines))  # keys in display order, padded to one width
+        layout = _layout(tuple(lines))
+        # Continuation lines of a multi-line value are indented under the value column.
         indent = "\n" + " " * (len(layout[0][1]) + 4) if layout else ""
-        if not color:  # CI logs and files: no terminal codes, and no rendering cost.
+        if not color:  # plain text, and no rendering cost
             body = "".join(
                 f"\n  {padded}  " + lines[key].replace("\n", indent) for key, padded in layout
             )
             stream.write(header + body + "\n")
             return
-        # (text, style) pieces; colour output styles them (non-finite numbers in red).
         nums = numbers or {}
-        pieces = [(header, "bold")]
+        pieces = [(header, "bold")]  # (text, style); non-finite numbers in red
         for key, padded in layout:
-            bad = not _checks.is_finite_number(nums[key]) if key in nums else False
+            bad = key in nums and not _checks.is_finite_number(nums[key])
             value = lines[key].replace("\n", indent)
             pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
         from rich.text import Text
 
-        self._console(stream).print(Text.assemble(*pieces))
-
-    def _console(self, stream: IO[str]) -> Any:
         if self._rich is None or self._rich[0] is not stream:
             from rich.console import Console
 
@@ -185,7 +178,7 @@ class ConsoleWriter(BaseWriter):
                 file=stream, force_terminal=True, no_color=False, width=10_000, **_RICH
             )
             self._rich = (stream, console)
-        return self._rich[1]
+        self._rich[1].print(Text.assemble(*pieces))
 
 
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
@@ -200,7 +193,7 @@ def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
     return layout
 
 
-# What the rich Console may not guess: values are plain text, not markup, emoji or code.
+# Values are plain text, not markup, emoji or code: tell rich not to guess.
 _RICH: dict[str, Any] = dict(
     force_jupyter=False, highlight=False, markup=False, emoji=False, soft_wrap=True
 )

@@ -1,22 +1,20 @@
 """`JsonlWriter`: one JSON object per write call, one line each, for `jq` and pandas.
 
 Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
-(`time` in Unix seconds, `collection` null when unset). A local file is appended to and
-line-buffered (`tail -f` sees each line; `flush()` fsyncs). A URL (`gs://b/run/m.jsonl`, any
-fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush;
-`writers.read_jsonl(path)` reads either back. Every line is strict JSON:
+(`time` in Unix seconds, `collection` null when unset). A local file is line-buffered (`tail
+-f` sees each line; `flush()` fsyncs); a URL (`gs://b/run/m.jsonl`, any fsspec protocol) is
+written as numbered parts under `<path>.d/`, one per flush. `writers.read_jsonl(path)` reads
+either back. Every line is strict JSON:
 
-* NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)`
-  turns them back); ints stay ints; texts are strings.
-* Arrays are summarized: images, videos, audio as `{"type", "shape"}` (audio adds
-  `sample_rate`); histograms as `{"type": "histogram", "count", "min", "max", "mean",
-  "edges", "counts"}`; raw tensors as `{"type": "tensor", "shape", "dtype", "values"}`,
-  `values` only up to `max_array_size` elements.
-* Hyperparameters are one line with `"step": null` and `"hparams": {...}` (values other
-  than bool, number and str as their `str()`).
-* `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S
-  (and lines without one). Without it the log is appended to, and a step below one already
-  logged is warned about once.
+* NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)` reads
+  them); ints stay ints; texts are strings.
+* Images, videos, audio are `{"type", "shape"}` (audio adds `sample_rate`); histograms
+  `{"type": "histogram", "count", "min", "max", "mean", "edges", "counts"}`; raw tensors
+  `{"type": "tensor", "shape", "dtype", "values"}`, `values` up to `max_array_size` elements.
+* Hyperparameters are one line with `"step": null` and `"hparams": {...}` (values other than
+  bool, number and str as their `str()`).
+* `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S (and
+  lines without one). Without it, a step below one already logged is warned about once.
 * `step`, `time` and `collection` are reserved keys: a value with one of them raises.
 
 Example:
@@ -48,7 +46,8 @@ from writers._base import BaseWriter
 RESERVED_KEYS = ("step", "time", "collection")
 
 _RESERVED = frozenset(RESERVED_KEYS)
-# What `json.dumps(obj, allow_nan=False)` builds on every call, built once.
+# allow_nan=False: a non-finite float that slipped through fails loudly instead of writing a
+# line that strict JSON readers reject. Built once, not per `json.dumps` call.
 _ENCODER = json.JSONEncoder(allow_nan=False)
 
 
@@ -56,13 +55,11 @@ class JsonlWriter(BaseWriter):
     """Appends one JSON object per write call to a `.jsonl` file (or remote parts).
 
     Args:
-      path: File to append to (parent directories are created), or a URL any fsspec
-        protocol can write (`gs://`, `s3://`, `memory://`, ...).
+      path: File to append to (parent directories are created), or an fsspec URL.
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
-      resume_step: The step a resumed run restarts from: later lines of the existing log
-        are removed first (atomically). None appends.
+      resume_step: The step a resumed run restarts from: later lines are removed first.
       flush_secs: Remote logs only: a write uploads the buffered lines once this many
         seconds have passed since the last upload (`flush()` always does).
 
@@ -101,7 +98,7 @@ class JsonlWriter(BaseWriter):
             self._log = _jsonl_log.RemoteLog(self._path, resume_step, flush_secs)
         else:
             self._log = _jsonl_log.LocalLog(self._path, resume_step)
-        # Steps written so far (the log's last one, then this writer's): a lower one warns.
+        # The highest step in the log so far: a lower one warns.
         self._max_step = -1 if self._log.last_step is None else self._log.last_step
         self._warned_backwards = False
 
@@ -126,19 +123,14 @@ class JsonlWriter(BaseWriter):
 
     def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
         rate = int(sample_rate)
-        self._write_line(
-            step, {k: {**_shaped("audio", v), "sample_rate": rate} for k, v in clips.items()}
-        )
+        self._write_line(step, {k: _shaped("audio", v, sample_rate=rate) for k, v in clips.items()})
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._write_line(step, texts)
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
-        line = {
-            k: {"type": "histogram", **_encode.histogram(v, buckets.get(k))}
-            for k, v in arrays.items()
-        }
-        self._write_line(step, line)
+        hists = {k: _encode.histogram(v, buckets.get(k)) for k, v in arrays.items()}
+        self._write_line(step, {k: {"type": "histogram", **h} for k, h in hists.items()})
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._write_line(None, {"hparams": {k: _hparam(v) for k, v in hparams.items()}})
@@ -167,11 +159,9 @@ class JsonlWriter(BaseWriter):
     def _write_line(self, step: int | None, values: Mapping[str, Any]) -> None:
         record = {"step": step, "time": self._clock(), "collection": self._collection}
         record.update(values)
-        # allow_nan=False: a non-finite float that slipped through fails loudly
-        # instead of producing a line that strict JSON readers reject.
         self._log.write(_ENCODER.encode(record) + "\n")
         if step is not None:
-            if step < self._max_step and not self._warned_backwards:  # warned once per writer
+            if step < self._max_step and not self._warned_backwards:
                 self._warned_backwards = True
                 logging.warning(
                     "JsonlWriter(%s): step %d comes after step %d, so the log now holds "
@@ -199,10 +189,9 @@ def _json_number(value: int | float) -> int | float | str:
 
 
 def _all_finite(numbers: Any) -> bool:
-    """True when every number is an int or a finite float (JSON as they are)."""
     try:
         return all(map(math.isfinite, numbers))
-    except OverflowError:  # an int too big for a float: ints are written as they are
+    except OverflowError:  # an int too big for a float: the slow path writes it as it is
         return False
 
 
@@ -216,8 +205,8 @@ def _json_array(arr: np.ndarray) -> Any:
     return np.vectorize(str, otypes=[object])(arr).tolist()
 
 
-def _shaped(kind: str, arr: np.ndarray) -> dict[str, Any]:
-    return {"type": kind, "shape": list(arr.shape)}
+def _shaped(kind: str, arr: np.ndarray, **extra: Any) -> dict[str, Any]:
+    return {"type": kind, "shape": list(arr.shape), **extra}
 
 
 def _hparam(value: Any) -> bool | int | float | str:

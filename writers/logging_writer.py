@@ -1,10 +1,8 @@
 """`LoggingWriter`: writes every value to the absl INFO log in CLU's line format.
 
-Scalars: one line per call, `[<step>] collection=<name> k1=v1, k2=v2`, keys sorted, floats
-`.6g` (`nan`, `inf`, `-inf`), ints as they are, ` collection=<name>` only when set, so log
-parsers written for CLU's `LoggingWriter` keep working. Other kinds are logged as CLU does:
-shapes for tensors, images, videos and audio, the texts, one line per histogram with its
-buckets, and `[Hyperparameters]` for hparams.
+Scalars: one line per call, `[<step>] collection=<name> k1=v1, k2=v2` (keys sorted, floats
+`.6g`, ` collection=<name>` only when set), so parsers of CLU's logs keep working. Other kinds
+as CLU logs them: shapes of arrays, the texts, a line per histogram with its buckets.
 
 Example:
   >>> import writers
@@ -28,7 +26,7 @@ class LoggingWriter(BaseWriter):
     """Writes values to absl's INFO log, one line per call (one per histogram).
 
     Args:
-      collection: Name shown as ` collection=<name>` on every line.
+      collection: Shown as ` collection=<name>` on every line.
     """
 
     def __init__(self, collection: str | None = None):
@@ -53,7 +51,7 @@ class LoggingWriter(BaseWriter):
         self._log(step, "Got texts: %s.", texts)
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
-        for key, arr in arrays.items():  # `Histogram for 'key' = {[a, b): n, ..., [y, z]: n}`
+        for key, arr in arrays.items():
             counts, edges = _checks.bucketize(arr, buckets.get(key))
             self._log(step, "Histogram for %r = {%s}", key, _histogram_text(counts, edges))
 
@@ -84,7 +82,7 @@ def _shapes(values: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
 
 
 def _histogram_text(counts: np.ndarray, edges: np.ndarray) -> str:
-    # Buckets are right-open except the last one, which is closed.
+    # `[a, b): n, ..., [y, z]: n`: buckets are right-open except the last one.
     parts = [f"[{edges[i]:.3g}, {edges[i + 1]:.3g}): {int(c)}" for i, c in enumerate(counts[:-1])]
     parts.append(f"[{edges[-2]:.3g}, {edges[-1]:.3g}]: {int(counts[-1])}")
     return ", ".join(parts)

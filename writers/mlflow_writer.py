@@ -1,24 +1,22 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra (imported when the first writer is made). Works with any tracking
-store: a server (`http://host:5000`) or a database (`sqlite:///mlflow.db`, no server). Only
-process 0 creates a run and logs; the others check their inputs and log nothing.
+Needs the `mlflow` extra (imported by the first writer). Any tracking store works: a server
+(`http://host:5000`) or a database (`sqlite:///mlflow.db`). Only process 0 creates a run and
+logs; the others check their inputs and log nothing.
 
-Where values land: scalars are metrics, one `log_batch` per call (split into batches of
-MLflow's 1000-metric limit; NaN kept, infinities as the store keeps them: the SQL store
-clamps them to +-1.797e308); hparams are params (100 per batch; MLflow params never change,
-so a different value for a key the run has raises MLflow's error). Texts, images, videos,
-audio and histograms are artifacts, all files of one call in one `log_artifacts`, at
-`<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per image, filmstrip
-`.png` `[H, T*W, C]` per video, 16-bit `.wav` per clip, histograms as `.json`
-(`count`, `min`, `max`, `mean`, `edges`, `counts`); keys must then be relative paths (no
-`..`, `.` or empty parts). Raw tensors (`write_summaries`) raise `NotImplementedError`.
+Scalars are metrics, one `log_batch` per call (in batches of MLflow's 1000-metric limit; NaN
+kept, infinities as the store keeps them: SQL clamps them to +-1.797e308); hparams are params
+(100 per batch; a new value for a param the run has raises MLflow's error). Texts, images,
+videos, audio and histograms are artifacts, one `log_artifacts` per call, at
+`<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per image or video
+filmstrip `[H, T*W, C]`, 16-bit `.wav` per clip, `.json` histograms (`count`, `min`, `max`,
+`mean`, `edges`, `counts`); keys must be relative paths (no `..`, `.` or empty parts). Raw
+tensors (`write_summaries`) raise `NotImplementedError`.
 
-Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
-MLflow's metric history is append-only, so the writer first reads each metric's last logged
-step and skips any (key, step) at or before it, with one absl warning: each step keeps
-exactly one point, the earlier run's where it had one. Artifacts of a re-logged step are
-replaced. Outside resume, repeated keys at one step are recorded as given.
+Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`. Metric
+history is append-only, so the writer reads each metric's last logged step and skips (with
+one absl warning) any (key, step) at or before it: each step keeps the earlier run's point
+where it had one. Artifacts of a re-logged step are replaced.
 
 Example:
   >>> import os, tempfile, writers
@@ -53,8 +51,7 @@ class MlflowWriter(_trackers.TrackerWriter):
       run_name: Name of a new run, or of the run to resume (default: `collection`).
       resume_step: Resume the run at this step (see the module docstring).
       tags: Tags of a new run.
-      artifact_location: Where a new experiment keeps its artifacts (None: the store's
-        default; for a database store without a server, `./mlruns`).
+      artifact_location: Artifact root of a new experiment (None: the store's default).
       clock: Unix seconds for metric timestamps (patch it in tests).
       process_index: This process's index (None: `jax.process_index()`); only 0 logs.
 

@@ -1,8 +1,7 @@
 """Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
 
-Reads `metrics.jsonl` (or else the TensorBoard event files) of one or more runs and draws one
-panel per key, every run's series overlaid, smoothed as TensorBoard's scalar dashboard does
-(a debiased exponential moving average) with the raw values faint behind.
+Reads `metrics.jsonl` (or else the event files) of one or more runs and draws one panel per
+key, every run's series overlaid, smoothed as TensorBoard does, raw values faint behind.
 
 Usage:
     python -m writers.plot runs/demo                          # loss and accuracy -> plot.png
@@ -10,9 +9,9 @@ Usage:
     python -m writers.plot runs/demo --terminal               # over ssh: a text plot
     python -m writers.plot runs/demo --terminal --follow      # redraw as the logs grow
 
-A path is a run directory (`runs/demo/train`) or an experiment directory whose runs are found
-below it (`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Series are labelled
-`<run>:<key>`. Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
+A path is a run directory (`runs/demo/train`) or an experiment directory with runs below it
+(`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Series are labelled `<run>:<key>`.
+Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
 
 Example:
   >>> import tempfile, writers
@@ -44,6 +43,7 @@ import numpy as np
 
 from writers import _logread, _storage
 from writers._problems import Problems
+from writers.jsonl import _json_array
 
 DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
@@ -76,21 +76,14 @@ class PlotData:
 
     def to_json(self) -> dict[str, Any]:
         """The series as JSON-ready data; non-finite floats as `"NaN"` / `"Infinity"`, as in JSONL."""
-
-        def numbers(array: np.ndarray) -> list[Any]:
-            return [
-                x if math.isfinite(x) else str(x).replace("inf", "Infinity").replace("nan", "NaN")
-                for x in array.tolist()
-            ]
-
         series = [
             {
                 "run": s.run,
                 "key": s.key,
                 "label": s.label,
                 "steps": s.steps.tolist(),
-                "values": numbers(s.values),
-                "smoothed": numbers(s.smoothed),
+                "values": _json_array(s.values),
+                "smoothed": _json_array(s.smoothed),
             }
             for s in self.series
         ]
@@ -121,7 +114,7 @@ def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
 
 
 def _problems(smoothing: float, sizes: Mapping[str, Any], flag: str = "") -> Problems:
-    """What is wrong with the options, each named as `flag + name`."""
+    """What is wrong with the options, each named `flag + name`."""
     problems = Problems("writers.plot")
     if not 0 <= smoothing < 1:
         problems.value_problem(
@@ -132,10 +125,6 @@ def _problems(smoothing: float, sizes: Mapping[str, Any], flag: str = "") -> Pro
         if v is not None and not (int(v) == v and v >= 1):
             problems.value_problem(f"{flag}{name} must be a positive integer, got {v!r}")
     return problems
-
-
-def _check(smoothing: float, sizes: Mapping[str, Any] | None = None) -> None:
-    _problems(smoothing, sizes or {}).raise_if_any()
 
 
 def load_series(
@@ -156,7 +145,7 @@ def load_series(
       ValueError: a key no run logged (the message lists those that were), no scalars
         logged yet, or `smoothing` outside [0, 1).
     """
-    _check(smoothing)
+    _problems(smoothing, {}).raise_if_any()
     table: dict[str, list[tuple[str, dict[int, float]]]] = {}
     for run in _logread.find_runs(paths):
         scalars = _logread.read_run(run)
@@ -211,8 +200,8 @@ def plot_runs(
       width: PNG width in pixels.
       height: PNG height in pixels.
       dpi: PNG resolution (fonts scale with it).
-      cols: Text plot width in characters (None: the terminal's).
-      rows: Text plot height in lines (None: the terminal's, less two).
+      cols: Text plot width (None: the terminal's).
+      rows: Text plot height (None: the terminal's, less two).
       color: ANSI colors in the text plot.
 
     Returns:
@@ -222,7 +211,8 @@ def plot_runs(
       FileNotFoundError, ValueError: as `load_series`; ValueError also for a size < 1.
       ImportError: matplotlib (PNG) or plotext (terminal) is not installed.
     """
-    _check(smoothing, {"width": width, "height": height, "dpi": dpi, "cols": cols, "rows": rows})
+    sizes = {"width": width, "height": height, "dpi": dpi, "cols": cols, "rows": rows}
+    _problems(smoothing, sizes).raise_if_any()
     keys, series = load_series(paths, keys, smoothing)
     text = None
     if out is not None or terminal:
@@ -249,10 +239,7 @@ def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
 def _follow(
     paths: Sequence[str], draw: Callable[[], None], interval: float, max_redraws: int
 ) -> None:
-    """Calls `draw` whenever the files under `paths` change, `max_redraws` times (0: forever).
-
-    Until there is something to draw, prints why once and keeps checking.
-    """
+    """Calls `draw` whenever the files under `paths` change, `max_redraws` times (0: forever)."""
     last: tuple[tuple[str, int, int], ...] | None = None
     redraws, reported = 0, ""
     while not max_redraws or redraws < max_redraws:
@@ -262,7 +249,7 @@ def _follow(
                 last = signature
                 draw()
                 redraws += 1
-        except (FileNotFoundError, ValueError) as err:
+        except (FileNotFoundError, ValueError) as err:  # nothing to draw yet: say why once
             if str(err) != reported:
                 reported = str(err)
                 print(f"{err} (--follow: checking every {interval} s)", file=sys.stderr, flush=True)
@@ -320,8 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if data.text is not None:
             print(("\x1b[H\x1b[2J" if clear else "") + data.text, flush=True)
         if data.png and not clear:
-            keys_drawn = ", ".join(data.keys)
-            print(f"wrote {data.png} ({len(data.series)} series of {keys_drawn})", flush=True)
+            drawn = f"{len(data.series)} series of {', '.join(data.keys)}"
+            print(f"wrote {data.png} ({drawn})", flush=True)
 
     try:
         if args.follow:

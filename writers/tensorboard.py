@@ -1,23 +1,21 @@
 """`TensorBoardWriter`: TensorBoard event files, all values of one call in one event.
 
 tensorboardX's `add_scalar` writes one event per value through a process queue; this writer
-puts every value of a call into one event (scalar events encoded directly, byte-identical to
-protobuf's) with a fast CRC (`_records`): 25-50x faster at 50 scalars per call (see
-benchmarks/writer_throughput.py). Events are written synchronously, so `flush()` means "on
-disk"; a background timer also flushes every `flush_secs`, and a writer never closed is
-closed at exit. Wrap it in `AsyncWriter` to take the work off the training loop.
+puts every value of a call into one event, encodes scalar events directly (byte-identical to
+protobuf's) and uses a fast CRC (`_records`): 25-50x faster at 50 scalars per call
+(benchmarks/writer_throughput.py). Writes are synchronous, so `flush()` means "on disk"; a
+timer also flushes every `flush_secs`, and a writer never closed is closed at exit. Wrap it in
+`AsyncWriter` to take the work off the training loop.
 
-Where values land (as TensorBoard's `EventAccumulator` reads them): scalars as `simple_value`
-(NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
-images in the images plugin as PNGs; videos as one filmstrip image `[H, T*W, C]` each;
-audio as 16-bit WAV clips (`<key>/<i>` when N > 1); histograms as `HistogramProto`
-(30 buckets by default); hparams as the HParams plugin's session start at step 0; raw
-tensors (`write_summaries`) as tensor protos with the given `SummaryMetadata`.
+As TensorBoard reads them: scalars as `simple_value` (NaN and infinities kept), texts in the
+text plugin under the key itself (CLU's tag), images as PNGs, videos as one filmstrip image
+`[H, T*W, C]` each, audio as 16-bit WAV (`<key>/<i>` when N > 1), histograms as
+`HistogramProto` (30 buckets by default), hparams as the HParams plugin's session start at
+step 0, raw tensors (`write_summaries`) as tensor protos with the given `SummaryMetadata`.
 
-Each writer creates its own event file, never overwriting one. `purge_step` is the resume
-fix: TensorBoard hides earlier runs' events at or after it (a run resumed at step S passes
-S + 1). A URL logdir (`gs://`, `s3://`; extras `[gcs]`, `[s3]`) gets one new object per
-flush, so upload bytes grow linearly with the run.
+Each writer creates its own event file. `purge_step` is the resume fix: TensorBoard hides
+earlier runs' events at or after it. A URL logdir (`gs://`, `s3://`; extras `[gcs]`, `[s3]`)
+gets one new object per flush, so upload bytes grow linearly with the run.
 
 Example:
   >>> import tempfile, writers
@@ -43,10 +41,8 @@ class TensorBoardWriter(BaseWriter):
     """Writes TensorBoard event files; all values of one call become one event.
 
     Args:
-      logdir: Directory for the event file (created if missing), or a URL
-        (`gs://bucket/run`, `s3://...`, any fsspec protocol).
-      purge_step: Hide events at or after this step written by earlier runs in
-        `logdir` (a run resumed from step S passes S + 1).
+      logdir: Directory for the event file (created if missing), or an fsspec URL.
+      purge_step: Hide earlier runs' events at or after this step (resumed from step S: S + 1).
       flush_secs: A background timer flushes pending events this often.
       filename_suffix: Appended to the event file name.
 
@@ -63,8 +59,7 @@ class TensorBoardWriter(BaseWriter):
         flush_secs: float = 10.0,
         filename_suffix: str = "",
     ):
-        # Imported here so that `import writers` does not load tensorboardX.
-        from writers import _records, _tb_summary
+        from writers import _records, _tb_summary  # here: `import writers` loads no tensorboardX
 
         if isinstance(flush_secs, bool) or not isinstance(flush_secs, int | float):
             raise TypeError(
@@ -76,15 +71,14 @@ class TensorBoardWriter(BaseWriter):
                 f"TensorBoardWriter: flush_secs must be a positive number of seconds, got "
                 f"{flush_secs!r}. Call flush() yourself for immediate writes."
             )
-        step = None
         if purge_step is not None:
-            step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")
+            purge_step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")
         self._tb = _tb_summary
         self._logdir = os.fspath(logdir)
         self._file = _records.EventFile(self._logdir, filename_suffix)
         self._file.write(_tb_summary.file_version_event())
-        if step is not None:
-            self._file.write(_tb_summary.purge_event(step))
+        if purge_step is not None:
+            self._file.write(_tb_summary.purge_event(purge_step))
         self._pending = False
         self._stop = threading.Event()
         self._flusher = threading.Thread(

@@ -1,8 +1,6 @@
 """`create_tracker_writer`: the default writer set plus one experiment tracker (W&B, MLflow).
 
-A `MetricsManager` calls `writer_factory(logdir, collection=name)` once per collection; this
-factory returns `default_writer(logdir, collection=...)`'s writers and
-`tracker(collection=..., [logdir=...])` side by side in one flat `MultiWriter`, so a failing
+The default writers and the tracker sit side by side in one flat `MultiWriter`, so a failing
 tracker stops none of the files. Gin: `configs/writers/wandb.gin`, `mlflow.gin`.
 
 Example:
@@ -41,13 +39,13 @@ def create_tracker_writer(
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
       collection: Passed to both factories (e.g. `train`).
-      tracker: Makes the tracker writer, e.g. `writers.WandbWriter` or a `functools.partial`
-        of `writers.MlflowWriter`; given `logdir` only if it takes one.
+      tracker: Makes the tracker writer (e.g. `writers.WandbWriter`); given `logdir` only if
+        it takes one.
       name: Name of the tracker inside the `MultiWriter` (errors name it).
-      default_writer: Makes the other writers (e.g. `@writers.create_default_writer` in gin).
+      default_writer: Makes the other writers.
 
     Returns:
-      A `MultiWriter` over the default writers and the tracker, named `name`.
+      A `MultiWriter` over the default writers and the tracker.
 
     Raises:
       ValueError: `name` is already the name of one of the default writers.

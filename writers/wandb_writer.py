@@ -1,24 +1,21 @@
-"""`WandbWriter`: Weights & Biases runs, one `run.log` per write call.
+"""`WandbWriter`: Weights & Biases runs, one `run.log(values, step=step)` per write call.
 
-Needs the `wandb` extra (imported when the first writer is made). Each write call is one
-`run.log(values, step=step)` with every key of the call. Only process 0 creates a run and
-logs; the others check their inputs and log nothing. Where values land (one history row per
-step): scalars as numbers (NaN and infinities kept), texts as strings, images as a list of
-`wandb.Image`s per key, videos as one filmstrip image `[H, T*W, C]` per video (`wandb.Video`
-would need moviepy), audio as `wandb.Audio` 16-bit WAV clips under `<key>` or `<key>/<i>`
-when N > 1, histograms as `wandb.Histogram` (at most 512 buckets), hparams in the run's
-config; raw tensors (`write_summaries`) raise `NotImplementedError`.
+Needs the `wandb` extra (imported by the first writer). Only process 0 creates a run and
+logs; the others check their inputs and log nothing. Scalars are numbers (NaN and infinities
+kept), texts strings, images a list of `wandb.Image` per key, videos one filmstrip image
+`[H, T*W, C]` each (`wandb.Video` would need moviepy), audio `wandb.Audio` 16-bit WAV clips
+(`<key>/<i>` when N > 1), histograms `wandb.Histogram` (at most 512 buckets), hparams the
+run's config; raw tensors (`write_summaries`) raise `NotImplementedError`.
 
 W&B drops a `log` at a step below the last one, so such a write raises `ValueError`; calls at
-one step fill one row. `close()` finishes runs this writer started and waits for W&B's
-service (offline, wandb 0.31's `finish()` can return a few milliseconds before the last
-records reach the run file; readers should wait for its `exit` record).
+one step fill one row. `close()` finishes runs this writer started (offline, wandb 0.31's
+`finish()` may return just before the last records reach the run file: wait for its `exit`
+record).
 
 Run identity: `run_id=None` starts a new run; `run_id` alone attaches to it (`resume="allow"`);
-`run_id` with `resume_step=R` rewinds it to step R (`resume_from="<id>?_step=R"`): history
-after R is replaced and steps up to R raise. Offline, the new run directory holds only steps
-after R and names the rewind point for `wandb sync`. With `collection` set, the run's name
-defaults to it and its id is `<run_id>-<collection>` (`/` replaced by `-`).
+with `resume_step=R` it rewinds the run to step R (`resume_from="<id>?_step=R"`): later
+history is replaced and steps up to R raise. With `collection` set, the run name defaults to
+it and the run id is `<run_id>-<collection>` (`/` replaced by `-`).
 
 Example:
   >>> import tempfile, writers
@@ -45,8 +42,7 @@ class WandbWriter(_trackers.TrackerWriter):
     Args:
       project: W&B project (None: W&B's default, e.g. `WANDB_PROJECT`).
       logdir: Directory for W&B's local files (`<logdir>/wandb/...`).
-      collection: What is logged (`train`, `eval/task`): the default run name, and the
-        suffix of the run id when `run_id` is given.
+      collection: What is logged (`train`, `eval/task`): default name, run id suffix.
       run_id: Attach to (or create) the run with this id.
       resume_step: Rewind run `run_id` to this step (steps after it are replaced).
       name: Display name of the run (default: `collection`).
@@ -105,8 +101,7 @@ class WandbWriter(_trackers.TrackerWriter):
                 else:  # id and resume_from together: W&B checks that they agree
                     kwargs.update(id=run_id, resume_from=f"{run_id}?_step={resume_step}")
             if logdir is not None:
-                # Absolute: W&B's service resolves a relative dir against its own working
-                # directory, which is where the process was when its first run started.
+                # W&B's service resolves a relative dir against its own working directory.
                 logdir = os.path.abspath(logdir)
                 os.makedirs(logdir, exist_ok=True)
             run = self._wandb.init(
@@ -163,10 +158,8 @@ class WandbWriter(_trackers.TrackerWriter):
                 f"WandbWriter.write_histograms: W&B stores at most {MAX_HISTOGRAM_BUCKETS} "
                 f"buckets, got num_buckets {too_many}. Ask for {MAX_HISTOGRAM_BUCKETS} or fewer."
             )
-        values = {}
-        for key, arr in arrays.items():
-            counts, edges = _checks.bucketize(arr, buckets.get(key))
-            values[key] = self._wandb.Histogram(np_histogram=(counts, edges))
+        hists = {k: _checks.bucketize(v, buckets.get(k)) for k, v in arrays.items()}
+        values = {k: self._wandb.Histogram(np_histogram=h) for k, h in hists.items()}
         self._log("write_histograms", step, values)
 
     def _params(self, hparams: dict[str, Any]) -> None:
