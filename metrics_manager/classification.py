@@ -75,8 +75,10 @@ def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Probl
     return jnp.broadcast_to(mask, shape)
 
 
-def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Array:
-    """Integer labels; outside jit their values are checked against `[0, num_classes)`."""
+def _checked_labels_and_mask(
+    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, context: str
+) -> tuple[jax.Array, jax.Array]:
+    """Integer labels and a mask that drops out-of-range ones; raises the call's problems."""
     labels = jnp.asarray(labels)
     if labels.dtype == bool:
         labels = labels.astype(jnp.int32)
@@ -85,8 +87,8 @@ def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Arr
             f"labels must be integer class indices, got {_describe(labels)}; cast them with "
             "labels.astype(jnp.int32)"
         )
-        return jnp.zeros(labels.shape, jnp.int32)
-    if not isinstance(labels, jax.core.Tracer) and labels.size:
+        labels = jnp.zeros(labels.shape, jnp.int32)
+    elif not isinstance(labels, jax.core.Tracer) and labels.size:
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= num_classes:
             problems.value_errors.append(
@@ -94,7 +96,9 @@ def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Arr
                 f"from {low} to {high}; check the label vocabulary or the number of classes "
                 "(inside jit, out-of-range labels are ignored like masked ones)"
             )
-    return labels
+    mask = _check_mask(mask, labels.shape, problems)
+    problems.raise_if_any(context)
+    return labels, mask & (labels >= 0) & (labels < num_classes)
 
 
 def _add_shape_problem(
@@ -104,16 +108,6 @@ def _add_shape_problem(
         f"predictions of shape {predictions.shape} do not fit labels of shape {labels.shape}: "
         f"expected {expected}"
     )
-
-
-def _checked_labels_and_mask(
-    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, context: str
-) -> tuple[jax.Array, jax.Array]:
-    """Checks labels and mask, raises every problem of the call, and masks out-of-range labels."""
-    labels = _check_labels(labels, num_classes, problems)
-    mask = _check_mask(mask, labels.shape, problems)
-    problems.raise_if_any(context)
-    return labels, mask & (labels >= 0) & (labels < num_classes)
 
 
 def _class_predictions(
@@ -241,10 +235,7 @@ class _ConfusionCounts(_Counts):
         raise NotImplementedError  # Precision, Recall and FBeta define the score.
 
     def compute(self) -> jax.Array:
-        tp, fp, fn = (
-            jnp.atleast_1d(x)
-            for x in (self.true_positives, self.false_positives, self.false_negatives)
-        )
+        tp, fp, fn = jnp.atleast_1d(self.true_positives, self.false_positives, self.false_negatives)
         if self.average == "binary":
             return self._score(tp[-1], fp[-1], fn[-1])
         if self.average == "macro":

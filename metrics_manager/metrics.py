@@ -471,21 +471,6 @@ def _check_metrics_mapping(metrics: Any, function: str) -> None:
         )
 
 
-def _replace_in_metrics(
-    metrics: Mapping[str, Any], kind: type, fn: Callable[[Any], Any]
-) -> dict[str, Any]:
-    """Applies `fn` to every metric of `kind`, inside CLU `Collection`s too."""
-
-    def visit(obj: Any) -> Any:
-        if isinstance(obj, kind):
-            return fn(obj)
-        if isinstance(obj, clu_metrics.Collection):
-            return obj.replace(**{name: visit(value) for name, value in vars(obj).items()})
-        return obj
-
-    return {key: visit(value) for key, value in metrics.items()}
-
-
 def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
     """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
 
@@ -515,7 +500,7 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
             f"set_step_metrics_num_steps: num_steps must be positive, got {num_steps}; pass "
             "the number of train steps the metrics were merged over."
         )
-    return _replace_in_metrics(metrics, Step, lambda m: m.replace(steps=int(num_steps)))
+    return {key: _set_host_fields(m, None, int(num_steps)) for key, m in metrics.items()}
 
 
 def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
@@ -549,7 +534,7 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
         raise ValueError(
             f"set_time_metrics_duration: duration must be finite and >= 0 seconds, got {duration}."
         )
-    return _replace_in_metrics(metrics, Time, lambda m: m.replace(duration=float(duration)))
+    return {key: _set_host_fields(m, float(duration), None) for key, m in metrics.items()}
 
 
 # The name T5X's documentation uses.
@@ -622,9 +607,10 @@ def host_values(
     return out
 
 
-def _set_host_fields(metric: Any, duration: float | None, num_steps: int) -> Any:
+def _set_host_fields(metric: Any, duration: float | None, num_steps: int | None) -> Any:
+    """`metric` (or each one in a `Collection`) with the checked fields that are not None set."""
     fields: dict[str, Any] = {}
-    if isinstance(metric, Step):
+    if isinstance(metric, Step) and num_steps is not None:
         fields["steps"] = num_steps
     if isinstance(metric, Time) and duration is not None:
         fields["duration"] = duration
