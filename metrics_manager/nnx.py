@@ -1,10 +1,9 @@
 """Flax NNX-style stateful metrics over this library's mergeable metrics, and NNX interop.
 
 `Metric`, `Average`, `Accuracy`, `Welford` and `MultiMetric` have the API of `flax.nnx.metrics`
-(`update(**kwargs)`, `compute()`, `reset()`), but each holds an immutable CLU metric (`.metric`)
-that `update()` merges into, so their state merges like any metric. `as_summary_metrics` turns
-an `nnx.MultiMetric` or its `compute()` dict into what `MetricsManager.write_metrics_summary`
-takes.
+(`update(**kwargs)`, `compute()`, `reset()`) over an immutable CLU metric (`.metric`) that
+merges like any other. `as_summary_metrics` turns an `nnx.MultiMetric` or its `compute()` dict
+into what `MetricsManager.write_metrics_summary` takes.
 
 Synopsis:
 
