@@ -1,17 +1,12 @@
 """Classification metrics that merge inside the compiled step: top-k accuracy, precision,
 recall, F-beta, binned AUROC and perplexity.
 
-Each type is a `flax.struct.dataclass` on `clu.metrics.Metric` whose state is counts or sums, so
-`merge()` is addition: exact, and the same over steps, microbatches and devices. Settings (`k`,
-`average`, `beta`, `num_bins`) are static fields; merging metrics whose settings differ raises
-at trace time. `empty()` holds zero counts of shape `()` and unset settings: an identity of
-`merge()`, but not of a real metric's shape, so start a running merge from the first real one.
-
-Values match scikit-learn's defaults (tested against it): `top_k_accuracy_score`,
-`precision_score`, `recall_score` and `fbeta_score` (`average` "binary", "micro" or "macro", 0/0
-read as 0), `roc_auc_score` of the scores rounded down to `num_bins` bins, and
-`exp(log_loss(...))` per token. `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have
-seen something (`AUROC`: both classes).
+Their state is counts or sums, so `merge()` is addition: exact over steps, microbatches and
+devices. Settings (`k`, `average`, `beta`, `num_bins`) are static fields that must agree to
+merge. `empty()` holds zero counts of shape `()`: an identity of `merge()`, but not of a real
+metric's shape, so start a running merge from the first real one. Values match scikit-learn's
+(0/0 read as 0); `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have seen
+something (`AUROC`: both classes).
 
 Synopsis:
 
@@ -53,7 +48,7 @@ def _is_static(field: dataclasses.Field) -> bool:
 
 
 def _merged_setting(a: Any, b: Any, name: str) -> Any:
-    """The static setting `name` of a merge of `a` and `b`; None (an `empty()`) adopts the other."""
+    """The setting `name` of `a.merge(b)`; None (an `empty()`) adopts the other."""
     mine, theirs = getattr(a, name), getattr(b, name)
     if mine is None:
         return theirs
@@ -80,8 +75,10 @@ def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Probl
     return jnp.broadcast_to(mask, shape)
 
 
-def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Array:
-    """Integer labels; outside jit their values are checked against `[0, num_classes)`."""
+def _checked_labels_and_mask(
+    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, context: str
+) -> tuple[jax.Array, jax.Array]:
+    """Integer labels and a mask that drops out-of-range ones; raises the call's problems."""
     labels = jnp.asarray(labels)
     if labels.dtype == bool:
         labels = labels.astype(jnp.int32)
@@ -90,8 +87,8 @@ def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Arr
             f"labels must be integer class indices, got {_describe(labels)}; cast them with "
             "labels.astype(jnp.int32)"
         )
-        return jnp.zeros(labels.shape, jnp.int32)
-    if not isinstance(labels, jax.core.Tracer) and labels.size:
+        labels = jnp.zeros(labels.shape, jnp.int32)
+    elif not isinstance(labels, jax.core.Tracer) and labels.size:
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= num_classes:
             problems.value_errors.append(
@@ -99,24 +96,18 @@ def _check_labels(labels: Any, num_classes: int, problems: _Problems) -> jax.Arr
                 f"from {low} to {high}; check the label vocabulary or the number of classes "
                 "(inside jit, out-of-range labels are ignored like masked ones)"
             )
-    return labels
-
-
-def _shape_problem(predictions: jax.Array, labels: jax.Array, expected: str) -> str:
-    return (
-        f"predictions of shape {predictions.shape} do not fit labels of shape {labels.shape}: "
-        f"expected {expected}"
-    )
-
-
-def _checked_labels_and_mask(
-    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, context: str
-) -> tuple[jax.Array, jax.Array]:
-    """Checks labels and mask, raises every problem of the call, and masks out-of-range labels."""
-    labels = _check_labels(labels, num_classes, problems)
     mask = _check_mask(mask, labels.shape, problems)
     problems.raise_if_any(context)
     return labels, mask & (labels >= 0) & (labels < num_classes)
+
+
+def _add_shape_problem(
+    problems: _Problems, predictions: jax.Array, labels: jax.Array, expected: str
+) -> None:
+    problems.value_errors.append(
+        f"predictions of shape {predictions.shape} do not fit labels of shape {labels.shape}: "
+        f"expected {expected}"
+    )
 
 
 def _class_predictions(
@@ -141,14 +132,8 @@ def _class_predictions(
         num_classes = predictions.shape[-1]
         predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
     else:
-        problems.value_errors.append(
-            _shape_problem(
-                predictions,
-                labels,
-                f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2 (one "
-                "score per class)",
-            )
-        )
+        shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
+        _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
         predicted = jnp.zeros(labels.shape, jnp.int32)
     labels, mask = _checked_labels_and_mask(
         labels, mask, num_classes, problems, f"{metric}.from_model_output"
@@ -158,14 +143,13 @@ def _class_predictions(
 
 def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
     """`numerator / denominator` in float32, 0 where the denominator is 0 (sklearn's default)."""
-    numerator = numerator.astype(jnp.float32)
-    denominator = denominator.astype(jnp.float32)
+    numerator, denominator = numerator.astype(jnp.float32), denominator.astype(jnp.float32)
     return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1), 0.0)
 
 
 @flax.struct.dataclass(kw_only=True)
 class _Counts(clu_metrics.Metric):
-    """Array fields merge by addition from int32 zeros; static settings must agree."""
+    """Array fields start at int32 zeros and merge by addition; settings must agree."""
 
     @classmethod
     def empty(cls) -> Any:
@@ -187,50 +171,15 @@ class _Counts(clu_metrics.Metric):
 class _ConfusionCounts(_Counts):
     """Per-class true positive, false positive and false negative counts (int32, [C]).
 
-    Subclasses define a class's score from its counts (`_score`); `average` is "binary" (class 1
-    of binary scores), "micro" (counts summed over classes first) or "macro" (the mean of the
-    per-class scores over the classes seen in the labels or the predictions).
+    Subclasses score a class from its counts (`_score`). `average` is "binary" (class 1 of
+    binary scores), "micro" (counts summed over classes first) or "macro" (the mean score of
+    the classes seen in the labels or the predictions).
     """
 
     true_positives: jax.Array
     false_positives: jax.Array
     false_negatives: jax.Array
     average: Average | None = _static_field()
-
-    @classmethod
-    def _counts(
-        cls,
-        predictions: ArrayLike,
-        labels: ArrayLike,
-        mask: ArrayLike | None,
-        threshold: float,
-        average: Average | None,
-    ) -> dict[str, Any]:
-        predicted, labels, mask, num_classes = _class_predictions(
-            predictions, labels, mask, threshold, cls.__name__
-        )
-        binary = num_classes == 2 and jnp.shape(predictions) == labels.shape
-        if average is None and binary:
-            average = "binary"
-        if average not in _AVERAGES or (average == "binary" and not binary):
-            expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
-            raise ValueError(
-                f"{cls.__name__}.from_model_output: average={average!r} does not fit "
-                f"{'binary scores' if binary else f'{num_classes}-class scores'}; expected "
-                f"{expected} (sklearn's average argument)"
-            )
-        weight = mask.astype(jnp.int32)
-        zeros = jnp.zeros(num_classes, jnp.int32)
-        # Scatter-adds instead of one-hot products: memory O(C), not O(tokens x C).
-        true_positives = zeros.at[labels].add(weight * (predicted == labels), mode="drop")
-        predicted_count = zeros.at[predicted].add(weight, mode="drop")
-        label_count = zeros.at[labels].add(weight, mode="drop")
-        return {
-            "true_positives": true_positives,
-            "false_positives": predicted_count - true_positives,
-            "false_negatives": label_count - true_positives,
-            "average": average,
-        }
 
     @classmethod
     def from_model_output(
@@ -251,30 +200,42 @@ class _ConfusionCounts(_Counts):
             labels: integer class indices (0/1 for binary scores), shape [...].
             mask: bool mask over the labels' leading dimensions; False entries are ignored.
             threshold: binary scores only: where a score becomes a positive prediction.
-            average: "binary" (the default for binary scores), "micro" or "macro" (required
-                for C classes).
-
-        Returns:
-            The metric of this batch.
+            average: "binary" (default for binary scores), "micro" or "macro" (for C classes).
 
         Raises:
             TypeError: `labels` are not integers, or `threshold` is not a number.
             ValueError: shapes do not fit, `average` does not fit the input, or (outside jit)
                 a label is outside `[0, C)`.
         """
-        return cls(**cls._counts(predictions, labels, mask, threshold, average))
+        predicted, labels, mask, num_classes = _class_predictions(
+            predictions, labels, mask, threshold, cls.__name__
+        )
+        binary = num_classes == 2 and jnp.shape(predictions) == labels.shape
+        if average is None and binary:
+            average = "binary"
+        if average not in _AVERAGES or (average == "binary" and not binary):
+            expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
+            raise ValueError(
+                f"{cls.__name__}.from_model_output: average={average!r} does not fit "
+                f"{'binary scores' if binary else f'{num_classes}-class scores'}; expected "
+                f"{expected} (sklearn's average argument)"
+            )
+        weight = mask.astype(jnp.int32)
+        zeros = jnp.zeros(num_classes, jnp.int32)
+        # Scatter-adds instead of one-hot products: memory O(C), not O(tokens x C).
+        true_positives = zeros.at[labels].add(weight * (predicted == labels), mode="drop")
+        return cls(
+            true_positives=true_positives,
+            false_positives=zeros.at[predicted].add(weight, mode="drop") - true_positives,
+            false_negatives=zeros.at[labels].add(weight, mode="drop") - true_positives,
+            average=average,
+        )
 
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
-        raise TypeError(
-            f"{type(self).__name__} holds confusion counts only; compute Precision, Recall or "
-            "FBeta instead."
-        )
+        raise NotImplementedError  # Precision, Recall and FBeta define the score.
 
     def compute(self) -> jax.Array:
-        tp, fp, fn = (
-            jnp.atleast_1d(x)
-            for x in (self.true_positives, self.false_positives, self.false_negatives)
-        )
+        tp, fp, fn = jnp.atleast_1d(self.true_positives, self.false_positives, self.false_negatives)
         if self.average == "binary":
             return self._score(tp[-1], fp[-1], fn[-1])
         if self.average == "macro":
@@ -287,8 +248,6 @@ class _ConfusionCounts(_Counts):
 @flax.struct.dataclass(kw_only=True)
 class Precision(_ConfusionCounts):
     """Precision `tp / (tp + fp)`: `sklearn.metrics.precision_score(..., average=average)`.
-
-    For single-label multi-class data, "micro" precision equals accuracy.
 
     Example:
         >>> import jax.numpy as jnp
@@ -320,9 +279,7 @@ class Recall(_ConfusionCounts):
 
 @flax.struct.dataclass(kw_only=True)
 class FBeta(_ConfusionCounts):
-    """F-beta `(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)`, F1 for `beta=1`.
-
-    Equals `sklearn.metrics.fbeta_score(labels, predicted, beta=beta, average=average)`.
+    """F-beta `(1 + b^2) tp / ((1 + b^2) tp + b^2 fn + fp)`: `sklearn.metrics.fbeta_score`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -351,8 +308,10 @@ class FBeta(_ConfusionCounts):
                 f"FBeta.from_model_output: beta must be a Python number > 0, got "
                 f"{_describe(beta)}; use beta=1.0 for F1, 0.5 to favour precision, 2.0 recall"
             )
-        counts = cls._counts(predictions, labels, mask, threshold, average)
-        return cls(**counts, beta=float(beta))
+        counts = super().from_model_output(
+            predictions, labels, mask, threshold=threshold, average=average
+        )
+        return counts.replace(beta=float(beta))
 
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
         b2 = (1.0 if self.beta is None else self.beta) ** 2
@@ -362,10 +321,9 @@ class FBeta(_ConfusionCounts):
 
 @flax.struct.dataclass(kw_only=True)
 class TopKAccuracy(_Counts):
-    """The fraction of labels among the `k` highest-scored classes (k=1: plain accuracy).
+    """The fraction of labels among the `k` highest-scored classes: `top_k_accuracy_score`.
 
-    Equals `sklearn.metrics.top_k_accuracy_score(labels, scores, k=k)`; ties go to the lower
-    class index.
+    k=1 is plain accuracy; ties go to the lower class index.
 
     Example:
         >>> import jax.numpy as jnp
@@ -399,9 +357,8 @@ class TopKAccuracy(_Counts):
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         if predictions.shape[:-1] != labels.shape or predictions.ndim == 0:
-            problems.value_errors.append(
-                _shape_problem(predictions, labels, f"{labels.shape + ('C',)}, one score per class")
-            )
+            expected = f"{labels.shape + ('C',)}, one score per class"
+            _add_shape_problem(problems, predictions, labels, expected)
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
             problems.type_errors.append(f"k must be an int, got {_describe(k)}")
         elif not 1 <= k <= num_classes:
@@ -423,13 +380,11 @@ class TopKAccuracy(_Counts):
 
 @flax.struct.dataclass(kw_only=True)
 class AUROC(_Counts):
-    """Binned area under the ROC curve of binary scores in [0, 1], mergeable.
+    """Area under the ROC curve of binary scores in [0, 1], over `num_bins` equal bins.
 
-    Counts positive and negative labels per bin of `num_bins` equal bins of [0, 1] (scores
-    outside go to the end bins: pass probabilities). The area is the fraction of (positive,
-    negative) pairs whose positive is in a higher bin, same-bin pairs counting one half: exactly
-    `sklearn.metrics.roc_auc_score` of the binned scores, within about `1 / num_bins` of it on
-    raw scores.
+    Counts positive and negative labels per bin (scores outside [0, 1] go to the end bins):
+    exactly `sklearn.metrics.roc_auc_score` of the binned scores, within about `1 / num_bins`
+    of it on raw scores.
 
     Example:
         >>> import jax.numpy as jnp
@@ -498,8 +453,7 @@ class AUROC(_Counts):
 class Perplexity(_Counts):
     """`exp(total / count)`: the exponential of the mean negative log-likelihood per token.
 
-    Sums, so the value does not depend on how tokens were split over batches, microbatches or
-    devices (google-metrax's `Perplexity` averages per batch first).
+    Unlike google-metrax's, independent of how tokens were split into batches or devices.
 
     Example:
         >>> import jax.numpy as jnp
@@ -528,9 +482,8 @@ class Perplexity(_Counts):
         problems = _Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.ndim == 0 or predictions.shape[:-1] != labels.shape:
-            problems.value_errors.append(
-                _shape_problem(predictions, labels, f"logits of shape {labels.shape + ('V',)}")
-            )
+            expected = f"logits of shape {labels.shape + ('V',)}"
+            _add_shape_problem(problems, predictions, labels, expected)
         vocab = predictions.shape[-1] if predictions.ndim else 1
         labels, mask = _checked_labels_and_mask(
             labels, mask, vocab, problems, "Perplexity.from_model_output"

@@ -1,12 +1,11 @@
 """Metric types that a loss function returns and the train step merges on the device.
 
-Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric` that merge with CLU's and
+Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric`, mergeable with CLU's and
 google-metrax's metrics in one dict. `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate` and
-`StepsPerTime` keep T5X's names and meaning (`steps` and `duration` are set on the host); `Max`,
-`Min`, `MeanStd` and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses
-precision when the mean is large against the spread). Constructors are keyword-only where T5X's
-positional order is a trap (its `AveragePerStep(5, 1.0)` means `steps=5`), and every `empty()`
-is a two-sided identity of `merge()`.
+`StepsPerTime` are T5X's (`steps` and `duration` are set on the host); `Max`, `Min`, `MeanStd`
+and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses precision). Where
+T5X's positional order is a trap (`AveragePerStep(5, 1.0)` means `steps=5`) constructors are
+keyword-only. Every `empty()` is a two-sided identity of `merge()`.
 
 Synopsis:
 
@@ -63,15 +62,11 @@ def _values_and_mask(
     values: ArrayLike, mask: ArrayLike | None, metric: str
 ) -> tuple[jax.Array, jax.Array]:
     """`values` (at least 1-d) as floats, and a bool mask over its leading dims broadcast to it."""
-    values = jnp.asarray(values)
+    values = jnp.atleast_1d(jnp.asarray(values))
     values = values.astype(jnp.result_type(values, jnp.float32))  # no int overflow, bf16 rounding
-    if values.ndim == 0:
-        values = values[None]
     if mask is None:
         return values, jnp.ones(values.shape, bool)
-    mask = jnp.asarray(mask)
-    if mask.ndim == 0:
-        mask = mask[None]
+    mask = jnp.atleast_1d(jnp.asarray(mask))
     if mask.shape != values.shape[: mask.ndim]:
         raise ValueError(
             f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "
@@ -127,8 +122,7 @@ def _unset_steps_error(metric: Any) -> ValueError:
 class Step(clu_metrics.Metric):
     """A count of train steps (T5X `Step`), the base of every per-step metric.
 
-    Merging adds `steps`; the microbatches of one step count one step (`_reduce_merge`), and
-    `set_step_metrics_num_steps` sets the true count on the host.
+    Merging adds `steps`; `set_step_metrics_num_steps` sets the true count on the host.
 
     Example:
         >>> Step(steps=3).merge(Step(steps=2)).compute()
@@ -154,8 +148,7 @@ class Step(clu_metrics.Metric):
         return self.replace(steps=self._merged_steps(other))
 
     def _reduce_merge(self, other: "Step") -> "Step":
-        # Pieces of one global batch (devices in CLU's `reduce`, microbatches in
-        # `accumulate_grads_microbatched`) make one step, not one step each.
+        # The pieces of one global batch (devices, microbatches) make one step, not one each.
         return self.merge(other).replace(steps=self.steps)
 
     def replace_steps(self, steps: ArrayLike) -> "Step":
@@ -170,9 +163,7 @@ class Step(clu_metrics.Metric):
 
 @flax.struct.dataclass(kw_only=True)
 class AveragePerStep(Step):
-    """`total / steps`: a per-step average of a value summed within each step (T5X).
-
-    Report per-microbatch sums, not means, so the value does not depend on the microbatching.
+    """`total / steps`: a per-step average of per-microbatch sums (not means) (T5X).
 
     Example:
         >>> import jax.numpy as jnp
@@ -212,9 +203,7 @@ def _check_durations_unset(a: "Time", b: "Time") -> None:
 
 @flax.struct.dataclass(kw_only=True)
 class Time(clu_metrics.Metric):
-    """Seconds in the summary window (T5X `Time`), set on the host.
-
-    Merging is only defined while `duration` is unset (T5X silently kept one side).
+    """Seconds in the summary window (T5X `Time`), set on the host; merges only while unset.
 
     Example:
         >>> set_time_metrics_duration({"t": Time()}, 2.5)["t"].compute()
@@ -298,7 +287,7 @@ class StepsPerTime(Step, Time):
 
 @flax.struct.dataclass
 class _Extremum(clu_metrics.Metric):
-    """Shared body of `Max` and `Min`: one value, reduced and merged by `_op`."""
+    """`Max` and `Min`: one value, reduced by `_op` and merged by `_pairwise`."""
 
     value: ArrayLike
 
@@ -354,11 +343,7 @@ class Min(_Extremum):
 
 @dataclasses.dataclass(eq=False)
 class MeanStdScalar(clu.values.Scalar):
-    """A `clu.values.Scalar` of a mean that carries the standard deviation (`<key>/std`).
-
-    CLU has no two-number `Value`: writers that know `Scalar` write the mean, and
-    `compute_metric_values` adds `extra_values()` under `<key>/<suffix>`.
-    """
+    """A `clu.values.Scalar` of a mean that carries its standard deviation (`<key>/std`)."""
 
     std: Any
 
@@ -379,11 +364,9 @@ class WelfordScalar(MeanStdScalar):
 
 @flax.struct.dataclass(kw_only=True)
 class MeanStd(clu_metrics.Metric):
-    """Mean and population standard deviation with a numerically stable parallel merge.
+    """Mean and population standard deviation, merged with Chan et al.'s stable update.
 
-    Keeps the count, mean and `m2` (sum of squared deviations) and merges with Chan et al.'s
-    update, exact when the mean is large against the spread. `compute()` is the mean (NaN when
-    nothing was seen), `std()` the standard deviation, `compute_value()` a `MeanStdScalar`.
+    `compute()` is the mean (NaN when nothing was seen), `std()` the standard deviation.
 
     Example:
         >>> import jax.numpy as jnp
@@ -415,7 +398,6 @@ class MeanStd(clu_metrics.Metric):
         return cls(count=count, mean=mean, m2=m2)
 
     def merge(self, other: "MeanStd") -> "MeanStd":
-        count = self.count + other.count
         dtype = jnp.result_type(self.mean, other.mean)
         n_a, n_b = (jnp.asarray(m.count).astype(dtype) for m in (self, other))
         fraction_b = n_b / jnp.maximum(n_a + n_b, 1)
@@ -426,7 +408,7 @@ class MeanStd(clu_metrics.Metric):
         a_empty, b_empty = self.count == 0, other.count == 0
         mean = jnp.where(a_empty, other.mean, jnp.where(b_empty, self.mean, mean))
         m2 = jnp.where(a_empty, other.m2, jnp.where(b_empty, self.m2, m2))
-        return type(self)(count=count, mean=mean, m2=m2)
+        return type(self)(count=self.count + other.count, mean=mean, m2=m2)
 
     def compute(self) -> ArrayLike:
         return jnp.where(self.count > 0, self.mean, jnp.nan)
@@ -445,7 +427,7 @@ class MeanStd(clu_metrics.Metric):
 
 @flax.struct.dataclass(kw_only=True)
 class Welford(MeanStd):
-    """`MeanStd` plus Flax NNX's standard error of the mean, `std / sqrt(count)` (`key/sem`).
+    """`MeanStd` plus the standard error of the mean (Flax NNX's `Welford`).
 
     Example:
         >>> import jax.numpy as jnp
@@ -455,7 +437,7 @@ class Welford(MeanStd):
     """
 
     def sem(self) -> ArrayLike:
-        """The standard error of the mean, `std / sqrt(count)` (NaN when nothing was seen)."""
+        """`std / sqrt(count)` (NaN when nothing was seen)."""
         return self.std() / jnp.sqrt(jnp.maximum(self._float_count(), 1))
 
     def compute_value(self) -> WelfordScalar:
@@ -463,7 +445,7 @@ class Welford(MeanStd):
 
 
 def is_metric_obj(obj: Any) -> bool:
-    """Whether `obj` can be a value in a metrics dict: a CLU `Metric` or `Collection`.
+    """Whether `obj` is a CLU `Metric` or `Collection` (a value of a metrics dict).
 
     Example:
         >>> is_metric_obj(Sum(1.0)), is_metric_obj(1.0)
@@ -473,7 +455,7 @@ def is_metric_obj(obj: Any) -> bool:
 
 
 def is_time_metric(obj: Any) -> bool:
-    """Whether `obj` is a `Time` metric (its duration is set on the host).
+    """Whether `obj` is a `Time` metric, whose duration is set on the host.
 
     Example:
         >>> is_time_metric(StepsPerTime()), is_time_metric(Step())
@@ -487,21 +469,6 @@ def _check_metrics_mapping(metrics: Any, function: str) -> None:
         raise TypeError(
             f"{function} expects a mapping from names to metrics, got {type(metrics).__name__}."
         )
-
-
-def _replace_in_metrics(
-    metrics: Mapping[str, Any], kind: type, fn: Callable[[Any], Any]
-) -> dict[str, Any]:
-    """Applies `fn` to every metric of `kind`, including those inside a CLU `Collection`."""
-
-    def visit(obj: Any) -> Any:
-        if isinstance(obj, kind):
-            return fn(obj)
-        if isinstance(obj, clu_metrics.Collection):
-            return obj.replace(**{name: visit(value) for name, value in vars(obj).items()})
-        return obj
-
-    return {key: visit(value) for key, value in metrics.items()}
 
 
 def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
@@ -533,7 +500,7 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
             f"set_step_metrics_num_steps: num_steps must be positive, got {num_steps}; pass "
             "the number of train steps the metrics were merged over."
         )
-    return _replace_in_metrics(metrics, Step, lambda m: m.replace(steps=int(num_steps)))
+    return {key: _set_host_fields(m, None, int(num_steps)) for key, m in metrics.items()}
 
 
 def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
@@ -567,7 +534,7 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
         raise ValueError(
             f"set_time_metrics_duration: duration must be finite and >= 0 seconds, got {duration}."
         )
-    return _replace_in_metrics(metrics, Time, lambda m: m.replace(duration=float(duration)))
+    return {key: _set_host_fields(m, float(duration), None) for key, m in metrics.items()}
 
 
 # The name T5X's documentation uses.
@@ -577,13 +544,12 @@ set_time_rate_metrics_duration = set_time_metrics_duration
 def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Value]:
     """Host side: `compute_value()` of every metric, flattened for `writers.write_values`.
 
-    A `Collection` becomes `key/<field>`; a `MeanStdScalar` `key` and `key/std` (and `key/sem`).
-
     Args:
         metrics: name -> metric or `Collection`, with durations and steps set.
 
     Returns:
-        name -> `clu.values.Value`.
+        name -> `clu.values.Value`: a `Collection` gives `key/<field>`, a `MeanStdScalar` `key`
+        and `key/std` (and `key/sem`).
 
     Raises:
         TypeError: a value is neither a metric nor a `Collection`.
@@ -628,10 +594,9 @@ def host_values(
     num_steps: int,
     failed: Callable[[str, Exception], None],
 ) -> dict[str, clu.values.Value]:
-    """The manager's trusted path: steps and duration set, then `compute_value()`, in one pass.
+    """The manager's path for checked metrics: set steps and duration, then `compute_value()`.
 
-    Takes metrics already checked (a dict of metrics with host leaves); a key whose
-    `compute_value()` raises is left out and handed to `failed(key, error)`.
+    A key whose `compute_value()` raises is left out and handed to `failed(key, error)`.
     """
     out: dict[str, clu.values.Value] = {}
     for key, metric in metrics.items():
@@ -642,9 +607,10 @@ def host_values(
     return out
 
 
-def _set_host_fields(metric: Any, duration: float | None, num_steps: int) -> Any:
+def _set_host_fields(metric: Any, duration: float | None, num_steps: int | None) -> Any:
+    """`metric` (or each one in a `Collection`) with the checked fields that are not None set."""
     fields: dict[str, Any] = {}
-    if isinstance(metric, Step):
+    if isinstance(metric, Step) and num_steps is not None:
         fields["steps"] = num_steps
     if isinstance(metric, Time) and duration is not None:
         fields["duration"] = duration
