@@ -29,6 +29,7 @@ bench-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check metrics_manager writers examples tests benchmarks
+	$(VENV)/bin/ruff format --check metrics_manager writers examples tests benchmarks
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy metrics_manager writers examples

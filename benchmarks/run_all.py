@@ -91,10 +91,14 @@ def _system_overhead(quick: bool) -> common.Table:
     from benchmarks import system_overhead  # noqa: PLC0415
 
     return system_overhead.run(quick)
+
+
 def _plot_time(quick: bool) -> common.Table:
     from benchmarks import plot_time  # noqa: PLC0415
 
     return plot_time.run(quick)
+
+
 def _guard_overhead(quick: bool) -> common.Table:
     from benchmarks import guard_overhead  # noqa: PLC0415
 
@@ -111,6 +115,8 @@ def _remote_flush(quick: bool) -> common.Table:
     from benchmarks import remote_flush  # noqa: PLC0415
 
     return remote_flush.run(quick)
+
+
 def _trackers(quick: bool) -> common.Table:
     from benchmarks import trackers  # noqa: PLC0415
 

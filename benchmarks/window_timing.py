@@ -70,12 +70,14 @@ def run(quick: bool = False) -> common.Table:
     for i in range(runs):
         ratios = one_run(windows)
         medians.append(common.median(ratios))
-        table.rows.append({
-            "run": str(i + 1),
-            "ratio": medians[-1],
-            "p10": common.percentile(ratios, 10),
-            "p90": common.percentile(ratios, 90),
-        })
+        table.rows.append(
+            {
+                "run": str(i + 1),
+                "ratio": medians[-1],
+                "p10": common.percentile(ratios, 10),
+                "p90": common.percentile(ratios, 90),
+            }
+        )
     overall = common.median(medians)
     worst = max(abs(m - 1.0) for m in medians)
     table.targets.append(

@@ -129,9 +129,7 @@ def make_train_step(
         # Once per step, outside the microbatch loop: the rate this step's update used.
         learning_rate = jnp.asarray(schedule(state.step), jnp.float32)
         metrics["learning_rate"] = clu.metrics.Average.from_model_output(learning_rate)
-        metrics["learning_rate/current"] = clu.metrics.LastValue.from_model_output(
-            learning_rate
-        )
+        metrics["learning_rate/current"] = clu.metrics.LastValue.from_model_output(learning_rate)
         return state.apply_gradients(grads=grads), merge_metrics(running, metrics)
 
     return train_step
@@ -226,7 +224,9 @@ def train(
                 running = None  # the summary owns those buffers now
             if step % config.eval_period == 0 or step == config.total_steps:
                 start = time.perf_counter()
-                futures["eval"] = evaluate(eval_step, state.params, eval_batches, eval_manager, step)
+                futures["eval"] = evaluate(
+                    eval_step, state.params, eval_batches, eval_manager, step
+                )
                 futures["eval"].result()  # eval time is not train time: wait, then time it
                 train_manager.write_scalar(
                     "timing/evaluate_seconds", time.perf_counter() - start, step

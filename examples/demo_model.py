@@ -147,8 +147,13 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
         ValueError: Invalid demo config: TrainConfig.warmup_steps=30 must be < TrainConfig.total_steps=10 (lower warmup_steps).
     """
     problems = []
-    for name in ("total_steps", "summary_period", "eval_period", "num_eval_batches",
-                 "num_microbatches"):
+    for name in (
+        "total_steps",
+        "summary_period",
+        "eval_period",
+        "num_eval_batches",
+        "num_microbatches",
+    ):
         if getattr(train, name) < 1:
             problems.append(f"TrainConfig.{name}={getattr(train, name)} must be >= 1")
     if train.summary_period >= 1 and train.eval_period % train.summary_period:

@@ -179,7 +179,10 @@ def test_markdown_is_one_code_block_even_with_markdown_in_the_config():
 
 
 def test_write_gin_config_checks_its_inputs():
-    with pytest.raises(TypeError, match=r"(?s)write_gin_config: 2 problems:.*model_dir must be a path.*config_str must be a str"):
+    with pytest.raises(
+        TypeError,
+        match=r"(?s)write_gin_config: 2 problems:.*model_dir must be a path.*config_str must be a str",
+    ):
         gin_utils.write_gin_config(3, config_str=4)  # type: ignore[arg-type]
 
 

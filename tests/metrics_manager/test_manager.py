@@ -437,8 +437,6 @@ def test_max_pending_is_checked():
         make(max_pending=2.5)
 
 
-
-
 NEXT_CALLS = {
     "write_metrics_summary": lambda m: m.write_metrics_summary({"loss": Sum(1.0)}, 5, 1),
     "write_scalar": lambda m: m.write_scalar("x", 1.0, 5),
@@ -496,7 +494,7 @@ def test_under_warn_a_failing_writer_is_logged_at_once_and_training_goes_on(capl
         for step in (1, 2):
             manager.start_duration_timer()
             manager.write_metrics_summary({"loss": Sum(jnp.float32(1.0))}, step, 1).result()
-    assert ["writer:BrokenWriter at step 1 (keys loss)" in r.getMessage() for r in caplog.records][0]
+    assert "writer:BrokenWriter at step 1 (keys loss)" in caplog.records[0].getMessage()
     manager.close()
     assert [f.step for f in manager.errors] == [1, 2]
     assert manager.health()["writers"]["BrokenWriter"] == {"failures": 2, "quarantined": None}

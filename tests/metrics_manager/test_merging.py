@@ -60,7 +60,10 @@ def test_every_bad_value_is_named_in_one_error_before_anything_merges():
         merge_metrics(a, b)
     message = str(info.value)
     assert "3 problems" in message
-    assert "b['arr']: expected a clu.metrics.Metric (or Collection), got ArrayImpl of shape (3,)" in message
+    assert (
+        "b['arr']: expected a clu.metrics.Metric (or Collection), got ArrayImpl of shape (3,)"
+        in message
+    )
     assert "b['num']: expected a clu.metrics.Metric (or Collection), got float 1.5" in message
     assert "b['none']: expected a clu.metrics.Metric (or Collection), got NoneType None" in message
     assert "wrap the value in a metric" in message
@@ -80,7 +83,10 @@ def test_different_metric_types_under_one_key_are_named():
 def test_shape_mismatch_names_key_field_and_shapes():
     a = {"hist": Sum(jnp.zeros(3)), "ok": Sum(1.0)}
     b = {"hist": Sum(jnp.zeros(4)), "ok": Sum(1.0)}
-    with pytest.raises(ValueError, match=r"\['hist'\] \(Sum\) field total: shape mismatch, expected \(3,\) \(as in a\), got \(4,\) in b"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['hist'\] \(Sum\) field total: shape mismatch, expected \(3,\) \(as in a\), got \(4,\) in b",
+    ):
         merge_metrics(a, b)
 
 
@@ -96,7 +102,9 @@ def test_non_mapping_is_refused():
 
 def test_merging_a_timed_metric_with_an_untimed_one_names_the_cause():
     with pytest.raises(ValueError, match=r"\['rate'\] \(TimeRate\): pytree structure differs"):
-        merge_metrics({"rate": TimeRate(numerator=1.0, duration=2.0)}, {"rate": TimeRate(numerator=1.0)})
+        merge_metrics(
+            {"rate": TimeRate(numerator=1.0, duration=2.0)}, {"rate": TimeRate(numerator=1.0)}
+        )
 
 
 def test_errors_are_raised_at_trace_time_inside_jit():
@@ -127,12 +135,25 @@ def test_validate_metrics_against_reference():
 
 # --- CLU and metrax metrics flow through unchanged ----------------------------------------
 
-LOGITS = jnp.array([[2.0, 1.0], [0.1, 0.3], [3.0, -1.0], [0.0, 1.0], [1.0, 0.5], [0.2, 0.1], [0.0, 2.0], [1.0, 1.5]])
+LOGITS = jnp.array(
+    [
+        [2.0, 1.0],
+        [0.1, 0.3],
+        [3.0, -1.0],
+        [0.0, 1.0],
+        [1.0, 0.5],
+        [0.2, 0.1],
+        [0.0, 2.0],
+        [1.0, 1.5],
+    ]
+)
 LABELS = jnp.array([0, 1, 1, 1, 0, 0, 1, 0], jnp.int32)
 PROBS = jax.nn.softmax(LOGITS)[:, 1]
 LOSSES = -jnp.log(jnp.take_along_axis(jax.nn.softmax(LOGITS), LABELS[:, None], axis=1))[:, 0]
 
-Pair = clu_metrics.Collection.create(accuracy=clu_metrics.Accuracy, loss=clu_metrics.Average.from_output("loss"))
+Pair = clu_metrics.Collection.create(
+    accuracy=clu_metrics.Accuracy, loss=clu_metrics.Average.from_output("loss")
+)
 
 
 def _third_party_metrics(batch):
@@ -165,12 +186,22 @@ def _computed(metrics):
 
 
 def test_clu_and_metrax_metrics_merge_across_steps():
-    halves = [tuple(x[:4] for x in (LOGITS, LABELS, PROBS, LOSSES)), tuple(x[4:] for x in (LOGITS, LABELS, PROBS, LOSSES))]
+    halves = [
+        tuple(x[:4] for x in (LOGITS, LABELS, PROBS, LOSSES)),
+        tuple(x[4:] for x in (LOGITS, LABELS, PROBS, LOSSES)),
+    ]
     metrics_of = jax.jit(_third_party_metrics)
     merged = merge_metrics(metrics_of(halves[0]), metrics_of(halves[1]))
     whole = _computed(metrics_of((LOGITS, LABELS, PROBS, LOSSES)))
     got = _computed(merged)
-    for key in ("average", "accuracy", "collection/accuracy", "collection/loss", "precision", "aucroc"):
+    for key in (
+        "average",
+        "accuracy",
+        "collection/accuracy",
+        "collection/loss",
+        "precision",
+        "aucroc",
+    ):
         np.testing.assert_allclose(got[key], whole[key], rtol=1e-6, err_msg=key)
     # Across steps LastValue keeps the newer step's value.
     np.testing.assert_allclose(got["last"], float(LOSSES[4:].mean()), rtol=1e-6)
@@ -197,7 +228,7 @@ def test_clu_and_metrax_metrics_through_microbatches(num_microbatches):
 # --- accumulate_grads_microbatched --------------------------------------------------------
 
 ROWS = 16
-VALUES = -jnp.linspace(1.0, 4.0, ROWS * 3).reshape(ROWS, 3) ** 2  # all negative
+VALUES = -(jnp.linspace(1.0, 4.0, ROWS * 3).reshape(ROWS, 3) ** 2)  # all negative
 MASK = jnp.arange(ROWS) % 5 != 3  # padding rows
 W = jnp.array([0.5, -1.0, 2.0])
 
@@ -219,7 +250,9 @@ def _per_example_loss_fn(w, batch):
 
 @jax.jit
 def _accumulate_all(w, batch):
-    return {n: accumulate_grads_microbatched(_per_example_loss_fn, w, batch, n) for n in (1, 2, 4, 8)}
+    return {
+        n: accumulate_grads_microbatched(_per_example_loss_fn, w, batch, n) for n in (1, 2, 4, 8)
+    }
 
 
 def test_microbatch_invariance_of_max_min_mean_std_and_grads():
@@ -229,15 +262,23 @@ def test_microbatch_invariance_of_max_min_mean_std_and_grads():
     expected_grad = np.asarray(VALUES)[np.asarray(MASK)].sum(axis=0)
     for n, (grads, metrics) in results.items():
         np.testing.assert_allclose(grads, expected_grad, rtol=1e-5, err_msg=f"n={n}")
-        np.testing.assert_allclose(metrics["max"].compute(), kept.max(), rtol=1e-5, err_msg=f"n={n}")
+        np.testing.assert_allclose(
+            metrics["max"].compute(), kept.max(), rtol=1e-5, err_msg=f"n={n}"
+        )
         assert float(metrics["max"].compute()) < 0
-        np.testing.assert_allclose(metrics["min"].compute(), kept.min(), rtol=1e-5, err_msg=f"n={n}")
-        np.testing.assert_allclose(metrics["stats"].compute(), kept.mean(), rtol=1e-5, err_msg=f"n={n}")
+        np.testing.assert_allclose(
+            metrics["min"].compute(), kept.min(), rtol=1e-5, err_msg=f"n={n}"
+        )
+        np.testing.assert_allclose(
+            metrics["stats"].compute(), kept.mean(), rtol=1e-5, err_msg=f"n={n}"
+        )
         np.testing.assert_allclose(metrics["stats"].std(), kept.std(), rtol=1e-5, err_msg=f"n={n}")
         assert int(metrics["stats"].count) == kept.size
         # One train step, however many microbatches: compute() is the step's sum.
         assert int(metrics["loss"].steps) == 1 and int(metrics["steps_per_second"].steps) == 1
-        np.testing.assert_allclose(metrics["loss"].compute(), kept.sum(), rtol=1e-5, err_msg=f"n={n}")
+        np.testing.assert_allclose(
+            metrics["loss"].compute(), kept.sum(), rtol=1e-5, err_msg=f"n={n}"
+        )
         np.testing.assert_allclose(metrics["rate"].numerator, kept.size, err_msg=f"n={n}")
 
 
@@ -263,9 +304,9 @@ def test_microbatched_program_does_not_grow_with_the_count(monkeypatch):
     counts = {}
     for n in (2, 16):
         merges.clear()
-        jaxpr = jax.make_jaxpr(lambda w, b, n=n: accumulate_grads_microbatched(_per_example_loss_fn, w, b, n))(
-            W, (VALUES, MASK)
-        )
+        jaxpr = jax.make_jaxpr(
+            lambda w, b, n=n: accumulate_grads_microbatched(_per_example_loss_fn, w, b, n)
+        )(W, (VALUES, MASK))
         counts[n] = (_equation_count(jaxpr.jaxpr), len(merges))
     num_keys = len(_per_example_loss_fn(W, (VALUES, MASK))[1])
     assert counts[2] == counts[16]
@@ -310,12 +351,16 @@ def test_rng_is_folded_with_the_microbatch_index():
     expected = sum(float(jax.random.uniform(jax.random.fold_in(rng, i), ())) for i in range(4))
     np.testing.assert_allclose(metrics["noise"].compute(), expected, rtol=1e-6)
     _, single = accumulate_grads_microbatched(loss_fn, jnp.float32(1.0), jnp.ones(8), None, rng=rng)
-    np.testing.assert_allclose(single["noise"].compute(), jax.random.uniform(jax.random.fold_in(rng, 0), ()))
+    np.testing.assert_allclose(
+        single["noise"].compute(), jax.random.uniform(jax.random.fold_in(rng, 0), ())
+    )
 
 
 def test_microbatch_i_holds_strided_rows():
     def loss_fn(w, batch):
-        return w * batch.sum(), {"first_row": clu_metrics.LastValue(value=batch[0].astype(jnp.float32))}
+        return w * batch.sum(), {
+            "first_row": clu_metrics.LastValue(value=batch[0].astype(jnp.float32))
+        }
 
     def first_rows(w, batch):
         # Stack each microbatch's first row by running the loss function per microbatch.
@@ -330,7 +375,9 @@ def test_bad_loss_fn_metrics_are_named():
     def loss_fn(w, batch):
         return (w * batch).sum(), {"loss": (w * batch).sum(), "ok": Sum.from_model_output(batch)}
 
-    with pytest.raises(TypeError, match=r"the metrics returned by loss_fn\['loss'\]: expected a clu.metrics.Metric"):
+    with pytest.raises(
+        TypeError, match=r"the metrics returned by loss_fn\['loss'\]: expected a clu.metrics.Metric"
+    ):
         accumulate_grads_microbatched(loss_fn, jnp.float32(1.0), jnp.ones(4), 2)
 
 
@@ -341,13 +388,21 @@ def test_loss_fn_must_return_a_pair():
 
 def test_indivisible_batch_names_every_leaf():
     batch = {"x": jnp.ones((6, 2)), "y": jnp.ones(6), "z": jnp.ones(())}
-    with pytest.raises(ValueError, match=r"(?s)3 problems.*batch\['x'\] has shape \(6, 2\).*num_microbatches=4.*batch\['y'\].*batch\['z'\] has shape \(\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"(?s)3 problems.*batch\['x'\] has shape \(6, 2\).*num_microbatches=4.*batch\['y'\].*batch\['z'\] has shape \(\)",
+    ):
         accumulate_grads_microbatched(lambda w, b: (w, {}), jnp.float32(1.0), batch, 4)
 
 
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
 def test_num_microbatches_is_checked(bad, error):
-    with pytest.raises(error, match=f"num_microbatches must be .*got {bad!r}" if error is ValueError else "num_microbatches must be an int or None"):
+    with pytest.raises(
+        error,
+        match=f"num_microbatches must be .*got {bad!r}"
+        if error is ValueError
+        else "num_microbatches must be an int or None",
+    ):
         accumulate_grads_microbatched(lambda w, b: (w, {}), jnp.float32(1.0), jnp.ones(4), bad)
 
 

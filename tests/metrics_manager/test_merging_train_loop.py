@@ -58,7 +58,9 @@ def train_step_packed(params, running, batch):
     return params, merge_metrics(running, metrics, pack=True)
 
 
-STEPS = pytest.mark.parametrize("train_step", [train_step, train_step_packed], ids=["dict", "packed"])
+STEPS = pytest.mark.parametrize(
+    "train_step", [train_step, train_step_packed], ids=["dict", "packed"]
+)
 
 
 def make_params():
@@ -248,7 +250,8 @@ def test_mesh_of_8_devices_matches_one_device(train_step):
     np.testing.assert_allclose(sharded_params["w"], single_params["w"], rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("num_microbatches", [2, 8])  # 16 rows per microbatch split 8 ways; 4 cannot be
+# 16 rows per microbatch split 8 ways; 4 cannot be.
+@pytest.mark.parametrize("num_microbatches", [2, 8])
 def test_explicitly_sharded_batch_splits_into_microbatches(num_microbatches):
     mesh = jax.make_mesh(
         (8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:8]
@@ -258,9 +261,13 @@ def test_explicitly_sharded_batch_splits_into_microbatches(num_microbatches):
     single_grads, single = step(make_params(), batch)
     sharded_batch = jax.device_put(batch, NamedSharding(mesh, P("data")))
     with jax.set_mesh(mesh):
-        grads, metrics = step(jax.device_put(make_params(), NamedSharding(mesh, P())), sharded_batch)
+        grads, metrics = step(
+            jax.device_put(make_params(), NamedSharding(mesh, P())), sharded_batch
+        )
     for key, value in summary(single, 1).items():
-        np.testing.assert_allclose(summary(metrics, 1)[key], value, rtol=1e-6, atol=1e-6, err_msg=key)
+        np.testing.assert_allclose(
+            summary(metrics, 1)[key], value, rtol=1e-6, atol=1e-6, err_msg=key
+        )
     for name in ("w", "b"):
         np.testing.assert_allclose(grads[name], single_grads[name], rtol=1e-5, atol=1e-5)
 

@@ -19,7 +19,9 @@ import metrics_manager
 from metrics_manager import PackedMetrics, merge_metrics, packing
 from metrics_manager import metrics as mm
 
-Pair = clu_metrics.Collection.create(accuracy=clu_metrics.Accuracy, loss=clu_metrics.Average.from_output("loss"))
+Pair = clu_metrics.Collection.create(
+    accuracy=clu_metrics.Accuracy, loss=clu_metrics.Average.from_output("loss")
+)
 
 
 @flax.struct.dataclass
@@ -86,14 +88,21 @@ def run(step):
 
 
 def leaf_types(tree):
-    return [(jax.tree_util.keystr(p), jax.typeof(leaf)) for p, leaf in jax.tree_util.tree_leaves_with_path(tree)]
+    return [
+        (jax.tree_util.keystr(p), jax.typeof(leaf))
+        for p, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    ]
 
 
 def assert_same_metrics(got, expected, *, same_weak_types=True):
     assert sorted(got) == sorted(expected)
     assert jax.tree.structure(got) == jax.tree.structure(expected)
-    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(expected), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
+    for (path, a), b in zip(
+        jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(expected), strict=True
+    ):
+        np.testing.assert_array_equal(
+            np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path)
+        )
         assert jax.typeof(a).dtype == jax.typeof(b).dtype, jax.tree_util.keystr(path)
         if same_weak_types:
             assert jax.typeof(a) == jax.typeof(b), jax.tree_util.keystr(path)
@@ -159,7 +168,9 @@ def test_pack_flag():
     assert isinstance(merge_metrics(packed, step_metrics(x)), PackedMetrics)  # follows `a`
     unpacked = merge_metrics(packed, step_metrics(x), pack=False)
     assert isinstance(unpacked, dict)
-    assert_same_metrics(unpacked, merge_metrics(step_metrics(x), step_metrics(x)), same_weak_types=False)
+    assert_same_metrics(
+        unpacked, merge_metrics(step_metrics(x), step_metrics(x)), same_weak_types=False
+    )
     both = merge_metrics(packed, packed)  # two packed accumulators, e.g. two windows
     assert isinstance(both, PackedMetrics)
     assert_same_metrics(both.unpack(), unpacked, same_weak_types=False)
@@ -174,7 +185,11 @@ def _error(a, b):
 
 
 def test_a_step_that_differs_from_the_packed_running_metrics_gets_the_unpacked_error():
-    running = {"n": mm.Sum(jnp.float32(1.0)), "top": mm.Max(jnp.float32(1.0)), "v": mm.Sum(jnp.ones(3))}
+    running = {
+        "n": mm.Sum(jnp.float32(1.0)),
+        "top": mm.Max(jnp.float32(1.0)),
+        "v": mm.Sum(jnp.ones(3)),
+    }
     packed = PackedMetrics.pack(running)
     extra_key = {**running, "new": mm.Sum(jnp.float32(2.0))}
     other_type = {**running, "top": mm.Min(jnp.float32(1.0))}
@@ -192,19 +207,28 @@ def test_a_step_that_differs_from_the_packed_running_metrics_gets_the_unpacked_e
 
 
 def test_pack_names_every_bad_value():
-    with pytest.raises(TypeError, match=r"(?s)\['loss'\]: expected a str key and a clu.metrics.Metric.*\[3\]"):
+    with pytest.raises(
+        TypeError, match=r"(?s)\['loss'\]: expected a str key and a clu.metrics.Metric.*\[3\]"
+    ):
         PackedMetrics.pack({"loss": jnp.ones(()), 3: mm.Sum(1.0)})
     with pytest.raises(TypeError, match="expected a dict of name -> clu Metric, got list"):
         PackedMetrics.pack([mm.Sum(1.0)])
 
 
 def test_unpack_host_checks_the_buffers():
-    packed = PackedMetrics.pack({"n": mm.Sum(jnp.float32(1.0)), "steps": mm.Step(steps=jnp.int32(2))})
+    packed = PackedMetrics.pack(
+        {"n": mm.Sum(jnp.float32(1.0)), "steps": mm.Step(steps=jnp.int32(2))}
+    )
     good = [np.asarray(b) for b in packed.buffers]
     assert [b.dtype.name for b in good] == ["float32", "int32"]
-    with pytest.raises(TypeError, match=r"(?s)2 problems:.*buffer 0: expected dtype float32, got float64.*buffer 1: expected shape \(1,\), got \(2,\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"(?s)2 problems:.*buffer 0: expected dtype float32, got float64.*buffer 1: expected shape \(1,\), got \(2,\)",
+    ):
         packed.unpack_host([good[0].astype(np.float64), np.zeros(2, np.int32)])
-    with pytest.raises(ValueError, match=r"expected 2 buffers \(dtypes \['float32', 'int32'\]\), got 1"):
+    with pytest.raises(
+        ValueError, match=r"expected 2 buffers \(dtypes \['float32', 'int32'\]\), got 1"
+    ):
         packed.unpack_host(good[:1])
     with pytest.raises(TypeError, match="expected a sequence of numpy arrays"):
         packed.unpack_host(good[0])
@@ -219,15 +243,23 @@ def test_pytree_round_trip_and_device_get():
     assert again.keys() == packed.keys() and again.buffers == packed.buffers
     fetched = jax.device_get(packed)  # numpy buffers, same layout
     assert isinstance(fetched, PackedMetrics) and isinstance(fetched.buffers[0], np.ndarray)
-    assert_same_metrics(fetched.unpack_host(fetched.buffers), packed.unpack_host(jax.device_get(packed.buffers)))
+    assert_same_metrics(
+        fetched.unpack_host(fetched.buffers), packed.unpack_host(jax.device_get(packed.buffers))
+    )
 
 
 def test_packing_leaves_sharded_over_an_explicit_mesh():
-    mesh = jax.make_mesh((8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:8])
+    mesh = jax.make_mesh(
+        (8,), ("data",), axis_types=(jax.sharding.AxisType.Explicit,), devices=jax.devices()[:8]
+    )
     values = jnp.arange(16.0)
     with jax.set_mesh(mesh):
-        sharded = jax.device_put(values, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")))
-        packed = jax.jit(lambda v: PackedMetrics.pack({"v": mm.Sum(v), "n": mm.Sum(v.sum())}))(sharded)
+        sharded = jax.device_put(
+            values, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+        )
+        packed = jax.jit(lambda v: PackedMetrics.pack({"v": mm.Sum(v), "n": mm.Sum(v.sum())}))(
+            sharded
+        )
         unpacked = packed.unpack()
     np.testing.assert_array_equal(unpacked["v"].total, values)
     assert float(unpacked["n"].total) == float(values.sum())

@@ -275,6 +275,7 @@ def _has_nvidia_gpu() -> bool:
 @pytest.mark.skipif(not _has_nvidia_gpu(), reason="needs an NVIDIA GPU visible to JAX")
 def test_real_gpu_keys():
     import pynvml  # noqa: F401  (nvidia-ml-py is a declared test dependency)
+
     with mm.SystemMonitor(None, devices=jax.devices("gpu")) as monitor:
         values = monitor.window_values()
     assert 0 <= values["system/gpu0/utilization_percent"] <= 100
