@@ -5,14 +5,7 @@ Device side (inside jit): metric types, merging, losses and base metrics; NNX-st
 `writers` from one background worker, system metrics (`SystemMonitor`) and FLOPs/MFU.
 """
 
-from metrics_manager.classification import (
-    AUROC,
-    FBeta,
-    Perplexity,
-    Precision,
-    Recall,
-    TopKAccuracy,
-)
+from metrics_manager.classification import AUROC, FBeta, Perplexity, Precision, Recall, TopKAccuracy
 from metrics_manager.flops import peak_flops_per_device, perf_values, step_flops
 from metrics_manager.losses import (
     LOSS_NORMALIZING_FACTOR_KEY,

@@ -1,19 +1,16 @@
 """FLOPs per train step from XLA's cost analysis, and the throughput and MFU they give.
 
-Host-side module; the step's FLOPs are read once, when the step is compiled:
-
-  flops = step_flops(train_step, state, batch)          # global FLOPs of one call
+  flops = step_flops(train_step, state, batch)  # host side, once: global FLOPs of one call
   values = perf_values(flops, num_steps, duration_s, num_devices=jax.device_count())
-  # perf/flops_per_step, perf/tflops_per_second[_per_device], perf/mfu (if the peak is known)
 
-`Compiled.cost_analysis()` counts the per-device SPMD program, so `step_flops` multiplies by
-its device count: hardware FLOPs, replicated work counted once per device. XLA counts a loop
-(`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
+`step_flops` multiplies the per-device SPMD program's count by its devices (replicated work
+counts once per device). XLA counts a loop (`lax.scan`, microbatching) as one trip of its
+body; pass hand-counted FLOPs for those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -76,7 +73,6 @@ def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any
 
 
 def _num_program_devices(compiled: Any) -> int:
-    """Devices the compiled SPMD program runs on, from its input and output shardings."""
     shardings = jax.tree.leaves(
         [compiled.input_shardings, compiled.output_shardings],
         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
@@ -91,15 +87,12 @@ def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
     Call it once, next to the first step: `jax.jit` caches the compilation.
 
     Args:
-      fn_or_compiled: a function (jitted here), a jitted function, a `jax.stages.Lowered` or
-        a `jax.stages.Compiled`.
-      *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a
-        Lowered or Compiled.
+      fn_or_compiled: a function (jitted here unless it is), a `jax.stages.Lowered` or `Compiled`.
+      *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a Lowered/Compiled.
       **kwargs: the step's keyword arguments.
 
     Raises:
-      TypeError: `fn_or_compiled` is none of the above, or arguments came with a
-        Lowered/Compiled object.
+      TypeError: `fn_or_compiled` is none of the above, or arguments came with a Lowered/Compiled.
       ValueError: the backend's cost analysis has no "flops" entry.
 
     Example:
@@ -206,5 +199,4 @@ def perf_values(
     return values
 
 
-# perf_values' argument `peak_flops_per_device` shadows the function of that name.
-_lookup_peak: Callable[..., float | None] = peak_flops_per_device
+_lookup_peak = peak_flops_per_device  # perf_values' argument of that name shadows it

@@ -69,10 +69,8 @@ def write_gin_config(
     Call it once everything gin configures is built: the operative config lists what was called.
 
     Args:
-      model_dir: The experiment's directory (created if missing) or an fsspec URL; only
-        process 0 writes to it.
-      manager: Where the text summary goes, usually the train `MetricsManager`; None: the
-        file only.
+      model_dir: The experiment's directory (created if missing) or an fsspec URL (process 0).
+      manager: Where the text summary goes, usually the train `MetricsManager`; None: no summary.
       step: The text summary's step (T5X: the start step).
       config_str: The text to write; default `gin.operative_config_str()`.
 

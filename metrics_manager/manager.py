@@ -7,12 +7,10 @@
       state, running = train_step(state, running, batch)   # merge_metrics inside the step
     manager.write_metrics_summary(running, start + num_steps, num_steps)
 
-The caller's thread checks every argument once (a bad input raises at the call) and queues a
-job; one ordered worker (`writers._worker.OrderedWorker`) times the window, copies the metrics
-to the host in one transfer, computes the values and hands them to each writer, each isolated
-from the others. What each fault costs is in the README's "Failure modes".
-
-Host-side module: never import it from code traced by jit.
+The caller's thread checks every argument (a bad input raises at the call) and queues a job;
+one ordered worker times the window, copies the metrics to the host in one transfer and hands
+the values to each writer, isolated from the others (README: "Failure modes"). Host-side
+module: never import it from code traced by jit.
 """
 
 from __future__ import annotations
@@ -94,29 +92,24 @@ class MetricsManager:
     Args:
       name: the run's name, e.g. "train" or "eval/glue"; summaries go to `<summary_dir>/<name>`.
       summary_dir: root of the experiment's summaries, or None to write no files.
-      writer_factory: `writer_factory(logdir)` returns the writer(s), on process 0 only; each
-        writer of a `writers.MultiWriter` is isolated. Default `writers.create_default_writer`.
-      clock: returns seconds; times the windows (default `time.perf_counter`).
+      writer_factory: a `WriterFactory`, called on process 0 only; default
+        `writers.create_default_writer`. Each writer of a `writers.MultiWriter` is isolated.
+      clock: returns seconds; times the windows.
       max_pending: most jobs waiting behind the running one; then a call blocks (no drops).
       on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
         fails and the next call raises `MetricsManagerError`).
-      writer_deadline_s: a writer call running longer is abandoned and its writer
-        quarantined; None waits forever.
+      writer_deadline_s: a writer call running longer is abandoned, its writer quarantined.
       max_writer_failures: a writer failing this many calls in a row is quarantined.
-      resume_step: the step a restored checkpoint resumes from; writers drop what an earlier
-        run wrote after it (TensorBoard `purge_step`, JSONL rewrite).
-      nonfinite: a NaN or infinite scalar is "ignore"d, "warn"ed (once per key) or "stop"s
-        the run (the next call raises `MetricsManagerError`).
+      resume_step: a restored checkpoint's step; writers drop what was written after it.
+      nonfinite: NaN/inf scalars are "ignore"d, "warn"ed (once per key) or "stop" the run.
       system_metrics: also write `system/*` (CPU, memory, devices), every `system_interval_s`.
       system_interval_s: least time between two `system/*` samples.
-      flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
-        `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
+      flops_per_step: one step's FLOPs over all devices (`step_flops`); adds `perf/*` and MFU.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
       handle_signals: flush on SIGTERM/SIGINT, then run the previous handler (main thread).
 
     Raises:
-      TypeError, ValueError: every bad argument, listed in one message; a summary dir already
-        written by another open manager.
+      TypeError, ValueError: every bad argument, in one message; a summary dir already in use.
 
     Example:
       >>> import jax.numpy as jnp
@@ -182,7 +175,6 @@ class MetricsManager:
             if number is not None:
                 problems.positive(arg, number)
         problems.raise_if_any()
-
         self.name = name
         self.summary_dir = (
             None if summary_dir is None else os.path.join(os.fspath(summary_dir), name)
@@ -231,8 +223,6 @@ class MetricsManager:
         if handle_signals:
             _install_signal_handlers()
 
-    # ------------------------------------------------------------------ state
-
     @property
     def writes(self) -> bool:
         """Whether this process writes (only `jax.process_index() == 0` does)."""
@@ -269,13 +259,10 @@ class MetricsManager:
             },
         }
 
-    # ------------------------------------------------------------------ calls
-
     def start_duration_timer(self, block_on: Any = ()) -> None:
         """Opens a summary window that starts when `block_on` (the train state) is ready.
 
-        Returns at once; the worker waits. A state already ready (or donated) when the worker
-        looks starts the window at this call.
+        Returns at once. A state already ready (or donated) when the worker looks starts it now.
         """
         self._check_usable("start_duration_timer")
         called = self._clock()
@@ -292,8 +279,7 @@ class MetricsManager:
         """Summarizes and writes `metrics` in the background; returns a future at once.
 
         Args:
-          metrics: name -> CLU metric (merged over the window on the device), a
-            `PackedMetrics`, or NNX metrics (`nnx.MultiMetric` or its `compute()` dict).
+          metrics: name -> CLU metric (merged on the device), a `PackedMetrics`, or NNX metrics.
           step: the step to write at (0 <= step < 2**63).
           num_steps: train steps in the window (>= 1).
 
@@ -368,8 +354,7 @@ class MetricsManager:
     def close(self) -> None:
         """Finishes queued work, closes every writer and stops the worker; idempotent.
 
-        Returns within about `writer_deadline_s` + 5 s even when a writer hangs (that writer
-        is named in the log and in `errors`).
+        Returns within about `writer_deadline_s` + 5 s even when a writer hangs (see `errors`).
 
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.
@@ -415,8 +400,6 @@ class MetricsManager:
         state = "closed" if self._closed else ("failed" if self._fatal else "open")
         return f"MetricsManager(name={self.name!r}, summary_dir={self.summary_dir!r}, {state})"
 
-    # ------------------------------------------------------------- internals
-
     def _build_writers(self, factory: WriterFactory, resume_step: int | None) -> None:
         try:
             parameters = inspect.signature(factory).parameters
@@ -453,7 +436,6 @@ class MetricsManager:
         )
 
     def _claim_dir(self) -> None:
-        """Refuses a second open manager of this process on the same directory."""
         if self.summary_dir is None:
             return
         path = self.summary_dir if "://" in self.summary_dir else os.path.realpath(self.summary_dir)
@@ -500,7 +482,6 @@ class MetricsManager:
             )
 
     def _record(self, failure: Failure, *, fatal: bool | None = None) -> None:
-        """Logs and keeps `failure`; `fatal` (default: under on_error="raise") raises it next."""
         if fatal is None:
             fatal = self.on_error == "raise"
         with self._lock:
@@ -513,10 +494,7 @@ class MetricsManager:
     def _fan_out(
         self, step: int | None, calls: list[Any] | None, *, closing: bool = False
     ) -> list[Any]:
-        """One piece per writer; each catches its own errors, so one writer never stops another.
-
-        `calls` None: the summary's calls, which its first piece leaves in `job.state`.
-        """
+        """One isolated piece per writer; `calls` None: those the summary left in `job.state`."""
         pieces = []
         for writer_name, state in self._writers.items():
 
@@ -575,7 +553,6 @@ class MetricsManager:
             ) from failure.error
 
     def _host_write(self, method: str, arg: str, step: Any, values: Any) -> None:
-        """Checks a write of host values now, then queues it for every writer."""
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
         step = None if arg == "hparams" else problems.step("step", step)
@@ -596,10 +573,6 @@ class MetricsManager:
             self._worker.post(self._fan_out(step, [(f"write_{arg}", {arg: checked})]))
 
     def _to_all(self, method: str, timeout: float | None) -> None:
-        """Calls `method` ("flush" or "close") of every writer after the queued work; waits.
-
-        Hung writers are abandoned meanwhile (the worker's waiters do that).
-        """
         future = self._worker.submit(self._fan_out(None, [(method, {})], closing=method == "close"))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not future.done():
@@ -615,7 +588,6 @@ class MetricsManager:
         num_steps: int,
         duration: float | None,
     ) -> dict[str, clu.values.Value]:
-        """Worker side: host copy, durations and steps, compute_value() per metric."""
         near_limit: list[str] = []
         host = _to_host(metrics, near_limit)
         if set(near_limit) - self._int32_warned:
@@ -639,28 +611,24 @@ class MetricsManager:
         def failed(key: str, err: Exception) -> None:
             self._record(Failure(f"metric:{key}", step, (key,), err))
 
-        summary: dict[str, Any] = dict(ready)
-        summary.update(metrics_lib.host_values(host, duration, num_steps, failed))
+        summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}
         if self._flops is not None and duration is not None:
-            summary.update(
-                perf_values(
-                    self._flops,
-                    num_steps,
-                    duration,
-                    num_devices=jax.device_count(),
-                    peak_flops_per_device=self._peak,
-                )
+            summary |= perf_values(
+                self._flops,
+                num_steps,
+                duration,
+                num_devices=jax.device_count(),
+                peak_flops_per_device=self._peak,
             )
         if (
             self._monitor is not None
             and time.monotonic() - self._system_last >= self._system_interval
         ):
             self._system_last = time.monotonic()
-            summary.update(self._monitor.window_values())
+            summary |= self._monitor.window_values()
         return summary
 
     def _writer_calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
-        """The summary's writer calls, checked once here for every writer; then `nonfinite`."""
         calls = writers.group_values(summary)
         bad: list[str] = []
         for method, kwargs in calls:
@@ -685,18 +653,9 @@ class MetricsManager:
             )
         return calls
 
-    def _flush_for_signal(self, timeout: float) -> None:
-        """Drains the queue and flushes every writer (called from a signal handler)."""
-        if self._closed:
-            return
-        try:
-            self._to_all("flush", timeout)
-        except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
-            _LOG.error("MetricsManager %r: flush on signal failed: %s", self.name, err)
-
 
 class _Problems(Problems):
-    """The project's one error collector, with the checks of the manager's public calls."""
+    """`Problems` with the checks of the manager's public calls."""
 
     def integer(self, what: str, value: Any, *, minimum: int) -> int:
         if isinstance(value, np.integer) or (
@@ -763,7 +722,7 @@ class _Problems(Problems):
 
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metrics to merge on the host, values ready to write) from a dict or NNX metrics."""
+    """(metrics to compute on the host, values ready to write) from a dict or NNX metrics."""
     if not isinstance(obj, Mapping) and type(obj).__name__ != "MultiMetric":
         problems.add(
             TypeError,
@@ -786,8 +745,8 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
 def _ready_time(tree: Any, called: float, clock: timer.Clock) -> float:
     """When `tree` became ready: `called` if it already is (or was donated), else `clock()`.
 
-    A leaf ready when the worker first looks may have become ready any time before; the call's
-    own clock reading is then the best bound, so a busy worker never shifts the window.
+    A tree already ready may have become ready any time before: the call's time is the best
+    bound, so a busy worker never shifts the window.
     """
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     if all(x.is_deleted() or x.is_ready() for x in leaves):  # type: ignore[attr-defined]
@@ -803,10 +762,7 @@ _INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
 def _to_host(
     metrics: Mapping[str, Any] | PackedMetrics, near_limit: list[str] | None = None
 ) -> dict[str, Any]:
-    """The metrics with NumPy leaves: one packing step on the device, one transfer.
-
-    Keys with an int32 accumulator past half of int32's range are added to `near_limit`.
-    """
+    """NumPy copies, in one transfer; keys with an int32 leaf past 2**30 go to `near_limit`."""
     if not metrics:
         return {}
     packed = metrics if isinstance(metrics, PackedMetrics) else _pack(metrics)
@@ -845,7 +801,6 @@ def _has_time(metric: Any) -> bool:
 
 
 def _install_signal_handlers() -> None:
-    """Flush every open manager on SIGTERM/SIGINT, then run the handler that was there."""
     if threading.current_thread() is not threading.main_thread():
         return
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -856,7 +811,12 @@ def _install_signal_handlers() -> None:
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     for manager in list(_OPEN):
-        manager._flush_for_signal(timeout=25.0)
+        if manager._closed:
+            continue
+        try:
+            manager._to_all("flush", 25.0)
+        except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
+            _LOG.error("MetricsManager %r: flush on signal failed: %s", manager.name, err)
     previous = _PREVIOUS_HANDLERS.get(signum)
     if callable(previous):
         previous(signum, frame)

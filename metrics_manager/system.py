@@ -4,21 +4,17 @@ Host-side module. A `SystemMonitor` samples every sensor the host has (in a daem
 when asked); the summary worker asks for each window's mean and max:
 
   monitor = SystemMonitor(interval_s=1.0)
-  values = monitor.window_values()  # {"system/process_cpu_percent": 87.5,
-                                    #  "system/process_cpu_percent/max": 101.0, ...}
+  values = monitor.window_values()  # {"system/process_cpu_percent": 87.5, ".../max": 101.0}
   monitor.close()
 
-Keys (each also as `<key>/max`):
+Keys, each also as `<key>/max` (a sensor the host lacks gives none; one failing later is
+dropped, logged at debug level):
 
-  system/process_cpu_percent        this process, 100 = one core busy
-  system/host_cpu_percent           whole host, 0..100
+  system/process_cpu_percent (100 = one core busy), system/host_cpu_percent (0..100)
   system/process_rss_mib, system/host_memory_{used,available}_mib, system/host_memory_percent
   system/cpu_temperature_c          hottest CPU sensor
-  system/device{id}/{memory_in_use,peak_memory_in_use}_mib   per JAX device (`memory_stats()`)
-  system/gpu{i}/{utilization_percent,temperature_c,power_w}  NVML (`nvidia-ml-py`)
-
-A sensor the host lacks gives no key and no error; one that fails later is logged at debug
-level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`), `{id}` `Device.id`.
+  system/device{Device.id}/{memory_in_use,peak_memory_in_use}_mib   (`memory_stats()`)
+  system/gpu{i}/{utilization_percent,temperature_c,power_w}  NVML index i (`nvidia-ml-py`)
 """
 
 from __future__ import annotations
@@ -114,7 +110,7 @@ def _device_memory(device: Any) -> dict[str, float]:
 
 
 def _nvml_sensors() -> tuple[list[_Sensor], Any]:
-    """Per-GPU sensors from NVML, and the `pynvml` module to shut down (None: no NVML)."""
+    """Per-GPU sensors, and the `pynvml` module to shut down (None: no NVML)."""
     try:
         import pynvml  # noqa: PLC0415  (optional extra `[gpu]`: nvidia-ml-py)
 
@@ -168,7 +164,6 @@ def _default_sensors(devices: Iterable[Any] | None) -> tuple[list[_Sensor], Any]
 
 
 def _present(sensor: _Sensor) -> bool:
-    """Whether a first reading works and gives anything; absent sensors are dropped silently."""
     try:
         return bool(sensor.read())
     except Exception:  # noqa: BLE001  (an absent sensor is not an error)
@@ -268,10 +263,7 @@ class SystemMonitor:
         return values
 
     def close(self, timeout_s: float = 5.0) -> None:
-        """Stops the thread (waiting at most `timeout_s`) and NVML. Idempotent.
-
-        NVML is not shut down under a sample still running after `timeout_s` (a hung driver).
-        """
+        """Stops the thread (waiting up to `timeout_s`), and NVML if no sample hangs. Idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)

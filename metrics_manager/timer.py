@@ -1,11 +1,8 @@
 """`block_until_ready_or_deleted`: waits for device values; donated buffers count as ready.
 
-`MetricsManager`'s worker times each summary window with it (the window starts when the train
-state is ready and ends when the metrics are), so the training loop never waits. A buffer
-donated to a later computation (`x.is_deleted()`) counts as ready: the step that consumed it
-was dispatched after it was computed. Checked per leaf, never by matching error strings.
-
-Host-side module: never import it from code traced by jit.
+`MetricsManager`'s worker times each summary window with it, so the training loop never waits.
+A buffer donated to a later computation (`x.is_deleted()`) was computed before the step that
+consumed it was dispatched. Host-side module: never import it from code traced by jit.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ def block_until_ready_or_deleted(tree: Any) -> None:
     Other leaves (NumPy arrays, Python numbers, None) are ready by definition.
 
     Raises:
-      Exception: what `block_until_ready` raises for a leaf still alive afterwards (e.g. the
-        computation producing it failed).
+      Exception: what `block_until_ready` raises for a leaf not deleted (its computation failed).
 
     Example:
       >>> import jax.numpy as jnp
