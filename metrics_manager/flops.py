@@ -72,15 +72,6 @@ def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any
     return jitted.lower(*args, **kwargs).compile()
 
 
-def _num_program_devices(compiled: Any) -> int:
-    shardings = jax.tree.leaves(
-        [compiled.input_shardings, compiled.output_shardings],
-        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
-    )
-    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
-    return max(len(devices), 1)
-
-
 def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
     """FLOPs of one call of a jitted step, summed over its devices, as XLA estimates them.
 
@@ -113,7 +104,12 @@ def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
             "does not estimate FLOPs: count the step's FLOPs by hand and pass them to "
             "perf_values."
         )
-    return float(flops) * _num_program_devices(compiled)
+    shardings = jax.tree.leaves(  # the devices the SPMD program runs on
+        [compiled.input_shardings, compiled.output_shardings],
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
+    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
+    return float(flops) * max(len(devices), 1)
 
 
 def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float | None:

@@ -143,23 +143,21 @@ class MetricsManager:
     ) -> None:
         problems = _Problems("MetricsManager")
         if not isinstance(name, str):
-            problems.add(TypeError, f"name must be a str such as 'train', got {name!r}")
+            problems.type_problem(f"name must be a str such as 'train', got {name!r}")
         elif not name.strip("/ "):
-            problems.add(
-                ValueError,
-                f"name must be a non-empty run name such as 'train' or 'eval/<task>', got {name!r}",
+            problems.value_problem(
+                f"name must be a non-empty run name such as 'train' or 'eval/<task>', got {name!r}"
             )
         elif os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
-            problems.add(
-                ValueError,
+            problems.value_problem(
                 f"name {name!r} would write outside summary_dir; use a relative name such as "
-                "'eval/my_task'",
+                "'eval/my_task'"
             )
         if summary_dir is not None and not isinstance(summary_dir, str | os.PathLike):
-            problems.add(TypeError, f"summary_dir must be a path or None, got {summary_dir!r}")
+            problems.type_problem(f"summary_dir must be a path or None, got {summary_dir!r}")
         for arg, value in (("writer_factory", writer_factory), ("clock", clock)):
             if value is not None and not callable(value):
-                problems.add(TypeError, f"{arg} must be callable, got {value!r}")
+                problems.type_problem(f"{arg} must be callable, got {value!r}")
         problems.integer("max_pending", max_pending, minimum=1)
         problems.integer("max_writer_failures", max_writer_failures, minimum=1)
         if resume_step is not None:
@@ -172,8 +170,15 @@ class MetricsManager:
             ("peak_flops_per_device", peak_flops_per_device),
             ("system_interval_s", system_interval_s),
         ):
-            if number is not None:
-                problems.positive(arg, number)
+            if number is None:
+                continue
+            if isinstance(number, bool) or not isinstance(number, numbers.Real):
+                problems.type_problem(
+                    f"{arg} must be a number of seconds or units, got {number!r} "
+                    f"({type(number).__name__}); in gin write 30.0, not '30'"
+                )
+            elif not float(number) > 0:
+                problems.value_problem(f"{arg} must be > 0, got {number}")
         problems.raise_if_any()
         self.name = name
         self.summary_dir = (
@@ -508,12 +513,9 @@ class MetricsManager:
                         else:
                             getattr(state.writer, method)(step=step, **kwargs)
                     except Exception as err:  # noqa: BLE001  (isolated: recorded, not raised)
-                        keys = next(
-                            (tuple(v) for v in kwargs.values() if isinstance(v, Mapping)), ()
-                        )
-                        self._writer_failed(
-                            name, state, Failure(f"writer:{name}", step, keys, err), job
-                        )
+                        keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
+                        failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)
+                        self._writer_failed(name, state, failure, job)
                         return
                 state.in_a_row = 0
 
@@ -556,16 +558,20 @@ class MetricsManager:
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
         step = None if arg == "hparams" else problems.step("step", step)
-        values = problems.mapping(arg, values)
+        if not isinstance(values, Mapping):
+            problems.type_problem(
+                f"{arg} must be a mapping from names to values, got "
+                f"{type(values).__name__} (wrap it: {{'loss': value}})"
+            )
+        values = dict(values) if isinstance(values, Mapping) else {}
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
         if arg == "scalars":
             values = _checks.collect_numbers(values, problems)
         elif arg == "texts":
             bad = [f"{k!r}: {type(v).__name__}" for k, v in values.items() if type(v) is not str]
             if bad:
-                problems.add(
-                    TypeError,
-                    f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars",
+                problems.type_problem(
+                    f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars"
                 )
         problems.raise_if_any()
         if self._writers:
@@ -669,65 +675,43 @@ class _Problems(Problems):
                 if isinstance(value, jax.Array)
                 else ""
             )
-            self.add(
-                TypeError, f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
+            self.type_problem(
+                f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
             )
             return 0
         if int(value) < minimum:
-            self.add(ValueError, f"{what} must be >= {minimum}, got {value}")
+            self.value_problem(f"{what} must be >= {minimum}, got {value}")
         return int(value)
 
     def step(self, what: str, value: Any) -> int:
         step = self.integer(what, value, minimum=0)
         if step >= _checks.MAX_STEP:
-            self.add(
-                ValueError, f"{what} must be below 2**63 (steps are stored as int64), got {step}"
+            self.value_problem(
+                f"{what} must be below 2**63 (steps are stored as int64), got {step}"
             )
         return step
 
-    def positive(self, what: str, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            self.add(
-                TypeError,
-                f"{what} must be a number of seconds or units, got {value!r} "
-                f"({type(value).__name__}); in gin write 30.0, not '30'",
-            )
-        elif not float(value) > 0:
-            self.add(ValueError, f"{what} must be > 0, got {value}")
-
     def choice(self, what: str, value: Any, options: tuple[str, ...]) -> None:
         if value not in options:
-            self.add(ValueError, f"{what} must be one of {list(options)}, got {value!r}")
-
-    def mapping(self, what: str, values: Any) -> dict[str, Any]:
-        if not isinstance(values, Mapping):
-            self.add(
-                TypeError,
-                f"{what} must be a mapping from names to values, got "
-                f"{type(values).__name__} (wrap it: {{'loss': value}})",
-            )
-            return {}
-        return dict(values)
+            self.value_problem(f"{what} must be one of {list(options)}, got {value!r}")
 
     def keys(self, keys: Any, reserved: frozenset[str]) -> None:
         if bad := [k for k in keys if not isinstance(k, str) or not k.strip()]:
             listed = ", ".join(repr(k) for k in bad)
-            self.add(TypeError, f"every key must be a non-empty str such as 'loss', got {listed}")
+            self.type_problem(f"every key must be a non-empty str such as 'loss', got {listed}")
         if clash := sorted(k for k in keys if k in reserved):
-            self.add(
-                ValueError,
+            self.value_problem(
                 f"keys {clash} are reserved by a writer (JSONL stores step, time and collection "
-                f"in every line); rename them, e.g. 'train/{clash[0]}'",
+                f"in every line); rename them, e.g. 'train/{clash[0]}'"
             )
 
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metrics to compute on the host, values ready to write) from a dict or NNX metrics."""
     if not isinstance(obj, Mapping) and type(obj).__name__ != "MultiMetric":
-        problems.add(
-            TypeError,
+        problems.type_problem(
             f"metrics must be a mapping from names to CLU metrics, a "
-            f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}",
+            f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}"
         )
         return {}, {}
     if not isinstance(obj, Mapping) or any(not metrics_lib.is_metric_obj(v) for v in obj.values()):

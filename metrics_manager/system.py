@@ -78,19 +78,14 @@ class _CpuPercent:
         return values
 
 
-def _memory() -> Callable[[], dict[str, float]]:
-    process = psutil.Process()
-
-    def read() -> dict[str, float]:
-        host = psutil.virtual_memory()
-        return {
-            "system/process_rss_mib": process.memory_info().rss / _MIB,
-            "system/host_memory_used_mib": host.used / _MIB,
-            "system/host_memory_available_mib": host.available / _MIB,
-            "system/host_memory_percent": float(host.percent),
-        }
-
-    return read
+def _memory(process: psutil.Process) -> dict[str, float]:
+    host = psutil.virtual_memory()
+    return {
+        "system/process_rss_mib": process.memory_info().rss / _MIB,
+        "system/host_memory_used_mib": host.used / _MIB,
+        "system/host_memory_available_mib": host.available / _MIB,
+        "system/host_memory_percent": float(host.percent),
+    }
 
 
 def _cpu_temperature() -> dict[str, float]:
@@ -160,7 +155,8 @@ def _default_sensors(devices: Iterable[Any] | None) -> tuple[list[_Sensor], Any]
         optional.append(_Sensor(f"memory_stats of {device}", read))
     nvml_sensors, nvml = _nvml_sensors()
     present = [sensor for sensor in optional + nvml_sensors if _present(sensor)]
-    return [_Sensor("cpu percent", _CpuPercent()), _Sensor("memory", _memory()), *present], nvml
+    memory = _Sensor("memory", functools.partial(_memory, psutil.Process()))
+    return [_Sensor("cpu percent", _CpuPercent()), memory, *present], nvml
 
 
 def _present(sensor: _Sensor) -> bool:
