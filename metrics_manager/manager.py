@@ -92,16 +92,15 @@ class MetricsManager:
     Args:
       name: the run's name, e.g. "train" or "eval/glue"; summaries go to `<summary_dir>/<name>`.
       summary_dir: root of the experiment's summaries, or None to write no files.
-      writer_factory: a `WriterFactory`, called on process 0 only; default
-        `writers.create_default_writer`. Each writer of a `writers.MultiWriter` is isolated.
+      writer_factory: a `WriterFactory` (process 0 only); default `writers.create_default_writer`.
       clock: returns seconds; times the windows.
       max_pending: most jobs waiting behind the running one; then a call blocks (no drops).
-      on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
-        fails and the next call raises `MetricsManagerError`).
-      writer_deadline_s: a writer call running longer is abandoned, its writer quarantined.
+      on_error: "warn" (log, count, go on) or "raise" (T5X: the future fails, the next call raises).
+      writer_deadline_s: a call running longer is abandoned and its writer quarantined; None: never.
       max_writer_failures: a writer failing this many calls in a row is quarantined.
       resume_step: a restored checkpoint's step; writers drop what was written after it.
-      nonfinite: NaN/inf scalars are "ignore"d, "warn"ed (once per key) or "stop" the run.
+      nonfinite: NaN/inf scalars are "ignore"d, "warn"ed (once per key) or "stop" the run: the
+        next call raises `MetricsManagerError`.
       system_metrics: also write `system/*` (CPU, memory, devices), every `system_interval_s`.
       system_interval_s: least time between two `system/*` samples.
       flops_per_step: one step's FLOPs over all devices (`step_flops`); adds `perf/*` and MFU.
@@ -486,13 +485,11 @@ class MetricsManager:
                 last,
             )
 
-    def _record(self, failure: Failure, *, fatal: bool | None = None) -> None:
-        if fatal is None:
-            fatal = self.on_error == "raise"
+    def _record(self, failure: Failure, *, fatal: bool = False) -> None:
         with self._lock:
             self._failures.append(failure)
             self._failure_count += 1
-            if fatal and self._fatal is None:
+            if (fatal or self.on_error == "raise") and self._fatal is None:
                 self._fatal = failure
         _LOG.error("MetricsManager %r: %s", self.name, failure)
 
