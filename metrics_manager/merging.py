@@ -26,6 +26,7 @@ Example:
     16.0
 """
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -301,16 +302,9 @@ def accumulate_grads_microbatched(
         return grads_and_metrics(batch, 0)
 
     microbatches = _split_batch(batch, num_microbatches)
-
-    def microbatch_at(index: Any) -> Any:
-        return jax.tree.map(lambda x: x[index], microbatches)
-
     # Microbatch 0 starts the carry (no zeros, no `empty()`): one loss and one merge compiled.
-    grads, metrics = grads_and_metrics(microbatch_at(0), 0)
-
-    def merge(running: Metrics, new: Metrics) -> dict[str, Any]:
-        return {key: _merge_pieces(metric, new[key]) for key, metric in running.items()}
-
+    grads, metrics = grads_and_metrics(jax.tree.map(lambda x: x[0], microbatches), 0)
+    merge = functools.partial(jax.tree.map, _merge_pieces, is_leaf=is_metric_obj)
     # A scan carry keeps its type. If a merge promotes a leaf (an int32 field averaged into
     # float32), start the carry with the merged dtype, as merging outside a scan would.
     merged_type = jax.eval_shape(merge, metrics, metrics)
@@ -318,7 +312,7 @@ def accumulate_grads_microbatched(
 
     def body(carry: tuple[Any, Any], index: jax.Array) -> tuple[tuple[Any, Any], None]:
         grad_sum, running = carry
-        grads, new = grads_and_metrics(microbatch_at(index), index)
+        grads, new = grads_and_metrics(jax.tree.map(lambda x: x[index], microbatches), index)
         new = validate_metrics(
             new,
             running,
