@@ -45,11 +45,6 @@ __all__ = ["accumulate_grads_microbatched", "merge_metrics", "validate_metrics"]
 
 Metrics = Mapping[str, Any]
 
-_FIX_NOT_METRIC = (
-    "wrap the value in a metric, e.g. metrics_manager.Sum.from_model_output(x), "
-    "clu.metrics.Average.from_model_output(x) or clu.metrics.LastValue(value=x)"
-)
-
 
 def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
     """Checks that `metrics` maps str to metrics; returns whether it is a mapping."""
@@ -66,7 +61,9 @@ def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
         if not is_metric_obj(value):
             problems.type_problem(
                 f"{what}[{key!r}]: expected a clu.metrics.Metric (or Collection), got "
-                f"{_describe(value)}; {_FIX_NOT_METRIC}"
+                f"{_describe(value)}; wrap the value in a metric, e.g. "
+                "metrics_manager.Sum.from_model_output(x), "
+                "clu.metrics.Average.from_model_output(x) or clu.metrics.LastValue(value=x)"
             )
     return True
 
