@@ -1,15 +1,11 @@
 """Cross-entropy losses and T5X's base metrics, computed inside jit.
 
-Pure functions of arrays; the input checks look only at shapes and dtypes, so they run once, at
-trace time. A loss function calls `with_loss_normalization(batch, loss_normalizing_factor)` on
-the GLOBAL batch, before it is split into microbatches, then `compute_loss_and_metrics(logits,
-batch)` per microbatch; the other public functions are its parts.
-
-T5X computes the factor per microbatch inside the loss, so a step's loss is a sum of microbatch
-means (`num_microbatches` times too large). Here the global factor travels with the batch as a
-`[B]` vector under `"loss_normalizing_factor"`, so every split along axis 0 hands each
-microbatch the global factor: losses and metrics merge to their values on the global batch,
-whatever `num_microbatches`.
+Input checks look only at shapes and dtypes, so they run once, at trace time. A loss function
+calls `with_loss_normalization(batch, loss_normalizing_factor)` on the GLOBAL batch, before it is
+split into microbatches, then `compute_loss_and_metrics(logits, batch)` per microbatch. T5X
+computes the factor per microbatch, so a step's loss is `num_microbatches` times too large; here
+the global factor travels with the batch as a `[B]` vector, so losses and metrics merge to their
+values on the global batch whatever `num_microbatches`.
 
 Example:
     >>> import functools, jax, jax.numpy as jnp
@@ -83,8 +79,6 @@ def _is_number(x: Any, types: tuple[type, ...] = (int, float)) -> bool:
 
 
 class _Checks(_Problems):
-    """The shared error collector with the input checks of this module's public functions."""
-
     def array(
         self, name: str, x: Any, kind: Any, *, shape: Any = None, ndim: Any = None, fix: str = ""
     ) -> bool:
@@ -110,7 +104,6 @@ class _Checks(_Problems):
     def inputs(
         self, logits: Any, targets: Any, weights: Any, factor: Any, name: str = "weights"
     ) -> bool:
-        """Dtypes, `logits.shape == targets.shape + (V,)`, weights and factor; returns ok."""
         fix = "Pass the model's unnormalized scores."
         logits_ok = self.array("logits", logits, jnp.floating, fix=fix)
         targets_ok = self.array("targets", targets, jnp.integer, fix=_TARGETS_FIX)
@@ -122,17 +115,15 @@ class _Checks(_Problems):
                 f" + (V,); got logits of shape {tuple(logits.shape)}. Check that logits and "
                 "targets come from the same (micro)batch."
             )
-            return False
-        if targets.ndim < 1:
+        elif targets.ndim < 1:
             self.value_problem("`targets` must have a batch axis; got a 0-d array.")
-            return False
-        if targets_ok:
+        elif targets_ok:
             self.array(name, weights, None, shape=tuple(targets.shape))
             self.factor(factor, targets.shape[0])
-        return targets_ok
+            return True
+        return False
 
     def factor(self, factor: Any, batch_size: int | None) -> None:
-        """A resolved factor: None, a positive number, a scalar or a `[B]` array."""
         name = "`loss_normalizing_factor`"
         if isinstance(factor, (str, SpecialLossNormalizingFactor)):
             self.type_problem(
@@ -196,7 +187,6 @@ class _Checks(_Problems):
 
 
 def _batch_targets(batch: Any, call: str, why: str = "", fix: str = "") -> Any:
-    """`batch['decoder_target_tokens']`, or a ValueError naming what the batch holds."""
     if not isinstance(batch, Mapping) or _TARGETS_KEY not in batch:
         keys = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
         raise ValueError(f"{call} needs batch[{_TARGETS_KEY!r}]{why}; got {keys}.{fix}")
@@ -228,15 +218,14 @@ def _smoothing(label_smoothing: float, vocab_size: int) -> tuple[float, float, f
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _token_cross_entropy(
     logits: jax.Array, targets: jax.Array, z_loss: jax.Array, label_smoothing: float
-) -> tuple[jax.Array, jax.Array]:
+) -> TokenLosses:
     return _token_cross_entropy_fwd(logits, targets, z_loss, label_smoothing)[0]
 
 
 def _token_cross_entropy_fwd(
     logits: jax.Array, targets: jax.Array, z_loss: jax.Array, label_smoothing: float
-) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, ...]]:
-    vocab_size = logits.shape[-1]
-    confidence, low, constant = _smoothing(label_smoothing, vocab_size)
+) -> tuple[TokenLosses, tuple[jax.Array, ...]]:
+    confidence, low, constant = _smoothing(label_smoothing, logits.shape[-1])
     x = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(x, axis=-1)
     target_log_prob = jnp.take_along_axis(x, targets[..., None], axis=-1)[..., 0] - log_z
@@ -247,7 +236,7 @@ def _token_cross_entropy_fwd(
         cross_ent = cross_ent - low * jnp.sum(x - log_z[..., None], axis=-1)
     token_z_loss = z_loss * jnp.square(log_z)
     token_loss = cross_ent - constant + token_z_loss
-    return (token_loss, token_z_loss), (logits, targets, z_loss, log_z)
+    return TokenLosses(token_loss, token_z_loss), (logits, targets, z_loss, log_z)
 
 
 def _token_cross_entropy_bwd(
@@ -274,22 +263,20 @@ _token_cross_entropy.defvjp(_token_cross_entropy_fwd, _token_cross_entropy_bwd)
 def _token_losses(
     logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
 ) -> TokenLosses:
-    z = jnp.float32(z_loss)
-    return TokenLosses(*_token_cross_entropy(logits, targets, z, float(label_smoothing)))
+    return _token_cross_entropy(logits, targets, jnp.float32(z_loss), float(label_smoothing))
 
 
 def _weighted_sums(
     token_losses: TokenLosses, weights: jax.Array | None, factor: float | jax.Array | None
 ) -> tuple[jax.Array, jax.Array]:
-    """sum(weights * per-token loss / factor) for the loss and its z-loss part."""
+    loss, z_loss = token_losses
+    if weights is not None:
+        loss, z_loss = loss * weights.astype(jnp.float32), z_loss * weights.astype(jnp.float32)
     if factor is not None and jnp.ndim(factor) == 1:  # [B]: rank promotion is explicit
-        factor = jnp.reshape(factor, (-1,) + (1,) * (token_losses.loss.ndim - 1))
-
-    def total(x: jax.Array) -> jax.Array:
-        x = x if weights is None else x * weights.astype(jnp.float32)
-        return jnp.sum(x if factor is None else x / jnp.float32(factor))
-
-    return total(token_losses.loss), total(token_losses.z_loss)
+        factor = jnp.reshape(factor, (-1,) + (1,) * (loss.ndim - 1))
+    if factor is not None:
+        loss, z_loss = loss / jnp.float32(factor), z_loss / jnp.float32(factor)
+    return jnp.sum(loss), jnp.sum(z_loss)
 
 
 def compute_token_losses(
@@ -309,9 +296,6 @@ def compute_token_losses(
         targets: Token ids in `[0, V)` of shape `logits.shape[:-1]`.
         label_smoothing: In [0, 1); fixed at trace time.
         z_loss: Coefficient of `logsumexp(logits)**2`; a scalar array for a schedule.
-
-    Returns:
-        `TokenLosses(loss, z_loss)`.
 
     Raises:
         TypeError: non-integer targets or non-floating logits.
@@ -344,8 +328,7 @@ def compute_weighted_cross_entropy(
     Args:
         logits, targets, label_smoothing, z_loss: As for `compute_token_losses`.
         weights: Loss weights of the targets' shape; None weighs every token 1.
-        loss_normalizing_factor: None, a positive number, a scalar or a `[B]` array (row b
-            divided by entry b); resolve special factors first.
+        loss_normalizing_factor: None, a positive number, or a scalar or `[B]` array (per row).
 
     Returns:
         `(loss, z_loss, weight_sum)`, float32 scalars; the z-loss part has no gradient.
@@ -395,9 +378,6 @@ def convert_special_loss_normalizing_factor_to_enum(
     Args:
         x: A name such as `"num_real_target_tokens"`, or a member (returned as is).
 
-    Returns:
-        The member.
-
     Raises:
         TypeError: `x` is neither a string nor a member.
         ValueError: `x` names no member.
@@ -424,10 +404,7 @@ def convert_special_loss_normalizing_factor_to_enum(
 
 
 def _segmented_cumsum(values: jax.Array, starts: jax.Array, *, reverse: bool) -> jax.Array:
-    """Cumulative sum along axis 1 restarting where `starts` is true.
-
-    An associative scan stays local to each row: a batch sharded on axis 0 needs no gather.
-    """
+    """Cumulative sum along axis 1 restarting at `starts`; row-local: no gather when sharded."""
 
     def combine(a: tuple, b: tuple) -> tuple:
         a_start, a_sum = a
@@ -471,8 +448,7 @@ def get_loss_normalizing_factor_and_weights(
     any weight gives factor 1 (loss 0, not NaN).
 
     Args:
-        loss_normalizing_factor: None or a positive number or array (returned unchanged), a
-            `SpecialLossNormalizingFactor`, or a member's name in any case.
+        loss_normalizing_factor: A number, array or None (as is), or a special factor or its name.
         batch: The global batch.
 
     Returns:
@@ -496,7 +472,6 @@ def get_loss_normalizing_factor_and_weights(
         problems.factor(loss_normalizing_factor, None)
         problems.raise_if_any()
         return loss_normalizing_factor, weights
-
     special = convert_special_loss_normalizing_factor_to_enum(loss_normalizing_factor)
     if not isinstance(batch, Mapping):
         problems.type_problem(f"`batch` must be a mapping of arrays; got {type(batch).__name__}.")
@@ -518,7 +493,6 @@ def get_loss_normalizing_factor_and_weights(
             name, fix = f"batch[{_SEGMENT_IDS_KEY!r}]", "0 marks padding."
             problems.array(name, segment_ids, jnp.integer, shape=shape, ndim=2, fix=fix)
     problems.raise_if_any()
-
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     if special is SpecialLossNormalizingFactor.NUM_REAL_TARGET_TOKENS:
         total = jnp.sum(weights)
@@ -558,9 +532,7 @@ def with_loss_normalization(
     problems = _Checks("with_loss_normalization")
     problems.factor(factor, batch_size)
     problems.raise_if_any()
-    factor = jnp.float32(1.0 if factor is None else factor)
-    if factor.ndim == 0:
-        factor = jnp.broadcast_to(factor, (batch_size,))
+    factor = jnp.broadcast_to(jnp.float32(1.0 if factor is None else factor), (batch_size,))
     out = {**batch, LOSS_NORMALIZING_FACTOR_KEY: factor}
     if weights is not None:
         out[_WEIGHTS_KEY] = weights
@@ -568,13 +540,10 @@ def with_loss_normalization(
 
 
 def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
-    """Examples packed into `[B, L]` rows: segment changes + rows - rows ending in padding.
+    """Examples packed into `[B, L]` rows (int32): segment changes + rows - rows ending in padding.
 
     Args:
         segment_ids: `[B, L]` integer segment ids; 0 is padding, only at the end of a row.
-
-    Returns:
-        An int32 scalar.
 
     Raises:
         TypeError, ValueError: `segment_ids` is not an integer array, or not 2-D.
@@ -615,9 +584,8 @@ def compute_base_metrics(
 ) -> dict[str, clu_metrics.Metric]:
     """T5X's base metrics for one (micro)batch, right under every loss normalizing factor.
 
-    T5X's keys (listed in the README), all merging by addition, so microbatches merge to the
-    global batch's values. Unlike T5X, tokens and sequences count only `mask != 0`, and
-    per-token losses do not depend on the factor.
+    T5X's keys (listed in the README), all merging by addition. Unlike T5X, tokens and sequences
+    count only `mask != 0`, and per-token losses do not depend on the factor.
 
     Args:
         logits: `[B, ..., V]` floating-point scores.
@@ -629,11 +597,7 @@ def compute_base_metrics(
         token_losses: The per-token losses behind `loss`; without them the per-token sums
             are `loss * loss_normalizing_factor`, exact only for binary weights.
         loss_normalizing_factor: The scalar factor `loss` was divided by.
-        num_devices: For `*_per_core`; default: the current mesh's size, else the devices
-            holding `logits`, else `jax.device_count()`.
-
-    Returns:
-        A dict of metrics.
+        num_devices: For `*_per_core`; default: mesh size, else the devices of `logits`, else all.
 
     Raises:
         TypeError: wrong dtypes (for example float targets).
@@ -694,7 +658,6 @@ def _base_metrics(
     num_real = jnp.sum(real, dtype=jnp.float32)
     num_seqs = jnp.sum(jnp.any(real.reshape(targets.shape[0], -1), axis=-1), dtype=jnp.float32)
     num_correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & real, dtype=jnp.float32)
-
     loss = loss.astype(jnp.float32)
     if token_losses is not None:
         loss_sum = jnp.sum(jnp.where(real, token_losses.loss, 0.0))
@@ -703,7 +666,6 @@ def _base_metrics(
         scale = 1.0 if factor is None else jnp.float32(factor)
         loss_sum = loss * scale
         z_loss_sum = jnp.zeros(()) if z_loss is None else z_loss.astype(jnp.float32) * scale
-
     avg, per_step = clu_metrics.Average, metrics_lib.AveragePerStep.from_model_output
     rate = metrics_lib.TimeRate.from_model_output
     metrics: dict[str, clu_metrics.Metric] = {
@@ -721,7 +683,6 @@ def _base_metrics(
         # Padding is not a target token (T5X counted it).
         "timing/target_tokens_per_second": rate(numerator=num_real),
         "timing/target_tokens_per_second_per_core": rate(numerator=num_real / num_devices),
-        # What the hardware processed.
         "timing/all_target_tokens_per_second": rate(numerator=num_tokens),
         "non_padding_fraction/loss_weights": avg(total=num_real, count=num_tokens),
     }
@@ -798,7 +759,6 @@ def compute_loss_and_metrics(
     problems.loss_options(label_smoothing, z_loss, logits)
     problems.metric_options(segment_ids, num_devices)
     problems.raise_if_any()
-
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, factor)

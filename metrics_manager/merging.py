@@ -1,16 +1,11 @@
 """Merging dicts of metrics on the device: across train steps and across microbatches.
 
 The train step merges the loss function's `{name: metric}` into the running accumulator inside
-the compiled step, so nothing per metric happens on the host between summaries (T5X merged on
-the host after every step). Each summary window starts from `running=None` (the summary owns
-the old buffers), not from `empty()`, which cannot know the shape of an array-valued metric
-(metrax's `AUCROC`, a `Sum` of a vector); jit compiles that variant once. `pack=True` carries the accumulator as one buffer per dtype
-(`metrics_manager.packing`), saving the per-output cost of ~40 leaves per step.
-
-Keys, types and shapes are checked at trace time, every problem in one error.
-`accumulate_grads_microbatched` merges microbatches with CLU's `_reduce_merge` (the merge for
-parts of one batch: `LastValue` averages, a `Step` counts one step), starting from the first
-microbatch's metrics, so values do not depend on the number of microbatches.
+the compiled step, so nothing per metric runs on the host between summaries (T5X merged on the
+host every step). A window starts from `running=None`, not `empty()`, which cannot know the shape
+of an array-valued metric; `pack=True` carries it as one buffer per dtype (`PackedMetrics`).
+Keys, types and shapes are checked at trace time. Microbatches merge with CLU's `_reduce_merge`
+(the merge for parts of one batch), so values do not depend on the number of microbatches.
 
 Example:
     >>> import functools
@@ -31,6 +26,7 @@ Example:
     16.0
 """
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -49,11 +45,6 @@ __all__ = ["accumulate_grads_microbatched", "merge_metrics", "validate_metrics"]
 
 Metrics = Mapping[str, Any]
 
-_FIX_NOT_METRIC = (
-    "wrap the value in a metric, e.g. metrics_manager.Sum.from_model_output(x), "
-    "clu.metrics.Average.from_model_output(x) or clu.metrics.LastValue(value=x)"
-)
-
 
 def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
     """Checks that `metrics` maps str to metrics; returns whether it is a mapping."""
@@ -70,7 +61,9 @@ def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
         if not is_metric_obj(value):
             problems.type_problem(
                 f"{what}[{key!r}]: expected a clu.metrics.Metric (or Collection), got "
-                f"{_describe(value)}; {_FIX_NOT_METRIC}"
+                f"{_describe(value)}; wrap the value in a metric, e.g. "
+                "metrics_manager.Sum.from_model_output(x), "
+                "clu.metrics.Average.from_model_output(x) or clu.metrics.LastValue(value=x)"
             )
     return True
 
@@ -78,7 +71,6 @@ def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
 def _check_alike(
     expected: Metrics, got: Metrics, expected_what: str, got_what: str, problems: _Problems
 ) -> None:
-    """Checks that two metric dicts have the same keys, types, pytree structures and shapes."""
     missing = [k for k in expected if k not in got]
     extra = [k for k in got if k not in expected]
     if missing or extra:
@@ -91,7 +83,7 @@ def _check_alike(
     for key in (k for k in expected if k in got):
         a, b = expected[key], got[key]
         if not (is_metric_obj(a) and is_metric_obj(b)):
-            continue  # already reported by _check_dict
+            continue
         if type(a) is not type(b):
             problems.type_problem(
                 f"[{key!r}]: expected {type(a).__qualname__} (as in {expected_what}), got "
@@ -131,16 +123,14 @@ def validate_metrics(
 
     Args:
         metrics: a mapping of str -> clu `Metric` (or `Collection`).
-        reference: if given, the keys and, per key, the metric type, pytree structure and leaf
-            shapes `metrics` must have.
+        reference: the keys, metric types, pytree structures and shapes `metrics` must have.
         what, reference_what: how `metrics` and `reference` are named in error messages.
 
     Returns:
         `metrics` as a new dict.
 
     Raises:
-        TypeError: not a mapping, a non-str key, a non-metric value, or a metric type that
-            differs from `reference`.
+        TypeError: not a mapping, a non-str key, a non-metric value, or a type unlike `reference`.
         ValueError: keys, structures or shapes differ from `reference`.
 
     Example:
@@ -199,17 +189,13 @@ def merge_metrics(
 
 
 def _merge_pieces(a: Any, b: Any) -> Any:
-    """CLU's merge for parts of one batch, into `Collection`s too."""
     if isinstance(a, clu_metrics.Collection):
         return type(a)(**{name: _merge_pieces(m, getattr(b, name)) for name, m in vars(a).items()})
     return a._reduce_merge(b)
 
 
 def _split_batch(batch: Any, num_microbatches: int) -> Any:
-    """[B, ...] leaves -> [n, B / n, ...]; microbatch i holds rows i, i + n, i + 2n, ...
-
-    Strided, so a batch sharded on axis 0 feeds every device in every microbatch in place.
-    """
+    """[B, ...] -> [n, B / n, ...], strided: a batch sharded on axis 0 splits in place."""
     problems = _Problems()
     for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
         shape = np.shape(leaf)
@@ -258,16 +244,12 @@ def accumulate_grads_microbatched(
     Call it inside the jitted train step. Microbatch i holds rows `i, i + n, i + 2n, ...`.
 
     Args:
-        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)`, or with a third argument
-            `jax.random.fold_in(rng, i)` when `rng` is given. Return sums (not means over the
-            microbatch) for values that do not depend on `num_microbatches`.
+        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)` (sums, not means, so values do
+            not depend on n); its third argument is `jax.random.fold_in(rng, i)` if `rng` is given.
         params: the pytree to differentiate with respect to.
         batch: a pytree of arrays split along axis 0 (divisible by `num_microbatches`).
         num_microbatches: None or 1 calls `loss_fn` once on the whole batch.
         rng: optional PRNG key, folded with the microbatch index.
-
-    Returns:
-        `(grads, metrics)`: the gradient of the summed loss and the merged metrics.
 
     Raises:
         TypeError: `num_microbatches` is not an int, or the metrics are not clu Metrics.
@@ -317,16 +299,9 @@ def accumulate_grads_microbatched(
         return grads_and_metrics(batch, 0)
 
     microbatches = _split_batch(batch, num_microbatches)
-
-    def microbatch_at(index: Any) -> Any:
-        return jax.tree.map(lambda x: x[index], microbatches)
-
     # Microbatch 0 starts the carry (no zeros, no `empty()`): one loss and one merge compiled.
-    grads, metrics = grads_and_metrics(microbatch_at(0), 0)
-
-    def merge(running: Metrics, new: Metrics) -> dict[str, Any]:
-        return {key: _merge_pieces(metric, new[key]) for key, metric in running.items()}
-
+    grads, metrics = grads_and_metrics(jax.tree.map(lambda x: x[0], microbatches), 0)
+    merge = functools.partial(jax.tree.map, _merge_pieces, is_leaf=is_metric_obj)
     # A scan carry keeps its type. If a merge promotes a leaf (an int32 field averaged into
     # float32), start the carry with the merged dtype, as merging outside a scan would.
     merged_type = jax.eval_shape(merge, metrics, metrics)
@@ -334,7 +309,7 @@ def accumulate_grads_microbatched(
 
     def body(carry: tuple[Any, Any], index: jax.Array) -> tuple[tuple[Any, Any], None]:
         grad_sum, running = carry
-        grads, new = grads_and_metrics(microbatch_at(index), index)
+        grads, new = grads_and_metrics(jax.tree.map(lambda x: x[index], microbatches), index)
         new = validate_metrics(
             new,
             running,
@@ -349,6 +324,5 @@ def accumulate_grads_microbatched(
 
 
 def _astype_like(value: Any, like: Any) -> Any:
-    """`value` with the dtype of `like` (an array, scalar or shape struct), if it differs."""
     dtype = like.dtype if isinstance(like, jax.ShapeDtypeStruct) else jax.typeof(like).dtype
     return value if jax.typeof(value).dtype == dtype else jnp.asarray(value, dtype)
