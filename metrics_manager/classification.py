@@ -1,12 +1,11 @@
 """Classification metrics that merge inside the compiled step: top-k accuracy, precision,
 recall, F-beta, binned AUROC and perplexity.
 
-Their state is counts or sums, so `merge()` is addition: exact over steps, microbatches and
-devices. Settings (`k`, `average`, `beta`, `num_bins`) are static fields that must agree to
-merge. `empty()` holds zero counts of shape `()`: an identity of `merge()`, but not of a real
-metric's shape, so start a running merge from the first real one. Values match scikit-learn's
-(0/0 read as 0); `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have seen
-something (`AUROC`: both classes).
+State is counts or sums, so `merge()` is addition, exact over steps, microbatches and devices;
+settings (`k`, `average`, `beta`, `num_bins`) are static and must agree. `empty()` has shape
+`()`, so start a running merge from the first real metric. Values match scikit-learn's (0/0 is
+0); `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have seen data (`AUROC`: both
+classes).
 
 Synopsis:
 
@@ -61,7 +60,6 @@ def _merged_setting(a: Any, b: Any, name: str) -> Any:
 
 
 def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Problems) -> jax.Array:
-    """A bool mask of `shape`; a given mask covers leading dimensions and broadcasts."""
     if mask is None:
         return jnp.ones(shape, bool)
     mask = jnp.asarray(mask)
@@ -110,37 +108,6 @@ def _add_shape_problem(
     )
 
 
-def _class_predictions(
-    predictions: ArrayLike, labels: ArrayLike, mask: ArrayLike | None, threshold: float, metric: str
-) -> tuple[jax.Array, jax.Array, jax.Array, int]:
-    """(predicted class, label, valid mask, number of classes), all checked at trace time.
-
-    Binary scores have the labels' shape and are compared with `threshold`; C >= 2 scores per
-    class have one more, last axis, and the argmax wins.
-    """
-    problems = _Problems()
-    predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
-    num_classes = 2
-    if predictions.shape == labels.shape:
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-            problems.type_errors.append(
-                f"threshold must be a Python float, got {_describe(threshold)}"
-            )
-            threshold = 0.5
-        predicted = (predictions >= threshold).astype(jnp.int32)
-    elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
-        num_classes = predictions.shape[-1]
-        predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
-    else:
-        shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
-        _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
-        predicted = jnp.zeros(labels.shape, jnp.int32)
-    labels, mask = _checked_labels_and_mask(
-        labels, mask, num_classes, problems, f"{metric}.from_model_output"
-    )
-    return predicted, labels, mask, num_classes
-
-
 def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
     """`numerator / denominator` in float32, 0 where the denominator is 0 (sklearn's default)."""
     numerator, denominator = numerator.astype(jnp.float32), denominator.astype(jnp.float32)
@@ -169,12 +136,7 @@ class _Counts(clu_metrics.Metric):
 
 @flax.struct.dataclass(kw_only=True)
 class _ConfusionCounts(_Counts):
-    """Per-class true positive, false positive and false negative counts (int32, [C]).
-
-    Subclasses score a class from its counts (`_score`). `average` is "binary" (class 1 of
-    binary scores), "micro" (counts summed over classes first) or "macro" (the mean score of
-    the classes seen in the labels or the predictions).
-    """
+    """Per-class true positive, false positive and false negative counts, scored by `_score`."""
 
     true_positives: jax.Array
     false_positives: jax.Array
@@ -195,8 +157,7 @@ class _ConfusionCounts(_Counts):
         """Counts one batch.
 
         Args:
-            predictions: binary scores of the labels' shape (positive where `>= threshold`),
-                or [..., C] scores per class, whose argmax is the prediction.
+            predictions: binary scores of the labels' shape, or [..., C] scores (argmax wins).
             labels: integer class indices (0/1 for binary scores), shape [...].
             mask: bool mask over the labels' leading dimensions; False entries are ignored.
             threshold: binary scores only: where a score becomes a positive prediction.
@@ -204,13 +165,28 @@ class _ConfusionCounts(_Counts):
 
         Raises:
             TypeError: `labels` are not integers, or `threshold` is not a number.
-            ValueError: shapes do not fit, `average` does not fit the input, or (outside jit)
-                a label is outside `[0, C)`.
+            ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C).
         """
-        predicted, labels, mask, num_classes = _class_predictions(
-            predictions, labels, mask, threshold, cls.__name__
+        problems = _Problems()
+        predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
+        num_classes, binary = 2, predictions.shape == labels.shape
+        if binary:
+            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+                problems.type_errors.append(
+                    f"threshold must be a Python float, got {_describe(threshold)}"
+                )
+                threshold = 0.5
+            predicted = (predictions >= threshold).astype(jnp.int32)
+        elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
+            num_classes = predictions.shape[-1]
+            predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
+        else:
+            shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
+            _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
+            predicted = jnp.zeros(labels.shape, jnp.int32)
+        labels, mask = _checked_labels_and_mask(
+            labels, mask, num_classes, problems, f"{cls.__name__}.from_model_output"
         )
-        binary = num_classes == 2 and jnp.shape(predictions) == labels.shape
         if average is None and binary:
             average = "binary"
         if average not in _AVERAGES or (average == "binary" and not binary):
@@ -385,9 +361,8 @@ class TopKAccuracy(_Counts):
 class AUROC(_Counts):
     """Area under the ROC curve of binary scores in [0, 1], over `num_bins` equal bins.
 
-    Counts positive and negative labels per bin (scores outside [0, 1] go to the end bins):
-    exactly `sklearn.metrics.roc_auc_score` of the binned scores, within about `1 / num_bins`
-    of it on raw scores.
+    Counts labels per bin (scores outside [0, 1] go to the end bins): exactly sklearn's
+    `roc_auc_score` of the binned scores, within about `1 / num_bins` of it on raw scores.
 
     Example:
         >>> import jax.numpy as jnp

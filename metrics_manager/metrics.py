@@ -1,11 +1,10 @@
 """Metric types that a loss function returns and the train step merges on the device.
 
 Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric`, mergeable with CLU's and
-google-metrax's metrics in one dict. `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate` and
-`StepsPerTime` are T5X's (`steps` and `duration` are set on the host); `Max`, `Min`, `MeanStd`
-and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses precision). Where
-T5X's positional order is a trap (`AveragePerStep(5, 1.0)` means `steps=5`) constructors are
-keyword-only. Every `empty()` is a two-sided identity of `merge()`.
+google-metrax's metrics in one dict: T5X's `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate`
+and `StepsPerTime` (`steps` and `duration` are set on the host), plus `Max`, `Min`, `MeanStd`
+and `Welford` (clu 0.0.12's `Std` crashes on current JAX). Constructors are keyword-only where
+T5X's positional order is a trap; every `empty()` is a two-sided identity of `merge()`.
 
 Synopsis:
 
@@ -110,19 +109,9 @@ class Sum(clu_metrics.Metric):
         return self.total
 
 
-def _unset_steps_error(metric: Any) -> ValueError:
-    return ValueError(
-        f"{type(metric).__name__}.steps is None. Set it on the host before compute() with "
-        "set_step_metrics_num_steps(metrics, num_steps), where num_steps is the number of "
-        "train steps in the summary window."
-    )
-
-
 @flax.struct.dataclass(kw_only=True)
 class Step(clu_metrics.Metric):
     """A count of train steps (T5X `Step`), the base of every per-step metric.
-
-    Merging adds `steps`; `set_step_metrics_num_steps` sets the true count on the host.
 
     Example:
         >>> Step(steps=3).merge(Step(steps=2)).compute()
@@ -140,9 +129,7 @@ class Step(clu_metrics.Metric):
         return cls(steps=steps)
 
     def _merged_steps(self, other: "Step") -> ArrayLike:
-        if self.steps is None or other.steps is None:
-            raise _unset_steps_error(self if self.steps is None else other)
-        return self.steps + other.steps
+        return Step.compute(self) + Step.compute(other)
 
     def merge(self, other: "Step") -> "Step":
         return self.replace(steps=self._merged_steps(other))
@@ -157,7 +144,11 @@ class Step(clu_metrics.Metric):
 
     def compute(self) -> ArrayLike:
         if self.steps is None:
-            raise _unset_steps_error(self)
+            raise ValueError(
+                f"{type(self).__name__}.steps is None. Set it on the host before compute() with "
+                "set_step_metrics_num_steps(metrics, num_steps), where num_steps is the number "
+                "of train steps in the summary window."
+            )
         return self.steps
 
 
@@ -364,9 +355,7 @@ class WelfordScalar(MeanStdScalar):
 
 @flax.struct.dataclass(kw_only=True)
 class MeanStd(clu_metrics.Metric):
-    """Mean and population standard deviation, merged with Chan et al.'s stable update.
-
-    `compute()` is the mean (NaN when nothing was seen), `std()` the standard deviation.
+    """Mean (`compute()`, NaN if empty) and population `std()`, merged by Chan et al.'s update.
 
     Example:
         >>> import jax.numpy as jnp
@@ -594,10 +583,7 @@ def host_values(
     num_steps: int,
     failed: Callable[[str, Exception], None],
 ) -> dict[str, clu.values.Value]:
-    """The manager's path for checked metrics: set steps and duration, then `compute_value()`.
-
-    A key whose `compute_value()` raises is left out and handed to `failed(key, error)`.
-    """
+    """Sets steps and duration, then `compute_value()`; a key that raises goes to `failed`."""
     out: dict[str, clu.values.Value] = {}
     for key, metric in metrics.items():
         try:

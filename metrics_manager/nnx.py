@@ -21,7 +21,7 @@ Synopsis:
 """
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import clu.metrics as clu_metrics
@@ -40,15 +40,6 @@ __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summar
 SummaryMetrics = dict[str, clu_metrics.Metric | clu.values.Value]
 _CLU_VALUE_NAMES = ("Scalar", "Text", "Image", "Audio", "Histogram", "HyperParam", "Summary")
 _CLU_VALUES = tuple(getattr(clu.values, name) for name in _CLU_VALUE_NAMES)
-
-
-def _parameters(function: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
-    """(all keyword-passable names, required names, whether it takes **kwargs)."""
-    parameters = inspect.signature(function).parameters.values()
-    named = [p for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    required = frozenset(p.name for p in named if p.default is p.empty)
-    var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters)
-    return frozenset(p.name for p in named), required, var_keyword
 
 
 class Metric(nnx.metrics.Metric):
@@ -109,25 +100,26 @@ class Metric(nnx.metrics.Metric):
         """Starts over from `metric_type.empty()`."""
         self.state.set_value(self.metric_type.empty())
 
-    def _from_model_output(self, kwargs: Mapping[str, Any]) -> clu_metrics.Metric:
-        names, required, var_keyword = _parameters(self.metric_type.from_model_output)
+    def update(self, **kwargs: Any) -> None:
+        """Merges `metric_type.from_model_output(**kwargs)` into the state."""
+        parameters = inspect.signature(self.metric_type.from_model_output).parameters.values()
+        named = [p for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        names = {p.name for p in named}
         renamed = dict(self.argnames)
         if "predictions" in names and "logits" not in names:
             renamed.setdefault("logits", "predictions")
+        var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters)
         call = {renamed.get(k, k): v for k, v in kwargs.items()}
         call = {k: v for k, v in call.items() if var_keyword or k in names} | dict(self.settings)
-        missing = sorted(required - call.keys())
+        missing = sorted({p.name for p in named if p.default is p.empty} - call.keys())
         if missing:
             raise TypeError(
                 f"{type(self).__name__}({self.metric_type.__name__}).update: missing "
                 f"{', '.join(map(repr, missing))} among the arguments {sorted(kwargs)}; pass "
                 "them to update(), or map your names with argnames={'yours': 'theirs'}"
             )
-        return self.metric_type.from_model_output(**call)
-
-    def update(self, **kwargs: Any) -> None:
-        """Merges `metric_type.from_model_output(**kwargs)` into the state."""
-        self.state.set_value(self.metric.merge(self._from_model_output(kwargs)))
+        new = self.metric_type.from_model_output(**call)
+        self.state.set_value(self.metric.merge(new))
 
     def compute(self) -> Any:
         """`compute()` of the state."""
@@ -135,8 +127,6 @@ class Metric(nnx.metrics.Metric):
 
 
 class _ValuesMetric(Metric):
-    """A metric of the values passed to `update()` as `argname`."""
-
     def __init__(self, metric_type: type[clu_metrics.Metric], argname: str):
         super().__init__(metric_type, argnames={argname: "values"})
         self.argname = argname
@@ -341,10 +331,9 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
         obj: an `nnx.MultiMetric` (Flax's or this module's), or the dict its `compute()` returns.
 
     Returns:
-        name -> CLU metric or `clu.values.Value`. Members whose state maps onto a CLU metric
-        stay mergeable (this module's, Flax's `Average`, `Accuracy` and `Welford`, metrax's
-        wrappers); other values become `Scalar`s, `Statistics` `name`, `name/sem`, `name/std`,
-        and dicts `name/<key>` entries.
+        name -> CLU metric (this module's, Flax's `Average`, `Accuracy`, `Welford`, metrax's
+        wrappers) or `clu.values.Value`: `Scalar`s; `Statistics` as `name`, `name/sem`,
+        `name/std`; dicts as `name/<key>`.
 
     Raises:
         TypeError: `obj` is neither, or a value is not a number, array, metric or value.
