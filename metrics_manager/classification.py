@@ -74,7 +74,7 @@ def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Probl
 
 
 def _checked_labels_and_mask(
-    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, context: str
+    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, metric: str
 ) -> tuple[jax.Array, jax.Array]:
     """Integer labels and a mask that drops out-of-range ones; raises the call's problems."""
     labels = jnp.asarray(labels)
@@ -95,7 +95,7 @@ def _checked_labels_and_mask(
                 "(inside jit, out-of-range labels are ignored like masked ones)"
             )
     mask = _check_mask(mask, labels.shape, problems)
-    problems.raise_if_any(context)
+    problems.raise_if_any(f"{metric}.from_model_output")
     return labels, mask & (labels >= 0) & (labels < num_classes)
 
 
@@ -184,9 +184,7 @@ class _ConfusionCounts(_Counts):
             shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted = jnp.zeros(labels.shape, jnp.int32)
-        labels, mask = _checked_labels_and_mask(
-            labels, mask, num_classes, problems, f"{cls.__name__}.from_model_output"
-        )
+        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, cls.__name__)
         if average is None and binary:
             average = "binary"
         if average not in _AVERAGES or (average == "binary" and not binary):
@@ -346,12 +344,11 @@ class TopKAccuracy(_Counts):
                 "axis of predictions); choose a smaller k or check the predictions' shape"
             )
         labels, mask = _checked_labels_and_mask(
-            labels, mask, max(num_classes, 1), problems, "TopKAccuracy.from_model_output"
+            labels, mask, max(num_classes, 1), problems, "TopKAccuracy"
         )
         top = jax.lax.top_k(predictions, int(k))[1]
-        hit = (top == labels[..., None]).any(axis=-1)
-        correct = (hit & mask).sum(dtype=jnp.int32)
-        return cls(correct=correct, count=mask.sum(dtype=jnp.int32), k=int(k))
+        hit = (top == labels[..., None]).any(axis=-1) & mask
+        return cls(correct=hit.sum(dtype=jnp.int32), count=mask.sum(dtype=jnp.int32), k=int(k))
 
     def compute(self) -> jax.Array:
         return jnp.where(self.count > 0, _divide(self.correct, self.count), jnp.nan)
@@ -403,9 +400,7 @@ class AUROC(_Counts):
             num_bins = 1
         elif num_bins < 1:
             problems.value_errors.append(f"num_bins must be >= 1, got {num_bins}")
-        labels, mask = _checked_labels_and_mask(
-            labels, mask, 2, problems, "AUROC.from_model_output"
-        )
+        labels, mask = _checked_labels_and_mask(labels, mask, 2, problems, "AUROC")
         num_bins = int(num_bins)
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
@@ -463,9 +458,7 @@ class Perplexity(_Counts):
             expected = f"logits of shape {labels.shape + ('V',)}"
             _add_shape_problem(problems, predictions, labels, expected)
         vocab = predictions.shape[-1] if predictions.ndim else 1
-        labels, mask = _checked_labels_and_mask(
-            labels, mask, vocab, problems, "Perplexity.from_model_output"
-        )
+        labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, "Perplexity")
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, jnp.clip(labels, 0, vocab - 1)[..., None], -1)
         return cls.from_log_likelihood(picked[..., 0], mask)

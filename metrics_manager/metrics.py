@@ -461,14 +461,11 @@ def _check_metrics_mapping(metrics: Any, function: str) -> None:
 
 
 def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
-    """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
+    """Host side: a new dict with `steps` of every `Step` metric set to `num_steps`.
 
     Args:
         metrics: name -> metric; other values pass through.
         num_steps: the number of train steps the metrics cover, > 0.
-
-    Returns:
-        A new dict; the input is not changed.
 
     Raises:
         TypeError: `metrics` is not a mapping or `num_steps` is not an integer.
@@ -493,14 +490,11 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
 
 
 def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
-    """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
+    """Host side: a new dict with `duration` of every `Time` metric set, before `compute()`.
 
     Args:
         metrics: name -> metric; other values pass through.
         duration: seconds in the summary window, a finite number >= 0.
-
-    Returns:
-        A new dict; the input is not changed.
 
     Raises:
         TypeError: `metrics` is not a mapping or `duration` is not a real number.
