@@ -38,14 +38,6 @@ Average = Literal["binary", "micro", "macro"]
 _AVERAGES = ("binary", "micro", "macro")
 
 
-def _static_field() -> Any:
-    return flax.struct.field(pytree_node=False, default=None)
-
-
-def _is_static(field: dataclasses.Field) -> bool:
-    return not field.metadata.get("pytree_node", True)
-
-
 def _merged_setting(a: Any, b: Any, name: str) -> Any:
     """The setting `name` of `a.merge(b)`; None (an `empty()`) adopts the other."""
     mine, theirs = getattr(a, name), getattr(b, name)
@@ -120,15 +112,15 @@ class _Counts(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> Any:
-        fields = dataclasses.fields(cls)
-        return cls(**{f.name: jnp.zeros((), jnp.int32) for f in fields if not _is_static(f)})
+        arrays = [f.name for f in dataclasses.fields(cls) if f.metadata.get("pytree_node", True)]
+        return cls(**{name: jnp.zeros((), jnp.int32) for name in arrays})
 
     def merge(self, other: Any) -> Any:
         return self.replace(
             **{
-                f.name: _merged_setting(self, other, f.name)
-                if _is_static(f)
-                else getattr(self, f.name) + getattr(other, f.name)
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                if f.metadata.get("pytree_node", True)
+                else _merged_setting(self, other, f.name)
                 for f in dataclasses.fields(self)
             }
         )
@@ -141,7 +133,7 @@ class _ConfusionCounts(_Counts):
     true_positives: jax.Array
     false_positives: jax.Array
     false_negatives: jax.Array
-    average: Average | None = _static_field()
+    average: Average | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(
@@ -265,7 +257,7 @@ class FBeta(_ConfusionCounts):
         0.666667
     """
 
-    beta: float | None = _static_field()
+    beta: float | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(  # type: ignore[override]
@@ -311,7 +303,7 @@ class TopKAccuracy(_Counts):
 
     correct: jax.Array
     count: jax.Array
-    k: int | None = _static_field()
+    k: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(
@@ -327,8 +319,7 @@ class TopKAccuracy(_Counts):
 
         Raises:
             TypeError: `labels` are not integers or `k` is not an int.
-            ValueError: shapes do not fit, k is outside [1, C], or (outside jit) a label is
-                outside `[0, C)`.
+            ValueError: shapes or `k` do not fit, or (outside jit) a label is outside `[0, C)`.
         """
         problems = _Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
@@ -370,7 +361,7 @@ class AUROC(_Counts):
 
     positives: jax.Array
     negatives: jax.Array
-    num_bins: int | None = _static_field()
+    num_bins: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(
