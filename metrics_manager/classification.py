@@ -1,12 +1,11 @@
 """Classification metrics that merge inside the compiled step: top-k accuracy, precision,
 recall, F-beta, binned AUROC and perplexity.
 
-Their state is counts or sums, so `merge()` is addition: exact over steps, microbatches and
-devices. Settings (`k`, `average`, `beta`, `num_bins`) are static fields that must agree to
-merge. `empty()` holds zero counts of shape `()`: an identity of `merge()`, but not of a real
-metric's shape, so start a running merge from the first real one. Values match scikit-learn's
-(0/0 read as 0); `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have seen
-something (`AUROC`: both classes).
+State is counts or sums, so `merge()` is addition, exact over steps, microbatches and devices;
+settings (`k`, `average`, `beta`, `num_bins`) are static and must agree. `empty()` has shape
+`()`, so start a running merge from the first real metric. Values match scikit-learn's (0/0 is
+0); `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have seen data (`AUROC`: both
+classes).
 
 Synopsis:
 
@@ -39,14 +38,6 @@ Average = Literal["binary", "micro", "macro"]
 _AVERAGES = ("binary", "micro", "macro")
 
 
-def _static_field() -> Any:
-    return flax.struct.field(pytree_node=False, default=None)
-
-
-def _is_static(field: dataclasses.Field) -> bool:
-    return not field.metadata.get("pytree_node", True)
-
-
 def _merged_setting(a: Any, b: Any, name: str) -> Any:
     """The setting `name` of `a.merge(b)`; None (an `empty()`) adopts the other."""
     mine, theirs = getattr(a, name), getattr(b, name)
@@ -61,7 +52,6 @@ def _merged_setting(a: Any, b: Any, name: str) -> Any:
 
 
 def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Problems) -> jax.Array:
-    """A bool mask of `shape`; a given mask covers leading dimensions and broadcasts."""
     if mask is None:
         return jnp.ones(shape, bool)
     mask = jnp.asarray(mask)
@@ -76,7 +66,7 @@ def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Probl
 
 
 def _checked_labels_and_mask(
-    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, context: str
+    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, metric: str
 ) -> tuple[jax.Array, jax.Array]:
     """Integer labels and a mask that drops out-of-range ones; raises the call's problems."""
     labels = jnp.asarray(labels)
@@ -97,7 +87,7 @@ def _checked_labels_and_mask(
                 "(inside jit, out-of-range labels are ignored like masked ones)"
             )
     mask = _check_mask(mask, labels.shape, problems)
-    problems.raise_if_any(context)
+    problems.raise_if_any(f"{metric}.from_model_output")
     return labels, mask & (labels >= 0) & (labels < num_classes)
 
 
@@ -108,37 +98,6 @@ def _add_shape_problem(
         f"predictions of shape {predictions.shape} do not fit labels of shape {labels.shape}: "
         f"expected {expected}"
     )
-
-
-def _class_predictions(
-    predictions: ArrayLike, labels: ArrayLike, mask: ArrayLike | None, threshold: float, metric: str
-) -> tuple[jax.Array, jax.Array, jax.Array, int]:
-    """(predicted class, label, valid mask, number of classes), all checked at trace time.
-
-    Binary scores have the labels' shape and are compared with `threshold`; C >= 2 scores per
-    class have one more, last axis, and the argmax wins.
-    """
-    problems = _Problems()
-    predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
-    num_classes = 2
-    if predictions.shape == labels.shape:
-        if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-            problems.type_errors.append(
-                f"threshold must be a Python float, got {_describe(threshold)}"
-            )
-            threshold = 0.5
-        predicted = (predictions >= threshold).astype(jnp.int32)
-    elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
-        num_classes = predictions.shape[-1]
-        predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
-    else:
-        shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
-        _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
-        predicted = jnp.zeros(labels.shape, jnp.int32)
-    labels, mask = _checked_labels_and_mask(
-        labels, mask, num_classes, problems, f"{metric}.from_model_output"
-    )
-    return predicted, labels, mask, num_classes
 
 
 def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
@@ -153,15 +112,15 @@ class _Counts(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> Any:
-        fields = dataclasses.fields(cls)
-        return cls(**{f.name: jnp.zeros((), jnp.int32) for f in fields if not _is_static(f)})
+        arrays = [f.name for f in dataclasses.fields(cls) if f.metadata.get("pytree_node", True)]
+        return cls(**{name: jnp.zeros((), jnp.int32) for name in arrays})
 
     def merge(self, other: Any) -> Any:
         return self.replace(
             **{
-                f.name: _merged_setting(self, other, f.name)
-                if _is_static(f)
-                else getattr(self, f.name) + getattr(other, f.name)
+                f.name: getattr(self, f.name) + getattr(other, f.name)
+                if f.metadata.get("pytree_node", True)
+                else _merged_setting(self, other, f.name)
                 for f in dataclasses.fields(self)
             }
         )
@@ -169,17 +128,12 @@ class _Counts(clu_metrics.Metric):
 
 @flax.struct.dataclass(kw_only=True)
 class _ConfusionCounts(_Counts):
-    """Per-class true positive, false positive and false negative counts (int32, [C]).
-
-    Subclasses score a class from its counts (`_score`). `average` is "binary" (class 1 of
-    binary scores), "micro" (counts summed over classes first) or "macro" (the mean score of
-    the classes seen in the labels or the predictions).
-    """
+    """Per-class true positive, false positive and false negative counts, scored by `_score`."""
 
     true_positives: jax.Array
     false_positives: jax.Array
     false_negatives: jax.Array
-    average: Average | None = _static_field()
+    average: Average | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(
@@ -195,8 +149,7 @@ class _ConfusionCounts(_Counts):
         """Counts one batch.
 
         Args:
-            predictions: binary scores of the labels' shape (positive where `>= threshold`),
-                or [..., C] scores per class, whose argmax is the prediction.
+            predictions: binary scores of the labels' shape, or [..., C] scores (argmax wins).
             labels: integer class indices (0/1 for binary scores), shape [...].
             mask: bool mask over the labels' leading dimensions; False entries are ignored.
             threshold: binary scores only: where a score becomes a positive prediction.
@@ -204,13 +157,26 @@ class _ConfusionCounts(_Counts):
 
         Raises:
             TypeError: `labels` are not integers, or `threshold` is not a number.
-            ValueError: shapes do not fit, `average` does not fit the input, or (outside jit)
-                a label is outside `[0, C)`.
+            ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C).
         """
-        predicted, labels, mask, num_classes = _class_predictions(
-            predictions, labels, mask, threshold, cls.__name__
-        )
-        binary = num_classes == 2 and jnp.shape(predictions) == labels.shape
+        problems = _Problems()
+        predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
+        num_classes, binary = 2, predictions.shape == labels.shape
+        if binary:
+            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+                problems.type_errors.append(
+                    f"threshold must be a Python float, got {_describe(threshold)}"
+                )
+                threshold = 0.5
+            predicted = (predictions >= threshold).astype(jnp.int32)
+        elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
+            num_classes = predictions.shape[-1]
+            predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
+        else:
+            shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
+            _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
+            predicted = jnp.zeros(labels.shape, jnp.int32)
+        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, cls.__name__)
         if average is None and binary:
             average = "binary"
         if average not in _AVERAGES or (average == "binary" and not binary):
@@ -291,7 +257,7 @@ class FBeta(_ConfusionCounts):
         0.666667
     """
 
-    beta: float | None = _static_field()
+    beta: float | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(  # type: ignore[override]
@@ -337,7 +303,7 @@ class TopKAccuracy(_Counts):
 
     correct: jax.Array
     count: jax.Array
-    k: int | None = _static_field()
+    k: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(
@@ -353,8 +319,7 @@ class TopKAccuracy(_Counts):
 
         Raises:
             TypeError: `labels` are not integers or `k` is not an int.
-            ValueError: shapes do not fit, k is outside [1, C], or (outside jit) a label is
-                outside `[0, C)`.
+            ValueError: shapes or `k` do not fit, or (outside jit) a label is outside `[0, C)`.
         """
         problems = _Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
@@ -370,12 +335,11 @@ class TopKAccuracy(_Counts):
                 "axis of predictions); choose a smaller k or check the predictions' shape"
             )
         labels, mask = _checked_labels_and_mask(
-            labels, mask, max(num_classes, 1), problems, "TopKAccuracy.from_model_output"
+            labels, mask, max(num_classes, 1), problems, "TopKAccuracy"
         )
         top = jax.lax.top_k(predictions, int(k))[1]
-        hit = (top == labels[..., None]).any(axis=-1)
-        correct = (hit & mask).sum(dtype=jnp.int32)
-        return cls(correct=correct, count=mask.sum(dtype=jnp.int32), k=int(k))
+        hit = (top == labels[..., None]).any(axis=-1) & mask
+        return cls(correct=hit.sum(dtype=jnp.int32), count=mask.sum(dtype=jnp.int32), k=int(k))
 
     def compute(self) -> jax.Array:
         return jnp.where(self.count > 0, _divide(self.correct, self.count), jnp.nan)
@@ -385,9 +349,8 @@ class TopKAccuracy(_Counts):
 class AUROC(_Counts):
     """Area under the ROC curve of binary scores in [0, 1], over `num_bins` equal bins.
 
-    Counts positive and negative labels per bin (scores outside [0, 1] go to the end bins):
-    exactly `sklearn.metrics.roc_auc_score` of the binned scores, within about `1 / num_bins`
-    of it on raw scores.
+    Counts labels per bin (scores outside [0, 1] go to the end bins): exactly sklearn's
+    `roc_auc_score` of the binned scores, within about `1 / num_bins` of it on raw scores.
 
     Example:
         >>> import jax.numpy as jnp
@@ -398,7 +361,7 @@ class AUROC(_Counts):
 
     positives: jax.Array
     negatives: jax.Array
-    num_bins: int | None = _static_field()
+    num_bins: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
     def from_model_output(
@@ -428,9 +391,7 @@ class AUROC(_Counts):
             num_bins = 1
         elif num_bins < 1:
             problems.value_errors.append(f"num_bins must be >= 1, got {num_bins}")
-        labels, mask = _checked_labels_and_mask(
-            labels, mask, 2, problems, "AUROC.from_model_output"
-        )
+        labels, mask = _checked_labels_and_mask(labels, mask, 2, problems, "AUROC")
         num_bins = int(num_bins)
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
@@ -488,9 +449,7 @@ class Perplexity(_Counts):
             expected = f"logits of shape {labels.shape + ('V',)}"
             _add_shape_problem(problems, predictions, labels, expected)
         vocab = predictions.shape[-1] if predictions.ndim else 1
-        labels, mask = _checked_labels_and_mask(
-            labels, mask, vocab, problems, "Perplexity.from_model_output"
-        )
+        labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, "Perplexity")
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, jnp.clip(labels, 0, vocab - 1)[..., None], -1)
         return cls.from_log_likelihood(picked[..., 0], mask)

@@ -1,11 +1,10 @@
 """Metric types that a loss function returns and the train step merges on the device.
 
 Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric`, mergeable with CLU's and
-google-metrax's metrics in one dict. `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate` and
-`StepsPerTime` are T5X's (`steps` and `duration` are set on the host); `Max`, `Min`, `MeanStd`
-and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses precision). Where
-T5X's positional order is a trap (`AveragePerStep(5, 1.0)` means `steps=5`) constructors are
-keyword-only. Every `empty()` is a two-sided identity of `merge()`.
+google-metrax's metrics in one dict: T5X's `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate`
+and `StepsPerTime` (`steps` and `duration` are set on the host), plus `Max`, `Min`, `MeanStd`
+and `Welford` (clu 0.0.12's `Std` crashes on current JAX). Constructors are keyword-only where
+T5X's positional order is a trap; every `empty()` is a two-sided identity of `merge()`.
 
 Synopsis:
 
@@ -110,19 +109,9 @@ class Sum(clu_metrics.Metric):
         return self.total
 
 
-def _unset_steps_error(metric: Any) -> ValueError:
-    return ValueError(
-        f"{type(metric).__name__}.steps is None. Set it on the host before compute() with "
-        "set_step_metrics_num_steps(metrics, num_steps), where num_steps is the number of "
-        "train steps in the summary window."
-    )
-
-
 @flax.struct.dataclass(kw_only=True)
 class Step(clu_metrics.Metric):
     """A count of train steps (T5X `Step`), the base of every per-step metric.
-
-    Merging adds `steps`; `set_step_metrics_num_steps` sets the true count on the host.
 
     Example:
         >>> Step(steps=3).merge(Step(steps=2)).compute()
@@ -140,9 +129,7 @@ class Step(clu_metrics.Metric):
         return cls(steps=steps)
 
     def _merged_steps(self, other: "Step") -> ArrayLike:
-        if self.steps is None or other.steps is None:
-            raise _unset_steps_error(self if self.steps is None else other)
-        return self.steps + other.steps
+        return Step.compute(self) + Step.compute(other)
 
     def merge(self, other: "Step") -> "Step":
         return self.replace(steps=self._merged_steps(other))
@@ -157,7 +144,11 @@ class Step(clu_metrics.Metric):
 
     def compute(self) -> ArrayLike:
         if self.steps is None:
-            raise _unset_steps_error(self)
+            raise ValueError(
+                f"{type(self).__name__}.steps is None. Set it on the host before compute() with "
+                "set_step_metrics_num_steps(metrics, num_steps), where num_steps is the number "
+                "of train steps in the summary window."
+            )
         return self.steps
 
 
@@ -364,9 +355,7 @@ class WelfordScalar(MeanStdScalar):
 
 @flax.struct.dataclass(kw_only=True)
 class MeanStd(clu_metrics.Metric):
-    """Mean and population standard deviation, merged with Chan et al.'s stable update.
-
-    `compute()` is the mean (NaN when nothing was seen), `std()` the standard deviation.
+    """Mean (`compute()`, NaN if empty) and population `std()`, merged by Chan et al.'s update.
 
     Example:
         >>> import jax.numpy as jnp
@@ -472,14 +461,11 @@ def _check_metrics_mapping(metrics: Any, function: str) -> None:
 
 
 def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
-    """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
+    """Host side: a new dict with `steps` of every `Step` metric set to `num_steps`.
 
     Args:
         metrics: name -> metric; other values pass through.
         num_steps: the number of train steps the metrics cover, > 0.
-
-    Returns:
-        A new dict; the input is not changed.
 
     Raises:
         TypeError: `metrics` is not a mapping or `num_steps` is not an integer.
@@ -504,14 +490,11 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
 
 
 def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
-    """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
+    """Host side: a new dict with `duration` of every `Time` metric set, before `compute()`.
 
     Args:
         metrics: name -> metric; other values pass through.
         duration: seconds in the summary window, a finite number >= 0.
-
-    Returns:
-        A new dict; the input is not changed.
 
     Raises:
         TypeError: `metrics` is not a mapping or `duration` is not a real number.
@@ -594,10 +577,7 @@ def host_values(
     num_steps: int,
     failed: Callable[[str, Exception], None],
 ) -> dict[str, clu.values.Value]:
-    """The manager's path for checked metrics: set steps and duration, then `compute_value()`.
-
-    A key whose `compute_value()` raises is left out and handed to `failed(key, error)`.
-    """
+    """Sets steps and duration, then `compute_value()`; a key that raises goes to `failed`."""
     out: dict[str, clu.values.Value] = {}
     for key, metric in metrics.items():
         try:

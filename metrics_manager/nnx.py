@@ -1,9 +1,8 @@
 """Flax NNX-style stateful metrics over this library's mergeable metrics, and NNX interop.
 
-`Metric`, `Average`, `Accuracy`, `Welford` and `MultiMetric` have the API of `flax.nnx.metrics`
-(`update(**kwargs)`, `compute()`, `reset()`) over an immutable CLU metric (`.metric`) that
-merges like any other. `as_summary_metrics` turns an `nnx.MultiMetric` or its `compute()` dict
-into what `MetricsManager.write_metrics_summary` takes.
+`Metric`, `Average`, `Accuracy`, `Welford` and `MultiMetric` have `flax.nnx.metrics`' API over
+an immutable, mergeable CLU metric (`.metric`). `as_summary_metrics` turns an `nnx.MultiMetric`
+or its `compute()` dict into what `MetricsManager.write_metrics_summary` takes.
 
 Synopsis:
 
@@ -21,7 +20,7 @@ Synopsis:
 """
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import clu.metrics as clu_metrics
@@ -39,16 +38,7 @@ __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summar
 
 SummaryMetrics = dict[str, clu_metrics.Metric | clu.values.Value]
 _CLU_VALUE_NAMES = ("Scalar", "Text", "Image", "Audio", "Histogram", "HyperParam", "Summary")
-_CLU_VALUES = tuple(getattr(clu.values, name) for name in _CLU_VALUE_NAMES)
-
-
-def _parameters(function: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
-    """(all keyword-passable names, required names, whether it takes **kwargs)."""
-    parameters = inspect.signature(function).parameters.values()
-    named = [p for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    required = frozenset(p.name for p in named if p.default is p.empty)
-    var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters)
-    return frozenset(p.name for p in named), required, var_keyword
+_CLU_TYPES = (clu_metrics.Metric, *(getattr(clu.values, name) for name in _CLU_VALUE_NAMES))
 
 
 class Metric(nnx.metrics.Metric):
@@ -109,25 +99,24 @@ class Metric(nnx.metrics.Metric):
         """Starts over from `metric_type.empty()`."""
         self.state.set_value(self.metric_type.empty())
 
-    def _from_model_output(self, kwargs: Mapping[str, Any]) -> clu_metrics.Metric:
-        names, required, var_keyword = _parameters(self.metric_type.from_model_output)
+    def update(self, **kwargs: Any) -> None:
+        """Merges `metric_type.from_model_output(**kwargs)` into the state."""
+        parameters = inspect.signature(self.metric_type.from_model_output).parameters.values()
+        named = {p.name: p for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
         renamed = dict(self.argnames)
-        if "predictions" in names and "logits" not in names:
+        if "predictions" in named and "logits" not in named:
             renamed.setdefault("logits", "predictions")
+        var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters)
         call = {renamed.get(k, k): v for k, v in kwargs.items()}
-        call = {k: v for k, v in call.items() if var_keyword or k in names} | dict(self.settings)
-        missing = sorted(required - call.keys())
+        call = {k: v for k, v in call.items() if var_keyword or k in named} | dict(self.settings)
+        missing = sorted({n for n, p in named.items() if p.default is p.empty} - call.keys())
         if missing:
             raise TypeError(
                 f"{type(self).__name__}({self.metric_type.__name__}).update: missing "
                 f"{', '.join(map(repr, missing))} among the arguments {sorted(kwargs)}; pass "
                 "them to update(), or map your names with argnames={'yours': 'theirs'}"
             )
-        return self.metric_type.from_model_output(**call)
-
-    def update(self, **kwargs: Any) -> None:
-        """Merges `metric_type.from_model_output(**kwargs)` into the state."""
-        self.state.set_value(self.metric.merge(self._from_model_output(kwargs)))
+        self.state.set_value(self.metric.merge(self.metric_type.from_model_output(**call)))
 
     def compute(self) -> Any:
         """`compute()` of the state."""
@@ -135,8 +124,6 @@ class Metric(nnx.metrics.Metric):
 
 
 class _ValuesMetric(Metric):
-    """A metric of the values passed to `update()` as `argname`."""
-
     def __init__(self, metric_type: type[clu_metrics.Metric], argname: str):
         super().__init__(metric_type, argnames={argname: "values"})
         self.argname = argname
@@ -284,7 +271,7 @@ class MultiMetric(nnx.MultiMetric):
 
 def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -> None:
     """Adds a `compute()` result or a metric under `key`, flattening dicts and Statistics."""
-    if isinstance(value, clu_metrics.Metric):
+    if isinstance(value, _CLU_TYPES):
         out[key] = value
     elif isinstance(value, nnx.metrics.Statistics):
         out[key] = clu.values.Scalar(value.mean)
@@ -293,8 +280,6 @@ def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -
     elif isinstance(value, Mapping):
         for name, item in value.items():
             _add_value(f"{key}/{name}", item, out, problems)
-    elif isinstance(value, _CLU_VALUES):
-        out[key] = value
     elif isinstance(value, bool) or not (
         isinstance(value, int | float | np.number) or hasattr(value, "shape")
     ):
@@ -341,10 +326,9 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
         obj: an `nnx.MultiMetric` (Flax's or this module's), or the dict its `compute()` returns.
 
     Returns:
-        name -> CLU metric or `clu.values.Value`. Members whose state maps onto a CLU metric
-        stay mergeable (this module's, Flax's `Average`, `Accuracy` and `Welford`, metrax's
-        wrappers); other values become `Scalar`s, `Statistics` `name`, `name/sem`, `name/std`,
-        and dicts `name/<key>` entries.
+        name -> CLU metric (this module's, Flax's `Average`, `Accuracy`, `Welford`, metrax's
+        wrappers) or `clu.values.Value`: `Scalar`s; `Statistics` as `name`, `name/sem`,
+        `name/std`; dicts as `name/<key>`.
 
     Raises:
         TypeError: `obj` is neither, or a value is not a number, array, metric or value.
