@@ -1,7 +1,6 @@
-"""Input checks shared by every writer, so all backends reject the same things.
+"""Input checks shared by every writer (the contract in `writers.interface`).
 
-They enforce the contract in `writers.interface`; each looks at every key of a call before
-raising, so one error lists every problem.
+Each looks at every key of a call before raising, so one error lists every problem.
 """
 
 from __future__ import annotations
@@ -114,11 +113,7 @@ def check_writers(writers: Mapping[str, Any], context: str) -> None:
 
 
 def to_number(key: str, value: Any) -> int | float:
-    """A number, or an array of one number, as a Python int (integers, bools) or float.
-
-    NaN and infinities are kept; bfloat16/float8 widen exactly. TypeError if not numeric,
-    ValueError for an array of other than one element. `collect_numbers` has the fast path.
-    """
+    """A number or one-element array as a Python int or float (NaN, inf kept; bfloat16 widens)."""
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
         arr = np.asarray(value)
         if arr.size != 1:
@@ -189,8 +184,6 @@ def check_arrays(
 
 
 # The `*_problem` functions say what is wrong with one array, or return None if it is fine.
-
-
 def image_problem(key: str, arr: np.ndarray) -> str | None:
     if arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4):
         return (
@@ -203,12 +196,11 @@ def image_problem(key: str, arr: np.ndarray) -> str | None:
 
 
 def video_problem(key: str, arr: np.ndarray) -> str | None:
-    if arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4):
-        return (
-            f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
-            f"shape {arr.shape}."
-        )
-    return None
+    if arr.ndim == 5 and arr.shape[-1] in (1, 3, 4):
+        return None
+    return (
+        f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got shape {arr.shape}."
+    )
 
 
 def audio_problem(key: str, arr: np.ndarray) -> str | None:
@@ -253,8 +245,7 @@ def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> di
 
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
     """Raises a TypeError listing every key whose value is not a str."""
-    bad = {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}
-    if bad:
+    if bad := {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}:
         raise TypeError(
             f"{method}: text values must be str, got {bad}. Convert with str() or "
             "write numbers with write_scalars."
@@ -267,8 +258,7 @@ def is_finite_number(value: int | float) -> bool:
 
 
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:
-    """Images as `[N, H, W, C]` uint8: integers read as [0, 255], floats as [0, 1] (as
-    TensorBoard does), both clipped, NaN as 0."""
+    """Images as `[N, H, W, C]` uint8: ints read as [0, 255], floats as [0, 1], clipped, NaN 0."""
     if arr.ndim == 3:
         arr = arr[None]
     if arr.dtype == np.uint8:
@@ -282,7 +272,7 @@ def images_as_uint8(arr: np.ndarray) -> np.ndarray:
 
 
 def _is_ml_float(dtype: Any) -> bool:
-    """bfloat16 and float8 (ml_dtypes, as JAX uses them) are floats NumPy does not know."""
+    # bfloat16 and float8 (ml_dtypes, as JAX uses them) are floats NumPy does not know.
     return np.dtype(dtype).name.startswith(("bfloat16", "float8"))
 
 
@@ -292,10 +282,7 @@ def _looks_like_array(value: Any) -> bool:
 
 
 def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """`(counts, edges)` of an equal-width histogram of finite values, as TensorFlow builds it.
-
-    `num_buckets` None means 30, below 2 means 2; equal values fill one bucket `[v - 0.5, v + 0.5]`.
-    """
+    """`(counts, edges)`: an equal-width histogram as TensorFlow builds it (30 buckets default)."""
     flat = np.asarray(arr, dtype=np.float64).reshape(-1)
     buckets = max(2, int(num_buckets or DEFAULT_NUM_BUCKETS))
     low, high = float(flat.min()), float(flat.max())

@@ -1,11 +1,10 @@
 """The `MetricWriter` contract: CLU's writer interface, without TensorFlow.
 
-Every backend and wrapper here implements `MetricWriter` with CLU's method and parameter names
-(`clu.metric_writers.MetricWriter`); wrappers forward by keyword, so a writer written against
-CLU's interface plugs in unchanged. For every writer here:
+Every writer here implements `MetricWriter` with CLU's method and parameter names; wrappers
+forward by keyword, so a writer written against CLU's interface plugs in unchanged. For each:
 
-* Steps are non-negative integers (Python or numpy ints, or one-element integer arrays):
-  negative steps raise `ValueError`, floats, bools and strings `TypeError`.
+* Steps are non-negative integers (Python or numpy ints, one-element integer arrays): negative
+  steps raise `ValueError`; floats, bools and strings `TypeError`.
 * Keys are non-empty strings; `/` groups them (`eval/accuracy`). A non-str key raises
   `TypeError`, an empty one `ValueError`.
 * Scalars are numbers or one-element arrays; NaN and +-Inf are valid. Images are `[H, W, C]` or
@@ -62,10 +61,7 @@ class WriterError(RuntimeError):
 
 
 class MetricWriter(abc.ABC):
-    """Writes metric values of every kind at integer steps (CLU's interface).
-
-    Each `write_*` method takes a step and a mapping from key to value of its kind.
-    """
+    """Writes metric values of every kind at integer steps (CLU's interface)."""
 
     @abc.abstractmethod
     def write_summaries(
