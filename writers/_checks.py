@@ -170,50 +170,40 @@ def collect_numbers(scalars: Mapping[str, Any], problems: Problems) -> dict[str,
     return out
 
 
-def check_arrays(
-    arrays: Mapping[str, Any], method: str, check: Callable[[str, np.ndarray], str | None]
-) -> dict[str, np.ndarray]:
-    """Every value as a numpy array; one ValueError lists every key `check` describes as bad."""
+def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str, np.ndarray]:
+    """Every value as a numpy array; one ValueError lists every bad one (`array_problem`)."""
     out = {key: np.asarray(value) for key, value in arrays.items()}
     problems = Problems(method)
     for key, arr in out.items():
-        if msg := check(key, arr):
+        if msg := array_problem(kind, key, arr):
             problems.value_problem(msg)
     problems.raise_if_any()
     return out
 
 
-# The `*_problem` functions say what is wrong with one array, or return None if it is fine.
-def image_problem(key: str, arr: np.ndarray) -> str | None:
-    if arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4):
+def array_problem(kind: str, key: str, arr: np.ndarray) -> str | None:
+    """What is wrong with one array of `kind` (image, video, audio, histogram), or None."""
+    numeric = np.issubdtype(arr.dtype, np.number)
+    if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         return (
             f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
             f"got shape {arr.shape}. Add a channel axis for grayscale (x[..., None])."
         )
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+    if kind == "image" and not (numeric or arr.dtype == np.bool_):
         return f"image {key!r} must be numeric, got dtype {arr.dtype}."
-    return None
-
-
-def video_problem(key: str, arr: np.ndarray) -> str | None:
-    if arr.ndim == 5 and arr.shape[-1] in (1, 3, 4):
-        return None
-    return (
-        f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got shape {arr.shape}."
-    )
-
-
-def audio_problem(key: str, arr: np.ndarray) -> str | None:
-    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.number):
+    if kind == "video" and (arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4)):
+        return (
+            f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
+            f"shape {arr.shape}."
+        )
+    if kind == "audio" and (arr.ndim != 3 or not numeric):
         return (
             f"audio {key!r} must be a numeric array of shape [N, T, C] with values in "
             f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}."
         )
-    return None
-
-
-def histogram_problem(key: str, arr: np.ndarray) -> str | None:
-    if not np.issubdtype(arr.dtype, np.number):
+    if kind != "histogram":
+        return None
+    if not numeric:
         return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
@@ -226,9 +216,9 @@ def histogram_problem(key: str, arr: np.ndarray) -> str | None:
     return None
 
 
-check_images = functools.partial(check_arrays, check=image_problem)
-check_videos = functools.partial(check_arrays, check=video_problem)
-check_histograms = functools.partial(check_arrays, check=histogram_problem)
+check_images = functools.partial(check_arrays, kind="image")
+check_videos = functools.partial(check_arrays, kind="video")
+check_histograms = functools.partial(check_arrays, kind="histogram")
 
 
 def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
@@ -240,7 +230,7 @@ def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> di
         )
     if sample_rate <= 0:
         raise ValueError(f"{method}: sample_rate must be positive, got {sample_rate}.")
-    return check_arrays(audios, method, audio_problem)
+    return check_arrays(audios, method, "audio")
 
 
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:

@@ -125,11 +125,8 @@ _CLU_CLASSES = ("Summary", "Scalar", "Image", "Text", "HyperParam", "Histogram",
 
 
 def _clu_kind(cls: type, clu_values: Any) -> str | None:
-    if clu_values is not None:
-        for name in _CLU_CLASSES:
-            if issubclass(cls, getattr(clu_values, name)):
-                return name.lower()
-    return None
+    names = () if clu_values is None else _CLU_CLASSES
+    return next((n.lower() for n in names if issubclass(cls, getattr(clu_values, n))), None)
 
 
 def _is_plain_scalar(value: Any) -> bool:
