@@ -14,11 +14,7 @@ def describe(x: Any) -> str:
 
 
 class Problems:
-    """Collects every problem of a call; raises them as one `TypeError` or `ValueError`.
-
-    A `TypeError` if any problem is about a type. The message reads `"<call>: <problem>"`, or
-    `"<call>: N problems:"` with one `  - ` line per problem.
-    """
+    """A call's problems, raised as one `TypeError` (if any is about a type) or `ValueError`."""
 
     def __init__(self, context: str = "") -> None:
         self.context = context
@@ -38,7 +34,7 @@ class Problems:
         return bool(self.type_errors or self.value_errors)
 
     def message(self, context: str | None = None) -> str:
-        """The message naming every problem, prefixed by the call's name."""
+        """`"<call>: <problem>"`, or `"<call>: N problems:"` and one `  - ` line per problem."""
         problems = self.type_errors + self.value_errors
         if len(problems) == 1:
             return f"{context or self.context}: {problems[0]}"

@@ -56,10 +56,8 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
     step = check_step(step, "write_values")
     check_keys(values, "write_values")
     for method, kwargs in group_values(values):
-        if method == "write_hparams":
-            writer.write_hparams(**kwargs)
-        else:
-            getattr(writer, method)(step=step, **kwargs)
+        at_step = {} if method == "write_hparams" else {"step": step}  # hparams take no step
+        getattr(writer, method)(**at_step, **kwargs)
 
 
 def group_values(values: Mapping[str, Any]) -> list[Call]:
