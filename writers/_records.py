@@ -43,8 +43,7 @@ class EventFile:
         for attempt in range(1000):
             self.path = base + (f".{attempt}" if attempt else "") + filename_suffix
             try:
-                # Unbuffered: every event reaches the OS at once, so a killed process
-                # (SIGKILL) loses none that was written; flush() adds the fsync.
+                # Unbuffered, so a killed process loses no event written; flush() adds the fsync.
                 self._file = open(self.path, "xb", buffering=0)  # noqa: SIM115
                 return
             except FileExistsError:
