@@ -56,8 +56,10 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
     step = check_step(step, "write_values")
     check_keys(values, "write_values")
     for method, kwargs in group_values(values):
-        at_step = {} if method == "write_hparams" else {"step": step}  # hparams take no step
-        getattr(writer, method)(**at_step, **kwargs)
+        if method == "write_hparams":
+            writer.write_hparams(**kwargs)
+        else:
+            getattr(writer, method)(step=step, **kwargs)
 
 
 def group_values(values: Mapping[str, Any]) -> list[Call]:
@@ -123,8 +125,11 @@ _CLU_CLASSES = ("Summary", "Scalar", "Image", "Text", "HyperParam", "Histogram",
 
 
 def _clu_kind(cls: type, clu_values: Any) -> str | None:
-    names = () if clu_values is None else _CLU_CLASSES
-    return next((n.lower() for n in names if issubclass(cls, getattr(clu_values, n))), None)
+    if clu_values is not None:
+        for name in _CLU_CLASSES:
+            if issubclass(cls, getattr(clu_values, name)):
+                return name.lower()
+    return None
 
 
 def _is_plain_scalar(value: Any) -> bool:
