@@ -1,11 +1,9 @@
 """Pluggable metric writers with CLU's interface and no TensorFlow, usable on their own.
 
-Every writer implements `MetricWriter` (CLU's names); `write_values` writes a mapping of
-`clu.values` with one call per kind; `create_default_writer` builds the usual console +
-TensorBoard + JSONL set. File writers take local paths or fsspec URLs (`gs://`, `s3://`);
-`read_jsonl` reads a JSONL log back. Trackers (`WandbWriter`, `MlflowWriter`, extras `[wandb]`,
-`[mlflow]`) and tensorboardX are imported on first use: `import writers` imports neither
-TensorFlow, torch nor JAX. `MultiWriter` fans out, `AsyncWriter` runs a writer in the background.
+Every writer implements `MetricWriter` (CLU's names); `write_values` writes `clu.values` with
+one call per kind; `create_default_writer` builds console + TensorBoard + JSONL. File writers take
+paths or fsspec URLs. Trackers (`WandbWriter`, `MlflowWriter`) and tensorboardX are imported on
+first use: `import writers` imports neither TensorFlow, torch nor JAX.
 
 Example:
   >>> import tempfile, writers

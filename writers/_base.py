@@ -1,8 +1,6 @@
 """Base classes of this package's writers: the closed state, the input checks, forwarding.
 
-`BaseWriter` checks each call once (a `_checks.Checked` mapping was checked already) and hands
-the converted values to one hook per kind, so every backend rejects the same inputs with the
-same messages and implements only what it does with valid values.
+Every backend thus rejects the same inputs with the same messages, and implements only hooks.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from writers.interface import Array, MetricWriter, Scalar, WriterClosedError
 
 
 class BaseWriter(MetricWriter):
-    """`MetricWriter` that checks each call, then calls the hook of its kind.
+    """`MetricWriter` that checks each call once (not a `_checks.Checked` one), then its hook.
 
     Hooks get numbers as Python ints and floats, arrays as numpy arrays, `num_buckets` a dict.
     """

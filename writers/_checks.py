@@ -1,7 +1,6 @@
-"""Input checks shared by every writer, so all backends reject the same things.
+"""Input checks shared by every writer (the contract in `writers.interface`).
 
-They enforce the contract in `writers.interface`; each looks at every key of a call before
-raising, so one error lists every problem.
+Each looks at every key of a call before raising, so one error lists every problem.
 """
 
 from __future__ import annotations
@@ -114,11 +113,7 @@ def check_writers(writers: Mapping[str, Any], context: str) -> None:
 
 
 def to_number(key: str, value: Any) -> int | float:
-    """A number, or an array of one number, as a Python int (integers, bools) or float.
-
-    NaN and infinities are kept; bfloat16/float8 widen exactly. TypeError if not numeric,
-    ValueError for an array of other than one element. `collect_numbers` has the fast path.
-    """
+    """A number or one-element array as a Python int or float (NaN, inf kept; bfloat16 widens)."""
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
         arr = np.asarray(value)
         if arr.size != 1:
@@ -175,53 +170,40 @@ def collect_numbers(scalars: Mapping[str, Any], problems: Problems) -> dict[str,
     return out
 
 
-def check_arrays(
-    arrays: Mapping[str, Any], method: str, check: Callable[[str, np.ndarray], str | None]
-) -> dict[str, np.ndarray]:
-    """Every value as a numpy array; one ValueError lists every key `check` describes as bad."""
+def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str, np.ndarray]:
+    """Every value as a numpy array; one ValueError lists every bad one (`array_problem`)."""
     out = {key: np.asarray(value) for key, value in arrays.items()}
     problems = Problems(method)
     for key, arr in out.items():
-        if msg := check(key, arr):
+        if msg := array_problem(kind, key, arr):
             problems.value_problem(msg)
     problems.raise_if_any()
     return out
 
 
-# The `*_problem` functions say what is wrong with one array, or return None if it is fine.
-
-
-def image_problem(key: str, arr: np.ndarray) -> str | None:
-    if arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4):
+def array_problem(kind: str, key: str, arr: np.ndarray) -> str | None:
+    """What is wrong with one array of `kind` (image, video, audio, histogram), or None."""
+    numeric = np.issubdtype(arr.dtype, np.number)
+    if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         return (
             f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
             f"got shape {arr.shape}. Add a channel axis for grayscale (x[..., None])."
         )
-    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+    if kind == "image" and not (numeric or arr.dtype == np.bool_):
         return f"image {key!r} must be numeric, got dtype {arr.dtype}."
-    return None
-
-
-def video_problem(key: str, arr: np.ndarray) -> str | None:
-    if arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4):
+    if kind == "video" and (arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4)):
         return (
             f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
             f"shape {arr.shape}."
         )
-    return None
-
-
-def audio_problem(key: str, arr: np.ndarray) -> str | None:
-    if arr.ndim != 3 or not np.issubdtype(arr.dtype, np.number):
+    if kind == "audio" and (arr.ndim != 3 or not numeric):
         return (
             f"audio {key!r} must be a numeric array of shape [N, T, C] with values in "
             f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}."
         )
-    return None
-
-
-def histogram_problem(key: str, arr: np.ndarray) -> str | None:
-    if not np.issubdtype(arr.dtype, np.number):
+    if kind != "histogram":
+        return None
+    if not numeric:
         return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
@@ -234,9 +216,9 @@ def histogram_problem(key: str, arr: np.ndarray) -> str | None:
     return None
 
 
-check_images = functools.partial(check_arrays, check=image_problem)
-check_videos = functools.partial(check_arrays, check=video_problem)
-check_histograms = functools.partial(check_arrays, check=histogram_problem)
+check_images = functools.partial(check_arrays, kind="image")
+check_videos = functools.partial(check_arrays, kind="video")
+check_histograms = functools.partial(check_arrays, kind="histogram")
 
 
 def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
@@ -248,13 +230,12 @@ def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> di
         )
     if sample_rate <= 0:
         raise ValueError(f"{method}: sample_rate must be positive, got {sample_rate}.")
-    return check_arrays(audios, method, audio_problem)
+    return check_arrays(audios, method, "audio")
 
 
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
     """Raises a TypeError listing every key whose value is not a str."""
-    bad = {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}
-    if bad:
+    if bad := {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}:
         raise TypeError(
             f"{method}: text values must be str, got {bad}. Convert with str() or "
             "write numbers with write_scalars."
@@ -267,8 +248,7 @@ def is_finite_number(value: int | float) -> bool:
 
 
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:
-    """Images as `[N, H, W, C]` uint8: integers read as [0, 255], floats as [0, 1] (as
-    TensorBoard does), both clipped, NaN as 0."""
+    """Images as `[N, H, W, C]` uint8: ints read as [0, 255], floats as [0, 1], clipped, NaN 0."""
     if arr.ndim == 3:
         arr = arr[None]
     if arr.dtype == np.uint8:
@@ -282,7 +262,7 @@ def images_as_uint8(arr: np.ndarray) -> np.ndarray:
 
 
 def _is_ml_float(dtype: Any) -> bool:
-    """bfloat16 and float8 (ml_dtypes, as JAX uses them) are floats NumPy does not know."""
+    # bfloat16 and float8 (ml_dtypes, as JAX uses them) are floats NumPy does not know.
     return np.dtype(dtype).name.startswith(("bfloat16", "float8"))
 
 
@@ -292,10 +272,7 @@ def _looks_like_array(value: Any) -> bool:
 
 
 def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.ndarray]:
-    """`(counts, edges)` of an equal-width histogram of finite values, as TensorFlow builds it.
-
-    `num_buckets` None means 30, below 2 means 2; equal values fill one bucket `[v - 0.5, v + 0.5]`.
-    """
+    """`(counts, edges)`: an equal-width histogram as TensorFlow builds it (30 buckets default)."""
     flat = np.asarray(arr, dtype=np.float64).reshape(-1)
     buckets = max(2, int(num_buckets or DEFAULT_NUM_BUCKETS))
     low, high = float(flat.min()), float(flat.max())

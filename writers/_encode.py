@@ -1,7 +1,4 @@
-"""Checked values as PNG, WAV, filmstrips, histograms and hparams.
-
-PNG and WAV use the standard library (tensorboardX would need Pillow and soundfile).
-"""
+"""Checked values as PNG, WAV (standard library only), filmstrips, histograms and hparams."""
 
 from __future__ import annotations
 
@@ -15,8 +12,6 @@ import numpy as np
 
 from writers import _checks
 
-_PNG_COLOR_TYPE = {1: 0, 3: 2, 4: 6}  # channels -> grayscale, RGB, RGBA
-
 
 def png(image: np.ndarray) -> bytes:
     """Encodes one `[H, W, C]` uint8 image (C in 1, 3, 4) as PNG bytes."""
@@ -25,7 +20,8 @@ def png(image: np.ndarray) -> bytes:
     rows = np.concatenate(
         [np.zeros((height, 1), np.uint8), np.ascontiguousarray(image).reshape(height, -1)], axis=1
     )
-    header = struct.pack(">IIBBBBB", width, height, 8, _PNG_COLOR_TYPE[channels], 0, 0, 0)
+    color = {1: 0, 3: 2, 4: 6}[channels]  # grayscale, RGB, RGBA
+    header = struct.pack(">IIBBBBB", width, height, 8, color, 0, 0, 0)
     chunks = ((b"IHDR", header), (b"IDAT", zlib.compress(rows.tobytes(), 6)), (b"IEND", b""))
     return b"\x89PNG\r\n\x1a\n" + b"".join(
         struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))

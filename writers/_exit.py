@@ -1,7 +1,4 @@
-"""Closes buffering writers at interpreter exit if the program did not (no `__del__`).
-
-The hook holds only a weak reference to the writer.
-"""
+"""Closes buffering writers at interpreter exit if the program did not (no `__del__`)."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from absl import logging
 
 
 def register(writer: Any, name: str) -> Callable[[], None]:
-    """Registers `writer.close()` to run at exit; `close()` passes the hook to `unregister`."""
+    """Registers `writer.close()` (through a weak reference) to run at exit; returns the hook."""
     return atexit.register(functools.partial(_close, weakref.ref(writer), name))
 
 
@@ -23,9 +20,8 @@ unregister = atexit.unregister
 
 
 def _close(ref: weakref.ReferenceType[Any], name: str) -> None:
-    writer = ref()
     try:
-        if writer is not None:
+        if (writer := ref()) is not None:
             writer.close()
     except Exception:  # noqa: BLE001  (nobody is left to catch it at exit)
         logging.exception("%s failed while closing at exit", name)

@@ -13,7 +13,6 @@ _RATE_KEY = re.compile(r"per_sec(ond)?|_per_s$|/s$|throughput", re.IGNORECASE)
 
 @functools.lru_cache(maxsize=100_000)  # the same keys come back at every summary
 def is_rate(key: str) -> bool:
-    """True when `key` names a rate, e.g. `timing/seqs_per_second`."""
     return bool(_RATE_KEY.search(key))
 
 
@@ -34,13 +33,12 @@ def number(key: str, value: int | float) -> str:
 
 
 def numbers(values: Mapping[str, int | float]) -> dict[str, str]:
-    """`number(key, value)` for every item, with a fast path for plain floats.
+    """`number(key, value)` for every item; a float below 1,000 in size takes a fast path.
 
     Example:
       >>> numbers({"loss": 0.123456, "n": 12345})
       {'loss': '0.1235', 'n': '12,345'}
     """
-    # A float below 1,000 in size is finite and never a big rate: `.4g`, as `number` does.
     return {
         key: f"{value:.4g}"
         if type(value) is float and -1000.0 < value < 1000.0

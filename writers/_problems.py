@@ -14,11 +14,7 @@ def describe(x: Any) -> str:
 
 
 class Problems:
-    """Collects every problem of a call.
-
-    The error is a `TypeError` if any problem is about a type, else a `ValueError`, and reads
-    `"<call>: <problem>"`, or `"<call>: N problems:"` with one `  - ` line per problem.
-    """
+    """A call's problems, raised as one `TypeError` (if any is about a type) or `ValueError`."""
 
     def __init__(self, context: str = "") -> None:
         self.context = context
@@ -38,18 +34,16 @@ class Problems:
         return bool(self.type_errors or self.value_errors)
 
     def message(self, context: str | None = None) -> str:
-        """The message naming every problem, prefixed by the call's name."""
+        """`"<call>: <problem>"`, or `"<call>: N problems:"` and one `  - ` line per problem."""
         problems = self.type_errors + self.value_errors
-        where = context or self.context
         if len(problems) == 1:
-            return f"{where}: {problems[0]}"
+            return f"{context or self.context}: {problems[0]}"
         lines = "\n".join(f"  - {p}" for p in problems)
-        return f"{where}: {len(problems)} problems:\n{lines}"
+        return f"{context or self.context}: {len(problems)} problems:\n{lines}"
 
     def raise_if_any(
         self, context: str | None = None, error: type[Exception] | None = None
     ) -> None:
         """Raises one error naming every problem, of type `error` if given."""
         if self:
-            kind = error or (TypeError if self.type_errors else ValueError)
-            raise kind(self.message(context))
+            raise (error or (TypeError if self.type_errors else ValueError))(self.message(context))

@@ -1,12 +1,7 @@
-"""TensorBoard event files: TFRecord framing, written synchronously.
+"""TensorBoard event files in TFRecord framing, written synchronously so `flush()` means on disk.
 
-A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`, little
-endian; the CRC is tensorboardX's (fast with the `crc32c` package, a dependency). Writing here
-instead of tensorboardX's queued `EventFileWriter` makes `flush()` mean "on disk" and never
-overwrites a file. Local files are named like tensorboardX's, a counter added on a clash. On a
-URL each flush writes a new object holding the events since the last (`_storage.PartStream`),
-named so that TensorBoard, reading files in name order, sees one stream: uploads grow
-linearly with the events (tensorboardX re-uploads the whole file at every flush).
+On a URL each flush writes a new object with the events since the last (`_storage.PartStream`),
+named so TensorBoard reads one stream; tensorboardX would re-upload the whole file every flush.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from writers import _storage
 
 
 class EventFile:
-    """An append-only event file in `logdir` (a directory or URL); thread-safe.
+    """An append-only event file in `logdir` (a directory or URL), named like tensorboardX's.
 
     Raises:
       ImportError: `logdir` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
@@ -48,8 +43,7 @@ class EventFile:
         for attempt in range(1000):
             self.path = base + (f".{attempt}" if attempt else "") + filename_suffix
             try:
-                # Unbuffered: every event reaches the OS at once, so a killed process
-                # (SIGKILL) loses none that was written; flush() adds the fsync.
+                # Unbuffered, so a killed process loses no event written; flush() adds the fsync.
                 self._file = open(self.path, "xb", buffering=0)  # noqa: SIM115
                 return
             except FileExistsError:
@@ -57,7 +51,7 @@ class EventFile:
         raise FileExistsError(f"EventFile: could not create a new file next to {base}")
 
     def write(self, data: bytes) -> None:
-        """Appends one serialized event as a record."""
+        """Appends one serialized event as `[len][crc(len)][data][crc(data)]`, little endian."""
         header = struct.pack("<Q", len(data))
         header += struct.pack("<I", masked_crc32c(header))
         record = header + data + struct.pack("<I", masked_crc32c(data))

@@ -1,13 +1,8 @@
-"""`OrderedWorker`: the one background worker (bounded, ordered, deadlines).
+"""`OrderedWorker`: the background worker of `AsyncWriter` and `MetricsManager`.
 
-`writers.AsyncWriter` and `metrics_manager.MetricsManager` run their background work here. A
-job is a list of pieces `(label, fn, deadline_s)` run in order on one thread, jobs in
-submission order; `fn(job)` may keep state in `job.state` and set `job.result`, the future's
-value. An exception ends its job and fails its future. A piece that overruns its deadline is
-abandoned: its (daemon) thread is left behind, `on_stuck` is told, and a fresh thread goes on
-with the job's next piece. Overruns are noticed by whoever waits for the worker (a blocked
-`submit`, `drain`), so a loop that never waits never pays for the check; and only pieces with a
-deadline take the lock (lock rounds were measurable at a summary per step).
+Jobs are lists of pieces `(label, fn, deadline_s)` run in order on one thread; `fn(job)` may keep
+state in `job.state` and set `job.result`, the future's value; an exception fails the job. A piece
+past its deadline is abandoned to its daemon thread, and a fresh thread runs the job's next piece.
 """
 
 from __future__ import annotations
@@ -76,19 +71,17 @@ class OrderedWorker:
         """Queues a job; blocks while `max_pending` jobs wait. Returns its future.
 
         Raises:
-          RuntimeError: the worker is stopping, or the call comes from the worker itself
-            while the queue is full (it would wait for a slot only it can free).
+          RuntimeError: the worker is closed, or its own thread calls it while the queue is full.
         """
-        job = Job(pieces)
-        self._enqueue(job)
-        assert job.future is not None
-        return job.future
+        future = self._enqueue(Job(pieces)).future
+        assert future is not None
+        return future
 
     def post(self, pieces: Sequence[Piece]) -> None:
         """`submit` for a job nobody waits on: no future is made; an error ending it is logged."""
         self._enqueue(Job(pieces, future=False))
 
-    def _enqueue(self, job: Job) -> None:
+    def _enqueue(self, job: Job) -> Job:
         with self._cond:
             while len(self._queue) >= self._max and not self._stopping:
                 if threading.current_thread() is self._threads[-1]:
@@ -102,6 +95,7 @@ class OrderedWorker:
                 raise RuntimeError(f"{self.name} is closed; create a new one.")
             self._queue.append(job)
             self._cond.notify_all()
+        return job
 
     def drain(self, timeout: float | None = None) -> bool:
         """Waits until every queued job has ended; False if `timeout` passed first."""
@@ -124,7 +118,7 @@ class OrderedWorker:
         return drained
 
     def _wait(self) -> None:
-        """Waits a little for the worker; abandons a piece that overran its deadline."""
+        # Overruns are noticed by waiting callers: a loop that never waits never pays the check.
         self._cond.wait(_POLL_S)
         piece = self._piece
         if piece is not None and piece[1] is not None and time.monotonic() > piece[1]:
@@ -169,8 +163,7 @@ class OrderedWorker:
                 except BaseException as err:  # noqa: BLE001  (fails this job's future)
                     failed = err
                 if deadline is None and failed is None:
-                    # Only a piece with a deadline can be abandoned, so only its end needs
-                    # the lock: the common piece costs no lock round at all.
+                    # Only a piece with a deadline can be abandoned, so only its end takes the lock.
                     job.index = index + 1
                     if job.index < len(pieces) and pieces[job.index][2] is not None:
                         with cond:
@@ -188,7 +181,6 @@ class OrderedWorker:
             self._finish(job, generation)
 
     def _arm(self, job: Job) -> None:
-        """Publishes the deadline of the job's next piece (under the lock), or clears it."""
         pieces = job.pieces
         deadline = pieces[job.index][2] if job.index < len(pieces) else None
         self._piece = (

@@ -1,15 +1,9 @@
 """`AsyncWriter`: runs a writer's calls on one ordered background thread.
 
-For a writer used on its own (a `MetricsManager` calls its writers from its own worker, the
-same `writers._worker.OrderedWorker`). Each write is checked on the caller's thread, then
-queued and run in call order, so the training loop does not wait on disks or terminals.
-
-* At most `max_queue` calls wait; a full queue blocks the caller (nothing is dropped).
-* The wrapped writer's errors are raised on the caller's next call (after its own work is
-  queued), on `flush()` and on `close()`, as a `WriterError` naming the writer, the method and
-  the step. Later calls still run: a failed write loses only itself.
-* A writer never closed is closed at exit.
-* Mappings are copied, arrays are not: do not change an array in place until `flush()`.
+Each write is checked on the caller's thread, then queued and run in call order; a full queue
+blocks the caller (nothing is dropped). The writer's errors are raised on the caller's next call,
+`flush()` or `close()` as a `WriterError` naming the writer, method and step; later calls still
+run. Mappings are copied, arrays are not: change no array in place until `flush()`.
 
 Example:
   >>> import writers
@@ -36,7 +30,7 @@ class AsyncWriter(ForwardingWriter):
     Args:
       writer: Any writer with CLU's method names (calls are forwarded by keyword).
       name: Name used in error messages (default: the writer's class name).
-      max_queue: Most calls waiting at once; a full queue blocks the caller.
+      max_queue: Most calls waiting at once.
 
     Raises:
       TypeError: `writer` lacks CLU's writer methods.

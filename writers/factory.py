@@ -1,7 +1,6 @@
-"""`create_default_writer`: the usual writer set for a training run, in one call.
+"""`create_default_writer`: console + TensorBoard + JSONL writers for a run, in one call.
 
-Console + TensorBoard + JSONL (`<logdir>/metrics.jsonl`) by default, inside one `MultiWriter`
-so a failing backend stops none of the others; `configs/writers/*.gin` bind its arguments.
+They go in one `MultiWriter`, so a failing backend stops no other; `configs/writers/*.gin` bind it.
 """
 
 from __future__ import annotations
@@ -37,20 +36,16 @@ def create_default_writer(
     """Builds console + TensorBoard + JSONL (+ absl log) writers behind one `MultiWriter`.
 
     Args:
-      logdir: Directory or fsspec URL for TensorBoard events and `metrics.jsonl`; None writes
-        no files.
+      logdir: Directory or fsspec URL for TensorBoard events and `metrics.jsonl`; None: no files.
       collection: Shown by the console and log writers, stored in every JSONL line.
-      asynchronous: Put each writer behind its own `AsyncWriter`. Off by default: a
-        `MetricsManager` calls its writers from its own worker.
+      asynchronous: Each writer behind an `AsyncWriter` (a `MetricsManager` has its own worker).
       console: Include a `ConsoleWriter` (named `console`).
       tensorboard: Include a `TensorBoardWriter` (`tensorboard`; needs `logdir`).
       jsonl: Include a `JsonlWriter` (`jsonl`; needs `logdir`).
       log: Include a `LoggingWriter` (`log`: absl INFO log, CLU's line format).
       total_steps: Last step of the run, for the console's progress line and ETA.
-      purge_step: Hide TensorBoard events at or after this step from earlier runs; prefer
-        `resume_step`, which also cleans the JSONL log.
-      resume_step: The step a resumed run restarts from: TensorBoard gets
-        `purge_step=resume_step + 1` and the JSONL log loses its lines after it.
+      purge_step: Hide TensorBoard events from this step on; `resume_step` also cleans the JSONL.
+      resume_step: The step a resumed run restarts from (purges TensorBoard and JSONL after it).
       flush_secs: TensorBoard (and remote JSONL) flush period in seconds.
       max_queue: Queue size of each `AsyncWriter`.
       console_stream: Stream for the console writer (default `sys.stdout`).
@@ -99,7 +94,5 @@ def create_default_writer(
             made.close()
         raise
     if asynchronous:
-        chosen = {
-            name: AsyncWriter(w, name=name, max_queue=max_queue) for name, w in chosen.items()
-        }
+        chosen = {n: AsyncWriter(w, name=n, max_queue=max_queue) for n, w in chosen.items()}
     return MultiWriter(chosen)

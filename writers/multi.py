@@ -1,8 +1,7 @@
 """`MultiWriter`: fans every call out to several writers; one failure stops none.
 
 Each call goes to every writer in order, even after one raised; the failures are then raised
-together as one `WriterError`, and `close()` closes every writer. Step and keys are checked
-once, before fan-out. Writers need only CLU's method and parameter names.
+together as one `WriterError`. Step and keys are checked once, before fan-out.
 
 Example:
   >>> import writers
@@ -25,8 +24,7 @@ class MultiWriter(ForwardingWriter):
     """Writes every call to each of several writers and reports all failures.
 
     Args:
-      writers: The writers, as a sequence (named after their class, with `#i` added to
-        repeated names) or as a mapping from name to writer.
+      writers: name -> writer, or a sequence (named by class, `#i` added to repeated names).
 
     Raises:
       TypeError: an object lacks CLU's writer methods, or a name is not a str.
@@ -59,7 +57,7 @@ class MultiWriter(ForwardingWriter):
         """Closes every writer even if some fail; idempotent.
 
         Raises:
-          WriterError: naming every writer whose `close()` raised (all were tried).
+          WriterError: naming every writer whose `close()` raised.
         """
         if not self._closed:
             self._closed = True

@@ -1,8 +1,7 @@
 """`NoopWriter`: accepts every call and writes nothing.
 
-Useful on non-zero processes of a multi-host job, in tests, and as a base for writers that
-only care about a few kinds of values: it checks nothing, so a subclass overriding a few
-methods behaves like a CLU writer with empty methods for the rest.
+For non-zero processes of a multi-host job, tests, and as a base class: it checks nothing, so a
+subclass overriding a few methods acts like a CLU writer with empty methods for the rest.
 
 Example:
   >>> import writers

@@ -1,10 +1,10 @@
 """`write_values`: writes a mapping of `clu.values` objects with one call per kind.
 
-Plain numbers and one-element arrays count as scalars. The calls come in a fixed order:
-summaries (one per metadata), scalars, images, texts, hparams, histograms, audios (one per
-sample rate). Unlike CLU's: `HyperParam` values go to `write_hparams(hparams)` without a step;
-one `TypeError` names every unsupported value before anything is written; `clu.values` is only
-looked at when already imported, so this module does not pull in JAX.
+Plain numbers and one-element arrays count as scalars. Calls come in a fixed order: summaries
+(one per metadata), scalars, images, texts, hparams, histograms, audios (one per sample rate).
+Unlike CLU's: `HyperParam` values go to `write_hparams(hparams)` without a step; one `TypeError`
+names every unsupported value before anything is written; `clu.values` is only looked at when
+already imported, so this module does not pull in JAX.
 
 Example:
   >>> import writers
@@ -29,13 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from writers._checks import _is_ml_float, _looks_like_array, check_keys, check_step
+from writers._checks import _CONVERTERS, _is_ml_float, _looks_like_array, check_keys, check_step
 from writers.interface import MetricWriter
 
 __all__ = ["group_values", "write_values"]
 
-Call = tuple[str, dict[str, Any]]
-"""A writer call: method name and keyword arguments (without the step)."""
+Call = tuple[str, dict[str, Any]]  # a writer call: method name and kwargs (without the step)
 
 
 def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> None:
@@ -43,7 +42,7 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
 
     Args:
       writer: Any writer with CLU's method names (ours or CLU's).
-      step: Non-negative integer step.
+      step: The step.
       values: name -> `clu.values.Value`, a number, or an array of one element.
 
     Raises:
@@ -64,10 +63,7 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
 
 
 def group_values(values: Mapping[str, Any]) -> list[Call]:
-    """The writer calls that write `values`, as `(method, kwargs)` without the step.
-
-    One call per kind in `write_values`' order; a TypeError names every unsupported value.
-    """
+    """`write_values`' calls for `values`, as `(method, kwargs)` without the step, in order."""
     clu_values = sys.modules.get("clu.values")
     scalar_type = None if clu_values is None else clu_values.Scalar
     summaries: list[tuple[Any, dict[str, Any]]] = []
@@ -77,9 +73,9 @@ def group_values(values: Mapping[str, Any]) -> list[Call]:
     unsupported: list[str] = []
     for key, value in values.items():
         cls = type(value)
-        if cls in _PLAIN_SCALAR_TYPES:
+        if cls in _CONVERTERS:  # an exact number type
             groups["scalar"][key] = value
-        elif cls is scalar_type and type(value.value) in _PLAIN_SCALAR_TYPES:
+        elif cls is scalar_type and type(value.value) in _CONVERTERS:
             groups["scalar"][key] = value.value  # what compute_value() gives: the common case
         elif (kind := _clu_kind(cls, clu_values)) is None and _is_plain_scalar(value):
             groups["scalar"][key] = value
@@ -134,13 +130,6 @@ def _clu_kind(cls: type, clu_values: Any) -> str | None:
             if issubclass(cls, getattr(clu_values, name)):
                 return name.lower()
     return None
-
-
-# Exact types that `_is_plain_scalar` always accepts, checked with one set lookup.
-_PLAIN_SCALAR_TYPES = frozenset(
-    {float, int, bool, np.bool_, np.float16, np.float32, np.float64, np.longdouble}
-    | {np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64}
-)
 
 
 def _is_plain_scalar(value: Any) -> bool:
