@@ -1,14 +1,4 @@
-"""The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back.
-
-Local: one file, appended line by line; resuming at step S rewrites it atomically, dropping
-the lines after S (lines without a step, hparams, stay).
-
-Remote (`gs://b/run/metrics.jsonl`): objects cannot be appended to, so the log is a directory
-of parts, `<path>.d/<generation>-<index>.jsonl`, one per upload. Readers use the highest
-generation only, in name order. Resuming writes the kept lines as part 0 of the next
-generation (readers switch at once), then deletes the old one; a crash in between leaves
-stale parts that readers ignore and the next writer deletes.
-"""
+"""The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back."""
 
 from __future__ import annotations
 
@@ -51,11 +41,7 @@ def line_step(line: bytes) -> int | None:
 
 
 def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
-    """The lines a run resumed at `resume_step` keeps.
-
-    Kept: steps <= `resume_step`, no step (hparams), unreadable steps (not ours to judge).
-    Dropped: later steps, and a last line without its newline (cut short by a crash).
-    """
+    """Lines a run resumed at `resume_step` keeps: no later step, and a newline at the end."""
     for line in lines:
         if not line.endswith(b"\n"):
             logging.warning("JsonlWriter: dropping an incomplete last line %r", line[:80])
@@ -106,11 +92,7 @@ class LocalLog:
 
 
 def _open_locked(path: str) -> TextIO:
-    """Opens `path` line-buffered for appending, with an exclusive lock while it is open.
-
-    Two processes appending to one log would interleave their lines. The kernel drops the
-    lock when the process ends, SIGKILL included: no lock file is left behind.
-    """
+    # flock, not a lock file: the kernel drops it when the process ends, SIGKILL included.
     file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     if fcntl is None:
         return file
@@ -127,7 +109,11 @@ def _open_locked(path: str) -> TextIO:
 
 
 class RemoteLog:
-    """A remote JSONL log as parts of one generation (see the module docstring)."""
+    """A remote log: objects cannot be appended to, so parts `<path>.d/<generation>-<index>.jsonl`.
+
+    Readers use the highest generation only. Resuming writes the kept lines as part 0 of the
+    next generation, then deletes the old one (stale parts left by a crash are ignored).
+    """
 
     def __init__(self, path: str, resume_step: int | None, flush_secs: float):
         directory = path.rstrip("/") + ".d"
@@ -181,13 +167,12 @@ def _read_parts(directory: str, generation: int, indices: list[int]) -> bytes:
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Reads a JSONL log written by `JsonlWriter`, local or remote, as one dict per line.
 
-    A last line still being written (no newline yet) is left out.
-
     Args:
       path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
 
     Returns:
-      The lines, parsed with `json.loads`, in the order they were written.
+      The lines, parsed with `json.loads`, in the order they were written (a last line still
+      being written, without its newline, is left out).
 
     Raises:
       FileNotFoundError: no log at `path`.

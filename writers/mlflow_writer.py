@@ -1,22 +1,16 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra (imported by the first writer). Any tracking store works: a server
-(`http://host:5000`) or a database (`sqlite:///mlflow.db`). Only process 0 creates a run and
-logs; the others check their inputs and log nothing.
-
-Scalars are metrics, one `log_batch` per call (in batches of MLflow's 1000-metric limit; NaN
-kept, infinities as the store keeps them: SQL clamps them to +-1.797e308); hparams are params
-(100 per batch; a new value for a param the run has raises MLflow's error). Texts, images,
-videos, audio and histograms are artifacts, one `log_artifacts` per call, at
-`<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per image or video
-filmstrip `[H, T*W, C]`, 16-bit `.wav` per clip, `.json` histograms (`count`, `min`, `max`,
-`mean`, `edges`, `counts`); keys must be relative paths (no `..`, `.` or empty parts). Raw
-tensors (`write_summaries`) raise `NotImplementedError`.
+Needs the `mlflow` extra. Any tracking store works: a server (`http://host:5000`) or a database
+(`sqlite:///mlflow.db`). Only process 0 creates a run and logs; the others check their inputs
+and log nothing. Scalars are metrics (one `log_batch` per call; SQL stores clamp infinities
+to +-1.797e308), hparams are params. Texts, images, videos, audio and histograms are artifacts,
+one `log_artifacts` per call, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>` (`.txt`,
+`.png`, 16-bit `.wav`, `.json`); keys must be relative paths. Raw tensors raise
+`NotImplementedError`.
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`. Metric
-history is append-only, so the writer reads each metric's last logged step and skips (with
-one absl warning) any (key, step) at or before it: each step keeps the earlier run's point
-where it had one. Artifacts of a re-logged step are replaced.
+history is append-only, so (with one absl warning) any (key, step) at or before the metric's
+last logged step is skipped: each step keeps the earlier run's point. Artifacts are replaced.
 
 Example:
   >>> import os, tempfile, writers

@@ -39,13 +39,9 @@ def create_tracker_writer(
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
       collection: Passed to both factories (e.g. `train`).
-      tracker: Makes the tracker writer (e.g. `writers.WandbWriter`); given `logdir` only if
-        it takes one.
+      tracker: Makes the tracker writer (e.g. `writers.WandbWriter`); given `logdir` if it takes one.
       name: Name of the tracker inside the `MultiWriter` (errors name it).
       default_writer: Makes the other writers.
-
-    Returns:
-      A `MultiWriter` over the default writers and the tracker.
 
     Raises:
       ValueError: `name` is already the name of one of the default writers.

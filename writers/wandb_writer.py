@@ -1,21 +1,15 @@
 """`WandbWriter`: Weights & Biases runs, one `run.log(values, step=step)` per write call.
 
-Needs the `wandb` extra (imported by the first writer). Only process 0 creates a run and
-logs; the others check their inputs and log nothing. Scalars are numbers (NaN and infinities
-kept), texts strings, images a list of `wandb.Image` per key, videos one filmstrip image
-`[H, T*W, C]` each (`wandb.Video` would need moviepy), audio `wandb.Audio` 16-bit WAV clips
-(`<key>/<i>` when N > 1), histograms `wandb.Histogram` (at most 512 buckets), hparams the
-run's config; raw tensors (`write_summaries`) raise `NotImplementedError`.
-
-W&B drops a `log` at a step below the last one, so such a write raises `ValueError`; calls at
-one step fill one row. `close()` finishes runs this writer started (offline, wandb 0.31's
-`finish()` may return just before the last records reach the run file: wait for its `exit`
-record).
+Needs the `wandb` extra. Only process 0 creates a run and logs; the others check their inputs
+and log nothing. Images are a list of `wandb.Image` per key, videos one filmstrip image
+`[H, T*W, C]` each (`wandb.Video` would need moviepy), audio 16-bit WAV clips (`<key>/<i>` when
+N > 1), histograms at most 512 buckets, hparams the run's config; raw tensors raise
+`NotImplementedError`. W&B drops a `log` at a step below the last one, so such a write raises
+`ValueError`. `close()` finishes runs this writer started.
 
 Run identity: `run_id=None` starts a new run; `run_id` alone attaches to it (`resume="allow"`);
-with `resume_step=R` it rewinds the run to step R (`resume_from="<id>?_step=R"`): later
-history is replaced and steps up to R raise. With `collection` set, the run name defaults to
-it and the run id is `<run_id>-<collection>` (`/` replaced by `-`).
+with `resume_step=R` it rewinds the run to step R (`resume_from="<id>?_step=R"`). With
+`collection` set, the run name defaults to it and the run id is `<run_id>-<collection>`.
 
 Example:
   >>> import tempfile, writers
