@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -64,9 +65,7 @@ class LocalLog:
     """A local JSONL file, rewritten on resume, then appended to line by line."""
 
     def __init__(self, path: str, resume_step: int | None):
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._file: TextIO = _open_locked(path)
         if resume_step is not None:
             with open(path, "rb") as old:
@@ -127,7 +126,10 @@ class RemoteLog:
         else:
             tail = _read_parts(directory, generation, current[-1:])
         # The new generation is in place: readers ignore the old one already.
-        _storage.remove(f"{directory}/{name}" for name in stale)
+        fs, base = _storage.filesystem(directory)
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(f"{base.rstrip('/')}/{name}")
         self.last_step = last_step(tail[-65536:])
         first = current[-1] + 1 if current else 0
         self._stream = _storage.PartStream(
@@ -151,7 +153,12 @@ class RemoteLog:
 
 def _latest(directory: str) -> tuple[int, list[int], list[str]]:
     """The newest generation of parts in `directory`, its part indices, older parts' names."""
-    names = _storage.list_names(directory)
+    fs, fs_path = _storage.filesystem(directory)
+    fs.invalidate_cache(fs_path)  # another process (an earlier run) may have written
+    try:
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(fs_path, detail=False)]
+    except FileNotFoundError:
+        names = []
     parts = [(int(m.group(1)), int(m.group(2))) for m in map(_PART.match, names) if m]
     generation = max((g for g, _ in parts), default=0)
     stale = [_part_name(g, i) for g, i in parts if g < generation]

@@ -6,7 +6,6 @@ the square of the run), so remote logs are written as parts, one new object per 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import uuid
@@ -76,30 +75,10 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
         os.close(dir_fd)
 
 
-def list_names(directory: str) -> list[str]:
-    """Sorted base names of the objects directly under a remote `directory` (none if missing)."""
-    fs, fs_path = filesystem(directory)
-    fs.invalidate_cache(fs_path)  # another process (an earlier run) may have written
-    try:
-        entries = fs.ls(fs_path, detail=False)
-    except FileNotFoundError:
-        return []
-    return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
-
-
-def remove(urls: Iterable[str]) -> None:
-    """Deletes remote objects (missing ones are fine)."""
-    for url in urls:
-        fs, fs_path = filesystem(url)
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(fs_path)
-
-
 class PartStream:
-    """An append-only remote log in `directory`, one object `name(index)` per upload.
+    """An append-only remote log in `directory`: `flush` (or 8 MiB) uploads a part `name(index)`.
 
-    `flush`, or a write that fills 8 MiB, uploads the bytes written since the last upload as the
-    next part (names must sort in write order). Thread-safe.
+    Names must sort in write order. Thread-safe.
     """
 
     def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):

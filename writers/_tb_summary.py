@@ -1,7 +1,4 @@
-"""Builds TensorBoard events and `Summary.Value` protos from checked values.
-
-Imported by the first `TensorBoardWriter`: `import writers` loads no tensorboardX.
-"""
+"""Builds TensorBoard events and `Summary.Value`s; imported by the first `TensorBoardWriter`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What `WandbWriter` and `MlflowWriter` share: the optional import, process 0, the write methods."""
+"""What `WandbWriter` and `MlflowWriter` share: the optional import, process 0, write methods."""
 
 from __future__ import annotations
 

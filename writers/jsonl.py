@@ -1,16 +1,11 @@
 """`JsonlWriter`: one JSON object per write call, one line each, for `jq` and pandas.
 
-Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
-(`collection` null when unset). A local file is line-buffered (`flush()` fsyncs); a URL (any
-fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush.
-`writers.read_jsonl(path)` reads either back. Every line is strict JSON:
-
-* NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float` reads them).
-* Images, videos, audio are `{"type", "shape"}`; histograms add `count`, `min`, `max`, `mean`,
-  `edges`, `counts`; raw tensors `shape`, `dtype` and `values` (up to `max_array_size`).
-* Hyperparameters are one line with `"step": null` and `"hparams": {...}`.
-* `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S.
-* `step`, `time` and `collection` are reserved keys: a value with one of them raises.
+Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`.
+A local file is line-buffered (`flush()` fsyncs); a URL (any fsspec protocol) is written as
+numbered parts under `<path>.d/`, one per flush; `writers.read_jsonl(path)` reads either back.
+Lines are strict JSON: NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"`;
+images, videos, audio and tensors are `{"type", "shape", ...}` summaries; hyperparameters are
+one line with `"step": null`. `step`, `time` and `collection` are reserved keys.
 
 Example:
   >>> import json, os, tempfile, writers

@@ -1,16 +1,13 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra. Any tracking store works: a server (`http://host:5000`) or a database
-(`sqlite:///mlflow.db`). Only process 0 creates a run and logs; the others check their inputs
-and log nothing. Scalars are metrics (one `log_batch` per call; SQL stores clamp infinities
-to +-1.797e308), hparams are params. Texts, images, videos, audio and histograms are artifacts,
-one `log_artifacts` per call, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>` (`.txt`,
-`.png`, 16-bit `.wav`, `.json`); keys must be relative paths. Raw tensors raise
-`NotImplementedError`.
+Needs the `mlflow` extra; any tracking store works (`http://host:5000`, `sqlite:///mlflow.db`);
+only process 0 creates a run and logs. Scalars are metrics, hparams params; texts, images,
+videos, audio and histograms are artifacts at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`
+(`.txt`, `.png`, 16-bit `.wav`, `.json`). Raw tensors raise `NotImplementedError`.
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`. Metric
 history is append-only, so (with one absl warning) any (key, step) at or before the metric's
-last logged step is skipped: each step keeps the earlier run's point. Artifacts are replaced.
+last logged step is skipped: each step keeps the earlier run's point.
 
 Example:
   >>> import os, tempfile, writers

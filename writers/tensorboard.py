@@ -1,14 +1,10 @@
 """`TensorBoardWriter`: TensorBoard event files, all values of one call in one event.
 
-Unlike tensorboardX's one event per value, scalar events are encoded directly (byte-identical
-to protobuf's) with a fast CRC: 25-50x faster at 50 scalars per call. Writes are synchronous
-(`flush()` means "on disk"); a timer flushes every `flush_secs`, and a writer never closed is
-closed at exit. Wrap it in `AsyncWriter` to take the work off the training loop.
-
-Texts are tagged with the key itself (CLU's tag), videos are one filmstrip image `[H, T*W, C]`,
-audio 16-bit WAV (`<key>/<i>` when N > 1), hparams the HParams plugin's session start at step 0.
-`purge_step` is the resume fix: TensorBoard hides earlier runs' events at or after it. A URL
-logdir (`gs://`, `s3://`; extras `[gcs]`, `[s3]`) gets one new object per flush.
+Scalar events are encoded directly (byte-identical to protobuf's) with a fast CRC: 25-50x
+faster than tensorboardX at 50 scalars per call. Writes are synchronous; a timer flushes every
+`flush_secs`, and a writer never closed is closed at exit. Texts are tagged with the key itself
+(CLU's tag), videos are filmstrip images `[H, T*W, C]`. A URL logdir (`gs://`, `s3://`; extras
+`[gcs]`, `[s3]`) gets one new object per flush.
 
 Example:
   >>> import tempfile, writers
