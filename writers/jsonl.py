@@ -146,8 +146,7 @@ class JsonlWriter(BaseWriter):
         return checked
 
     def _write_line(self, step: int | None, values: Mapping[str, Any]) -> None:
-        record = {"step": step, "time": self._clock(), "collection": self._collection}
-        record.update(values)
+        record = {"step": step, "time": self._clock(), "collection": self._collection, **values}
         self._log.write(_ENCODER.encode(record) + "\n")
         if step is not None:
             if step < self._max_step and not self._warned_backwards:

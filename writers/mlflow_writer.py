@@ -126,9 +126,8 @@ class MlflowWriter(_trackers.TrackerWriter):
         self._upload("write_texts", "texts", step, {k: v.encode() for k, v in texts.items()})
 
     def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
-        files = {
-            k: json.dumps(_encode.histogram(v, buckets.get(k))).encode() for k, v in arrays.items()
-        }
+        hists = {k: _encode.histogram(v, buckets.get(k)) for k, v in arrays.items()}
+        files = {k: json.dumps(h).encode() for k, h in hists.items()}
         self._upload("write_histograms", "histograms", step, files, ".json")
 
     def _params(self, hparams: dict[str, Any]) -> None:
