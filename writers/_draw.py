@@ -1,7 +1,4 @@
-"""The drawing half of `writers.plot`: a PNG with matplotlib, a text plot with plotext.
-
-The PNG is drawn on a `Figure` with the Agg canvas, not pyplot: no global state, no display.
-"""
+"""The drawing half of `writers.plot`: a PNG with matplotlib, a text plot with plotext."""
 
 from __future__ import annotations
 
@@ -30,23 +27,19 @@ def png(
     dpi: int,
     raw: bool,
 ) -> None:
-    """Writes a PNG, one panel per key (two columns beyond 3 keys), replacing `path` atomically.
-
-    `raw` also draws the unsmoothed values faintly behind each smoothed line.
-    """
+    """Writes a PNG to `path` (atomically), a panel per key (`raw`: raw values faint behind)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
         from matplotlib.figure import Figure  # noqa: PLC0415
     except ImportError as err:
         raise ImportError(f"writers.plot: a PNG needs matplotlib; {_EXTRA}") from err
     ncols = 1 if len(keys) <= 3 else 2
-    nrows = math.ceil(len(keys) / ncols)
+    # A `Figure` with the Agg canvas, not pyplot: no global state, no display.
     figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
-    axes = figure.subplots(nrows, ncols, squeeze=False).ravel()
+    axes = figure.subplots(math.ceil(len(keys) / ncols), ncols, squeeze=False).ravel()
     # One color per run, the same in every panel (matplotlib's default cycle).
-    runs = dict.fromkeys(s.run for s in series)
-    colors = {run: f"C{i % 10}" for i, run in enumerate(runs)}
+    colors = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(s.run for s in series))}
     for ax, key in zip(axes, keys, strict=False):
         for s in (s for s in series if s.key == key):
             if raw:

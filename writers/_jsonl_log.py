@@ -1,17 +1,8 @@
-"""The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back.
-
-Local: one file, appended line by line; resuming at step S rewrites it atomically, dropping
-the lines after S (lines without a step, hparams, stay).
-
-Remote (`gs://b/run/metrics.jsonl`): objects cannot be appended to, so the log is a directory
-of parts, `<path>.d/<generation>-<index>.jsonl`, one per upload. Readers use the highest
-generation only, in name order. Resuming writes the kept lines as part 0 of the next
-generation (readers switch at once), then deletes the old one; a crash in between leaves
-stale parts that readers ignore and the next writer deletes.
-"""
+"""The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -51,11 +42,7 @@ def line_step(line: bytes) -> int | None:
 
 
 def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
-    """The lines a run resumed at `resume_step` keeps.
-
-    Kept: steps <= `resume_step`, no step (hparams), unreadable steps (not ours to judge).
-    Dropped: later steps, and a last line without its newline (cut short by a crash).
-    """
+    """Lines a run resumed at `resume_step` keeps: no later step, and a newline at the end."""
     for line in lines:
         if not line.endswith(b"\n"):
             logging.warning("JsonlWriter: dropping an incomplete last line %r", line[:80])
@@ -78,9 +65,7 @@ class LocalLog:
     """A local JSONL file, rewritten on resume, then appended to line by line."""
 
     def __init__(self, path: str, resume_step: int | None):
-        parent = os.path.dirname(path)
-        if parent:
-            os.makedirs(parent, exist_ok=True)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._file: TextIO = _open_locked(path)
         if resume_step is not None:
             with open(path, "rb") as old:
@@ -106,11 +91,7 @@ class LocalLog:
 
 
 def _open_locked(path: str) -> TextIO:
-    """Opens `path` line-buffered for appending, with an exclusive lock while it is open.
-
-    Two processes appending to one log would interleave their lines. The kernel drops the
-    lock when the process ends, SIGKILL included: no lock file is left behind.
-    """
+    # flock, not a lock file: the kernel drops it when the process ends, SIGKILL included.
     file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
     if fcntl is None:
         return file
@@ -127,7 +108,11 @@ def _open_locked(path: str) -> TextIO:
 
 
 class RemoteLog:
-    """A remote JSONL log as parts of one generation (see the module docstring)."""
+    """A remote log: objects cannot be appended to, so parts `<path>.d/<generation>-<index>.jsonl`.
+
+    Readers use the highest generation only. Resuming writes the kept lines as part 0 of the
+    next generation, then deletes the old one (stale parts left by a crash are ignored).
+    """
 
     def __init__(self, path: str, resume_step: int | None, flush_secs: float):
         directory = path.rstrip("/") + ".d"
@@ -141,7 +126,10 @@ class RemoteLog:
         else:
             tail = _read_parts(directory, generation, current[-1:])
         # The new generation is in place: readers ignore the old one already.
-        _storage.remove(f"{directory}/{name}" for name in stale)
+        fs, base = _storage.filesystem(directory)
+        for name in stale:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(f"{base.rstrip('/')}/{name}")
         self.last_step = last_step(tail[-65536:])
         first = current[-1] + 1 if current else 0
         self._stream = _storage.PartStream(
@@ -165,7 +153,12 @@ class RemoteLog:
 
 def _latest(directory: str) -> tuple[int, list[int], list[str]]:
     """The newest generation of parts in `directory`, its part indices, older parts' names."""
-    names = _storage.list_names(directory)
+    fs, fs_path = _storage.filesystem(directory)
+    fs.invalidate_cache(fs_path)  # another process (an earlier run) may have written
+    try:
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(fs_path, detail=False)]
+    except FileNotFoundError:
+        names = []
     parts = [(int(m.group(1)), int(m.group(2))) for m in map(_PART.match, names) if m]
     generation = max((g for g, _ in parts), default=0)
     stale = [_part_name(g, i) for g, i in parts if g < generation]
@@ -181,13 +174,12 @@ def _read_parts(directory: str, generation: int, indices: list[int]) -> bytes:
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Reads a JSONL log written by `JsonlWriter`, local or remote, as one dict per line.
 
-    A last line still being written (no newline yet) is left out.
-
     Args:
       path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
 
     Returns:
-      The lines, parsed with `json.loads`, in the order they were written.
+      The lines, parsed with `json.loads`, in the order they were written (a last line still
+      being written, without its newline, is left out).
 
     Raises:
       FileNotFoundError: no log at `path`.

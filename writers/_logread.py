@@ -1,10 +1,4 @@
-"""The reading half of `writers.plot`: scalar series from `metrics.jsonl` or event files.
-
-A run is a directory holding `metrics.jsonl` (read when present: cheaper to parse) or
-`events.out.tfevents.*` files. A partial last line or record (a file being written) is read
-on the next call; a step written twice keeps its last value, as in TensorBoard. Event files
-are read with a small TFRecord reader and tensorboardX's `Event` proto.
-"""
+"""The reading half of `writers.plot`: scalar series from `metrics.jsonl` or event files."""
 
 from __future__ import annotations
 
@@ -28,29 +22,18 @@ Scalars = dict[tuple[str | None, str], dict[int, float]]
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-    """A run directory: its label (`demo/train`), path, and the files read for it."""
+    """A run directory's label (`demo/train`) and the files read for it."""
 
     label: str
-    path: str
     files: tuple[str, ...]
 
 
-def run_files(directory: str) -> tuple[str, ...]:
-    """`directory`'s JSONL log if any, else its event files."""
-    jsonl = os.path.join(directory, JSONL_NAME)
-    if os.path.isfile(jsonl):
-        return (jsonl,)
-    return tuple(sorted(glob.glob(os.path.join(glob.escape(directory), EVENTS_GLOB))))
-
-
 def find_runs(paths: Sequence[str]) -> list[Run]:
-    """Every run directory at or under `paths`, in path order.
+    """Every run directory at or under `paths`, in path order (FileNotFoundError if none).
 
-    Labels: a run given itself is `<parent>/<name>` (`runs/demo/train` -> `demo/train`), one
-    found below `P` `<name of P>/<relative path>`; colliding labels fall back to the paths.
-
-    Raises:
-      FileNotFoundError: a path does not exist or holds no run at any depth.
+    Its files: `metrics.jsonl` if any (cheaper to parse), else the event files. Labels: a run
+    given itself is `<parent>/<name>` (`runs/demo/train` -> `demo/train`), one found below `P`
+    `<name of P>/<relative path>`; colliding labels fall back to the paths.
     """
     problems = Problems(
         "writers.plot: expected run directories (holding metrics.jsonl or TensorBoard event "
@@ -66,7 +49,9 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
         before = len(found)
         for directory, subdirs, _ in os.walk(root):
             subdirs.sort()
-            files = run_files(directory)
+            jsonl = os.path.join(directory, JSONL_NAME)
+            pattern = os.path.join(glob.escape(directory), EVENTS_GLOB)
+            files = (jsonl,) if os.path.isfile(jsonl) else tuple(sorted(glob.glob(pattern)))
             if not files:
                 continue
             parent = os.path.dirname(root) if directory == root else root
@@ -80,16 +65,16 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     labels = [label for label, _, _ in found]
     if len(set(labels)) < len(labels):
         labels = [os.path.relpath(directory) for _, directory, _ in found]
-    return [Run(label, d, f) for label, (_, d, f) in zip(labels, found, strict=True)]
+    return [Run(label, f) for label, (_, _, f) in zip(labels, found, strict=True)]
 
 
 def read_run(run: Run) -> Scalars:
-    """The scalar series of one run."""
+    """The scalar series of one run; a step written twice keeps its last value (as TensorBoard)."""
     scalars: Scalars = {}
     for path in run.files:
         points = read_jsonl(path) if path.endswith(".jsonl") else read_events(path)
         for collection, step, key, value in points:
-            scalars.setdefault((collection, key), {})[step] = value  # the last one wins
+            scalars.setdefault((collection, key), {})[step] = value
     return scalars
 
 
@@ -115,11 +100,7 @@ def read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
 
 
 def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
-    """`(None, step, tag, value)` for every scalar (`simple_value`, or TF2's scalars plugin).
-
-    Raises:
-      ValueError: a record's checksum does not match (a corrupted file).
-    """
+    """`(None, step, tag, value)` for every scalar (`simple_value`, or TF2's scalars plugin)."""
     from tensorboardX.proto import event_pb2  # noqa: PLC0415  (only when event files are read)
 
     from writers._records import masked_crc32c  # noqa: PLC0415

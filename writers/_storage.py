@@ -1,14 +1,11 @@
 """Where writers put bytes: local files with plain file IO, URLs through fsspec.
 
-Local paths keep `open()`: cheap appends, `tail -f`, `fsync`. URLs (`gs://`, `s3://`,
-`memory://`) go through fsspec, whose objects cannot be appended to: re-uploading a growing
-object costs bytes growing with the square of the run, so remote logs are written as parts,
-one new object per flush. Credentials are fsspec's or the libraries' own (`AWS_*`, ...).
+fsspec objects cannot be appended to (re-uploading a growing object costs bytes growing with
+the square of the run), so remote logs are written as parts, one new object per flush.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import uuid
@@ -16,6 +13,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
+_ROLL_BYTES = 8 << 20
 
 
 def is_remote(path: str) -> bool:
@@ -31,12 +29,7 @@ def join(base: str, *names: str) -> str:
 
 
 def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec file system of `url` and the path within it.
-
-    Raises:
-      ValueError: fsspec knows no such protocol.
-      ImportError: the protocol's package (gcsfs, s3fs) is missing; names the extra.
-    """
+    """The fsspec file system of `url` and the path within it."""
     import fsspec.core  # a declared dependency, imported on the first remote path
 
     scheme = url.split("://", 1)[0]
@@ -54,11 +47,7 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 
 def replace_file(path: str, chunks: Iterable[bytes]) -> None:
-    """Replaces `path` (a file or URL) with the bytes of `chunks`, atomically for any reader.
-
-    Local: a temporary file fsynced and renamed over `path`, then the directory fsynced: a
-    crash leaves the old or the new file (at worst plus a stray `.<name>.*.tmp`).
-    """
+    """Replaces `path` (a file or URL) with the bytes of `chunks`, atomically for any reader."""
     if is_remote(path):
         fs, fs_path = filesystem(path)
         fs.pipe_file(fs_path, b"".join(chunks))
@@ -86,45 +75,17 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
         os.close(dir_fd)
 
 
-def list_names(directory: str) -> list[str]:
-    """Sorted base names of the objects directly under a remote `directory` (none if missing)."""
-    fs, fs_path = filesystem(directory)
-    fs.invalidate_cache(fs_path)  # another process (an earlier run) may have written
-    try:
-        entries = fs.ls(fs_path, detail=False)
-    except FileNotFoundError:
-        return []
-    return sorted(entry.rstrip("/").rsplit("/", 1)[-1] for entry in entries)
-
-
-def remove(urls: Iterable[str]) -> None:
-    """Deletes remote objects (missing ones are fine)."""
-    for url in urls:
-        fs, fs_path = filesystem(url)
-        with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(fs_path)
-
-
 class PartStream:
-    """An append-only remote log in `directory`, one object `name(index)` per upload.
+    """An append-only remote log in `directory`: `flush` (or 8 MiB) uploads a part `name(index)`.
 
-    `flush`, or a write that fills `roll_bytes`, uploads the bytes written since the last
-    upload as the next part (names must sort in write order). Thread-safe.
+    Names must sort in write order. Thread-safe.
     """
 
-    def __init__(
-        self,
-        directory: str,
-        name: Callable[[int], str],
-        *,
-        first_index: int = 0,
-        roll_bytes: int = 8 << 20,
-    ) -> None:
+    def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
         self._fs, self._dir = filesystem(directory)
         self._url = directory.rstrip("/")
         self._name = name
         self._index = first_index
-        self._roll_bytes = roll_bytes
         self._buffer: list[bytes] = []
         self._size = 0
         self._lock = threading.Lock()
@@ -138,7 +99,7 @@ class PartStream:
         with self._lock:
             self._buffer.append(data)
             self._size += len(data)
-            if self._size >= self._roll_bytes:
+            if self._size >= _ROLL_BYTES:
                 self._upload()
 
     def flush(self) -> None:

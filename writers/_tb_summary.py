@@ -1,7 +1,4 @@
-"""Builds TensorBoard events and `Summary.Value` protos from checked values.
-
-Imported by the first `TensorBoardWriter`: `import writers` loads no tensorboardX.
-"""
+"""Builds TensorBoard events and `Summary.Value`s; imported by the first `TensorBoardWriter`."""
 
 from __future__ import annotations
 
@@ -28,13 +25,11 @@ _DTYPES = {
 
 
 def event(step: int, values: list[Any]) -> bytes:
-    """One serialized event holding all `values` at `step`."""
     summary = summary_pb2.Summary(value=values)
     return event_pb2.Event(step=step, wall_time=time.time(), summary=summary).SerializeToString()
 
 
 def file_version_event() -> bytes:
-    """The first event of every file."""
     return event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
 
 
@@ -45,12 +40,8 @@ def purge_event(step: int) -> bytes:
 
 
 def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
-    """An event of `simple_value`s encoded by hand, byte-for-byte protobuf's (a test checks).
-
-    The hot path of training loops: a proto object per value costs about 1 us, while
-    `Event{wall_time, step, summary{value{tag, simple_value}}}` is simple to encode and its
-    tags repeat, so their bytes are cached.
-    """
+    """An event of `simple_value`s encoded by hand, byte-for-byte protobuf's (a test checks)."""
+    # The hot path: a proto object per value costs about 1 us; the tags' bytes are cached.
     keys = tuple(numbers)
     packer = _SUMMARY_PACKERS.get(keys) or _summary_packer(keys)
     try:  # one struct.pack: tags' bytes and float32 values interleaved
@@ -118,7 +109,6 @@ def texts(values: Mapping[str, str]) -> list[Any]:
 
 
 def images(key: str, batch: np.ndarray) -> Any:
-    """`[N, H, W, C]` uint8 images as one value of the images plugin."""
     n, height, width, _ = batch.shape
     # The images plugin's tensor layout: [width, height, png_1, ..., png_n].
     tensor = tensor_pb2.TensorProto(
@@ -151,8 +141,8 @@ def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
 
 
 def hparams(values: Mapping[str, Any]) -> list[Any]:
-    """The HParams plugin's session-start info for `values`."""
-    plain = {k: _hparam(v) for k, v in values.items()}
+    encoded = {k: _encode.hparam(v) for k, v in values.items()}
+    plain = {k: v if isinstance(v, bool | str) else float(v) for k, v in encoded.items()}
     _, session_start, _ = tbx_summary.hparams(plain, {})
     return list(session_start.value)
 
@@ -173,11 +163,9 @@ def metadata(raw: Any, method: str) -> Any:
 
 
 def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
-    """A raw tensor value, with `meta` (a `SummaryMetadata` or None)."""
     if arr.dtype.name in _DTYPES:
-        content = dict(
-            dtype=_DTYPES[arr.dtype.name], tensor_content=np.ascontiguousarray(arr).tobytes()
-        )
+        data = np.ascontiguousarray(arr).tobytes()
+        content = dict(dtype=_DTYPES[arr.dtype.name], tensor_content=data)
     else:  # strings and objects: one string per element
         items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]
         content = dict(dtype=_DT_STRING, string_val=items)
@@ -190,8 +178,3 @@ def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
 def _shape(dims: tuple[int, ...]) -> Any:
     Dim = tensor_shape_pb2.TensorShapeProto.Dim
     return tensor_shape_pb2.TensorShapeProto(dim=[Dim(size=d) for d in dims])
-
-
-def _hparam(value: Any) -> bool | float | str:
-    value = _encode.hparam(value)
-    return value if isinstance(value, bool | str) else float(value)

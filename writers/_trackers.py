@@ -1,4 +1,4 @@
-"""What `WandbWriter` and `MlflowWriter` share: the optional import, process 0, the write methods."""
+"""What `WandbWriter` and `MlflowWriter` share: the optional import, process 0, write methods."""
 
 from __future__ import annotations
 
@@ -25,17 +25,13 @@ def import_extra(module: str, extra: str, writer: str) -> ModuleType:
 
 
 class TrackerWriter(BaseWriter):
-    """Process 0 only, raw tensors refused, images and videos as uint8 `_pictures`, hparams as
-    bools, numbers and strs, `close()` ending the run. `_tracker` names the service.
-
-    On other processes the hooks still run (every process rejects the same keys), logging nothing.
-    """
+    """Process 0 only (others check inputs and log nothing), raw tensors refused, `_pictures`."""
 
     _tracker = ""
     _owned = False  # close() ends the run: this writer started or resumed it
 
     def _start(self, resume_step: int | None, process_index: int | None) -> tuple[int | None, bool]:
-        """The checked `resume_step`, and whether this process is process 0."""
+        """The checked `resume_step`, and whether this is process 0."""
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, f"{self._where()}(resume_step=...)")
         if process_index is None:

@@ -1,11 +1,8 @@
 """`ConsoleWriter`: a readable block per write call for people watching a terminal.
 
-Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30.0%)`, steps/s
-and an ETA, timed from the first write so compilation does not skew them), then one line per
-value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4 significant
-digits (rates of 1,000 or more and ints with thousands separators, NaN as `NaN`); other kinds
-show their shapes (histograms: count, min, mean, max). Colour (via `rich`) only on a terminal
-or with `color=True`, so CI logs stay plain.
+A header with the step (with `total_steps`: progress, steps/s and an ETA, timed from the first
+write), then one aligned line per value, grouped by prefix. Numbers show 4 significant digits;
+other kinds show their shapes. Colour (via `rich`) only on a terminal or with `color=True`.
 
 Example:
   >>> import io, writers
@@ -40,8 +37,7 @@ class ConsoleWriter(BaseWriter):
       stream: Where to print (default `sys.stdout`, looked up at each write).
       collection: Name shown in every header, e.g. `train`.
       total_steps: Last step of the run; enables the progress part of the header.
-      color: Force colours on or off; None: only on a TTY with NO_COLOR unset, decided once
-        per stream (at construction for `stream`, at the first write to each `sys.stdout`).
+      color: Force colours on or off; None: only on a TTY with NO_COLOR unset (once per stream).
       clock: Monotonic seconds, for steps/s and the ETA (patch it in tests).
 
     Raises:
@@ -90,9 +86,8 @@ class ConsoleWriter(BaseWriter):
         self._block(step, {k: f"video {list(v.shape)}" for k, v in videos.items()})
 
     def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
-        self._block(
-            step, {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in clips.items()}
-        )
+        text = {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in clips.items()}
+        self._block(step, text)
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._block(step, texts)
@@ -107,7 +102,7 @@ class ConsoleWriter(BaseWriter):
         self._block(step, lines)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        self._print(self._header_text("hyperparameters"), {k: str(v) for k, v in hparams.items()})
+        self._print("hyperparameters", {k: str(v) for k, v in hparams.items()})
 
     def flush(self) -> None:
         """Flushes the stream."""
@@ -126,9 +121,6 @@ class ConsoleWriter(BaseWriter):
     def _block(
         self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
-        self._print(self._header_text(self._progress(step)), lines, numbers)
-
-    def _progress(self, step: int) -> str:
         now, total = self._clock(), self._total
         if self._first is None:
             self._first = (now, step)
@@ -140,14 +132,12 @@ class ConsoleWriter(BaseWriter):
             parts.append(f"{_format.number('steps_per_second', rate)} steps/s")
             if total is not None and step < total:
                 parts.append(f"ETA {_format.duration((total - step) / rate)}")
-        return " | ".join(parts)
-
-    def _header_text(self, head: str) -> str:
-        return f"{head} | {self._collection}" if self._collection else head
+        self._print(" | ".join(parts), lines, numbers)
 
     def _print(
-        self, header: str, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
+        self, head: str, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
+        header = f"{head} | {self._collection}" if self._collection else head
         stream = self._out()
         color = self._color
         if color is None:

@@ -1,21 +1,11 @@
 """`JsonlWriter`: one JSON object per write call, one line each, for `jq` and pandas.
 
-Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
-(`time` in Unix seconds, `collection` null when unset). A local file is line-buffered (`tail
--f` sees each line; `flush()` fsyncs); a URL (`gs://b/run/m.jsonl`, any fsspec protocol) is
-written as numbered parts under `<path>.d/`, one per flush. `writers.read_jsonl(path)` reads
-either back. Every line is strict JSON:
-
-* NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)` reads
-  them); ints stay ints; texts are strings.
-* Images, videos, audio are `{"type", "shape"}` (audio adds `sample_rate`); histograms
-  `{"type": "histogram", "count", "min", "max", "mean", "edges", "counts"}`; raw tensors
-  `{"type": "tensor", "shape", "dtype", "values"}`, `values` up to `max_array_size` elements.
-* Hyperparameters are one line with `"step": null` and `"hparams": {...}` (values other than
-  bool, number and str as their `str()`).
-* `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S (and
-  lines without one). Without it, a step below one already logged is warned about once.
-* `step`, `time` and `collection` are reserved keys: a value with one of them raises.
+Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`.
+A local file is line-buffered (`flush()` fsyncs); a URL (any fsspec protocol) is written as
+numbered parts under `<path>.d/`, one per flush; `writers.read_jsonl(path)` reads either back.
+Lines are strict JSON: NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"`;
+images, videos, audio and tensors are `{"type", "shape", ...}` summaries; hyperparameters are
+one line with `"step": null`. `step`, `time` and `collection` are reserved keys.
 
 Example:
   >>> import json, os, tempfile, writers
@@ -60,8 +50,7 @@ class JsonlWriter(BaseWriter):
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
       resume_step: The step a resumed run restarts from: later lines are removed first.
-      flush_secs: Remote logs only: a write uploads the buffered lines once this many
-        seconds have passed since the last upload (`flush()` always does).
+      flush_secs: Remote logs only: a write uploads the buffered lines this long after the last.
 
     Raises:
       TypeError: `resume_step` is not an integer.
@@ -157,8 +146,7 @@ class JsonlWriter(BaseWriter):
         return checked
 
     def _write_line(self, step: int | None, values: Mapping[str, Any]) -> None:
-        record = {"step": step, "time": self._clock(), "collection": self._collection}
-        record.update(values)
+        record = {"step": step, "time": self._clock(), "collection": self._collection, **values}
         self._log.write(_ENCODER.encode(record) + "\n")
         if step is not None:
             if step < self._max_step and not self._warned_backwards:

@@ -1,22 +1,13 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra (imported by the first writer). Any tracking store works: a server
-(`http://host:5000`) or a database (`sqlite:///mlflow.db`). Only process 0 creates a run and
-logs; the others check their inputs and log nothing.
-
-Scalars are metrics, one `log_batch` per call (in batches of MLflow's 1000-metric limit; NaN
-kept, infinities as the store keeps them: SQL clamps them to +-1.797e308); hparams are params
-(100 per batch; a new value for a param the run has raises MLflow's error). Texts, images,
-videos, audio and histograms are artifacts, one `log_artifacts` per call, at
-`<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per image or video
-filmstrip `[H, T*W, C]`, 16-bit `.wav` per clip, `.json` histograms (`count`, `min`, `max`,
-`mean`, `edges`, `counts`); keys must be relative paths (no `..`, `.` or empty parts). Raw
-tensors (`write_summaries`) raise `NotImplementedError`.
+Needs the `mlflow` extra; any tracking store works (`http://host:5000`, `sqlite:///mlflow.db`);
+only process 0 creates a run and logs. Scalars are metrics, hparams params; texts, images,
+videos, audio and histograms are artifacts at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`
+(`.txt`, `.png`, 16-bit `.wav`, `.json`). Raw tensors raise `NotImplementedError`.
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`. Metric
-history is append-only, so the writer reads each metric's last logged step and skips (with
-one absl warning) any (key, step) at or before it: each step keeps the earlier run's point
-where it had one. Artifacts of a re-logged step are replaced.
+history is append-only, so (with one absl warning) any (key, step) at or before the metric's
+last logged step is skipped: each step keeps the earlier run's point.
 
 Example:
   >>> import os, tempfile, writers
@@ -135,9 +126,8 @@ class MlflowWriter(_trackers.TrackerWriter):
         self._upload("write_texts", "texts", step, {k: v.encode() for k, v in texts.items()})
 
     def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
-        files = {
-            k: json.dumps(_encode.histogram(v, buckets.get(k))).encode() for k, v in arrays.items()
-        }
+        hists = {k: _encode.histogram(v, buckets.get(k)) for k, v in arrays.items()}
+        files = {k: json.dumps(h).encode() for k, h in hists.items()}
         self._upload("write_histograms", "histograms", step, files, ".json")
 
     def _params(self, hparams: dict[str, Any]) -> None:

@@ -1,17 +1,15 @@
 """Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
 
-Reads `metrics.jsonl` (or else the event files) of one or more runs and draws one panel per
-key, every run's series overlaid, smoothed as TensorBoard does, raw values faint behind.
+Reads `metrics.jsonl` (or else the event files) of the runs at or under each path (a run
+directory `runs/demo/train`, or an experiment directory `runs/demo`) and draws one panel per
+key, every run's series (`<run>:<key>`) overlaid, smoothed as TensorBoard does, raw values faint
+behind. Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
 
 Usage:
     python -m writers.plot runs/demo                          # loss and accuracy -> plot.png
     python -m writers.plot runs/demo runs/other --keys loss,learning_rate --out cmp.png
     python -m writers.plot runs/demo --terminal               # over ssh: a text plot
     python -m writers.plot runs/demo --terminal --follow      # redraw as the logs grow
-
-A path is a run directory (`runs/demo/train`) or an experiment directory with runs below it
-(`runs/demo` -> `demo/train`, `demo/eval/synthetic`). Series are labelled `<run>:<key>`.
-Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
 
 Example:
   >>> import tempfile, writers
@@ -41,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from writers import _logread, _storage
+from writers import _draw, _logread, _storage
 from writers._problems import Problems
 from writers.jsonl import _json_array
 
@@ -75,16 +73,10 @@ class PlotData:
     text: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The series as JSON-ready data; non-finite floats as `"NaN"` / `"Infinity"`, as in JSONL."""
+        """The series as JSON-ready data, non-finite floats as in JSONL (`"NaN"`, `"Infinity"`)."""
         series = [
-            {
-                "run": s.run,
-                "key": s.key,
-                "label": s.label,
-                "steps": s.steps.tolist(),
-                "values": _json_array(s.values),
-                "smoothed": _json_array(s.smoothed),
-            }
+            {"run": s.run, "key": s.key, "label": s.label, "steps": s.steps.tolist()}
+            | {"values": _json_array(s.values), "smoothed": _json_array(s.smoothed)}
             for s in self.series
         ]
         return {"keys": self.keys, "png": self.png, "series": series}
@@ -100,12 +92,11 @@ def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
       >>> smooth([1.0, 0.0], 0.5).tolist()  # (0.5 * 0.5 + 0) / (1 - 0.25)
       [1.0, 0.3333333333333333]
     """
-    values = np.asarray(values, dtype=np.float64)
-    if weight == 0 or values.size == 0 or np.all(values == values[0]):
-        return values.copy()
-    out = values.copy()
+    out = np.array(values, dtype=np.float64)  # a copy
+    if weight == 0 or out.size == 0 or np.all(out == out[0]):
+        return out
     last, count = 0.0, 0
-    for i, value in enumerate(values.tolist()):
+    for i, value in enumerate(out.tolist()):
         if math.isfinite(value):
             last = last * weight + (1 - weight) * value
             count += 1
@@ -142,8 +133,7 @@ def load_series(
 
     Raises:
       FileNotFoundError: no run directory at or under a path.
-      ValueError: a key no run logged (the message lists those that were), no scalars
-        logged yet, or `smoothing` outside [0, 1).
+      ValueError: no scalars logged yet, a key no run logged, or `smoothing` outside [0, 1).
     """
     _problems(smoothing, {}).raise_if_any()
     table: dict[str, list[tuple[str, dict[int, float]]]] = {}
@@ -215,8 +205,6 @@ def plot_runs(
     _problems(smoothing, sizes).raise_if_any()
     keys, series = load_series(paths, keys, smoothing)
     text = None
-    if out is not None or terminal:
-        from writers import _draw  # noqa: PLC0415  (matplotlib, plotext only when drawing)
     if out is not None:
         _draw.png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
     if terminal:

@@ -39,13 +39,9 @@ def create_tracker_writer(
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
       collection: Passed to both factories (e.g. `train`).
-      tracker: Makes the tracker writer (e.g. `writers.WandbWriter`); given `logdir` only if
-        it takes one.
+      tracker: Makes the tracker (e.g. `writers.WandbWriter`); given `logdir` if it takes one.
       name: Name of the tracker inside the `MultiWriter` (errors name it).
       default_writer: Makes the other writers.
-
-    Returns:
-      A `MultiWriter` over the default writers and the tracker.
 
     Raises:
       ValueError: `name` is already the name of one of the default writers.
@@ -58,8 +54,14 @@ def create_tracker_writer(
             f"create_tracker_writer: name={name!r} is taken by a default writer "
             f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
         )
+    # gin's configurable classes report `(*args, **kwargs)`: look at the real __init__.
+    target = inspect.unwrap(tracker.__init__) if inspect.isclass(tracker) else tracker
+    try:
+        takes_logdir = "logdir" in inspect.signature(target).parameters
+    except (TypeError, ValueError):  # builtins without a signature
+        takes_logdir = False
     kwargs: dict[str, Any] = {"collection": collection}
-    if "logdir" in _parameters(tracker):
+    if takes_logdir:
         kwargs["logdir"] = logdir
     try:
         chosen[name] = tracker(**kwargs)
@@ -67,12 +69,3 @@ def create_tracker_writer(
         base.close()  # no half-built set with open files and threads
         raise
     return MultiWriter(chosen)
-
-
-def _parameters(factory: Callable[..., Any]) -> Any:
-    # gin's configurable classes report `(*args, **kwargs)`: look at the real __init__.
-    target = inspect.unwrap(factory.__init__) if inspect.isclass(factory) else factory
-    try:
-        return inspect.signature(target).parameters
-    except (TypeError, ValueError):  # builtins without a signature
-        return {}

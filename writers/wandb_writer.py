@@ -1,21 +1,10 @@
 """`WandbWriter`: Weights & Biases runs, one `run.log(values, step=step)` per write call.
 
-Needs the `wandb` extra (imported by the first writer). Only process 0 creates a run and
-logs; the others check their inputs and log nothing. Scalars are numbers (NaN and infinities
-kept), texts strings, images a list of `wandb.Image` per key, videos one filmstrip image
-`[H, T*W, C]` each (`wandb.Video` would need moviepy), audio `wandb.Audio` 16-bit WAV clips
-(`<key>/<i>` when N > 1), histograms `wandb.Histogram` (at most 512 buckets), hparams the
-run's config; raw tensors (`write_summaries`) raise `NotImplementedError`.
-
-W&B drops a `log` at a step below the last one, so such a write raises `ValueError`; calls at
-one step fill one row. `close()` finishes runs this writer started (offline, wandb 0.31's
-`finish()` may return just before the last records reach the run file: wait for its `exit`
-record).
-
-Run identity: `run_id=None` starts a new run; `run_id` alone attaches to it (`resume="allow"`);
-with `resume_step=R` it rewinds the run to step R (`resume_from="<id>?_step=R"`): later
-history is replaced and steps up to R raise. With `collection` set, the run name defaults to
-it and the run id is `<run_id>-<collection>` (`/` replaced by `-`).
+Needs the `wandb` extra; only process 0 creates a run and logs. Images are `wandb.Image`s,
+videos filmstrip images `[H, T*W, C]` (`wandb.Video` would need moviepy), audio 16-bit WAV clips
+(`<key>/<i>` when N > 1), histograms `wandb.Histogram` (at most 512 buckets), hparams the run's
+config; raw tensors raise `NotImplementedError`. W&B drops a `log` at a step below the last
+one, so such a write raises `ValueError`.
 
 Example:
   >>> import tempfile, writers
@@ -42,9 +31,9 @@ class WandbWriter(_trackers.TrackerWriter):
     Args:
       project: W&B project (None: W&B's default, e.g. `WANDB_PROJECT`).
       logdir: Directory for W&B's local files (`<logdir>/wandb/...`).
-      collection: What is logged (`train`, `eval/task`): default name, run id suffix.
-      run_id: Attach to (or create) the run with this id.
-      resume_step: Rewind run `run_id` to this step (steps after it are replaced).
+      collection: What is logged (`train`, `eval/task`): default name; run id `<run_id>-<it>`.
+      run_id: Attach to (or create) the run with this id (`resume="allow"`).
+      resume_step: Rewind run `run_id` to this step (`resume_from`): later steps are replaced.
       name: Display name of the run (default: `collection`).
       group: W&B group (e.g. the experiment shared by train and eval).
       entity: W&B entity (user or team).
