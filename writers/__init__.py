@@ -15,15 +15,13 @@ Example:
 from writers._jsonl_log import read_jsonl
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
-from writers.factory import create_default_writer
-from writers.interface import MetricWriter, WriterClosedError, WriterError
+from writers.factory import create_default_writer, create_tracker_writer
+from writers.interface import MetricWriter, NoopWriter, WriterClosedError, WriterError
 from writers.jsonl import JsonlWriter
 from writers.logging_writer import LoggingWriter
 from writers.mlflow_writer import MlflowWriter
 from writers.multi import MultiWriter
-from writers.noop import NoopWriter
 from writers.tensorboard import TensorBoardWriter
-from writers.tracker_factory import create_tracker_writer
 from writers.values import group_values, write_values
 from writers.wandb_writer import WandbWriter
 

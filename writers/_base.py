@@ -39,11 +39,11 @@ class BaseWriter(MetricWriter):
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         step = self._begin("write_images", step, images)
-        self._images(step, _checks.check_images(images, self._name("write_images")))
+        self._images(step, _checks.check_arrays(images, self._name("write_images"), "image"))
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         step = self._begin("write_videos", step, videos)
-        self._videos(step, _checks.check_videos(videos, self._name("write_videos")))
+        self._videos(step, _checks.check_arrays(videos, self._name("write_videos"), "video"))
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         step = self._begin("write_audios", step, audios)
@@ -58,7 +58,7 @@ class BaseWriter(MetricWriter):
         self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         step = self._begin("write_histograms", step, arrays)
-        checked = _checks.check_histograms(arrays, self._name("write_histograms"))
+        checked = _checks.check_arrays(arrays, self._name("write_histograms"), "histogram")
         self._histograms(step, checked, dict(num_buckets or {}))
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
@@ -68,12 +68,23 @@ class BaseWriter(MetricWriter):
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None: ...
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None: ...
-    def _images(self, step: int, images: dict[str, np.ndarray]) -> None: ...
-    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None: ...
-    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None: ...
     def _texts(self, step: int, texts: dict[str, str]) -> None: ...
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None: ...
     def _hparams(self, hparams: Mapping[str, Any]) -> None: ...
+
+    # Backends that record media by shape only implement `_media` instead of these three.
+    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        self._media(step, "image", images)
+
+    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._media(step, "video", videos)
+
+    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
+        self._media(step, "audio", clips, sample_rate)
+
+    def _media(
+        self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
+    ) -> None: ...
 
     def _where(self) -> str:
         return type(self).__name__

@@ -5,8 +5,6 @@ Each looks at every key of a call before raising, so one error lists every probl
 
 from __future__ import annotations
 
-import functools
-import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,15 +32,10 @@ def check_step(step: Any, method: str = "write") -> int:
             f"{type(step).__name__}. Pass an int, e.g. int(step)."
         )
     value = int(value)
-    if value < 0:
+    if not 0 <= value < MAX_STEP:
         raise ValueError(
-            f"{method}: step must be a non-negative integer, got {value}. Steps count "
-            "from 0; check the step counter you pass in."
-        )
-    if value >= MAX_STEP:
-        raise ValueError(
-            f"{method}: step must be below 2**63 (TensorBoard and JSONL readers store steps "
-            f"as int64), got {value}. Check the step counter you pass in."
+            f"{method}: step must be a non-negative integer, got {value} (steps are int64 in "
+            "TensorBoard and JSONL, so below 2**63). Check the step counter you pass in."
         )
     return value
 
@@ -216,11 +209,6 @@ def array_problem(kind: str, key: str, arr: np.ndarray) -> str | None:
     return None
 
 
-check_images = functools.partial(check_arrays, kind="image")
-check_videos = functools.partial(check_arrays, kind="video")
-check_histograms = functools.partial(check_arrays, kind="histogram")
-
-
 def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
     """Every audio array is `[N, T, C]`, and `sample_rate` a positive int."""
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Integral):
@@ -241,10 +229,6 @@ def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
             "write numbers with write_scalars."
         )
     return dict(texts)
-
-
-def is_finite_number(value: int | float) -> bool:
-    return isinstance(value, int) or math.isfinite(value)
 
 
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:

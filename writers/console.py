@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import sys
@@ -26,7 +27,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from writers import _checks, _format
+from writers import _format
 from writers._base import BaseWriter
 
 
@@ -79,15 +80,11 @@ class ConsoleWriter(BaseWriter):
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._block(step, _format.numbers(numbers), numbers)
 
-    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
-        self._block(step, {k: f"image {list(a.shape)}" for k, a in images.items()})
-
-    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
-        self._block(step, {k: f"video {list(v.shape)}" for k, v in videos.items()})
-
-    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
-        text = {k: f"audio {list(v.shape)} @ {sample_rate:,} Hz" for k, v in clips.items()}
-        self._block(step, text)
+    def _media(
+        self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
+    ) -> None:
+        rate = "" if sample_rate is None else f" @ {sample_rate:,} Hz"
+        self._block(step, {k: f"{kind} {list(a.shape)}{rate}" for k, a in arrays.items()})
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._block(step, texts)
@@ -156,7 +153,7 @@ class ConsoleWriter(BaseWriter):
         nums = numbers or {}
         pieces = [(header, "bold")]  # (text, style); non-finite numbers in red
         for key, padded in layout:
-            bad = key in nums and not _checks.is_finite_number(nums[key])
+            bad = key in nums and not (isinstance(nums[key], int) or math.isfinite(nums[key]))
             value = lines[key].replace("\n", indent)
             pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
         from rich.text import Text

@@ -1,16 +1,21 @@
-"""`create_default_writer`: console + TensorBoard + JSONL writers for a run, in one call.
+"""The default writer set of a run, with or without an experiment tracker, in one call.
 
-They go in one `MultiWriter`, so a failing backend stops no other; `configs/writers/*.gin` bind it.
+`create_default_writer`: console + TensorBoard + JSONL; `create_tracker_writer`: those plus W&B or
+MLflow. Each builds one flat `MultiWriter`, so a failing backend (or tracker) stops no other.
+Gin: `configs/writers/*.gin`.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Callable
 from typing import IO, Any
 
 from writers import _checks, _storage
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
+from writers.interface import MetricWriter
 from writers.jsonl import JsonlWriter
 from writers.logging_writer import LoggingWriter
 from writers.multi import MultiWriter
@@ -95,4 +100,58 @@ def create_default_writer(
         raise
     if asynchronous:
         chosen = {n: AsyncWriter(w, name=n, max_queue=max_queue) for n, w in chosen.items()}
+    return MultiWriter(chosen)
+
+
+def create_tracker_writer(
+    logdir: str | os.PathLike[str] | None,
+    *,
+    collection: str | None = None,
+    tracker: Callable[..., MetricWriter],
+    name: str = "tracker",
+    default_writer: Callable[..., MultiWriter] = create_default_writer,
+) -> MultiWriter:
+    """Builds `default_writer`'s writers plus `tracker`'s, in one `MultiWriter`.
+
+    Args:
+      logdir: Directory of the file writers (and of the tracker's local files).
+      collection: Passed to both factories (e.g. `train`).
+      tracker: Makes the tracker (e.g. `writers.WandbWriter`); given `logdir` if it takes one.
+      name: Name of the tracker inside the `MultiWriter` (errors name it).
+      default_writer: Makes the other writers.
+
+    Raises:
+      ValueError: `name` is already the name of one of the default writers.
+
+    Example:
+      >>> import tempfile, writers
+      >>> w = writers.create_tracker_writer(
+      ...     tempfile.mkdtemp(), collection="train", tracker=lambda collection: writers.NoopWriter(),
+      ...     default_writer=lambda logdir, collection: writers.create_default_writer(
+      ...         logdir, collection=collection, console=False, tensorboard=False))
+      >>> sorted(w.writers)
+      ['jsonl', 'tracker']
+      >>> w.close()
+    """
+    base = default_writer(logdir, collection=collection)
+    chosen = dict(base.writers)
+    if name in chosen:
+        base.close()
+        raise ValueError(
+            f"create_tracker_writer: name={name!r} is taken by a default writer "
+            f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
+        )
+    # gin's configurable classes report `(*args, **kwargs)`: look at the real __init__.
+    target = inspect.unwrap(tracker.__init__) if inspect.isclass(tracker) else tracker
+    kwargs: dict[str, Any] = {"collection": collection}
+    try:
+        if "logdir" in inspect.signature(target).parameters:
+            kwargs["logdir"] = logdir
+    except (TypeError, ValueError):  # builtins without a signature
+        pass
+    try:
+        chosen[name] = tracker(**kwargs)
+    except Exception:
+        base.close()  # no half-built set with open files and threads
+        raise
     return MultiWriter(chosen)

@@ -104,15 +104,13 @@ class JsonlWriter(BaseWriter):
             numbers = {k: _json_number(v) for k, v in numbers.items()}  # type: ignore[misc]
         self._write_line(step, numbers)
 
-    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
-        self._write_line(step, {k: _shaped("image", v) for k, v in images.items()})
-
-    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
-        self._write_line(step, {k: _shaped("video", v) for k, v in videos.items()})
-
-    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
-        rate = int(sample_rate)
-        self._write_line(step, {k: _shaped("audio", v, sample_rate=rate) for k, v in clips.items()})
+    def _media(
+        self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
+    ) -> None:
+        extra = {} if sample_rate is None else {"sample_rate": int(sample_rate)}
+        self._write_line(
+            step, {k: {"type": kind, "shape": list(v.shape), **extra} for k, v in arrays.items()}
+        )
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._write_line(step, texts)
@@ -122,7 +120,8 @@ class JsonlWriter(BaseWriter):
         self._write_line(step, {k: {"type": "histogram", **h} for k, h in hists.items()})
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        self._write_line(None, {"hparams": {k: _hparam(v) for k, v in hparams.items()}})
+        encoded = {k: _json_number(_encode.hparam(v)) for k, v in hparams.items()}
+        self._write_line(None, {"hparams": encoded})
 
     def flush(self) -> None:
         """Makes every line written so far durable: fsync locally, an upload remotely."""
@@ -168,8 +167,8 @@ class JsonlWriter(BaseWriter):
         return out
 
 
-def _json_number(value: int | float) -> int | float | str:
-    if isinstance(value, int) or math.isfinite(value):
+def _json_number(value: int | float | str) -> int | float | str:
+    if not isinstance(value, float) or math.isfinite(value):  # ints, bools and strs as they are
         return value
     if math.isnan(value):
         return "NaN"
@@ -191,12 +190,3 @@ def _json_array(arr: np.ndarray) -> Any:
     if np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_:
         return arr.tolist()
     return np.vectorize(str, otypes=[object])(arr).tolist()
-
-
-def _shaped(kind: str, arr: np.ndarray, **extra: Any) -> dict[str, Any]:
-    return {"type": kind, "shape": list(arr.shape), **extra}
-
-
-def _hparam(value: Any) -> bool | int | float | str:
-    value = _encode.hparam(value)
-    return value if isinstance(value, str) else _json_number(value)

@@ -38,14 +38,10 @@ class LoggingWriter(BaseWriter):
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._log(step, "%s", ", ".join(f"{k}={_format(v)}" for k, v in sorted(numbers.items())))
 
-    def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
-        self._log(step, "Got images: %s.", _shapes(images))
-
-    def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
-        self._log(step, "Got videos: %s.", _shapes(videos))
-
-    def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
-        self._log(step, "Got audios: %s.", _shapes(clips))
+    def _media(
+        self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
+    ) -> None:
+        self._log(step, f"Got {kind}s: %s.", _shapes(arrays))
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._log(step, "Got texts: %s.", texts)
