@@ -66,11 +66,23 @@ class BaseWriter(MetricWriter):
         _checks.check_keys(hparams, self._name("write_hparams"))
         self._hparams(hparams)
 
+    def flush(self) -> None:
+        """Makes everything written so far durable (on disk, on screen)."""
+        if not self._closed:
+            self._flush()
+
+    def close(self) -> None:
+        """Flushes; idempotent. Later writes raise `WriterClosedError`."""
+        if not self._closed:
+            self._flush()
+            self._closed = True
+
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None: ...
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None: ...
     def _texts(self, step: int, texts: dict[str, str]) -> None: ...
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None: ...
     def _hparams(self, hparams: Mapping[str, Any]) -> None: ...
+    def _flush(self) -> None: ...
 
     # Backends that record media by shape only implement `_media` instead of these three.
     def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
@@ -95,8 +107,7 @@ class BaseWriter(MetricWriter):
     def _check_open(self, method: str) -> None:
         if self._closed:
             raise WriterClosedError(
-                f"{self._name(method)}: the writer is closed. Create a new writer, or close it "
-                "only after the last write."
+                f"{self._name(method)}: the writer is closed; create a new one to write more."
             )
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:

@@ -42,15 +42,14 @@ class AsyncWriter(ForwardingWriter):
         _checks.check_writers({self._label: writer}, "AsyncWriter")
         if max_queue < 1:
             raise ValueError(
-                f"AsyncWriter({self._label}): max_queue must be >= 1, got {max_queue}. It "
-                "bounds the calls waiting for the worker; 128 suits most loops."
+                f"{self._where()}: max_queue must be >= 1, got {max_queue}; 128 suits most loops."
             )
         self._writer = writer
         self._errors: list[tuple[str, BaseException]] = []
         self._errors_lock = threading.Lock()
         self._close_lock = threading.Lock()
-        self._worker = OrderedWorker(f"AsyncWriter({self._label})", max_pending=max_queue)
-        self._at_exit = _exit.register(self, f"AsyncWriter({self._label})")
+        self._worker = OrderedWorker(self._where(), max_pending=max_queue)
+        self._at_exit = _exit.register(self, self._where())
 
     @property
     def name(self) -> str:

@@ -101,16 +101,8 @@ class ConsoleWriter(BaseWriter):
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._print("hyperparameters", {k: str(v) for k, v in hparams.items()})
 
-    def flush(self) -> None:
-        """Flushes the stream."""
-        if not self._closed:
-            self._out().flush()
-
-    def close(self) -> None:
-        """Flushes the stream (which stays open: it is not ours); idempotent."""
-        if not self._closed:
-            self.flush()
-            self._closed = True
+    def _flush(self) -> None:
+        self._out().flush()  # `close()` leaves the stream open: it is not ours
 
     def _out(self) -> IO[str]:
         return self._stream if self._stream is not None else sys.stdout

@@ -100,7 +100,11 @@ class JsonlWriter(BaseWriter):
         self._write_line(step, {k: self._tensor(np.asarray(v)) for k, v in values.items()})
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
-        if not _all_finite(numbers.values()):
+        try:
+            finite = all(map(math.isfinite, numbers.values()))
+        except OverflowError:  # an int too big for a float: the slow path writes it as it is
+            finite = False
+        if not finite:
             numbers = {k: _json_number(v) for k, v in numbers.items()}  # type: ignore[misc]
         self._write_line(step, numbers)
 
@@ -123,10 +127,8 @@ class JsonlWriter(BaseWriter):
         encoded = {k: _json_number(_encode.hparam(v)) for k, v in hparams.items()}
         self._write_line(None, {"hparams": encoded})
 
-    def flush(self) -> None:
-        """Makes every line written so far durable: fsync locally, an upload remotely."""
-        if not self._closed:
-            self._log.flush()
+    def _flush(self) -> None:
+        self._log.flush()  # an fsync locally, an upload remotely
 
     def close(self) -> None:
         """Flushes and closes the log; idempotent."""
@@ -173,13 +175,6 @@ def _json_number(value: int | float | str) -> int | float | str:
     if math.isnan(value):
         return "NaN"
     return "Infinity" if value > 0 else "-Infinity"
-
-
-def _all_finite(numbers: Any) -> bool:
-    try:
-        return all(map(math.isfinite, numbers))
-    except OverflowError:  # an int too big for a float: the slow path writes it as it is
-        return False
 
 
 def _json_array(arr: np.ndarray) -> Any:

@@ -54,16 +54,8 @@ class LoggingWriter(BaseWriter):
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         logging.info("[Hyperparameters]%s %s", self._prefix_tail, dict(hparams))
 
-    def flush(self) -> None:
-        """Flushes absl's log handlers."""
-        if not self._closed:
-            logging.flush()
-
-    def close(self) -> None:
-        """Flushes; later writes raise `WriterClosedError`."""
-        if not self._closed:
-            logging.flush()
-            self._closed = True
+    def _flush(self) -> None:
+        logging.flush()
 
     def _log(self, step: int, fmt: str, *args: Any) -> None:
         logging.info("[%d]%s " + fmt, step, self._prefix_tail, *args)

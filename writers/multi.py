@@ -1,7 +1,6 @@
 """`MultiWriter`: fans every call out to several writers; one failure stops none.
 
-Each call goes to every writer in order, even after one raised; the failures are then raised
-together as one `WriterError`. Step and keys are checked once, before fan-out.
+Step and keys are checked once; then every writer gets the call in order, even after one raised.
 
 Example:
   >>> import writers
