@@ -1,9 +1,7 @@
 """Pluggable metric writers with CLU's interface and no TensorFlow, usable on their own.
 
-Every writer implements `MetricWriter` (CLU's names); `write_values` writes `clu.values` with
-one call per kind; `create_default_writer` builds console + TensorBoard + JSONL. File writers take
-paths or fsspec URLs. Trackers (`WandbWriter`, `MlflowWriter`) and tensorboardX are imported on
-first use: `import writers` imports neither TensorFlow, torch nor JAX.
+Trackers (`WandbWriter`, `MlflowWriter`) and tensorboardX are imported on first use:
+`import writers` imports neither TensorFlow, torch nor JAX.
 
 Example:
   >>> import tempfile, writers

@@ -16,10 +16,7 @@ from writers.interface import Array, MetricWriter, Scalar, WriterClosedError
 
 
 class BaseWriter(MetricWriter):
-    """`MetricWriter` that checks each call once (not a `_checks.Checked` one), then its hook.
-
-    Hooks get numbers as Python ints and floats, arrays as numpy arrays, `num_buckets` a dict.
-    """
+    """`MetricWriter` that checks and converts each call (unless `Checked`), then runs its hook."""
 
     _closed: bool = False
 

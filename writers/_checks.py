@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from writers._problems import Problems
+from writers.interface import MetricWriter
 
 MAX_STEP = 2**63  # steps are int64 in TensorBoard's event proto; larger ones read back wrong
 DEFAULT_NUM_BUCKETS = 30
@@ -83,10 +84,8 @@ def check_call(method: str, step: Any, values: Any) -> int:
     return checked
 
 
-WRITER_METHODS = (
-    *("write_summaries", "write_scalars", "write_images", "write_videos", "write_audios"),
-    *("write_texts", "write_histograms", "write_hparams", "flush", "close"),
-)
+# CLU's writer methods, in the order `MetricWriter` declares them.
+WRITER_METHODS = tuple(m for m in vars(MetricWriter) if m in MetricWriter.__abstractmethods__)
 
 
 def check_writers(writers: Mapping[str, Any], context: str) -> None:

@@ -86,9 +86,8 @@ class OrderedWorker:
             while len(self._queue) >= self._max and not self._stopping:
                 if threading.current_thread() is self._threads[-1]:
                     raise RuntimeError(
-                        f"{self.name}: called from its own worker thread while {self._max} "
-                        "jobs are pending; the call would wait for a slot only this thread "
-                        "can free. Call it from the training loop instead."
+                        f"{self.name}: called from its own worker thread with {self._max} jobs "
+                        "pending, so it would wait forever. Call it from the training loop."
                     )
                 self._wait()
             if self._stopping:

@@ -1,10 +1,9 @@
 """`write_values`: writes a mapping of `clu.values` objects with one call per kind.
 
-Plain numbers and one-element arrays count as scalars. Calls come in a fixed order: summaries
-(one per metadata), scalars, images, texts, hparams, histograms, audios (one per sample rate).
-Unlike CLU's: `HyperParam` values go to `write_hparams(hparams)` without a step; one `TypeError`
-names every unsupported value before anything is written; `clu.values` is only looked at when
-already imported, so this module does not pull in JAX.
+Calls come in a fixed order: summaries (one per metadata), scalars, images, texts, hparams,
+histograms, audios (one per sample rate). Unlike CLU's: `HyperParam` values go to
+`write_hparams(hparams)` without a step; one `TypeError` names every unsupported value before
+anything is written; `clu.values` is only looked at when already imported (no JAX import).
 
 Example:
   >>> import writers
