@@ -25,8 +25,7 @@ _PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
 _UNKNOWN = -1  # a line whose step cannot be read
 
 
-def _part_name(generation: int, index: int) -> str:
-    return f"{generation:06d}-{index:08d}.jsonl"
+_part_name = "{:06d}-{:08d}.jsonl".format  # (generation, index) -> the part's file name
 
 
 def line_step(line: bytes) -> int | None:
@@ -100,9 +99,8 @@ def _open_locked(path: str) -> TextIO:
     except BlockingIOError:
         file.close()
         raise ValueError(
-            f"JsonlWriter: {path} is being written by another process (it holds a lock on "
-            "the file), and two writers would interleave their lines. Give this run another "
-            "summary_dir or name, or stop the other process first."
+            f"JsonlWriter: another process holds a lock on {path}; two writers would interleave "
+            "lines. Give this run another summary_dir or name, or stop the other process first."
         ) from None
     return file
 
@@ -178,8 +176,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
 
     Returns:
-      The lines, parsed with `json.loads`, in the order they were written (a last line still
-      being written, without its newline, is left out).
+      The lines in write order (a last line still being written is left out).
 
     Raises:
       FileNotFoundError: no log at `path`.

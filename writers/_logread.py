@@ -31,9 +31,8 @@ class Run:
 def find_runs(paths: Sequence[str]) -> list[Run]:
     """Every run directory at or under `paths`, in path order (FileNotFoundError if none).
 
-    Its files: `metrics.jsonl` if any (cheaper to parse), else the event files. Labels: a run
-    given itself is `<parent>/<name>` (`runs/demo/train` -> `demo/train`), one found below `P`
-    `<name of P>/<relative path>`; colliding labels fall back to the paths.
+    Its files: `metrics.jsonl` if any, else the event files. Labels: a run given itself is
+    `<parent>/<name>`, one found below `P` `<name of P>/<relative path>`; else the paths.
     """
     problems = Problems(
         "writers.plot: expected run directories (holding metrics.jsonl or TensorBoard event "

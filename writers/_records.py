@@ -1,7 +1,7 @@
 """TensorBoard event files in TFRecord framing, written synchronously so `flush()` means on disk.
 
-On a URL each flush writes a new object with the events since the last (`_storage.PartStream`),
-named so TensorBoard reads one stream; tensorboardX would re-upload the whole file every flush.
+On a URL each flush writes a new object (`_storage.PartStream`), named so TensorBoard reads one
+stream; tensorboardX would re-upload the whole file every flush.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class EventFile:
             # Microseconds keep a later writer's parts after an earlier one's within a second.
             prefix = f"{name}.{int(now * 1e6) % 1_000_000:06d}."
             self._file = _storage.PartStream(logdir, lambda i: f"{prefix}{i:08d}{filename_suffix}")
-            self.path = self._file.next_path
+            self.path = _storage.join(logdir, f"{prefix}{0:08d}{filename_suffix}")
             return
         os.makedirs(logdir, exist_ok=True)
         base = os.path.join(logdir, name)

@@ -1,7 +1,6 @@
 """Where writers put bytes: local files with plain file IO, URLs through fsspec.
 
-fsspec objects cannot be appended to (re-uploading a growing object costs bytes growing with
-the square of the run), so remote logs are written as parts, one new object per flush.
+fsspec objects cannot be appended to, so remote logs are written as parts, one object per flush.
 """
 
 from __future__ import annotations
@@ -76,24 +75,16 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
 
 
 class PartStream:
-    """An append-only remote log in `directory`: `flush` (or 8 MiB) uploads a part `name(index)`.
-
-    Names must sort in write order. Thread-safe.
-    """
+    """A thread-safe remote log: `flush` (or 8 MiB) uploads part `name(i)`; names sort in order."""
 
     def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
-        self._fs, self._dir = filesystem(directory)
-        self._url = directory.rstrip("/")
+        self._fs, fs_path = filesystem(directory)
+        self._dir = fs_path.rstrip("/")
         self._name = name
         self._index = first_index
         self._buffer: list[bytes] = []
         self._size = 0
         self._lock = threading.Lock()
-
-    @property
-    def next_path(self) -> str:
-        """URL of the part the next upload creates."""
-        return f"{self._url}/{self._name(self._index)}"
 
     def write(self, data: bytes) -> None:
         with self._lock:
@@ -110,6 +101,6 @@ class PartStream:
         if not self._size:
             return
         data = b"".join(self._buffer)
-        self._fs.pipe_file(f"{self._dir.rstrip('/')}/{self._name(self._index)}", data)
+        self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", data)
         self._index += 1
         self._buffer, self._size = [], 0

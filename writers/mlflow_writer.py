@@ -1,13 +1,10 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra; any tracking store works (`http://host:5000`, `sqlite:///mlflow.db`);
-only process 0 creates a run and logs. Scalars are metrics, hparams params; texts, images,
-videos, audio and histograms are artifacts at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`
-(`.txt`, `.png`, 16-bit `.wav`, `.json`). Raw tensors raise `NotImplementedError`.
-
-Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`. Metric
-history is append-only, so (with one absl warning) any (key, step) at or before the metric's
-last logged step is skipped: each step keeps the earlier run's point.
+Needs the `mlflow` extra; any tracking store works; only process 0 logs. Scalars are metrics,
+hparams params, other values artifacts `<kind>/<key>/step_<step:08d>[_<i>].<ext>` (`.txt`, `.png`,
+`.wav`, `.json`); raw tensors raise `NotImplementedError`. `resume_step` attaches to `run_id` or
+the latest run named `run_name`; metric history is append-only, so (with one warning) a (key,
+step) at or before the metric's last logged step is skipped.
 
 Example:
   >>> import os, tempfile, writers
@@ -67,14 +64,13 @@ class MlflowWriter(_trackers.TrackerWriter):
         clock: Callable[[], float] = time.time,
         process_index: int | None = None,
     ):
-        mlflow = _trackers.import_extra("mlflow", "mlflow", "MlflowWriter")
+        mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
         from mlflow.entities import Metric, Param
         from mlflow.utils import validation
 
         self._metric, self._param = Metric, Param
         self._max_metrics = validation.MAX_METRICS_PER_BATCH
         self._max_params = validation.MAX_PARAMS_TAGS_PER_BATCH
-        resume_step, here = self._start(resume_step, process_index)
         self._clock = clock
         self._client: Any = None
         self.run_id: str | None = None

@@ -1,9 +1,8 @@
 """Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
 
-Reads `metrics.jsonl` (or else the event files) of the runs at or under each path (a run
-directory `runs/demo/train`, or an experiment directory `runs/demo`) and draws one panel per
-key, every run's series (`<run>:<key>`) overlaid, smoothed as TensorBoard does, raw values faint
-behind. Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
+Reads `metrics.jsonl` (or else the event files) of the runs at or under each path (`runs/demo`
+or `runs/demo/train`) and draws one panel per key, runs overlaid, smoothed as TensorBoard does.
+Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
 
 Usage:
     python -m writers.plot runs/demo                          # loss and accuracy -> plot.png
@@ -28,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -39,12 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from writers import _draw, _logread, _storage
+from writers import _logread, _storage
 from writers._problems import Problems
 from writers.jsonl import _json_array
 
 DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
+_EXTRA = "pip install 'jax-metrics-manager[plot]'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +86,7 @@ class PlotData:
 def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
     """TensorBoard's scalar smoothing: a debiased exponential moving average.
 
-    `last = last * weight + (1 - weight) * value`, divided by `1 - weight**n` after `n`
-    finite values; non-finite values stay as they are. A constant series is returned as is.
+    Non-finite values stay as they are; a constant series is returned as is.
 
     Example:
       >>> smooth([1.0, 0.0], 0.5).tolist()  # (0.5 * 0.5 + 0) / (1 - 0.25)
@@ -206,11 +206,68 @@ def plot_runs(
     keys, series = load_series(paths, keys, smoothing)
     text = None
     if out is not None:
-        _draw.png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
+        _png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
     if terminal:
         size = shutil.get_terminal_size((100, 32))
-        text = _draw.text(keys, series, cols or size.columns, rows or max(size.lines - 2, 8), color)
+        text = _text(keys, series, cols or size.columns, rows or max(size.lines - 2, 8), color)
     return PlotData(keys, series, out, text)
+
+
+def _png(
+    keys: list[str], series: list[Series], path: str, width: int, height: int, dpi: int, raw: bool
+) -> None:
+    """Writes a PNG to `path` (atomically), a panel per key (`raw`: raw values faint behind)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        from matplotlib.figure import Figure  # noqa: PLC0415
+    except ImportError as err:
+        raise ImportError(f"writers.plot: a PNG needs matplotlib; {_EXTRA}") from err
+    ncols = 1 if len(keys) <= 3 else 2
+    # A `Figure` with the Agg canvas, not pyplot: no global state, no display.
+    figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(math.ceil(len(keys) / ncols), ncols, squeeze=False).ravel()
+    # One color per run, the same in every panel (matplotlib's default cycle).
+    colors = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(s.run for s in series))}
+    for ax, key in zip(axes, keys, strict=False):
+        for s in (s for s in series if s.key == key):
+            if raw:
+                ax.plot(s.steps, s.values, color=colors[s.run], alpha=0.25, linewidth=1)
+            ax.plot(s.steps, s.smoothed, color=colors[s.run], linewidth=1.5, label=s.label)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=dpi, format="png")
+    _storage.replace_file(path, [buffer.getvalue()])
+
+
+def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bool) -> str:
+    """A `cols` x `rows` character plot of the smoothed lines, panels stacked (no NaN/inf)."""
+    try:
+        import plotext  # noqa: PLC0415
+    except ImportError as err:
+        raise ImportError(f"writers.plot: a terminal plot needs plotext; {_EXTRA}") from err
+    figure = plotext.figure  # plotext draws on one module-wide figure: reset it first
+    figure.clear.all()
+    figure.plot_size(cols, rows)
+    if len(keys) > 1:
+        figure.subplots(len(keys), 1)
+    for row, key in enumerate(keys, start=1):
+        panel = figure.subplot(row, 1) if len(keys) > 1 else figure
+        panel.title(key)
+        for s in (s for s in series if s.key == key):
+            finite = np.isfinite(s.smoothed)
+            if not finite.any():
+                continue
+            signal = panel.signal(s.steps[finite].tolist(), s.smoothed[finite].tolist())
+            signal.label(s.label)
+            signal.lines()
+            panel.draw(signal)
+    return figure.build().string(colorless=not color)
 
 
 def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
