@@ -35,9 +35,8 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     `<parent>/<name>`, one found below `P` `<name of P>/<relative path>`; else the paths.
     """
     problems = Problems(
-        "writers.plot: expected run directories (holding metrics.jsonl or TensorBoard event "
-        "files, e.g. runs/demo/train) or experiment directories containing them (runs/demo); "
-        "pass the model_dir a training run wrote to"
+        "writers.plot: expected run directories holding metrics.jsonl or event files "
+        "(runs/demo/train) or directories containing them (runs/demo); pass a run's model_dir"
     )
     found: list[tuple[str, str, tuple[str, ...]]] = []
     for given in paths:
@@ -118,9 +117,8 @@ def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
         header = data[offset : offset + 8]
         if header_crc != masked_crc32c(header) or payload_crc != masked_crc32c(payload):
             raise ValueError(
-                f"writers.plot: record at byte {offset} of {path!r} fails its CRC check; "
-                "expected TFRecord-framed events. The file is corrupted: move it out of the run "
-                "directory to plot the others."
+                f"writers.plot: record at byte {offset} of {path!r} fails its CRC check (a "
+                "corrupted event file); move the file out of the run directory to plot the others."
             )
         offset = end
         event = event_pb2.Event.FromString(payload)
@@ -133,7 +131,6 @@ def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
 
 
 def _scalar(value: Any) -> float | None:
-    """The number in a `Summary.Value`, or None when it holds something else."""
     if value.HasField("simple_value"):
         return float(value.simple_value)
     if value.metadata.plugin_data.plugin_name != "scalars":

@@ -28,7 +28,7 @@ def join(base: str, *names: str) -> str:
 
 
 def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec file system of `url` and the path within it."""
+    """The fsspec file system of `url` and the path within it (without a trailing `/`)."""
     import fsspec.core  # a declared dependency, imported on the first remote path
 
     scheme = url.split("://", 1)[0]
@@ -38,11 +38,12 @@ def filesystem(url: str) -> tuple[Any, str]:
             "fsspec can open (gs://, s3://, memory://, ...)."
         )
     try:
-        return fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url)
     except ImportError as err:
         extra = _EXTRAS.get(scheme)
         fix = f"pip install 'jax-metrics-manager[{extra}]'" if extra else "install its package"
         raise ImportError(f"Writing to {url!r} needs fsspec's {scheme}:// backend: {fix}.") from err
+    return fs, path.rstrip("/")
 
 
 def replace_file(path: str, chunks: Iterable[bytes]) -> None:
@@ -78,8 +79,7 @@ class PartStream:
     """A thread-safe remote log: `flush` (or 8 MiB) uploads part `name(i)`; names sort in order."""
 
     def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
-        self._fs, fs_path = filesystem(directory)
-        self._dir = fs_path.rstrip("/")
+        self._fs, self._dir = filesystem(directory)
         self._name = name
         self._index = first_index
         self._buffer: list[bytes] = []

@@ -158,9 +158,8 @@ class MlflowWriter(_trackers.TrackerWriter):
         kept = {k: v for k, v in numbers.items() if step > self._last_steps.get(k, -1)}
         if len(kept) < len(numbers) and not self._skipped:
             logging.warning(
-                "MlflowWriter: resumed run %s already has %s at step %d; MLflow metric "
-                "history cannot be rewritten, so the earlier points are kept and points up "
-                "to each metric's last logged step are skipped.",
+                "MlflowWriter: resumed run %s already has %s at step %d; metric history cannot "
+                "be rewritten, so points up to each metric's last logged step are skipped.",
                 self.run_id,
                 sorted(set(numbers) - set(kept)),
                 step,
@@ -174,9 +173,8 @@ class MlflowWriter(_trackers.TrackerWriter):
         bad = [k for k in files if any(p in ("", ".", "..") for p in k.split("/"))]
         if bad:
             raise ValueError(
-                f"MlflowWriter.{method}: keys {bad} become artifact paths {kind}/<key>/..., "
-                "so they must be relative paths without '', '.' or '..' parts. Rename them, "
-                "e.g. 'eval/sample'."
+                f"MlflowWriter.{method}: keys {bad} become artifact paths {kind}/<key>/... and "
+                "must be relative, without '', '.' or '..' parts; rename them, e.g. 'eval/sample'."
             )
         if self._client is None:
             return

@@ -327,9 +327,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     if not args.interval > 0:
         problems.value_problem(f"--interval must be > 0 seconds, got {args.interval}")
     if args.max_redraws < 0:
-        problems.value_problem(
-            f"--max_redraws must be >= 0 (0: never stop), got {args.max_redraws}"
-        )
+        problems.value_problem(f"--max_redraws must be >= 0 (0: no limit), got {args.max_redraws}")
     if problems:
         parser.error(problems.message())
     if args.out is None and not args.terminal:
