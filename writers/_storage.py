@@ -1,7 +1,4 @@
-"""Where writers put bytes: local files with plain file IO, URLs through fsspec.
-
-fsspec objects cannot be appended to, so remote logs are written as parts, one object per flush.
-"""
+"""Where writers put bytes: local files with plain file IO, URLs through fsspec."""
 
 from __future__ import annotations
 
@@ -76,7 +73,7 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
 
 
 class PartStream:
-    """A thread-safe remote log: `flush` (or 8 MiB) uploads part `name(i)`; names sort in order."""
+    """Appends as parts `name(i)`, sorting in write order: one per flush (or 8 MiB); thread-safe."""
 
     def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
         self._fs, self._dir = filesystem(directory)

@@ -103,8 +103,19 @@ class MlflowWriter(_trackers.TrackerWriter):
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         if self._client is None:
             return
-        if self._last_steps:
-            numbers = self._not_logged_before(step, numbers)
+        if self._last_steps:  # resumed: skip the points the run's history already has
+            kept = {k: v for k, v in numbers.items() if step > self._last_steps.get(k, -1)}
+            if len(kept) < len(numbers) and not self._skipped:
+                logging.warning(
+                    "MlflowWriter: resumed run %s already has %s at step %d; metric history "
+                    "cannot be rewritten, so points up to each metric's last logged step are "
+                    "skipped.",
+                    self.run_id,
+                    sorted(set(numbers) - set(kept)),
+                    step,
+                )
+            self._skipped += len(numbers) - len(kept)
+            numbers = kept
         stamp = int(self._clock() * 1000)
         metrics = [self._metric(k, float(v), stamp, step) for k, v in numbers.items()]
         for start in range(0, len(metrics), self._max_metrics):
@@ -153,19 +164,6 @@ class MlflowWriter(_trackers.TrackerWriter):
                 "created with (it defaults to the collection)."
             )
         return runs[0].info.run_id
-
-    def _not_logged_before(self, step: int, numbers: dict[str, Any]) -> dict[str, Any]:
-        kept = {k: v for k, v in numbers.items() if step > self._last_steps.get(k, -1)}
-        if len(kept) < len(numbers) and not self._skipped:
-            logging.warning(
-                "MlflowWriter: resumed run %s already has %s at step %d; metric history cannot "
-                "be rewritten, so points up to each metric's last logged step are skipped.",
-                self.run_id,
-                sorted(set(numbers) - set(kept)),
-                step,
-            )
-        self._skipped += len(numbers) - len(kept)
-        return kept
 
     def _upload(
         self, method: str, kind: str, step: int, files: dict[str, Any], ext: str = ".txt"

@@ -1,9 +1,8 @@
 """`TensorBoardWriter`: TensorBoard event files, all values of one call in one event.
 
-Scalar events are encoded by hand (byte-identical to protobuf's), 25-50x faster than
-tensorboardX. Writes are synchronous; a timer flushes every `flush_secs`, and a writer never
-closed is closed at exit. Texts are tagged with the key (CLU's tag), videos are filmstrips
-`[H, T*W, C]`. A URL logdir (`gs://`, `s3://`) gets one new object per flush.
+Writes are synchronous; a timer flushes every `flush_secs`, and a writer never closed is closed
+at exit. Texts are tagged with the key (CLU's tag), videos are filmstrips `[H, T*W, C]`. A URL
+logdir (`gs://`, `s3://`) gets one new object per flush.
 
 Example:
   >>> import tempfile, writers
