@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -20,19 +19,11 @@ _NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float
 Scalars = dict[tuple[str | None, str], dict[int, float]]
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """A run directory's label (`demo/train`) and the files read for it."""
+def find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """`(label, files)` of every run directory at or under `paths` (FileNotFoundError if none).
 
-    label: str
-    files: tuple[str, ...]
-
-
-def find_runs(paths: Sequence[str]) -> list[Run]:
-    """Every run directory at or under `paths`, in path order (FileNotFoundError if none).
-
-    Its files: `metrics.jsonl` if any, else the event files. Labels: a run given itself is
-    `<parent>/<name>`, one found below `P` `<name of P>/<relative path>`; else the paths.
+    In path order. Files: `metrics.jsonl` if any, else the event files. Labels: a run given itself
+    is `<parent>/<name>`, one found below `P` `<name of P>/<relative path>`; on a clash, the paths.
     """
     problems = Problems(
         "writers.plot: expected run directories holding metrics.jsonl or event files "
@@ -63,13 +54,13 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     labels = [label for label, _, _ in found]
     if len(set(labels)) < len(labels):
         labels = [os.path.relpath(directory) for _, directory, _ in found]
-    return [Run(label, f) for label, (_, _, f) in zip(labels, found, strict=True)]
+    return [(label, f) for label, (_, _, f) in zip(labels, found, strict=True)]
 
 
-def read_run(run: Run) -> Scalars:
+def read_run(files: Sequence[str]) -> Scalars:
     """The scalar series of one run; a step written twice keeps its last value (as TensorBoard)."""
     scalars: Scalars = {}
-    for path in run.files:
+    for path in files:
         points = read_jsonl(path) if path.endswith(".jsonl") else read_events(path)
         for collection, step, key, value in points:
             scalars.setdefault((collection, key), {})[step] = value

@@ -137,11 +137,11 @@ def load_series(
     """
     _problems(smoothing, {}).raise_if_any()
     table: dict[str, list[tuple[str, dict[int, float]]]] = {}
-    for run in _logread.find_runs(paths):
-        scalars = _logread.read_run(run)
+    for run, files in _logread.find_runs(paths):
+        scalars = _logread.read_run(files)
         several = len({collection for collection, _ in scalars}) > 1
         for (collection, key), points in scalars.items():
-            label = f"{run.label}[{collection}]" if several else run.label
+            label = f"{run}[{collection}]" if several else run
             table.setdefault(key, []).append((label, points))
     if not table:
         raise ValueError(
@@ -234,8 +234,7 @@ def _png(
             if raw:
                 ax.plot(s.steps, s.values, color=colors[s.run], alpha=0.25, linewidth=1)
             ax.plot(s.steps, s.smoothed, color=colors[s.run], linewidth=1.5, label=s.label)
-        ax.set_title(key)
-        ax.set_xlabel("step")
+        ax.set(title=key, xlabel="step")
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     for ax in axes[len(keys) :]:
@@ -273,8 +272,8 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
 def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
     """Path, size and modification time of every file read (raises while there is no run)."""
     stats = []
-    for run in _logread.find_runs(paths):
-        for path in run.files:
+    for _, files in _logread.find_runs(paths):
+        for path in files:
             with contextlib.suppress(FileNotFoundError):  # rotated away since it was listed
                 stat = os.stat(path)
                 stats.append((path, stat.st_size, stat.st_mtime_ns))
