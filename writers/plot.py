@@ -301,7 +301,7 @@ def _follow(
             time.sleep(interval)
 
 
-def _parse(argv: Sequence[str]) -> argparse.Namespace:
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m writers.plot", description=(__doc__ or "").split("\n\n")[0]
     )
@@ -336,7 +336,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module docstring); returns the exit status."""
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv)  # None: argparse reads sys.argv[1:]
     keys = [key for key in args.keys.split(",") if key] or None
     clear = args.follow and args.terminal and sys.stdout.isatty()
     options = ("out", "terminal", "smoothing", "width", "height", "dpi", "cols", "rows")
