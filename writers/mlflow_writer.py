@@ -1,10 +1,9 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra; any tracking store works; only process 0 logs. Scalars are metrics,
-hparams params, other values artifacts `<kind>/<key>/step_<step:08d>[_<i>].<ext>` (`.txt`, `.png`,
-`.wav`, `.json`); raw tensors raise `NotImplementedError`. `resume_step` attaches to `run_id` or
-the latest run named `run_name`; metric history is append-only, so (with one warning) a (key,
-step) at or before the metric's last logged step is skipped.
+Needs the `mlflow` extra; any tracking store works. Scalars are metrics, hparams params, other
+values artifacts `<kind>/<key>/step_<step:08d>[_<i>].<ext>` (`.txt`, `.png`, `.wav`, `.json`).
+`resume_step` attaches to `run_id` or the latest run named `run_name`; metric history is
+append-only, so (with one warning) a (key, step) at or before its last logged step is skipped.
 
 Example:
   >>> import os, tempfile, writers

@@ -1,8 +1,7 @@
 """Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
 
-Reads `metrics.jsonl` (or else the event files) of the runs at or under each path (`runs/demo`
-or `runs/demo/train`) and draws one panel per key, runs overlaid, smoothed as TensorBoard does.
-Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
+Reads `metrics.jsonl` (or else the event files) of the runs at or under each path and draws one
+panel per key, runs overlaid, smoothed as TensorBoard does (`plot` extra: matplotlib, plotext).
 
 Usage:
     python -m writers.plot runs/demo                          # loss and accuracy -> plot.png

@@ -1,9 +1,7 @@
 """`WandbWriter`: Weights & Biases runs, one `run.log(values, step=step)` per write call.
 
-Needs the `wandb` extra; only process 0 logs. Videos are filmstrip images `[H, T*W, C]` (no
-moviepy needed), audio clips `<key>/<i>` when N > 1, histograms at most 512 buckets, hparams the
-run's config; raw tensors raise `NotImplementedError`. W&B drops a step below the last one, so
-such a write raises `ValueError`.
+Needs the `wandb` extra. Videos are filmstrip images `[H, T*W, C]` (no moviepy needed), audio
+clips `<key>/<i>` when N > 1, hparams the run's config. What W&B cannot store raises.
 
 Example:
   >>> import tempfile, writers
