@@ -145,8 +145,7 @@ class RemoteLog:
         self._stream.flush()
         self._uploaded = time.monotonic()
 
-    def close(self) -> None:
-        self.flush()
+    close = flush
 
 
 def _latest(fs: Any, base: str) -> tuple[int, list[int], list[str]]:
@@ -202,10 +201,8 @@ def _read_remote(path: str) -> bytes:
         generation, current, _ = _latest(fs, base)
         if not current:
             break
-        try:
+        with contextlib.suppress(FileNotFoundError):
             return _read_parts(fs, base, generation, current)
-        except FileNotFoundError:
-            continue
     raise FileNotFoundError(
         f"read_jsonl: no JSONL log at {path!r} (expected parts under {directory}/, "
         "written by JsonlWriter). Check the URL and the run's summary_dir."
