@@ -25,8 +25,7 @@ _PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
 _UNKNOWN = -1  # a line whose step cannot be read
 
 
-def _part_name(generation: int, index: int) -> str:
-    return f"{generation:06d}-{index:08d}.jsonl"
+_part_name = "{:06d}-{:08d}.jsonl".format  # (generation, index) -> the part's file name
 
 
 def line_step(line: bytes) -> int | None:
@@ -100,9 +99,8 @@ def _open_locked(path: str) -> TextIO:
     except BlockingIOError:
         file.close()
         raise ValueError(
-            f"JsonlWriter: {path} is being written by another process (it holds a lock on "
-            "the file), and two writers would interleave their lines. Give this run another "
-            "summary_dir or name, or stop the other process first."
+            f"JsonlWriter: another process holds a lock on {path}; two writers would interleave "
+            "lines. Give this run another summary_dir or name, or stop the other process first."
         ) from None
     return file
 
@@ -116,20 +114,20 @@ class RemoteLog:
 
     def __init__(self, path: str, resume_step: int | None, flush_secs: float):
         directory = path.rstrip("/") + ".d"
-        generation, current, stale = _latest(directory)
+        fs, base = _storage.filesystem(directory)
+        generation, current, stale = _latest(fs, base)
         if resume_step is not None and current:
-            old = _read_parts(directory, generation, current)
+            old = _read_parts(fs, base, generation, current)
             tail = b"".join(kept_lines(old.splitlines(keepends=True), resume_step))
             _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [tail])
             stale += [_part_name(generation, i) for i in current]
             generation, current = generation + 1, [0]
         else:
-            tail = _read_parts(directory, generation, current[-1:])
+            tail = _read_parts(fs, base, generation, current[-1:])
         # The new generation is in place: readers ignore the old one already.
-        fs, base = _storage.filesystem(directory)
         for name in stale:
             with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(f"{base.rstrip('/')}/{name}")
+                fs.rm_file(f"{base}/{name}")
         self.last_step = last_step(tail[-65536:])
         first = current[-1] + 1 if current else 0
         self._stream = _storage.PartStream(
@@ -147,16 +145,14 @@ class RemoteLog:
         self._stream.flush()
         self._uploaded = time.monotonic()
 
-    def close(self) -> None:
-        self.flush()
+    close = flush
 
 
-def _latest(directory: str) -> tuple[int, list[int], list[str]]:
-    """The newest generation of parts in `directory`, its part indices, older parts' names."""
-    fs, fs_path = _storage.filesystem(directory)
-    fs.invalidate_cache(fs_path)  # another process (an earlier run) may have written
+def _latest(fs: Any, base: str) -> tuple[int, list[int], list[str]]:
+    """The newest generation of parts in `base`, its part indices, older parts' names."""
+    fs.invalidate_cache(base)  # another process (an earlier run) may have written
     try:
-        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(fs_path, detail=False)]
+        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(base, detail=False)]
     except FileNotFoundError:
         names = []
     parts = [(int(m.group(1)), int(m.group(2))) for m in map(_PART.match, names) if m]
@@ -165,9 +161,7 @@ def _latest(directory: str) -> tuple[int, list[int], list[str]]:
     return generation, sorted(i for g, i in parts if g == generation), stale
 
 
-def _read_parts(directory: str, generation: int, indices: list[int]) -> bytes:
-    fs, fs_path = _storage.filesystem(directory)
-    base = fs_path.rstrip("/")
+def _read_parts(fs: Any, base: str, generation: int, indices: list[int]) -> bytes:
     return b"".join(fs.cat_file(f"{base}/{_part_name(generation, i)}") for i in indices)
 
 
@@ -178,8 +172,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
 
     Returns:
-      The lines, parsed with `json.loads`, in the order they were written (a last line still
-      being written, without its newline, is left out).
+      The lines in write order (a last line still being written is left out).
 
     Raises:
       FileNotFoundError: no log at `path`.
@@ -203,14 +196,13 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
 def _read_remote(path: str) -> bytes:
     directory = path.rstrip("/") + ".d"
+    fs, base = _storage.filesystem(directory)
     for _ in range(5):  # a resume may delete the generation being read: list again
-        generation, current, _ = _latest(directory)
+        generation, current, _ = _latest(fs, base)
         if not current:
             break
-        try:
-            return _read_parts(directory, generation, current)
-        except FileNotFoundError:
-            continue
+        with contextlib.suppress(FileNotFoundError):
+            return _read_parts(fs, base, generation, current)
     raise FileNotFoundError(
         f"read_jsonl: no JSONL log at {path!r} (expected parts under {directory}/, "
         "written by JsonlWriter). Check the URL and the run's summary_dir."

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import glob
 import json
 import os
@@ -20,25 +19,15 @@ _NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float
 Scalars = dict[tuple[str | None, str], dict[int, float]]
 
 
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """A run directory's label (`demo/train`) and the files read for it."""
+def find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """`(label, files)` of every run directory at or under `paths` (FileNotFoundError if none).
 
-    label: str
-    files: tuple[str, ...]
-
-
-def find_runs(paths: Sequence[str]) -> list[Run]:
-    """Every run directory at or under `paths`, in path order (FileNotFoundError if none).
-
-    Its files: `metrics.jsonl` if any (cheaper to parse), else the event files. Labels: a run
-    given itself is `<parent>/<name>` (`runs/demo/train` -> `demo/train`), one found below `P`
-    `<name of P>/<relative path>`; colliding labels fall back to the paths.
+    In path order. Files: `metrics.jsonl` if any, else the event files. Labels: a run given itself
+    is `<parent>/<name>`, one found below `P` `<name of P>/<relative path>`; on a clash, the paths.
     """
     problems = Problems(
-        "writers.plot: expected run directories (holding metrics.jsonl or TensorBoard event "
-        "files, e.g. runs/demo/train) or experiment directories containing them (runs/demo); "
-        "pass the model_dir a training run wrote to"
+        "writers.plot: expected run directories holding metrics.jsonl or event files "
+        "(runs/demo/train) or directories containing them (runs/demo); pass a run's model_dir"
     )
     found: list[tuple[str, str, tuple[str, ...]]] = []
     for given in paths:
@@ -65,13 +54,13 @@ def find_runs(paths: Sequence[str]) -> list[Run]:
     labels = [label for label, _, _ in found]
     if len(set(labels)) < len(labels):
         labels = [os.path.relpath(directory) for _, directory, _ in found]
-    return [Run(label, f) for label, (_, _, f) in zip(labels, found, strict=True)]
+    return [(label, f) for label, (_, _, f) in zip(labels, found, strict=True)]
 
 
-def read_run(run: Run) -> Scalars:
+def read_run(files: Sequence[str]) -> Scalars:
     """The scalar series of one run; a step written twice keeps its last value (as TensorBoard)."""
     scalars: Scalars = {}
-    for path in run.files:
+    for path in files:
         points = read_jsonl(path) if path.endswith(".jsonl") else read_events(path)
         for collection, step, key, value in points:
             scalars.setdefault((collection, key), {})[step] = value
@@ -119,9 +108,8 @@ def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
         header = data[offset : offset + 8]
         if header_crc != masked_crc32c(header) or payload_crc != masked_crc32c(payload):
             raise ValueError(
-                f"writers.plot: record at byte {offset} of {path!r} fails its CRC check; "
-                "expected TFRecord-framed events. The file is corrupted: move it out of the run "
-                "directory to plot the others."
+                f"writers.plot: record at byte {offset} of {path!r} fails its CRC check (a "
+                "corrupted event file); move the file out of the run directory to plot the others."
             )
         offset = end
         event = event_pb2.Event.FromString(payload)
@@ -134,7 +122,6 @@ def read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
 
 
 def _scalar(value: Any) -> float | None:
-    """The number in a `Summary.Value`, or None when it holds something else."""
     if value.HasField("simple_value"):
         return float(value.simple_value)
     if value.metadata.plugin_data.plugin_name != "scalars":

@@ -1,11 +1,8 @@
-"""TensorBoard event files in TFRecord framing, written synchronously so `flush()` means on disk.
-
-On a URL each flush writes a new object with the events since the last (`_storage.PartStream`),
-named so TensorBoard reads one stream; tensorboardX would re-upload the whole file every flush.
-"""
+"""TensorBoard event files in TFRecord framing, written synchronously so `flush()` means on disk."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -33,21 +30,20 @@ class EventFile:
         self._local = not _storage.is_remote(logdir)
         self._file: Any
         if not self._local:
-            # Microseconds keep a later writer's parts after an earlier one's within a second.
+            # One object per flush, named so TensorBoard reads one stream; microseconds keep a
+            # later writer's parts after an earlier one's within a second.
             prefix = f"{name}.{int(now * 1e6) % 1_000_000:06d}."
             self._file = _storage.PartStream(logdir, lambda i: f"{prefix}{i:08d}{filename_suffix}")
-            self.path = self._file.next_path
+            self.path = _storage.join(logdir, f"{prefix}{0:08d}{filename_suffix}")
             return
         os.makedirs(logdir, exist_ok=True)
         base = os.path.join(logdir, name)
         for attempt in range(1000):
             self.path = base + (f".{attempt}" if attempt else "") + filename_suffix
-            try:
+            with contextlib.suppress(FileExistsError):
                 # Unbuffered, so a killed process loses no event written; flush() adds the fsync.
                 self._file = open(self.path, "xb", buffering=0)  # noqa: SIM115
                 return
-            except FileExistsError:
-                continue
         raise FileExistsError(f"EventFile: could not create a new file next to {base}")
 
     def write(self, data: bytes) -> None:

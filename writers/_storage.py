@@ -1,8 +1,4 @@
-"""Where writers put bytes: local files with plain file IO, URLs through fsspec.
-
-fsspec objects cannot be appended to (re-uploading a growing object costs bytes growing with
-the square of the run), so remote logs are written as parts, one new object per flush.
-"""
+"""Where writers put bytes: local files with plain file IO, URLs through fsspec."""
 
 from __future__ import annotations
 
@@ -29,7 +25,7 @@ def join(base: str, *names: str) -> str:
 
 
 def filesystem(url: str) -> tuple[Any, str]:
-    """The fsspec file system of `url` and the path within it."""
+    """The fsspec file system of `url` and the path within it (without a trailing `/`)."""
     import fsspec.core  # a declared dependency, imported on the first remote path
 
     scheme = url.split("://", 1)[0]
@@ -39,11 +35,12 @@ def filesystem(url: str) -> tuple[Any, str]:
             "fsspec can open (gs://, s3://, memory://, ...)."
         )
     try:
-        return fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url)
     except ImportError as err:
         extra = _EXTRAS.get(scheme)
         fix = f"pip install 'jax-metrics-manager[{extra}]'" if extra else "install its package"
         raise ImportError(f"Writing to {url!r} needs fsspec's {scheme}:// backend: {fix}.") from err
+    return fs, path.rstrip("/")
 
 
 def replace_file(path: str, chunks: Iterable[bytes]) -> None:
@@ -76,24 +73,15 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
 
 
 class PartStream:
-    """An append-only remote log in `directory`: `flush` (or 8 MiB) uploads a part `name(index)`.
-
-    Names must sort in write order. Thread-safe.
-    """
+    """Appends as parts `name(i)`, sorting in write order: one per flush (or 8 MiB); thread-safe."""
 
     def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
         self._fs, self._dir = filesystem(directory)
-        self._url = directory.rstrip("/")
         self._name = name
         self._index = first_index
         self._buffer: list[bytes] = []
         self._size = 0
         self._lock = threading.Lock()
-
-    @property
-    def next_path(self) -> str:
-        """URL of the part the next upload creates."""
-        return f"{self._url}/{self._name(self._index)}"
 
     def write(self, data: bytes) -> None:
         with self._lock:
@@ -110,6 +98,6 @@ class PartStream:
         if not self._size:
             return
         data = b"".join(self._buffer)
-        self._fs.pipe_file(f"{self._dir.rstrip('/')}/{self._name(self._index)}", data)
+        self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", data)
         self._index += 1
         self._buffer, self._size = [], 0

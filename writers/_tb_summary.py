@@ -29,14 +29,13 @@ def event(step: int, values: list[Any]) -> bytes:
     return event_pb2.Event(step=step, wall_time=time.time(), summary=summary).SerializeToString()
 
 
-def file_version_event() -> bytes:
-    return event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
-
-
-def purge_event(step: int) -> bytes:
-    """A session restart at `step`: TensorBoard drops older events at or after it."""
-    start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
-    return event_pb2.Event(step=step, wall_time=time.time(), session_log=start).SerializeToString()
+def first_events(purge_step: int | None) -> list[bytes]:
+    """The file version, then a restart at `purge_step`: TensorBoard drops older events from it."""
+    events = [event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")]
+    if purge_step is not None:
+        start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
+        events.append(event_pb2.Event(step=purge_step, wall_time=time.time(), session_log=start))
+    return [e.SerializeToString() for e in events]
 
 
 def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:

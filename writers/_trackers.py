@@ -13,32 +13,30 @@ from writers import _checks, _encode
 from writers._base import BaseWriter
 
 
-def import_extra(module: str, extra: str, writer: str) -> ModuleType:
-    """Imports an optional tracker library, or raises an ImportError naming the extra."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:
-        raise ImportError(
-            f"{writer} needs the {module!r} package, which is not installed ({err}). Install "
-            f"the extra: pip install 'jax-metrics-manager[{extra}]'."
-        ) from err
-
-
 class TrackerWriter(BaseWriter):
     """Process 0 only (others check inputs and log nothing), raw tensors refused, `_pictures`."""
 
     _tracker = ""
     _owned = False  # close() ends the run: this writer started or resumed it
 
-    def _start(self, resume_step: int | None, process_index: int | None) -> tuple[int | None, bool]:
-        """The checked `resume_step`, and whether this is process 0."""
+    def _start(
+        self, module: str, resume_step: int | None, process_index: int | None
+    ) -> tuple[ModuleType, int | None, bool]:
+        """Imports `module`, checks `resume_step`; returns them and whether this is process 0."""
+        try:
+            library = importlib.import_module(module)
+        except ImportError as err:
+            raise ImportError(
+                f"{self._where()} needs the {module!r} package, which is not installed ({err}). "
+                f"Install the extra: pip install 'jax-metrics-manager[{module}]'."
+            ) from err
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, f"{self._where()}(resume_step=...)")
         if process_index is None:
             import jax  # imported here: `import writers` must not import JAX
 
             process_index = jax.process_index()
-        return resume_step, process_index == 0
+        return library, resume_step, process_index == 0
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         raise NotImplementedError(

@@ -1,13 +1,9 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra; any tracking store works (`http://host:5000`, `sqlite:///mlflow.db`);
-only process 0 creates a run and logs. Scalars are metrics, hparams params; texts, images,
-videos, audio and histograms are artifacts at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`
-(`.txt`, `.png`, 16-bit `.wav`, `.json`). Raw tensors raise `NotImplementedError`.
-
-Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`. Metric
-history is append-only, so (with one absl warning) any (key, step) at or before the metric's
-last logged step is skipped: each step keeps the earlier run's point.
+Needs the `mlflow` extra; any tracking store works. Scalars are metrics, hparams params, other
+values artifacts `<kind>/<key>/step_<step:08d>[_<i>].<ext>` (`.txt`, `.png`, `.wav`, `.json`).
+`resume_step` attaches to `run_id` or the latest run named `run_name`; metric history is
+append-only, so (with one warning) a (key, step) at or before its last logged step is skipped.
 
 Example:
   >>> import os, tempfile, writers
@@ -67,14 +63,13 @@ class MlflowWriter(_trackers.TrackerWriter):
         clock: Callable[[], float] = time.time,
         process_index: int | None = None,
     ):
-        mlflow = _trackers.import_extra("mlflow", "mlflow", "MlflowWriter")
+        mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
         from mlflow.entities import Metric, Param
         from mlflow.utils import validation
 
         self._metric, self._param = Metric, Param
         self._max_metrics = validation.MAX_METRICS_PER_BATCH
         self._max_params = validation.MAX_PARAMS_TAGS_PER_BATCH
-        resume_step, here = self._start(resume_step, process_index)
         self._clock = clock
         self._client: Any = None
         self.run_id: str | None = None
@@ -107,8 +102,19 @@ class MlflowWriter(_trackers.TrackerWriter):
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         if self._client is None:
             return
-        if self._last_steps:
-            numbers = self._not_logged_before(step, numbers)
+        if self._last_steps:  # resumed: skip the points the run's history already has
+            kept = {k: v for k, v in numbers.items() if step > self._last_steps.get(k, -1)}
+            if len(kept) < len(numbers) and not self._skipped:
+                logging.warning(
+                    "MlflowWriter: resumed run %s already has %s at step %d; metric history "
+                    "cannot be rewritten, so points up to each metric's last logged step are "
+                    "skipped.",
+                    self.run_id,
+                    sorted(set(numbers) - set(kept)),
+                    step,
+                )
+            self._skipped += len(numbers) - len(kept)
+            numbers = kept
         stamp = int(self._clock() * 1000)
         metrics = [self._metric(k, float(v), stamp, step) for k, v in numbers.items()]
         for start in range(0, len(metrics), self._max_metrics):
@@ -158,29 +164,14 @@ class MlflowWriter(_trackers.TrackerWriter):
             )
         return runs[0].info.run_id
 
-    def _not_logged_before(self, step: int, numbers: dict[str, Any]) -> dict[str, Any]:
-        kept = {k: v for k, v in numbers.items() if step > self._last_steps.get(k, -1)}
-        if len(kept) < len(numbers) and not self._skipped:
-            logging.warning(
-                "MlflowWriter: resumed run %s already has %s at step %d; MLflow metric "
-                "history cannot be rewritten, so the earlier points are kept and points up "
-                "to each metric's last logged step are skipped.",
-                self.run_id,
-                sorted(set(numbers) - set(kept)),
-                step,
-            )
-        self._skipped += len(numbers) - len(kept)
-        return kept
-
     def _upload(
         self, method: str, kind: str, step: int, files: dict[str, Any], ext: str = ".txt"
     ) -> None:
         bad = [k for k in files if any(p in ("", ".", "..") for p in k.split("/"))]
         if bad:
             raise ValueError(
-                f"MlflowWriter.{method}: keys {bad} become artifact paths {kind}/<key>/..., "
-                "so they must be relative paths without '', '.' or '..' parts. Rename them, "
-                "e.g. 'eval/sample'."
+                f"MlflowWriter.{method}: keys {bad} become artifact paths {kind}/<key>/... and "
+                "must be relative, without '', '.' or '..' parts; rename them, e.g. 'eval/sample'."
             )
         if self._client is None:
             return

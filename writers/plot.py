@@ -1,9 +1,7 @@
 """Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
 
-Reads `metrics.jsonl` (or else the event files) of the runs at or under each path (a run
-directory `runs/demo/train`, or an experiment directory `runs/demo`) and draws one panel per
-key, every run's series (`<run>:<key>`) overlaid, smoothed as TensorBoard does, raw values faint
-behind. Needs the `plot` extra: matplotlib for PNGs, plotext for the terminal.
+Reads `metrics.jsonl` (or else the event files) of the runs at or under each path and draws one
+panel per key, runs overlaid, smoothed as TensorBoard does (`plot` extra: matplotlib, plotext).
 
 Usage:
     python -m writers.plot runs/demo                          # loss and accuracy -> plot.png
@@ -28,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import io
 import json
 import math
 import os
@@ -39,12 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from writers import _draw, _logread, _storage
+from writers import _logread, _storage
 from writers._problems import Problems
 from writers.jsonl import _json_array
 
 DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
+_EXTRA = "pip install 'jax-metrics-manager[plot]'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +85,7 @@ class PlotData:
 def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
     """TensorBoard's scalar smoothing: a debiased exponential moving average.
 
-    `last = last * weight + (1 - weight) * value`, divided by `1 - weight**n` after `n`
-    finite values; non-finite values stay as they are. A constant series is returned as is.
+    Non-finite values stay as they are; a constant series is returned as is.
 
     Example:
       >>> smooth([1.0, 0.0], 0.5).tolist()  # (0.5 * 0.5 + 0) / (1 - 0.25)
@@ -137,11 +136,11 @@ def load_series(
     """
     _problems(smoothing, {}).raise_if_any()
     table: dict[str, list[tuple[str, dict[int, float]]]] = {}
-    for run in _logread.find_runs(paths):
-        scalars = _logread.read_run(run)
+    for run, files in _logread.find_runs(paths):
+        scalars = _logread.read_run(files)
         several = len({collection for collection, _ in scalars}) > 1
         for (collection, key), points in scalars.items():
-            label = f"{run.label}[{collection}]" if several else run.label
+            label = f"{run}[{collection}]" if several else run
             table.setdefault(key, []).append((label, points))
     if not table:
         raise ValueError(
@@ -206,18 +205,74 @@ def plot_runs(
     keys, series = load_series(paths, keys, smoothing)
     text = None
     if out is not None:
-        _draw.png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
+        _png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
     if terminal:
         size = shutil.get_terminal_size((100, 32))
-        text = _draw.text(keys, series, cols or size.columns, rows or max(size.lines - 2, 8), color)
+        text = _text(keys, series, cols or size.columns, rows or max(size.lines - 2, 8), color)
     return PlotData(keys, series, out, text)
+
+
+def _png(
+    keys: list[str], series: list[Series], path: str, width: int, height: int, dpi: int, raw: bool
+) -> None:
+    """Writes a PNG to `path` (atomically), a panel per key (`raw`: raw values faint behind)."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+        from matplotlib.figure import Figure  # noqa: PLC0415
+    except ImportError as err:
+        raise ImportError(f"writers.plot: a PNG needs matplotlib; {_EXTRA}") from err
+    ncols = 1 if len(keys) <= 3 else 2
+    # A `Figure` with the Agg canvas, not pyplot: no global state, no display.
+    figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(math.ceil(len(keys) / ncols), ncols, squeeze=False).ravel()
+    # One color per run, the same in every panel (matplotlib's default cycle).
+    colors = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(s.run for s in series))}
+    for ax, key in zip(axes, keys, strict=False):
+        for s in (s for s in series if s.key == key):
+            if raw:
+                ax.plot(s.steps, s.values, color=colors[s.run], alpha=0.25, linewidth=1)
+            ax.plot(s.steps, s.smoothed, color=colors[s.run], linewidth=1.5, label=s.label)
+        ax.set(title=key, xlabel="step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=dpi, format="png")
+    _storage.replace_file(path, [buffer.getvalue()])
+
+
+def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bool) -> str:
+    """A `cols` x `rows` character plot of the smoothed lines, panels stacked (no NaN/inf)."""
+    try:
+        import plotext  # noqa: PLC0415
+    except ImportError as err:
+        raise ImportError(f"writers.plot: a terminal plot needs plotext; {_EXTRA}") from err
+    figure = plotext.figure  # plotext draws on one module-wide figure: reset it first
+    figure.clear.all()
+    figure.plot_size(cols, rows)
+    if len(keys) > 1:
+        figure.subplots(len(keys), 1)
+    for row, key in enumerate(keys, start=1):
+        panel = figure.subplot(row, 1) if len(keys) > 1 else figure
+        panel.title(key)
+        for s in (s for s in series if s.key == key):
+            finite = np.isfinite(s.smoothed)
+            if not finite.any():
+                continue
+            signal = panel.signal(s.steps[finite].tolist(), s.smoothed[finite].tolist())
+            signal.label(s.label)
+            signal.lines()
+            panel.draw(signal)
+    return figure.build().string(colorless=not color)
 
 
 def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
     """Path, size and modification time of every file read (raises while there is no run)."""
     stats = []
-    for run in _logread.find_runs(paths):
-        for path in run.files:
+    for _, files in _logread.find_runs(paths):
+        for path in files:
             with contextlib.suppress(FileNotFoundError):  # rotated away since it was listed
                 stat = os.stat(path)
                 stats.append((path, stat.st_size, stat.st_mtime_ns))
@@ -245,7 +300,7 @@ def _follow(
             time.sleep(interval)
 
 
-def _parse(argv: Sequence[str]) -> argparse.Namespace:
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m writers.plot", description=(__doc__ or "").split("\n\n")[0]
     )
@@ -270,9 +325,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     if not args.interval > 0:
         problems.value_problem(f"--interval must be > 0 seconds, got {args.interval}")
     if args.max_redraws < 0:
-        problems.value_problem(
-            f"--max_redraws must be >= 0 (0: never stop), got {args.max_redraws}"
-        )
+        problems.value_problem(f"--max_redraws must be >= 0 (0: no limit), got {args.max_redraws}")
     if problems:
         parser.error(problems.message())
     if args.out is None and not args.terminal:
@@ -282,7 +335,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module docstring); returns the exit status."""
-    args = _parse(sys.argv[1:] if argv is None else argv)
+    args = _parse(argv)  # None: argparse reads sys.argv[1:]
     keys = [key for key in args.keys.split(",") if key] or None
     clear = args.follow and args.terminal and sys.stdout.isatty()
     options = ("out", "terminal", "smoothing", "width", "height", "dpi", "cols", "rows")

@@ -1,10 +1,7 @@
 """`WandbWriter`: Weights & Biases runs, one `run.log(values, step=step)` per write call.
 
-Needs the `wandb` extra; only process 0 creates a run and logs. Images are `wandb.Image`s,
-videos filmstrip images `[H, T*W, C]` (`wandb.Video` would need moviepy), audio 16-bit WAV clips
-(`<key>/<i>` when N > 1), histograms `wandb.Histogram` (at most 512 buckets), hparams the run's
-config; raw tensors raise `NotImplementedError`. W&B drops a `log` at a step below the last
-one, so such a write raises `ValueError`.
+Needs the `wandb` extra. Videos are filmstrip images `[H, T*W, C]` (no moviepy needed), audio
+clips `<key>/<i>` when N > 1, hparams the run's config. What W&B cannot store raises.
 
 Example:
   >>> import tempfile, writers
@@ -69,15 +66,13 @@ class WandbWriter(_trackers.TrackerWriter):
         run: Any = None,
         process_index: int | None = None,
     ):
-        self._wandb = _trackers.import_extra("wandb", "wandb", "WandbWriter")
-        resume_step, here = self._start(resume_step, process_index)
+        self._wandb, resume_step, here = self._start("wandb", resume_step, process_index)
         if resume_step is not None and run_id is None and run is None:
             raise ValueError(
                 f"WandbWriter: resume_step={resume_step} needs the run to resume; pass "
                 "run_id='<the W&B run id>' (shown in the run's URL and its local folder)."
             )
         self._run: Any = None
-        self._min_step = 0
         if not here:
             return
         if run is None:
