@@ -19,8 +19,6 @@ Clock = Callable[[], float]
 def block_until_ready_or_deleted(tree: Any) -> None:
     """Blocks until every `jax.Array` leaf of `tree` is ready or deleted (donated).
 
-    Other leaves (NumPy arrays, Python numbers, None) are ready by definition.
-
     Raises:
       Exception: what `block_until_ready` raises for a leaf not deleted (its computation failed).
 
