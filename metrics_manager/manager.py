@@ -263,10 +263,7 @@ class MetricsManager:
         }
 
     def start_duration_timer(self, block_on: Any = ()) -> None:
-        """Opens a summary window that starts when `block_on` (the train state) is ready.
-
-        Returns at once. A state already ready (or donated) when the worker looks starts it now.
-        """
+        """Opens a summary window that starts when `block_on` (the train state) is ready."""
         self._check_usable("start_duration_timer")
         called = self._clock()
         self._window_open = True
@@ -356,8 +353,6 @@ class MetricsManager:
 
     def close(self) -> None:
         """Finishes queued work, closes every writer and stops the worker; idempotent.
-
-        Returns within about `writer_deadline_s` + 5 s even when a writer hangs (see `errors`).
 
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.
@@ -666,9 +661,7 @@ class _Problems(Problems):
     def step(self, what: str, value: Any) -> int:
         step = self.integer(what, value, minimum=0)
         if step >= _checks.MAX_STEP:
-            self.value_problem(
-                f"{what} must be below 2**63 (steps are stored as int64), got {step}"
-            )
+            self.value_problem(f"{what} must be below 2**63 (steps are int64), got {step}")
         return step
 
     def choice(self, what: str, value: Any, options: tuple[str, ...]) -> None:

@@ -261,9 +261,7 @@ class SystemMonitor:
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                _LOG.warning(
-                    "SystemMonitor: a sample still runs after %.1f s; not waiting", timeout_s
-                )
+                _LOG.warning("SystemMonitor: a sample runs past %.1f s; not waiting", timeout_s)
                 return
         with self._lock:
             nvml, self._nvml = self._nvml, None
