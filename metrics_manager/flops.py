@@ -56,8 +56,7 @@ def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any
             raise TypeError(
                 f"step_flops: a {type(fn_or_compiled).__name__} is already specialized to its "
                 f"arguments, but {len(args)} positional and {len(kwargs)} keyword arguments "
-                "came too; pass either the function and its arguments, or the "
-                "Lowered/Compiled object alone."
+                "came too; pass the function and its arguments, or the Lowered/Compiled alone."
             )
         if isinstance(fn_or_compiled, jax.stages.Lowered):
             return fn_or_compiled.compile()

@@ -195,8 +195,7 @@ class SystemMonitor:
     ) -> None:
         if interval_s is not None and not interval_s > 0:
             raise ValueError(
-                f"SystemMonitor: interval_s must be > 0 seconds (or None for no background "
-                f"thread), got {interval_s!r}."
+                f"SystemMonitor: interval_s must be > 0 seconds or None, got {interval_s!r}."
             )
         if sample_fn is not None and not callable(sample_fn):
             raise TypeError(

@@ -1,8 +1,7 @@
 """`block_until_ready_or_deleted`: waits for device values; donated buffers count as ready.
 
-`MetricsManager`'s worker times each summary window with it, so the training loop never waits.
 A buffer donated to a later computation (`x.is_deleted()`) was computed before the step that
-consumed it was dispatched. Host-side module: never import it from code traced by jit.
+consumed it was dispatched. Host-side: `MetricsManager`'s worker times each window with it.
 """
 
 from __future__ import annotations
