@@ -17,10 +17,9 @@ import jax
 
 from writers._problems import Problems
 
-# Dense peak TFLOP/s per JAX device for 16-bit matrix math: (substring of `device_kind`, bf16,
-# fp16); None: no such unit. The first match wins, so specific names come first ("L40S" before
-# "L4"). Sources: NVIDIA data sheets (sparsity figures halved) and Google Cloud's TPU pages
-# (v2 and v3 expose two JAX devices per chip, so half a chip each).
+# Dense peak TFLOP/s per JAX device: (substring of `device_kind`, bf16, fp16), None: no such
+# unit; the first match wins ("L40S" before "L4"). From NVIDIA data sheets (sparse figures
+# halved) and Google Cloud's TPU pages (v2 and v3: two JAX devices, so half a chip, each).
 _PEAK_TFLOPS: tuple[tuple[str, float | None, float | None], ...] = (
     ("TPU v2", 22.5, None),
     ("TPU v3", 61.5, None),
@@ -57,8 +56,7 @@ def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any
             raise TypeError(
                 f"step_flops: a {type(fn_or_compiled).__name__} is already specialized to its "
                 f"arguments, but {len(args)} positional and {len(kwargs)} keyword arguments "
-                "came too; pass either the function and its arguments, or the "
-                "Lowered/Compiled object alone."
+                "came too; pass the function and its arguments, or the Lowered/Compiled alone."
             )
         if isinstance(fn_or_compiled, jax.stages.Lowered):
             return fn_or_compiled.compile()
@@ -74,8 +72,6 @@ def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any
 
 def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
     """FLOPs of one call of a jitted step, summed over its devices, as XLA estimates them.
-
-    Call it once, next to the first step: `jax.jit` caches the compilation.
 
     Args:
       fn_or_compiled: a function (jitted here unless it is), a `jax.stages.Lowered` or `Compiled`.
@@ -132,8 +128,7 @@ def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float |
     """
     if dtype not in _DTYPES:
         raise ValueError(f"peak_flops_per_device: dtype must be one of {_DTYPES}, got {dtype!r}.")
-    if device is None:
-        device = jax.devices()[0]
+    device = jax.devices()[0] if device is None else device
     kind = str(getattr(device, "device_kind", "")).lower()
     for name, bf16, fp16 in _PEAK_TFLOPS:
         if name.lower() in kind:

@@ -7,10 +7,9 @@
       state, running = train_step(state, running, batch)   # merge_metrics inside the step
     manager.write_metrics_summary(running, start + num_steps, num_steps)
 
-The caller's thread checks every argument (a bad input raises at the call) and queues a job;
-one ordered worker times the window, copies the metrics to the host in one transfer and hands
-the values to each writer, isolated from the others (README: "Failure modes"). Host-side
-module: never import it from code traced by jit.
+The caller's thread checks every argument and queues a job; one ordered worker times the
+window, copies the metrics to the host in one transfer and hands the values to each writer,
+isolated from the others (README: "Failure modes"). Host-side: never import it in jitted code.
 """
 
 from __future__ import annotations
@@ -208,7 +207,7 @@ class MetricsManager:
         self._made: Any = None
         self._monitor: Any = None
         self._system_interval = system_interval_s
-        self._system_last = -math.inf
+        self._system_next = -math.inf  # when the next system/* sample is due
         if jax.process_index() == 0:
             self._claim_dir()
             try:
@@ -264,10 +263,7 @@ class MetricsManager:
         }
 
     def start_duration_timer(self, block_on: Any = ()) -> None:
-        """Opens a summary window that starts when `block_on` (the train state) is ready.
-
-        Returns at once. A state already ready (or donated) when the worker looks starts it now.
-        """
+        """Opens a summary window that starts when `block_on` (the train state) is ready."""
         self._check_usable("start_duration_timer")
         called = self._clock()
         self._window_open = True
@@ -358,8 +354,6 @@ class MetricsManager:
     def close(self) -> None:
         """Finishes queued work, closes every writer and stops the worker; idempotent.
 
-        Returns within about `writer_deadline_s` + 5 s even when a writer hangs (see `errors`).
-
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.
         """
@@ -387,12 +381,7 @@ class MetricsManager:
     def __enter__(self) -> MetricsManager:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         try:
             self.close()
         except Exception as close_err:
@@ -417,8 +406,7 @@ class MetricsManager:
             if "resume_step" not in parameters:
                 raise TypeError(
                     f"MetricsManager({self.name!r}): resume_step={resume_step} needs a "
-                    "writer_factory with a resume_step argument (such as "
-                    "writers.create_default_writer)."
+                    "writer_factory taking resume_step, such as writers.create_default_writer."
                 )
             kwargs["resume_step"] = resume_step
         made = self._made = factory(self.summary_dir, **kwargs)
@@ -539,9 +527,7 @@ class MetricsManager:
         name = label.removeprefix("writer ").strip("'")
         if name in self._writers:
             self._writers[name].quarantined = "hung"
-        err = TimeoutError(
-            f"{label} ran past writer_deadline_s={self._deadline}; abandoned and quarantined"
-        )
+        err = TimeoutError(f"{label} ran past writer_deadline_s={self._deadline}: quarantined")
         self._record(Failure(f"writer:{name}", None, (), err))
 
     def _result(self, job: Job) -> None:
@@ -557,8 +543,7 @@ class MetricsManager:
         step = None if arg == "hparams" else problems.step("step", step)
         if not isinstance(values, Mapping):
             problems.type_problem(
-                f"{arg} must be a mapping from names to values, got "
-                f"{type(values).__name__} (wrap it: {{'loss': value}})"
+                f"{arg} must be a mapping such as {{'loss': value}}, got {type(values).__name__}"
             )
         values = dict(values) if isinstance(values, Mapping) else {}
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
@@ -596,10 +581,9 @@ class MetricsManager:
         if set(near_limit) - self._int32_warned:
             self._int32_warned.update(near_limit)
             _LOG.warning(
-                "MetricsManager %r: at step %d the int32 accumulators of %s are past 2**30; "
-                "int32 wraps silently at 2**31. Accumulate in float32 (e.g. "
-                "Sum(jnp.sum(x, dtype=jnp.float32))), write summaries more often, or enable "
-                "jax_enable_x64 for int64.",
+                "MetricsManager %r: at step %d the int32 accumulators of %s are past 2**30 and "
+                "wrap silently at 2**31; accumulate in float32 (jnp.sum(x, dtype=jnp.float32)), "
+                "write summaries more often, or enable jax_enable_x64.",
                 self.name,
                 step,
                 sorted(near_limit),
@@ -623,11 +607,8 @@ class MetricsManager:
                 num_devices=jax.device_count(),
                 peak_flops_per_device=self._peak,
             )
-        if (
-            self._monitor is not None
-            and time.monotonic() - self._system_last >= self._system_interval
-        ):
-            self._system_last = time.monotonic()
+        if self._monitor is not None and time.monotonic() >= self._system_next:
+            self._system_next = time.monotonic() + self._system_interval
             summary |= self._monitor.window_values()
         return summary
 
@@ -666,12 +647,9 @@ class _Problems(Problems):
         ):
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            hint = (
-                "; keep a host-side counter (step += 1): converting a jax.Array would block "
-                "the training loop"
-                if isinstance(value, jax.Array)
-                else ""
-            )
+            hint = ""
+            if isinstance(value, jax.Array):
+                hint = "; keep a host-side counter (step += 1): int(jax.Array) blocks the loop"
             self.type_problem(
                 f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
             )
@@ -683,9 +661,7 @@ class _Problems(Problems):
     def step(self, what: str, value: Any) -> int:
         step = self.integer(what, value, minimum=0)
         if step >= _checks.MAX_STEP:
-            self.value_problem(
-                f"{what} must be below 2**63 (steps are stored as int64), got {step}"
-            )
+            self.value_problem(f"{what} must be below 2**63 (steps are int64), got {step}")
         return step
 
     def choice(self, what: str, value: Any, options: tuple[str, ...]) -> None:

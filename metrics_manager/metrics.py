@@ -3,19 +3,9 @@
 Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric`, mergeable with CLU's and
 google-metrax's metrics in one dict: T5X's `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate`
 and `StepsPerTime` (`steps` and `duration` are set on the host), plus `Max`, `Min`, `MeanStd`
-and `Welford` (clu 0.0.12's `Std` crashes on current JAX). Constructors are keyword-only where
-T5X's positional order is a trap; every `empty()` is a two-sided identity of `merge()`.
+and `Welford` (clu 0.0.12's `Std` crashes on current JAX).
 
-Synopsis:
-
-    def loss_fn(params, batch):
-        per_example = ...
-        return per_example.sum(), {
-            "loss": AveragePerStep.from_model_output(per_example),
-            "loss_stats": MeanStd.from_model_output(per_example),
-            "seqs_per_second": TimeRate.from_model_output(per_example.shape[0]),
-        }
-
+    metrics = {"loss": AveragePerStep.from_model_output(per_example)}  # returned by the loss
     # On the host, once per summary window, after a device-to-host copy:
     metrics = set_step_metrics_num_steps(set_time_metrics_duration(metrics, seconds), num_steps)
     values = compute_metric_values(metrics)  # {key: clu.values.Value}

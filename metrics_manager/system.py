@@ -1,14 +1,12 @@
 """System metrics (CPU, memory, temperatures, accelerators) sampled off the training thread.
 
-Host-side module. A `SystemMonitor` samples every sensor the host has (in a daemon thread, or
-when asked); the summary worker asks for each window's mean and max:
+Host-side module; the summary worker asks a `SystemMonitor` for each window's mean and max:
 
   monitor = SystemMonitor(interval_s=1.0)
   values = monitor.window_values()  # {"system/process_cpu_percent": 87.5, ".../max": 101.0}
   monitor.close()
 
-Keys, each also as `<key>/max` (a sensor the host lacks gives none; one failing later is
-dropped, logged at debug level):
+Keys, each also as `<key>/max` (a sensor the host lacks gives none; one failing is dropped):
 
   system/process_cpu_percent (100 = one core busy), system/host_cpu_percent (0..100)
   system/process_rss_mib, system/host_memory_{used,available}_mib, system/host_memory_percent
@@ -32,8 +30,7 @@ import psutil
 
 _LOG = logging.getLogger(__name__)
 _MIB = float(1 << 20)
-# CPU percentages come from tick counters (10 ms in /proc): over a shorter span they
-# would read 0 or several hundred percent, so a reading waits until this much has passed.
+# CPU percentages come from 10 ms tick counters: a shorter span would read 0 or several 100 %.
 _MIN_RATE_SPAN_S = 0.1
 # Sensor groups that report the CPU package (Intel, AMD, ARM boards), best first.
 _CPU_SENSOR_GROUPS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
@@ -198,8 +195,7 @@ class SystemMonitor:
     ) -> None:
         if interval_s is not None and not interval_s > 0:
             raise ValueError(
-                f"SystemMonitor: interval_s must be > 0 seconds (or None for no background "
-                f"thread), got {interval_s!r}."
+                f"SystemMonitor: interval_s must be > 0 seconds or None, got {interval_s!r}."
             )
         if sample_fn is not None and not callable(sample_fn):
             raise TypeError(
@@ -264,9 +260,7 @@ class SystemMonitor:
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                _LOG.warning(
-                    "SystemMonitor: a sample still runs after %.1f s; not waiting", timeout_s
-                )
+                _LOG.warning("SystemMonitor: a sample runs past %.1f s; not waiting", timeout_s)
                 return
         with self._lock:
             nvml, self._nvml = self._nvml, None

@@ -1,8 +1,7 @@
 """`block_until_ready_or_deleted`: waits for device values; donated buffers count as ready.
 
-`MetricsManager`'s worker times each summary window with it, so the training loop never waits.
 A buffer donated to a later computation (`x.is_deleted()`) was computed before the step that
-consumed it was dispatched. Host-side module: never import it from code traced by jit.
+consumed it was dispatched. Host-side: `MetricsManager`'s worker times each window with it.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ Clock = Callable[[], float]
 
 def block_until_ready_or_deleted(tree: Any) -> None:
     """Blocks until every `jax.Array` leaf of `tree` is ready or deleted (donated).
-
-    Other leaves (NumPy arrays, Python numbers, None) are ready by definition.
 
     Raises:
       Exception: what `block_until_ready` raises for a leaf not deleted (its computation failed).
