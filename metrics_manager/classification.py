@@ -284,9 +284,7 @@ class FBeta(_ConfusionCounts):
 
 @flax.struct.dataclass(kw_only=True)
 class TopKAccuracy(_Counts):
-    """The fraction of labels among the `k` highest-scored classes: `top_k_accuracy_score`.
-
-    k=1 is plain accuracy; ties go to the lower class index.
+    """The fraction of labels among the `k` highest-scored classes (ties: lower index first).
 
     Example:
         >>> import jax.numpy as jnp
@@ -376,10 +374,8 @@ class AUROC(_Counts):
         problems = Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.shape != labels.shape:
-            problems.value_problem(
-                f"predictions of shape {predictions.shape} and labels of shape {labels.shape} "
-                "must have the same shape (one score of the positive class per label)"
-            )
+            expected = f"{labels.shape}, one score of the positive class per label"
+            _add_shape_problem(problems, predictions, labels, expected)
         if isinstance(num_bins, bool) or not isinstance(num_bins, int | np.integer):
             problems.type_problem(f"num_bins must be an int, got {describe(num_bins)}")
             num_bins = 1
@@ -410,8 +406,6 @@ class AUROC(_Counts):
 @flax.struct.dataclass(kw_only=True)
 class Perplexity(_Counts):
     """`exp(total / count)`: the exponential of the mean negative log-likelihood per token.
-
-    Unlike google-metrax's, independent of how tokens were split into batches or devices.
 
     Example:
         >>> import jax.numpy as jnp

@@ -1,11 +1,8 @@
 """Cross-entropy losses and T5X's base metrics, computed inside jit.
 
-Input checks look only at shapes and dtypes, so they run once, at trace time. A loss function
-calls `with_loss_normalization(batch, loss_normalizing_factor)` on the GLOBAL batch, before it is
-split into microbatches, then `compute_loss_and_metrics(logits, batch)` per microbatch. T5X
-computes the factor per microbatch, so a step's loss is `num_microbatches` times too large; here
-the global factor travels with the batch as a `[B]` vector, so losses and metrics merge to their
-values on the global batch whatever `num_microbatches`.
+Checks look only at shapes and dtypes (trace time). Call `with_loss_normalization` on the GLOBAL
+batch, then `compute_loss_and_metrics` per microbatch: the global factor travels with the batch
+as a `[B]` vector, so values do not depend on `num_microbatches` (T5X's per-microbatch factor).
 
 Example:
     >>> import functools, jax, jax.numpy as jnp
@@ -281,8 +278,7 @@ def compute_token_losses(
 ) -> TokenLosses:
     """Per-token cross-entropy with label smoothing and z-loss, in float32.
 
-    Soft targets put `1 - label_smoothing` on the target and the rest evenly on the others;
-    their entropy is subtracted, so predicting them scores 0.
+    Smoothed targets (the rest spread evenly) score 0: their entropy is subtracted.
 
     Args:
         logits: `[..., V]` floating-point scores.
@@ -354,8 +350,7 @@ class SpecialLossNormalizingFactor(enum.Enum):
     Attributes:
         NUM_REAL_TARGET_TOKENS: The sum of the loss weights.
         NUM_TOTAL_TARGET_TOKENS: The number of target positions, padding included.
-        AVERAGE_PER_SEQUENCE: The number of sequences with any weight; each sequence's weights
-            are divided by their sum. Packed rows split by segment ids.
+        AVERAGE_PER_SEQUENCE: The number of sequences with weight; each one's weights then sum to 1.
     """
 
     NUM_REAL_TARGET_TOKENS = 1
@@ -587,8 +582,7 @@ def compute_base_metrics(
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
         segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding).
-        token_losses: The per-token losses behind `loss`; without them the per-token sums
-            are `loss * loss_normalizing_factor`, exact only for binary weights.
+        token_losses: Per-token losses behind `loss`; else `loss * factor` (exact for 0/1 weights).
         loss_normalizing_factor: The scalar factor `loss` was divided by.
         num_devices: For `*_per_core`; default: mesh size, else the devices of `logits`, else all.
 

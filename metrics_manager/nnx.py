@@ -165,10 +165,8 @@ class Average(_ValuesMetric):
 class Accuracy(Metric):
     """Flax's `nnx.metrics.Accuracy`: argmax (`TopKAccuracy(k=1)`) or a `threshold`.
 
-    With a threshold, the mean of `(logits >= threshold) == (labels > 0)`.
-
     Args:
-        threshold: for binary scores of the labels' shape, where a score becomes positive.
+        threshold: for binary scores: the mean of `(logits >= threshold) == (labels > 0)`.
 
     Example:
         >>> import jax.numpy as jnp
