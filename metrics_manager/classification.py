@@ -171,8 +171,7 @@ class _ConfusionCounts(_Counts):
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted = jnp.zeros(labels.shape, jnp.int32)
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, cls.__name__)
-        if average is None and binary:
-            average = "binary"
+        average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
             raise ValueError(

@@ -469,8 +469,7 @@ def get_loss_normalizing_factor_and_weights(
             "target tokens, or pass a numeric factor."
         )
     problems.raise_if_any()
-    targets = batch[_TARGETS_KEY]
-    segment_ids = batch.get(_SEGMENT_IDS_KEY)
+    targets, segment_ids = batch[_TARGETS_KEY], batch.get(_SEGMENT_IDS_KEY)
     name = f"batch[{_TARGETS_KEY!r}]"
     if problems.array(name, targets, jnp.integer, fix="Pass token ids (0 = padding)."):
         shape = tuple(targets.shape)
@@ -629,8 +628,7 @@ def compute_base_metrics(
     num_correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & real, dtype=jnp.float32)
     loss = loss.astype(jnp.float32)
     if token_losses is not None:
-        loss_sum = jnp.sum(jnp.where(real, token_losses.loss, 0.0))
-        z_loss_sum = jnp.sum(jnp.where(real, token_losses.z_loss, 0.0))
+        loss_sum, z_loss_sum = (jnp.sum(jnp.where(real, x, 0.0)) for x in token_losses)
     else:
         scale = 1.0 if factor is None else jnp.float32(factor)
         loss_sum = loss * scale
@@ -664,21 +662,17 @@ def compute_base_metrics(
             total=loss_sum - z_loss_sum, count=num_tokens
         )
     if segment_ids:
-        total_positions = total_real_positions = jnp.zeros((), jnp.float32)
+        all_positions = all_real_positions = jnp.zeros((), jnp.float32)
         for feature, ids in sorted(segment_ids.items()):
             if ids is None or ids.shape[1] == 0:
                 continue
             examples = count_packed_examples(ids).astype(jnp.float32)
             metrics[f"effective_batch_size/{feature}"] = per_step(examples)
-            real_positions = jnp.sum(ids != 0, dtype=jnp.float32)
-            metrics[f"non_padding_fraction/{feature}"] = avg(
-                total=real_positions, count=jnp.float32(ids.size)
-            )
-            total_positions = total_positions + ids.size
-            total_real_positions = total_real_positions + real_positions
-        metrics["non_padding_fraction/overall"] = avg(
-            total=total_real_positions, count=total_positions
-        )
+            positions, real_positions = jnp.float32(ids.size), jnp.sum(ids != 0, dtype=jnp.float32)
+            metrics[f"non_padding_fraction/{feature}"] = avg(total=real_positions, count=positions)
+            all_positions = all_positions + ids.size
+            all_real_positions = all_real_positions + real_positions
+        metrics["non_padding_fraction/overall"] = avg(total=all_real_positions, count=all_positions)
     return metrics
 
 

@@ -271,7 +271,7 @@ def accumulate_grads_microbatched(
         )
     num_microbatches = int(num_microbatches)
 
-    def grads_and_metrics(microbatch: Any, index: Any) -> tuple[Any, dict[str, Any]]:
+    def grads_and_metrics(microbatch: Any, index: Any, first: Any = None) -> tuple[Any, Any]:
         extra = () if rng is None else (jax.random.fold_in(rng, index),)
 
         def loss(p: Any) -> Any:
@@ -284,7 +284,8 @@ def accumulate_grads_microbatched(
             return out
 
         (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
-        return grads, validate_metrics(metrics, what="the metrics returned by loss_fn")
+        what, first_what = "the metrics returned by loss_fn", "the first microbatch's metrics"
+        return grads, validate_metrics(metrics, first, what=what, reference_what=first_what)
 
     if num_microbatches == 1:
         return grads_and_metrics(batch, 0)
@@ -300,13 +301,8 @@ def accumulate_grads_microbatched(
 
     def body(carry: tuple[Any, Any], index: jax.Array) -> tuple[tuple[Any, Any], None]:
         grad_sum, running = carry
-        grads, new = grads_and_metrics(jax.tree.map(lambda x: x[index], microbatches), index)
-        new = validate_metrics(
-            new,
-            running,
-            what="the metrics loss_fn returned for a microbatch",
-            reference_what="the first microbatch's metrics",
-        )
+        microbatch = jax.tree.map(lambda x: x[index], microbatches)
+        grads, new = grads_and_metrics(microbatch, index, running)
         merged = jax.tree.map(_astype_like, merge(running, new), running)
         return (jax.tree.map(jnp.add, grad_sum, grads), merged), None
 
