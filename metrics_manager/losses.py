@@ -2,7 +2,7 @@
 
 Checks look only at shapes and dtypes (trace time). Call `with_loss_normalization` on the GLOBAL
 batch, then `compute_loss_and_metrics` per microbatch: the global factor travels with the batch
-as a `[B]` vector, so values do not depend on `num_microbatches` (T5X's per-microbatch factor).
+as a `[B]` vector, so values do not depend on `num_microbatches` (with T5X's, they did).
 
 Example:
     >>> import functools, jax, jax.numpy as jnp
@@ -150,7 +150,7 @@ class _Checks(Problems):
             self.value_problem(f"`label_smoothing` must be in [0, 1); got {label_smoothing!r}.")
         if _is_array(logits) and logits.ndim >= 1 and logits.shape[-1] < 2 and label_smoothing:
             got = logits.shape[-1]
-            self.value_problem(f"label smoothing needs at least 2 classes; got {got} in logits.")
+            self.value_problem(f"label smoothing needs at least 2 classes; logits have {got}.")
         if _is_number(z_loss):
             if z_loss < 0:
                 self.value_problem(f"`z_loss` must be non-negative; got {z_loss!r}.")
@@ -278,7 +278,7 @@ def compute_token_losses(
 ) -> TokenLosses:
     """Per-token cross-entropy with label smoothing and z-loss, in float32.
 
-    Smoothed targets (the rest spread evenly) score 0: their entropy is subtracted.
+    Soft targets put `1 - label_smoothing` on the target, the rest evenly elsewhere; they score 0.
 
     Args:
         logits: `[..., V]` floating-point scores.
