@@ -1,11 +1,9 @@
-"""Classification metrics that merge inside the compiled step: top-k accuracy, precision,
-recall, F-beta, binned AUROC and perplexity.
+"""Top-k accuracy, precision, recall, F-beta, binned AUROC and perplexity, merged in the step.
 
-State is counts or sums, so `merge()` is addition, exact over steps, microbatches and devices;
-settings (`k`, `average`, `beta`, `num_bins`) are static and must agree. `empty()` has shape
-`()`, so start a running merge from the first real metric. Values match scikit-learn's (0/0 is
-0); `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have seen data (`AUROC`: both
-classes).
+State is counts or sums, so `merge()` is exact addition; static settings (`k`, `average`,
+`beta`, `num_bins`) must agree. Start a running merge from the first real metric (`empty()` has
+shape `()`). Values match scikit-learn's (0/0 is 0); `TopKAccuracy`, `AUROC` and `Perplexity`
+are NaN until they have seen data (`AUROC`: both classes).
 
 Synopsis:
 
@@ -28,8 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from writers._problems import Problems as _Problems
-from writers._problems import describe as _describe
+from writers._problems import Problems, describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
 
@@ -51,12 +48,12 @@ def _merged_setting(a: Any, b: Any, name: str) -> Any:
     )
 
 
-def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Problems) -> jax.Array:
+def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: Problems) -> jax.Array:
     if mask is None:
         return jnp.ones(shape, bool)
     mask = jnp.asarray(mask)
     if mask.shape != shape[: mask.ndim]:
-        problems.value_errors.append(
+        problems.value_problem(
             f"mask of shape {mask.shape} does not match the labels of shape {shape}; expected "
             f"a mask of shape {shape[:1]} (per example) or {shape} (per label)"
         )
@@ -66,22 +63,21 @@ def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: _Probl
 
 
 def _checked_labels_and_mask(
-    labels: Any, mask: ArrayLike | None, num_classes: int, problems: _Problems, metric: str
+    labels: jax.Array, mask: ArrayLike | None, num_classes: int, problems: Problems, metric: str
 ) -> tuple[jax.Array, jax.Array]:
     """Integer labels and a mask that drops out-of-range ones; raises the call's problems."""
-    labels = jnp.asarray(labels)
     if labels.dtype == bool:
         labels = labels.astype(jnp.int32)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
-        problems.type_errors.append(
-            f"labels must be integer class indices, got {_describe(labels)}; cast them with "
+        problems.type_problem(
+            f"labels must be integer class indices, got {describe(labels)}; cast them with "
             "labels.astype(jnp.int32)"
         )
         labels = jnp.zeros(labels.shape, jnp.int32)
     elif not isinstance(labels, jax.core.Tracer) and labels.size:
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= num_classes:
-            problems.value_errors.append(
+            problems.value_problem(
                 f"labels must lie in [0, {num_classes}) for {num_classes} classes, got values "
                 f"from {low} to {high}; check the label vocabulary or the number of classes "
                 "(inside jit, out-of-range labels are ignored like masked ones)"
@@ -92,9 +88,9 @@ def _checked_labels_and_mask(
 
 
 def _add_shape_problem(
-    problems: _Problems, predictions: jax.Array, labels: jax.Array, expected: str
+    problems: Problems, predictions: jax.Array, labels: jax.Array, expected: str
 ) -> None:
-    problems.value_errors.append(
+    problems.value_problem(
         f"predictions of shape {predictions.shape} do not fit labels of shape {labels.shape}: "
         f"expected {expected}"
     )
@@ -159,14 +155,12 @@ class _ConfusionCounts(_Counts):
             TypeError: `labels` are not integers, or `threshold` is not a number.
             ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C).
         """
-        problems = _Problems()
+        problems = Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes, binary = 2, predictions.shape == labels.shape
         if binary:
             if isinstance(threshold, bool) or not isinstance(threshold, int | float):
-                problems.type_errors.append(
-                    f"threshold must be a Python float, got {_describe(threshold)}"
-                )
+                problems.type_problem(f"threshold must be a float, got {describe(threshold)}")
                 threshold = 0.5
             predicted = (predictions >= threshold).astype(jnp.int32)
         elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
@@ -177,8 +171,7 @@ class _ConfusionCounts(_Counts):
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted = jnp.zeros(labels.shape, jnp.int32)
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, cls.__name__)
-        if average is None and binary:
-            average = "binary"
+        average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
             raise ValueError(
@@ -275,7 +268,7 @@ class FBeta(_ConfusionCounts):
         if isinstance(beta, bool) or not isinstance(beta, int | float) or not beta > 0:
             raise ValueError(
                 f"FBeta.from_model_output: beta must be a Python number > 0, got "
-                f"{_describe(beta)}; use beta=1.0 for F1, 0.5 to favour precision, 2.0 recall"
+                f"{describe(beta)}; use beta=1.0 for F1, 0.5 to favour precision, 2.0 recall"
             )
         counts = super().from_model_output(
             predictions, labels, mask, threshold=threshold, average=average
@@ -290,9 +283,7 @@ class FBeta(_ConfusionCounts):
 
 @flax.struct.dataclass(kw_only=True)
 class TopKAccuracy(_Counts):
-    """The fraction of labels among the `k` highest-scored classes: `top_k_accuracy_score`.
-
-    k=1 is plain accuracy; ties go to the lower class index.
+    """The fraction of labels among the `k` highest-scored classes (ties: lower index first).
 
     Example:
         >>> import jax.numpy as jnp
@@ -321,16 +312,16 @@ class TopKAccuracy(_Counts):
             TypeError: `labels` are not integers or `k` is not an int.
             ValueError: shapes or `k` do not fit, or (outside jit) a label is outside `[0, C)`.
         """
-        problems = _Problems()
+        problems = Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         if predictions.shape[:-1] != labels.shape or predictions.ndim == 0:
             expected = f"{labels.shape + ('C',)}, one score per class"
             _add_shape_problem(problems, predictions, labels, expected)
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
-            problems.type_errors.append(f"k must be an int, got {_describe(k)}")
+            problems.type_problem(f"k must be an int, got {describe(k)}")
         elif not 1 <= k <= num_classes:
-            problems.value_errors.append(
+            problems.value_problem(
                 f"k={k} must lie in [1, {num_classes}] for {num_classes} classes (the last "
                 "axis of predictions); choose a smaller k or check the predictions' shape"
             )
@@ -379,18 +370,16 @@ class AUROC(_Counts):
             TypeError: `labels` are not integers or `num_bins` is not an int.
             ValueError: the shapes differ, `num_bins` < 1, or (outside jit) a label is not 0/1.
         """
-        problems = _Problems()
+        problems = Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.shape != labels.shape:
-            problems.value_errors.append(
-                f"predictions of shape {predictions.shape} and labels of shape {labels.shape} "
-                "must have the same shape (one score of the positive class per label)"
-            )
+            expected = f"{labels.shape}, one score of the positive class per label"
+            _add_shape_problem(problems, predictions, labels, expected)
         if isinstance(num_bins, bool) or not isinstance(num_bins, int | np.integer):
-            problems.type_errors.append(f"num_bins must be an int, got {_describe(num_bins)}")
+            problems.type_problem(f"num_bins must be an int, got {describe(num_bins)}")
             num_bins = 1
         elif num_bins < 1:
-            problems.value_errors.append(f"num_bins must be >= 1, got {num_bins}")
+            problems.value_problem(f"num_bins must be >= 1, got {num_bins}")
         labels, mask = _checked_labels_and_mask(labels, mask, 2, problems, "AUROC")
         num_bins = int(num_bins)
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
@@ -417,8 +406,6 @@ class AUROC(_Counts):
 class Perplexity(_Counts):
     """`exp(total / count)`: the exponential of the mean negative log-likelihood per token.
 
-    Unlike google-metrax's, independent of how tokens were split into batches or devices.
-
     Example:
         >>> import jax.numpy as jnp
         >>> logits = jnp.zeros((2, 4))  # uniform over 4 classes
@@ -443,7 +430,7 @@ class Perplexity(_Counts):
             TypeError: `labels` are not integers.
             ValueError: the shapes do not fit or (outside jit) a label is outside `[0, V)`.
         """
-        problems = _Problems()
+        problems = Problems()
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.ndim == 0 or predictions.shape[:-1] != labels.shape:
             expected = f"logits of shape {labels.shape + ('V',)}"
@@ -468,7 +455,7 @@ class Perplexity(_Counts):
             2.0
         """
         log_likelihood = jnp.asarray(log_likelihood)
-        problems = _Problems()
+        problems = Problems()
         mask = _check_mask(mask, log_likelihood.shape, problems)
         problems.raise_if_any("Perplexity.from_log_likelihood")
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))

@@ -1,11 +1,8 @@
 """Cross-entropy losses and T5X's base metrics, computed inside jit.
 
-Input checks look only at shapes and dtypes, so they run once, at trace time. A loss function
-calls `with_loss_normalization(batch, loss_normalizing_factor)` on the GLOBAL batch, before it is
-split into microbatches, then `compute_loss_and_metrics(logits, batch)` per microbatch. T5X
-computes the factor per microbatch, so a step's loss is `num_microbatches` times too large; here
-the global factor travels with the batch as a `[B]` vector, so losses and metrics merge to their
-values on the global batch whatever `num_microbatches`.
+Checks look only at shapes and dtypes (trace time). Call `with_loss_normalization` on the GLOBAL
+batch, then `compute_loss_and_metrics` per microbatch: the global factor travels with the batch
+as a `[B]` vector, so values do not depend on `num_microbatches` (with T5X's, they did).
 
 Example:
     >>> import functools, jax, jax.numpy as jnp
@@ -38,8 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metrics_manager import metrics as metrics_lib
-from writers._problems import Problems as _Problems
-from writers._problems import describe as _describe
+from writers._problems import Problems, describe
 
 __all__ = [
     "LOSS_NORMALIZING_FACTOR_KEY",
@@ -78,7 +74,7 @@ def _is_number(x: Any, types: tuple[type, ...] = (int, float)) -> bool:
     return isinstance(x, types) and not isinstance(x, bool)
 
 
-class _Checks(_Problems):
+class _Checks(Problems):
     def array(
         self, name: str, x: Any, kind: Any, *, shape: Any = None, ndim: Any = None, fix: str = ""
     ) -> bool:
@@ -87,7 +83,7 @@ class _Checks(_Problems):
             return True
         expected, fix = _KINDS.get(kind, "an array or None"), f" {fix}" if fix else ""
         if not _is_array(x):
-            self.type_problem(f"`{name}` must be {expected}; got {_describe(x)}.{fix}")
+            self.type_problem(f"`{name}` must be {expected}; got {describe(x)}.{fix}")
         elif kind is not None and not jnp.issubdtype(x.dtype, kind):
             got = f"dtype {x.dtype} (shape {tuple(x.shape)})"
             self.type_problem(f"`{name}` must be {expected}; got {got}.{fix}")
@@ -128,8 +124,7 @@ class _Checks(_Problems):
         if isinstance(factor, (str, SpecialLossNormalizingFactor)):
             self.type_problem(
                 f"{name} here must be a number or an array; got {factor!r}. Resolve special "
-                "factors first with `get_loss_normalizing_factor_and_weights` or "
-                "`with_loss_normalization` (on the global batch)."
+                "factors first with `with_loss_normalization` on the global batch."
             )
         elif _is_number(factor, (int, float, np.number)):
             if not factor > 0:
@@ -138,29 +133,24 @@ class _Checks(_Problems):
                 )
         elif factor is not None and not _is_array(factor):
             self.type_problem(
-                f"{name} must be None, a positive number or an array; got {_describe(factor)}."
+                f"{name} must be None, a positive number or an array; got {describe(factor)}."
             )
         elif factor is not None and factor.ndim != 0:
             if factor.ndim != 1 or (batch_size is not None and factor.shape[0] != batch_size):
                 self.value_problem(
-                    f"{name} must be a scalar or a [batch] vector of shape ({batch_size},); got "
-                    f"shape {tuple(factor.shape)}. The [batch] form is what "
-                    "`with_loss_normalization` stores in the batch."
+                    f"{name} must be a scalar or a [batch] vector of shape ({batch_size},) (as "
+                    f"`with_loss_normalization` stores it); got shape {tuple(factor.shape)}."
                 )
 
     def loss_options(self, label_smoothing: Any, z_loss: Any, logits: Any) -> None:
         if not _is_number(label_smoothing):
-            self.type_problem(
-                f"`label_smoothing` must be a Python float in [0, 1) (it is configuration, "
-                f"fixed at trace time); got {_describe(label_smoothing)}."
-            )
+            got = describe(label_smoothing)
+            self.type_problem(f"`label_smoothing` must be a Python float in [0, 1); got {got}.")
         elif not 0.0 <= label_smoothing < 1.0:
             self.value_problem(f"`label_smoothing` must be in [0, 1); got {label_smoothing!r}.")
         if _is_array(logits) and logits.ndim >= 1 and logits.shape[-1] < 2 and label_smoothing:
-            self.value_problem(
-                f"label smoothing needs a vocabulary of at least 2; got logits.shape[-1] = "
-                f"{logits.shape[-1]}."
-            )
+            got = logits.shape[-1]
+            self.value_problem(f"label smoothing needs at least 2 classes; logits have {got}.")
         if _is_number(z_loss):
             if z_loss < 0:
                 self.value_problem(f"`z_loss` must be non-negative; got {z_loss!r}.")
@@ -168,7 +158,7 @@ class _Checks(_Problems):
             self.array("z_loss", z_loss, None, ndim=0)
         else:
             self.type_problem(
-                f"`z_loss` must be a non-negative float or a scalar array; got {_describe(z_loss)}."
+                f"`z_loss` must be a non-negative float or a scalar array; got {describe(z_loss)}."
             )
 
     def metric_options(self, segment_ids: Any, num_devices: Any) -> None:
@@ -288,8 +278,7 @@ def compute_token_losses(
 ) -> TokenLosses:
     """Per-token cross-entropy with label smoothing and z-loss, in float32.
 
-    Soft targets put `1 - label_smoothing` on the target and the rest evenly on the others;
-    their entropy is subtracted, so predicting them scores 0.
+    Soft targets put `1 - label_smoothing` on the target, the rest evenly elsewhere; they score 0.
 
     Args:
         logits: `[..., V]` floating-point scores.
@@ -361,8 +350,7 @@ class SpecialLossNormalizingFactor(enum.Enum):
     Attributes:
         NUM_REAL_TARGET_TOKENS: The sum of the loss weights.
         NUM_TOTAL_TARGET_TOKENS: The number of target positions, padding included.
-        AVERAGE_PER_SEQUENCE: The number of sequences with any weight; each sequence's weights
-            are divided by their sum. Packed rows split by segment ids.
+        AVERAGE_PER_SEQUENCE: The number of sequences with weight; each one's weights then sum to 1.
     """
 
     NUM_REAL_TARGET_TOKENS = 1
@@ -391,7 +379,7 @@ def convert_special_loss_normalizing_factor_to_enum(
     if not isinstance(x, str):
         raise TypeError(
             f"A special loss normalizing factor must be a string or a "
-            f"SpecialLossNormalizingFactor; got {_describe(x)}."
+            f"SpecialLossNormalizingFactor; got {describe(x)}."
         )
     try:
         return SpecialLossNormalizingFactor[x.strip().upper()]
@@ -477,12 +465,11 @@ def get_loss_normalizing_factor_and_weights(
         problems.type_problem(f"`batch` must be a mapping of arrays; got {type(batch).__name__}.")
     elif _TARGETS_KEY not in batch:
         problems.value_problem(
-            f"{special.name} needs batch[{_TARGETS_KEY!r}]; the batch has keys "
-            f"{sorted(batch)}. Add the target tokens, or pass a numeric factor."
+            f"{special.name} needs batch[{_TARGETS_KEY!r}]; got keys {sorted(batch)}. Add the "
+            "target tokens, or pass a numeric factor."
         )
     problems.raise_if_any()
-    targets = batch[_TARGETS_KEY]
-    segment_ids = batch.get(_SEGMENT_IDS_KEY)
+    targets, segment_ids = batch[_TARGETS_KEY], batch.get(_SEGMENT_IDS_KEY)
     name = f"batch[{_TARGETS_KEY!r}]"
     if problems.array(name, targets, jnp.integer, fix="Pass token ids (0 = padding)."):
         shape = tuple(targets.shape)
@@ -594,8 +581,7 @@ def compute_base_metrics(
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
         segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding).
-        token_losses: The per-token losses behind `loss`; without them the per-token sums
-            are `loss * loss_normalizing_factor`, exact only for binary weights.
+        token_losses: Per-token losses behind `loss`; else `loss * factor` (exact for 0/1 weights).
         loss_normalizing_factor: The scalar factor `loss` was divided by.
         num_devices: For `*_per_core`; default: mesh size, else the devices of `logits`, else all.
 
@@ -618,8 +604,7 @@ def compute_base_metrics(
         if token_losses is None and getattr(factor, "ndim", 0) == 1:
             problems.value_problem(
                 "a [batch] `loss_normalizing_factor` cannot be undone from the scalar `loss`; "
-                "pass `token_losses` (from compute_token_losses), or use "
-                "compute_loss_and_metrics."
+                "pass `token_losses` (compute_token_losses) or use compute_loss_and_metrics."
             )
         elif token_losses is not None and not isinstance(token_losses, TokenLosses):
             problems.type_problem(
@@ -634,23 +619,6 @@ def compute_base_metrics(
         problems.array("z_loss", z_loss, jnp.floating, ndim=0)
     problems.metric_options(segment_ids, num_devices)
     problems.raise_if_any()
-    return _base_metrics(
-        logits, targets, mask, loss, z_loss, segment_ids, token_losses, factor, num_devices
-    )
-
-
-def _base_metrics(
-    logits: jax.Array,
-    targets: jax.Array,
-    mask: jax.Array | None,
-    loss: jax.Array,
-    z_loss: jax.Array | None,
-    segment_ids: Mapping[str, jax.Array | None] | None,
-    token_losses: TokenLosses | None,
-    factor: float | jax.Array | None,
-    num_devices: int | None,
-) -> dict[str, clu_metrics.Metric]:
-    """`compute_base_metrics` on inputs its callers have already checked."""
     if num_devices is None:
         num_devices = _default_num_devices(logits)
     num_tokens = jnp.float32(targets.size)
@@ -660,8 +628,7 @@ def _base_metrics(
     num_correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & real, dtype=jnp.float32)
     loss = loss.astype(jnp.float32)
     if token_losses is not None:
-        loss_sum = jnp.sum(jnp.where(real, token_losses.loss, 0.0))
-        z_loss_sum = jnp.sum(jnp.where(real, token_losses.z_loss, 0.0))
+        loss_sum, z_loss_sum = (jnp.sum(jnp.where(real, x, 0.0)) for x in token_losses)
     else:
         scale = 1.0 if factor is None else jnp.float32(factor)
         loss_sum = loss * scale
@@ -695,21 +662,17 @@ def _base_metrics(
             total=loss_sum - z_loss_sum, count=num_tokens
         )
     if segment_ids:
-        total_positions = total_real_positions = jnp.zeros((), jnp.float32)
+        all_positions = all_real_positions = jnp.zeros((), jnp.float32)
         for feature, ids in sorted(segment_ids.items()):
             if ids is None or ids.shape[1] == 0:
                 continue
             examples = count_packed_examples(ids).astype(jnp.float32)
             metrics[f"effective_batch_size/{feature}"] = per_step(examples)
-            real_positions = jnp.sum(ids != 0, dtype=jnp.float32)
-            metrics[f"non_padding_fraction/{feature}"] = avg(
-                total=real_positions, count=jnp.float32(ids.size)
-            )
-            total_positions = total_positions + ids.size
-            total_real_positions = total_real_positions + real_positions
-        metrics["non_padding_fraction/overall"] = avg(
-            total=total_real_positions, count=total_positions
-        )
+            positions, real_positions = jnp.float32(ids.size), jnp.sum(ids != 0, dtype=jnp.float32)
+            metrics[f"non_padding_fraction/{feature}"] = avg(total=real_positions, count=positions)
+            all_positions = all_positions + ids.size
+            all_real_positions = all_real_positions + real_positions
+        metrics["non_padding_fraction/overall"] = avg(total=all_real_positions, count=all_positions)
     return metrics
 
 
@@ -763,5 +726,5 @@ def compute_loss_and_metrics(
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, factor)
     z = total_z_loss if _is_array(z_loss) or z_loss != 0.0 else None  # a z-loss in use
-    args = (logits, targets, weights, loss, z, segment_ids or None, token_losses, None, num_devices)
-    return loss, _base_metrics(*args)
+    args = (logits, targets, weights, loss, z, segment_ids or None)
+    return loss, compute_base_metrics(*args, token_losses=token_losses, num_devices=num_devices)

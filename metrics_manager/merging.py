@@ -1,11 +1,9 @@
 """Merging dicts of metrics on the device: across train steps and across microbatches.
 
-The train step merges the loss function's `{name: metric}` into the running accumulator inside
-the compiled step, so nothing per metric runs on the host between summaries (T5X merged on the
-host every step). A window starts from `running=None`, not `empty()`, which cannot know the shape
-of an array-valued metric; `pack=True` carries it as one buffer per dtype (`PackedMetrics`).
-Keys, types and shapes are checked at trace time. Microbatches merge with CLU's `_reduce_merge`
-(the merge for parts of one batch), so values do not depend on the number of microbatches.
+Merging inside the compiled step leaves no per-metric host work between summaries. A window
+starts from `running=None` (`empty()` cannot know an array metric's shape); `pack=True` carries
+it as a `PackedMetrics`. Keys, types and shapes are checked at trace time. Microbatches merge
+with CLU's `_reduce_merge`, so values do not depend on the number of microbatches.
 
 Example:
     >>> import functools
@@ -38,19 +36,17 @@ import numpy as np
 
 from metrics_manager.metrics import is_metric_obj
 from metrics_manager.packing import PackedMetrics
-from writers._problems import Problems as _Problems
-from writers._problems import describe as _describe
+from writers._problems import Problems, describe
 
 __all__ = ["accumulate_grads_microbatched", "merge_metrics", "validate_metrics"]
 
 Metrics = Mapping[str, Any]
 
 
-def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
-    """Checks that `metrics` maps str to metrics; returns whether it is a mapping."""
+def _check_dict(metrics: Any, what: str, problems: Problems) -> bool:
     if not isinstance(metrics, Mapping):
         problems.type_problem(
-            f"{what} must be a dict of name -> clu Metric, got {_describe(metrics)}"
+            f"{what} must be a dict of name -> clu Metric, got {describe(metrics)}"
         )
         return False
     for key, value in metrics.items():
@@ -61,15 +57,14 @@ def _check_dict(metrics: Any, what: str, problems: _Problems) -> bool:
         if not is_metric_obj(value):
             problems.type_problem(
                 f"{what}[{key!r}]: expected a clu.metrics.Metric (or Collection), got "
-                f"{_describe(value)}; wrap the value in a metric, e.g. "
-                "metrics_manager.Sum.from_model_output(x), "
-                "clu.metrics.Average.from_model_output(x) or clu.metrics.LastValue(value=x)"
+                f"{describe(value)}; wrap the value in a metric, e.g. "
+                "clu.metrics.LastValue(value=x) or metrics_manager.Sum.from_model_output(x)"
             )
     return True
 
 
 def _check_alike(
-    expected: Metrics, got: Metrics, expected_what: str, got_what: str, problems: _Problems
+    expected: Metrics, got: Metrics, expected_what: str, got_what: str, problems: Problems
 ) -> None:
     missing = [k for k in expected if k not in got]
     extra = [k for k in got if k not in expected]
@@ -77,8 +72,7 @@ def _check_alike(
         problems.value_problem(
             f"keys differ: expected the keys of {expected_what} {sorted(map(str, expected))}, "
             f"{got_what} lacks {sorted(map(str, missing))} and adds {sorted(map(str, extra))}; "
-            "return the same metric keys from every step and microbatch (use a metric's "
-            "empty() for a value that is absent in some steps)"
+            "return the same keys from every step and microbatch (a metric's empty() if absent)"
         )
     for key in (k for k in expected if k in got):
         a, b = expected[key], got[key]
@@ -119,8 +113,6 @@ def validate_metrics(
 ) -> dict[str, Any]:
     """Checks a dict of metrics (and that it matches `reference`), reporting every problem.
 
-    Looks only at Python types, keys and shapes, so inside `jax.jit` it runs at trace time.
-
     Args:
         metrics: a mapping of str -> clu `Metric` (or `Collection`).
         reference: the keys, metric types, pytree structures and shapes `metrics` must have.
@@ -140,7 +132,7 @@ def validate_metrics(
         ...
         TypeError: validate_metrics: metrics['loss']: expected a clu.metrics.Metric (or Collection), got ArrayImpl of shape () and dtype float32; wrap the value in a metric, ...
     """
-    problems = _Problems()
+    problems = Problems()
     is_dict = _check_dict(metrics, what, problems)
     if reference is not None and is_dict:
         _check_alike(reference, metrics, reference_what, what, problems)
@@ -174,12 +166,12 @@ def merge_metrics(
     if pack is None:
         pack = isinstance(a, PackedMetrics)
     elif not isinstance(pack, bool):
-        raise TypeError(f"merge_metrics: pack must be a bool or None, got {_describe(pack)}")
+        raise TypeError(f"merge_metrics: pack must be a bool or None, got {describe(pack)}")
     if isinstance(a, PackedMetrics):
         a = a.unpack()
     if isinstance(b, PackedMetrics):
         b = b.unpack()
-    problems = _Problems()
+    problems = Problems()
     a_is_dict = a is None or _check_dict(a, "a", problems)
     if _check_dict(b, "b", problems) and a is not None and a_is_dict:
         _check_alike(a, b, "a", "b", problems)
@@ -196,14 +188,13 @@ def _merge_pieces(a: Any, b: Any) -> Any:
 
 def _split_batch(batch: Any, num_microbatches: int) -> Any:
     """[B, ...] -> [n, B / n, ...], strided: a batch sharded on axis 0 splits in place."""
-    problems = _Problems()
+    problems = Problems()
     for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
         shape = np.shape(leaf)
         if not shape or shape[0] % num_microbatches:
             problems.value_problem(
                 f"batch{jax.tree_util.keystr(path)} has shape {shape}: expected a leading batch "
-                f"dimension divisible by num_microbatches={num_microbatches}; pad the batch or "
-                "choose a num_microbatches that divides the batch size"
+                f"dimension divisible by num_microbatches={num_microbatches}; pad the batch"
             )
     problems.raise_if_any("accumulate_grads_microbatched")
 
@@ -244,12 +235,11 @@ def accumulate_grads_microbatched(
     Call it inside the jitted train step. Microbatch i holds rows `i, i + n, i + 2n, ...`.
 
     Args:
-        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)` (sums, not means, so values do
-            not depend on n); its third argument is `jax.random.fold_in(rng, i)` if `rng` is given.
+        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)`, summing rather than averaging.
         params: the pytree to differentiate with respect to.
         batch: a pytree of arrays split along axis 0 (divisible by `num_microbatches`).
         num_microbatches: None or 1 calls `loss_fn` once on the whole batch.
-        rng: optional PRNG key, folded with the microbatch index.
+        rng: optional PRNG key; `loss_fn` gets `jax.random.fold_in(rng, i)` as a third argument.
 
     Raises:
         TypeError: `num_microbatches` is not an int, or the metrics are not clu Metrics.
@@ -271,7 +261,7 @@ def accumulate_grads_microbatched(
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int | np.integer):
         raise TypeError(
             f"accumulate_grads_microbatched: num_microbatches must be an int or None, got "
-            f"{_describe(num_microbatches)}"
+            f"{describe(num_microbatches)}"
         )
     if num_microbatches < 1:
         raise ValueError(
@@ -280,7 +270,7 @@ def accumulate_grads_microbatched(
         )
     num_microbatches = int(num_microbatches)
 
-    def grads_and_metrics(microbatch: Any, index: Any) -> tuple[Any, dict[str, Any]]:
+    def grads_and_metrics(microbatch: Any, index: Any, first: Any = None) -> tuple[Any, Any]:
         extra = () if rng is None else (jax.random.fold_in(rng, index),)
 
         def loss(p: Any) -> Any:
@@ -288,12 +278,13 @@ def accumulate_grads_microbatched(
             if not (isinstance(out, tuple) and len(out) == 2):
                 raise TypeError(
                     "accumulate_grads_microbatched: loss_fn must return a pair (loss, metrics), "
-                    f"got {_describe(out)}; return the scalar loss and a dict of metrics"
+                    f"got {describe(out)}; return the scalar loss and a dict of metrics"
                 )
             return out
 
         (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
-        return grads, validate_metrics(metrics, what="the metrics returned by loss_fn")
+        what, first_what = "the metrics returned by loss_fn", "the first microbatch's metrics"
+        return grads, validate_metrics(metrics, first, what=what, reference_what=first_what)
 
     if num_microbatches == 1:
         return grads_and_metrics(batch, 0)
@@ -309,13 +300,8 @@ def accumulate_grads_microbatched(
 
     def body(carry: tuple[Any, Any], index: jax.Array) -> tuple[tuple[Any, Any], None]:
         grad_sum, running = carry
-        grads, new = grads_and_metrics(jax.tree.map(lambda x: x[index], microbatches), index)
-        new = validate_metrics(
-            new,
-            running,
-            what="the metrics loss_fn returned for a microbatch",
-            reference_what="the first microbatch's metrics",
-        )
+        microbatch = jax.tree.map(lambda x: x[index], microbatches)
+        grads, new = grads_and_metrics(microbatch, index, running)
         merged = jax.tree.map(_astype_like, merge(running, new), running)
         return (jax.tree.map(jnp.add, grad_sum, grads), merged), None
 

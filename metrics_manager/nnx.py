@@ -31,8 +31,7 @@ from flax import nnx
 
 from metrics_manager import metrics as _metrics
 from metrics_manager.classification import TopKAccuracy
-from writers._problems import Problems as _Problems
-from writers._problems import describe as _describe
+from writers._problems import Problems, describe
 
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
 
@@ -75,7 +74,7 @@ class Metric(nnx.metrics.Metric):
         if not (isinstance(metric_type, type) and issubclass(metric_type, clu_metrics.Metric)):
             raise TypeError(
                 f"Metric: metric_type must be a clu.metrics.Metric subclass, got "
-                f"{_describe(metric_type)}; pass the class, e.g. Metric(metrics_manager.FBeta)"
+                f"{describe(metric_type)}; pass the class, e.g. Metric(metrics_manager.FBeta)"
             )
         try:
             hash(tuple(settings.items()))
@@ -166,10 +165,8 @@ class Average(_ValuesMetric):
 class Accuracy(Metric):
     """Flax's `nnx.metrics.Accuracy`: argmax (`TopKAccuracy(k=1)`) or a `threshold`.
 
-    With a threshold, the mean of `(logits >= threshold) == (labels > 0)`.
-
     Args:
-        threshold: for binary scores of the labels' shape, where a score becomes positive.
+        threshold: for binary scores: the mean of `(logits >= threshold) == (labels > 0)`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -182,7 +179,7 @@ class Accuracy(Metric):
     def __init__(self, threshold: float | None = None):
         if isinstance(threshold, bool) or not isinstance(threshold, int | float | None):
             raise TypeError(
-                f"Accuracy: threshold must be a float or None, got {_describe(threshold)}"
+                f"Accuracy: threshold must be a float or None, got {describe(threshold)}"
             )
         self.threshold = threshold
         if threshold is None:
@@ -254,22 +251,22 @@ class MultiMetric(nnx.MultiMetric):
     """
 
     def __init__(self, **metrics: nnx.metrics.Metric):
-        problems = _Problems()
+        problems = Problems()
         for name, metric in metrics.items():
             if name in ("update", "compute", "reset", "split") or name.startswith("_"):
-                problems.value_errors.append(
+                problems.value_problem(
                     f"{name!r} cannot name a metric (it is a method or private); rename it"
                 )
             if not isinstance(metric, nnx.metrics.Metric):
-                problems.type_errors.append(
-                    f"{name!r}: expected a flax.nnx.metrics.Metric, got {_describe(metric)}; "
+                problems.type_problem(
+                    f"{name!r}: expected a flax.nnx.metrics.Metric, got {describe(metric)}; "
                     "wrap a CLU metric type with metrics_manager.nnx.Metric(type)"
                 )
         problems.raise_if_any("MultiMetric")
         super().__init__(**metrics)
 
 
-def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -> None:
+def _add_value(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
     """Adds a `compute()` result or a metric under `key`, flattening dicts and Statistics."""
     if isinstance(value, _CLU_TYPES):
         out[key] = value
@@ -283,13 +280,13 @@ def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -
     elif isinstance(value, bool) or not (
         isinstance(value, int | float | np.number) or hasattr(value, "shape")
     ):
-        problems.type_errors.append(
+        problems.type_problem(
             f"{key!r}: expected a number, an array of one element, a clu Metric or Value, "
-            f"Statistics or a dict of those, got {_describe(value)}"
+            f"Statistics or a dict of those, got {describe(value)}"
         )
     elif np.size(value) != 1:
-        problems.value_errors.append(
-            f"{key!r}: expected one number, got {_describe(value)}; reduce it (e.g. .mean()) "
+        problems.value_problem(
+            f"{key!r}: expected one number, got {describe(value)}; reduce it (e.g. .mean()) "
             "or write it as a clu.values.Histogram"
         )
     else:
@@ -297,7 +294,7 @@ def _add_value(key: str, value: Any, out: SummaryMetrics, problems: _Problems) -
 
 
 def _add_metric(
-    key: str, metric: nnx.metrics.Metric, out: SummaryMetrics, problems: _Problems
+    key: str, metric: nnx.metrics.Metric, out: SummaryMetrics, problems: Problems
 ) -> None:
     """Adds an NNX metric under `key`, as a CLU metric where its state maps onto one."""
     if isinstance(metric, Metric):
@@ -346,7 +343,7 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
         >>> {k: round(float(v.value), 6) for k, v in sorted(values.items())}
         {'loss': 2.5, 'stats': 2.5, 'stats/sem': 0.559017, 'stats/std': 1.118034}
     """
-    problems = _Problems()
+    problems = Problems()
     out: SummaryMetrics = {}
     if isinstance(obj, nnx.MultiMetric):
         for name in obj._metric_names:
@@ -354,13 +351,13 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
     elif isinstance(obj, Mapping):
         for key, value in obj.items():
             if not isinstance(key, str) or not key:
-                problems.type_errors.append(f"key {key!r}: expected a non-empty str")
+                problems.type_problem(f"key {key!r}: expected a non-empty str")
             else:
                 _add_value(key, value, out, problems)
     else:
-        problems.type_errors.append(
+        problems.type_problem(
             f"expected an nnx.MultiMetric or the dict its compute() returns, got "
-            f"{_describe(obj)}; wrap single metrics in nnx.MultiMetric(name=metric)"
+            f"{describe(obj)}; wrap single metrics in nnx.MultiMetric(name=metric)"
         )
     problems.raise_if_any("as_summary_metrics")
     return out

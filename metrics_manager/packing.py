@@ -1,9 +1,8 @@
 """`PackedMetrics`: a dict of metrics carried as one flat buffer per dtype.
 
-Every leaf a compiled step returns is a buffer XLA allocates and JAX wraps on every call (~40
-leaves for ~20 metrics, about 10% of a 0.65 ms CPU step). Packed, the step returns one buffer per
-dtype; the layout is static, so (un)packing traces static slices and one concatenate per dtype.
-`merge_metrics(..., pack=True)` builds one, and `MetricsManager` accepts it as it accepts a dict.
+Each leaf a compiled step returns is a buffer allocated and wrapped on every call (~40 leaves for
+~20 metrics: about 10% of a 0.65 ms CPU step); packed, there is one per dtype, sliced statically.
+`merge_metrics(..., pack=True)` builds one; `MetricsManager` accepts it as it accepts a dict.
 
 Example:
     >>> import numpy as np
@@ -30,8 +29,7 @@ import numpy as np
 from jax._src.lax import lax as _lax_internal
 
 from metrics_manager.metrics import is_metric_obj
-from writers._problems import Problems
-from writers._problems import describe as _describe
+from writers._problems import Problems, describe
 
 __all__ = ["PackedMetrics"]
 
@@ -41,8 +39,7 @@ class _Layout:
     """The static half of a PackedMetrics: hashable, so jit caches on it."""
 
     treedef: Any  # of the dict of metrics; None fields (Time.duration) are part of it
-    # Per leaf (buffer, start, stop, shape, weak_type): Python scalars (e.g. Step(steps=1))
-    # stay weakly typed after unpacking.
+    # Per leaf: (buffer, start, stop, shape, weak_type).
     leaves: tuple[tuple[int, int, int, tuple[int, ...], bool], ...]
     dtypes: tuple[np.dtype, ...]  # one per buffer
     sizes: tuple[int, ...]  # one per buffer
@@ -51,11 +48,7 @@ class _Layout:
 
 @jax.tree_util.register_pytree_node_class
 class PackedMetrics:
-    """A dict of metrics as a pytree whose only leaves are one flat buffer per dtype.
-
-    Read values with `unpack()` (device) or `unpack_host(jax.device_get(packed.buffers))`
-    (numpy, no device dispatch).
-    """
+    """A dict of metrics as a pytree whose only leaves are one flat buffer per dtype."""
 
     __slots__ = ("_buffers", "_layout")
 
@@ -94,15 +87,14 @@ class PackedMetrics:
         if not isinstance(metrics, Mapping):
             raise TypeError(
                 "PackedMetrics.pack: expected a dict of name -> clu Metric, got "
-                f"{_describe(metrics)}"
+                f"{describe(metrics)}"
             )
         for key, value in metrics.items():
             if not isinstance(key, str) or not is_metric_obj(value):
                 problems.type_problem(
                     f"[{key!r}]: expected a str key and a clu.metrics.Metric (or Collection), "
-                    f"got {type(key).__name__} -> {_describe(value)}"
+                    f"got {type(key).__name__} -> {describe(value)}"
                 )
-        # A non-str key would also stop the flattening.
         problems.raise_if_any("PackedMetrics.pack")
         paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(dict(metrics))
         arrays = []
@@ -112,7 +104,7 @@ class PackedMetrics:
             except TypeError as err:
                 problems.type_problem(
                     f"{jax.tree_util.keystr(path)}: expected an array or scalar leaf, got "
-                    f"{_describe(leaf)} ({err})"
+                    f"{describe(leaf)} ({err})"
                 )
         problems.raise_if_any("PackedMetrics.pack")
         parts: dict[np.dtype, list[jax.Array]] = {}  # flat leaves, in order of appearance
@@ -187,7 +179,7 @@ class PackedMetrics:
         if not isinstance(host_buffers, Sequence) or isinstance(host_buffers, str | bytes):
             raise TypeError(
                 "PackedMetrics.unpack_host: expected a sequence of numpy arrays (one per "
-                f"buffer, e.g. jax.device_get(packed.buffers)), got {_describe(host_buffers)}"
+                f"buffer, e.g. jax.device_get(packed.buffers)), got {describe(host_buffers)}"
             )
         arrays = [np.asarray(b) for b in host_buffers]
         if len(arrays) != len(layout.dtypes) or not all(
@@ -203,9 +195,7 @@ class PackedMetrics:
                 )
             for i, (a, d, n) in enumerate(zip(arrays, layout.dtypes, layout.sizes, strict=False)):
                 if a.dtype.name != d.name:
-                    problems.type_problem(
-                        f"buffer {i}: expected dtype {d.name}, got {a.dtype.name}"
-                    )
+                    problems.type_problem(f"buffer {i}: expected dtype {d}, got {a.dtype}")
                 if a.shape != (n,):
                     problems.value_problem(f"buffer {i}: expected shape {(n,)}, got {a.shape}")
             problems.raise_if_any("PackedMetrics.unpack_host")
