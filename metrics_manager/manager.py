@@ -381,7 +381,12 @@ class MetricsManager:
     def __enter__(self) -> MetricsManager:
         return self
 
-    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
         try:
             self.close()
         except Exception as close_err:

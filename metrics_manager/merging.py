@@ -194,7 +194,8 @@ def _split_batch(batch: Any, num_microbatches: int) -> Any:
         if not shape or shape[0] % num_microbatches:
             problems.value_problem(
                 f"batch{jax.tree_util.keystr(path)} has shape {shape}: expected a leading batch "
-                f"dimension divisible by num_microbatches={num_microbatches}; pad the batch"
+                f"dimension divisible by num_microbatches={num_microbatches}; pad the batch or "
+                "choose a num_microbatches that divides the batch size"
             )
     problems.raise_if_any("accumulate_grads_microbatched")
 
