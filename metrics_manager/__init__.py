@@ -1,8 +1,11 @@
 """jax-metrics-manager: T5X-quality training metrics for any JAX loop.
 
-Device side (inside jit): metric types, merging, losses and base metrics; NNX-style metrics in
-`metrics_manager.nnx`. Host side: the `MetricsManager` that sends summaries to pluggable
-`writers` from one background worker, system metrics (`SystemMonitor`) and FLOPs/MFU.
+Device side (inside jit): metric types (classification metrics in
+`metrics_manager.classification`), merging, losses and base metrics.
+Flax NNX-style stateful metrics and NNX interop: `metrics_manager.nnx`.
+Host side: the duration timer, the background summary worker and the
+`MetricsManager` that sends values to pluggable `writers`, system metrics
+(`SystemMonitor`) and FLOPs/MFU (`step_flops`, `perf_values`).
 """
 
 from metrics_manager.classification import AUROC, FBeta, Perplexity, Precision, Recall, TopKAccuracy

@@ -1,9 +1,17 @@
-"""Top-k accuracy, precision, recall, F-beta, binned AUROC and perplexity, merged in the step.
+"""Classification metrics that merge inside the compiled step: top-k accuracy, precision,
+recall, F-beta, binned AUROC and perplexity.
 
-State is counts or sums, so `merge()` is exact addition; static settings (`k`, `average`,
-`beta`, `num_bins`) must agree. Start a running merge from the first real metric (`empty()` has
-shape `()`). Values match scikit-learn's (0/0 is 0); `TopKAccuracy`, `AUROC` and `Perplexity`
-are NaN until they have seen data (`AUROC`: both classes).
+Each type is a `flax.struct.dataclass` on `clu.metrics.Metric` whose state is counts or sums, so
+`merge()` is addition: exact, and the same over steps, microbatches and devices. Settings (`k`,
+`average`, `beta`, `num_bins`) are static fields; merging metrics whose settings differ raises
+at trace time. `empty()` holds zero counts of shape `()` and unset settings: an identity of
+`merge()`, but not of a real metric's shape, so start a running merge from the first real one.
+
+Values match scikit-learn's defaults (tested against it): `top_k_accuracy_score`,
+`precision_score`, `recall_score` and `fbeta_score` (`average` "binary", "micro" or "macro", 0/0
+read as 0), `roc_auc_score` of the scores rounded down to `num_bins` bins, and
+`exp(log_loss(...))` per token. `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have
+seen something (`AUROC`: both classes).
 
 Synopsis:
 

@@ -1,11 +1,16 @@
 """FLOPs per train step from XLA's cost analysis, and the throughput and MFU they give.
 
-  flops = step_flops(train_step, state, batch)  # host side, once: global FLOPs of one call
-  values = perf_values(flops, num_steps, duration_s, num_devices=jax.device_count())
+Host-side module; the step's FLOPs are read once, when the step is compiled:
 
-`step_flops` multiplies the per-device SPMD program's count by its devices (replicated work
-counts once per device). XLA counts a loop (`lax.scan`, microbatching) as one trip of its
-body; pass hand-counted FLOPs for those.
+  flops = step_flops(train_step, state, batch)          # global FLOPs of one call
+  values = perf_values(flops, num_steps, duration_s, num_devices=jax.device_count())
+  # {"perf/flops_per_step", "perf/tflops_per_second", "perf/tflops_per_second_per_device",
+  #  "perf/mfu" (where a peak is known)}
+
+`Compiled.cost_analysis()` reports the FLOPs of the per-device SPMD program (a matmul sharded 8
+ways reports 1/8 of 2*M*N*K, plus any all-reduce additions), so `step_flops` multiplies by the
+program's device count: hardware FLOPs, replicated work counted once per device. XLA counts a
+loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
 """
 
 from __future__ import annotations
@@ -71,15 +76,20 @@ def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any
 
 
 def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
-    """FLOPs of one call of a jitted step, summed over its devices, as XLA estimates them.
+    """FLOPs of one call of a jitted step, summed over the devices it runs on, as XLA estimates.
+
+    Call it once, next to the first step: `jax.jit` caches the compilation.
 
     Args:
-      fn_or_compiled: a function (jitted here unless it is), a `jax.stages.Lowered` or `Compiled`.
-      *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a Lowered/Compiled.
+      fn_or_compiled: a function (jitted here), a jitted function, a `jax.stages.Lowered` or
+        a `jax.stages.Compiled`.
+      *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a
+        Lowered or Compiled.
       **kwargs: the step's keyword arguments.
 
     Raises:
-      TypeError: `fn_or_compiled` is none of the above, or arguments came with a Lowered/Compiled.
+      TypeError: `fn_or_compiled` is none of the above, or arguments came with a
+        Lowered/Compiled object.
       ValueError: the backend's cost analysis has no "flops" entry.
 
     Example:

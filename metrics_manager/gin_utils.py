@@ -1,7 +1,8 @@
 """Gin on the host side (never import it from jitted code): bindings and the operative config.
 
-Under `dynamic_registration`, bindings apply only to calls made through gin: `configured(fn)`
-is that path in plain Python. `write_gin_config` saves the operative config as T5X does:
+With `from __gin__ import dynamic_registration` bindings apply only to calls made through gin;
+`configured(fn)` is that call path for objects built in plain Python. `write_gin_config` saves
+the operative config as T5X does, to `<model_dir>/config.gin` and as the text summary `config`:
 
   gin.parse_config_files_and_bindings(["configs/default.gin"], [])
   with configured(MetricsManager)("train", model_dir) as train:

@@ -1,8 +1,21 @@
 """Cross-entropy losses and T5X's base metrics, computed inside jit.
 
-Checks look only at shapes and dtypes (trace time). Call `with_loss_normalization` on the GLOBAL
-batch, then `compute_loss_and_metrics` per microbatch: the global factor travels with the batch
-as a `[B]` vector, so values do not depend on `num_microbatches` (with T5X's, they did).
+Device-side only: pure functions of arrays, no host transfers; input checks look at shapes
+and dtypes, so they run once, at trace time. A loss function uses, in order:
+
+* `with_loss_normalization(batch, loss_normalizing_factor)` on the GLOBAL batch, before it
+  is split into microbatches: resolves the factor and the loss weights.
+* `compute_loss_and_metrics(logits, batch)` per (micro)batch: the loss to differentiate and
+  T5X's base metrics. Its parts are public for loops that need something else:
+  `compute_token_losses`, `compute_weighted_cross_entropy`,
+  `get_loss_normalizing_factor_and_weights`, `compute_base_metrics`, `count_packed_examples`.
+
+Microbatching: T5X computes the factor inside the loss, per microbatch, so a step's loss is a
+sum of microbatch means (`num_microbatches` times too large, microbatches weighted unequally).
+Here the global factor travels with the batch as a `[B]` vector under
+`"loss_normalizing_factor"`, so any split along axis 0 hands every microbatch the global
+factor: microbatch losses add up to the global loss and every metric merges to its value on
+the global batch, whatever `num_microbatches`.
 
 Example:
     >>> import functools, jax, jax.numpy as jnp
@@ -278,13 +291,17 @@ def compute_token_losses(
 ) -> TokenLosses:
     """Per-token cross-entropy with label smoothing and z-loss, in float32.
 
-    Soft targets put `1 - label_smoothing` on the target, the rest evenly elsewhere; they score 0.
+    Soft targets put `1 - label_smoothing` on the target and spread the rest evenly; their
+    entropy is subtracted, so predicting them scores 0.
 
     Args:
         logits: `[..., V]` floating-point scores.
         targets: Token ids in `[0, V)` of shape `logits.shape[:-1]`.
         label_smoothing: In [0, 1); fixed at trace time.
         z_loss: Coefficient of `logsumexp(logits)**2`; a scalar array for a schedule.
+
+    Returns:
+        `TokenLosses(loss, z_loss)`.
 
     Raises:
         TypeError: non-integer targets or non-floating logits.
@@ -571,8 +588,10 @@ def compute_base_metrics(
 ) -> dict[str, clu_metrics.Metric]:
     """T5X's base metrics for one (micro)batch, right under every loss normalizing factor.
 
-    T5X's keys (listed in the README), all merging by addition. Unlike T5X, tokens and sequences
-    count only `mask != 0`, and per-token losses do not depend on the factor.
+    T5X's keys (listed in the README); all merge by addition, so microbatches merge to the
+    global batch's values. Unlike T5X, tokens and sequences count only `mask != 0` (new
+    `timing/all_target_tokens_per_second` counts all), and per-token losses do not depend on
+    the factor.
 
     Args:
         logits: `[B, ..., V]` floating-point scores.
@@ -581,9 +600,14 @@ def compute_base_metrics(
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
         segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding).
-        token_losses: Per-token losses behind `loss`; else `loss * factor` (exact for 0/1 weights).
+        token_losses: The per-token losses behind `loss`. Without them the per-token sums
+            are `loss * loss_normalizing_factor`, exact only for binary weights.
         loss_normalizing_factor: The scalar factor `loss` was divided by.
-        num_devices: For `*_per_core`; default: mesh size, else the devices of `logits`, else all.
+        num_devices: For `*_per_core`; default: the current mesh's size, else the devices
+            holding `logits`, else `jax.device_count()`.
+
+    Returns:
+        A dict of metrics.
 
     Raises:
         TypeError: wrong dtypes (for example float targets).

@@ -7,9 +7,15 @@
       state, running = train_step(state, running, batch)   # merge_metrics inside the step
     manager.write_metrics_summary(running, start + num_steps, num_steps)
 
-The caller's thread checks every argument and queues a job; one ordered worker times the
-window, copies the metrics to the host in one transfer and hands the values to each writer,
-isolated from the others (README: "Failure modes"). Host-side: never import it in jitted code.
+One linear host pipeline: the caller's thread checks every argument once (a bad input raises
+at the call, naming the key and the fix) and queues a job; one ordered worker thread
+(`writers._worker.OrderedWorker`) times the window, copies the metrics to the host in one
+transfer, computes the values and hands them to each writer in turn. Writers are plain
+synchronous backends; the manager's per-writer fan-out isolates them. What each fault costs
+(a raising or hung writer, a failing metric, SIGTERM, SIGKILL) is in the README's "Failure
+modes".
+
+Host-side module: never import it from code traced by jit.
 """
 
 from __future__ import annotations
@@ -89,25 +95,39 @@ class MetricsManager:
     """Writes T5X-style metric summaries from a training or evaluation loop.
 
     Args:
-      name: the run's name, e.g. "train" or "eval/glue"; summaries go to `<summary_dir>/<name>`.
+      name: the run's name, e.g. "train" or "eval/glue"; summaries go to
+        `<summary_dir>/<name>`. It must stay inside `summary_dir` (no `..`, not absolute).
       summary_dir: root of the experiment's summaries, or None to write no files.
-      writer_factory: a `WriterFactory` (process 0 only); default `writers.create_default_writer`.
-      clock: returns seconds; times the windows.
-      max_pending: most jobs waiting behind the running one; then a call blocks (no drops).
-      on_error: "warn" (log, count, go on) or "raise" (T5X: the future fails, the next call raises).
-      writer_deadline_s: a call running longer is abandoned and its writer quarantined; None: never.
+      writer_factory: `writer_factory(logdir)` returns the writer(s); called once, on process
+        0 only. A `writers.MultiWriter` is unpacked so each writer is isolated. Defaults to
+        `writers.create_default_writer` (console + TensorBoard + JSONL). Use
+        `gin_utils.configured(MetricsManager)` to apply gin bindings.
+      clock: returns seconds; times the windows (default `time.perf_counter`).
+      max_pending: most jobs waiting behind the running one; a call blocks while the worker
+        is this far behind (back-pressure: nothing is dropped).
+      on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
+        fails and the next call raises `MetricsManagerError`).
+      writer_deadline_s: a writer call running longer is abandoned and its writer
+        quarantined; None waits forever.
       max_writer_failures: a writer failing this many calls in a row is quarantined.
-      resume_step: a restored checkpoint's step; writers drop what was written after it.
-      nonfinite: NaN/inf scalars are "ignore"d, "warn"ed (once per key) or "stop" the run: the
-        next call raises `MetricsManagerError`.
-      system_metrics: also write `system/*` (CPU, memory, devices), every `system_interval_s`.
+      resume_step: the step a restored checkpoint resumes from: passed to the writers so that
+        values written after it by an earlier run are dropped (TensorBoard `purge_step`,
+        JSONL rewrite).
+      nonfinite: what a NaN or infinite scalar in a summary does: "ignore", "warn" (log once
+        per key) or "stop" (the next call raises `MetricsManagerError` naming the step and
+        keys).
+      system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
+        most once per `system_interval_s`.
       system_interval_s: least time between two `system/*` samples.
-      flops_per_step: one step's FLOPs over all devices (`step_flops`); adds `perf/*` and MFU.
+      flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
+        `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
-      handle_signals: flush on SIGTERM/SIGINT, then run the previous handler (main thread).
+      handle_signals: flush on SIGTERM/SIGINT before the previous handler runs (main
+        thread only).
 
     Raises:
-      TypeError, ValueError: every bad argument, in one message; a summary dir already in use.
+      TypeError, ValueError: every bad argument, listed in one message; a summary dir already
+        written by another open manager.
 
     Example:
       >>> import jax.numpy as jnp
@@ -263,7 +283,11 @@ class MetricsManager:
         }
 
     def start_duration_timer(self, block_on: Any = ()) -> None:
-        """Opens a summary window that starts when `block_on` (the train state) is ready."""
+        """Opens a summary window that starts when `block_on` (the train state) is ready.
+
+        Returns at once; the worker waits. When the state is already ready (or donated) by
+        the time the worker looks, the window starts at this call.
+        """
         self._check_usable("start_duration_timer")
         called = self._clock()
         self._window_open = True
@@ -353,6 +377,9 @@ class MetricsManager:
 
     def close(self) -> None:
         """Finishes queued work, closes every writer and stops the worker; idempotent.
+
+        Returns within about `writer_deadline_s` + 5 s even when a writer hangs (that writer
+        is named in the log and in `errors`).
 
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.

@@ -1,27 +1,52 @@
 """Merging dicts of metrics on the device: across train steps and across microbatches.
 
-Merging inside the compiled step leaves no per-metric host work between summaries. A window
-starts from `running=None` (`empty()` cannot know an array metric's shape); `pack=True` carries
-it as a `PackedMetrics`. Keys, types and shapes are checked at trace time. Microbatches merge
-with CLU's `_reduce_merge`, so values do not depend on the number of microbatches.
+The train step merges the loss function's `{name: metric}` into the running accumulator inside
+the compiled step, so there is no per-metric host work or device-to-host copy between summaries
+(T5X merged on the host after every step).
+
+Each summary window starts from `running=None`, not from `empty()`: jit compiles a second
+variant in which `merge_metrics(None, metrics)` is `metrics`, whereas `empty()` cannot know the
+shape of an array-valued metric (metrax's `AUCROC`, a `Sum` of a vector), and the buffers handed
+to the summary are never donated again::
+
+    for step in range(start, end):
+        state, running = train_step(state, running, next(batches))  # as in the example below
+        if (step + 1 - start) % period == 0:
+            manager.write_metrics_summary(running, step + 1, num_steps=period)
+            running = None  # the summary owns those buffers now
+
+`pack=True` carries the accumulator as one buffer per dtype (`metrics_manager.packing`), which
+saves the per-output cost of ~40 leaves per step.
+
+Keys, types and shapes are checked at trace time, and every problem is reported in one error.
+`accumulate_grads_microbatched` merges microbatches with CLU's `_reduce_merge` (the merge for
+parts of one batch: `LastValue` averages, a `Step` counts one step), starting from the first
+microbatch's metrics, so values do not depend on the number of microbatches.
 
 Example:
     >>> import functools
     >>> import jax, jax.numpy as jnp
-    >>> from metrics_manager.metrics import Max
-    >>> def loss_fn(w, batch):
-    ...     err = jnp.square(batch["x"] * w - batch["y"])
-    ...     return err.sum(), {"err_max": Max.from_model_output(err)}
+    >>> from metrics_manager.metrics import AveragePerStep, Max
+    >>> def loss_fn(params, batch):
+    ...     per_example = jnp.square(batch["x"] * params["w"] - batch["y"])
+    ...     return per_example.sum(), {
+    ...         "loss": AveragePerStep.from_model_output(per_example),
+    ...         "loss_max": Max.from_model_output(per_example),
+    ...     }
     >>> @functools.partial(jax.jit, donate_argnums=(0, 1))
-    ... def train_step(w, running, batch):
-    ...     grads, metrics = accumulate_grads_microbatched(loss_fn, w, batch, 2)
-    ...     return w - 0.01 * grads, merge_metrics(running, metrics, pack=True)
-    >>> w, running = jnp.zeros(()), None
+    ... def train_step(params, running, batch):
+    ...     grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, 2)
+    ...     params = jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
+    ...     return params, merge_metrics(running, metrics, pack=True)
+    >>> params, running = {"w": jnp.zeros(())}, None
     >>> batch = {"x": jnp.ones(4), "y": jnp.array([1.0, 2.0, 3.0, 4.0])}
     >>> for _ in range(3):
-    ...     w, running = train_step(w, running, batch)
-    >>> float(running.unpack()["err_max"].compute())
-    16.0
+    ...     params, running = train_step(params, running, batch)
+    >>> [b.dtype.name for b in running.buffers]  # 3 leaves in 2 buffers
+    ['int32', 'float32']
+    >>> values = running.unpack_host(jax.device_get(running.buffers))
+    >>> int(values["loss"].steps), float(values["loss_max"].compute())
+    (3, 16.0)
 """
 
 import functools
@@ -113,16 +138,21 @@ def validate_metrics(
 ) -> dict[str, Any]:
     """Checks a dict of metrics (and that it matches `reference`), reporting every problem.
 
+    Looks only at Python types, keys and shapes, so inside `jax.jit` it runs at trace time.
+
     Args:
         metrics: a mapping of str -> clu `Metric` (or `Collection`).
-        reference: the keys, metric types, pytree structures and shapes `metrics` must have.
-        what, reference_what: how `metrics` and `reference` are named in error messages.
+        reference: if given, `metrics` must have its keys and, per key, its metric type,
+            pytree structure and leaf shapes.
+        what: how `metrics` is named in error messages.
+        reference_what: how `reference` is named in error messages.
 
     Returns:
         `metrics` as a new dict.
 
     Raises:
-        TypeError: not a mapping, a non-str key, a non-metric value, or a type unlike `reference`.
+        TypeError: not a mapping, a non-str key, a non-metric value, or a metric type that
+            differs from `reference` (the message lists every problem found).
         ValueError: keys, structures or shapes differ from `reference`.
 
     Example:
@@ -145,6 +175,8 @@ def merge_metrics(
 ) -> dict[str, Any] | PackedMetrics:
     """Merges two dicts of metrics key by key (`a[k].merge(b[k])`), in or outside `jax.jit`.
 
+    Both are checked completely (at trace time under jit) before anything is merged.
+
     Args:
         a: the running metrics: a dict, a `PackedMetrics`, or None to start a new window.
         b: the new metrics (dict or `PackedMetrics`): same keys, types and shapes as `a`.
@@ -154,7 +186,9 @@ def merge_metrics(
         The merged metrics in `a`'s key order (`b` as a new dict when `a` is None).
 
     Raises:
-        TypeError, ValueError: as `validate_metrics`, for `a` and `b` (before merging).
+        TypeError: a value is not a clu Metric, a key is not a str, or a key holds different
+            metric types in `a` and `b`.
+        ValueError: the keys, or a metric's structure or shapes, differ.
 
     Example:
         >>> from metrics_manager.metrics import Sum, Max
@@ -236,11 +270,16 @@ def accumulate_grads_microbatched(
     Call it inside the jitted train step. Microbatch i holds rows `i, i + n, i + 2n, ...`.
 
     Args:
-        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)`, summing rather than averaging.
+        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)`, or with a third argument
+            `jax.random.fold_in(rng, i)` when `rng` is given. Return sums (not means over the
+            microbatch) for values that do not depend on `num_microbatches`.
         params: the pytree to differentiate with respect to.
         batch: a pytree of arrays split along axis 0 (divisible by `num_microbatches`).
         num_microbatches: None or 1 calls `loss_fn` once on the whole batch.
-        rng: optional PRNG key; `loss_fn` gets `jax.random.fold_in(rng, i)` as a third argument.
+        rng: optional PRNG key, folded with the microbatch index.
+
+    Returns:
+        `(grads, metrics)`: the gradient of the summed loss and the merged metrics.
 
     Raises:
         TypeError: `num_microbatches` is not an int, or the metrics are not clu Metrics.

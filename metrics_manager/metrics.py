@@ -1,11 +1,23 @@
 """Metric types that a loss function returns and the train step merges on the device.
 
-Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric`, mergeable with CLU's and
-google-metrax's metrics in one dict: T5X's `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate`
-and `StepsPerTime` (`steps` and `duration` are set on the host), plus `Max`, `Min`, `MeanStd`
-and `Welford` (clu 0.0.12's `Std` crashes on current JAX).
+Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric` that merge with CLU's and
+google-metrax's metrics in one dict. `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate` and
+`StepsPerTime` keep T5X's names and meaning (`steps` and `duration` are set on the host); `Max`,
+`Min`, `MeanStd` and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses
+precision when the mean is large against the spread). Constructors are keyword-only where T5X's
+positional order is a trap (its `AveragePerStep(5, 1.0)` means `steps=5`), and every `empty()`
+is a two-sided identity of `merge()`.
 
-    metrics = {"loss": AveragePerStep.from_model_output(per_example)}  # returned by the loss
+Synopsis:
+
+    def loss_fn(params, batch):
+        per_example = ...
+        return per_example.sum(), {
+            "loss": AveragePerStep.from_model_output(per_example),
+            "loss_stats": MeanStd.from_model_output(per_example),
+            "seqs_per_second": TimeRate.from_model_output(per_example.shape[0]),
+        }
+
     # On the host, once per summary window, after a device-to-host copy:
     metrics = set_step_metrics_num_steps(set_time_metrics_duration(metrics, seconds), num_steps)
     values = compute_metric_values(metrics)  # {key: clu.values.Value}
@@ -345,7 +357,11 @@ class WelfordScalar(MeanStdScalar):
 
 @flax.struct.dataclass(kw_only=True)
 class MeanStd(clu_metrics.Metric):
-    """Mean (`compute()`, NaN if empty) and population `std()`, merged by Chan et al.'s update.
+    """Mean and population standard deviation with a numerically stable parallel merge.
+
+    Keeps the count, mean and `m2` (sum of squared deviations) and merges with Chan et al.'s
+    update, exact when the mean is large against the spread. `compute()` is the mean (NaN when
+    nothing was seen), `std()` the standard deviation, `compute_value()` a `MeanStdScalar`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -451,11 +467,14 @@ def _check_metrics_mapping(metrics: Any, function: str) -> None:
 
 
 def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
-    """Host side: a new dict with `steps` of every `Step` metric set to `num_steps`.
+    """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
 
     Args:
         metrics: name -> metric; other values pass through.
         num_steps: the number of train steps the metrics cover, > 0.
+
+    Returns:
+        A new dict; the input is not changed.
 
     Raises:
         TypeError: `metrics` is not a mapping or `num_steps` is not an integer.
@@ -480,11 +499,14 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
 
 
 def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
-    """Host side: a new dict with `duration` of every `Time` metric set, before `compute()`.
+    """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
 
     Args:
         metrics: name -> metric; other values pass through.
         duration: seconds in the summary window, a finite number >= 0.
+
+    Returns:
+        A new dict; the input is not changed.
 
     Raises:
         TypeError: `metrics` is not a mapping or `duration` is not a real number.
@@ -567,7 +589,11 @@ def host_values(
     num_steps: int,
     failed: Callable[[str, Exception], None],
 ) -> dict[str, clu.values.Value]:
-    """Sets steps and duration, then `compute_value()`; a key that raises goes to `failed`."""
+    """The manager's trusted path: steps and duration set, then `compute_value()`, in one pass.
+
+    Takes metrics already checked (a dict of metrics with host leaves); a key whose
+    `compute_value()` raises is left out and handed to `failed(key, error)`.
+    """
     out: dict[str, clu.values.Value] = {}
     for key, metric in metrics.items():
         try:

@@ -1,8 +1,11 @@
 """Flax NNX-style stateful metrics over this library's mergeable metrics, and NNX interop.
 
-`Metric`, `Average`, `Accuracy`, `Welford` and `MultiMetric` have `flax.nnx.metrics`' API over
-an immutable, mergeable CLU metric (`.metric`). `as_summary_metrics` turns an `nnx.MultiMetric`
-or its `compute()` dict into what `MetricsManager.write_metrics_summary` takes.
+`Metric`, `Average`, `Accuracy`, `Welford` and `MultiMetric` have the names and API of
+`flax.nnx.metrics` (`update(**kwargs)`, `compute()`, `reset()`), but each holds an immutable
+CLU metric (`.metric`) that `update()` replaces by `metric.merge(type.from_model_output(...))`:
+they work in Flax's `nnx.MultiMetric` and `nnx.jit`, and their state merges like any metric.
+`as_summary_metrics` turns an `nnx.MultiMetric` or its `compute()` dict into what
+`MetricsManager.write_metrics_summary` takes.
 
 Synopsis:
 

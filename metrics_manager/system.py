@@ -1,18 +1,24 @@
 """System metrics (CPU, memory, temperatures, accelerators) sampled off the training thread.
 
-Host-side module; the summary worker asks a `SystemMonitor` for each window's mean and max:
+Host-side module. A `SystemMonitor` samples every sensor the host has in a daemon thread; the
+summary worker asks for each window's mean and max:
 
   monitor = SystemMonitor(interval_s=1.0)
-  values = monitor.window_values()  # {"system/process_cpu_percent": 87.5, ".../max": 101.0}
+  values = monitor.window_values()  # {"system/process_cpu_percent": 87.5,
+                                    #  "system/process_cpu_percent/max": 101.0, ...}
   monitor.close()
 
-Keys, each also as `<key>/max` (a sensor the host lacks gives none; one failing is dropped):
+Keys (each also as `<key>/max`):
 
-  system/process_cpu_percent (100 = one core busy), system/host_cpu_percent (0..100)
+  system/process_cpu_percent        this process, 100 = one core busy
+  system/host_cpu_percent           whole host, 0..100
   system/process_rss_mib, system/host_memory_{used,available}_mib, system/host_memory_percent
   system/cpu_temperature_c          hottest CPU sensor
-  system/device{Device.id}/{memory_in_use,peak_memory_in_use}_mib   (`memory_stats()`)
-  system/gpu{i}/{utilization_percent,temperature_c,power_w}  NVML index i (`nvidia-ml-py`)
+  system/device{id}/{memory_in_use,peak_memory_in_use}_mib   per JAX device (`memory_stats()`)
+  system/gpu{i}/{utilization_percent,temperature_c,power_w}  NVML (`nvidia-ml-py`)
+
+A sensor the host lacks gives no key and no error; one that fails later is logged at debug
+level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`), `{id}` `Device.id`.
 """
 
 from __future__ import annotations

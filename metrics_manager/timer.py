@@ -1,7 +1,16 @@
-"""`block_until_ready_or_deleted`: waits for device values; donated buffers count as ready.
+"""Waiting for device values without matching error strings: `block_until_ready_or_deleted`.
 
-A buffer donated to a later computation (`x.is_deleted()`) was computed before the step that
-consumed it was dispatched. Host-side: `MetricsManager`'s worker times each window with it.
+`MetricsManager` times each summary window on its worker with this: the window starts when
+the train state is ready and ends when the metrics are.
+
+JAX dispatches asynchronously, so "ready" is only known by blocking; the manager does that
+blocking on its worker thread, so the training loop never waits for it.
+
+Buffers that were donated to a later computation (`x.is_deleted()`) count as
+ready: the step that consumed them has been dispatched after they were
+computed. This is checked per leaf, never by matching error strings.
+
+This module runs on the host only; never import it from code traced by jit.
 """
 
 from __future__ import annotations
@@ -16,10 +25,17 @@ Clock = Callable[[], float]
 
 
 def block_until_ready_or_deleted(tree: Any) -> None:
-    """Blocks until every `jax.Array` leaf of `tree` is ready or deleted (donated).
+    """Blocks until every `jax.Array` leaf of `tree` is ready or deleted.
+
+    Deleted (donated) buffers count as ready. Leaves that are not `jax.Array`
+    (NumPy arrays, Python numbers, None) are ready by definition.
+
+    Args:
+      tree: any pytree.
 
     Raises:
-      Exception: what `block_until_ready` raises for a leaf not deleted (its computation failed).
+      Exception: whatever `block_until_ready` raises for a leaf that is still
+        alive afterwards (e.g. the computation producing it failed).
 
     Example:
       >>> import jax.numpy as jnp

@@ -16,7 +16,11 @@ from writers.interface import Array, MetricWriter, Scalar, WriterClosedError
 
 
 class BaseWriter(MetricWriter):
-    """`MetricWriter` that checks and converts each call (unless `Checked`), then runs its hook."""
+    """`MetricWriter` that checks each call, then calls the hook of its kind.
+
+    Hooks get numbers as Python ints and floats, arrays as numpy arrays (images `[H, W, C]` or
+    `[N, H, W, C]`, videos `[N, T, H, W, C]`, audio `[N, T, C]`) and `num_buckets` as a dict.
+    """
 
     _closed: bool = False
 

@@ -1,4 +1,18 @@
-"""TensorBoard event files in TFRecord framing, written synchronously so `flush()` means on disk."""
+"""TensorBoard event files: TFRecord framing, written synchronously.
+
+A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`,
+little-endian. The CRC is tensorboardX's `masked_crc32c`, fast because the `crc32c` package
+(a declared dependency) is installed; without it tensorboardX falls back to a Python loop.
+Files are written here, not by tensorboardX's queue-backed `EventFileWriter`, so that
+`flush()` means "on disk" and a writer never overwrites an existing file.
+
+Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`,
+a counter added on a clash). On a URL each flush writes one new object holding the events
+since the previous one (`_storage.PartStream`), named
+`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`: TensorBoard reads
+a directory's event files in name order, so the parts read as one stream and upload bytes
+grow linearly with the events (tensorboardX re-uploads the whole file on every flush).
+"""
 
 from __future__ import annotations
 
@@ -33,8 +47,12 @@ class EventFile:
             # One object per flush, named so TensorBoard reads one stream; microseconds keep a
             # later writer's parts after an earlier one's within a second.
             prefix = f"{name}.{int(now * 1e6) % 1_000_000:06d}."
-            self._file = _storage.PartStream(logdir, lambda i: f"{prefix}{i:08d}{filename_suffix}")
-            self.path = _storage.join(logdir, f"{prefix}{0:08d}{filename_suffix}")
+
+            def part(index: int) -> str:
+                return f"{prefix}{index:08d}{filename_suffix}"
+
+            self._file = _storage.PartStream(logdir, part)
+            self.path = _storage.join(logdir, part(0))
             return
         os.makedirs(logdir, exist_ok=True)
         base = os.path.join(logdir, name)

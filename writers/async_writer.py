@@ -1,9 +1,18 @@
 """`AsyncWriter`: runs a writer's calls on one ordered background thread.
 
-Each write is checked on the caller's thread, then queued and run in call order; a full queue
-blocks the caller (nothing is dropped). The writer's errors are raised on the caller's next call,
-`flush()` or `close()` as a `WriterError` naming the writer, method and step; later calls still
-run. Mappings are copied, arrays are not: change no array in place until `flush()`.
+Each `AsyncWriter` owns one `writers._worker.OrderedWorker` (the worker `MetricsManager` uses
+too). Use it for a writer used on its own; a `MetricsManager` calls its writers from its own
+worker already. Every write is checked on the caller's thread, then queued and run in call
+order, so the training loop does not wait on disks or terminals.
+
+* Back-pressure: at most `max_queue` calls wait; a full queue blocks the caller (nothing
+  is dropped, a slow writer slows the loop instead of filling memory).
+* Errors raised by the wrapped writer are kept and raised on the caller's next call (after
+  its own work is queued), on `flush()` and on `close()`, as a `WriterError` naming the
+  writer, the method and the step. Later calls still run: a failed write loses only itself.
+* `flush()` waits for every queued call, then flushes the writer. `close()` runs everything
+  queued, closes the writer and joins the thread; a writer never closed is closed at exit.
+* Mappings are copied, arrays are not: do not change an array in place until `flush()`.
 
 Example:
   >>> import writers

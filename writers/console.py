@@ -1,8 +1,11 @@
 """`ConsoleWriter`: a readable block per write call for people watching a terminal.
 
-A header with the step (with `total_steps`: progress, steps/s and an ETA, timed from the first
-write), then one aligned line per value, grouped by prefix. Numbers show 4 significant digits;
-other kinds show their shapes. Colour (via `rich`) only on a terminal or with `color=True`.
+Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30.0%)`, steps/s
+and an ETA, measured from the first write on so compilation does not skew them), then one
+line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
+significant digits, integers and rates of 1,000 or more with thousands separators, NaN as
+`NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
+`rich`) only on a terminal or with `color=True`, so CI logs stay plain.
 
 Example:
   >>> import io, writers

@@ -41,16 +41,20 @@ def create_default_writer(
     """Builds console + TensorBoard + JSONL (+ absl log) writers behind one `MultiWriter`.
 
     Args:
-      logdir: Directory or fsspec URL for TensorBoard events and `metrics.jsonl`; None: no files.
+      logdir: Directory or URL for TensorBoard events and `metrics.jsonl`; None writes no
+        files (`tensorboard` and `jsonl` are then ignored).
       collection: Shown by the console and log writers, stored in every JSONL line.
-      asynchronous: Each writer behind an `AsyncWriter` (a `MetricsManager` has its own worker).
-      console: Include a `ConsoleWriter` (named `console`).
-      tensorboard: Include a `TensorBoardWriter` (`tensorboard`; needs `logdir`).
-      jsonl: Include a `JsonlWriter` (`jsonl`; needs `logdir`).
-      log: Include a `LoggingWriter` (`log`: absl INFO log, CLU's line format).
+      asynchronous: Put each writer behind its own `AsyncWriter` (queue of `max_queue`
+        calls). Off by default: a `MetricsManager` calls its writers from its own worker.
+      console: Include a `ConsoleWriter`.
+      tensorboard: Include a `TensorBoardWriter` (needs `logdir`).
+      jsonl: Include a `JsonlWriter` writing `<logdir>/metrics.jsonl`.
+      log: Include a `LoggingWriter` (absl INFO log, CLU's line format).
       total_steps: Last step of the run, for the console's progress line and ETA.
-      purge_step: Hide TensorBoard events from this step on; `resume_step` also cleans the JSONL.
-      resume_step: The step a resumed run restarts from (purges TensorBoard and JSONL after it).
+      purge_step: Hide TensorBoard events at or after this step from earlier runs; prefer
+        `resume_step`, which also cleans the JSONL log.
+      resume_step: The step a resumed run restarts from: TensorBoard gets
+        `purge_step=resume_step + 1` and the JSONL log loses its lines after it.
       flush_secs: TensorBoard (and remote JSONL) flush period in seconds.
       max_queue: Queue size of each `AsyncWriter`.
       console_stream: Stream for the console writer (default `sys.stdout`).

@@ -1,20 +1,26 @@
 """The `MetricWriter` contract (CLU's writer interface, without TensorFlow) and `NoopWriter`.
 
-Every writer here implements `MetricWriter` with CLU's method and parameter names; wrappers
-forward by keyword, so a writer written against CLU's interface plugs in unchanged. For each:
+Every backend (console, TensorBoard, JSONL, absl log, trackers) and every wrapper
+(`MultiWriter`, `AsyncWriter`) implements `MetricWriter` with CLU's method and parameter names
+(`clu.metric_writers.MetricWriter`); wrappers forward by keyword, so a writer written against
+CLU's interface plugs in unchanged. The contract, for every writer here:
 
-* Steps are non-negative ints (numpy ints, one-element integer arrays); negative steps raise
-  `ValueError`, floats, bools and strings `TypeError`. Keys are non-empty strings (`/` groups
-  them: `eval/accuracy`); a non-str key raises `TypeError`, an empty one `ValueError`.
-* Scalars are numbers or one-element arrays, NaN and +-Inf included. Images are `[H, W, C]` or
-  `[N, H, W, C]`, C in (1, 3, 4), uint8 in [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]`;
-  audio `[N, T, C]` floats in [-1, 1]; histograms any finite numeric array (30 buckets default).
-* Bad input raises `TypeError` or `ValueError` naming every bad key, what was expected and what
-  came, before anything of that call is written. (`NoopWriter` checks nothing.)
-* A key written twice at one step is recorded twice. Call a backend from one thread at a time
-  (`AsyncWriter`: any thread).
-* `close()` is idempotent and keeps everything written; `flush()` after it does nothing, a write
-  raises `WriterClosedError`. Buffering writers are closed at exit if the program forgot.
+* Steps are non-negative integers (Python or numpy ints, or one-element integer arrays):
+  negative steps raise `ValueError`, floats, bools and strings `TypeError`.
+* Keys are non-empty strings; `/` groups them (`eval/accuracy`). A non-str key raises
+  `TypeError`, an empty one `ValueError`.
+* Scalars are numbers or one-element arrays. NaN and +-Inf are valid; each backend documents
+  how it shows them. Images are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4), uint8 in
+  [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]`; audio `[N, T, C]` floats in
+  [-1, 1] with an integer `sample_rate`; histogram inputs any finite numeric array, with
+  `num_buckets` per key (missing keys: 30).
+* Bad input raises `TypeError` or `ValueError` naming every bad key, what was expected and
+  what came, before anything of that call is written. (`NoopWriter` checks nothing.)
+* A key written twice at one step is recorded twice; writers never merge or deduplicate.
+* Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.
+* `close()` is idempotent and leaves everything written on disk; `flush()` after it does
+  nothing, a write after it raises `WriterClosedError`. Writers that buffer
+  (`TensorBoardWriter`, `AsyncWriter`) are closed at interpreter exit if the program forgot.
 
 Example:
   >>> import writers
@@ -58,7 +64,11 @@ class WriterError(RuntimeError):
 
 
 class MetricWriter(abc.ABC):
-    """Writes metric values of every kind at integer steps (CLU's interface)."""
+    """Writes metric values of every kind at integer steps (CLU's interface).
+
+    Every `write_*` method takes the `step` the values were produced at and a mapping from
+    key to value of its kind (see the module docstring for shapes and the shared contract).
+    """
 
     @abc.abstractmethod
     def write_summaries(

@@ -1,11 +1,23 @@
 """`JsonlWriter`: one JSON object per write call, one line each, for `jq` and pandas.
 
-Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`.
-A local file is line-buffered (`flush()` fsyncs); a URL (any fsspec protocol) is written as
-numbered parts under `<path>.d/`, one per flush; `writers.read_jsonl(path)` reads either back.
-Lines are strict JSON: NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"`;
-images, videos, audio and tensors are `{"type", "shape", ...}` summaries; hyperparameters are
-one line with `"step": null`. `step`, `time` and `collection` are reserved keys.
+Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
+(`time` in Unix seconds, `collection` null when unset). A local file is appended to and
+line-buffered (`tail -f` sees each line; `flush()` fsyncs). A URL (`gs://b/run/m.jsonl`, any
+fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush;
+`writers.read_jsonl(path)` reads either back. Every line is strict JSON:
+
+* NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)`
+  turns them back); ints stay ints; texts are strings.
+* Arrays are summarized: images, videos, audio as `{"type", "shape"}` (audio adds
+  `sample_rate`); histograms as `{"type": "histogram", "count", "min", "max", "mean",
+  "edges", "counts"}`; raw tensors as `{"type": "tensor", "shape", "dtype", "values"}`,
+  `values` only up to `max_array_size` elements.
+* Hyperparameters are one line with `"step": null` and `"hparams": {...}` (values other
+  than bool, number and str as their `str()`).
+* `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S
+  (and lines without one). Without it the log is appended to, and a step below one already
+  logged is warned about once.
+* `step`, `time` and `collection` are reserved keys: a value with one of them raises.
 
 Example:
   >>> import json, os, tempfile, writers
@@ -45,12 +57,15 @@ class JsonlWriter(BaseWriter):
     """Appends one JSON object per write call to a `.jsonl` file (or remote parts).
 
     Args:
-      path: File to append to (parent directories are created), or an fsspec URL.
+      path: File to append to (parent directories are created), or a URL any fsspec
+        protocol can write (`gs://`, `s3://`, `memory://`, ...).
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
-      resume_step: The step a resumed run restarts from: later lines are removed first.
-      flush_secs: Remote logs only: a write uploads the buffered lines this long after the last.
+      resume_step: The step a resumed run restarts from: later lines of the existing log
+        are removed first (atomically). None appends.
+      flush_secs: Remote logs only: a write uploads the buffered lines once this many
+        seconds have passed since the last upload (`flush()` always does).
 
     Raises:
       TypeError: `resume_step` is not an integer.

@@ -1,9 +1,24 @@
 """`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
 
-Needs the `mlflow` extra; any tracking store works. Scalars are metrics, hparams params, other
-values artifacts `<kind>/<key>/step_<step:08d>[_<i>].<ext>` (`.txt`, `.png`, `.wav`, `.json`).
-`resume_step` attaches to `run_id` or the latest run named `run_name`; metric history is
-append-only, so (with one warning) a (key, step) at or before its last logged step is skipped.
+Needs the `mlflow` extra (imported when the first writer is made). Works with any tracking
+store: a server (`http://host:5000`) or a database (`sqlite:///mlflow.db`, no server). Only
+process 0 creates a run and logs; the others check their inputs and log nothing.
+
+Where values land: scalars are metrics, one `log_batch` per call (split into batches of
+MLflow's 1000-metric limit; NaN kept, infinities as the store keeps them: the SQL store
+clamps them to +-1.797e308); hparams are params (100 per batch; MLflow params never change,
+so a different value for a key the run has raises MLflow's error). Texts, images, videos,
+audio and histograms are artifacts, all files of one call in one `log_artifacts`, at
+`<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per image, filmstrip
+`.png` `[H, T*W, C]` per video, 16-bit `.wav` per clip, histograms as `.json`
+(`count`, `min`, `max`, `mean`, `edges`, `counts`); keys must then be relative paths (no
+`..`, `.` or empty parts). Raw tensors (`write_summaries`) raise `NotImplementedError`.
+
+Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
+MLflow's metric history is append-only, so the writer first reads each metric's last logged
+step and skips any (key, step) at or before it, with one absl warning: each step keeps
+exactly one point, the earlier run's where it had one. Artifacts of a re-logged step are
+replaced. Outside resume, repeated keys at one step are recorded as given.
 
 Example:
   >>> import os, tempfile, writers

@@ -1,6 +1,10 @@
 """`MultiWriter`: fans every call out to several writers; one failure stops none.
 
-Step and keys are checked once; then every writer gets the call in order, even after one raised.
+Each call goes to every writer in order, even when an earlier one raised; the failures are
+then raised together as one `WriterError` naming each failing writer. `close()` closes every
+writer even if some fail. Steps and keys are checked once, before fan-out, so a bad step or
+key raises a plain `TypeError` or `ValueError` and reaches no writer. Writers need not subclass
+`MetricWriter`: anything with CLU's method and parameter names works.
 
 Example:
   >>> import writers
