@@ -13,8 +13,6 @@ program's device count: hardware FLOPs, replicated work counted once per device.
 loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 

@@ -9,8 +9,6 @@ the operative config as T5X does, to `<model_dir>/config.gin` and as the text su
     write_gin_config(model_dir, train, step=0)
 """
 
-from __future__ import annotations
-
 import os
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar

@@ -34,8 +34,6 @@ Example:
     1.6094 0.2000
 """
 
-from __future__ import annotations
-
 import enum
 import functools
 import math

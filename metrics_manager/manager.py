@@ -18,8 +18,6 @@ modes".
 Host-side module: never import it from code traced by jit.
 """
 
-from __future__ import annotations
-
 import collections
 import concurrent.futures
 import dataclasses
@@ -85,7 +83,7 @@ class _WriterState:
     quarantined: str | None = None  # why, once quarantined
 
 
-_OPEN: weakref.WeakSet[MetricsManager] = weakref.WeakSet()
+_OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: set[str | None] = set()  # summary dirs held by open managers of this process
 _DIRS_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
@@ -405,7 +403,7 @@ class MetricsManager:
             )
         self._raise_if_fatal()
 
-    def __enter__(self) -> MetricsManager:
+    def __enter__(self) -> "MetricsManager":
         return self
 
     def __exit__(

@@ -21,8 +21,6 @@ A sensor the host lacks gives no key and no error; one that fails later is logge
 level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`), `{id}` `Device.id`.
 """
 
-from __future__ import annotations
-
 import dataclasses
 import functools
 import logging
@@ -278,7 +276,7 @@ class SystemMonitor:
         except Exception:  # noqa: BLE001  (shutting down a failed driver is harmless)
             _LOG.debug("SystemMonitor: nvmlShutdown failed", exc_info=True)
 
-    def __enter__(self) -> SystemMonitor:
+    def __enter__(self) -> "SystemMonitor":
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -13,8 +13,6 @@ computed. This is checked per leaf, never by matching error strings.
 This module runs on the host only; never import it from code traced by jit.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable
 from typing import Any
 

@@ -3,8 +3,6 @@
 Every backend thus rejects the same inputs with the same messages, and implements only hooks.
 """
 
-from __future__ import annotations
-
 import abc
 from collections.abc import Mapping
 from typing import Any

@@ -3,8 +3,6 @@
 Each looks at every key of a call before raising, so one error lists every problem.
 """
 
-from __future__ import annotations
-
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any

@@ -1,7 +1,5 @@
 """Checked values as PNG, WAV (standard library only), filmstrips, histograms and hparams."""
 
-from __future__ import annotations
-
 import io
 import struct
 import wave

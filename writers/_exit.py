@@ -1,7 +1,5 @@
 """Closes buffering writers at interpreter exit if the program did not (no `__del__`)."""
 
-from __future__ import annotations
-
 import atexit
 import functools
 import weakref

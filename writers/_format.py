@@ -1,7 +1,5 @@
 """Number and duration formatting for people reading a terminal (`ConsoleWriter`)."""
 
-from __future__ import annotations
-
 import functools
 import math
 import re

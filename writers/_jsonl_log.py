@@ -1,7 +1,5 @@
 """The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back."""
 
-from __future__ import annotations
-
 import contextlib
 import functools
 import json

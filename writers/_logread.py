@@ -1,7 +1,5 @@
 """The reading half of `writers.plot`: scalar series from `metrics.jsonl` or event files."""
 
-from __future__ import annotations
-
 import glob
 import json
 import os

@@ -1,7 +1,5 @@
 """The error collector of both packages (here, as `writers` never imports `metrics_manager`)."""
 
-from __future__ import annotations
-
 from typing import Any
 
 

@@ -14,8 +14,6 @@ a directory's event files in name order, so the parts read as one stream and upl
 grow linearly with the events (tensorboardX re-uploads the whole file on every flush).
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import socket

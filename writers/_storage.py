@@ -9,8 +9,6 @@ whose name sorts after the earlier ones. Credentials and endpoints are fsspec's 
 Files created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
 """
 
-from __future__ import annotations
-
 import os
 import threading
 import uuid

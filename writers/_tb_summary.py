@@ -1,7 +1,5 @@
 """Builds TensorBoard events and `Summary.Value`s; imported by the first `TensorBoardWriter`."""
 
-from __future__ import annotations
-
 import math
 import struct
 import time

@@ -1,7 +1,5 @@
 """What `WandbWriter` and `MlflowWriter` share: the optional import, process 0, write methods."""
 
-from __future__ import annotations
-
 import importlib
 from collections.abc import Mapping
 from types import ModuleType

@@ -19,8 +19,6 @@ abandoned, so only such a piece publishes itself under the lock: the others cost
 round (at a summary per step, those rounds were measurable).
 """
 
-from __future__ import annotations
-
 import collections
 import logging
 import threading

@@ -21,8 +21,6 @@ Example:
   >>> w.close()  # waits for the write
 """
 
-from __future__ import annotations
-
 import threading
 from collections.abc import Mapping
 from typing import Any

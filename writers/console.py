@@ -18,8 +18,6 @@ Example:
     timing/seqs_per_second  12,346
 """
 
-from __future__ import annotations
-
 import math
 import numbers
 import os

@@ -5,8 +5,6 @@ MLflow. Each builds one flat `MultiWriter`, so a failing backend (or tracker) st
 Gin: `configs/writers/*.gin`.
 """
 
-from __future__ import annotations
-
 import inspect
 import os
 from collections.abc import Callable

@@ -31,8 +31,6 @@ Example:
   3 {'loss': 0.5}
 """
 
-from __future__ import annotations
-
 import abc
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -114,7 +112,7 @@ class MetricWriter(abc.ABC):
     def close(self) -> None:
         """Flushes and releases resources. Idempotent; later writes raise."""
 
-    def __enter__(self) -> MetricWriter:
+    def __enter__(self) -> "MetricWriter":
         return self
 
     def __exit__(self, *exc_info: object) -> None:

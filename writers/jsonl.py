@@ -30,8 +30,6 @@ Example:
   {'step': 1, 'time': 100.0, 'collection': 'train', 'loss': 0.5, 'bad': 'NaN'}
 """
 
-from __future__ import annotations
-
 import json
 import math
 import os

@@ -10,8 +10,6 @@ Example:
   >>> w.write_scalars(10, {"loss": 0.25, "accuracy": 0.5})  # logs: [10] collection=train accuracy=0.5, loss=0.25
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from typing import Any
 

@@ -28,8 +28,6 @@ Example:
   >>> w.close()
 """
 
-from __future__ import annotations
-
 import json
 import os
 import tempfile

@@ -13,8 +13,6 @@ Example:
   >>> w.close()
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping, Sequence
 from typing import Any
 

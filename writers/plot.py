@@ -21,8 +21,6 @@ Example:
   [('loss', [1, 2, 3], [1.0, 0.5, 0.3333333333333333])]
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import dataclasses

@@ -26,8 +26,6 @@ Example:
   >>> w.close()
 """
 
-from __future__ import annotations
-
 import os
 import threading
 from collections.abc import Mapping

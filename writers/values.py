@@ -19,8 +19,6 @@ Example:
   texts 7 {'note': 'hi'}
 """
 
-from __future__ import annotations
-
 import numbers
 import sys
 from collections.abc import Mapping

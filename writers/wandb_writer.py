@@ -27,8 +27,6 @@ Example:
   >>> w.close()
 """
 
-from __future__ import annotations
-
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
