@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from writers._problems import Problems
+from writers._checks import Problems
 
 # Dense peak TFLOP/s per JAX device: (substring of `device_kind`, bf16, fp16), None: no such
 # unit; the first match wins ("L40S" before "L4"). From NVIDIA data sheets (sparse figures

@@ -17,7 +17,7 @@ import gin
 import jax
 
 from writers import _storage
-from writers._problems import Problems
+from writers._checks import Problems
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -46,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from metrics_manager import metrics as metrics_lib
-from writers._problems import Problems, describe
+from writers._checks import Problems, describe
 
 __all__ = [
     "LOSS_NORMALIZING_FACTOR_KEY",

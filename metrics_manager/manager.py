@@ -45,7 +45,7 @@ from metrics_manager import timer
 from metrics_manager.flops import perf_values
 from metrics_manager.packing import PackedMetrics
 from writers import _checks
-from writers._problems import Problems
+from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
 
 WriterFactory = Callable[..., Any]

@@ -61,7 +61,7 @@ import numpy as np
 
 from metrics_manager.metrics import is_metric_obj
 from metrics_manager.packing import PackedMetrics
-from writers._problems import Problems, describe
+from writers._checks import Problems, describe
 
 __all__ = ["accumulate_grads_microbatched", "merge_metrics", "validate_metrics"]
 

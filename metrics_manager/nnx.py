@@ -34,7 +34,7 @@ from flax import nnx
 
 from metrics_manager import metrics as _metrics
 from metrics_manager.classification import TopKAccuracy
-from writers._problems import Problems, describe
+from writers._checks import Problems, describe
 
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
 

@@ -34,7 +34,7 @@ import numpy as np
 from jax._src.lax import lax as _lax_internal
 
 from metrics_manager.metrics import is_metric_obj
-from writers._problems import Problems, describe
+from writers._checks import Problems, describe
 
 __all__ = ["PackedMetrics"]
 

@@ -7,7 +7,7 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from writers._problems import Problems
+from writers._checks import Problems
 
 JSONL_NAME = "metrics.jsonl"
 EVENTS_GLOB = "events.out.tfevents.*"

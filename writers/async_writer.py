@@ -21,12 +21,13 @@ Example:
   >>> w.close()  # waits for the write
 """
 
+import atexit
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from writers import _checks, _exit
-from writers._base import ForwardingWriter
+from writers import _checks
+from writers._base import ForwardingWriter, close_at_exit
 from writers._worker import OrderedWorker
 from writers.interface import WriterError
 
@@ -56,7 +57,7 @@ class AsyncWriter(ForwardingWriter):
         self._errors_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._worker = OrderedWorker(self._where(), max_pending=max_queue)
-        self._at_exit = _exit.register(self, self._where())
+        self._at_exit = close_at_exit(self, self._where())
 
     @property
     def name(self) -> str:
@@ -89,7 +90,7 @@ class AsyncWriter(ForwardingWriter):
             self._closed = True
             self._post("close", {})
             self._worker.close()
-            _exit.unregister(self._at_exit)
+            atexit.unregister(self._at_exit)
         self._raise_errors("close")
 
     def _where(self) -> str:

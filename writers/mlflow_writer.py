@@ -37,10 +37,10 @@ from typing import Any
 
 from absl import logging
 
-from writers import _encode, _trackers
+from writers import _base, _encode
 
 
-class MlflowWriter(_trackers.TrackerWriter):
+class MlflowWriter(_base.TrackerWriter):
     """Logs every write call to an MLflow run with one `MlflowClient` call.
 
     Args:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from writers import _logread, _storage
-from writers._problems import Problems
+from writers._checks import Problems
 from writers.jsonl import _json_array
 
 DEFAULT_KEYS = ("loss", "accuracy")

@@ -26,6 +26,7 @@ Example:
   >>> w.close()
 """
 
+import atexit
 import os
 import threading
 from collections.abc import Mapping
@@ -33,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from writers import _checks, _encode, _exit
-from writers._base import BaseWriter
+from writers import _checks, _encode
+from writers._base import BaseWriter, close_at_exit
 
 
 class TensorBoardWriter(BaseWriter):
@@ -87,7 +88,7 @@ class TensorBoardWriter(BaseWriter):
             name=f"TensorBoardWriter-flush({self._logdir})",
         )
         self._flusher.start()
-        self._at_exit = _exit.register(self, f"TensorBoardWriter({self._logdir})")
+        self._at_exit = close_at_exit(self, f"TensorBoardWriter({self._logdir})")
 
     @property
     def logdir(self) -> str:
@@ -137,7 +138,7 @@ class TensorBoardWriter(BaseWriter):
         if self._closed:
             return
         self._closed = True
-        _exit.unregister(self._at_exit)
+        atexit.unregister(self._at_exit)
         self._stop.set()
         self._flusher.join()
         self._file.close()

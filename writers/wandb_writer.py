@@ -32,12 +32,12 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from writers import _checks, _encode, _trackers
+from writers import _base, _checks, _encode
 
 MAX_HISTOGRAM_BUCKETS = 512  # wandb.Histogram's limit
 
 
-class WandbWriter(_trackers.TrackerWriter):
+class WandbWriter(_base.TrackerWriter):
     """Logs every write call to a W&B run as one `run.log`.
 
     Args:
