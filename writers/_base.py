@@ -73,12 +73,10 @@ class BaseWriter(MetricWriter):
         self._hparams(hparams)
 
     def flush(self) -> None:
-        """Makes everything written so far durable (on disk, on screen)."""
         if not self._closed:
             self._flush()
 
     def close(self) -> None:
-        """Flushes; idempotent. Later writes raise `WriterClosedError`."""
         if not self._closed:
             self._flush()
             self._closed = True

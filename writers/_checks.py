@@ -1,7 +1,7 @@
 """Input checks shared by every writer (the contract in `writers.interface`), and `Problems`.
 
-Each looks at every key of a call before raising, so one error lists every problem. `Problems`
-collects them; `metrics_manager` uses it too (`writers` never imports `metrics_manager`).
+Each looks at every key of a call before raising, so one error lists every problem (`Problems`,
+also `metrics_manager`'s error collector: `writers` never imports `metrics_manager`).
 """
 
 import numbers

@@ -1,17 +1,14 @@
-"""TensorBoard event files: TFRecord framing, written synchronously.
+"""TensorBoard event files: TFRecord framing, written synchronously (not by tensorboardX's queue).
 
 A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`,
 little-endian. The CRC is tensorboardX's `masked_crc32c`, fast because the `crc32c` package
 (a declared dependency) is installed; without it tensorboardX falls back to a Python loop.
-Files are written here, not by tensorboardX's queue-backed `EventFileWriter`, so that
-`flush()` means "on disk" and a writer never overwrites an existing file.
 
 Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`,
 a counter added on a clash). On a URL each flush writes one new object holding the events
 since the previous one (`_storage.PartStream`), named
 `events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`: TensorBoard reads
-a directory's event files in name order, so the parts read as one stream and upload bytes
-grow linearly with the events (tensorboardX re-uploads the whole file on every flush).
+a directory's event files in name order, so the parts read as one stream.
 """
 
 import contextlib
@@ -42,8 +39,7 @@ class EventFile:
         self._local = not _storage.is_remote(logdir)
         self._file: Any
         if not self._local:
-            # One object per flush, named so TensorBoard reads one stream; microseconds keep a
-            # later writer's parts after an earlier one's within a second.
+            # Microseconds keep a later writer's parts after an earlier one's within a second.
             prefix = f"{name}.{int(now * 1e6) % 1_000_000:06d}."
 
             def part(index: int) -> str:

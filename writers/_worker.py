@@ -129,7 +129,6 @@ class OrderedWorker:
         return drained
 
     def _wait(self) -> None:
-        # Overruns are noticed by waiting callers: a loop that never waits never pays the check.
         self._cond.wait(_POLL_S)
         piece = self._piece
         if piece is not None and piece[1] is not None and time.monotonic() > piece[1]:
@@ -174,7 +173,6 @@ class OrderedWorker:
                 except BaseException as err:  # noqa: BLE001  (fails this job's future)
                     failed = err
                 if deadline is None and failed is None:
-                    # Only a piece with a deadline can be abandoned, so only its end takes the lock.
                     job.index = index + 1
                     if job.index < len(pieces) and pieces[job.index][2] is not None:
                         with cond:
@@ -192,11 +190,9 @@ class OrderedWorker:
             self._finish(job, generation)
 
     def _arm(self, job: Job) -> None:
-        pieces = job.pieces
-        deadline = pieces[job.index][2] if job.index < len(pieces) else None
-        self._piece = (
-            None if deadline is None else (pieces[job.index][0], time.monotonic() + deadline)
-        )
+        index, pieces = job.index, job.pieces
+        label, _, deadline = pieces[index] if index < len(pieces) else ("", None, None)
+        self._piece = None if deadline is None else (label, time.monotonic() + deadline)
 
     def _finish(self, job: Job, generation: int) -> None:
         error = job.state.get("error")

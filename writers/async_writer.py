@@ -10,8 +10,7 @@ order, so the training loop does not wait on disks or terminals.
 * Errors raised by the wrapped writer are kept and raised on the caller's next call (after
   its own work is queued), on `flush()` and on `close()`, as a `WriterError` naming the
   writer, the method and the step. Later calls still run: a failed write loses only itself.
-* `flush()` waits for every queued call, then flushes the writer. `close()` runs everything
-  queued, closes the writer and joins the thread; a writer never closed is closed at exit.
+* `flush()` and `close()` wait for every queued call; a writer never closed is closed at exit.
 * Mappings are copied, arrays are not: do not change an array in place until `flush()`.
 
 Example:

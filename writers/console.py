@@ -18,9 +18,11 @@ Example:
     timing/seqs_per_second  12,346
 """
 
+import functools
 import math
 import numbers
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -28,7 +30,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from writers import _format
 from writers._base import BaseWriter
 
 
@@ -79,7 +80,7 @@ class ConsoleWriter(BaseWriter):
         self._block(step, {k: f"tensor {list(a.shape)} {a.dtype}" for k, a in arrays.items()})
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
-        self._block(step, _format.numbers(numbers), numbers)
+        self._block(step, _numbers(numbers), numbers)
 
     def _media(
         self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
@@ -95,7 +96,7 @@ class ConsoleWriter(BaseWriter):
         for key, arr in arrays.items():
             flat = arr.astype(np.float64).reshape(-1)
             stats = (("min", flat.min()), ("mean", flat.mean()), ("max", flat.max()))
-            parts = " ".join(f"{name}={_format.number(key, float(v))}" for name, v in stats)
+            parts = " ".join(f"{name}={_number(key, float(v))}" for name, v in stats)
             lines[key] = f"histogram n={flat.size:,} {parts}"
         self._block(step, lines)
 
@@ -119,9 +120,9 @@ class ConsoleWriter(BaseWriter):
         parts = [head if total is None else f"{head}/{total:,} ({100.0 * step / total:.1f}%)"]
         if step > s0 and now > t0:
             rate = (step - s0) / (now - t0)
-            parts.append(f"{_format.number('steps_per_second', rate)} steps/s")
+            parts.append(f"{_number('steps_per_second', rate)} steps/s")
             if total is not None and step < total:
-                parts.append(f"ETA {_format.duration((total - step) / rate)}")
+                parts.append(f"ETA {_duration((total - step) / rate)}")
         self._print(" | ".join(parts), lines, numbers)
 
     def _print(
@@ -162,11 +163,12 @@ class ConsoleWriter(BaseWriter):
 
 
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
-    """Keys in display order (`_format.group_key`), each with its padded column text."""
+    """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded."""
     layout = _LAYOUTS.get(keys)
     if layout is None:
         width = max(map(len, keys), default=0)
-        layout = [(k, k.ljust(width)) for k in sorted(keys, key=_format.group_key)]
+        ordered = sorted(keys, key=lambda k: (k.partition("/")[0] if "/" in k else "", k))
+        layout = [(k, k.ljust(width)) for k in ordered]
         if len(_LAYOUTS) >= 1_000:  # many distinct key sets: keep memory bounded
             _LAYOUTS.clear()
         _LAYOUTS[keys] = layout
@@ -187,3 +189,58 @@ def _auto_color(stream: IO[str]) -> bool:
         return bool(stream.isatty()) and not os.environ.get("NO_COLOR")
     except (AttributeError, ValueError):  # no isatty(), or a closed stream
         return False
+
+
+# Rates ("per second") of 1,000 or more read better as 12,345 than as 1.235e+04.
+_RATE_KEY = re.compile(r"per_sec(ond)?|_per_s$|/s$|throughput", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=100_000)  # the same keys come back at every summary
+def _is_rate(key: str) -> bool:
+    return bool(_RATE_KEY.search(key))
+
+
+def _number(key: str, value: int | float) -> str:
+    """Formats a scalar: ints exactly, rates >= 1,000 whole, floats `.4g`, `NaN`, `inf`, `-inf`.
+
+    Example:
+      >>> _number("loss", 0.123456), _number("timing/seqs_per_second", 12345.6), _number("n", 12345)
+      ('0.1235', '12,346', '12,345')
+    """
+    if isinstance(value, int):
+        return f"{value:,}"
+    if math.isfinite(value):
+        return f"{value:,.0f}" if abs(value) >= 1000 and _is_rate(key) else f"{value:.4g}"
+    if math.isnan(value):
+        return "NaN"
+    return "inf" if value > 0 else "-inf"
+
+
+def _numbers(values: Mapping[str, int | float]) -> dict[str, str]:
+    """`_number(key, value)` for every item; a float below 1,000 in size takes a fast path.
+
+    Example:
+      >>> _numbers({"loss": 0.123456, "n": 12345})
+      {'loss': '0.1235', 'n': '12,345'}
+    """
+    return {
+        key: f"{value:.4g}"
+        if type(value) is float and -1000.0 < value < 1000.0
+        else _number(key, value)
+        for key, value in values.items()
+    }
+
+
+def _duration(seconds: float) -> str:
+    """Formats seconds as `45s`, `12m 05s` or `3h 07m`.
+
+    Example:
+      >>> _duration(45.2), _duration(725), _duration(11220)
+      ('45s', '12m 05s', '3h 07m')
+    """
+    total = int(round(seconds))
+    if total < 60:
+        return f"{total}s"
+    minutes, secs = divmod(total, 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"

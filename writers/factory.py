@@ -5,6 +5,7 @@ MLflow. Each builds one flat `MultiWriter`, so a failing backend (or tracker) st
 Gin: `configs/writers/*.gin`.
 """
 
+import contextlib
 import inspect
 import os
 from collections.abc import Callable
@@ -146,11 +147,9 @@ def create_tracker_writer(
     # gin's configurable classes report `(*args, **kwargs)`: look at the real __init__.
     target = inspect.unwrap(tracker.__init__) if inspect.isclass(tracker) else tracker
     kwargs: dict[str, Any] = {"collection": collection}
-    try:
+    with contextlib.suppress(TypeError, ValueError):  # builtins without a signature
         if "logdir" in inspect.signature(target).parameters:
             kwargs["logdir"] = logdir
-    except (TypeError, ValueError):  # builtins without a signature
-        pass
     try:
         chosen[name] = tracker(**kwargs)
     except Exception:

@@ -88,12 +88,10 @@ def group_values(values: Mapping[str, Any]) -> list[Call]:
                 num_buckets[key] = value.num_buckets
     if unsupported:
         raise TypeError(
-            "write_values: unsupported value types for "
-            + ", ".join(unsupported)
-            + ". Supported: clu.values (Scalar, Image, Text, HyperParam, Histogram, Audio, "
-            "Summary), Python/numpy numbers and arrays of one element (bfloat16 and float16 "
-            "included). Reduce arrays to a scalar or wrap them, e.g. "
-            "clu.values.Histogram(x, num_buckets=30)."
+            f"write_values: unsupported value types for {', '.join(unsupported)}. Supported: "
+            "clu.values (Scalar, Image, Text, HyperParam, Histogram, Audio, Summary), Python/numpy"
+            " numbers and arrays of one element (bfloat16 and float16 included). Reduce arrays to "
+            "a scalar or wrap them, e.g. clu.values.Histogram(x, num_buckets=30)."
         )
     calls: list[Call] = [
         ("write_summaries", {"values": group, "metadata": metadata})

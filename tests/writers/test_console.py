@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import writers
-from writers import _format
+from writers.console import _duration, _number
 
 
 class FakeClock:
@@ -138,11 +138,11 @@ def test_other_kinds_have_readable_lines():
 
 
 def test_number_and_duration_formatting():
-    assert _format.number("loss", 123456.789) == "1.235e+05"
-    assert _format.number("eval/examples_per_second", 999.94) == "999.9"
-    assert _format.number("throughput", 1500.4) == "1,500"
-    assert _format.number("x", float("inf")) == "inf"
-    assert _format.duration(59.4) == "59s" and _format.duration(3600) == "1h 00m"
+    assert _number("loss", 123456.789) == "1.235e+05"
+    assert _number("eval/examples_per_second", 999.94) == "999.9"
+    assert _number("throughput", 1500.4) == "1,500"
+    assert _number("x", float("inf")) == "inf"
+    assert _duration(59.4) == "59s" and _duration(3600) == "1h 00m"
 
 
 def test_bad_input_and_closed_writer():

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 import writers
 from tests.writers.recording import RecordingWriter
-from writers import _checks, _format
+from writers import _checks
+from writers.console import _number, _numbers
 
 
 class LooksLikeKey:
@@ -127,7 +128,7 @@ def test_jsonl_lines_with_and_without_non_finite_values(tmp_path):
     )
 )
 def test_console_numbers_match_number_for_every_value(values):
-    assert _format.numbers(values) == {k: _format.number(k, v) for k, v in values.items()}
+    assert _numbers(values) == {k: _number(k, v) for k, v in values.items()}
 
 
 def test_multi_writer_and_write_values_still_reject_bad_calls_after_good_ones():
