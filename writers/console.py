@@ -18,6 +18,7 @@ Example:
     timing/seqs_per_second  12,346
 """
 
+import functools
 import math
 import numbers
 import os
@@ -55,11 +56,8 @@ class ConsoleWriter(BaseWriter):
         color: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        if total_steps is not None and (
-            isinstance(total_steps, bool)
-            or not isinstance(total_steps, numbers.Integral)
-            or total_steps < 1
-        ):
+        is_int = isinstance(total_steps, numbers.Integral) and not isinstance(total_steps, bool)
+        if total_steps is not None and not (is_int and total_steps >= 1):
             raise ValueError(
                 f"ConsoleWriter: total_steps must be a positive int or None, got {total_steps!r}."
             )
@@ -71,8 +69,6 @@ class ConsoleWriter(BaseWriter):
         self._first: tuple[float, int] | None = None  # (time, step) of the first write
         self._rich: tuple[IO[str], Any] | None = None  # (stream, its rich Console)
         self._auto: tuple[IO[str], bool] | None = None  # (stream, colour on it)
-        if color is None and stream is not None:
-            self._auto = (stream, _auto_color(stream))
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         arrays = {k: np.asarray(v) for k, v in values.items()}
@@ -161,24 +157,17 @@ class ConsoleWriter(BaseWriter):
         self._rich[1].print(Text.assemble(*pieces))
 
 
+@functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
     """Keys in display order (`_format.group_key`), each with its padded column text."""
-    layout = _LAYOUTS.get(keys)
-    if layout is None:
-        width = max(map(len, keys), default=0)
-        layout = [(k, k.ljust(width)) for k in sorted(keys, key=_format.group_key)]
-        if len(_LAYOUTS) >= 1_000:  # many distinct key sets: keep memory bounded
-            _LAYOUTS.clear()
-        _LAYOUTS[keys] = layout
-    return layout
+    width = max(map(len, keys), default=0)
+    return [(k, k.ljust(width)) for k in sorted(keys, key=_format.group_key)]
 
 
 # Values are plain text, not markup, emoji or code: tell rich not to guess.
 _RICH: dict[str, Any] = dict(
     force_jupyter=False, highlight=False, markup=False, emoji=False, soft_wrap=True
 )
-# Key tuple (in call order) -> `_layout`: summaries repeat the same keys every step.
-_LAYOUTS: dict[tuple[str, ...], list[tuple[str, str]]] = {}
 
 
 def _auto_color(stream: IO[str]) -> bool:
