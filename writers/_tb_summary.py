@@ -93,13 +93,10 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def texts(values: Mapping[str, str]) -> list[Any]:
-    out = []
-    for key, text in values.items():
-        (value,) = tbx_summary.text(key, text).value
-        value.tag = key  # CLU's tag; tensorboardX would add "/text_summary".
-        out.append(value)
-    return out
+def text(key: str, text: str) -> Any:
+    (value,) = tbx_summary.text(key, text).value
+    value.tag = key  # CLU's tag; tensorboardX would add "/text_summary".
+    return value
 
 
 def images(key: str, batch: np.ndarray) -> Any:

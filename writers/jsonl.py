@@ -60,8 +60,7 @@ class JsonlWriter(BaseWriter):
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
-      resume_step: The step a resumed run restarts from: later lines of the existing log
-        are removed first (atomically). None appends.
+      resume_step: The step a resumed run restarts from (see the module docstring); None appends.
       flush_secs: Remote logs only: a write uploads the buffered lines once this many
         seconds have passed since the last upload (`flush()` always does).
 

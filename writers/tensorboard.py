@@ -113,7 +113,7 @@ class TensorBoardWriter(BaseWriter):
         self._emit(step, [v for k, c in clips.items() for v in self._tb.audios(k, c, sample_rate)])
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
-        self._emit(step, self._tb.texts(texts))
+        self._emit(step, [self._tb.text(k, v) for k, v in texts.items()])
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
         self._emit(step, [self._tb.histogram(k, v, buckets.get(k)) for k, v in arrays.items()])
