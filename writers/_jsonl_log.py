@@ -81,10 +81,8 @@ class LocalLog:
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        try:
+        with self._file:  # closed even if the flush fails
             self.flush()
-        finally:
-            self._file.close()
 
 
 def _open_locked(path: str) -> TextIO:

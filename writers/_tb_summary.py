@@ -160,10 +160,8 @@ def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
     else:  # strings and objects: one string per element
         items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]
         content = dict(dtype=_DT_STRING, string_val=items)
-    value = Value(tag=key, tensor=tensor_pb2.TensorProto(tensor_shape=_shape(arr.shape), **content))
-    if meta is not None:
-        value.metadata.CopyFrom(meta)
-    return value
+    proto = tensor_pb2.TensorProto(tensor_shape=_shape(arr.shape), **content)
+    return Value(tag=key, tensor=proto, metadata=meta)  # protobuf skips a None field
 
 
 def _shape(dims: tuple[int, ...]) -> Any:

@@ -172,11 +172,7 @@ def load_series(
 
 
 def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
-    """`(label, files)` of every run directory at or under `paths` (FileNotFoundError if none).
-
-    In path order. Files: `metrics.jsonl` if any, else the event files. Labels: a run given itself
-    is `<parent>/<name>`, one found below `P` `<name of P>/<relative path>`; on a clash, the paths.
-    """
+    """`(label, files)` of each run dir at or under `paths`: `metrics.jsonl`, else event files."""
     problems = Problems(
         "writers.plot: expected run directories holding metrics.jsonl or event files "
         "(runs/demo/train) or directories containing them (runs/demo); pass a run's model_dir"
@@ -195,6 +191,7 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
             files = (jsonl,) if os.path.isfile(jsonl) else tuple(sorted(glob.glob(pattern)))
             if not files:
                 continue
+            # A run given itself: `<parent>/<name>`; one found below P: `<P's name>/<rel path>`.
             parent = os.path.dirname(root) if directory == root else root
             label = os.path.join(os.path.basename(parent), os.path.relpath(directory, parent))
             found.append((label.replace(os.sep, "/"), directory, files))
@@ -204,7 +201,7 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
             )
     problems.raise_if_any(error=FileNotFoundError)
     labels = [label for label, _, _ in found]
-    if len(set(labels)) < len(labels):
+    if len(set(labels)) < len(labels):  # a clash: the paths instead
         labels = [os.path.relpath(directory) for _, directory, _ in found]
     return [(label, f) for label, (_, _, f) in zip(labels, found, strict=True)]
 
