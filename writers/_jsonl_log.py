@@ -4,6 +4,7 @@ import contextlib
 import functools
 import json
 import os
+import pathlib
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -81,10 +82,8 @@ class LocalLog:
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        try:
+        with self._file:  # closed even if the flush fails
             self.flush()
-        finally:
-            self._file.close()
 
 
 def _open_locked(path: str) -> TextIO:
@@ -184,11 +183,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
     path = os.fspath(path)
-    if _storage.is_remote(path):
-        data = _read_remote(path)
-    else:
-        with open(path, "rb") as f:
-            data = f.read()
+    data = _read_remote(path) if _storage.is_remote(path) else pathlib.Path(path).read_bytes()
     return [json.loads(line) for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
 
 

@@ -59,12 +59,9 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-    # 0o666: the kernel applies the umask, as open() does (mkstemp would give 0600).
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with os.fdopen(fd, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
+        with open(tmp, "xb") as f:  # mode 0o666 less the umask (mkstemp would give 0600)
+            f.writelines(chunks)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -1,5 +1,6 @@
 """Builds TensorBoard events and `Summary.Value`s; imported by the first `TensorBoardWriter`."""
 
+import functools
 import math
 import struct
 import time
@@ -61,7 +62,7 @@ def _float32(number: int | float) -> int | float:
 
 
 def _summary_packer(keys: tuple[str, ...]) -> tuple[struct.Struct, list[bytes]]:
-    prefixes = [_SCALAR_PREFIX.get(key) or _scalar_prefix(key) for key in keys]
+    prefixes = [_scalar_prefix(key) for key in keys]
     packer = (struct.Struct("<" + "".join(f"{len(p)}sf" for p in prefixes)), prefixes)
     if len(_SUMMARY_PACKERS) >= 1_000:  # many distinct key sets: keep memory bounded
         _SUMMARY_PACKERS.clear()
@@ -71,20 +72,16 @@ def _summary_packer(keys: tuple[str, ...]) -> tuple[struct.Struct, list[bytes]]:
 
 _F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
-_SCALAR_PREFIX: dict[str, bytes] = {}
 # Key tuple (in call order) -> `_summary_packer`: summaries repeat the same keys every step.
 _SUMMARY_PACKERS: dict[tuple[str, ...], tuple[struct.Struct, list[bytes]]] = {}
 
 
+@functools.lru_cache(maxsize=100_000)
 def _scalar_prefix(key: str) -> bytes:
     tag = key.encode("utf-8")
     # Value{tag (field 1, bytes), simple_value (field 2, float32)} as field 1 of Summary.
     value_head = b"\x0a" + _varint(len(tag)) + tag + b"\x15"
-    prefix = b"\x0a" + _varint(len(value_head) + 4) + value_head
-    if len(_SCALAR_PREFIX) >= 100_000:  # unbounded key sets: keep memory bounded
-        _SCALAR_PREFIX.clear()
-    _SCALAR_PREFIX[key] = prefix
-    return prefix
+    return b"\x0a" + _varint(len(value_head) + 4) + value_head
 
 
 def _varint(n: int) -> bytes:
@@ -96,13 +93,10 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def texts(values: Mapping[str, str]) -> list[Any]:
-    out = []
-    for key, text in values.items():
-        (value,) = tbx_summary.text(key, text).value
-        value.tag = key  # CLU's tag; tensorboardX would add "/text_summary".
-        out.append(value)
-    return out
+def text(key: str, text: str) -> Any:
+    (value,) = tbx_summary.text(key, text).value
+    value.tag = key  # CLU's tag; tensorboardX would add "/text_summary".
+    return value
 
 
 def images(key: str, batch: np.ndarray) -> Any:
@@ -166,10 +160,8 @@ def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
     else:  # strings and objects: one string per element
         items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]
         content = dict(dtype=_DT_STRING, string_val=items)
-    value = Value(tag=key, tensor=tensor_pb2.TensorProto(tensor_shape=_shape(arr.shape), **content))
-    if meta is not None:
-        value.metadata.CopyFrom(meta)
-    return value
+    proto = tensor_pb2.TensorProto(tensor_shape=_shape(arr.shape), **content)
+    return Value(tag=key, tensor=proto, metadata=meta)  # protobuf skips a None field
 
 
 def _shape(dims: tuple[int, ...]) -> Any:

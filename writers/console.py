@@ -56,11 +56,8 @@ class ConsoleWriter(BaseWriter):
         color: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        if total_steps is not None and (
-            isinstance(total_steps, bool)
-            or not isinstance(total_steps, numbers.Integral)
-            or total_steps < 1
-        ):
+        is_int = isinstance(total_steps, numbers.Integral) and not isinstance(total_steps, bool)
+        if total_steps is not None and not (is_int and total_steps >= 1):
             raise ValueError(
                 f"ConsoleWriter: total_steps must be a positive int or None, got {total_steps!r}."
             )
@@ -70,10 +67,7 @@ class ConsoleWriter(BaseWriter):
         self._color = color
         self._clock = clock
         self._first: tuple[float, int] | None = None  # (time, step) of the first write
-        self._rich: tuple[IO[str], Any] | None = None  # (stream, its rich Console)
-        self._auto: tuple[IO[str], bool] | None = None  # (stream, colour on it)
-        if color is None and stream is not None:
-            self._auto = (stream, _auto_color(stream))
+        self._console: tuple[IO[str], Any] | None = None  # (stream, its rich Console or None)
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         arrays = {k: np.asarray(v) for k, v in values.items()}
@@ -130,15 +124,14 @@ class ConsoleWriter(BaseWriter):
     ) -> None:
         header = f"{head} | {self._collection}" if self._collection else head
         stream = self._out()
-        color = self._color
-        if color is None:
-            if self._auto is None or self._auto[0] is not stream:
-                self._auto = (stream, _auto_color(stream))
-            color = self._auto[1]
+        if self._console is None or self._console[0] is not stream:  # colour decided once
+            color = _auto_color(stream) if self._color is None else self._color
+            self._console = (stream, _rich_console(stream) if color else None)
+        console = self._console[1]
         layout = _layout(tuple(lines))
         # Continuation lines of a multi-line value are indented under the value column.
         indent = "\n" + " " * (len(layout[0][1]) + 4) if layout else ""
-        if not color:  # plain text, and no rendering cost
+        if console is None:  # plain text, and no rendering cost
             body = "".join(
                 f"\n  {padded}  " + lines[key].replace("\n", indent) for key, padded in layout
             )
@@ -152,35 +145,29 @@ class ConsoleWriter(BaseWriter):
             pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
         from rich.text import Text
 
-        if self._rich is None or self._rich[0] is not stream:
-            from rich.console import Console
-
-            console = Console(
-                file=stream, force_terminal=True, no_color=False, width=10_000, **_RICH
-            )
-            self._rich = (stream, console)
-        self._rich[1].print(Text.assemble(*pieces))
+        console.print(Text.assemble(*pieces))
 
 
+@functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
     """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded."""
-    layout = _LAYOUTS.get(keys)
-    if layout is None:
-        width = max(map(len, keys), default=0)
-        ordered = sorted(keys, key=lambda k: (k.partition("/")[0] if "/" in k else "", k))
-        layout = [(k, k.ljust(width)) for k in ordered]
-        if len(_LAYOUTS) >= 1_000:  # many distinct key sets: keep memory bounded
-            _LAYOUTS.clear()
-        _LAYOUTS[keys] = layout
-    return layout
+    width = max(map(len, keys), default=0)
+    return [
+        (k, k.ljust(width))
+        for k in sorted(keys, key=lambda k: (k.partition("/")[0] if "/" in k else "", k))
+    ]
+
+
+def _rich_console(stream: IO[str]) -> Any:
+    from rich.console import Console
+
+    return Console(file=stream, force_terminal=True, no_color=False, width=10_000, **_RICH)
 
 
 # Values are plain text, not markup, emoji or code: tell rich not to guess.
 _RICH: dict[str, Any] = dict(
     force_jupyter=False, highlight=False, markup=False, emoji=False, soft_wrap=True
 )
-# Key tuple (in call order) -> `_layout`: summaries repeat the same keys every step.
-_LAYOUTS: dict[tuple[str, ...], list[tuple[str, str]]] = {}
 
 
 def _auto_color(stream: IO[str]) -> bool:

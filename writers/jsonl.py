@@ -60,8 +60,7 @@ class JsonlWriter(BaseWriter):
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
-      resume_step: The step a resumed run restarts from: later lines of the existing log
-        are removed first (atomically). None appends.
+      resume_step: The step a resumed run restarts from (see the module docstring); None appends.
       flush_secs: Remote logs only: a write uploads the buffered lines once this many
         seconds have passed since the last upload (`flush()` always does).
 
@@ -125,9 +124,8 @@ class JsonlWriter(BaseWriter):
         self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
     ) -> None:
         extra = {} if sample_rate is None else {"sample_rate": int(sample_rate)}
-        self._write_line(
-            step, {k: {"type": kind, "shape": list(v.shape), **extra} for k, v in arrays.items()}
-        )
+        shapes = {k: {"type": kind, "shape": list(v.shape), **extra} for k, v in arrays.items()}
+        self._write_line(step, shapes)
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._write_line(step, texts)
@@ -191,9 +189,7 @@ def _json_number(value: int | float | str) -> int | float | str:
 
 
 def _json_array(arr: np.ndarray) -> Any:
-    if np.issubdtype(arr.dtype, np.floating):
-        if np.all(np.isfinite(arr)):
-            return arr.tolist()
+    if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
         return np.vectorize(_json_number, otypes=[object])(arr.astype(np.float64)).tolist()
     if np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_:
         return arr.tolist()

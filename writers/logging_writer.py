@@ -34,7 +34,9 @@ class LoggingWriter(BaseWriter):
         self._log(step, "Got raw tensors: %s.", _shapes(values))
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
-        self._log(step, "%s", ", ".join(f"{k}={_format(v)}" for k, v in sorted(numbers.items())))
+        pairs = sorted(numbers.items())
+        text = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in pairs)
+        self._log(step, "%s", text)
 
     def _media(
         self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
@@ -57,10 +59,6 @@ class LoggingWriter(BaseWriter):
 
     def _log(self, step: int, fmt: str, *args: Any) -> None:
         logging.info("[%d]%s " + fmt, step, self._prefix_tail, *args)
-
-
-def _format(value: int | float) -> str:
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
 
 
 def _shapes(values: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -29,7 +29,7 @@ Example:
 """
 
 import json
-import os
+import pathlib
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -190,11 +190,10 @@ class MlflowWriter(_base.TrackerWriter):
             return
         with tempfile.TemporaryDirectory() as tmp:
             for key, content in files.items():
-                folder = os.path.join(tmp, *key.split("/"))
-                os.makedirs(folder, exist_ok=True)
+                folder = pathlib.Path(tmp, *key.split("/"))
+                folder.mkdir(parents=True, exist_ok=True)
                 many = isinstance(content, list)
                 for i, data in enumerate(content if many else [content]):
                     name = f"step_{step:08d}_{i}{ext}" if many else f"step_{step:08d}{ext}"
-                    with open(os.path.join(folder, name), "wb") as f:
-                        f.write(data)
+                    (folder / name).write_bytes(data)
             self._client.log_artifacts(self.run_id, tmp, artifact_path=kind)

@@ -24,25 +24,30 @@ Example:
 import argparse
 import contextlib
 import dataclasses
+import glob
 import io
 import json
 import math
 import os
 import shutil
+import struct
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from writers import _logread, _storage
+from writers import _storage
 from writers._checks import Problems
 from writers.jsonl import _json_array
 
 DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
 _EXTRA = "pip install 'jax-metrics-manager[plot]'"
+_JSONL_NAME = "metrics.jsonl"
+_EVENTS_GLOB = "events.out.tfevents.*"
+_NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float() reads them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,8 +139,12 @@ def load_series(
     """
     _problems(smoothing, {}).raise_if_any()
     table: dict[str, list[tuple[str, dict[int, float]]]] = {}
-    for run, files in _logread.find_runs(paths):
-        scalars = _logread.read_run(files)
+    for run, files in _find_runs(paths):
+        scalars: dict[tuple[str | None, str], dict[int, float]] = {}  # (collection, key): points
+        for path in files:
+            read = _read_jsonl(path) if path.endswith(".jsonl") else _read_events(path)
+            for collection, step, key, value in read:  # a step written twice: the last value
+                scalars.setdefault((collection, key), {})[step] = value
         several = len({collection for collection, _ in scalars}) > 1
         for (collection, key), points in scalars.items():
             label = f"{run}[{collection}]" if several else run
@@ -160,6 +169,108 @@ def load_series(
             values = np.array([points[step] for step in steps.tolist()], dtype=np.float64)
             series.append(Series(label, key, steps, values, smooth(values, smoothing)))
     return list(keys), series
+
+
+def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
+    """`(label, files)` of each run dir at or under `paths`: `metrics.jsonl`, else event files."""
+    problems = Problems(
+        "writers.plot: expected run directories holding metrics.jsonl or event files "
+        "(runs/demo/train) or directories containing them (runs/demo); pass a run's model_dir"
+    )
+    found: list[tuple[str, str, tuple[str, ...]]] = []
+    for given in paths:
+        root = os.path.abspath(given)
+        if not os.path.isdir(root):
+            problems.value_problem(f"{given!r} is not a directory")
+            continue
+        before = len(found)
+        for directory, subdirs, _ in os.walk(root):
+            subdirs.sort()
+            jsonl = os.path.join(directory, _JSONL_NAME)
+            pattern = os.path.join(glob.escape(directory), _EVENTS_GLOB)
+            files = (jsonl,) if os.path.isfile(jsonl) else tuple(sorted(glob.glob(pattern)))
+            if not files:
+                continue
+            # A run given itself: `<parent>/<name>`; one found below P: `<P's name>/<rel path>`.
+            parent = os.path.dirname(root) if directory == root else root
+            label = os.path.join(os.path.basename(parent), os.path.relpath(directory, parent))
+            found.append((label.replace(os.sep, "/"), directory, files))
+        if len(found) == before:
+            problems.value_problem(
+                f"no {_JSONL_NAME} and no {_EVENTS_GLOB} files in {given!r} or any directory below it"
+            )
+    problems.raise_if_any(error=FileNotFoundError)
+    labels = [label for label, _, _ in found]
+    if len(set(labels)) < len(labels):  # a clash: the paths instead
+        labels = [os.path.relpath(directory) for _, directory, _ in found]
+    return [(label, f) for label, (_, _, f) in zip(labels, found, strict=True)]
+
+
+def _read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
+    """`(collection, step, key, value)` for every number in a JSONL log, in file order."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                return  # still being written: read it next time
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a blank line, or one torn by a crash
+            step = record.get("step")
+            if not isinstance(step, int):
+                continue
+            collection = record.get("collection")
+            for key, value in record.items():  # bools, texts and summarized arrays are no scalars
+                if key not in ("step", "time", "collection") and (
+                    type(value) in (int, float) or value in _NON_FINITE
+                ):
+                    yield collection, step, key, float(value)
+
+
+def _read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
+    """`(None, step, tag, value)` for every scalar (`simple_value`, or TF2's scalars plugin)."""
+    from tensorboardX.proto import event_pb2  # noqa: PLC0415  (only when event files are read)
+
+    from writers._records import masked_crc32c  # noqa: PLC0415
+
+    with open(path, "rb") as f:
+        data = f.read()
+    offset = 0
+    while offset + 12 <= len(data):
+        # A record: [length u64][masked crc of length u32][payload][masked crc of payload u32]
+        length, header_crc = struct.unpack_from("<QI", data, offset)
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return  # still being written
+        payload = data[offset + 12 : end - 4]
+        (payload_crc,) = struct.unpack_from("<I", data, end - 4)
+        header = data[offset : offset + 8]
+        if header_crc != masked_crc32c(header) or payload_crc != masked_crc32c(payload):
+            raise ValueError(
+                f"writers.plot: record at byte {offset} of {path!r} fails its CRC check (a "
+                "corrupted event file); move the file out of the run directory to plot the others."
+            )
+        offset = end
+        event = event_pb2.Event.FromString(payload)
+        for value in event.summary.value:  # empty in events without a summary
+            number = _scalar(value)
+            if number is not None:
+                yield None, int(event.step), value.tag, number
+
+
+def _scalar(value: Any) -> float | None:
+    if value.HasField("simple_value"):
+        return float(value.simple_value)
+    if value.metadata.plugin_data.plugin_name != "scalars":
+        return None
+    tensor = value.tensor
+    for field in (tensor.float_val, tensor.double_val):
+        if len(field) == 1:
+            return float(field[0])
+    fmt = {1: "<f", 2: "<d"}.get(tensor.dtype)  # DT_FLOAT, DT_DOUBLE
+    if fmt and len(tensor.tensor_content) == struct.calcsize(fmt):
+        return float(struct.unpack(fmt, tensor.tensor_content)[0])
+    return None
 
 
 def plot_runs(
@@ -269,7 +380,7 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
 def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
     """Path, size and modification time of every file read (raises while there is no run)."""
     stats = []
-    for _, files in _logread.find_runs(paths):
+    for _, files in _find_runs(paths):
         for path in files:
             with contextlib.suppress(FileNotFoundError):  # rotated away since it was listed
                 stat = os.stat(path)

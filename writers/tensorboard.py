@@ -3,9 +3,9 @@
 tensorboardX's `add_scalar` writes one event per value through a process queue; this writer
 puts every value of a call into one event (scalar events encoded directly, byte-identical to
 protobuf's) with a fast CRC (`_records`): over 100x faster at 50 scalars per call (see
-benchmarks/writer_throughput.py). Events are written synchronously, so `flush()` means "on
-disk"; a background timer also flushes every `flush_secs`, and a writer never closed is
-closed at exit. Wrap it in `AsyncWriter` to take the work off the training loop.
+benchmarks/writer_throughput.py). Events go synchronously to a new file of the writer's own
+(at a URL logdir, one new object per flush; extras `[gcs]`, `[s3]`), so `flush()` means "on
+disk". Wrap the writer in `AsyncWriter` to take the work off the training loop.
 
 Where values land (as TensorBoard's `EventAccumulator` reads them): scalars as `simple_value`
 (NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
@@ -13,11 +13,6 @@ images in the images plugin as PNGs; videos as one filmstrip image `[H, T*W, C]`
 audio as 16-bit WAV clips (`<key>/<i>` when N > 1); histograms as `HistogramProto`
 (30 buckets by default); hparams as the HParams plugin's session start at step 0; raw
 tensors (`write_summaries`) as tensor protos with the given `SummaryMetadata`.
-
-Each writer creates its own event file, never overwriting one. `purge_step` is the resume
-fix: TensorBoard hides earlier runs' events at or after it (a run resumed at step S passes
-S + 1). A URL logdir (`gs://`, `s3://`; extras `[gcs]`, `[s3]`) gets one new object per
-flush, so upload bytes grow linearly with the run.
 
 Example:
   >>> import tempfile, writers
@@ -109,9 +104,8 @@ class TensorBoardWriter(BaseWriter):
         self._pending = True
 
     def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
-        self._emit(
-            step, [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in images.items()]
-        )
+        pictures = [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in images.items()]
+        self._emit(step, pictures)
 
     def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
         self._emit(step, [self._tb.images(k, _encode.filmstrip(v)) for k, v in videos.items()])
@@ -120,7 +114,7 @@ class TensorBoardWriter(BaseWriter):
         self._emit(step, [v for k, c in clips.items() for v in self._tb.audios(k, c, sample_rate)])
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
-        self._emit(step, self._tb.texts(texts))
+        self._emit(step, [self._tb.text(k, v) for k, v in texts.items()])
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
         self._emit(step, [self._tb.histogram(k, v, buckets.get(k)) for k, v in arrays.items()])

@@ -1,24 +1,22 @@
-"""`WandbWriter`: Weights & Biases runs, one `run.log` per write call.
+"""`WandbWriter`: Weights & Biases runs, one `run.log(values, step=step)` per write call.
 
-Needs the `wandb` extra (imported when the first writer is made). Each write call is one
-`run.log(values, step=step)` with every key of the call. Only process 0 creates a run and
-logs; the others check their inputs and log nothing. Where values land (one history row per
-step): scalars as numbers (NaN and infinities kept), texts as strings, images as a list of
-`wandb.Image`s per key, videos as one filmstrip image `[H, T*W, C]` per video (`wandb.Video`
-would need moviepy), audio as `wandb.Audio` 16-bit WAV clips under `<key>` or `<key>/<i>`
-when N > 1, histograms as `wandb.Histogram` (at most 512 buckets), hparams in the run's
-config; raw tensors (`write_summaries`) raise `NotImplementedError`.
+Needs the `wandb` extra. Only process 0 creates a run and logs; the others check their inputs
+and log nothing. Where values land (one history row per step): scalars as numbers (NaN and
+infinities kept), texts as strings, images as a list of `wandb.Image`s per key, videos as one
+filmstrip image `[H, T*W, C]` per video (`wandb.Video` would need moviepy), audio as
+`wandb.Audio` 16-bit WAV clips under `<key>` or `<key>/<i>` when N > 1, histograms as
+`wandb.Histogram` (at most 512 buckets), hparams in the run's config; raw tensors
+(`write_summaries`) raise `NotImplementedError`.
 
 W&B drops a `log` at a step below the last one, so such a write raises `ValueError`; calls at
 one step fill one row. `close()` finishes runs this writer started and waits for W&B's
 service (offline, wandb 0.31's `finish()` can return a few milliseconds before the last
 records reach the run file; readers should wait for its `exit` record).
 
-Run identity: `run_id=None` starts a new run; `run_id` alone attaches to it (`resume="allow"`);
-`run_id` with `resume_step=R` rewinds it to step R (`resume_from="<id>?_step=R"`): history
-after R is replaced and steps up to R raise. Offline, the new run directory holds only steps
-after R and names the rewind point for `wandb sync`. With `collection` set, the run's name
-defaults to it and its id is `<run_id>-<collection>` (`/` replaced by `-`).
+Resume: `run_id` with `resume_step=R` rewinds the run to step R (`resume_from="<id>?_step=R"`):
+history after R is replaced and steps up to R raise. Offline, the new run directory holds only
+steps after R and names the rewind point for `wandb sync`. With `collection` set, the run id
+is `<run_id>-<collection>` (`/` replaced by `-`).
 
 Example:
   >>> import tempfile, writers

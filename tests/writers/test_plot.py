@@ -21,8 +21,7 @@ from tensorboard.backend.event_processing import event_accumulator
 
 import writers
 from tests.test_demo import run_demo
-from writers import _logread
-from writers.plot import load_series, plot_runs, smooth
+from writers.plot import _read_events, load_series, plot_runs, smooth
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOTAL_STEPS = 40
@@ -122,7 +121,7 @@ def test_event_reader_agrees_with_tensorboards_reader(demo_dir):
     train = os.path.join(demo_dir, "train")
     (path,) = [os.path.join(train, n) for n in os.listdir(train) if n.startswith("events.")]
     ours: dict[str, list[tuple[int, float]]] = {}
-    for _, step, tag, value in _logread.read_events(path):
+    for _, step, tag, value in _read_events(path):
         ours.setdefault(tag, []).append((step, value))
     acc = event_accumulator.EventAccumulator(train)
     acc.Reload()
