@@ -596,12 +596,9 @@ class MetricsManager:
             self._worker.post(self._fan_out(step, [(f"write_{arg}", {arg: checked})]))
 
     def _to_all(self, method: str, timeout: float | None) -> None:
-        future = self._worker.submit(self._fan_out(None, [(method, {})], closing=method == "close"))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not future.done():
-            self._worker.drain(0.05)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
+        self._worker.post(self._fan_out(None, [(method, {})], closing=method == "close"))
+        if not self._worker.drain(timeout):
+            raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
 
     def _summarize(
         self,
