@@ -13,7 +13,7 @@ program's device count: hardware FLOPs, replicated work counted once per device.
 loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -53,26 +53,6 @@ _PEAK_TFLOPS: tuple[tuple[str, float | None, float | None], ...] = (
 _DTYPES = ("bf16", "fp16")
 
 
-def _compiled(fn_or_compiled: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
-    if isinstance(fn_or_compiled, (jax.stages.Lowered, jax.stages.Compiled)):
-        if args or kwargs:
-            raise TypeError(
-                f"step_flops: a {type(fn_or_compiled).__name__} is already specialized to its "
-                f"arguments, but {len(args)} positional and {len(kwargs)} keyword arguments "
-                "came too; pass the function and its arguments, or the Lowered/Compiled alone."
-            )
-        if isinstance(fn_or_compiled, jax.stages.Lowered):
-            return fn_or_compiled.compile()
-        return fn_or_compiled
-    if not callable(fn_or_compiled):
-        raise TypeError(
-            "step_flops expects a function, a jitted function, a jax.stages.Lowered or a "
-            f"jax.stages.Compiled, got {type(fn_or_compiled).__name__}: {fn_or_compiled!r}."
-        )
-    jitted = fn_or_compiled if hasattr(fn_or_compiled, "lower") else jax.jit(fn_or_compiled)
-    return jitted.lower(*args, **kwargs).compile()
-
-
 def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
     """FLOPs of one call of a jitted step, summed over the devices it runs on, as XLA estimates.
 
@@ -95,7 +75,24 @@ def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
       >>> step_flops(lambda a, b: a @ b, jnp.ones((8, 4)), jnp.ones((4, 2)))
       128.0
     """
-    compiled = _compiled(fn_or_compiled, args, kwargs)
+    compiled = fn_or_compiled
+    if isinstance(compiled, (jax.stages.Lowered, jax.stages.Compiled)):
+        if args or kwargs:
+            raise TypeError(
+                f"step_flops: a {type(compiled).__name__} is already specialized to its "
+                f"arguments, but {len(args)} positional and {len(kwargs)} keyword arguments "
+                "came too; pass the function and its arguments, or the Lowered/Compiled alone."
+            )
+    elif callable(compiled):
+        jitted = compiled if hasattr(compiled, "lower") else jax.jit(compiled)
+        compiled = jitted.lower(*args, **kwargs)
+    else:
+        raise TypeError(
+            "step_flops expects a function, a jitted function, a jax.stages.Lowered or a "
+            f"jax.stages.Compiled, got {type(compiled).__name__}: {compiled!r}."
+        )
+    if isinstance(compiled, jax.stages.Lowered):
+        compiled = compiled.compile()
     analysis = compiled.cost_analysis()
     if isinstance(analysis, (list, tuple)):  # one dict per program on some jax versions
         analysis = analysis[0] if len(analysis) == 1 else None
@@ -176,16 +173,15 @@ def perf_values(
     """
     peak = _lookup_peak() if peak_flops_per_device is None else peak_flops_per_device
     problems = Problems("perf_values")
-    if not flops_per_step >= 0:  # also catches NaN
-        problems.value_problem(f"flops_per_step must be >= 0, got {flops_per_step!r}")
-    if not num_steps >= 0:
-        problems.value_problem(f"num_steps must be >= 0, got {num_steps!r}")
-    if not duration_s > 0:
-        problems.value_problem(f"duration_s must be > 0 seconds, got {duration_s!r}")
-    if not num_devices >= 1:
-        problems.value_problem(f"num_devices must be >= 1, got {num_devices!r}")
-    if peak is not None and not peak > 0:
-        problems.value_problem(f"peak_flops_per_device must be > 0 FLOP/s or None, got {peak!r}")
+    for arg, value, ok, expected in (  # each `ok` is also False for NaN
+        ("flops_per_step", flops_per_step, flops_per_step >= 0, ">= 0"),
+        ("num_steps", num_steps, num_steps >= 0, ">= 0"),
+        ("duration_s", duration_s, duration_s > 0, "> 0 seconds"),
+        ("num_devices", num_devices, num_devices >= 1, ">= 1"),
+        ("peak_flops_per_device", peak, peak is None or peak > 0, "> 0 FLOP/s or None"),
+    ):
+        if not ok:
+            problems.value_problem(f"{arg} must be {expected}, got {value!r}")
     problems.raise_if_any()
     flops_per_second = flops_per_step * num_steps / duration_s
     values = {

@@ -21,6 +21,7 @@ Host-side module: never import it from code traced by jit.
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import inspect
 import logging
 import math
@@ -205,8 +206,10 @@ class MetricsManager:
         self._clock: timer.Clock = clock or time.perf_counter
         self._deadline = writer_deadline_s
         self._max_failures = max_writer_failures
-        self._flops = flops_per_step
-        self._peak = peak_flops_per_device
+        self._perf = None
+        if flops_per_step is not None:
+            peak = peak_flops_per_device
+            self._perf = functools.partial(perf_values, flops_per_step, peak_flops_per_device=peak)
         self._lock = threading.Lock()
         self._failures: collections.deque[Failure] = collections.deque(maxlen=1000)
         self._failure_count = 0
@@ -241,8 +244,11 @@ class MetricsManager:
             f"MetricsManager[{name}]", max_pending=max_pending, on_stuck=self._stuck
         )
         _OPEN.add(self)
-        if handle_signals:
-            _install_signal_handlers()
+        if handle_signals and threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                if signum not in _PREVIOUS_HANDLERS:
+                    _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+                    signal.signal(signum, _on_signal)
 
     @property
     def writes(self) -> bool:
@@ -328,8 +334,7 @@ class MetricsManager:
         problems.raise_if_any()
         self._keys_checked = keys
         self._check_order(step)
-        window = self._window_open
-        self._window_open = False
+        window, self._window_open = self._window_open, False
         block_on = metrics.buffers if isinstance(metrics, PackedMetrics) else metrics
 
         def prepare(job: Job) -> None:
@@ -591,12 +596,9 @@ class MetricsManager:
             self._worker.post(self._fan_out(step, [(f"write_{arg}", {arg: checked})]))
 
     def _to_all(self, method: str, timeout: float | None) -> None:
-        future = self._worker.submit(self._fan_out(None, [(method, {})], closing=method == "close"))
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not future.done():
-            self._worker.drain(0.05)
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
+        self._worker.post(self._fan_out(None, [(method, {})], closing=method == "close"))
+        if not self._worker.drain(timeout):
+            raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
 
     def _summarize(
         self,
@@ -629,14 +631,8 @@ class MetricsManager:
             self._record(Failure(f"metric:{key}", step, (key,), err))
 
         summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}
-        if self._flops is not None and duration is not None:
-            summary |= perf_values(
-                self._flops,
-                num_steps,
-                duration,
-                num_devices=jax.device_count(),
-                peak_flops_per_device=self._peak,
-            )
+        if self._perf is not None and duration is not None:
+            summary |= self._perf(num_steps, duration, num_devices=jax.device_count())
         if self._monitor is not None and time.monotonic() >= self._system_next:
             self._system_next = time.monotonic() + self._system_interval
             summary |= self._monitor.window_values()
@@ -672,10 +668,8 @@ class _Problems(Problems):
     """`Problems` with the checks of the manager's public calls."""
 
     def integer(self, what: str, value: Any, *, minimum: int) -> int:
-        if isinstance(value, np.integer) or (
-            isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu"
-        ):
-            value = int(value)
+        if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
+            value = int(value)  # NumPy scalars are `numbers.Integral` already; 0-d arrays not
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             hint = ""
             if isinstance(value, jax.Array):
@@ -785,15 +779,6 @@ def _has_time(metric: Any) -> bool:
     if isinstance(metric, clu_metrics.Collection):
         return any(_has_time(m) for m in vars(metric).values())
     return metrics_lib.is_time_metric(metric)
-
-
-def _install_signal_handlers() -> None:
-    if threading.current_thread() is not threading.main_thread():
-        return
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        if signum not in _PREVIOUS_HANDLERS:
-            _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
-            signal.signal(signum, _on_signal)
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:

@@ -21,7 +21,6 @@ A sensor the host lacks gives no key and no error; one that fails later is logge
 level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`), `{id}` `Device.id`.
 """
 
-import dataclasses
 import functools
 import logging
 import os
@@ -40,12 +39,6 @@ _MIN_RATE_SPAN_S = 0.1
 _CPU_SENSOR_GROUPS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
 
 SampleFn = Callable[[], Mapping[str, float]]  # one sample: key -> value
-
-
-@dataclasses.dataclass
-class _Sensor:
-    name: str
-    read: SampleFn
 
 
 class _CpuPercent:
@@ -105,19 +98,19 @@ def _device_memory(device: Any) -> dict[str, float]:
     return {f"{prefix}/{key}": stats[stat] / _MIB for stat, key in keys.items() if stat in stats}
 
 
-def _nvml_sensors() -> tuple[list[_Sensor], Any]:
+def _nvml_sensors() -> tuple[dict[str, SampleFn], Any]:
     """Per-GPU sensors, and the `pynvml` module to shut down (None: no NVML)."""
     try:
         import pynvml  # noqa: PLC0415  (optional extra `[gpu]`: nvidia-ml-py)
 
         pynvml.nvmlInit()
     except Exception:  # noqa: BLE001  (not installed, no driver, no GPU: absent, not an error)
-        return [], None
+        return {}, None
     try:
         count = pynvml.nvmlDeviceGetCount()
     except Exception:  # noqa: BLE001
         pynvml.nvmlShutdown()
-        return [], None
+        return {}, None
     indices: Iterable[int] = range(count)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     if all(item.strip().isdigit() for item in visible):
@@ -127,7 +120,7 @@ def _nvml_sensors() -> tuple[list[_Sensor], Any]:
         "temperature_c": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
         "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # NVML gives milliwatts
     }
-    sensors = []
+    sensors: dict[str, SampleFn] = {}
     for index in indices:
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
@@ -138,31 +131,31 @@ def _nvml_sensors() -> tuple[list[_Sensor], Any]:
             def sample(key: str = f"system/gpu{index}/{name}", r: Any = read, h: Any = handle):
                 return {key: float(r(h))}
 
-            sensors.append(_Sensor(f"nvml {name} of GPU {index}", sample))
+            sensors[f"nvml {name} of GPU {index}"] = sample
     return sensors, pynvml
 
 
-def _default_sensors(devices: Iterable[Any] | None) -> tuple[list[_Sensor], Any]:
-    """The host's sensors: CPU and memory always, the others where a first reading works."""
-    optional: list[_Sensor] = []
-    if hasattr(psutil, "sensors_temperatures"):  # Linux and FreeBSD only
-        optional.append(_Sensor("cpu temperature", _cpu_temperature))
+def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn], Any]:
+    """The host's sensors by name: CPU and memory always, the others where a first reading works."""
     if devices is None:
         import jax  # noqa: PLC0415  (only when device sensors are asked for)
 
         devices = jax.local_devices()
-    for device in devices:
-        read = functools.partial(_device_memory, device)
-        optional.append(_Sensor(f"memory_stats of {device}", read))
+    optional: dict[str, SampleFn] = {
+        f"memory_stats of {d}": functools.partial(_device_memory, d) for d in devices
+    }
+    if hasattr(psutil, "sensors_temperatures"):  # Linux and FreeBSD only
+        optional["cpu temperature"] = _cpu_temperature
     nvml_sensors, nvml = _nvml_sensors()
-    present = [sensor for sensor in optional + nvml_sensors if _present(sensor)]
-    memory = _Sensor("memory", functools.partial(_memory, psutil.Process()))
-    return [_Sensor("cpu percent", _CpuPercent()), memory, *present], nvml
+    memory = functools.partial(_memory, psutil.Process())
+    sensors: dict[str, SampleFn] = {"cpu percent": _CpuPercent(), "memory": memory}
+    sensors |= {name: read for name, read in (optional | nvml_sensors).items() if _present(read)}
+    return sensors, nvml
 
 
-def _present(sensor: _Sensor) -> bool:
+def _present(read: SampleFn) -> bool:
     try:
-        return bool(sensor.read())
+        return bool(read())
     except Exception:  # noqa: BLE001  (an absent sensor is not an error)
         return False
 
@@ -208,7 +201,7 @@ class SystemMonitor:
             )
         self._nvml: Any = None
         if sample_fn is not None:
-            self._sensors = [_Sensor("sample_fn", sample_fn)]
+            self._sensors = {"sample_fn": sample_fn}
         else:
             self._sensors, self._nvml = _default_sensors(devices)
         self._lock = threading.Lock()  # one sample at a time; guards the window too
@@ -231,14 +224,12 @@ class SystemMonitor:
             self._sample_locked()
 
     def _sample_locked(self) -> None:
-        for sensor in list(self._sensors):
+        for name, read in list(self._sensors.items()):
             try:
-                values = sensor.read()
+                values = read()
             except Exception:  # noqa: BLE001  (a failing sensor must not stop the others)
-                _LOG.debug(
-                    "SystemMonitor: dropping sensor %r after an error", sensor.name, exc_info=True
-                )
-                self._sensors.remove(sensor)
+                _LOG.debug("SystemMonitor: dropping sensor %r after an error", name, exc_info=True)
+                del self._sensors[name]
                 continue
             for key, value in values.items():
                 value = float(value)
@@ -270,7 +261,7 @@ class SystemMonitor:
             nvml, self._nvml = self._nvml, None
             if nvml is None:
                 return
-            self._sensors = [s for s in self._sensors if not s.name.startswith("nvml")]
+            self._sensors = {n: r for n, r in self._sensors.items() if not n.startswith("nvml")}
         try:
             nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001  (shutting down a failed driver is harmless)
