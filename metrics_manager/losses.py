@@ -15,23 +15,7 @@ sum of microbatch means (`num_microbatches` times too large, microbatches weight
 Here the global factor travels with the batch as a `[B]` vector under
 `"loss_normalizing_factor"`, so any split along axis 0 hands every microbatch the global
 factor: microbatch losses add up to the global loss and every metric merges to its value on
-the global batch, whatever `num_microbatches`.
-
-Example:
-    >>> import functools, jax, jax.numpy as jnp
-    >>> from metrics_manager import losses
-    >>> from metrics_manager.merging import accumulate_grads_microbatched
-    >>> batch = {"decoder_target_tokens": jnp.array([[1, 2, 0], [3, 0, 0], [1, 1, 1], [2, 0, 0]])}
-    >>> def loss_fn(params, mb):  # uniform predictions: ln 5 = 1.6094 per real token
-    ...     logits = jnp.zeros(mb["decoder_target_tokens"].shape + (5,)) + params[None, None]
-    ...     return losses.compute_loss_and_metrics(logits, mb, num_devices=1)
-    >>> @functools.partial(jax.jit, static_argnums=2)
-    ... def train_step(params, batch, num_microbatches):
-    ...     batch = losses.with_loss_normalization(batch, "NUM_REAL_TARGET_TOKENS")
-    ...     return accumulate_grads_microbatched(loss_fn, params, batch, num_microbatches)
-    >>> grads, metrics = train_step(jnp.zeros(5), batch, 4)  # the same for 1 or 2 microbatches
-    >>> print(f"{float(metrics['loss'].compute()):.4f} {float(grads[0]):.4f}")
-    1.6094 0.2000
+the global batch, whatever `num_microbatches` (see `compute_loss_and_metrics`'s example).
 """
 
 import enum
@@ -216,17 +200,18 @@ def _smoothing(label_smoothing: float, vocab_size: int) -> tuple[float, float, f
     return confidence, low, entropy
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _token_cross_entropy(
-    logits: jax.Array, targets: jax.Array, z_loss: jax.Array, label_smoothing: float
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _token_losses(
+    logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
 ) -> TokenLosses:
-    return _token_cross_entropy_fwd(logits, targets, z_loss, label_smoothing)[0]
+    return _token_losses_fwd(logits, targets, label_smoothing, z_loss)[0]
 
 
-def _token_cross_entropy_fwd(
-    logits: jax.Array, targets: jax.Array, z_loss: jax.Array, label_smoothing: float
+def _token_losses_fwd(
+    logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
 ) -> tuple[TokenLosses, tuple[jax.Array, ...]]:
     confidence, low, constant = _smoothing(label_smoothing, logits.shape[-1])
+    z_loss = jnp.asarray(z_loss, jnp.float32)
     x = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(x, axis=-1)
     target_log_prob = jnp.take_along_axis(x, targets[..., None], axis=-1)[..., 0] - log_z
@@ -240,7 +225,7 @@ def _token_cross_entropy_fwd(
     return TokenLosses(token_loss, token_z_loss), (logits, targets, z_loss, log_z)
 
 
-def _token_cross_entropy_bwd(
+def _token_losses_bwd(
     label_smoothing: float, residuals: tuple[jax.Array, ...], cotangents: tuple[jax.Array, ...]
 ) -> tuple[jax.Array, None, None]:
     logits, targets, z_loss, log_z = residuals
@@ -258,13 +243,7 @@ def _token_cross_entropy_bwd(
     return g_logits.astype(logits.dtype), None, None
 
 
-_token_cross_entropy.defvjp(_token_cross_entropy_fwd, _token_cross_entropy_bwd)
-
-
-def _token_losses(
-    logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
-) -> TokenLosses:
-    return _token_cross_entropy(logits, targets, jnp.float32(z_loss), float(label_smoothing))
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 def _weighted_sums(
@@ -592,8 +571,7 @@ def compute_base_metrics(
     the factor.
 
     Args:
-        logits: `[B, ..., V]` floating-point scores.
-        targets: Token ids of shape `logits.shape[:-1]`.
+        logits, targets: As for `compute_token_losses`, with a leading batch axis.
         mask: Loss weights or padding mask (nonzero: a real token); None: all real.
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
@@ -686,7 +664,6 @@ def _base_metrics(
         "timing/seconds": metrics_lib.Time(),
         "timing/seqs": metrics_lib.Sum.from_model_output(num_seqs),
         "timing/seqs_per_second_per_core": rate(numerator=num_seqs / num_devices),
-        # Padding is not a target token (T5X counted it).
         "timing/target_tokens_per_second": rate(numerator=num_real),
         "timing/target_tokens_per_second_per_core": rate(numerator=num_real / num_devices),
         "timing/all_target_tokens_per_second": rate(numerator=num_tokens),
@@ -743,17 +720,22 @@ def compute_loss_and_metrics(
 
     Example:
         >>> import jax.numpy as jnp
-        >>> batch = with_loss_normalization(
-        ...     {"decoder_target_tokens": jnp.array([[1, 1, 0]])}, "NUM_REAL_TARGET_TOKENS")
-        >>> loss, metrics = compute_loss_and_metrics(jnp.zeros((1, 3, 2)), batch, num_devices=1)
-        >>> print(f"{float(loss):.4f} {metrics['accuracy'].compute():.1f}")
-        0.6931 0.0
+        >>> from metrics_manager.merging import accumulate_grads_microbatched
+        >>> batch = {"decoder_target_tokens": jnp.array([[1, 2, 0], [3, 0, 0]])}
+        >>> batch = with_loss_normalization(batch, "NUM_REAL_TARGET_TOKENS")  # on the global batch
+        >>> def loss_fn(bias, microbatch):  # uniform predictions: ln 5 = 1.6094 per real token
+        ...     logits = jnp.broadcast_to(bias, microbatch["decoder_target_tokens"].shape + (5,))
+        ...     return compute_loss_and_metrics(logits, microbatch, num_devices=1)
+        >>> for count in (1, 2):  # the same values for any number of microbatches
+        ...     grads, metrics = accumulate_grads_microbatched(loss_fn, jnp.zeros(5), batch, count)
+        ...     print(f"{float(metrics['loss'].compute()):.4f} {float(grads[0]):.4f}")
+        1.6094 0.2000
+        1.6094 0.2000
     """
     targets = _batch_targets(
         batch, "compute_loss_and_metrics", fix=" Pass the batch the logits were computed from."
     )
-    weights = batch.get(_WEIGHTS_KEY)
-    factor = batch.get(LOSS_NORMALIZING_FACTOR_KEY)
+    weights, factor = batch.get(_WEIGHTS_KEY), batch.get(LOSS_NORMALIZING_FACTOR_KEY)
     suffix = len(_SEGMENT_IDS_SUFFIX)
     segment_ids = {k[:-suffix]: v for k, v in batch.items() if k.endswith(_SEGMENT_IDS_SUFFIX)}
     problems = _Checks("compute_loss_and_metrics")

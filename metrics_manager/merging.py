@@ -10,43 +10,14 @@ shape of an array-valued metric (metrax's `AUCROC`, a `Sum` of a vector), and th
 to the summary are never donated again::
 
     for step in range(start, end):
-        state, running = train_step(state, running, next(batches))  # as in the example below
+        state, running = train_step(state, running, next(batches))  # see merge_metrics's example
         if (step + 1 - start) % period == 0:
             manager.write_metrics_summary(running, step + 1, num_steps=period)
             running = None  # the summary owns those buffers now
 
-`pack=True` carries the accumulator as one buffer per dtype (`metrics_manager.packing`), which
-saves the per-output cost of ~40 leaves per step.
-
-Keys, types and shapes are checked at trace time, and every problem is reported in one error.
 `accumulate_grads_microbatched` merges microbatches with CLU's `_reduce_merge` (the merge for
 parts of one batch: `LastValue` averages, a `Step` counts one step), starting from the first
 microbatch's metrics, so values do not depend on the number of microbatches.
-
-Example:
-    >>> import functools
-    >>> import jax, jax.numpy as jnp
-    >>> from metrics_manager.metrics import AveragePerStep, Max
-    >>> def loss_fn(params, batch):
-    ...     per_example = jnp.square(batch["x"] * params["w"] - batch["y"])
-    ...     return per_example.sum(), {
-    ...         "loss": AveragePerStep.from_model_output(per_example),
-    ...         "loss_max": Max.from_model_output(per_example),
-    ...     }
-    >>> @functools.partial(jax.jit, donate_argnums=(0, 1))
-    ... def train_step(params, running, batch):
-    ...     grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, 2)
-    ...     params = jax.tree.map(lambda p, g: p - 0.01 * g, params, grads)
-    ...     return params, merge_metrics(running, metrics, pack=True)
-    >>> params, running = {"w": jnp.zeros(())}, None
-    >>> batch = {"x": jnp.ones(4), "y": jnp.array([1.0, 2.0, 3.0, 4.0])}
-    >>> for _ in range(3):
-    ...     params, running = train_step(params, running, batch)
-    >>> [b.dtype.name for b in running.buffers]  # 3 leaves in 2 buffers
-    ['int32', 'float32']
-    >>> values = running.unpack_host(jax.device_get(running.buffers))
-    >>> int(values["loss"].steps), float(values["loss_max"].compute())
-    (3, 16.0)
 """
 
 import functools
@@ -60,32 +31,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from metrics_manager.metrics import is_metric_obj
-from metrics_manager.packing import PackedMetrics
+from metrics_manager.packing import PackedMetrics, _check_dict
 from writers._checks import Problems, describe
 
 __all__ = ["accumulate_grads_microbatched", "merge_metrics", "validate_metrics"]
 
 Metrics = Mapping[str, Any]
-
-
-def _check_dict(metrics: Any, what: str, problems: Problems) -> bool:
-    if not isinstance(metrics, Mapping):
-        problems.type_problem(
-            f"{what} must be a dict of name -> clu Metric, got {describe(metrics)}"
-        )
-        return False
-    for key, value in metrics.items():
-        if not isinstance(key, str):
-            problems.type_problem(
-                f"{what} key {key!r}: expected a str name, got {type(key).__name__}"
-            )
-        if not is_metric_obj(value):
-            problems.type_problem(
-                f"{what}[{key!r}]: expected a clu.metrics.Metric (or Collection), got "
-                f"{describe(value)}; wrap the value in a metric, e.g. "
-                "clu.metrics.LastValue(value=x) or metrics_manager.Sum.from_model_output(x)"
-            )
-    return True
 
 
 def _check_alike(
@@ -144,8 +95,7 @@ def validate_metrics(
         metrics: a mapping of str -> clu `Metric` (or `Collection`).
         reference: if given, `metrics` must have its keys and, per key, its metric type,
             pytree structure and leaf shapes.
-        what: how `metrics` is named in error messages.
-        reference_what: how `reference` is named in error messages.
+        what, reference_what: how `metrics` and `reference` are named in error messages.
 
     Returns:
         `metrics` as a new dict.
@@ -186,16 +136,25 @@ def merge_metrics(
         The merged metrics in `a`'s key order (`b` as a new dict when `a` is None).
 
     Raises:
-        TypeError: a value is not a clu Metric, a key is not a str, or a key holds different
-            metric types in `a` and `b`.
-        ValueError: the keys, or a metric's structure or shapes, differ.
+        TypeError, ValueError: as `validate_metrics` (`b` checked against `a`); TypeError for
+            a `pack` that is not a bool or None.
 
     Example:
-        >>> from metrics_manager.metrics import Sum, Max
-        >>> merged = merge_metrics(None, {"n": Sum(2.0), "top": Max(1.0)})
-        >>> merged = merge_metrics(merged, {"n": Sum(3.0), "top": Max(-4.0)})
-        >>> float(merged["n"].compute()), float(merged["top"].compute())
-        (5.0, 1.0)
+        >>> import functools, jax, jax.numpy as jnp
+        >>> from metrics_manager.metrics import AveragePerStep, Max
+        >>> @functools.partial(jax.jit, donate_argnums=0)
+        ... def train_step(running, loss):  # a real step also updates the parameters
+        ...     metrics = {"loss": AveragePerStep.from_model_output(loss),
+        ...                "loss_max": Max.from_model_output(loss)}
+        ...     return merge_metrics(running, metrics, pack=True)
+        >>> running = None  # a summary window starts from None
+        >>> for loss in (1.0, 16.0, 4.0):
+        ...     running = train_step(running, jnp.float32(loss))
+        >>> [b.dtype.name for b in running.buffers]  # 3 leaves in 2 buffers
+        ['int32', 'float32']
+        >>> values = running.unpack_host(jax.device_get(running.buffers))
+        >>> {name: float(metric.compute()) for name, metric in values.items()}
+        {'loss': 7.0, 'loss_max': 16.0}
     """
     if pack is None:
         pack = isinstance(a, PackedMetrics)
@@ -298,16 +257,13 @@ def accumulate_grads_microbatched(
     """
     if num_microbatches is None:
         num_microbatches = 1
+    problems = Problems("accumulate_grads_microbatched")
     if isinstance(num_microbatches, bool) or not isinstance(num_microbatches, int | np.integer):
-        raise TypeError(
-            f"accumulate_grads_microbatched: num_microbatches must be an int or None, got "
-            f"{describe(num_microbatches)}"
-        )
-    if num_microbatches < 1:
-        raise ValueError(
-            f"accumulate_grads_microbatched: num_microbatches must be >= 1 (or None), got "
-            f"{num_microbatches}"
-        )
+        got = describe(num_microbatches)
+        problems.type_problem(f"num_microbatches must be an int or None, got {got}")
+    elif num_microbatches < 1:
+        problems.value_problem(f"num_microbatches must be >= 1 (or None), got {num_microbatches}")
+    problems.raise_if_any()
     num_microbatches = int(num_microbatches)
 
     def grads_and_metrics(microbatch: Any, index: Any, first: Any = None) -> tuple[Any, Any]:

@@ -8,25 +8,11 @@ static slices and packing one concatenate per dtype, traced into the caller's `j
 Build one with `merge_metrics(running, metrics, pack=True)`; `MetricsManager` accepts it as it
 accepts a dict. Read values with `packed.unpack()` (device) or
 `packed.unpack_host(jax.device_get(packed.buffers))` (numpy, no device dispatch).
-
-Example:
-    >>> import numpy as np
-    >>> from metrics_manager.metrics import AveragePerStep, Max
-    >>> packed = PackedMetrics.pack(
-    ...     {"loss": AveragePerStep(total=6.0, steps=2), "top": Max(np.float32(3.0))})
-    >>> [(b.dtype.name, b.shape) for b in packed.buffers]
-    [('int32', (1,)), ('float32', (2,))]
-    >>> float(packed.unpack()["loss"].compute())
-    3.0
-    >>> host = packed.unpack_host([np.asarray(b) for b in packed.buffers])
-    >>> float(host["top"].compute())
-    3.0
 """
 
-import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -39,26 +25,42 @@ from writers._checks import Problems, describe
 __all__ = ["PackedMetrics"]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Layout:
+def _check_dict(metrics: Any, what: str, problems: Problems) -> bool:
+    """Adds a problem per non-str key and non-metric value; False if `metrics` is no mapping."""
+    if not isinstance(metrics, Mapping):
+        problems.type_problem(
+            f"{what} must be a dict of name -> clu Metric, got {describe(metrics)}"
+        )
+        return False
+    for key, value in metrics.items():
+        if not isinstance(key, str):
+            problems.type_problem(
+                f"{what} key {key!r}: expected a str name, got {type(key).__name__}"
+            )
+        if not is_metric_obj(value):
+            problems.type_problem(
+                f"{what}[{key!r}]: expected a clu.metrics.Metric (or Collection), got "
+                f"{describe(value)}; wrap the value in a metric, e.g. "
+                "clu.metrics.LastValue(value=x) or metrics_manager.Sum.from_model_output(x)"
+            )
+    return True
+
+
+class _Layout(NamedTuple):
     """The static half of a PackedMetrics: hashable, so jit caches on it."""
 
     treedef: Any  # of the dict of metrics; None fields (Time.duration) are part of it
     # Per leaf: (buffer, start, stop, shape, weak_type).
     leaves: tuple[tuple[int, int, int, tuple[int, ...], bool], ...]
-    dtypes: tuple[np.dtype, ...]  # one per buffer
-    sizes: tuple[int, ...]  # one per buffer
+    specs: tuple[tuple[np.dtype, tuple[int]], ...]  # per buffer: (dtype, shape)
     keys: tuple[str, ...]
 
 
 @jax.tree_util.register_pytree_node_class
 class PackedMetrics:
-    """A dict of metrics as a pytree whose only leaves are one flat buffer per dtype.
+    """A dict of metrics as a pytree whose only leaves are its `buffers`, one per dtype.
 
     Build one with `PackedMetrics.pack(metrics)` or `merge_metrics(..., pack=True)`.
-
-    Attributes:
-        buffers: the flat buffers, one per dtype (a tuple of arrays).
     """
 
     __slots__ = ("_buffers", "_layout")
@@ -90,22 +92,13 @@ class PackedMetrics:
             TypeError: not a mapping of str -> metric, or a leaf is not an array or scalar.
 
         Example:
-            >>> from metrics_manager.metrics import Sum
-            >>> PackedMetrics.pack({"n": Sum(2.0)}).keys()
-            ['n']
+            >>> from metrics_manager.metrics import AveragePerStep
+            >>> packed = PackedMetrics.pack({"loss": AveragePerStep(total=6.0, steps=2)})
+            >>> packed.keys(), [(b.dtype.name, b.shape) for b in packed.buffers]
+            (['loss'], [('int32', (1,)), ('float32', (1,))])
         """
         problems = Problems()
-        if not isinstance(metrics, Mapping):
-            raise TypeError(
-                "PackedMetrics.pack: expected a dict of name -> clu Metric, got "
-                f"{describe(metrics)}"
-            )
-        for key, value in metrics.items():
-            if not isinstance(key, str) or not is_metric_obj(value):
-                problems.type_problem(
-                    f"[{key!r}]: expected a str key and a clu.metrics.Metric (or Collection), "
-                    f"got {type(key).__name__} -> {describe(value)}"
-                )
+        _check_dict(metrics, "metrics", problems)
         problems.raise_if_any("PackedMetrics.pack")
         paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(dict(metrics))
         arrays = []
@@ -134,10 +127,8 @@ class PackedMetrics:
             flat = jax.lax.convert_element_type(array, aval.dtype).reshape(-1)
             parts.setdefault(dtype, []).append(flat)
         buffers = [p[0] if len(p) == 1 else jnp.concatenate(p) for p in parts.values()]
-        keys = tuple(sorted(metrics))
-        return cls(
-            buffers, _Layout(treedef, tuple(leaves), tuple(parts), tuple(sizes.values()), keys)
-        )
+        specs = tuple((dtype, (size,)) for dtype, size in sizes.items())
+        return cls(buffers, _Layout(treedef, tuple(leaves), specs, tuple(sorted(metrics))))
 
     @property
     def buffers(self) -> tuple[Any, ...]:
@@ -196,31 +187,25 @@ class PackedMetrics:
                 f"buffer, e.g. jax.device_get(packed.buffers)), got {describe(host_buffers)}"
             )
         arrays = [np.asarray(b) for b in host_buffers]
-        if len(arrays) != len(layout.dtypes) or not all(
-            a.dtype == d and a.shape == (n,)
-            for a, d, n in zip(arrays, layout.dtypes, layout.sizes, strict=True)
-        ):  # messages are built only when something differs
+        if tuple((a.dtype, a.shape) for a in arrays) != layout.specs:  # messages only on a mismatch
             problems = Problems()
-            if len(arrays) != len(layout.dtypes):
-                names = [d.name for d in layout.dtypes]
+            if len(arrays) != len(layout.specs):
+                names = [d.name for d, _ in layout.specs]
                 problems.value_problem(
-                    f"expected {len(layout.dtypes)} buffers (dtypes {names}), got "
+                    f"expected {len(names)} buffers (dtypes {names}), got "
                     f"{len(arrays)}; pass jax.device_get(packed.buffers) of this PackedMetrics"
                 )
-            for i, (a, d, n) in enumerate(zip(arrays, layout.dtypes, layout.sizes, strict=False)):
+            for i, (a, (d, shape)) in enumerate(zip(arrays, layout.specs, strict=False)):
                 if a.dtype.name != d.name:
                     problems.type_problem(f"buffer {i}: expected dtype {d}, got {a.dtype}")
-                if a.shape != (n,):
-                    problems.value_problem(f"buffer {i}: expected shape {(n,)}, got {a.shape}")
+                if a.shape != shape:
+                    problems.value_problem(f"buffer {i}: expected shape {shape}, got {a.shape}")
             problems.raise_if_any("PackedMetrics.unpack_host")
         leaves = [arrays[b][i:j].reshape(shape) for b, i, j, shape, _ in layout.leaves]
         return jax.tree.unflatten(layout.treedef, leaves)
 
     def __repr__(self) -> str:
-        layout = self._layout
-        buffers = ", ".join(
-            f"{dtype.name}[{size}]" for dtype, size in zip(layout.dtypes, layout.sizes, strict=True)
-        )
+        buffers = ", ".join(f"{dtype.name}[{size}]" for dtype, (size,) in self._layout.specs)
         return f"PackedMetrics(keys={self.keys()}, buffers=({buffers}))"
 
 

@@ -208,10 +208,12 @@ def test_a_step_that_differs_from_the_packed_running_metrics_gets_the_unpacked_e
 
 def test_pack_names_every_bad_value():
     with pytest.raises(
-        TypeError, match=r"(?s)\['loss'\]: expected a str key and a clu.metrics.Metric.*\[3\]"
+        TypeError,
+        match=r"(?s)2 problems:.*metrics\['loss'\]: expected a clu.metrics.Metric .*got ArrayImpl"
+        r".*metrics key 3: expected a str name, got int",
     ):
         PackedMetrics.pack({"loss": jnp.ones(()), 3: mm.Sum(1.0)})
-    with pytest.raises(TypeError, match="expected a dict of name -> clu Metric, got list"):
+    with pytest.raises(TypeError, match="metrics must be a dict of name -> clu Metric, got list"):
         PackedMetrics.pack([mm.Sum(1.0)])
 
 
