@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from writers._problems import describe
+
 __all__ = [
     "AveragePerStep",
     "Max",
@@ -70,9 +72,8 @@ def _values_and_mask(
     mask = jnp.atleast_1d(jnp.asarray(mask))
     if mask.shape != values.shape[: mask.ndim]:
         raise ValueError(
-            f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "
-            f"dimensions of values of shape {values.shape}; expected a mask of shape "
-            f"{values.shape[:1]} (per example) or {values.shape} (per element)."
+            f"{metric}.from_model_output: mask of shape {mask.shape} does not fit values of shape "
+            f"{values.shape}; expected shape {values.shape[:1]} (per example) or {values.shape}."
         )
     mask = mask.astype(bool).reshape(mask.shape + (1,) * (values.ndim - mask.ndim))
     return values, jnp.broadcast_to(mask, values.shape)
@@ -147,9 +148,8 @@ class Step(clu_metrics.Metric):
     def compute(self) -> ArrayLike:
         if self.steps is None:
             raise ValueError(
-                f"{type(self).__name__}.steps is None. Set it on the host before compute() with "
-                "set_step_metrics_num_steps(metrics, num_steps), where num_steps is the number "
-                "of train steps in the summary window."
+                f"{type(self).__name__}.steps is None; set it on the host before compute() with "
+                "set_step_metrics_num_steps(metrics, num_steps) (train steps in the window)."
             )
         return self.steps
 
@@ -188,9 +188,8 @@ class AveragePerStep(Step):
 def _check_durations_unset(a: "Time", b: "Time") -> None:
     if a.duration is not None or b.duration is not None:
         raise ValueError(
-            f"Cannot merge {type(a).__name__} metrics after their duration was set (durations "
-            f"{a.duration!r} and {b.duration!r}). Merge on the device first and call "
-            "set_time_metrics_duration once, on the host, just before compute()."
+            f"Cannot merge {type(a).__name__} metrics after their duration was set "
+            f"({a.duration!r}, {b.duration!r}); merge first, then call set_time_metrics_duration."
         )
 
 
@@ -487,8 +486,7 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
     _check_metrics_mapping(metrics, "set_step_metrics_num_steps")
     if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer):
         raise TypeError(
-            f"set_step_metrics_num_steps: num_steps must be an int, got {num_steps!r} of type "
-            f"{type(num_steps).__name__}."
+            f"set_step_metrics_num_steps: num_steps must be an int, got {describe(num_steps)}."
         )
     if num_steps <= 0:
         raise ValueError(
