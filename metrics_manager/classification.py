@@ -43,19 +43,6 @@ Average = Literal["binary", "micro", "macro"]
 _AVERAGES = ("binary", "micro", "macro")
 
 
-def _merged_setting(a: Any, b: Any, name: str) -> Any:
-    """The setting `name` of `a.merge(b)`; None (an `empty()`) adopts the other."""
-    mine, theirs = getattr(a, name), getattr(b, name)
-    if mine is None:
-        return theirs
-    if theirs is None or mine == theirs:
-        return mine
-    raise ValueError(
-        f"{type(a).__name__}.merge: cannot merge metrics with {name}={mine!r} and "
-        f"{name}={theirs!r}; use one {name} per metric key (or two keys)."
-    )
-
-
 def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: Problems) -> jax.Array:
     if mask is None:
         return jnp.ones(shape, bool)
@@ -71,7 +58,7 @@ def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: Proble
 
 
 def _checked_labels_and_mask(
-    labels: jax.Array, mask: ArrayLike | None, num_classes: int, problems: Problems, metric: str
+    labels: jax.Array, mask: ArrayLike | None, num_classes: int, problems: Problems
 ) -> tuple[jax.Array, jax.Array]:
     """Integer labels and a mask that drops out-of-range ones; raises the call's problems."""
     if labels.dtype == bool:
@@ -91,7 +78,7 @@ def _checked_labels_and_mask(
                 "(inside jit, out-of-range labels are ignored like masked ones)"
             )
     mask = _check_mask(mask, labels.shape, problems)
-    problems.raise_if_any(f"{metric}.from_model_output")
+    problems.raise_if_any()
     return labels, mask & (labels >= 0) & (labels < num_classes)
 
 
@@ -120,14 +107,19 @@ class _Counts(clu_metrics.Metric):
         return cls(**{name: jnp.zeros((), jnp.int32) for name in arrays})
 
     def merge(self, other: Any) -> Any:
-        return self.replace(
-            **{
-                f.name: getattr(self, f.name) + getattr(other, f.name)
-                if f.metadata.get("pytree_node", True)
-                else _merged_setting(self, other, f.name)
-                for f in dataclasses.fields(self)
-            }
-        )
+        merged: dict[str, Any] = {}
+        for field in dataclasses.fields(self):
+            mine, theirs = getattr(self, field.name), getattr(other, field.name)
+            if field.metadata.get("pytree_node", True):
+                merged[field.name] = mine + theirs
+            elif mine is None or theirs is None or mine == theirs:
+                merged[field.name] = theirs if mine is None else mine  # None: an `empty()`
+            else:
+                raise ValueError(
+                    f"{type(self).__name__}.merge: cannot merge metrics with {field.name}={mine!r} "
+                    f"and {field.name}={theirs!r}; use one {field.name} per metric key or two keys."
+                )
+        return self.replace(**merged)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -163,7 +155,7 @@ class _ConfusionCounts(_Counts):
             TypeError: `labels` are not integers, or `threshold` is not a number.
             ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C).
         """
-        problems = Problems()
+        problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes, binary = 2, predictions.shape == labels.shape
         if binary:
@@ -178,7 +170,7 @@ class _ConfusionCounts(_Counts):
             shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted = jnp.zeros(labels.shape, jnp.int32)
-        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, cls.__name__)
+        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems)
         average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
@@ -320,7 +312,7 @@ class TopKAccuracy(_Counts):
             TypeError: `labels` are not integers or `k` is not an int.
             ValueError: shapes or `k` do not fit, or (outside jit) a label is outside `[0, C)`.
         """
-        problems = Problems()
+        problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         if predictions.shape[:-1] != labels.shape or predictions.ndim == 0:
@@ -333,9 +325,7 @@ class TopKAccuracy(_Counts):
                 f"k={k} must lie in [1, {num_classes}] for {num_classes} classes (the last "
                 "axis of predictions); choose a smaller k or check the predictions' shape"
             )
-        labels, mask = _checked_labels_and_mask(
-            labels, mask, max(num_classes, 1), problems, "TopKAccuracy"
-        )
+        labels, mask = _checked_labels_and_mask(labels, mask, max(num_classes, 1), problems)
         top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1) & mask
         return cls(correct=hit.sum(dtype=jnp.int32), count=mask.sum(dtype=jnp.int32), k=int(k))
@@ -378,7 +368,7 @@ class AUROC(_Counts):
             TypeError: `labels` are not integers or `num_bins` is not an int.
             ValueError: the shapes differ, `num_bins` < 1, or (outside jit) a label is not 0/1.
         """
-        problems = Problems()
+        problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.shape != labels.shape:
             expected = f"{labels.shape}, one score of the positive class per label"
@@ -388,7 +378,7 @@ class AUROC(_Counts):
             num_bins = 1
         elif num_bins < 1:
             problems.value_problem(f"num_bins must be >= 1, got {num_bins}")
-        labels, mask = _checked_labels_and_mask(labels, mask, 2, problems, "AUROC")
+        labels, mask = _checked_labels_and_mask(labels, mask, 2, problems)
         num_bins = int(num_bins)
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
@@ -438,13 +428,13 @@ class Perplexity(_Counts):
             TypeError: `labels` are not integers.
             ValueError: the shapes do not fit or (outside jit) a label is outside `[0, V)`.
         """
-        problems = Problems()
+        problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.ndim == 0 or predictions.shape[:-1] != labels.shape:
             expected = f"logits of shape {labels.shape + ('V',)}"
             _add_shape_problem(problems, predictions, labels, expected)
         vocab = predictions.shape[-1] if predictions.ndim else 1
-        labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, "Perplexity")
+        labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems)
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, jnp.clip(labels, 0, vocab - 1)[..., None], -1)
         return cls.from_log_likelihood(picked[..., 0], mask)
@@ -463,9 +453,9 @@ class Perplexity(_Counts):
             2.0
         """
         log_likelihood = jnp.asarray(log_likelihood)
-        problems = Problems()
+        problems = Problems("Perplexity.from_log_likelihood")
         mask = _check_mask(mask, log_likelihood.shape, problems)
-        problems.raise_if_any("Perplexity.from_log_likelihood")
+        problems.raise_if_any()
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))
         return cls(total=jnp.where(mask, nll, 0).sum(), count=mask.sum(dtype=jnp.int32))
 

@@ -191,20 +191,19 @@ class Accuracy(Metric):
             super().__init__(clu_metrics.Average)
 
     def update(self, **kwargs: Any) -> None:  # type: ignore[override]
-        if self.threshold is None:
-            super().update(**kwargs)
-            return
-        missing = sorted({"logits", "labels"} - kwargs.keys())
-        if missing:
-            raise TypeError(f"Accuracy.update: missing {missing}, got {sorted(kwargs)}")
-        logits, labels = jnp.asarray(kwargs["logits"]), jnp.asarray(kwargs["labels"])
-        if logits.shape != labels.shape:
-            raise ValueError(
-                f"Accuracy.update: with a threshold, logits (shape {logits.shape}) and labels "
-                f"(shape {labels.shape}) must have the same shape"
-            )
-        correct = ((logits >= self.threshold) == (labels > 0)).astype(jnp.float32)
-        super().update(values=correct, mask=kwargs.get("mask"))
+        if self.threshold is not None:
+            missing = sorted({"logits", "labels"} - kwargs.keys())
+            if missing:
+                raise TypeError(f"Accuracy.update: missing {missing}, got {sorted(kwargs)}")
+            logits, labels = jnp.asarray(kwargs["logits"]), jnp.asarray(kwargs["labels"])
+            if logits.shape != labels.shape:
+                raise ValueError(
+                    f"Accuracy.update: with a threshold, logits (shape {logits.shape}) and labels "
+                    f"(shape {labels.shape}) must have the same shape"
+                )
+            correct = ((logits >= self.threshold) == (labels > 0)).astype(jnp.float32)
+            kwargs = {"values": correct, "mask": kwargs.get("mask")}
+        super().update(**kwargs)
 
 
 class Welford(_ValuesMetric):
