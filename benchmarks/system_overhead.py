@@ -61,8 +61,8 @@ def run(
         "SystemMonitor.sample() (all sensors)": monitor.sample,
         "SystemMonitor.window_values()": monitor.window_values,
     }
-    for sensor in monitor._sensors:
-        variants[f"  sensor: {sensor.name}"] = sensor.read
+    for name, read in monitor._sensors.items():
+        variants[f"  sensor: {name}"] = read
     try:
         samples = common.interleaved(
             {name: functools.partial(per_call_us, fn, calls) for name, fn in variants.items()},
@@ -95,7 +95,7 @@ def run(
         f"({window['ratio']:.1f}x one write_values of 20 scalars to a NoopWriter)"
     )
     table.notes.append(
-        f"Sensors present here: {', '.join(s.name for s in monitor._sensors) or 'none'}."
+        f"Sensors present here: {', '.join(monitor._sensors) or 'none'}."
     )
     return table
 
