@@ -94,9 +94,7 @@ def run(
         f"system metrics: one sample {sample_us:.0f} µs; window_values {window['us']:.0f} µs "
         f"({window['ratio']:.1f}x one write_values of 20 scalars to a NoopWriter)"
     )
-    table.notes.append(
-        f"Sensors present here: {', '.join(monitor._sensors) or 'none'}."
-    )
+    table.notes.append(f"Sensors present here: {', '.join(monitor._sensors) or 'none'}.")
     return table
 
 
