@@ -41,7 +41,7 @@ def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
     """An event of `simple_value`s encoded by hand, byte-for-byte protobuf's (a test checks)."""
     # The hot path: a proto object per value costs about 1 us; the tags' bytes are cached.
     keys = tuple(numbers)
-    packer = _SUMMARY_PACKERS.get(keys) or _summary_packer(keys)
+    packer = _summary_packer(keys)
     try:  # one struct.pack: tags' bytes and float32 values interleaved
         pairs = zip(packer[1], numbers.values(), strict=True)
         summary = packer[0].pack(*chain.from_iterable(pairs))
@@ -61,19 +61,14 @@ def _float32(number: int | float) -> int | float:
     return number
 
 
-def _summary_packer(keys: tuple[str, ...]) -> tuple[struct.Struct, list[bytes]]:
-    prefixes = [_scalar_prefix(key) for key in keys]
-    packer = (struct.Struct("<" + "".join(f"{len(p)}sf" for p in prefixes)), prefixes)
-    if len(_SUMMARY_PACKERS) >= 1_000:  # many distinct key sets: keep memory bounded
-        _SUMMARY_PACKERS.clear()
-    _SUMMARY_PACKERS[keys] = packer
-    return packer
+@functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step
+def _summary_packer(keys: tuple[str, ...]) -> tuple[struct.Struct, tuple[bytes, ...]]:
+    prefixes = tuple(_scalar_prefix(key) for key in keys)
+    return struct.Struct("<" + "".join(f"{len(p)}sf" for p in prefixes)), prefixes
 
 
 _F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
-# Key tuple (in call order) -> `_summary_packer`: summaries repeat the same keys every step.
-_SUMMARY_PACKERS: dict[tuple[str, ...], tuple[struct.Struct, list[bytes]]] = {}
 
 
 @functools.lru_cache(maxsize=100_000)
