@@ -160,9 +160,8 @@ class ForwardingWriter(BaseWriter):
 
 
 class TrackerWriter(BaseWriter):
-    """Base of `WandbWriter` and `MlflowWriter`: optional import, process 0 logs, no raw tensors."""
+    """Base of `WandbWriter` and `MlflowWriter`: optional import, process 0 logs, files by path."""
 
-    _tracker = ""
     _owned = False  # close() ends the run: this writer started or resumed it
 
     def _start(
@@ -185,11 +184,15 @@ class TrackerWriter(BaseWriter):
         return library, resume_step, process_index == 0
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
-        raise NotImplementedError(
-            f"{self._where()}.write_summaries: {self._tracker} has no raw-tensor type, so "
-            f"{sorted(values)} cannot be stored. Write them as scalars (one element) or "
-            "histograms instead."
-        )
+        # Trackers have no raw-tensor type: exact `.npy` files (TensorBoard's `metadata` is not kept).
+        arrays = {k: np.asarray(v) for k, v in values.items()}
+        if bad := [f"{k!r} ({a.dtype})" for k, a in arrays.items() if a.dtype.hasobject]:
+            raise TypeError(
+                f"{self._name('write_summaries')}: tensors {', '.join(bad)} hold Python objects, "
+                "which .npy files cannot store safely; write numeric, bool or str arrays."
+            )
+        files = {k: _encode.npy(a) for k, a in arrays.items()}
+        self._files("write_summaries", "summaries", step, files, ".npy")
 
     def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
         self._pictures(
@@ -212,6 +215,31 @@ class TrackerWriter(BaseWriter):
             if self._owned:
                 self._end_run()
 
+    def _paths(
+        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str
+    ) -> dict[str, bytes]:
+        """`<kind>/<key>/step_<step 8 digits>[_<i>]<ext>` -> bytes (a list of bytes: one `_<i>` each).
+
+        Raises:
+          ValueError: a key is not a relative path (an empty, `.` or `..` part).
+        """
+        bad = [k for k in files if any(p in ("", ".", "..") for p in k.split("/"))]
+        if bad:
+            raise ValueError(
+                f"{self._name(method)}: keys {bad} become artifact paths {kind}/<key>/... and "
+                "must be relative, without '', '.' or '..' parts; rename them, e.g. 'eval/sample'."
+            )
+        paths = {}
+        for key, content in files.items():
+            many = isinstance(content, list)
+            for i, data in enumerate(content if many else [content]):
+                name = f"step_{step:08d}_{i}{ext}" if many else f"step_{step:08d}{ext}"
+                paths[f"{kind}/{key}/{name}"] = data
+        return paths
+
+    def _files(
+        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
+    ) -> None: ...
     def _pictures(self, method: str, step: int, images: dict[str, np.ndarray]) -> None: ...
     def _params(self, hparams: dict[str, bool | int | float | str]) -> None: ...
     def _end_run(self) -> None: ...

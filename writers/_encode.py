@@ -1,4 +1,4 @@
-"""Checked values as PNG, WAV (standard library only), filmstrips, histograms and hparams."""
+"""Checked values as PNG, WAV (standard library only), `.npy`, filmstrips, histograms, hparams."""
 
 import io
 import struct
@@ -36,6 +36,15 @@ def wav(clip: np.ndarray, sample_rate: int) -> bytes:
         out.setsampwidth(2)
         out.setframerate(int(sample_rate))
         out.writeframes(np.rint(pcm * 32767.0).astype("<i2").tobytes())
+    return buffer.getvalue()
+
+
+def npy(array: np.ndarray) -> bytes:
+    """`array` in NumPy's `.npy` format (`np.load` reads it back exactly; bfloat16 as float32)."""
+    if _checks._is_ml_float(array.dtype):
+        array = array.astype(np.float32)  # exact: NumPy's format has no bfloat16 or float8
+    buffer = io.BytesIO()
+    np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()
 
 

@@ -8,11 +8,12 @@ Where values land: scalars are metrics, one `log_batch` per call (split into bat
 MLflow's 1000-metric limit; NaN kept, infinities as the store keeps them: the SQL store
 clamps them to +-1.797e308); hparams are params (100 per batch; MLflow params never change,
 so a different value for a key the run has raises MLflow's error). Texts, images, videos,
-audio and histograms are artifacts, all files of one call in one `log_artifacts`, at
-`<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per image, filmstrip
-`.png` `[H, T*W, C]` per video, 16-bit `.wav` per clip, histograms as `.json`
-(`count`, `min`, `max`, `mean`, `edges`, `counts`); keys must then be relative paths (no
-`..`, `.` or empty parts). Raw tensors (`write_summaries`) raise `NotImplementedError`.
+audio, histograms and raw tensors are artifacts, all files of one call in one
+`log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per
+image, filmstrip `.png` `[H, T*W, C]` per video, 16-bit `.wav` per clip, histograms as
+`.json` (`count`, `min`, `max`, `mean`, `edges`, `counts`), raw tensors (`write_summaries`)
+as exact `.npy` files under `summaries/` (TensorBoard's metadata is not kept); keys must
+then be relative paths (no `..`, `.` or empty parts).
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
 MLflow's metric history is append-only, so the writer first reads each metric's last logged
@@ -59,8 +60,6 @@ class MlflowWriter(_base.TrackerWriter):
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
       ValueError: `resume_step` finds no run to resume, or is negative.
     """
-
-    _tracker = "MLflow"
 
     def __init__(
         self,
@@ -135,19 +134,19 @@ class MlflowWriter(_base.TrackerWriter):
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
         files = {k: [_encode.png(i) for i in v] for k, v in images.items()}
-        self._upload(method, method.removeprefix("write_"), step, files, ".png")
+        self._files(method, method.removeprefix("write_"), step, files, ".png")
 
     def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
         files = {k: [_encode.wav(c, sample_rate) for c in v] for k, v in clips.items()}
-        self._upload("write_audios", "audio", step, files, ".wav")
+        self._files("write_audios", "audio", step, files, ".wav")
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
-        self._upload("write_texts", "texts", step, {k: v.encode() for k, v in texts.items()})
+        self._files("write_texts", "texts", step, {k: v.encode() for k, v in texts.items()})
 
     def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
         hists = {k: _encode.histogram(v, buckets.get(k)) for k, v in arrays.items()}
         files = {k: json.dumps(h).encode() for k, h in hists.items()}
-        self._upload("write_histograms", "histograms", step, files, ".json")
+        self._files("write_histograms", "histograms", step, files, ".json")
 
     def _params(self, hparams: dict[str, Any]) -> None:
         if self._client is None:
@@ -177,23 +176,15 @@ class MlflowWriter(_base.TrackerWriter):
             )
         return runs[0].info.run_id
 
-    def _upload(
-        self, method: str, kind: str, step: int, files: dict[str, Any], ext: str = ".txt"
+    def _files(
+        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
     ) -> None:
-        bad = [k for k in files if any(p in ("", ".", "..") for p in k.split("/"))]
-        if bad:
-            raise ValueError(
-                f"MlflowWriter.{method}: keys {bad} become artifact paths {kind}/<key>/... and "
-                "must be relative, without '', '.' or '..' parts; rename them, e.g. 'eval/sample'."
-            )
+        paths = self._paths(method, kind, step, files, ext)
         if self._client is None:
             return
         with tempfile.TemporaryDirectory() as tmp:
-            for key, content in files.items():
-                folder = pathlib.Path(tmp, *key.split("/"))
-                folder.mkdir(parents=True, exist_ok=True)
-                many = isinstance(content, list)
-                for i, data in enumerate(content if many else [content]):
-                    name = f"step_{step:08d}_{i}{ext}" if many else f"step_{step:08d}{ext}"
-                    (folder / name).write_bytes(data)
-            self._client.log_artifacts(self.run_id, tmp, artifact_path=kind)
+            for path, data in paths.items():
+                file = pathlib.Path(tmp, *path.split("/"))
+                file.parent.mkdir(parents=True, exist_ok=True)
+                file.write_bytes(data)
+            self._client.log_artifacts(self.run_id, tmp)

@@ -5,8 +5,10 @@ and log nothing. Where values land (one history row per step): scalars as number
 infinities kept), texts as strings, images as a list of `wandb.Image`s per key, videos as one
 filmstrip image `[H, T*W, C]` per video (`wandb.Video` would need moviepy), audio as
 `wandb.Audio` 16-bit WAV clips under `<key>` or `<key>/<i>` when N > 1, histograms as
-`wandb.Histogram` (at most 512 buckets), hparams in the run's config; raw tensors
-(`write_summaries`) raise `NotImplementedError`.
+`wandb.Histogram` (at most 512 buckets), hparams in the run's config. Raw tensors
+(`write_summaries`, which W&B has no type for) are exact `.npy` files in the run's files,
+`summaries/<key>/step_<step 8 digits>.npy` (TensorBoard's metadata is not kept; keys must be
+relative paths).
 
 W&B drops a `log` at a step below the last one, so such a write raises `ValueError`; calls at
 one step fill one row. `close()` finishes runs this writer started and waits for W&B's
@@ -58,8 +60,6 @@ class WandbWriter(_base.TrackerWriter):
       ImportError: `wandb` is not installed (install the `wandb` extra).
       ValueError: `resume_step` without `run_id`, or a negative `resume_step`.
     """
-
-    _tracker = "W&B"
 
     def __init__(
         self,
@@ -158,6 +158,19 @@ class WandbWriter(_base.TrackerWriter):
         hists = {k: _checks.bucketize(v, buckets.get(k)) for k, v in arrays.items()}
         values = {k: self._wandb.Histogram(np_histogram=h) for k, h in hists.items()}
         self._log("write_histograms", step, values)
+
+    def _files(
+        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
+    ) -> None:
+        paths = self._paths(method, kind, step, files, ext)
+        if self._run is None:
+            return
+        for path, data in paths.items():  # in the run's files directory, synced with the run
+            file = os.path.join(self._run.dir, *path.split("/"))
+            os.makedirs(os.path.dirname(file), exist_ok=True)
+            with open(file, "wb") as f:
+                f.write(data)
+            self._run.save(file, base_path=self._run.dir, policy="now", glob=False)
 
     def _params(self, hparams: dict[str, Any]) -> None:
         if self._run is not None:  # a value written again replaces the earlier one

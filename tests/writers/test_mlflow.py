@@ -222,10 +222,34 @@ def test_only_process_0_talks_to_mlflow(store, monkeypatch):
         w2.write_scalars(0, {"a": "x"})  # inputs are still checked on every process
 
 
+def test_raw_tensors_are_exact_npy_artifacts(store, tmp_path):
+    import jax.numpy as jnp
+
+    w = _writer(store)
+    tensor = np.arange(12, dtype=np.int64).reshape(3, 4)
+    for step in (1, 2):
+        w.write_summaries(
+            step, {"eval/t": tensor * step, "bf": jnp.array([1.5, -2.0], jnp.bfloat16)}
+        )
+    with pytest.raises(TypeError, match=r"tensors 'o' \(object\) hold Python objects"):
+        w.write_summaries(3, {"o": np.array([{}, 1], dtype=object)})
+    w.write_scalars(3, {"after": 1.0})  # the writer goes on
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    root = client.download_artifacts(w.run_id, "summaries", str(tmp_path / "down"))
+    for step in (1, 2):
+        got = np.load(os.path.join(root, "eval", "t", f"step_{step:08d}.npy"))
+        assert got.dtype == np.int64 and np.array_equal(got, tensor * step)
+        bf = np.load(os.path.join(root, "bf", f"step_{step:08d}.npy"))
+        assert bf.dtype == np.float32 and bf.tolist() == [1.5, -2.0]
+    assert not os.path.exists(os.path.join(root, "o"))
+    assert [m.step for m in client.get_metric_history(w.run_id, "after")] == [3]
+
+
 def test_what_mlflow_cannot_store_raises(store):
     w = _writer(store)
-    with pytest.raises(NotImplementedError, match="no raw-tensor type"):
-        w.write_summaries(0, {"t": np.zeros(3)})
+    with pytest.raises(ValueError, match=r"\['\.\./t'\] become artifact paths summaries/"):
+        w.write_summaries(0, {"../t": np.zeros(3)})
     with pytest.raises(ValueError, match=r"\['\.\./x'\] become artifact paths"):
         w.write_texts(0, {"../x": "escape"})
     w.close()

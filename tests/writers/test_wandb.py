@@ -161,10 +161,31 @@ def test_only_process_0_talks_to_wandb(tmp_path, monkeypatch):
     assert w.run is None and wandb_run_files(str(tmp_path)) == []
 
 
+def test_raw_tensors_are_exact_npy_run_files(tmp_path):
+    import jax.numpy as jnp
+
+    w = _writer(tmp_path)
+    files = w.run.dir
+    tensor = np.linspace(-1.0, 1.0, 6).reshape(2, 3)
+    for step in (1, 2):
+        w.write_summaries(step, {"eval/t": tensor * step, "bf": jnp.array([0.5], jnp.bfloat16)})
+    with pytest.raises(TypeError, match=r"tensors 'o' \(object\) hold Python objects"):
+        w.write_summaries(3, {"o": np.array([{}, 1], dtype=object)})
+    w.write_scalars(3, {"after": 1.0})  # the writer goes on
+    w.close()
+    for step in (1, 2):
+        got = np.load(os.path.join(files, "summaries", "eval", "t", f"step_{step:08d}.npy"))
+        assert got.dtype == np.float64 and np.array_equal(got, tensor * step)
+        bf = np.load(os.path.join(files, "summaries", "bf", f"step_{step:08d}.npy"))
+        assert bf.dtype == np.float32 and bf.tolist() == [0.5]
+    assert not os.path.exists(os.path.join(files, "summaries", "o"))
+    assert wandb_history(wandb_run_files(str(tmp_path))[0])[3] == {"after": 1.0}
+
+
 def test_what_wandb_cannot_store_raises(tmp_path):
     w = _writer(tmp_path)
-    with pytest.raises(NotImplementedError, match="no raw-tensor type"):
-        w.write_summaries(0, {"t": np.zeros(3)})
+    with pytest.raises(ValueError, match=r"\['\.\./t'\] become artifact paths summaries/"):
+        w.write_summaries(0, {"../t": np.zeros(3)})
     with pytest.raises(ValueError, match=r"at most 512 buckets, got num_buckets \{'h': 600\}"):
         w.write_histograms(0, {"h": np.arange(5.0)}, num_buckets={"h": 600})
     w.close()
