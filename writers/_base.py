@@ -8,6 +8,7 @@ import abc
 import atexit
 import functools
 import importlib
+import os
 import weakref
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -243,6 +244,18 @@ class TrackerWriter(BaseWriter):
     def _pictures(self, method: str, step: int, images: dict[str, np.ndarray]) -> None: ...
     def _params(self, hparams: dict[str, bool | int | float | str]) -> None: ...
     def _end_run(self) -> None: ...
+
+
+def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:
+    """Writes each `<dir>/.../<name>` -> bytes of `TrackerWriter._paths` under `root`; the files."""
+    files = []
+    for path, data in paths.items():
+        file = os.path.join(root, *path.split("/"))
+        os.makedirs(os.path.dirname(file), exist_ok=True)
+        with open(file, "wb") as f:
+            f.write(data)
+        files.append(file)
+    return files
 
 
 def close_at_exit(writer: MetricWriter, name: str) -> Callable[[], None]:

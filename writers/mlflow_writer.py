@@ -30,7 +30,6 @@ Example:
 """
 
 import json
-import pathlib
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -183,8 +182,5 @@ class MlflowWriter(_base.TrackerWriter):
         if self._client is None:
             return
         with tempfile.TemporaryDirectory() as tmp:
-            for path, data in paths.items():
-                file = pathlib.Path(tmp, *path.split("/"))
-                file.parent.mkdir(parents=True, exist_ok=True)
-                file.write_bytes(data)
+            _base.write_tree(tmp, paths)
             self._client.log_artifacts(self.run_id, tmp)

@@ -165,11 +165,7 @@ class WandbWriter(_base.TrackerWriter):
         paths = self._paths(method, kind, step, files, ext)
         if self._run is None:
             return
-        for path, data in paths.items():  # in the run's files directory, synced with the run
-            file = os.path.join(self._run.dir, *path.split("/"))
-            os.makedirs(os.path.dirname(file), exist_ok=True)
-            with open(file, "wb") as f:
-                f.write(data)
+        for file in _base.write_tree(self._run.dir, paths):  # the run's files: synced with it
             self._run.save(file, base_path=self._run.dir, policy="now", glob=False)
 
     def _params(self, hparams: dict[str, Any]) -> None:
