@@ -758,13 +758,23 @@ def _to_host(
             "deleted (donated to a later computation). Do not donate metrics passed to "
             "write_metrics_summary (or pass a copy)."
         )
-    host_buffers = jax.device_get(packed.buffers)
+    host_buffers = _fetch(packed.buffers)
     host = packed.unpack_host(host_buffers)
     if near_limit is not None and any(_near_int32_limit(b) for b in host_buffers):
         near_limit += [
             k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
         ]
     return host
+
+
+def _fetch(buffers: tuple[Any, ...]) -> list[np.ndarray]:
+    """`jax.device_get(buffers)` (transfer guards allowing it too), less its async copy of
+    buffers already in host memory: on CPU that copy cost ~40 us a summary, the read ~2 us."""
+    with jax.transfer_guard_device_to_host("allow"):
+        for b in buffers:
+            if isinstance(b, jax.Array) and {d.platform for d in b.devices()} != {"cpu"}:
+                b.copy_to_host_async()  # start every transfer before waiting on the first
+        return [np.asarray(b) for b in buffers]
 
 
 def _near_int32_limit(array: Any) -> bool:

@@ -143,16 +143,30 @@ def test_t5x_case_through_a_packed_accumulator_matches_the_dict_path():
     assert packed_calls[1:] == plain_calls[1:]
 
 
-def test_packed_metrics_are_copied_in_one_device_get_without_dispatch(monkeypatch):
+def test_packed_metrics_are_copied_in_one_fetch_without_dispatch(monkeypatch):
+    from metrics_manager import manager as manager_lib
+
     packed = merge_metrics(None, t5x_metrics(), pack=True)
-    gets: list[Any] = []
-    real_get = jax.device_get
-    monkeypatch.setattr(jax, "device_get", lambda x: gets.append(x) or real_get(x))
+    fetches: list[Any] = []
+    real_fetch = manager_lib._fetch
+    monkeypatch.setattr(manager_lib, "_fetch", lambda x: fetches.append(x) or real_fetch(x))
+    monkeypatch.setattr(manager_lib, "_pack", None)  # a PackedMetrics needs no pack dispatch
     with make() as manager:
         manager.start_duration_timer()
         summary = manager.write_metrics_summary(packed, step=4, num_steps=2).result()
     assert float(summary["loss"].value) == 40.0
-    assert len(gets) == 1 and gets[0] is packed.buffers
+    assert len(fetches) == 1 and fetches[0] is packed.buffers
+
+
+def test_fetch_reads_cpu_buffers_like_device_get():
+    from metrics_manager.manager import _fetch
+
+    buffers = (jnp.arange(5, dtype=jnp.float32) * 1.5, jnp.arange(3, dtype=jnp.int32))
+    host = _fetch(buffers)
+    expected = jax.device_get(buffers)
+    assert all(type(h) is np.ndarray for h in host)
+    for h, e in zip(host, expected, strict=True):
+        assert h.dtype == e.dtype and h.tolist() == e.tolist()
 
 
 def test_donated_packed_metrics_say_what_happened():
