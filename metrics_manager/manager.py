@@ -46,6 +46,7 @@ from metrics_manager import timer
 from metrics_manager.flops import perf_values
 from metrics_manager.packing import PackedMetrics
 from writers import _checks
+from writers import values as values_lib
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
 
@@ -639,7 +640,11 @@ class MetricsManager:
         return summary
 
     def _writer_calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
-        calls = writers.group_values(summary)
+        skipped: dict[str, str] = {}
+        calls = writers.group_values(summary, skipped)
+        for key, what in skipped.items():  # that key is lost, not the summary
+            err = TypeError(values_lib.unsupported_message({key: what}))
+            self._record(Failure(f"metric:{key}", step, (key,), err))
         bad: list[str] = []
         for method, kwargs in calls:
             if method == "write_scalars":

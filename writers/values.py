@@ -59,15 +59,19 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
             getattr(writer, method)(step=step, **kwargs)
 
 
-def group_values(values: Mapping[str, Any]) -> list[Call]:
-    """`write_values`' calls for `values`, as `(method, kwargs)` without the step, in order."""
+def group_values(values: Mapping[str, Any], skipped: dict[str, str] | None = None) -> list[Call]:
+    """`write_values`' calls for `values`, as `(method, kwargs)` without the step, in order.
+
+    An unsupported value raises `TypeError`, or, when `skipped` is given, is left out and
+    listed there as key -> its type (so a caller can write the rest).
+    """
     clu_values = sys.modules.get("clu.values")
     scalar_type = None if clu_values is None else clu_values.Scalar
     summaries: list[tuple[Any, dict[str, Any]]] = []
     groups: dict[str, dict[str, Any]] = {kind: {} for kind in _SIMPLE_CALLS}
     num_buckets: dict[str, int] = {}
     audios: dict[int, dict[str, Any]] = {}
-    unsupported: list[str] = []
+    unsupported: dict[str, str] = {} if skipped is None else skipped
     for key, value in values.items():
         cls = type(value)
         if cls in _CONVERTERS:  # an exact number type
@@ -77,7 +81,7 @@ def group_values(values: Mapping[str, Any]) -> list[Call]:
         elif (kind := _clu_kind(cls, clu_values)) is None and _is_plain_scalar(value):
             groups["scalar"][key] = value
         elif kind is None or (kind == "scalar" and not _is_plain_scalar(value.value)):
-            unsupported.append(f"{key!r}: {_describe(value)}")
+            unsupported[key] = _describe(value)
         elif kind == "summary":
             _group_by_metadata(summaries, value.metadata)[key] = value.value
         elif kind == "audio":
@@ -86,13 +90,8 @@ def group_values(values: Mapping[str, Any]) -> list[Call]:
             groups[kind][key] = value.value
             if kind == "histogram":
                 num_buckets[key] = value.num_buckets
-    if unsupported:
-        raise TypeError(
-            f"write_values: unsupported value types for {', '.join(unsupported)}. Supported: "
-            "clu.values (Scalar, Image, Text, HyperParam, Histogram, Audio, Summary), Python/numpy"
-            " numbers and arrays of one element (bfloat16 and float16 included). Reduce arrays to "
-            "a scalar or wrap them, e.g. clu.values.Histogram(x, num_buckets=30)."
-        )
+    if unsupported and skipped is None:
+        raise TypeError(unsupported_message(unsupported))
     calls: list[Call] = [
         ("write_summaries", {"values": group, "metadata": metadata})
         for metadata, group in summaries
@@ -137,6 +136,17 @@ def _is_plain_scalar(value: Any) -> bool:
         kind = np.dtype(value.dtype).kind
         return int(np.prod(value.shape)) == 1 and (kind in "biufm" or _is_ml_float(value.dtype))
     return False
+
+
+def unsupported_message(unsupported: Mapping[str, str]) -> str:
+    """Why `write_values` cannot write the values described in `unsupported`, and the fix."""
+    listed = ", ".join(f"{key!r}: {what}" for key, what in unsupported.items())
+    return (
+        f"write_values: unsupported value types for {listed}. Supported: "
+        "clu.values (Scalar, Image, Text, HyperParam, Histogram, Audio, Summary), Python/numpy "
+        "numbers and arrays of one element (bfloat16 and float16 included). Reduce arrays to a "
+        "scalar or wrap them, e.g. clu.values.Histogram(x, num_buckets=30)."
+    )
 
 
 def _describe(value: Any) -> str:

@@ -8,6 +8,7 @@ exact. Files written through the default writers are checked in
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -479,6 +480,28 @@ def test_a_failing_metric_is_left_out_and_the_rest_written():
     (failure,) = manager.errors
     assert failure.source == "metric:bad_metric" and failure.step == 3
     assert "cannot compute this one" in str(failure)
+
+
+def test_a_value_no_writer_takes_is_left_out_and_the_rest_written(tmp_path):
+    with MetricsManager("train", tmp_path) as manager:
+        for step in (1, 2):
+            manager.start_duration_timer()
+            summary = manager.write_metrics_summary(
+                {"loss": Sum(jnp.float32(step)), "vector": Sum(jnp.ones(3))}, step, 1
+            ).result()
+    assert summary["vector"].value.tolist() == [1.0, 1.0, 1.0]  # computed, but not writable
+    text = (tmp_path / "train" / "metrics.jsonl").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert [(line["step"], line["loss"], "vector" in line) for line in lines] == [
+        (1, 1.0, False),
+        (2, 2.0, False),
+    ]
+    assert [(f.source, f.step, f.keys) for f in manager.errors] == [
+        ("metric:vector", 1, ("vector",)),
+        ("metric:vector", 2, ("vector",)),
+    ]
+    assert "'vector': Scalar of ndarray of shape (3,)" in str(manager.errors[0])
+    assert "clu.values.Histogram(x" in str(manager.errors[0])  # the fix
 
 
 @pytest.mark.parametrize("next_call", sorted(NEXT_CALLS))

@@ -87,6 +87,18 @@ def test_unsupported_values_raise_one_type_error_naming_every_key_and_writes_not
     assert rec.calls == []
 
 
+def test_group_values_can_skip_unsupported_values_and_group_the_rest():
+    skipped: dict[str, str] = {}
+    calls = writers.group_values(
+        {"ok": 1.0, "arr": np.zeros((2, 3)), "t": values.Text("hi")}, skipped
+    )
+    assert calls == [
+        ("write_scalars", {"scalars": {"ok": 1.0}}),
+        ("write_texts", {"texts": {"t": "hi"}}),
+    ]
+    assert skipped == {"arr": "ndarray of shape (2, 3)"}
+
+
 def test_bad_step_and_keys_are_rejected_before_writing():
     rec = RecordingWriter()
     with pytest.raises(ValueError, match="non-negative"):
