@@ -643,8 +643,8 @@ class MetricsManager:
         skipped: dict[str, str] = {}
         calls = writers.group_values(summary, skipped)
         for key, what in skipped.items():  # that key is lost, not the summary
-            err = TypeError(values_lib.unsupported_message({key: what}))
-            self._record(Failure(f"metric:{key}", step, (key,), err))
+            unwritable = TypeError(values_lib.unsupported_message({key: what}))
+            self._record(Failure(f"metric:{key}", step, (key,), unwritable))
         bad: list[str] = []
         for method, kwargs in calls:
             if method == "write_scalars":
