@@ -127,6 +127,11 @@ class ForwardingWriter(BaseWriter):
 
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
         step = self._begin("write_scalars", step, scalars)
+        if type(scalars) is not _checks.Checked:  # refuse non-numbers now; arrays stay as
+            # they are (converting a device array here would wait for it on the caller's thread)
+            arrays = _checks._looks_like_array
+            plain = {k: v for k, v in scalars.items() if not arrays(v)}
+            _checks.check_numbers(plain, self._name("write_scalars"))
         self._forward("write_scalars", step=step, scalars=scalars)
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:

@@ -2,8 +2,9 @@
 
 Each `AsyncWriter` owns one `writers._worker.OrderedWorker` (the worker `MetricsManager` uses
 too). Use it for a writer used on its own; a `MetricsManager` calls its writers from its own
-worker already. Every write is checked on the caller's thread, then queued and run in call
-order, so the training loop does not wait on disks or terminals.
+worker already. Every write's step and keys, and scalars that are not numbers, are refused
+on the caller's thread; the call is then queued and run in call order (arrays, device arrays
+included, are read by the worker), so the training loop does not wait on disks or terminals.
 
 * Back-pressure: at most `max_queue` calls wait; a full queue blocks the caller (nothing
   is dropped, a slow writer slows the loop instead of filling memory).

@@ -7,6 +7,7 @@ import re
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import writers
@@ -134,6 +135,30 @@ def test_bad_input_raises_at_the_call_site_and_after_close():
         w.write_scalars(0, {"a": 1.0})
     w.flush()
     assert clu.scalars == []
+
+
+def test_scalars_that_are_no_numbers_are_refused_at_the_call_arrays_read_by_the_worker(tmp_path):
+    class ArrayLike:  # records the thread that reads it, as a device array would be waited on
+        shape, dtype = (), "float32"
+        read_on: list[str] = []
+
+        def __array__(self, dtype=None, copy=None):
+            self.read_on.append(threading.current_thread().name)
+            return np.asarray(2.5, np.float32)
+
+    jsonl = writers.JsonlWriter(tmp_path / "m.jsonl")
+    w = writers.AsyncWriter(writers.MultiWriter([jsonl]), name="async")
+    with pytest.raises(TypeError) as info:
+        w.write_scalars(1, {"ok": 1.0, "name": "abc", "nothing": None})
+    message = str(info.value)
+    assert "AsyncWriter(async).write_scalars" in message
+    assert "scalar 'name' must be a number, got 'abc'" in message and "'nothing'" in message
+    assert "Write strings with write_texts" in message
+    w.write_scalars(2, {"x": ArrayLike()})
+    w.close()
+    lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert [(line["step"], line["x"]) for line in lines] == [(2, 2.5)]  # none of the refused call
+    assert ArrayLike.read_on and threading.main_thread().name not in ArrayLike.read_on
 
 
 def test_a_writer_never_closed_is_drained_at_interpreter_exit(tmp_path):
