@@ -272,6 +272,8 @@ def _add_value(key: str, value: Any, out: SummaryMetrics, problems: Problems) ->
     """Adds a `compute()` result or a metric under `key`, flattening dicts and Statistics."""
     if isinstance(value, _CLU_TYPES):
         out[key] = value
+    elif isinstance(value, nnx.metrics.Metric):  # a dict of NNX metrics, as a MultiMetric
+        _add_metric(key, value, out, problems)
     elif isinstance(value, nnx.metrics.Statistics):
         out[key] = clu.values.Scalar(value.mean)
         out[f"{key}/sem"] = clu.values.Scalar(value.standard_error_of_mean)
@@ -283,8 +285,8 @@ def _add_value(key: str, value: Any, out: SummaryMetrics, problems: Problems) ->
         isinstance(value, int | float | np.number) or hasattr(value, "shape")
     ):
         problems.type_problem(
-            f"{key!r}: expected a number, an array of one element, a clu Metric or Value, "
-            f"Statistics or a dict of those, got {describe(value)}"
+            f"{key!r}: expected a number, an array of one element, a clu Metric or Value, an "
+            f"NNX Metric, Statistics or a dict of those, got {describe(value)}"
         )
     elif np.size(value) != 1:
         problems.value_problem(
@@ -322,7 +324,8 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
     """What `MetricsManager.write_metrics_summary` writes for NNX metrics.
 
     Args:
-        obj: an `nnx.MultiMetric` (Flax's or this module's), or the dict its `compute()` returns.
+        obj: an `nnx.MultiMetric` (Flax's or this module's), the dict its `compute()` returns,
+            or a dict of NNX metrics.
 
     Returns:
         name -> CLU metric (this module's, Flax's `Average`, `Accuracy`, `Welford`, metrax's

@@ -241,6 +241,22 @@ def test_as_summary_metrics_of_a_compute_dict_and_metrax_wrappers():
         mnnx.as_summary_metrics(mnnx.Average())
 
 
+def test_a_dict_of_nnx_metrics_is_read_as_a_multimetric():
+    loss, stats = nnx.metrics.Average(), mnnx.Welford()
+    loss.update(values=BATCH_1)
+    stats.update(values=BATCH_2)
+    summary = mnnx.as_summary_metrics({"loss": loss, "eval": {"stats": stats}})
+    assert {k: type(v) for k, v in summary.items()} == {
+        "loss": clu_metrics.Average,
+        "eval/stats": metrics_manager.Welford,
+    }
+    values = {k: float(v.value) for k, v in compute_metric_values(summary).items()}
+    assert values == pytest.approx(
+        {"loss": 2.5, "eval/stats": 1.5, "eval/stats/sem": 0.559017, "eval/stats/std": 1.118034},
+        rel=1e-6,
+    )
+
+
 def test_summary_values_are_written_to_jsonl_and_read_back(tmp_path):
     metrics = nnx.MultiMetric(loss=nnx.metrics.Average(), stats=mnnx.Welford())
     metrics.update(values=BATCH_1)
