@@ -542,15 +542,6 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
     return changes + segment_ids.shape[0] - rows_ending_in_padding
 
 
-def _default_num_devices(logits: Any) -> int:
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty:
-        return int(mesh.size)
-    if isinstance(logits, jax.Array) and not isinstance(logits, jax.core.Tracer):
-        return len(logits.sharding.device_set)
-    return jax.device_count()
-
-
 def compute_base_metrics(
     logits: jax.Array,
     targets: jax.Array,
@@ -637,7 +628,13 @@ def _base_metrics(
 ) -> dict[str, clu_metrics.Metric]:
     """`compute_base_metrics` on inputs its callers have already checked."""
     if num_devices is None:
-        num_devices = _default_num_devices(logits)
+        mesh = jax.sharding.get_abstract_mesh()
+        if not mesh.empty:
+            num_devices = int(mesh.size)
+        elif isinstance(logits, jax.Array) and not isinstance(logits, jax.core.Tracer):
+            num_devices = len(logits.sharding.device_set)
+        else:
+            num_devices = jax.device_count()
     num_tokens = jnp.float32(targets.size)
     real = jnp.ones(targets.shape, bool) if mask is None else mask != 0
     num_real = jnp.sum(real, dtype=jnp.float32)
