@@ -280,12 +280,11 @@ class StepsPerTime(Step, Time):
 
 @flax.struct.dataclass
 class _Extremum(clu_metrics.Metric):
-    """`Max` and `Min`: one value, reduced by `_op` and merged by `_pairwise`."""
+    """`Max` and `Min`: one value, reduced and merged by `_ufunc`."""
 
     value: ArrayLike
 
-    _op: ClassVar[Callable[..., jax.Array]]
-    _pairwise: ClassVar[Callable[..., jax.Array]]
+    _ufunc: ClassVar[Any]  # jnp.maximum or jnp.minimum (typed as a Protocol jnp lacks)
     _identity: ClassVar[float]
 
     @classmethod
@@ -295,10 +294,10 @@ class _Extremum(clu_metrics.Metric):
     @classmethod
     def from_model_output(cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any) -> Any:
         values, mask = _values_and_mask(values, mask, cls.__name__)
-        return cls(cls._op(values, where=mask, initial=cls._identity))
+        return cls(cls._ufunc.reduce(values, axis=None, where=mask, initial=cls._identity))
 
     def merge(self, other: Any) -> Any:
-        return type(self)(type(self)._pairwise(self.value, other.value))
+        return type(self)(type(self)._ufunc(self.value, other.value))
 
     def compute(self) -> ArrayLike:
         return self.value
@@ -314,8 +313,7 @@ class Max(_Extremum):
         -1.0
     """
 
-    _op = staticmethod(jnp.max)
-    _pairwise = staticmethod(jnp.maximum)
+    _ufunc = jnp.maximum
     _identity = -math.inf
 
 
@@ -329,8 +327,7 @@ class Min(_Extremum):
         1.0
     """
 
-    _op = staticmethod(jnp.min)
-    _pairwise = staticmethod(jnp.minimum)
+    _ufunc = jnp.minimum
     _identity = math.inf
 
 
