@@ -58,10 +58,7 @@ class _Layout(NamedTuple):
 
 @jax.tree_util.register_pytree_node_class
 class PackedMetrics:
-    """A dict of metrics as a pytree whose only leaves are its `buffers`, one per dtype.
-
-    Build one with `PackedMetrics.pack(metrics)` or `merge_metrics(..., pack=True)`.
-    """
+    """A dict of metrics as a pytree whose only leaves are its `buffers`, one per dtype."""
 
     __slots__ = ("_buffers", "_layout")
 
@@ -97,24 +94,22 @@ class PackedMetrics:
             >>> packed.keys(), [(b.dtype.name, b.shape) for b in packed.buffers]
             (['loss'], [('int32', (1,)), ('float32', (1,))])
         """
-        problems = Problems()
+        problems = Problems("PackedMetrics.pack")
         _check_dict(metrics, "metrics", problems)
-        problems.raise_if_any("PackedMetrics.pack")
+        problems.raise_if_any()
         paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(dict(metrics))
-        arrays = []
+        parts: dict[np.dtype, list[jax.Array]] = {}  # flat leaves, in order of appearance
+        sizes: dict[np.dtype, int] = {}
+        leaves = []
         for path, leaf in paths_leaves:
             try:
-                arrays.append(jnp.asarray(leaf))
+                array = jnp.asarray(leaf)
             except TypeError as err:
                 problems.type_problem(
                     f"{jax.tree_util.keystr(path)}: expected an array or scalar leaf, got "
                     f"{describe(leaf)} ({err})"
                 )
-        problems.raise_if_any("PackedMetrics.pack")
-        parts: dict[np.dtype, list[jax.Array]] = {}  # flat leaves, in order of appearance
-        sizes: dict[np.dtype, int] = {}
-        leaves = []
-        for array in arrays:
+                continue
             aval = jax.typeof(array)
             dtype, shape = np.dtype(aval.dtype), tuple(aval.shape)
             start = sizes.get(dtype, 0)
@@ -126,6 +121,7 @@ class PackedMetrics:
             # Strongly typed in the buffer; weak types come back in unpack().
             flat = jax.lax.convert_element_type(array, aval.dtype).reshape(-1)
             parts.setdefault(dtype, []).append(flat)
+        problems.raise_if_any()
         buffers = [p[0] if len(p) == 1 else jnp.concatenate(p) for p in parts.values()]
         specs = tuple((dtype, (size,)) for dtype, size in sizes.items())
         return cls(buffers, _Layout(treedef, tuple(leaves), specs, tuple(sorted(metrics))))
