@@ -268,19 +268,35 @@ class MultiMetric(nnx.MultiMetric):
         super().__init__(**metrics)
 
 
-def _add_value(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
-    """Adds a `compute()` result or a metric under `key`, flattening dicts and Statistics."""
+def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
+    """Adds a metric or a `compute()` result under `key`: NNX metrics as CLU metrics where
+    their state maps onto one, dicts and Statistics flattened."""
     if isinstance(value, _CLU_TYPES):
         out[key] = value
-    elif isinstance(value, nnx.metrics.Metric):  # a dict of NNX metrics, as a MultiMetric
-        _add_metric(key, value, out, problems)
+    elif isinstance(value, Metric):
+        out[key] = value.metric
+    elif isinstance(value, nnx.MultiMetric):
+        for name in value._metric_names:
+            _add(f"{key}/{name}", getattr(value, name), out, problems)
+    elif isinstance(wrapped := getattr(value, "clu_metric", None), clu_metrics.Metric):
+        out[key] = wrapped  # google-metrax's NnxWrapper
+    elif isinstance(value, nnx.metrics.Welford):
+        out[key] = _metrics.Welford(
+            count=jnp.asarray(value.count[...]).astype(jnp.int32),
+            mean=jnp.asarray(value.mean[...]),
+            m2=jnp.asarray(value.m2[...]),
+        )
+    elif isinstance(value, nnx.metrics.Average):  # Flax's Accuracy too
+        out[key] = clu_metrics.Average(total=value.total[...], count=value.count[...])
+    elif isinstance(value, nnx.metrics.Metric):
+        _add(key, value.compute(), out, problems)
     elif isinstance(value, nnx.metrics.Statistics):
         out[key] = clu.values.Scalar(value.mean)
         out[f"{key}/sem"] = clu.values.Scalar(value.standard_error_of_mean)
         out[f"{key}/std"] = clu.values.Scalar(value.standard_deviation)
     elif isinstance(value, Mapping):
         for name, item in value.items():
-            _add_value(f"{key}/{name}", item, out, problems)
+            _add(f"{key}/{name}", item, out, problems)
     elif isinstance(value, bool) or not (
         isinstance(value, int | float | np.number) or hasattr(value, "shape")
     ):
@@ -295,29 +311,6 @@ def _add_value(key: str, value: Any, out: SummaryMetrics, problems: Problems) ->
         )
     else:
         out[key] = clu.values.Scalar(value)
-
-
-def _add_metric(
-    key: str, metric: nnx.metrics.Metric, out: SummaryMetrics, problems: Problems
-) -> None:
-    """Adds an NNX metric under `key`, as a CLU metric where its state maps onto one."""
-    if isinstance(metric, Metric):
-        out[key] = metric.metric
-    elif isinstance(metric, nnx.MultiMetric):
-        for name in metric._metric_names:
-            _add_metric(f"{key}/{name}", getattr(metric, name), out, problems)
-    elif isinstance(wrapped := getattr(metric, "clu_metric", None), clu_metrics.Metric):
-        out[key] = wrapped  # google-metrax's NnxWrapper
-    elif isinstance(metric, nnx.metrics.Welford):
-        out[key] = _metrics.Welford(
-            count=jnp.asarray(metric.count[...]).astype(jnp.int32),
-            mean=jnp.asarray(metric.mean[...]),
-            m2=jnp.asarray(metric.m2[...]),
-        )
-    elif isinstance(metric, nnx.metrics.Average):  # Flax's Accuracy too
-        out[key] = clu_metrics.Average(total=metric.total[...], count=metric.count[...])
-    else:
-        _add_value(key, metric.compute(), out, problems)
 
 
 def as_summary_metrics(obj: Any) -> SummaryMetrics:
@@ -352,13 +345,13 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
     out: SummaryMetrics = {}
     if isinstance(obj, nnx.MultiMetric):
         for name in obj._metric_names:
-            _add_metric(name, getattr(obj, name), out, problems)
+            _add(name, getattr(obj, name), out, problems)
     elif isinstance(obj, Mapping):
         for key, value in obj.items():
             if not isinstance(key, str) or not key:
                 problems.type_problem(f"key {key!r}: expected a non-empty str")
             else:
-                _add_value(key, value, out, problems)
+                _add(key, value, out, problems)
     else:
         problems.type_problem(
             f"expected an nnx.MultiMetric or the dict its compute() returns, got "
