@@ -149,15 +149,13 @@ def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn]
     nvml_sensors, nvml = _nvml_sensors()
     memory = functools.partial(_memory, psutil.Process())
     sensors: dict[str, SampleFn] = {"cpu percent": _CpuPercent(), "memory": memory}
-    sensors |= {name: read for name, read in (optional | nvml_sensors).items() if _present(read)}
+    for name, read in (optional | nvml_sensors).items():
+        try:
+            if read():
+                sensors[name] = read
+        except Exception:  # noqa: BLE001  (an absent sensor is not an error)
+            pass
     return sensors, nvml
-
-
-def _present(read: SampleFn) -> bool:
-    try:
-        return bool(read())
-    except Exception:  # noqa: BLE001  (an absent sensor is not an error)
-        return False
 
 
 class SystemMonitor:
@@ -221,27 +219,26 @@ class SystemMonitor:
     def sample(self) -> None:
         """Takes one sample now and adds it to the current window."""
         with self._lock:
-            self._sample_locked()
-
-    def _sample_locked(self) -> None:
-        for name, read in list(self._sensors.items()):
-            try:
-                values = read()
-            except Exception:  # noqa: BLE001  (a failing sensor must not stop the others)
-                _LOG.debug("SystemMonitor: dropping sensor %r after an error", name, exc_info=True)
-                del self._sensors[name]
-                continue
-            for key, value in values.items():
-                value = float(value)
-                count, total, top = self._window.get(key, (0.0, 0.0, value))
-                self._window[key] = (count + 1.0, total + value, max(top, value))
+            for name, read in list(self._sensors.items()):
+                try:
+                    values = read()
+                except Exception:  # noqa: BLE001  (a failing sensor must not stop the others)
+                    _LOG.debug(
+                        "SystemMonitor: dropping sensor %r after an error", name, exc_info=True
+                    )
+                    del self._sensors[name]
+                    continue
+                for key, value in values.items():
+                    value = float(value)
+                    count, total, top = self._window.get(key, (0.0, 0.0, value))
+                    self._window[key] = (count + 1.0, total + value, max(top, value))
 
     def window_values(self) -> dict[str, float]:
         """`<key>` -> mean and `<key>/max` -> max since the previous call (after a fresh sample
         unless closed, so a short window has data), sorted by key."""
+        if not self._stop.is_set():
+            self.sample()
         with self._lock:
-            if not self._stop.is_set():
-                self._sample_locked()
             window, self._window = self._window, {}
         values = {}
         for key, (count, total, maximum) in sorted(window.items()):
