@@ -1,16 +1,10 @@
 """Waiting for device values without matching error strings: `block_until_ready_or_deleted`.
 
-`MetricsManager` times each summary window on its worker with this: the window starts when
-the train state is ready and ends when the metrics are.
+`MetricsManager`'s worker times each summary window with it (from the train state being ready
+to the metrics being ready), so the training loop never blocks. Donated buffers
+(`x.is_deleted()`) count as ready: the step that consumed them was dispatched after them.
 
-JAX dispatches asynchronously, so "ready" is only known by blocking; the manager does that
-blocking on its worker thread, so the training loop never waits for it.
-
-Buffers that were donated to a later computation (`x.is_deleted()`) count as
-ready: the step that consumed them has been dispatched after they were
-computed. This is checked per leaf, never by matching error strings.
-
-This module runs on the host only; never import it from code traced by jit.
+Host-side module: never import it from code traced by jit.
 """
 
 from collections.abc import Callable
@@ -42,12 +36,10 @@ def block_until_ready_or_deleted(tree: Any) -> None:
     arrays = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array) and not x.is_deleted()]
     try:
         jax.block_until_ready(arrays)  # one batched wait, not one call per leaf
-        return
-    except Exception:
-        pass  # a buffer may have been donated during the wait: sort it out leaf by leaf
-    for leaf in arrays:
-        try:
-            leaf.block_until_ready()
-        except Exception:
-            if not leaf.is_deleted():
-                raise
+    except Exception:  # a buffer may have been donated during the wait: leaf by leaf
+        for leaf in arrays:
+            try:
+                leaf.block_until_ready()
+            except Exception:
+                if not leaf.is_deleted():
+                    raise
