@@ -39,12 +39,15 @@ import clu.metrics as clu_metrics
 import clu.values
 import jax
 import numpy as np
+from flax import nnx
 
 import writers
 from metrics_manager import metrics as metrics_lib
 from metrics_manager import timer
 from metrics_manager.flops import perf_values
+from metrics_manager.nnx import as_summary_metrics
 from metrics_manager.packing import PackedMetrics
+from metrics_manager.system import SystemMonitor
 from writers import _checks
 from writers import values as values_lib
 from writers._checks import Problems
@@ -238,8 +241,6 @@ class MetricsManager:
                 self._release_dir()
                 raise
             if system_metrics:
-                from metrics_manager.system import SystemMonitor
-
                 self._monitor = SystemMonitor(interval_s=None)
         self._worker = OrderedWorker(
             f"MetricsManager[{name}]", max_pending=max_pending, on_stuck=self._stuck
@@ -710,7 +711,7 @@ class _Problems(Problems):
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:
     """(metrics to compute on the host, values ready to write) from a dict or NNX metrics."""
-    if not isinstance(obj, Mapping) and type(obj).__name__ != "MultiMetric":
+    if not isinstance(obj, Mapping | nnx.MultiMetric):
         problems.type_problem(
             f"metrics must be a mapping from names to CLU metrics, a "
             f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}"
@@ -718,8 +719,6 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
         return {}, {}
     if not isinstance(obj, Mapping) or any(not metrics_lib.is_metric_obj(v) for v in obj.values()):
         try:
-            from metrics_manager.nnx import as_summary_metrics
-
             obj = as_summary_metrics(obj)
         except (TypeError, ValueError) as err:
             problems.add(type(err), f"metrics: {err}")

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import jax
 import psutil
 
 _LOG = logging.getLogger(__name__)
@@ -138,8 +139,6 @@ def _nvml_sensors() -> tuple[dict[str, SampleFn], Any]:
 def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn], Any]:
     """The host's sensors by name: CPU and memory always, the others where a first reading works."""
     if devices is None:
-        import jax  # noqa: PLC0415  (only when device sensors are asked for)
-
         devices = jax.local_devices()
     optional: dict[str, SampleFn] = {
         f"memory_stats of {d}": functools.partial(_device_memory, d) for d in devices
