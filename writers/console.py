@@ -204,12 +204,7 @@ def _number(key: str, value: int | float) -> str:
 
 
 def _numbers(values: Mapping[str, int | float]) -> dict[str, str]:
-    """`_number(key, value)` for every item; a float below 1,000 in size takes a fast path.
-
-    Example:
-      >>> _numbers({"loss": 0.123456, "n": 12345})
-      {'loss': '0.1235', 'n': '12,345'}
-    """
+    """`_number(key, value)` for every item; a float below 1,000 in size takes a fast path."""
     return {
         key: f"{value:.4g}"
         if type(value) is float and -1000.0 < value < 1000.0
