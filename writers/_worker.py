@@ -68,7 +68,7 @@ class OrderedWorker:
         self._cond = threading.Condition(threading.RLock())  # re-entrant for signal handlers
         self._queue: collections.deque[Job] = collections.deque()
         self._current: Job | None = None
-        self._piece: tuple[str, float | None] | None = None  # (label, monotonic deadline)
+        self._piece: tuple[str, float] | None = None  # (label, monotonic deadline)
         self._generation = 0
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -131,7 +131,7 @@ class OrderedWorker:
     def _wait(self) -> None:
         self._cond.wait(_POLL_S)
         piece = self._piece
-        if piece is not None and piece[1] is not None and time.monotonic() > piece[1]:
+        if piece is not None and time.monotonic() > piece[1]:
             job = self._current
             assert job is not None  # a piece runs only inside the current job
             self._generation += 1
