@@ -34,7 +34,7 @@ class EventFile:
     def __init__(self, logdir: str, filename_suffix: str = ""):
         now = time.time()
         name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}"
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # TensorBoardWriter's flush timer is a second thread
         self._closed = False
         self._local = not _storage.is_remote(logdir)
         self._file: Any

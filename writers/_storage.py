@@ -10,7 +10,6 @@ Files created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp
 """
 
 import os
-import threading
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -77,7 +76,7 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
 
 
 class PartStream:
-    """Appends as parts `name(i)`, sorting in write order: one per flush (or 8 MiB); thread-safe."""
+    """Appends as parts `name(i)`, sorting in write order: one per flush (or 8 MiB); unlocked."""
 
     def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
         self._fs, self._dir = filesystem(directory)
@@ -85,23 +84,16 @@ class PartStream:
         self._index = first_index
         self._buffer: list[bytes] = []
         self._size = 0
-        self._lock = threading.Lock()
 
     def write(self, data: bytes) -> None:
-        with self._lock:
-            self._buffer.append(data)
-            self._size += len(data)
-            if self._size >= _ROLL_BYTES:
-                self._upload()
+        self._buffer.append(data)
+        self._size += len(data)
+        if self._size >= _ROLL_BYTES:
+            self.flush()
 
     def flush(self) -> None:
-        with self._lock:
-            self._upload()
-
-    def _upload(self) -> None:
         if not self._size:
             return
-        data = b"".join(self._buffer)
-        self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", data)
+        self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", b"".join(self._buffer))
         self._index += 1
         self._buffer, self._size = [], 0
