@@ -40,14 +40,13 @@ def first_events(purge_step: int | None) -> list[bytes]:
 def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
     """An event of `simple_value`s encoded by hand, byte-for-byte protobuf's (a test checks)."""
     # The hot path: a proto object per value costs about 1 us; the tags' bytes are cached.
-    keys = tuple(numbers)
-    packer = _summary_packer(keys)
+    packer, prefixes = _summary_packer(tuple(numbers))
     try:  # one struct.pack: tags' bytes and float32 values interleaved
-        pairs = zip(packer[1], numbers.values(), strict=True)
-        summary = packer[0].pack(*chain.from_iterable(pairs))
+        pairs = zip(prefixes, numbers.values(), strict=True)
+        summary = packer.pack(*chain.from_iterable(pairs))
     except OverflowError:  # beyond float32: protobuf stores +-inf
-        pairs = zip(packer[1], map(_float32, numbers.values()), strict=True)
-        summary = packer[0].pack(*chain.from_iterable(pairs))
+        pairs = zip(prefixes, map(_float32, numbers.values()), strict=True)
+        summary = packer.pack(*chain.from_iterable(pairs))
     step_field = b"\x10" + _varint(step) if step else b""  # proto3 omits a zero step
     size = _varint(len(summary))
     return b"".join((b"\x09", _F64.pack(time.time()), step_field, b"\x2a", size, summary))

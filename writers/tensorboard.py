@@ -74,7 +74,6 @@ class TensorBoardWriter(BaseWriter):
         self._file = _records.EventFile(self._logdir, filename_suffix)
         for data in _tb_summary.first_events(purge_step):
             self._file.write(data)
-        self._pending = False
         self._stop = threading.Event()
         self._flusher = threading.Thread(
             target=self._flush_periodically,
@@ -101,7 +100,6 @@ class TensorBoardWriter(BaseWriter):
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._file.write(self._tb.scalar_event(step, numbers))
-        self._pending = True
 
     def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
         pictures = [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in images.items()]
@@ -124,7 +122,6 @@ class TensorBoardWriter(BaseWriter):
 
     def flush(self) -> None:
         """Writes buffered events out: fsyncs a local file, uploads a new part remotely."""
-        self._pending = False
         self._file.flush()  # a no-op once closed
 
     def close(self) -> None:
@@ -139,9 +136,7 @@ class TensorBoardWriter(BaseWriter):
 
     def _emit(self, step: int, values: list[Any]) -> None:
         self._file.write(self._tb.event(step, values))
-        self._pending = True
 
     def _flush_periodically(self, flush_secs: float) -> None:
         while not self._stop.wait(flush_secs):
-            if self._pending:
-                self.flush()
+            self.flush()  # with nothing new: a no-op upload, an fsync of a clean file
