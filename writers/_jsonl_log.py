@@ -21,22 +21,19 @@ from writers import _storage
 
 _STEP = re.compile(rb'^\{"step": (null|\d+)[,}]')
 _PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
-_UNKNOWN = -1  # a line whose step cannot be read
-
-
 _part_name = "{:06d}-{:08d}.jsonl".format  # (generation, index) -> the part's file name
 
 
 def line_step(line: bytes) -> int | None:
-    """The `step` of one log line: an int, None for lines without one, -1 if unreadable."""
+    """The `step` of one log line: an int, or None for lines without one or unreadable."""
     match = _STEP.match(line)
     if match:
         return None if match.group(1) == b"null" else int(match.group(1))
     try:
         step = json.loads(line).get("step")
     except (ValueError, AttributeError):
-        return _UNKNOWN
-    return step if isinstance(step, int) or step is None else _UNKNOWN
+        return None
+    return step if isinstance(step, int) else None
 
 
 def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
@@ -54,7 +51,7 @@ def last_step(tail: bytes) -> int | None:
     """The step of the last complete line with a step in `tail` (the end of a log)."""
     for line in reversed(tail.split(b"\n")[:-1]):
         step = line_step(line)
-        if step is not None and step != _UNKNOWN:
+        if step is not None:
             return step
     return None
 
