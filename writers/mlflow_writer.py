@@ -91,8 +91,23 @@ class MlflowWriter(_base.TrackerWriter):
         self._client = client = mlflow.MlflowClient(tracking_uri)
         run_name = run_name or collection
         self._owned = run_id is None or resume_step is not None
-        if run_id is None and resume_step is not None:
-            run_id = self._find_run(experiment_name, run_name, resume_step)
+        if run_id is None and resume_step is not None:  # the latest run named run_name
+            found = client.get_experiment_by_name(experiment_name or "Default")
+            runs = []
+            if found is not None and run_name:
+                runs = client.search_runs(
+                    [found.experiment_id],
+                    filter_string=f"tags.`mlflow.runName` = '{run_name}'",
+                    order_by=["attributes.start_time DESC"],
+                    max_results=1,
+                )
+            if not runs:
+                raise ValueError(
+                    f"MlflowWriter: resume_step={resume_step} found no run named {run_name!r} in "
+                    f"experiment {experiment_name!r}. Pass run_id=, or the run_name the run was "
+                    "created with (it defaults to the collection)."
+                )
+            run_id = runs[0].info.run_id
         if run_id is None:
             experiment_id = "0"  # MLflow's "Default" experiment
             if experiment_name is not None:
@@ -156,24 +171,6 @@ class MlflowWriter(_base.TrackerWriter):
 
     def _end_run(self) -> None:
         self._client.set_terminated(self.run_id)
-
-    def _find_run(self, experiment: str | None, name: str | None, resume_step: int) -> str:
-        found = self._client.get_experiment_by_name(experiment or "Default")
-        runs = []
-        if found is not None and name:
-            runs = self._client.search_runs(
-                [found.experiment_id],
-                filter_string=f"tags.`mlflow.runName` = '{name}'",
-                order_by=["attributes.start_time DESC"],
-                max_results=1,
-            )
-        if not runs:
-            raise ValueError(
-                f"MlflowWriter: resume_step={resume_step} found no run named {name!r} in "
-                f"experiment {experiment!r}. Pass run_id=, or the run_name the run was "
-                "created with (it defaults to the collection)."
-            )
-        return runs[0].info.run_id
 
     def _files(
         self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
