@@ -89,14 +89,8 @@ class WandbWriter(_base.TrackerWriter):
         if not here:
             return
         if run is None:
-            kwargs: dict[str, Any] = {}
-            if run_id is not None:
-                if collection:
-                    run_id = f"{run_id}-{collection.replace('/', '-')}"
-                if resume_step is None:
-                    kwargs.update(id=run_id, resume="allow")
-                else:  # id and resume_from together: W&B checks that they agree
-                    kwargs.update(id=run_id, resume_from=f"{run_id}?_step={resume_step}")
+            if run_id is not None and collection:
+                run_id = f"{run_id}-{collection.replace('/', '-')}"
             if logdir is not None:
                 # W&B's service resolves a relative dir against its own working directory.
                 logdir = os.path.abspath(logdir)
@@ -112,7 +106,9 @@ class WandbWriter(_base.TrackerWriter):
                 tags=list(tags) if tags else None,
                 settings=settings,
                 reinit="create_new",  # one run per writer: train and eval side by side
-                **kwargs,
+                id=run_id,  # passed with resume_from too: W&B checks that they agree
+                resume="allow" if run_id is not None and resume_step is None else None,
+                resume_from=None if resume_step is None else f"{run_id}?_step={resume_step}",
             )
             self._owned = True
         self._run = run
