@@ -70,7 +70,6 @@ _F32 = struct.Struct("<f")
 _F64 = struct.Struct("<d")
 
 
-@functools.lru_cache(maxsize=100_000)
 def _scalar_prefix(key: str) -> bytes:
     tag = key.encode("utf-8")
     # Value{tag (field 1, bytes), simple_value (field 2, float32)} as field 1 of Summary.
