@@ -4,9 +4,8 @@ Local paths keep `open()`: cheap appends, `tail -f`, `fsync`. Anything with a sc
 (`gs://`, `s3://`, `memory://`) goes through fsspec, where objects cannot be appended to;
 re-uploading a growing object on every flush costs bytes that grow with the square of the run,
 so remote logs are written as parts: each flush uploads only the new bytes as a new object
-whose name sorts after the earlier ones. Credentials and endpoints are fsspec's (its config,
-`FSSPEC_*` variables) or the libraries' own (`GOOGLE_APPLICATION_CREDENTIALS`, `AWS_*`).
-Files created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
+whose name sorts after the earlier ones (credentials: the README's "Cloud storage"). Files
+created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
 """
 
 import os
