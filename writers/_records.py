@@ -35,7 +35,6 @@ class EventFile:
         now = time.time()
         name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}"
         self._lock = threading.Lock()  # TensorBoardWriter's flush timer is a second thread
-        self._closed = False
         self._local = not _storage.is_remote(logdir)
         self._file: Any
         if not self._local:
@@ -69,22 +68,14 @@ class EventFile:
     def flush(self) -> None:
         """Writes buffered records out (fsyncs local files, uploads remote ones)."""
         with self._lock:
-            if not self._closed:
-                self._flush()
+            self._file.flush()
+            if self._local:
+                os.fsync(self._file.fileno())
 
     def close(self) -> None:
-        """Flushes and closes the file; idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                self._flush()
-            finally:
-                if self._local:
-                    self._file.close()
-
-    def _flush(self) -> None:
-        self._file.flush()
-        if self._local:
-            os.fsync(self._file.fileno())
+        """Flushes and closes the file (`TensorBoardWriter.close` calls it once)."""
+        try:
+            self.flush()
+        finally:
+            if self._local:
+                self._file.close()

@@ -120,9 +120,8 @@ class TensorBoardWriter(BaseWriter):
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._emit(0, self._tb.hparams(hparams))
 
-    def flush(self) -> None:
-        """Writes buffered events out: fsyncs a local file, uploads a new part remotely."""
-        self._file.flush()  # a no-op once closed
+    def _flush(self) -> None:
+        self._file.flush()  # an fsync locally, a new part remotely
 
     def close(self) -> None:
         """Stops the flush timer, flushes and closes the event file; idempotent."""
