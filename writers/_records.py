@@ -1,8 +1,7 @@
 """TensorBoard event files: TFRecord framing, written synchronously (not by tensorboardX's queue).
 
 A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`,
-little-endian. The CRC is tensorboardX's `masked_crc32c`, fast because the `crc32c` package
-(a declared dependency) is installed; without it tensorboardX falls back to a Python loop.
+little-endian; the CRC is tensorboardX's, fast with the `crc32c` package (a dependency).
 
 Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`,
 a counter added on a clash). On a URL each flush writes one new object holding the events
@@ -58,7 +57,7 @@ class EventFile:
         raise FileExistsError(f"EventFile: could not create a new file next to {base}")
 
     def write(self, data: bytes) -> None:
-        """Appends one serialized event as `[len][crc(len)][data][crc(data)]`, little endian."""
+        """Appends one serialized event as a record."""
         header = struct.pack("<Q", len(data))
         header += struct.pack("<I", masked_crc32c(header))
         record = header + data + struct.pack("<I", masked_crc32c(data))

@@ -1,11 +1,9 @@
 """`TensorBoardWriter`: TensorBoard event files, all values of one call in one event.
 
-tensorboardX's `add_scalar` writes one event per value through a process queue; this writer
-puts every value of a call into one event (scalar events encoded directly, byte-identical to
-protobuf's) with a fast CRC (`_records`): over 100x faster at 50 scalars per call (see
-benchmarks/writer_throughput.py). Events go synchronously to a new file of the writer's own
-(at a URL logdir, one new object per flush; extras `[gcs]`, `[s3]`), so `flush()` means "on
-disk". Wrap the writer in `AsyncWriter` to take the work off the training loop.
+Unlike tensorboardX's `add_scalar` (one event per value, through a process queue), events go
+synchronously to a file of the writer's own (at a URL logdir, one new object per flush; extras
+`[gcs]`, `[s3]`): over 100x faster at 50 scalars per call (benchmarks/writer_throughput.py),
+and `flush()` means "on disk". Wrap the writer in `AsyncWriter` to take the work off the loop.
 
 Where values land (as TensorBoard's `EventAccumulator` reads them): scalars as `simple_value`
 (NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
