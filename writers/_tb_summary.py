@@ -10,13 +10,12 @@ from typing import Any
 
 import numpy as np
 from tensorboardX import summary as tbx_summary
-from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2, tensor_shape_pb2
+from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2
 
 from writers import _checks, _encode
 
 Value = summary_pb2.Summary.Value
 
-_DT_STRING = 7
 _DTYPES = {
     "float16": 19, "float32": 1, "float64": 2, "int8": 6, "int16": 5, "int32": 3,
     "int64": 9, "uint8": 4, "uint16": 17, "uint32": 22, "uint64": 23, "bool": 10,
@@ -96,8 +95,8 @@ def images(key: str, batch: np.ndarray) -> Any:
     n, height, width, _ = batch.shape
     # The images plugin's tensor layout: [width, height, png_1, ..., png_n].
     tensor = tensor_pb2.TensorProto(
-        dtype=_DT_STRING,
-        tensor_shape=_shape((n + 2,)),
+        dtype="DT_STRING",
+        tensor_shape={"dim": [{"size": n + 2}]},
         string_val=[str(width).encode(), str(height).encode()] + [_encode.png(i) for i in batch],
     )
     plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="images")
@@ -152,11 +151,7 @@ def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
         content = dict(dtype=_DTYPES[arr.dtype.name], tensor_content=data)
     else:  # strings and objects: one string per element
         items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]
-        content = dict(dtype=_DT_STRING, string_val=items)
-    proto = tensor_pb2.TensorProto(tensor_shape=_shape(arr.shape), **content)
+        content = dict(dtype="DT_STRING", string_val=items)
+    shape = {"dim": [{"size": d} for d in arr.shape]}
+    proto = tensor_pb2.TensorProto(tensor_shape=shape, **content)
     return Value(tag=key, tensor=proto, metadata=meta)  # protobuf skips a None field
-
-
-def _shape(dims: tuple[int, ...]) -> Any:
-    Dim = tensor_shape_pb2.TensorShapeProto.Dim
-    return tensor_shape_pb2.TensorShapeProto(dim=[Dim(size=d) for d in dims])
