@@ -1,4 +1,4 @@
-"""Shared helpers for the benchmarks: timing, medians, tables, targets, machine facts.
+"""What the benchmarks share: timing, medians, tables, targets, machine facts.
 
 Every benchmark module returns one `Table` from `run(quick=...)`. A table holds its rows
 (plain dicts), the columns to show, the targets it checks, the headline lines to print and

@@ -1,4 +1,4 @@
-"""Metric types: T5X's numeric cases, compute() formulas, identities and host-side helpers."""
+"""Metric types: T5X's numeric cases, compute() formulas, identities and host-side functions."""
 
 import doctest
 
@@ -231,7 +231,7 @@ def test_positional_construction_is_refused_where_order_is_a_trap(make):
         make()
 
 
-# --- host-side helpers -------------------------------------------------------------------
+# --- host-side functions -----------------------------------------------------------------
 
 
 def test_setters_replace_only_their_metrics_and_leave_input_alone():
