@@ -18,6 +18,7 @@ modes".
 Host-side module: never import it from code traced by jit.
 """
 
+import atexit
 import collections
 import concurrent.futures
 import dataclasses
@@ -50,6 +51,7 @@ from metrics_manager.packing import PackedMetrics
 from metrics_manager.system import SystemMonitor
 from writers import _checks
 from writers import values as values_lib
+from writers._base import close_at_exit
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
 
@@ -246,6 +248,10 @@ class MetricsManager:
             f"MetricsManager[{name}]", max_pending=max_pending, on_stuck=self._stuck
         )
         _OPEN.add(self)
+        # Registered after the writers' own hooks, so it runs first (atexit is LIFO): a manager
+        # never closed drains its queue into open writers before they close, and its worker
+        # stops before the interpreter does (a daemon thread inside JAX then aborts it).
+        self._at_exit = close_at_exit(self, f"MetricsManager {name!r}")
         if handle_signals and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
                 if signum not in _PREVIOUS_HANDLERS:
@@ -393,6 +399,7 @@ class MetricsManager:
             return
         self._closed = True
         _OPEN.discard(self)
+        atexit.unregister(self._at_exit)
         try:
             self._to_all("close", None)
             if not self._worker.close(5.0):

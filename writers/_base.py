@@ -263,8 +263,9 @@ def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:
     return files
 
 
-def close_at_exit(writer: MetricWriter, name: str) -> Callable[[], None]:
-    """Runs `writer.close()` at exit (held weakly: no `__del__`); returns the `atexit` hook."""
+def close_at_exit(writer: Any, name: str) -> Callable[[], None]:
+    """Runs `writer.close()` (or a manager's) at exit, held weakly (no `__del__`); returns the
+    `atexit` hook."""
     return atexit.register(functools.partial(_close_at_exit, weakref.ref(writer), name))
 
 

@@ -3,7 +3,8 @@
     python -m tests.metrics_manager.fault_loop MODE SUMMARY_DIR [PERIOD_S]
 
 MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds),
-`hang` (a writer that never returns, next to JSONL), `multiprocess` (see
+`hang` (a writer that never returns, next to JSONL), `unclosed` (50 summaries queued, then
+the program ends without closing the manager), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
@@ -74,6 +75,11 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         ),
     )
     x = jnp.zeros(4)
+    if mode == "unclosed":
+        for step in range(1, 51):
+            x, metrics = step_fn(x)
+            manager.write_metrics_summary(metrics, step, 1)
+        return None  # no close(): the interpreter exits with the summaries still queued
     last = time.monotonic()
     for step in range(1, 1_000_000):
         x, metrics = step_fn(x)

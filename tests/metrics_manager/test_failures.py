@@ -154,6 +154,15 @@ def test_sigkill_leaves_readable_files_and_loses_at_most_the_queue(tmp_path):
     assert tb == sorted(tb) and jsonl == sorted(jsonl)
 
 
+def test_a_manager_never_closed_writes_every_summary_and_the_process_exits_0(tmp_path):
+    proc = run_loop("unclosed", str(tmp_path))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out  # not an abort from the worker thread inside JAX
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == list(range(1, 51))
+    assert tb_steps(logdir) == list(range(1, 51))
+
+
 def test_a_writer_failing_on_process_0_does_not_hang_process_1(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
