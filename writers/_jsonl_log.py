@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import stat
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
@@ -62,6 +63,17 @@ class LocalLog:
     def __init__(self, path: str, resume_step: int | None):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._file: TextIO = _open_locked(path)
+        # A pipe or device (/dev/stdout into `jq`): lines only, nothing to read back or fsync.
+        self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
+        self.last_step: int | None = None
+        if not self._regular:
+            if resume_step is not None:
+                self._file.close()
+                raise ValueError(
+                    f"JsonlWriter: resume_step={resume_step} rewrites the log, but {path} is "
+                    "not a regular file (a pipe or device); pass a file path, or no resume_step."
+                )
+            return
         if resume_step is not None:
             with open(path, "rb") as old:
                 _storage.replace_file(path, kept_lines(old, resume_step))
@@ -69,14 +81,15 @@ class LocalLog:
             previous.close()
         with open(path, "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            self.last_step: int | None = last_step(f.read())
+            self.last_step = last_step(f.read())
 
     def write(self, text: str) -> None:
         self._file.write(text)
 
     def flush(self) -> None:
         self._file.flush()
-        os.fsync(self._file.fileno())
+        if self._regular:
+            os.fsync(self._file.fileno())
 
     def close(self) -> None:
         with self._file:  # closed even if the flush fails

@@ -2,7 +2,8 @@
 
 Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
 (`time` in Unix seconds, `collection` null when unset). A local file is appended to and
-line-buffered (`tail -f` sees each line; `flush()` fsyncs). A URL (`gs://b/run/m.jsonl`, any
+line-buffered (`tail -f` sees each line; `flush()` fsyncs); a pipe or device such as
+`/dev/stdout` just gets the lines. A URL (`gs://b/run/m.jsonl`, any
 fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush;
 `writers.read_jsonl(path)` reads either back. Every line is strict JSON:
 
@@ -66,7 +67,8 @@ class JsonlWriter(BaseWriter):
 
     Raises:
       TypeError: `resume_step` is not an integer.
-      ValueError: `resume_step` is negative or `flush_secs` is not positive.
+      ValueError: `resume_step` is negative or given for a pipe, or `flush_secs` is not
+        positive.
       ImportError: `path` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 

@@ -7,6 +7,7 @@ own reader and `json.loads`, and counted.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -71,6 +72,32 @@ def test_a_raising_writer_stops_the_loop_with_a_clear_error_under_raise(tmp_path
                 manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
     written = [line["step"] for line in read_jsonl(str(tmp_path / "train"))]
     assert written == list(range(1, len(written) + 1)) and written  # the others kept theirs
+
+
+def test_a_full_disk_under_one_writer_costs_the_others_nothing(tmp_path):
+    # A real ENOSPC from the kernel: /dev/full refuses every write with "No space left".
+    def factory(logdir):
+        return writers.MultiWriter(
+            {
+                "full": writers.JsonlWriter("/dev/full"),
+                "tensorboard": writers.TensorBoardWriter(logdir),
+                "jsonl": writers.JsonlWriter(os.path.join(logdir, "metrics.jsonl")),
+            }
+        )
+
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        for step in range(1, 101):
+            manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
+    logdir = str(tmp_path / "train")
+    assert [line["loss"] for line in read_jsonl(logdir)] == [float(s) for s in range(1, 101)]
+    assert tb_steps(logdir) == list(range(1, 101))
+    health = manager.health()["writers"]
+    assert health["full"]["quarantined"] == "10 failures in a row"
+    assert health["tensorboard"]["failures"] == health["jsonl"]["failures"] == 0
+    failures = manager.errors
+    assert [f.step for f in failures[:10]] == list(range(1, 11))  # then quarantined
+    assert all(f.source == "writer:full" for f in failures)
+    assert all(getattr(f.error, "errno", None) == errno.ENOSPC for f in failures)
 
 
 def test_a_writer_quarantined_after_failures_in_a_row_is_not_called_again(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -188,3 +189,23 @@ def test_any_scalars_round_trip_through_strict_json(tmp_path_factory, numbers):
             assert got == "NaN"
         else:
             assert float(got) == value
+
+
+def test_a_pipe_gets_the_lines_and_resume_is_refused_naming_it():
+    read_end, write_end = os.pipe()
+    try:
+        path = f"/dev/fd/{write_end}"  # as `JsonlWriter("/dev/stdout")` piped into jq
+        w = writers.JsonlWriter(path, collection="train", clock=lambda: 5.0)
+        w.write_scalars(1, {"loss": 0.5})
+        w.write_texts(2, {"note": "hi"})
+        w.close()
+        with pytest.raises(ValueError, match=r"resume_step=3 rewrites the log.*not a regular file"):
+            writers.JsonlWriter(path, resume_step=3)
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, encoding="utf-8") as pipe:
+        lines = [json.loads(line) for line in pipe.read().splitlines()]
+    assert lines == [
+        {"step": 1, "time": 5.0, "collection": "train", "loss": 0.5},
+        {"step": 2, "time": 5.0, "collection": "train", "note": "hi"},
+    ]
