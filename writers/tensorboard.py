@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from writers import _checks, _encode
 from writers._base import BaseWriter, close_at_exit
@@ -135,5 +136,12 @@ class TensorBoardWriter(BaseWriter):
         self._file.write(self._tb.event(step, values))
 
     def _flush_periodically(self, flush_secs: float) -> None:
+        failing = False
         while not self._stop.wait(flush_secs):
-            self.flush()  # with nothing new: a no-op upload, an fsync of a clean file
+            try:
+                self.flush()  # with nothing new: a no-op upload, an fsync of a clean file
+                failing = False
+            except Exception:  # noqa: BLE001  (the timer outlives a failed upload or fsync)
+                if not failing:  # once per run of failures; flush() and close() still raise
+                    logging.exception("%s: a timed flush failed; retrying", self._where())
+                failing = True

@@ -6,6 +6,7 @@ import glob
 import io
 import os
 import struct
+import threading
 import time
 import wave
 import zlib
@@ -294,6 +295,35 @@ def test_url_logdirs_get_one_new_object_per_flush(tmp_path):
     fs.rm("/tb-bucket", recursive=True)
     with pytest.raises(ValueError, match=r"fsspec knows no nope:// protocol"):
         writers.TensorBoardWriter("nope://bucket/run")
+
+
+def test_the_flush_timer_outlives_failed_uploads_and_logs_them_once(tmp_path, caplog):
+    import fsspec
+
+    w = writers.TensorBoardWriter("memory://tb-flaky/run", flush_secs=0.01)
+    real_flush, calls = w._file.flush, []
+
+    def flaky_flush():  # the first three uploads fail, as when the network drops
+        calls.append(threading.current_thread().name)
+        if len(calls) <= 3:
+            raise OSError("connection reset")
+        real_flush()
+
+    w._file.flush = flaky_flush
+    w.write_scalars(7, {"loss": 0.5})
+    fs = fsspec.filesystem("memory")
+    deadline = time.monotonic() + 30
+    while not (fs.exists("/tb-flaky/run") and fs.ls("/tb-flaky/run", detail=False)):
+        assert time.monotonic() < deadline, "the timer stopped after a failed upload"
+        time.sleep(0.01)
+    w.close()
+    assert calls[:4] == [w._flusher.name] * 4  # the timer's own thread, failing, then uploading
+    logged = [r for r in caplog.records if "a timed flush failed" in r.getMessage()]
+    assert len(logged) == 1 and "connection reset" in (logged[0].exc_text or "")
+    for name in fs.ls("/tb-flaky/run", detail=False):
+        (tmp_path / os.path.basename(name)).write_bytes(fs.cat_file(name))
+    assert [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")] == [(7, 0.5)]
+    fs.rm("/tb-flaky", recursive=True)
 
 
 def test_a_writer_never_closed_still_writes_its_events_at_exit(tmp_path):
