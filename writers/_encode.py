@@ -72,6 +72,8 @@ def hparam(value: object) -> bool | int | float | str:
     """A hyperparameter as a bool, number or str (anything else becomes its `str()`)."""
     if isinstance(value, bool | str):
         return value
+    if isinstance(value, np.bool_ | np.str_):  # numpy's as Python's
+        return value.item()
     if isinstance(value, int | float | np.number):
         return _checks.to_number("hparam", value)
     return str(value)

@@ -87,14 +87,18 @@ def test_non_scalar_values_are_summarized(writer, tmp_path):
 
 
 def test_hparams_line_has_null_step(writer):
-    writer.write_hparams({"lr": 0.1, "opt": "adam", "layers": [1, 2], "n": np.int32(4), "b": False})
+    writer.write_hparams(
+        {"lr": 0.1, "opt": "adam", "layers": [1, 2], "n": np.int32(4), "b": False}
+        | {"nb": np.bool_(True), "ns": np.str_("sgd")}
+    )
     writer.flush()
     (line,) = _strict_lines(writer.path)
     assert line == {
         "step": None,
         "time": 123.5,
         "collection": "train",
-        "hparams": {"lr": 0.1, "opt": "adam", "layers": "[1, 2]", "n": 4, "b": False},
+        "hparams": {"lr": 0.1, "opt": "adam", "layers": "[1, 2]", "n": 4, "b": False}
+        | {"nb": True, "ns": "sgd"},
     }
 
 
