@@ -80,8 +80,17 @@ class LocalLog:
             previous, self._file = self._file, _open_locked(path)  # the rewritten file
             previous.close()
         with open(path, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
-            self.last_step = last_step(f.read())
+            size, complete = f.seek(0, os.SEEK_END), _complete_size(f)
+            f.seek(max(0, complete - 65536))
+            self.last_step = last_step(f.read(complete - f.tell()))
+        if complete < size:  # a process ended mid-line: the next line would be glued onto it
+            logging.warning(
+                "JsonlWriter(%s): dropping a partial last line (%d bytes) left by a process "
+                "that ended while writing it",
+                path,
+                size - complete,
+            )
+            os.truncate(path, complete)
 
     def write(self, text: str) -> None:
         self._file.write(text)
@@ -94,6 +103,19 @@ class LocalLog:
     def close(self) -> None:
         with self._file:  # closed even if the flush fails
             self.flush()
+
+
+def _complete_size(f: Any) -> int:
+    """The size of binary file `f` up to the end of its last complete line."""
+    end = f.seek(0, os.SEEK_END)
+    while end > 0:
+        start = max(0, end - 65536)
+        f.seek(start)
+        newline = f.read(end - start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
 
 
 def _open_locked(path: str) -> TextIO:

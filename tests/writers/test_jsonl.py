@@ -213,3 +213,28 @@ def test_a_pipe_gets_the_lines_and_resume_is_refused_naming_it():
         {"step": 1, "time": 5.0, "collection": "train", "loss": 0.5},
         {"step": 2, "time": 5.0, "collection": "train", "note": "hi"},
     ]
+
+
+@pytest.mark.parametrize("torn_bytes", [15, 100_000])  # shorter and longer than the 64 KiB tail
+def test_a_line_torn_by_a_crash_is_dropped_so_the_next_run_appends_whole_lines(
+    tmp_path, caplog, torn_bytes
+):
+    path = tmp_path / "metrics.jsonl"
+    w = writers.JsonlWriter(path, clock=lambda: 1.0)
+    w.write_scalars(1, {"a": 1.0})
+    w.write_texts(2, {"t": "x" * 70_000})  # a line longer than the tail read back
+    w.close()
+    with open(path, "a", encoding="utf-8") as f:  # what a kill in the middle of a write leaves
+        f.write(('{"step": 3, "time": 1.0, "a": ' + "9" * torn_bytes)[:torn_bytes])
+    resumed = writers.JsonlWriter(path, clock=lambda: 1.0)
+    resumed.write_scalars(2, {"a": 4.0})  # at the last whole line's step: no backwards warning
+    resumed.close()
+    assert [(line["step"], line.get("a")) for line in _strict_lines(path)] == [
+        (1, 1.0),
+        (2, None),
+        (2, 4.0),
+    ]
+    assert writers.read_jsonl(path)[-1] == {"step": 2, "time": 1.0, "collection": None, "a": 4.0}
+    (dropped,) = [r.getMessage() for r in caplog.records if "partial last line" in r.getMessage()]
+    assert f"({torn_bytes} bytes)" in dropped and str(path) in dropped
+    assert not [r for r in caplog.records if "comes after step" in r.getMessage()]
