@@ -221,10 +221,11 @@ class TrackerWriter(BaseWriter):
             if self._owned:
                 self._end_run()
 
-    def _paths(
-        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str
-    ) -> dict[str, bytes]:
-        """`<kind>/<key>/step_<step 8 digits>[_<i>]<ext>` -> bytes (a list of bytes: one `_<i>` each).
+    def _files(
+        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
+    ) -> None:
+        """Stores `<kind>/<key>/step_<step 8 digits>[_<i>]<ext>` for each key's bytes (a list of
+        bytes: one `_<i>` each) through `_store`.
 
         Raises:
           ValueError: a key is not a relative path (an empty, `.` or `..` part).
@@ -241,18 +242,16 @@ class TrackerWriter(BaseWriter):
             for i, data in enumerate(content if many else [content]):
                 name = f"step_{step:08d}_{i}{ext}" if many else f"step_{step:08d}{ext}"
                 paths[f"{kind}/{key}/{name}"] = data
-        return paths
+        self._store(paths)
 
-    def _files(
-        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
-    ) -> None: ...
+    def _store(self, paths: dict[str, bytes]) -> None: ...
     def _pictures(self, method: str, step: int, images: dict[str, np.ndarray]) -> None: ...
     def _params(self, hparams: dict[str, bool | int | float | str]) -> None: ...
     def _end_run(self) -> None: ...
 
 
 def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:
-    """Writes each `<dir>/.../<name>` -> bytes of `TrackerWriter._paths` under `root`; the files."""
+    """Writes each `<dir>/.../<name>` -> bytes of `TrackerWriter._files` under `root`; the files."""
     files = []
     for path, data in paths.items():
         file = os.path.join(root, *path.split("/"))

@@ -172,10 +172,7 @@ class MlflowWriter(_base.TrackerWriter):
     def _end_run(self) -> None:
         self._client.set_terminated(self.run_id)
 
-    def _files(
-        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
-    ) -> None:
-        paths = self._paths(method, kind, step, files, ext)
+    def _store(self, paths: dict[str, bytes]) -> None:
         if self._client is None:
             return
         with tempfile.TemporaryDirectory() as tmp:

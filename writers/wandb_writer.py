@@ -155,10 +155,7 @@ class WandbWriter(_base.TrackerWriter):
         values = {k: self._wandb.Histogram(np_histogram=h) for k, h in hists.items()}
         self._log("write_histograms", step, values)
 
-    def _files(
-        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
-    ) -> None:
-        paths = self._paths(method, kind, step, files, ext)
+    def _store(self, paths: dict[str, bytes]) -> None:
         if self._run is None:
             return
         for file in _base.write_tree(self._run.dir, paths):  # the run's files: synced with it
