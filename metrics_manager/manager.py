@@ -94,6 +94,10 @@ _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: set[str | None] = set()  # summary dirs held by open managers of this process
 _DIRS_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
+# A signal's flush ends within the usual 30 s grace period before SIGKILL (Kubernetes, GCE
+# preemption, Slurm); a writer call running 10 s into it is abandoned so the rest get written.
+_SIGNAL_FLUSH_S = 25.0
+_SIGNAL_DEADLINE_S = 10.0
 
 
 class MetricsManager:
@@ -127,8 +131,8 @@ class MetricsManager:
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
-      handle_signals: flush on SIGTERM/SIGINT before the previous handler runs (main
-        thread only).
+      handle_signals: flush on SIGTERM/SIGINT (within 25 s; a writer call running 10 s
+        into it is abandoned) before the previous handler runs (main thread only).
 
     Raises:
       TypeError, ValueError: every bad argument, listed in one message; a summary dir already
@@ -571,7 +575,10 @@ class MetricsManager:
         name = label.removeprefix("writer ").strip("'")
         if name in self._writers:
             self._writers[name].quarantined = "hung"
-        err = TimeoutError(f"{label} ran past writer_deadline_s={self._deadline}: quarantined")
+        limit = f"writer_deadline_s={self._deadline}"
+        if self._worker.cap is not None and self._worker.cap < (self._deadline or math.inf):
+            limit = f"{self._worker.cap} s, the bound while flushing on a signal"
+        err = TimeoutError(f"{label} ran past {limit}: quarantined")
         self._record(Failure(f"writer:{name}", None, (), err))
 
     def _result(self, job: Job) -> None:
@@ -803,13 +810,16 @@ def _has_time(metric: Any) -> bool:
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
-    for manager in list(_OPEN):
-        if manager._closed:
-            continue
+    managers = [m for m in list(_OPEN) if not m._closed]
+    end = time.monotonic() + _SIGNAL_FLUSH_S
+    for manager in managers:  # a hung writer call must not hold the others' writes past a kill
+        manager._worker.hurry(_SIGNAL_DEADLINE_S)
+    for manager in managers:
         try:
-            manager._to_all("flush", 25.0)
+            manager._to_all("flush", max(end - time.monotonic(), 0.0))
         except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
             _LOG.error("MetricsManager %r: flush on signal failed: %s", manager.name, err)
+        manager._worker.hurry(None)
     previous = _PREVIOUS_HANDLERS.get(signum)
     if callable(previous):
         previous(signum, frame)

@@ -69,6 +69,7 @@ class OrderedWorker:
         self._queue: collections.deque[Job] = collections.deque()
         self._current: Job | None = None
         self._piece: tuple[str, float] | None = None  # (label, monotonic deadline)
+        self.cap: float | None = None  # `hurry`'s bound on every deadline
         self._generation = 0
         self._stopping = False
         self._threads: list[threading.Thread] = []
@@ -117,6 +118,18 @@ class OrderedWorker:
                     return False
                 self._wait()
         return True
+
+    def hurry(self, cap_s: float | None) -> None:
+        """Bounds every deadline by `cap_s` (the running piece's: `cap_s` from now); None undoes it.
+
+        For a flush racing a kill (SIGTERM's grace period): a hung piece is abandoned in time
+        for the pieces queued behind it to run.
+        """
+        with self._cond:
+            self.cap = cap_s
+            if cap_s is not None and self._piece is not None:
+                label, end = self._piece
+                self._piece = (label, min(end, time.monotonic() + cap_s))
 
     def close(self, timeout: float | None = None) -> bool:
         """Runs what is queued, then stops the thread; False if `timeout` passed first."""
@@ -192,6 +205,8 @@ class OrderedWorker:
     def _arm(self, job: Job) -> None:
         index, pieces = job.index, job.pieces
         label, _, deadline = pieces[index] if index < len(pieces) else ("", None, None)
+        if deadline is not None and self.cap is not None:
+            deadline = min(deadline, self.cap)
         self._piece = None if deadline is None else (label, time.monotonic() + deadline)
 
     def _finish(self, job: Job, generation: int) -> None:

@@ -3,7 +3,8 @@
     python -m tests.metrics_manager.fault_loop MODE SUMMARY_DIR [PERIOD_S]
 
 MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds),
-`hang` (a writer that never returns, next to JSONL), `unclosed` (50 summaries queued, then
+`hang` (a writer that never returns, next to JSONL), `hang_signal` (one every step with
+a writer that never returns first, the default deadline, JSONL and TensorBoard), `unclosed` (50 summaries queued, then
 the program ends without closing the manager), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
@@ -67,13 +68,14 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         print(f"closed in {time.monotonic() - start:.2f} s", flush=True)
         print("errors:", *[str(f) for f in manager.errors], sep="\n", flush=True)
         return None
-    manager = MetricsManager(
-        "train",
-        summary_dir,
-        writer_factory=lambda d, collection=None: writers.create_default_writer(
-            d, collection=collection, console=False
-        ),
-    )
+
+    def factory(logdir, collection=None):
+        default = writers.create_default_writer(logdir, collection=collection, console=False)
+        if mode != "hang_signal":
+            return default
+        return writers.MultiWriter({"stuck": HangingWriter(), **default.writers})
+
+    manager = MetricsManager("train", summary_dir, writer_factory=factory)
     x = jnp.zeros(4)
     if mode == "unclosed":
         for step in range(1, 51):
@@ -83,7 +85,7 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
     last = time.monotonic()
     for step in range(1, 1_000_000):
         x, metrics = step_fn(x)
-        if mode == "every_step" or time.monotonic() - last >= period:
+        if mode != "periodic" or time.monotonic() - last >= period:
             last = time.monotonic()
             manager.write_metrics_summary(metrics, step, 1)
             print(f"issued {step}", flush=True)

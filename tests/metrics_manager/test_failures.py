@@ -168,6 +168,25 @@ def test_sigterm_loses_no_issued_summary(tmp_path, mode):
         assert set(issued) <= set(tb_steps(logdir))
 
 
+def test_sigterm_with_a_hung_writer_writes_every_issued_summary_to_the_others(tmp_path):
+    # The hung writer is first in every job, so every other write waits behind it; its
+    # deadline (60 s) is past the usual 30 s grace period, so the signal's flush bounds it.
+    proc = run_loop("hang_signal", str(tmp_path))
+    issued = wait_for_issued(proc, 17)  # 1 running + max_pending (16): the loop now blocks
+    time.sleep(0.5)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    waited = time.monotonic() - signalled
+    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    assert proc.returncode == -signal.SIGTERM, rest
+    assert 10.0 <= waited < 20.0, rest  # abandoned after 10 s, then the queue drains at once
+    assert "writer 'stuck' ran past 10.0 s, the bound while flushing on a signal" in rest
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == issued == list(range(1, 18))
+    assert tb_steps(logdir) == issued
+
+
 def test_sigkill_leaves_readable_files_and_loses_at_most_the_queue(tmp_path):
     proc = run_loop("every_step", str(tmp_path))
     issued = wait_for_issued(proc, 30)

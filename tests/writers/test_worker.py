@@ -67,3 +67,25 @@ def test_jobs_run_in_submission_order_with_back_pressure():
     blocked.join(5)
     assert worker.drain(5) and order == [0, 1, 2]
     assert worker.close(5)
+
+
+def test_hurry_bounds_the_running_and_later_deadlines_until_undone():
+    stuck: list[tuple[str, float]] = []
+    hang = threading.Event()
+
+    def on_stuck(label, job):
+        stuck.append((label, time.monotonic() - start))
+
+    worker = OrderedWorker("hurry", on_stuck=on_stuck)
+    worker.post([("running", lambda job: hang.wait(), 60.0)])
+    worker.post([("later", lambda job: hang.wait(), 60.0), ("free", lambda job: hang.wait(), None)])
+    time.sleep(0.1)  # "running" has started with its 60 s deadline
+    start = time.monotonic()
+    worker.hurry(0.3)
+    assert not worker.drain(3.0)  # "free" has no deadline, so it is never abandoned
+    assert [label for label, _ in stuck] == ["running", "later"]
+    assert 0.3 <= stuck[0][1] < 1.2 and 0.6 <= stuck[1][1] < 2.4  # 0.3 s each, not 60 s
+    worker.hurry(None)
+    assert worker.cap is None
+    hang.set()
+    assert worker.drain(5) and worker.close(5)
