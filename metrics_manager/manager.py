@@ -600,6 +600,8 @@ class MetricsManager:
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
         if arg == "scalars":
             values = _checks.collect_numbers(values, problems)
+        elif arg == "hparams":
+            values = _checks.flat_hparams(values, problems)
         elif arg == "texts":
             bad = [f"{k!r}: {type(v).__name__}" for k, v in values.items() if type(v) is not str]
             if bad:

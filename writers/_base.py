@@ -71,7 +71,10 @@ class BaseWriter(MetricWriter):
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         self._check_open("write_hparams")
         _checks.check_keys(hparams, self._name("write_hparams"))
-        self._hparams(hparams)
+        problems = _checks.Problems(self._name("write_hparams"))
+        flat = _checks.flat_hparams(hparams, problems)
+        problems.raise_if_any()
+        self._hparams(flat)
 
     def flush(self) -> None:
         if not self._closed:

@@ -110,6 +110,31 @@ def check_keys(values: Any, method: str) -> None:
     problems.raise_if_any()
 
 
+def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, Any]:
+    """Nested mappings (anything with `.items()`, e.g. a ConfigDict) as dotted names.
+
+    `{"opt": {"lr": 0.1}}` -> `{"opt.lr": 0.1}`, as CLU's TensorBoard writer names them
+    (lists stay one value, written as their `str()`). A name given twice goes to `problems`.
+    """
+    flat: dict[str, Any] = {}
+
+    def add(name: str, value: Any) -> None:
+        if isinstance(value, Mapping) or hasattr(value, "items"):
+            for key, item in value.items():
+                add(f"{name}.{key}", item)
+        elif name in flat:
+            problems.value_problem(
+                f"hyperparameter {name!r} is given twice, once as a nested name (dots join "
+                "nested names); rename one of them"
+            )
+        else:
+            flat[name] = value
+
+    for key, value in hparams.items():
+        add(key, value)
+    return flat
+
+
 def check_call(method: str, step: Any, values: Any) -> int:
     """`check_step` and `check_keys` together: one error lists the problems of both."""
     problems = Problems(method)

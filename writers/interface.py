@@ -102,7 +102,10 @@ class MetricWriter(abc.ABC):
 
     @abc.abstractmethod
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Writes the run's hyperparameters (no step): bools, numbers, strs, else `str()`."""
+        """Writes the run's hyperparameters (no step): bools, numbers, strs, else `str()`.
+
+        Nested mappings (a config dict) are flattened to dotted names: `opt.lr`.
+        """
 
     @abc.abstractmethod
     def flush(self) -> None:

@@ -13,8 +13,8 @@ fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush;
   `sample_rate`); histograms as `{"type": "histogram", "count", "min", "max", "mean",
   "edges", "counts"}`; raw tensors as `{"type": "tensor", "shape", "dtype", "values"}`,
   `values` only up to `max_array_size` elements.
-* Hyperparameters are one line with `"step": null` and `"hparams": {...}` (values other
-  than bool, number and str as their `str()`).
+* Hyperparameters are one line with `"step": null` and `"hparams": {...}` (nested mappings
+  as dotted names, `"opt.lr"`; values other than bool, number and str as their `str()`).
 * `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S
   (and lines without one). Without it the log is appended to, and a step below one already
   logged is warned about once.

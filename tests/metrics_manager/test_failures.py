@@ -297,6 +297,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "scalars a list": (lambda m: m.write_scalars(1, [1.0]), TypeError, "mapping.*'loss'"),
     "text not str": (lambda m: m.write_texts(1, {"t": 3}), TypeError, "'t': int.*write_scalars"),
     "hparams not mapping": (lambda m: m.write_hparams(["lr"]), TypeError, "mapping"),
+    "hparam named twice": (
+        lambda m: m.write_hparams({"opt.lr": 0.1, "opt": {"lr": 0.2}}),
+        ValueError,
+        "'opt.lr' is given twice.*rename one",
+    ),
     "bad on_error": (
         lambda m: MetricsManager("x", on_error="ignore"),
         ValueError,

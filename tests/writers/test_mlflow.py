@@ -93,7 +93,7 @@ def test_nan_is_kept_and_ints_become_floats(store):
 def test_hparams_become_params_in_batches_of_100(store):
     w = _writer(store)
     hparams = {f"p{i:03d}": i for i in range(150)}
-    hparams.update(lr=np.float32(0.5), name="adam", flag=True, shape=(2, 3))
+    hparams.update(lr=np.float32(0.5), name="adam", flag=True, shape=(2, 3), opt={"b1": 0.9})
     w.write_hparams(hparams)
     w.close()
     params = MlflowClient(store["tracking_uri"]).get_run(w.run_id).data.params
@@ -103,6 +103,7 @@ def test_hparams_become_params_in_batches_of_100(store):
         "name": "adam",
         "flag": "True",
         "shape": "(2, 3)",
+        "opt.b1": "0.9",
     }
 
 

@@ -132,7 +132,7 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     w = writers.TensorBoardWriter(tmp_path)
     w.write_hparams(
         {"lr": 0.1, "optimizer": "adam", "layers": np.int64(4), "dropout": True, "shape": (2, 3)}
-        | {"bias": np.bool_(False)}
+        | {"bias": np.bool_(False), "adam": {"b1": 0.9, "eps": {"value": 1e-8}}}
     )
     w.close()
     content = _accumulator(tmp_path).PluginTagToContent("hparams")
@@ -141,6 +141,7 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     assert hp["lr"].number_value == 0.1 and hp["layers"].number_value == 4.0
     assert hp["optimizer"].string_value == "adam" and hp["dropout"].bool_value is True
     assert hp["shape"].string_value == "(2, 3)"
+    assert hp["adam.b1"].number_value == 0.9 and hp["adam.eps.value"].number_value == 1e-8
     assert hp["bias"].WhichOneof("kind") == "bool_value" and hp["bias"].bool_value is False
 
 

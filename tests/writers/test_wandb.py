@@ -92,11 +92,11 @@ def test_images_videos_audio_histograms(tmp_path):
 
 def test_hparams_are_the_run_config(tmp_path):
     w = _writer(tmp_path, config={"seed": 1})
-    w.write_hparams({"lr": np.float32(0.5), "name": "adam", "shape": (2, 3)})
+    w.write_hparams({"lr": np.float32(0.5), "name": "adam", "shape": (2, 3), "opt": {"b1": 0.9}})
     w.write_hparams({"lr": 0.25})  # W&B config values may change
     w.close()
     config = wandb_config(wandb_run_files(str(tmp_path))[0])
-    assert config == {"seed": 1, "lr": 0.25, "name": "adam", "shape": "(2, 3)"}
+    assert config == {"seed": 1, "lr": 0.25, "name": "adam", "shape": "(2, 3)", "opt.b1": 0.9}
 
 
 def test_a_decreasing_step_raises_instead_of_being_dropped(tmp_path):
