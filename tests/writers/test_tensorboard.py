@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import glob
 import io
 import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 import wave
@@ -143,6 +146,44 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     assert hp["shape"].string_value == "(2, 3)"
     assert hp["adam.b1"].number_value == 0.9 and hp["adam.eps.value"].number_value == 1e-8
     assert hp["bias"].WhichOneof("kind") == "bool_value" and hp["bias"].bool_value is False
+
+
+_SHORT_WRITE = """
+import os, resource, signal, sys
+import writers
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not death
+tb = writers.TensorBoardWriter(sys.argv[1])
+jsonl = writers.JsonlWriter(os.path.join(sys.argv[1], "metrics.jsonl"))
+_, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+for step in range(1, 11):
+    for w in (tb, jsonl):
+        if step == 6:  # the disk fills: the kernel takes 20 bytes of the next write, then none
+            limit = os.path.getsize(w.path) + 20
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+        try:
+            w.write_scalars(step, {"loss": float(step), "accuracy": 0.5})
+        except OSError as err:
+            print(type(w).__name__, step, err.errno)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space again
+tb.close()
+jsonl.close()
+"""
+
+
+def test_a_write_the_disk_takes_only_part_of_leaves_no_torn_record(tmp_path):
+    # A torn record makes TensorBoard's reader drop every later event of the file.
+    out = subprocess.run(
+        [sys.executable, "-c", _SHORT_WRITE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    ).stdout
+    assert f"TensorBoardWriter 6 {errno.EFBIG}" in out.splitlines()  # refused, not torn
+    assert [e.step for e in _accumulator(tmp_path).Scalars("loss")] == [1, 2, 3, 4, 5, 7, 8, 9, 10]
+    # JSONL's buffered file writes the rest of the line once there is space again.
+    jsonl = writers.read_jsonl(tmp_path / "metrics.jsonl")
+    assert [line["step"] for line in jsonl] == list(range(1, 11))
 
 
 def test_purge_step_hides_stale_events_on_resume(tmp_path):
