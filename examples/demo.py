@@ -336,6 +336,16 @@ def run(
     Example:
         >>> config, summaries = run(["demo.gin"], ["demo_model.TrainConfig.total_steps = 50"])  # doctest: +SKIP
     """
+    # gin answers a missing file with a TypeError from its internals once search paths are set.
+    if missing := [
+        f
+        for f in gin_files
+        if not any(os.path.isfile(os.path.join(d, f)) for d in ("", *gin_search_paths))
+    ]:
+        raise FileNotFoundError(
+            f"gin file(s) {missing} not found in the working directory or in "
+            f"{list(gin_search_paths)}; pass a path, or a file under configs/ such as demo.gin."
+        )
     for path in gin_search_paths:
         gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(gin_files, gin_bindings)

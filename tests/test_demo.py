@@ -254,3 +254,12 @@ def test_t5x_gin_shorthand_is_rewritten_and_a_missing_value_named():
     ]
     with pytest.raises(ValueError, match="--gin.TOTAL_STEPS, --gin.SEED"):
         rewrite_gin_args(["demo", "--gin.TOTAL_STEPS", "--gin.SEED"])
+
+
+def test_a_missing_gin_file_is_named_with_where_it_was_looked_for(tmp_path):
+    from examples.demo import DEFAULT_CONFIGS_DIR, run
+
+    with pytest.raises(FileNotFoundError) as error:
+        run(["demo.gin", "nope.gin"], gin_search_paths=(DEFAULT_CONFIGS_DIR, str(tmp_path)))
+    message = str(error.value)
+    assert "['nope.gin'] not found" in message and str(tmp_path) in message
