@@ -62,20 +62,20 @@ class EventFile:
         header += struct.pack("<I", masked_crc32c(header))
         record = header + data + struct.pack("<I", masked_crc32c(data))
         with self._lock:
-            if not self._local:
-                self._file.write(record)
-                return
-            # An unbuffered file may take part of a write (a disk filling up) without raising:
-            # write the rest, or cut the part off, since a torn record hides every later one.
-            written = 0
-            try:
-                while written < len(record):
-                    written += self._file.write(memoryview(record)[written:])
-            except BaseException:
-                if written:
-                    self._file.seek(-written, os.SEEK_CUR)
-                    self._file.truncate()
-                raise
+            written = self._file.write(record)
+            if self._local and written < len(record):  # the disk took only part of it
+                self._complete(record, written)
+
+    def _complete(self, record: bytes, written: int) -> None:
+        """Writes the rest of a record, or cuts its start off and raises: a torn record would
+        hide every later event from TensorBoard's reader."""
+        try:
+            while written < len(record):
+                written += self._file.write(record[written:])
+        except BaseException:
+            self._file.seek(-written, os.SEEK_CUR)
+            self._file.truncate()
+            raise
 
     def flush(self) -> None:
         """Writes buffered records out (fsyncs local files, uploads remote ones)."""
