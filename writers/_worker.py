@@ -71,6 +71,8 @@ class OrderedWorker:
         self._piece: tuple[str, float] | None = None  # (label, monotonic deadline)
         self.cap: float | None = None  # `hurry`'s bound on every deadline
         self._generation = 0
+        self._queued = 0  # jobs queued so far; they end in that order
+        self._ended = 0
         self._stopping = False
         self._threads: list[threading.Thread] = []
         self._spawn()
@@ -106,14 +108,17 @@ class OrderedWorker:
             if self._stopping:
                 raise RuntimeError(f"{self.name} is closed; create a new one.")
             self._queue.append(job)
+            self._queued += 1
             self._cond.notify_all()
         return job
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Waits until every queued job has ended; False if `timeout` passed first."""
+        """Waits until every job queued before this call has ended; False if `timeout` passed
+        first. Jobs queued meanwhile (by a loop on another thread) are not waited for."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._queue or self._current is not None:
+            target = self._queued
+            while self._ended < target:
                 if end is not None and time.monotonic() >= end:
                     return False
                 self._wait()
@@ -219,6 +224,7 @@ class OrderedWorker:
         else:
             job.future.set_exception(error)
         with self._cond:
+            self._ended += 1
             if generation == self._generation and self._current is job:
                 self._current = None
             self._cond.notify_all()

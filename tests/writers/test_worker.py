@@ -89,3 +89,25 @@ def test_hurry_bounds_the_running_and_later_deadlines_until_undone():
     assert worker.cap is None
     hang.set()
     assert worker.drain(5) and worker.close(5)
+
+
+def test_drain_waits_for_the_jobs_queued_before_it_not_those_queued_meanwhile():
+    ran: list[int] = []
+    stop = threading.Event()
+    worker = OrderedWorker("busy", max_pending=4)
+
+    def produce():  # a loop on another thread that never lets the queue empty
+        i = 0
+        while not stop.is_set():
+            i += 1
+            worker.post([(str(i), lambda job, i=i: (time.sleep(0.002), ran.append(i)), None)])
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    time.sleep(0.2)
+    worker.post([("mark", lambda job: ran.append(-1), None)])
+    assert worker.drain(5.0)  # before: it waited for an empty queue, which never came
+    assert -1 in ran
+    stop.set()
+    producer.join(5)
+    assert worker.close(5)
