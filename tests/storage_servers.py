@@ -205,3 +205,60 @@ class S3Server:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class Gate:
+    """A TCP proxy on a free port in front of `port` that can cut the network: `cut()` resets
+    every open connection and every new one until `restore()` (an outage between a client
+    and its storage, as the client sees it: connections refused by a dead route)."""
+
+    def __init__(self, port: int) -> None:
+        self._target = port
+        self._open = True
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        with self._lock:
+            self._open = False
+            for s in self._sockets:
+                _reset(s)
+            self._sockets.clear()
+
+    def restore(self) -> None:
+        with self._lock:
+            self._open = True
+
+    def _accept(self) -> None:
+        while True:
+            client, _ = self._listener.accept()
+            with self._lock:
+                if not self._open:
+                    _reset(client)
+                    continue
+                upstream = socket.create_connection(("127.0.0.1", self._target))
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+
+def _pipe(source: socket.socket, sink: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass  # the other side, or `Gate.cut`, closed it
+    _reset(sink)
+
+
+def _reset(s: socket.socket) -> None:
+    """Closes with a TCP reset (linger 0), as a dropped route looks to the peer."""
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.close()
+    except OSError:
+        pass

@@ -9,6 +9,7 @@ import atexit
 import functools
 import importlib
 import os
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -277,3 +278,32 @@ def _close_at_exit(ref: weakref.ReferenceType[Any], name: str) -> None:
             writer.close()
     except Exception:  # noqa: BLE001  (nobody is left to catch it at exit)
         logging.exception("%s failed while closing at exit", name)
+
+
+def flush_every(writer: BaseWriter, seconds: float) -> Callable[[], None]:
+    """Flushes `writer` every `seconds` on a daemon thread; returns the call that stops it.
+
+    A failed flush (an upload while the network is down) is logged once per run of failures
+    and retried at the next tick; the writer's own `flush()` and `close()` still raise.
+    """
+    stop = threading.Event()
+
+    def run() -> None:
+        failing = False
+        while not stop.wait(seconds):
+            try:
+                writer.flush()  # with nothing new: a no-op upload, an fsync of a clean file
+                failing = False
+            except Exception:  # noqa: BLE001  (the timer outlives a failed upload or fsync)
+                if not failing:
+                    logging.exception("%s: a timed flush failed; retrying", writer._where())
+                failing = True
+
+    thread = threading.Thread(target=run, daemon=True, name=f"{writer._where()}-flush")
+    thread.start()
+
+    def stop_and_join() -> None:
+        stop.set()
+        thread.join()
+
+    return stop_and_join

@@ -7,7 +7,6 @@ import os
 import pathlib
 import re
 import stat
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
@@ -141,7 +140,7 @@ class RemoteLog:
     next generation, then deletes the old one (stale parts left by a crash are ignored).
     """
 
-    def __init__(self, path: str, resume_step: int | None, flush_secs: float):
+    def __init__(self, path: str, resume_step: int | None):
         directory = path.rstrip("/") + ".d"
         fs, base = _storage.filesystem(directory)
         generation, current, stale = _latest(fs, base)
@@ -162,17 +161,12 @@ class RemoteLog:
         self._stream = _storage.PartStream(
             directory, functools.partial(_part_name, generation), first_index=first
         )
-        self._flush_secs = flush_secs
-        self._uploaded = time.monotonic()
 
     def write(self, text: str) -> None:
         self._stream.write(text.encode("utf-8"))
-        if time.monotonic() - self._uploaded >= self._flush_secs:
-            self.flush()
 
     def flush(self) -> None:
         self._stream.flush()
-        self._uploaded = time.monotonic()
 
     close = flush
 

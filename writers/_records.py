@@ -78,8 +78,9 @@ class EventFile:
             raise
 
     def flush(self) -> None:
-        """Writes buffered records out (fsyncs local files, uploads remote ones)."""
-        with self._lock:
+        """Writes buffered records out: fsyncs a local file; uploads remote parts outside the
+        lock (`PartStream` has its own), so an upload never holds up a write."""
+        with self._lock if self._local else contextlib.nullcontext():
             self._file.flush()
             if self._local:
                 os.fsync(self._file.fileno())

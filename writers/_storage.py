@@ -9,12 +9,12 @@ created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 06
 """
 
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
-_ROLL_BYTES = 8 << 20
 
 
 def is_remote(path: str) -> bool:
@@ -75,24 +75,35 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
 
 
 class PartStream:
-    """Appends as parts `name(i)`, sorting in write order: one per flush (or 8 MiB); unlocked."""
+    """Appends as parts `name(i)`, sorting in write order: one per flush.
+
+    A write only buffers; a flush uploads outside the buffer's lock, so a slow or failing
+    upload (the client retrying through an outage) never holds up a write, and a failed
+    upload keeps its bytes for the next flush.
+    """
 
     def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
         self._fs, self._dir = filesystem(directory)
         self._name = name
         self._index = first_index
         self._buffer: list[bytes] = []
-        self._size = 0
+        self._lock = threading.Lock()  # the buffer
+        self._upload = threading.Lock()  # one upload at a time, so parts keep their order
 
     def write(self, data: bytes) -> None:
-        self._buffer.append(data)
-        self._size += len(data)
-        if self._size >= _ROLL_BYTES:
-            self.flush()
+        with self._lock:
+            self._buffer.append(data)
 
     def flush(self) -> None:
-        if not self._size:
-            return
-        self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", b"".join(self._buffer))
-        self._index += 1
-        self._buffer, self._size = [], 0
+        with self._upload:
+            with self._lock:
+                data, self._buffer = b"".join(self._buffer), []
+            if not data:
+                return
+            try:
+                self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", data)
+            except BaseException:
+                with self._lock:
+                    self._buffer.insert(0, data)
+                raise
+            self._index += 1

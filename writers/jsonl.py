@@ -42,7 +42,7 @@ import numpy as np
 from absl import logging
 
 from writers import _checks, _encode, _jsonl_log, _storage
-from writers._base import BaseWriter
+from writers._base import BaseWriter, flush_every
 
 RESERVED_KEYS = ("step", "time", "collection")
 
@@ -62,8 +62,8 @@ class JsonlWriter(BaseWriter):
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
       resume_step: The step a resumed run restarts from (see the module docstring); None appends.
-      flush_secs: Remote logs only: a write uploads the buffered lines once this many
-        seconds have passed since the last upload (`flush()` always does).
+      flush_secs: Remote logs only: a background timer uploads the buffered lines this often
+        (`flush()` uploads at once).
 
     Raises:
       TypeError: `resume_step` is not an integer.
@@ -97,8 +97,10 @@ class JsonlWriter(BaseWriter):
         self._clock = clock
         self._max_array_size = max_array_size
         self._log: _jsonl_log.LocalLog | _jsonl_log.RemoteLog
+        self._stop_timer: Callable[[], None] | None = None
         if _storage.is_remote(self._path):
-            self._log = _jsonl_log.RemoteLog(self._path, resume_step, flush_secs)
+            self._log = _jsonl_log.RemoteLog(self._path, resume_step)
+            self._stop_timer = flush_every(self, flush_secs)
         else:
             self._log = _jsonl_log.LocalLog(self._path, resume_step)
         # The highest step in the log so far: a lower one warns.
@@ -147,6 +149,8 @@ class JsonlWriter(BaseWriter):
         """Flushes and closes the log; idempotent."""
         if not self._closed:
             self._closed = True
+            if self._stop_timer is not None:
+                self._stop_timer()
             self._log.close()
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:

@@ -21,15 +21,13 @@ Example:
 
 import atexit
 import os
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from absl import logging
 
 from writers import _checks, _encode
-from writers._base import BaseWriter, close_at_exit
+from writers._base import BaseWriter, close_at_exit, flush_every
 
 
 class TensorBoardWriter(BaseWriter):
@@ -73,14 +71,7 @@ class TensorBoardWriter(BaseWriter):
         self._file = _records.EventFile(self._logdir, filename_suffix)
         for data in _tb_summary.first_events(purge_step):
             self._file.write(data)
-        self._stop = threading.Event()
-        self._flusher = threading.Thread(
-            target=self._flush_periodically,
-            args=(flush_secs,),
-            daemon=True,
-            name=f"TensorBoardWriter-flush({self._logdir})",
-        )
-        self._flusher.start()
+        self._stop_timer = flush_every(self, flush_secs)
         self._at_exit = close_at_exit(self, f"TensorBoardWriter({self._logdir})")
 
     @property
@@ -128,20 +119,8 @@ class TensorBoardWriter(BaseWriter):
             return
         self._closed = True
         atexit.unregister(self._at_exit)
-        self._stop.set()
-        self._flusher.join()
+        self._stop_timer()
         self._file.close()
 
     def _emit(self, step: int, values: list[Any]) -> None:
         self._file.write(self._tb.event(step, values))
-
-    def _flush_periodically(self, flush_secs: float) -> None:
-        failing = False
-        while not self._stop.wait(flush_secs):
-            try:
-                self.flush()  # with nothing new: a no-op upload, an fsync of a clean file
-                failing = False
-            except Exception:  # noqa: BLE001  (the timer outlives a failed upload or fsync)
-                if not failing:  # once per run of failures; flush() and close() still raise
-                    logging.exception("%s: a timed flush failed; retrying", self._where())
-                failing = True

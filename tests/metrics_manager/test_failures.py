@@ -115,6 +115,69 @@ def test_a_writer_quarantined_after_failures_in_a_row_is_not_called_again(tmp_pa
     assert m.health()["writers"]["Counting"]["quarantined"] == "3 failures in a row"
 
 
+def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(
+    tmp_path, monkeypatch, caplog
+):
+    # A real outage between the writers and S3 (moto's server): a proxy resets every
+    # connection for a few seconds, long enough for both writers' timed uploads to fail.
+    import fsspec
+    import fsspec.config
+
+    from tests import storage_servers
+
+    server = storage_servers.S3Server()
+    gate = storage_servers.Gate(server.port)
+    config = server.fsspec_config()
+    config["client_kwargs"]["endpoint_url"] = gate.url
+    config["config_kwargs"] = {"retries": {"max_attempts": 2}}  # a failed upload: ~1.5 s
+    monkeypatch.setitem(fsspec.config.conf, "s3", config)
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    run = f"s3://{storage_servers.BUCKET}/outage"
+
+    def failed_timers() -> set[str]:
+        logged = (r.getMessage() for r in caplog.records)
+        return {m.split(":")[0] for m in logged if "a timed flush failed" in m}
+
+    def factory(logdir):
+        return writers.create_default_writer(logdir, console=False, flush_secs=0.2)
+
+    step, worst = 0, 0.0
+    with MetricsManager("train", run, writer_factory=factory, max_pending=1) as manager:
+
+        def write() -> None:
+            nonlocal step, worst
+            step += 1
+            called = time.perf_counter()
+            manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
+            worst = max(worst, time.perf_counter() - called)
+            time.sleep(0.005)
+
+        while step < 20:
+            write()
+        gate.cut()
+        cut, before = time.monotonic(), step
+        while time.monotonic() - cut < 3 or len(failed_timers()) < 2:
+            assert time.monotonic() - cut < 60, f"no timed upload failed: {failed_timers()}"
+            write()
+        during = step - before
+        gate.restore()
+        for _ in range(20):
+            write()
+    assert failed_timers() == {"TensorBoardWriter", "JsonlWriter"}
+    assert manager.health()["failures"] == 0  # every write was buffered; no upload was lost
+    assert worst < 0.5 and during >= 100  # the loop never waited on a failing upload
+    lines = writers.read_jsonl(f"{run}/train/metrics.jsonl")
+    assert [line["loss"] for line in lines] == [float(s) for s in range(1, step + 1)]
+    fs, root = fsspec.core.url_to_fs(f"{run}/train")
+    fs.invalidate_cache()
+    for name in fs.ls(root, detail=False):
+        if "tfevents" in name:
+            fs.get(name, str(tmp_path / os.path.basename(name)))
+    assert tb_steps(str(tmp_path)) == list(range(1, step + 1))
+    fsspec.get_filesystem_class("s3").clear_instance_cache()
+    server.stop()
+
+
 def run_loop(*args: str, timeout: float = 60, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.metrics_manager.fault_loop", *args],

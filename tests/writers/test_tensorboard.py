@@ -361,7 +361,9 @@ def test_the_flush_timer_outlives_failed_uploads_and_logs_them_once(tmp_path, ca
         assert time.monotonic() < deadline, "the timer stopped after a failed upload"
         time.sleep(0.01)
     w.close()
-    assert calls[:4] == [w._flusher.name] * 4  # the timer's own thread, failing, then uploading
+    assert (
+        calls[:4] == ["TensorBoardWriter-flush"] * 4
+    )  # the timer's own thread, failing, then uploading
     logged = [r for r in caplog.records if "a timed flush failed" in r.getMessage()]
     assert len(logged) == 1 and "connection reset" in (logged[0].exc_text or "")
     for name in fs.ls("/tb-flaky/run", detail=False):
