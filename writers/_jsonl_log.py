@@ -130,6 +130,14 @@ def _open_locked(path: str) -> TextIO:
             f"JsonlWriter: another process holds a lock on {path}; two writers would interleave "
             "lines. Give this run another summary_dir or name, or stop the other process first."
         ) from None
+    except OSError as err:  # a file system without flock (Lustre without -o flock, NFS without
+        # lockd): losing the check must not cost the run
+        logging.warning(
+            "JsonlWriter(%s): cannot lock the log (%s), so a second process writing it would "
+            "not be refused; writing without the lock",
+            path,
+            err,
+        )
     return file
 
 
