@@ -87,7 +87,10 @@ class _WriterState:
     writer: Any
     failures: int = 0
     in_a_row: int = 0
-    quarantined: str | None = None  # why, once quarantined
+    quarantined: str | None = None  # why, while quarantined
+    retry_at: float = 0.0  # monotonic time when a quarantined writer is tried again
+    skipped: int = 0  # write calls skipped while quarantined
+    busy: bool = False  # a call is inside the writer (an abandoned one, after a deadline)
 
 
 _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
@@ -119,6 +122,8 @@ class MetricsManager:
       writer_deadline_s: a writer call running longer is abandoned and its writer
         quarantined; None waits forever.
       max_writer_failures: a writer failing this many calls in a row is quarantined.
+      quarantine_s: a quarantined writer is tried again after this long (a hung one, once its
+        call has returned): a success ends the quarantine. None: it stays out for good.
       resume_step: the step a restored checkpoint resumes from: passed to the writers so that
         values written after it by an earlier run are dropped (TensorBoard `purge_step`,
         JSONL rewrite).
@@ -160,6 +165,7 @@ class MetricsManager:
         on_error: Literal["warn", "raise"] = "warn",
         writer_deadline_s: float | None = 60.0,
         max_writer_failures: int = 10,
+        quarantine_s: float | None = 300.0,
         resume_step: int | None = None,
         nonfinite: Literal["ignore", "warn", "stop"] = "warn",
         system_metrics: bool = False,
@@ -193,6 +199,7 @@ class MetricsManager:
         problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
         for arg, number in (
             ("writer_deadline_s", writer_deadline_s),
+            ("quarantine_s", quarantine_s),
             ("flops_per_step", flops_per_step),
             ("peak_flops_per_device", peak_flops_per_device),
             ("system_interval_s", system_interval_s),
@@ -216,6 +223,7 @@ class MetricsManager:
         self._clock: timer.Clock = clock or time.perf_counter
         self._deadline = writer_deadline_s
         self._max_failures = max_writer_failures
+        self._quarantine_s = math.inf if quarantine_s is None else quarantine_s
         self._perf = None
         if flops_per_step is not None:
             peak = peak_flops_per_device
@@ -289,11 +297,12 @@ class MetricsManager:
             return list(self._failures)
 
     def health(self) -> dict[str, Any]:
-        """Per-writer failure counts and quarantine reasons, and the total failure count."""
+        """Per writer: failures, why it is quarantined (or None) and the writes skipped meanwhile;
+        and the total failure count."""
         return {
             "failures": self._failure_count,
             "writers": {
-                n: {"failures": s.failures, "quarantined": s.quarantined}
+                n: {"failures": s.failures, "quarantined": s.quarantined, "skipped": s.skipped}
                 for n, s in self._writers.items()
             },
         }
@@ -533,23 +542,39 @@ class MetricsManager:
         self, step: int | None, calls: list[Any] | None, *, closing: bool = False
     ) -> list[Any]:
         """One isolated piece per writer; `calls` None: those the summary left in `job.state`."""
-        pieces = []
+        pieces, writes = [], calls is None or calls[0][0].startswith("write")
         for writer_name, state in self._writers.items():
 
             def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
-                if state.quarantined and not (closing and state.quarantined != "hung"):
+                if state.quarantined and (
+                    state.busy or not (closing or time.monotonic() >= state.retry_at)
+                ):
+                    state.skipped += writes
                     return
-                for method, kwargs in job.state.get("calls", ()) if calls is None else calls:
-                    try:
-                        if method == "write_hparams" or step is None:
-                            getattr(state.writer, method)(**kwargs)
-                        else:
-                            getattr(state.writer, method)(step=step, **kwargs)
-                    except Exception as err:  # noqa: BLE001  (isolated: recorded, not raised)
-                        keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
-                        failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)
-                        self._writer_failed(name, state, failure, job)
-                        return
+                state.busy, started = True, time.monotonic()
+                try:
+                    for method, kwargs in job.state.get("calls", ()) if calls is None else calls:
+                        try:
+                            if method == "write_hparams" or step is None:
+                                getattr(state.writer, method)(**kwargs)
+                            else:
+                                getattr(state.writer, method)(step=step, **kwargs)
+                        except Exception as err:  # noqa: BLE001  (isolated: recorded)
+                            keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
+                            failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)
+                            self._writer_failed(name, state, failure, job)
+                            return
+                finally:
+                    state.busy = False
+                if state.quarantined and state.retry_at <= started:  # a retry went through
+                    _LOG.warning(
+                        "MetricsManager %r: writer %r is back (quarantined: %s; %d writes skipped)",
+                        self.name,
+                        name,
+                        state.quarantined,
+                        state.skipped,
+                    )
+                    state.quarantined = None
                 state.in_a_row = 0
 
             pieces.append((f"writer {writer_name!r}", call, self._deadline))
@@ -561,20 +586,27 @@ class MetricsManager:
         self._record(failure)
         if self.on_error == "raise":
             job.state.setdefault("failure", failure)
-        if state.in_a_row >= self._max_failures and not state.quarantined:
-            state.quarantined = f"{state.in_a_row} failures in a row"
-            _LOG.error(
-                "MetricsManager %r: writer %r quarantined after %d failures in a row; "
-                "the other writers go on",
-                self.name,
-                name,
-                state.in_a_row,
-            )
+        if state.in_a_row >= self._max_failures:
+            state.retry_at = time.monotonic() + self._quarantine_s
+            if not state.quarantined:
+                state.quarantined = f"{state.in_a_row} failures in a row"
+                _LOG.error(
+                    "MetricsManager %r: writer %r quarantined after %d failures in a row; "
+                    "the other writers go on (%s)",
+                    self.name,
+                    name,
+                    state.in_a_row,
+                    f"tried again in {self._quarantine_s:g} s"
+                    if math.isfinite(self._quarantine_s)
+                    else "for good: quarantine_s=None",
+                )
 
     def _stuck(self, label: str, job: Job) -> None:
         name = label.removeprefix("writer ").strip("'")
         if name in self._writers:
-            self._writers[name].quarantined = "hung"
+            state = self._writers[name]
+            state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
+            state.failures += 1
         limit = f"writer_deadline_s={self._deadline}"
         if self._worker.cap is not None and self._worker.cap < (self._deadline or math.inf):
             limit = f"{self._worker.cap} s, the bound while flushing on a signal"

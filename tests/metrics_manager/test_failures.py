@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -113,6 +114,88 @@ def test_a_writer_quarantined_after_failures_in_a_row_is_not_called_again(tmp_pa
             m.write_scalar("x", 1.0, step)
     assert calls == [1, 2, 3]
     assert m.health()["writers"]["Counting"]["quarantined"] == "3 failures in a row"
+
+
+def test_a_quarantined_writer_is_tried_again_after_quarantine_s_and_comes_back(tmp_path, caplog):
+    class Tracker(writers.NoopWriter):  # a tracker server that is down, then back
+        down, calls, steps = True, 0, []
+
+        def write_scalars(self, step, scalars):
+            self.calls += 1
+            if self.down:
+                raise ConnectionError(f"tracker down at step {step}")
+            self.steps.append(step)
+
+    tracker = Tracker()
+
+    def factory(logdir):
+        jsonl = writers.JsonlWriter(os.path.join(logdir, "metrics.jsonl"))
+        return writers.MultiWriter({"tracker": tracker, "jsonl": jsonl})
+
+    def write(manager, steps):
+        for step in steps:
+            manager.write_scalars(step, {"loss": float(step)})
+        manager.flush()
+        return manager.health()["writers"]["tracker"]
+
+    with MetricsManager(
+        "train", tmp_path, writer_factory=factory, max_writer_failures=3, quarantine_s=1.0
+    ) as manager:
+        health = write(manager, range(1, 11))  # 3 failures, then 7 calls skipped
+        assert (tracker.calls, health["failures"], health["skipped"]) == (3, 3, 7)
+        assert health["quarantined"] == "3 failures in a row"
+        time.sleep(1.1)
+        health = write(manager, range(11, 13))  # tried again at 11, still down: 1 s more
+        assert (tracker.calls, health["failures"], health["skipped"]) == (4, 4, 8)
+        tracker.down = False
+        health = write(manager, [13])
+        assert tracker.calls == 4 and health["quarantined"] == "3 failures in a row"
+        time.sleep(1.1)
+        health = write(manager, range(14, 21))
+    assert tracker.steps == list(range(14, 21))
+    assert (health["failures"], health["skipped"], health["quarantined"]) == (4, 9, None)
+    back = [r.getMessage() for r in caplog.records if "is back" in r.getMessage()]
+    assert back == [
+        "MetricsManager 'train': writer 'tracker' is back (quarantined: 3 failures in a row; "
+        "9 writes skipped)"
+    ]
+    assert [line["step"] for line in read_jsonl(str(tmp_path / "train"))] == list(range(1, 21))
+
+
+def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
+    release = threading.Event()
+
+    class Mount(writers.NoopWriter):  # a network mount that hangs once, then recovers
+        steps: list[int] = []
+
+        def write_scalars(self, step, scalars):
+            release.wait()
+            self.steps.append(step)
+
+    mount = Mount()
+    with MetricsManager(
+        "t", writer_factory=lambda d: mount, writer_deadline_s=0.3, quarantine_s=0.3
+    ) as manager:
+        manager.write_scalars(1, {"loss": 1.0})
+        manager.flush()  # abandons the call after 0.3 s
+        time.sleep(0.4)
+        manager.write_scalars(2, {"loss": 2.0})
+        manager.flush()  # past quarantine_s, but the first call is still inside the writer
+        assert manager.health()["writers"]["Mount"] == {
+            "failures": 1,
+            "quarantined": "hung",
+            "skipped": 1,  # the write at step 2
+        }
+        release.set()
+        deadline = time.monotonic() + 10
+        while mount.steps != [1]:  # the abandoned call returns
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.4)
+        manager.write_scalars(3, {"loss": 3.0})
+        manager.flush()
+    assert mount.steps == [1, 3]
+    assert manager.health()["writers"]["Mount"]["quarantined"] is None
 
 
 def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(

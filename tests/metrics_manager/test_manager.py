@@ -534,7 +534,11 @@ def test_under_warn_a_failing_writer_is_logged_at_once_and_training_goes_on(capl
     assert "writer:BrokenWriter at step 1 (keys loss)" in caplog.records[0].getMessage()
     manager.close()
     assert [f.step for f in manager.errors] == [1, 2]
-    assert manager.health()["writers"]["BrokenWriter"] == {"failures": 2, "quarantined": None}
+    assert manager.health()["writers"]["BrokenWriter"] == {
+        "failures": 2,
+        "quarantined": None,
+        "skipped": 0,
+    }
 
 
 def test_a_full_queue_blocks_the_caller_until_a_job_starts_and_drops_nothing():
