@@ -10,6 +10,9 @@ whole-file re-upload per flush, as tensorboardX's GCS writer does, would be ~500
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 
 import fsspec
@@ -130,3 +133,29 @@ def test_resume_on_cloud_storage_keeps_each_step_once(server, tmp_path):
     acc = ea.EventAccumulator(run)
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == expected
+
+
+def test_a_remote_jsonl_log_never_closed_is_uploaded_at_exit():
+    # Lines wait in memory for the next timed upload: a program that ends without close()
+    # (no `with`, no manager) must still upload them.
+    server = storage_servers.GcsServer()
+    url = f"gs://{storage_servers.BUCKET}/unclosed/metrics.jsonl"
+    code = (
+        "import writers\n"
+        f"w = writers.JsonlWriter({url!r}, flush_secs=3600)\n"
+        "for step in (1, 2, 4):\n"
+        "    w.write_scalars(step, {'loss': 1.0 / step})\n"
+    )
+    env = dict(os.environ, **server.environment(), FSSPEC_GS_TOKEN="anon")
+    try:
+        subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+        with pytest.MonkeyPatch.context() as patch:
+            for key, value in server.environment().items():
+                patch.setenv(key, value)
+            patch.setitem(fsspec.config.conf, "gs", server.fsspec_config())
+            fsspec.get_filesystem_class("gs").clear_instance_cache()
+            lines = writers.read_jsonl(url)
+        assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 0.5), (4, 0.25)]
+    finally:
+        fsspec.get_filesystem_class("gs").clear_instance_cache()
+        server.stop()
