@@ -314,6 +314,40 @@ def test_sigterm_loses_no_issued_summary(tmp_path, mode):
         assert set(issued) <= set(tb_steps(logdir))
 
 
+def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path, monkeypatch):
+    # Preemption of a run whose summary_dir is a gs:// URL (the GCS emulator): what waits in
+    # memory for the next timed upload is uploaded by the signal's flush.
+    import fsspec
+    import fsspec.config
+
+    from tests import storage_servers
+
+    server = storage_servers.GcsServer()
+    run = f"gs://{storage_servers.BUCKET}/preempted"
+    env = dict(os.environ, **server.environment(), FSSPEC_GS_TOKEN="anon")
+    proc = run_loop("every_step", run, env=env)
+    issued = wait_for_issued(proc, 50)
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=60)
+    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    assert proc.returncode == -signal.SIGTERM, rest
+    for key, value in server.environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setitem(fsspec.config.conf, "gs", server.fsspec_config())
+    fsspec.get_filesystem_class("gs").clear_instance_cache()
+    try:
+        jsonl = [line["step"] for line in writers.read_jsonl(f"{run}/train/metrics.jsonl")]
+        fs, root = fsspec.core.url_to_fs(f"{run}/train")
+        for name in fs.ls(root, detail=False):
+            if "tfevents" in name:
+                fs.get(name, str(tmp_path / os.path.basename(name)))
+    finally:
+        fsspec.get_filesystem_class("gs").clear_instance_cache()
+        server.stop()
+    assert set(issued) <= set(jsonl) and len(issued) >= 50, (issued, jsonl)
+    assert set(issued) <= set(tb_steps(str(tmp_path)))
+
+
 def test_sigterm_with_a_hung_writer_writes_every_issued_summary_to_the_others(tmp_path):
     # The hung writer is first in every job, so every other write waits behind it; its
     # deadline (60 s) is past the usual 30 s grace period, so the signal's flush bounds it.
