@@ -17,6 +17,7 @@ excluded. `requests` counts the requests that carried a body.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -89,7 +90,8 @@ class GcsServer:
         self._server.start()
 
     def environment(self) -> dict[str, str]:
-        return {"STORAGE_EMULATOR_HOST": self.url}
+        # FSSPEC_GS_TOKEN is for child processes: fsspec reads it when it is imported.
+        return {"STORAGE_EMULATOR_HOST": self.url, "FSSPEC_GS_TOKEN": "anon"}
 
     def fsspec_config(self) -> dict[str, Any]:
         return {"token": "anon"}
@@ -205,6 +207,40 @@ class S3Server:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+@contextlib.contextmanager
+def serving(
+    server: GcsServer | S3Server, scheme: str, config: dict[str, Any] | None = None
+) -> Iterator[None]:
+    """Points this process's fsspec `scheme` (`config`, else the server's) and the client
+    libraries' variables at `server`; fsspec's cached file systems are dropped on the way in
+    and out, so no test meets another's."""
+    import fsspec
+    import fsspec.config
+    import pytest
+
+    cls = fsspec.get_filesystem_class(scheme)
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in server.environment().items():
+            patch.setenv(key, value)
+        patch.setitem(fsspec.config.conf, scheme, config or server.fsspec_config())
+        cls.clear_instance_cache()
+        try:
+            yield
+        finally:
+            cls.clear_instance_cache()
+
+
+def copy_event_files(url: str, directory: str) -> None:
+    """Copies the TensorBoard event files under `url` into `directory` (for a local reader)."""
+    import fsspec.core
+
+    fs, root = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()
+    for name in fs.ls(root, detail=False):
+        if "tfevents" in name:
+            fs.get(name, os.path.join(directory, os.path.basename(name)))
 
 
 class Gate:

@@ -98,26 +98,23 @@ def test_readme_resume_block_keeps_each_step_once(tmp_path, monkeypatch):
     assert [e.step for e in acc.Scalars("loss")] == list(range(1, 101))
 
 
-def test_readme_cloud_block_writes_to_a_gcs_emulator(monkeypatch, capsys):
+def test_readme_cloud_block_writes_to_a_gcs_emulator(capsys):
     import fsspec
-    import fsspec.config
 
     from tests import storage_servers
 
     server = storage_servers.GcsServer()
     try:
-        for key, value in server.environment().items():
-            monkeypatch.setenv(key, value)
-        monkeypatch.setitem(fsspec.config.conf, "gs", server.fsspec_config())
-        fsspec.get_filesystem_class("gs").clear_instance_cache()
-        exec(compile(readme_example("<!-- test: readme-cloud -->"), "README.md:cloud", "exec"), {})
-        assert capsys.readouterr().out.strip() == str([1.0, 0.5, 1.0 / 3])
-        acc = event_accumulator.EventAccumulator("gs://bucket/run/train")
-        acc.Reload()
-        assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]
-        assert fsspec.filesystem("gs").cat_file("bucket/run/config.gin") == b"train.steps = 100\n"
+        with storage_servers.serving(server, "gs"):
+            block = readme_example("<!-- test: readme-cloud -->")
+            exec(compile(block, "README.md:cloud", "exec"), {})
+            assert capsys.readouterr().out.strip() == str([1.0, 0.5, 1.0 / 3])
+            acc = event_accumulator.EventAccumulator("gs://bucket/run/train")
+            acc.Reload()
+            assert [e.step for e in acc.Scalars("loss")] == [1, 2, 3]
+            config = fsspec.filesystem("gs").cat_file("bucket/run/config.gin")
+            assert config == b"train.steps = 100\n"
     finally:
-        fsspec.get_filesystem_class("gs").clear_instance_cache()
         server.stop()
 
 

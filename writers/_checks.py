@@ -119,7 +119,7 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
     flat: dict[str, Any] = {}
 
     def add(name: str, value: Any) -> None:
-        if isinstance(value, Mapping) or hasattr(value, "items"):
+        if hasattr(value, "items"):  # a Mapping, or a ConfigDict
             for key, item in value.items():
                 add(f"{name}.{key}", item)
         elif name in flat:

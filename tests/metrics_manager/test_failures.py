@@ -198,14 +198,9 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
     assert manager.health()["writers"]["Mount"]["quarantined"] is None
 
 
-def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(
-    tmp_path, monkeypatch, caplog
-):
+def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, caplog):
     # A real outage between the writers and S3 (moto's server): a proxy resets every
     # connection for a few seconds, long enough for both writers' timed uploads to fail.
-    import fsspec
-    import fsspec.config
-
     from tests import storage_servers
 
     server = storage_servers.S3Server()
@@ -213,8 +208,6 @@ def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(
     config = server.fsspec_config()
     config["client_kwargs"]["endpoint_url"] = gate.url
     config["config_kwargs"] = {"retries": {"max_attempts": 2}}  # a failed upload: ~1.5 s
-    monkeypatch.setitem(fsspec.config.conf, "s3", config)
-    fsspec.get_filesystem_class("s3").clear_instance_cache()
     run = f"s3://{storage_servers.BUCKET}/outage"
 
     def failed_timers() -> set[str]:
@@ -225,7 +218,10 @@ def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(
         return writers.create_default_writer(logdir, console=False, flush_secs=0.2)
 
     step, worst = 0, 0.0
-    with MetricsManager("train", run, writer_factory=factory, max_pending=1) as manager:
+    with (
+        storage_servers.serving(server, "s3", config),
+        MetricsManager("train", run, writer_factory=factory, max_pending=1) as manager,
+    ):
 
         def write() -> None:
             nonlocal step, worst
@@ -246,19 +242,15 @@ def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(
         gate.restore()
         for _ in range(20):
             write()
-    assert failed_timers() == {"TensorBoardWriter", "JsonlWriter"}
-    assert manager.health()["failures"] == 0  # every write was buffered; no upload was lost
-    assert worst < 0.5 and during >= 100  # the loop never waited on a failing upload
-    lines = writers.read_jsonl(f"{run}/train/metrics.jsonl")
-    assert [line["loss"] for line in lines] == [float(s) for s in range(1, step + 1)]
-    fs, root = fsspec.core.url_to_fs(f"{run}/train")
-    fs.invalidate_cache()
-    for name in fs.ls(root, detail=False):
-        if "tfevents" in name:
-            fs.get(name, str(tmp_path / os.path.basename(name)))
-    assert tb_steps(str(tmp_path)) == list(range(1, step + 1))
-    fsspec.get_filesystem_class("s3").clear_instance_cache()
+        manager.close()
+        assert failed_timers() == {"TensorBoardWriter", "JsonlWriter"}
+        assert manager.health()["failures"] == 0  # every write was buffered; no upload was lost
+        assert worst < 0.5 and during >= 100  # the loop never waited on a failing upload
+        lines = writers.read_jsonl(f"{run}/train/metrics.jsonl")
+        assert [line["loss"] for line in lines] == [float(s) for s in range(1, step + 1)]
+        storage_servers.copy_event_files(f"{run}/train", str(tmp_path))
     server.stop()
+    assert tb_steps(str(tmp_path)) == list(range(1, step + 1))
 
 
 def run_loop(*args: str, timeout: float = 60, **popen: Any) -> subprocess.Popen[str]:
@@ -314,35 +306,24 @@ def test_sigterm_loses_no_issued_summary(tmp_path, mode):
         assert set(issued) <= set(tb_steps(logdir))
 
 
-def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path, monkeypatch):
+def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path):
     # Preemption of a run whose summary_dir is a gs:// URL (the GCS emulator): what waits in
     # memory for the next timed upload is uploaded by the signal's flush.
-    import fsspec
-    import fsspec.config
-
     from tests import storage_servers
 
     server = storage_servers.GcsServer()
     run = f"gs://{storage_servers.BUCKET}/preempted"
-    env = dict(os.environ, **server.environment(), FSSPEC_GS_TOKEN="anon")
-    proc = run_loop("every_step", run, env=env)
+    proc = run_loop("every_step", run, env=dict(os.environ, **server.environment()))
     issued = wait_for_issued(proc, 50)
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
     assert proc.returncode == -signal.SIGTERM, rest
-    for key, value in server.environment().items():
-        monkeypatch.setenv(key, value)
-    monkeypatch.setitem(fsspec.config.conf, "gs", server.fsspec_config())
-    fsspec.get_filesystem_class("gs").clear_instance_cache()
     try:
-        jsonl = [line["step"] for line in writers.read_jsonl(f"{run}/train/metrics.jsonl")]
-        fs, root = fsspec.core.url_to_fs(f"{run}/train")
-        for name in fs.ls(root, detail=False):
-            if "tfevents" in name:
-                fs.get(name, str(tmp_path / os.path.basename(name)))
+        with storage_servers.serving(server, "gs"):
+            jsonl = [line["step"] for line in writers.read_jsonl(f"{run}/train/metrics.jsonl")]
+            storage_servers.copy_event_files(f"{run}/train", str(tmp_path))
     finally:
-        fsspec.get_filesystem_class("gs").clear_instance_cache()
         server.stop()
     assert set(issued) <= set(jsonl) and len(issued) >= 50, (issued, jsonl)
     assert set(issued) <= set(tb_steps(str(tmp_path)))

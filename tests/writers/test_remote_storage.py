@@ -55,18 +55,13 @@ CONFIG = "train.steps = 1000\nwriters.create_default_writer.jsonl = True\n"
 @pytest.fixture(scope="module", params=["gs", "s3"])
 def server(request):
     server = storage_servers.GcsServer() if request.param == "gs" else storage_servers.S3Server()
-    with pytest.MonkeyPatch.context() as patch:
-        for key, value in server.environment().items():
-            patch.setenv(key, value)
-        patch.setitem(fsspec.config.conf, request.param, server.fsspec_config())
+    with storage_servers.serving(server, request.param), pytest.MonkeyPatch.context() as patch:
         if request.param == "s3":  # TensorBoard's S3 reader read S3_ENDPOINT at import
             from tensorboard.compat.tensorflow_stub.io import gfile
 
             patch.setattr(gfile.get_filesystem("s3://b"), "_s3_endpoint", server.url)
-        fsspec.get_filesystem_class(request.param).clear_instance_cache()
         server.scheme = request.param
         yield server
-        fsspec.get_filesystem_class(request.param).clear_instance_cache()
     server.stop()
 
 
@@ -146,16 +141,11 @@ def test_a_remote_jsonl_log_never_closed_is_uploaded_at_exit():
         "for step in (1, 2, 4):\n"
         "    w.write_scalars(step, {'loss': 1.0 / step})\n"
     )
-    env = dict(os.environ, **server.environment(), FSSPEC_GS_TOKEN="anon")
+    env = dict(os.environ, **server.environment())
     try:
         subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
-        with pytest.MonkeyPatch.context() as patch:
-            for key, value in server.environment().items():
-                patch.setenv(key, value)
-            patch.setitem(fsspec.config.conf, "gs", server.fsspec_config())
-            fsspec.get_filesystem_class("gs").clear_instance_cache()
+        with storage_servers.serving(server, "gs"):
             lines = writers.read_jsonl(url)
         assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 0.5), (4, 0.25)]
     finally:
-        fsspec.get_filesystem_class("gs").clear_instance_cache()
         server.stop()
