@@ -83,6 +83,21 @@ def check_step(step: Any, method: str = "write") -> int:
     return value
 
 
+def check_seconds(seconds: Any, where: str) -> float:
+    """`flush_secs`-style periods: a positive number of seconds (not a str from gin)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+        raise TypeError(
+            f"{where}: flush_secs must be a number of seconds such as 10.0, got {seconds!r} "
+            f"({type(seconds).__name__}); in gin write 10.0, not '10'."
+        )
+    if not seconds > 0:
+        raise ValueError(
+            f"{where}: flush_secs must be a positive number of seconds, got {seconds!r}. "
+            "Call flush() yourself to write at once."
+        )
+    return float(seconds)
+
+
 class Checked(dict):  # type: ignore[type-arg]
     """Values checked and converted at a public entry point; `BaseWriter` skips its checks."""
 

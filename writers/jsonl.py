@@ -89,11 +89,7 @@ class JsonlWriter(BaseWriter):
         self._path = os.fspath(path)
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, "JsonlWriter(resume_step=...)")
-        if not flush_secs > 0:
-            raise ValueError(
-                f"JsonlWriter: flush_secs must be a positive number of seconds, got "
-                f"{flush_secs!r}. Call flush() yourself for immediate uploads."
-            )
+        flush_secs = _checks.check_seconds(flush_secs, "JsonlWriter")
         self._collection = collection
         self._clock = clock
         self._max_array_size = max_array_size

@@ -54,16 +54,7 @@ class TensorBoardWriter(BaseWriter):
     ):
         from writers import _records, _tb_summary  # here: `import writers` loads no tensorboardX
 
-        if isinstance(flush_secs, bool) or not isinstance(flush_secs, int | float):
-            raise TypeError(
-                f"TensorBoardWriter: flush_secs must be a number of seconds such as 10.0, got "
-                f"{flush_secs!r} ({type(flush_secs).__name__}); in gin write 10.0, not '10'."
-            )
-        if not flush_secs > 0:
-            raise ValueError(
-                f"TensorBoardWriter: flush_secs must be a positive number of seconds, got "
-                f"{flush_secs!r}. Call flush() yourself for immediate writes."
-            )
+        flush_secs = _checks.check_seconds(flush_secs, "TensorBoardWriter")
         if purge_step is not None:
             purge_step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")
         self._tb = _tb_summary

@@ -473,6 +473,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         "flush_secs.*10.0, not '10'",
     ),
+    "string flush_secs of a JSONL writer": (
+        lambda m: writers.JsonlWriter(os.path.join(m.summary_dir, "other.jsonl"), flush_secs="5"),
+        TypeError,
+        r"JsonlWriter: flush_secs .* got '5' \(str\); in gin write 10.0",
+    ),
     "name escaping summary_dir": (
         lambda m: MetricsManager("../..", "runs"),
         ValueError,
