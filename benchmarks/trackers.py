@@ -4,9 +4,10 @@ W&B runs offline (`WANDB_MODE=offline`: its service writes the local run file) a
 MLflow logs to a SQLite tracking store in a temporary directory, so no network is
 involved. Each measurement opens a fresh run (not timed), then times `calls` calls
 of the same 50 numpy float32 scalars plus the end of the run (`close()`, or the
-baseline's `run.finish()` / `set_terminated`), so queued work is counted. The
-writers make one tracker call per write (`run.log` with all keys, one `log_batch`);
-the baselines make one per value. Variants are interleaved in a random order each
+baseline's `run.finish()` / `set_terminated`), so queued work is counted. WandbWriter
+makes one `run.log` per write with all keys; MlflowWriter buffers and sends batches of
+up to 1,000 metrics (at `close()` here: the run is shorter than its 5 s timer); the
+baselines make one call per value. Variants are interleaved in a random order each
 round and the median of the rounds is reported; ratios are to the baseline's median.
 
 Run: `python -m benchmarks.trackers [--quick]`.

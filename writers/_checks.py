@@ -90,7 +90,7 @@ def check_seconds(seconds: Any, where: str) -> float:
             f"{where}: flush_secs must be a number of seconds such as 10.0, got {seconds!r} "
             f"({type(seconds).__name__}); in gin write 10.0, not '10'."
         )
-    if not seconds > 0:
+    if not float(seconds) > 0:
         raise ValueError(
             f"{where}: flush_secs must be a positive number of seconds, got {seconds!r}. "
             "Call flush() yourself to write at once."

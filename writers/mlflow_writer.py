@@ -1,15 +1,20 @@
-"""`MlflowWriter`: MLflow runs through `MlflowClient`, one tracker call per write call.
+"""`MlflowWriter`: MLflow runs through `MlflowClient`, sent in batches by a timer.
 
 Needs the `mlflow` extra (imported when the first writer is made). Works with any tracking
 store: a server (`http://host:5000`) or a database (`sqlite:///mlflow.db`, no server). Only
 process 0 creates a run and logs; the others check their inputs and log nothing.
 
-Where values land: scalars are metrics, one `log_batch` per call (split into batches of
-MLflow's 1000-metric limit; NaN kept, infinities as the store keeps them: the SQL store
-clamps them to +-1.797e308); hparams are params (100 per batch; MLflow params never change,
-so a different value for a key the run has raises MLflow's error). Texts, images, videos,
-audio, histograms and raw tensors are artifacts, all files of one call in one
-`log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per
+Write calls only check and buffer, so the loop never waits on the tracker: a timer sends
+the buffer every `flush_secs`, as do `flush()` and `close()`. While the tracker is
+unreachable, what failed to send stays buffered (in memory) and goes with the next send;
+what the store refuses (a changed param, a deleted run) is dropped, and that send raises.
+
+Where values land: scalars are metrics (`log_batch`, up to MLflow's 1000 metrics a batch;
+NaN kept, infinities as the store keeps them: the SQL store clamps them to +-1.797e308);
+hparams are params (100 per batch; MLflow params never change, so a different value for a
+key the run has is refused). Metric and param names MLflow would refuse are refused at the
+call. Texts, images, videos, audio, histograms and raw tensors are artifacts, all files of
+one send in one `log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per
 image, filmstrip `.png` `[H, T*W, C]` per video, 16-bit `.wav` per clip, histograms as
 `.json` (`count`, `min`, `max`, `mean`, `edges`, `counts`), raw tensors (`write_summaries`)
 as exact `.npy` files under `summaries/` (TensorBoard's metadata is not kept); keys must
@@ -25,23 +30,25 @@ Example:
   >>> import os, tempfile, writers
   >>> uri = "sqlite:///" + os.path.join(tempfile.mkdtemp(), "mlflow.db")
   >>> w = writers.MlflowWriter("demo", tracking_uri=uri, process_index=0)
-  >>> w.write_scalars(1, {"loss": 0.5, "accuracy": 0.75})  # one log_batch, two metrics
-  >>> w.close()
+  >>> w.write_scalars(1, {"loss": 0.5, "accuracy": 0.75})  # buffered
+  >>> w.close()  # sends the buffer (one log_batch here) and ends the run
 """
 
+import atexit
 import json
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from absl import logging
 
-from writers import _base, _encode
+from writers import _base, _checks, _encode
 
 
 class MlflowWriter(_base.TrackerWriter):
-    """Logs every write call to an MLflow run with one `MlflowClient` call.
+    """Logs to an MLflow run: write calls buffer, a timer sends (see the module docstring).
 
     Args:
       experiment_name: Experiment of a new run (created if missing; None: "Default").
@@ -52,6 +59,7 @@ class MlflowWriter(_base.TrackerWriter):
       resume_step: Resume the run at this step (see the module docstring).
       tags: Tags of a new run.
       artifact_location: Artifact root of a new experiment (None: the store's default).
+      flush_secs: A background timer sends the buffer this often.
       clock: Unix seconds for metric timestamps (patch it in tests).
       process_index: This process's index (None: `jax.process_index()`); only 0 logs.
 
@@ -71,21 +79,28 @@ class MlflowWriter(_base.TrackerWriter):
         resume_step: int | None = None,
         tags: Mapping[str, str] | None = None,
         artifact_location: str | None = None,
+        flush_secs: float = 5.0,
         clock: Callable[[], float] = time.time,
         process_index: int | None = None,
     ):
+        flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
         mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
-        from mlflow.entities import Metric, Param
+        from mlflow.entities import Metric
+        from mlflow.exceptions import MlflowException
         from mlflow.utils import validation
 
-        self._metric, self._param = Metric, Param
-        self._max_metrics = validation.MAX_METRICS_PER_BATCH
-        self._max_params = validation.MAX_PARAMS_TAGS_PER_BATCH
+        self._metric, self._error, self._validation = Metric, MlflowException, validation
         self._clock = clock
         self._client: Any = None
         self.run_id: str | None = None
         self._last_steps: dict[str, int] = {}
         self._skipped = 0
+        self._valid_names: set[str] = set()
+        self._lock = threading.Lock()  # guards the buffer below
+        self._sending = threading.Lock()  # one send at a time, in order
+        self._pending_params: list[Any] = []
+        self._pending_metrics: list[Any] = []
+        self._pending_files: dict[str, bytes] = {}
         if not here:
             return
         self._client = client = mlflow.MlflowClient(tracking_uri)
@@ -124,8 +139,107 @@ class MlflowWriter(_base.TrackerWriter):
             for key in client.get_run(run_id).data.metrics:
                 self._last_steps[key] = max(m.step for m in client.get_metric_history(run_id, key))
         self.run_id = run_id
+        self._stop_timer = _base.flush_every(self, flush_secs)
+        self._at_exit = _base.close_at_exit(self, f"MlflowWriter(run {run_id})")  # buffered
+
+    def flush(self) -> None:
+        """Sends everything buffered; what failed to send stays buffered.
+
+        Raises:
+          ValueError: the store refused some values (they are dropped; the rest was sent).
+          Exception: the client's error, when the tracker cannot be reached.
+        """
+        _base.BaseWriter.flush(self)
+
+    def close(self) -> None:
+        """Stops the timer, sends the buffer and ends the run if this writer started or
+        resumed it; idempotent. Raises as `flush()` does (the run is then left running)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._client is None:
+            return
+        atexit.unregister(self._at_exit)
+        self._stop_timer()
+        self._flush()
+        if self._owned:
+            self._end_run()
+
+    def _flush(self) -> None:
+        if self._client is None:
+            return
+        with self._sending:
+            with self._lock:
+                params, metrics, files = (
+                    self._pending_params,
+                    self._pending_metrics,
+                    self._pending_files,
+                )
+                self._pending_params, self._pending_metrics, self._pending_files = [], [], {}
+            refused: list[str] = []
+            try:
+                for kind, pending, limit in (
+                    ("params", params, self._validation.MAX_PARAMS_TAGS_PER_BATCH),
+                    ("metrics", metrics, self._validation.MAX_METRICS_PER_BATCH),
+                ):
+                    while pending:
+                        batch = pending[:limit]
+                        self._send(refused, kind, batch, self._client.log_batch, **{kind: batch})
+                        del pending[:limit]
+                if files:
+                    self._send(refused, "artifacts", list(files), self._upload, files)
+                    files = {}
+            finally:  # what was not sent goes back before what came meanwhile
+                with self._lock:
+                    self._pending_params[:0], self._pending_metrics[:0] = params, metrics
+                    self._pending_files = {**files, **self._pending_files}
+            if refused:
+                raise ValueError(
+                    f"MlflowWriter: run {self.run_id} refused {'; '.join(refused)}; "
+                    "those values are dropped, the rest was sent."
+                )
+
+    def _send(
+        self, refused: list[str], kind: str, batch: list[Any], call: Any, *args: Any, **kwargs: Any
+    ) -> None:
+        try:
+            call(self.run_id, *args, **kwargs)
+        except self._error as err:  # a client error (4xx) comes back the same every time
+            status = err.get_http_status_code()
+            if not 400 <= status < 500 or status == 429:
+                raise
+            if kind == "params" and len(batch) > 1:  # one changed param fails its whole batch
+                for param in batch:
+                    self._send(refused, kind, [param], call, params=[param])
+                return
+            names = sorted({getattr(x, "key", x) for x in batch})
+            refused.append(
+                f"{len(batch)} {kind} ({', '.join(names[:5])}{', ...' * (len(names) > 5)}): {err}"
+            )
+
+    def _upload(self, run_id: str, files: dict[str, bytes]) -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            _base.write_tree(tmp, files)
+            self._client.log_artifacts(run_id, tmp)
+
+    def _check_names(self, names: Any, method: str, check: Callable[[str], Any]) -> None:
+        """Refuses at the call the names the store would refuse at a send (MLflow's own check:
+        characters, path-like names, length)."""
+        bad = []
+        for name in names:
+            if name not in self._valid_names:
+                try:
+                    check(name)
+                    self._valid_names.add(name)
+                except self._error as err:
+                    bad.append(f"{name!r}: {err.message}")
+        if bad:
+            raise ValueError(f"{self._name(method)}: MLflow refuses the names {'; '.join(bad)}")
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
+        self._check_names(
+            numbers, "write_scalars", lambda k: self._validation._validate_metric(k, 0.0, 0, 0)
+        )
         if self._client is None:
             return
         if self._last_steps:  # resumed: skip the points the run's history already has
@@ -143,8 +257,8 @@ class MlflowWriter(_base.TrackerWriter):
             numbers = kept
         stamp = int(self._clock() * 1000)
         metrics = [self._metric(k, float(v), stamp, step) for k, v in numbers.items()]
-        for start in range(0, len(metrics), self._max_metrics):
-            self._client.log_batch(self.run_id, metrics=metrics[start : start + self._max_metrics])
+        with self._lock:
+            self._pending_metrics += metrics
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
         files = {k: [_encode.png(i) for i in v] for k, v in images.items()}
@@ -163,11 +277,16 @@ class MlflowWriter(_base.TrackerWriter):
         self._files("write_histograms", "histograms", step, files, ".json")
 
     def _params(self, hparams: dict[str, Any]) -> None:
+        self._check_names(
+            hparams, "write_hparams", lambda k: self._validation._validate_param(k, "")
+        )
         if self._client is None:
             return
-        params = [self._param(k, str(v)) for k, v in hparams.items()]
-        for start in range(0, len(params), self._max_params):
-            self._client.log_batch(self.run_id, params=params[start : start + self._max_params])
+        params = [self._validation._validate_param(k, str(v)) for k, v in hparams.items()]
+        with self._lock:
+            self._pending_params += (
+                params  # values past MLflow's length limit truncated, as it does
+            )
 
     def _end_run(self) -> None:
         self._client.set_terminated(self.run_id)
@@ -175,6 +294,5 @@ class MlflowWriter(_base.TrackerWriter):
     def _store(self, paths: dict[str, bytes]) -> None:
         if self._client is None:
             return
-        with tempfile.TemporaryDirectory() as tmp:
-            _base.write_tree(tmp, paths)
-            self._client.log_artifacts(self.run_id, tmp)
+        with self._lock:
+            self._pending_files.update(paths)

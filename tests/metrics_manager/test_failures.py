@@ -198,6 +198,36 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
     assert manager.health()["writers"]["Mount"]["quarantined"] is None
 
 
+def write_through_an_outage(
+    manager: MetricsManager, gate: Any, failed: Any
+) -> tuple[int, int, float]:
+    """Writes a summary every ~5 ms: 20, then through a cut of `gate` lasting at least 3 s and
+    until `failed()`, then 20 after it is restored. Returns (last step, summaries written
+    during the cut, the slowest call in seconds)."""
+    step, worst = 0, 0.0
+
+    def write() -> None:
+        nonlocal step, worst
+        step += 1
+        called = time.perf_counter()
+        manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
+        worst = max(worst, time.perf_counter() - called)
+        time.sleep(0.005)
+
+    while step < 20:
+        write()
+    gate.cut()
+    cut, before = time.monotonic(), step
+    while time.monotonic() - cut < 3 or not failed():
+        assert time.monotonic() - cut < 60, "nothing failed during the outage"
+        write()
+    during = step - before
+    gate.restore()
+    for _ in range(20):
+        write()
+    return step, during, worst
+
+
 def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, caplog):
     # A real outage between the writers and S3 (moto's server): a proxy resets every
     # connection for a few seconds, long enough for both writers' timed uploads to fail.
@@ -217,31 +247,13 @@ def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, 
     def factory(logdir):
         return writers.create_default_writer(logdir, console=False, flush_secs=0.2)
 
-    step, worst = 0, 0.0
     with (
         storage_servers.serving(server, "s3", config),
         MetricsManager("train", run, writer_factory=factory, max_pending=1) as manager,
     ):
-
-        def write() -> None:
-            nonlocal step, worst
-            step += 1
-            called = time.perf_counter()
-            manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
-            worst = max(worst, time.perf_counter() - called)
-            time.sleep(0.005)
-
-        while step < 20:
-            write()
-        gate.cut()
-        cut, before = time.monotonic(), step
-        while time.monotonic() - cut < 3 or len(failed_timers()) < 2:
-            assert time.monotonic() - cut < 60, f"no timed upload failed: {failed_timers()}"
-            write()
-        during = step - before
-        gate.restore()
-        for _ in range(20):
-            write()
+        step, during, worst = write_through_an_outage(
+            manager, gate, lambda: len(failed_timers()) == 2
+        )
         manager.close()
         assert failed_timers() == {"TensorBoardWriter", "JsonlWriter"}
         assert manager.health()["failures"] == 0  # every write was buffered; no upload was lost
@@ -251,6 +263,45 @@ def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, 
         storage_servers.copy_event_files(f"{run}/train", str(tmp_path))
     server.stop()
     assert tb_steps(str(tmp_path)) == list(range(1, step + 1))
+
+
+def test_an_mlflow_server_outage_neither_blocks_the_loop_nor_loses_a_summary(
+    tmp_path, caplog, monkeypatch
+):
+    # A real `mlflow server` behind a proxy that resets every connection for 3 s. MLflow's
+    # client retries a failed request for about 2 minutes by default, on the writer's timer
+    # thread; one try per send here, so that the outage and the recovery fit in seconds.
+    from mlflow import MlflowClient
+
+    from tests import storage_servers
+    from tests.writers.tracker_stores import mlflow_server
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    made = {}
+
+    def factory(logdir):
+        made["mlflow"] = writers.MlflowWriter("outage", tracking_uri=gate.url, flush_secs=0.2)
+        jsonl = writers.JsonlWriter(f"{logdir}/metrics.jsonl")
+        return writers.MultiWriter({"jsonl": jsonl, "mlflow": made["mlflow"]})
+
+    def failed_sends() -> int:
+        return sum("a timed flush failed" in r.getMessage() for r in caplog.records)
+
+    with mlflow_server(str(tmp_path)) as port:
+        gate = storage_servers.Gate(port)
+        with MetricsManager("train", tmp_path, writer_factory=factory, max_pending=1) as manager:
+            step, during, worst = write_through_an_outage(manager, gate, failed_sends)
+        assert failed_sends() == 1  # logged once for the outage
+        assert manager.errors == []  # every write was buffered; no send was lost
+        assert worst < 0.5 and during >= 100  # the loop never waited on the tracker
+        lines = read_jsonl(str(tmp_path / "train"))
+        assert [line["loss"] for line in lines] == [float(s) for s in range(1, step + 1)]
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        history = client.get_metric_history(made["mlflow"].run_id, "loss")
+        assert sorted((m.step, m.value) for m in history) == [
+            (s, float(s)) for s in range(1, step + 1)
+        ]
+        assert client.get_run(made["mlflow"].run_id).info.status == "FINISHED"
 
 
 def run_loop(*args: str, timeout: float = 60, **popen: Any) -> subprocess.Popen[str]:

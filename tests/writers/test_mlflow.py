@@ -6,12 +6,8 @@ from __future__ import annotations
 import io
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -19,7 +15,7 @@ from mlflow import MlflowClient
 from PIL import Image
 
 import writers
-from tests.writers.tracker_stores import sqlite_store
+from tests.writers.tracker_stores import mlflow_server, sqlite_store
 from writers import _encode
 
 
@@ -44,8 +40,8 @@ def _value(step: int, i: int) -> float:
     return step * 0.5 + i / 16  # exact in binary floating point
 
 
-def test_200_summaries_x_20_keys_one_log_batch_each_all_read_back(store, monkeypatch):
-    w = _writer(store, run_name="train")
+def test_200_summaries_x_20_keys_go_in_full_batches_all_read_back(store, monkeypatch):
+    w = _writer(store, run_name="train", flush_secs=3600)
     calls = []
     log_batch = w._client.log_batch
     monkeypatch.setattr(
@@ -53,8 +49,9 @@ def test_200_summaries_x_20_keys_one_log_batch_each_all_read_back(store, monkeyp
     )
     for step in range(200):
         w.write_scalars(step, {f"train/m{i:02d}": np.float32(_value(step, i)) for i in range(20)})
+    assert calls == []  # write calls only buffer
     w.close()
-    assert len(calls) == 200
+    assert len(calls) == 4  # 4,000 metrics in batches of MLflow's 1,000
     client = MlflowClient(store["tracking_uri"])
     run = client.get_run(w.run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "train"
@@ -141,8 +138,8 @@ def test_texts_images_videos_audio_histograms_are_artifacts(store, tmp_path):
     assert names == [f"images/img/step_{s:08d}_{i}.png" for s in (5, 10) for i in range(2)]
 
 
-def test_one_log_artifacts_call_per_write(store, monkeypatch):
-    w = _writer(store)
+def test_one_log_artifacts_call_per_send(store, monkeypatch):
+    w = _writer(store, flush_secs=3600)
     calls = []
     upload = w._client.log_artifacts
     monkeypatch.setattr(
@@ -151,7 +148,57 @@ def test_one_log_artifacts_call_per_write(store, monkeypatch):
     w.write_texts(1, {f"t{i}": "x" for i in range(30)})
     w.write_images(1, {f"i{i}": np.zeros((2, 2, 2, 1), np.uint8) for i in range(30)})
     w.close()
-    assert len(calls) == 2
+    assert len(calls) == 1
+    client = MlflowClient(store["tracking_uri"])
+    assert len(client.list_artifacts(w.run_id, "texts")) == 30
+    assert len(client.list_artifacts(w.run_id, "images")) == 30
+
+
+def test_the_timer_sends_without_a_flush(store):
+    w = _writer(store, flush_secs=0.05)
+    w.write_scalars(3, {"loss": 0.5})
+    client = MlflowClient(store["tracking_uri"])
+    deadline = time.monotonic() + 10
+    while not client.get_run(w.run_id).data.metrics and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _history(client, w.run_id, "loss") == [(3, 0.5)]
+    assert client.get_run(w.run_id).info.status == "RUNNING"
+    w.close()
+    assert client.get_run(w.run_id).info.status == "FINISHED"
+
+
+def test_names_mlflow_refuses_are_refused_at_the_call(store):
+    w = _writer(store, flush_secs=3600)
+    with pytest.raises(ValueError, match=r"write_scalars: MLflow refuses the names 'acc@1': .*"):
+        w.write_scalars(0, {"acc@1": 1.0, "ok": 2.0})
+    with pytest.raises(ValueError, match=r"write_hparams: MLflow refuses the names 'a/\.\./b'"):
+        w.write_hparams({"a/../b": 1, "lr": 0.1})
+    with pytest.raises(ValueError, match=r"names 'k{251}'.*250"):
+        w.write_scalars(1, {"k" * 251: 1.0})
+    w.write_scalars(2, {"ok": 3.0})  # the writer goes on
+    w.close()
+    run = MlflowClient(store["tracking_uri"]).get_run(w.run_id)
+    assert run.data.metrics == {"ok": 3.0} and run.data.params == {}
+
+
+def test_what_the_store_refuses_is_dropped_and_named_the_rest_is_sent(store):
+    w = _writer(store, flush_secs=3600)
+    w.write_hparams({"lr": 0.1})
+    w.flush()
+    w.write_hparams({"lr": 0.2, "b1": 0.9})  # MLflow params never change
+    w.write_scalars(1, {"loss": 0.5})
+    w.write_texts(1, {"note": "kept"})
+    with pytest.raises(ValueError, match=r"refused 1 params \(lr\): .*dropped, the rest"):
+        w.flush()
+    w.flush()  # nothing left to refuse
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    run = client.get_run(w.run_id)
+    assert run.data.params == {"lr": "0.1", "b1": "0.9"} and run.data.metrics == {"loss": 0.5}
+    assert [f.path for f in client.list_artifacts(w.run_id, "texts/note")] == [
+        "texts/note/step_00000001.txt"
+    ]
+    assert run.info.status == "FINISHED"
 
 
 def test_resume_keeps_one_point_per_step(store, caplog):
@@ -264,50 +311,9 @@ def test_missing_mlflow_names_the_extra(monkeypatch):
         writers.MlflowWriter(process_index=0)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_against_a_real_mlflow_server(tmp_path):
-    port = _free_port()
-    uri = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            sqlite_store(str(tmp_path / "server")),
-            "--artifacts-destination",
-            str(tmp_path / "served"),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        # No background job workers (their own processes, slow to start); its own process
-        # group, so the server and the uvicorn worker it starts are stopped together.
-        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{uri}/health", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+    with mlflow_server(str(tmp_path)) as port:
+        uri = f"http://127.0.0.1:{port}"
         w = writers.MlflowWriter("served", tracking_uri=uri, process_index=0)
         for step in range(20):
             w.write_scalars(step, {f"m{i}": _value(step, i) for i in range(20)})
@@ -321,6 +327,3 @@ def test_against_a_real_mlflow_server(tmp_path):
         path = client.download_artifacts(w.run_id, "texts/note", str(tmp_path / "down"))
         with open(os.path.join(path, "step_00000019.txt")) as f:
             assert f.read() == "served"
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=30)

@@ -9,18 +9,24 @@ each record with W&B's own proto.
 
 MLflow: `sqlite_store` gives each test its own SQLite tracking store, copied from
 one store made once per process (creating the tables runs MLflow's migrations,
-about 2 s).
+about 2 s); `mlflow_server` runs a real `mlflow server` on a free port.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import shutil
+import signal
+import socket
 import struct
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -125,3 +131,50 @@ def sqlite_store(folder: str) -> str:
     path = os.path.join(folder, "mlflow.db")
     shutil.copyfile(_TEMPLATE[0], path)
     return f"sqlite:///{path}"
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: str) -> Iterator[int]:
+    """Runs `mlflow server` (SQLite store and artifacts in `folder`) on a free port; yields it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            sqlite_store(os.path.join(folder, "server")),
+            "--artifacts-destination",
+            os.path.join(folder, "served"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        # No background job workers (their own processes, slow to start); its own process
+        # group, so the server and the uvicorn worker it starts are stopped together.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        yield port
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
