@@ -403,7 +403,8 @@ class MetricsManager:
         """Finishes queued work, closes every writer and stops the worker; idempotent.
 
         Returns within about `writer_deadline_s` + 5 s even when a writer hangs (that writer
-        is named in the log and in `errors`).
+        is named in the log and in `errors`); each further writer hanging in its own close
+        (storage that went down just before) adds up to `writer_deadline_s`.
 
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.
