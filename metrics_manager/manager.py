@@ -247,6 +247,7 @@ class MetricsManager:
         self._monitor: Any = None
         self._system_interval = system_interval_s
         self._system_next = -math.inf  # when the next system/* sample is due
+        self._pid = os.getpid()  # a forked child (a data-loader worker) has no worker thread
         if jax.process_index() == 0:
             self._claim_dir()
             try:
@@ -845,7 +846,7 @@ def _has_time(metric: Any) -> bool:
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
-    managers = [m for m in list(_OPEN) if not m._closed]
+    managers = [m for m in list(_OPEN) if not m._closed and m._pid == os.getpid()]
     end = time.monotonic() + _SIGNAL_FLUSH_S
     for manager in managers:  # a hung writer call must not hold the others' writes past a kill
         manager._worker.hurry(_SIGNAL_DEADLINE_S)

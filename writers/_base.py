@@ -268,11 +268,15 @@ def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:
 
 def close_at_exit(writer: Any, name: str) -> Callable[[], None]:
     """Runs `writer.close()` (or a manager's) at exit, held weakly (no `__del__`); returns the
-    `atexit` hook."""
-    return atexit.register(functools.partial(_close_at_exit, weakref.ref(writer), name))
+    `atexit` hook. Not in a forked child: it has the writer's memory but not its threads, and
+    closing its copy would send the buffer twice (or end a tracker run the parent still uses)."""
+    hook = functools.partial(_close_at_exit, weakref.ref(writer), name, os.getpid())
+    return atexit.register(hook)
 
 
-def _close_at_exit(ref: weakref.ReferenceType[Any], name: str) -> None:
+def _close_at_exit(ref: weakref.ReferenceType[Any], name: str, pid: int) -> None:
+    if os.getpid() != pid:
+        return
     try:
         if (writer := ref()) is not None:
             writer.close()

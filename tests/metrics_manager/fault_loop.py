@@ -5,7 +5,8 @@
 MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds),
 `hang` (a writer that never returns, next to JSONL), `hang_signal` (one every step with
 a writer that never returns first, the default deadline, JSONL and TensorBoard), `unclosed` (50 summaries queued, then
-the program ends without closing the manager), `multiprocess` (see
+the program ends without closing the manager), `fork` (forked children: data-loader
+workers terminated with SIGTERM, and one that exits normally), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
@@ -43,9 +44,22 @@ def step_fn(x):
     return x + 1.0, {"loss": Sum(jnp.sum(x))}
 
 
+class CloseRecorder(writers.NoopWriter):
+    """Appends the pid of the process closing it to `path`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def close(self) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
 def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
     if mode == "multiprocess":
         return multiprocess(summary_dir, int(period))
+    if mode == "fork":
+        return forked_children(summary_dir)
     if mode == "hang":
 
         def factory(logdir):
@@ -90,6 +104,46 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
             manager.write_metrics_summary(metrics, step, 1)
             print(f"issued {step}", flush=True)
         time.sleep(0.002)
+
+
+def _sleep() -> None:
+    time.sleep(60)
+
+
+def forked_children(summary_dir: str) -> None:
+    import multiprocessing
+
+    def factory(logdir, collection=None):
+        default = writers.create_default_writer(logdir, collection=collection, console=False)
+        closed = CloseRecorder(os.path.join(summary_dir, "closed_by"))
+        return writers.MultiWriter({**default.writers, "recorder": closed})
+
+    manager = MetricsManager("train", summary_dir, writer_factory=factory)
+    x = jnp.zeros(4)
+    for step in range(1, 6):
+        x, metrics = step_fn(x)
+        manager.write_metrics_summary(metrics, step, 1)
+    workers = [multiprocessing.get_context("fork").Process(target=_sleep) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    for worker in workers:
+        worker.terminate()  # SIGTERM, as a data loader's shutdown or Slurm's preemption sends
+    for worker in workers:
+        worker.join()
+    codes = [worker.exitcode for worker in workers]
+    print(f"terminated in {time.monotonic() - start:.2f} s with {codes}", flush=True)
+    start = time.monotonic()
+    if (pid := os.fork()) == 0:
+        sys.exit(0)  # a normal exit: the interpreter runs the inherited atexit hooks
+    _, status = os.waitpid(pid, 0)
+    print(f"exited in {time.monotonic() - start:.2f} s with {status}", flush=True)
+    for step in range(6, 11):
+        x, metrics = step_fn(x)
+        manager.write_metrics_summary(metrics, step, 1)
+    manager.close()
+    print(f"parent {os.getpid()}", flush=True)
 
 
 def multiprocess(summary_dir: str, process_id: int) -> None:

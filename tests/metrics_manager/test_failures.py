@@ -315,6 +315,25 @@ def run_loop(*args: str, timeout: float = 60, **popen: Any) -> subprocess.Popen[
     )
 
 
+def test_forked_children_neither_flush_nor_close_the_parents_manager(tmp_path):
+    # Data-loader workers are forked: they inherit the manager's memory, signal handler and
+    # atexit hooks, but not its worker thread. Were they acted on, a SIGTERM'd worker would
+    # wait out the 25 s signal flush, and a child exiting normally would hang in close().
+    proc = run_loop("fork", str(tmp_path))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    terminated = float(out.split("terminated in ")[1].split(" s")[0])
+    assert terminated < 5.0 and "with [-15, -15]" in out, out  # SIGTERM's usual status
+    exited = float(out.split("exited in ")[1].split(" s")[0])
+    assert exited < 5.0 and "s with 0" in out, out
+    assert "flush on signal failed" not in out
+    parent = out.split("parent ")[1].split()[0]
+    # Only the parent closed its writers: a child closing its copy would send buffers twice.
+    assert (tmp_path / "closed_by").read_text().split() == [parent]
+    assert [line["step"] for line in read_jsonl(str(tmp_path / "train"))] == list(range(1, 11))
+    assert tb_steps(str(tmp_path / "train")) == list(range(1, 11))
+
+
 def test_a_hanging_writer_is_abandoned_and_the_process_exits(tmp_path):
     start = time.monotonic()
     proc = run_loop("hang", str(tmp_path))
