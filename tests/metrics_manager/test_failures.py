@@ -376,6 +376,20 @@ def test_sigterm_loses_no_issued_summary(tmp_path, mode):
         assert set(issued) <= set(tb_steps(logdir))
 
 
+def test_sigint_loses_no_issued_summary_and_still_raises_keyboard_interrupt(tmp_path):
+    # Ctrl-C: the manager flushes, then Python's own handler raises KeyboardInterrupt in
+    # the loop, which ends the program with SIGINT's usual status.
+    proc = run_loop("every_step", str(tmp_path))
+    issued = wait_for_issued(proc, 20)
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in rest, rest
+    logdir = str(tmp_path / "train")
+    assert set(issued) <= set(line["step"] for line in read_jsonl(logdir)), issued
+    assert set(issued) <= set(tb_steps(logdir))
+
+
 def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path):
     # Preemption of a run whose summary_dir is a gs:// URL (the GCS emulator): what waits in
     # memory for the next timed upload is uploaded by the signal's flush.
