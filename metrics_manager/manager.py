@@ -137,7 +137,9 @@ class MetricsManager:
         `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
       handle_signals: flush on SIGTERM/SIGINT (within 25 s; a writer call running 10 s
-        into it is abandoned) before the previous handler runs (main thread only).
+        into it is abandoned) before the previous handler runs (main thread only). SIGTERM
+        is left to JAX's preemption service where `jax.distributed` runs one: the loop
+        stops at `reached_preemption_sync_point`, and `close()` writes every summary.
 
     Raises:
       TypeError, ValueError: every bad argument, listed in one message; a summary dir already
@@ -266,7 +268,7 @@ class MetricsManager:
         # stops before the interpreter does (a daemon thread inside JAX then aborts it).
         self._at_exit = close_at_exit(self, f"MetricsManager {name!r}")
         if handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
+            for signum in _signals_to_handle():
                 if signum not in _PREVIOUS_HANDLERS:
                     _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
                     signal.signal(signum, _on_signal)
@@ -843,6 +845,17 @@ def _has_time(metric: Any) -> bool:
     if isinstance(metric, clu_metrics.Collection):
         return any(_has_time(m) for m in vars(metric).values())
     return metrics_lib.is_time_metric(metric)
+
+
+def _signals_to_handle() -> tuple[int, ...]:
+    """SIGTERM and SIGINT, less SIGTERM where JAX's preemption service holds it (a multi-host
+    job): replacing its handler would kill the process at once, before the loop reaches
+    `multihost_utils.reached_preemption_sync_point` (T5X, Orbax) and saves a checkpoint."""
+    if jax.distributed.is_initialized() and getattr(
+        jax.config, "jax_enable_preemption_service", True
+    ):
+        return (signal.SIGINT,)
+    return (signal.SIGTERM, signal.SIGINT)
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:

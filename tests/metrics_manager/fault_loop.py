@@ -6,7 +6,8 @@ MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S second
 `hang` (a writer that never returns, next to JSONL), `hang_signal` (one every step with
 a writer that never returns first, the default deadline, JSONL and TensorBoard), `unclosed` (50 summaries queued, then
 the program ends without closing the manager), `fork` (forked children: data-loader
-workers terminated with SIGTERM, and one that exits normally), `multiprocess` (see
+workers terminated with SIGTERM, and one that exits normally), `preemption` (one
+`jax.distributed` process that stops at JAX's preemption sync point), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
@@ -60,6 +61,8 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         return multiprocess(summary_dir, int(period))
     if mode == "fork":
         return forked_children(summary_dir)
+    if mode == "preemption":
+        return preemption_sync_point(summary_dir)
     if mode == "hang":
 
         def factory(logdir):
@@ -144,6 +147,34 @@ def forked_children(summary_dir: str) -> None:
         manager.write_metrics_summary(metrics, step, 1)
     manager.close()
     print(f"parent {os.getpid()}", flush=True)
+
+
+def preemption_sync_point(summary_dir: str) -> None:
+    import signal
+    import socket
+
+    from jax.experimental import multihost_utils
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
+
+    def factory(logdir, collection=None):
+        return writers.create_default_writer(logdir, collection=collection, console=False)
+
+    with MetricsManager("train", summary_dir, writer_factory=factory) as manager:
+        x = jnp.zeros(4)
+        for step in range(1, 100_000):
+            x, metrics = step_fn(x)
+            manager.write_metrics_summary(metrics, step, 1)
+            print(f"issued {step}", flush=True)
+            if multihost_utils.reached_preemption_sync_point(step):
+                print(f"sync point at {step}", flush=True)  # a checkpoint would be saved here
+                break
+            time.sleep(0.01)
+        print(f"SIGINT: {getattr(signal.getsignal(signal.SIGINT), '__name__', None)}", flush=True)
+    print("closed", flush=True)
 
 
 def multiprocess(summary_dir: str, process_id: int) -> None:

@@ -347,6 +347,15 @@ def test_a_hanging_writer_is_abandoned_and_the_process_exits(tmp_path):
     assert time.monotonic() - start < 45
 
 
+def signal_loop(proc: subprocess.Popen[str], signum: int, issued: list[int]) -> str:
+    """Sends `signum` and waits for the loop to end; adds the steps it issued meanwhile to
+    `issued`; returns the rest of its output."""
+    proc.send_signal(signum)
+    rest, _ = proc.communicate(timeout=60)
+    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    return rest
+
+
 def wait_for_issued(proc: subprocess.Popen[str], count: int) -> list[int]:
     issued = []
     assert proc.stdout is not None
@@ -366,9 +375,7 @@ def test_sigterm_loses_no_issued_summary(tmp_path, mode):
         proc = run_loop(mode, str(run_dir), "0.2")
         issued = wait_for_issued(proc, rng.randint(3, 8))
         time.sleep(rng.uniform(0.0, 0.2))  # between flushes, at a random point
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
-        issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+        rest = signal_loop(proc, signal.SIGTERM, issued)
         assert proc.returncode == -signal.SIGTERM, rest  # the default action still ran
         logdir = str(run_dir / "train")
         jsonl = [line["step"] for line in read_jsonl(logdir)]
@@ -381,13 +388,28 @@ def test_sigint_loses_no_issued_summary_and_still_raises_keyboard_interrupt(tmp_
     # the loop, which ends the program with SIGINT's usual status.
     proc = run_loop("every_step", str(tmp_path))
     issued = wait_for_issued(proc, 20)
-    proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=60)
-    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    rest = signal_loop(proc, signal.SIGINT, issued)
     assert proc.returncode == -signal.SIGINT and "KeyboardInterrupt" in rest, rest
     logdir = str(tmp_path / "train")
     assert set(issued) <= set(line["step"] for line in read_jsonl(logdir)), issued
     assert set(issued) <= set(tb_steps(logdir))
+
+
+def test_sigterm_is_left_to_jaxs_preemption_service_in_a_distributed_job(tmp_path):
+    # Under jax.distributed, SIGTERM belongs to JAX's preemption notifier: the loop learns of
+    # it at reached_preemption_sync_point, saves and ends. Replacing that handler killed the
+    # process at once (status -15) with the sync point never reached.
+    proc = run_loop("preemption", str(tmp_path))
+    issued = wait_for_issued(proc, 10)
+    rest = signal_loop(proc, signal.SIGTERM, issued)
+    assert proc.returncode == 0, rest
+    assert f"sync point at {issued[-1]}" in rest and "closed" in rest, rest
+    assert "SIGINT: _on_signal" in rest  # Ctrl-C still flushes
+    logdir = str(tmp_path / "train")
+    assert (
+        [line["step"] for line in read_jsonl(logdir)] == issued == list(range(1, len(issued) + 1))
+    )
+    assert tb_steps(logdir) == issued
 
 
 def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path):
@@ -399,9 +421,7 @@ def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path):
     run = f"gs://{storage_servers.BUCKET}/preempted"
     proc = run_loop("every_step", run, env=dict(os.environ, **server.environment()))
     issued = wait_for_issued(proc, 50)
-    proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
-    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    rest = signal_loop(proc, signal.SIGTERM, issued)
     assert proc.returncode == -signal.SIGTERM, rest
     try:
         with storage_servers.serving(server, "gs"):
