@@ -153,7 +153,10 @@ class MlflowWriter(_base.TrackerWriter):
 
     def close(self) -> None:
         """Stops the timer, sends the buffer and ends the run if this writer started or
-        resumed it; idempotent. Raises as `flush()` does (the run is then left running)."""
+        resumed it; idempotent. Raises as `flush()` does (the run is then left running).
+        Against an unreachable server it waits out the client's retries (about 2 minutes
+        per request by default, `MLFLOW_HTTP_REQUEST_MAX_RETRIES`); a manager bounds that
+        by `writer_deadline_s`."""
         if self._closed:
             return
         self._closed = True
