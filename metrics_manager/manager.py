@@ -415,13 +415,13 @@ class MetricsManager:
         if self._closed:
             return
         self._closed = True
-        _OPEN.discard(self)
         atexit.unregister(self._at_exit)
         try:
             self._to_all("close", None)
             if not self._worker.close(5.0):
                 _LOG.error("MetricsManager %r: the worker did not stop in time", self.name)
         finally:
+            _OPEN.discard(self)  # only now: a signal during close() waits for it to finish
             if self._monitor is not None:
                 self._monitor.close()
             self._release_dir()
@@ -859,13 +859,17 @@ def _signals_to_handle() -> tuple[int, ...]:
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
-    managers = [m for m in list(_OPEN) if not m._closed and m._pid == os.getpid()]
+    managers = [m for m in list(_OPEN) if m._pid == os.getpid()]
     end = time.monotonic() + _SIGNAL_FLUSH_S
     for manager in managers:  # a hung writer call must not hold the others' writes past a kill
         manager._worker.hurry(_SIGNAL_DEADLINE_S)
     for manager in managers:
+        left = max(end - time.monotonic(), 0.0)
         try:
-            manager._to_all("flush", max(end - time.monotonic(), 0.0))
+            if not manager._closed:
+                manager._to_all("flush", left)
+            elif not manager._worker.drain(left):  # close() is running: let it end first
+                raise TimeoutError(f"close() not done in {left:.1f} s")
         except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
             _LOG.error("MetricsManager %r: flush on signal failed: %s", manager.name, err)
         manager._worker.hurry(None)

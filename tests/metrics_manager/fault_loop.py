@@ -7,7 +7,8 @@ MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S second
 a writer that never returns first, the default deadline, JSONL and TensorBoard), `unclosed` (50 summaries queued, then
 the program ends without closing the manager), `fork` (forked children: data-loader
 workers terminated with SIGTERM, and one that exits normally), `preemption` (one
-`jax.distributed` process that stops at JAX's preemption sync point), `multiprocess` (see
+`jax.distributed` process that stops at JAX's preemption sync point), `close_signal`
+(SIGTERM 0.5 s into a close() that still has 40 summaries to write), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
@@ -63,6 +64,8 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         return forked_children(summary_dir)
     if mode == "preemption":
         return preemption_sync_point(summary_dir)
+    if mode == "close_signal":
+        return signal_during_close(summary_dir)
     if mode == "hang":
 
         def factory(logdir):
@@ -174,6 +177,27 @@ def preemption_sync_point(summary_dir: str) -> None:
                 break
             time.sleep(0.01)
         print(f"SIGINT: {getattr(signal.getsignal(signal.SIGINT), '__name__', None)}", flush=True)
+    print("closed", flush=True)
+
+
+class SlowWriter(writers.NoopWriter):
+    def write_scalars(self, step, scalars):
+        time.sleep(0.1)
+
+
+def signal_during_close(summary_dir: str) -> None:
+    import signal
+
+    def factory(logdir, collection=None):
+        default = writers.create_default_writer(logdir, collection=collection, console=False)
+        return writers.MultiWriter({**default.writers, "slow": SlowWriter()})
+
+    manager = MetricsManager("train", summary_dir, writer_factory=factory, max_pending=100)
+    for step in range(1, 41):
+        manager.write_scalars(step, {"loss": float(step)})
+        print(f"issued {step}", flush=True)
+    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    manager.close()  # 4 s of slow writes still queued
     print("closed", flush=True)
 
 

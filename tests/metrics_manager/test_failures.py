@@ -412,6 +412,18 @@ def test_sigterm_is_left_to_jaxs_preemption_service_in_a_distributed_job(tmp_pat
     assert tb_steps(logdir) == issued
 
 
+def test_sigterm_during_close_lets_close_finish_first(tmp_path):
+    # Preemption at the end of training: close() is still writing 40 queued summaries
+    # (a slow writer takes 0.1 s each) when SIGTERM arrives.
+    proc = run_loop("close_signal", str(tmp_path))
+    issued = wait_for_issued(proc, 40)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM and "closed" not in rest, rest
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == issued == list(range(1, 41))
+    assert tb_steps(logdir) == issued
+
+
 def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path):
     # Preemption of a run whose summary_dir is a gs:// URL (the GCS emulator): what waits in
     # memory for the next timed upload is uploaded by the signal's flush.
