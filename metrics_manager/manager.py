@@ -300,12 +300,18 @@ class MetricsManager:
             return list(self._failures)
 
     def health(self) -> dict[str, Any]:
-        """Per writer: failures, why it is quarantined (or None) and the writes skipped meanwhile;
-        and the total failure count."""
+        """Per writer: failures, why it is quarantined (or None), the writes skipped meanwhile,
+        and why its timed flush is failing (or None: an upload or tracker send retried while
+        storage is down, the values kept in memory); and the total failure count."""
         return {
             "failures": self._failure_count,
             "writers": {
-                n: {"failures": s.failures, "quarantined": s.quarantined, "skipped": s.skipped}
+                n: {
+                    "failures": s.failures,
+                    "quarantined": s.quarantined,
+                    "skipped": s.skipped,
+                    "flush_failure": getattr(s.writer, "flush_failure", None),
+                }
                 for n, s in self._writers.items()
             },
         }

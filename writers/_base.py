@@ -30,6 +30,7 @@ class BaseWriter(MetricWriter):
     """
 
     _closed: bool = False
+    flush_failure: str | None = None  # why the last timed flush failed; None once one works
 
     @property
     def closed(self) -> bool:
@@ -287,21 +288,21 @@ def _close_at_exit(ref: weakref.ReferenceType[Any], name: str, pid: int) -> None
 def flush_every(writer: BaseWriter, seconds: float) -> Callable[[], None]:
     """Flushes `writer` every `seconds` on a daemon thread; returns the call that stops it.
 
-    A failed flush (an upload while the network is down) is logged once per run of failures
-    and retried at the next tick; the writer's own `flush()` and `close()` still raise.
+    A failed flush (an upload while the network is down) is logged once per run of failures,
+    kept in `writer.flush_failure` (a manager's `health()` shows it) and retried at the next
+    tick; the writer's own `flush()` and `close()` still raise.
     """
     stop = threading.Event()
 
     def run() -> None:
-        failing = False
         while not stop.wait(seconds):
             try:
                 writer.flush()  # with nothing new: a no-op upload, an fsync of a clean file
-                failing = False
-            except Exception:  # noqa: BLE001  (the timer outlives a failed upload or fsync)
-                if not failing:
+                writer.flush_failure = None
+            except Exception as err:  # noqa: BLE001  (the timer outlives a failed upload or fsync)
+                if writer.flush_failure is None:
                     logging.exception("%s: a timed flush failed; retrying", writer._where())
-                failing = True
+                writer.flush_failure = f"{type(err).__name__}: {err}"
 
     thread = threading.Thread(target=run, daemon=True, name=f"{writer._where()}-flush")
     thread.start()

@@ -185,6 +185,7 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
             "failures": 1,
             "quarantined": "hung",
             "skipped": 1,  # the write at step 2
+            "flush_failure": None,
         }
         release.set()
         deadline = time.monotonic() + 10
@@ -287,10 +288,24 @@ def test_an_mlflow_server_outage_neither_blocks_the_loop_nor_loses_a_summary(
     def failed_sends() -> int:
         return sum("a timed flush failed" in r.getMessage() for r in caplog.records)
 
+    def flush_failure() -> str | None:
+        return manager.health()["writers"]["mlflow"]["flush_failure"]
+
+    seen: list[str] = []
+
+    def failing() -> bool:  # health() shows the outage while the writes go through
+        seen.extend(f for f in [flush_failure()] if f)
+        return bool(seen)
+
     with mlflow_server(str(tmp_path)) as port:
         gate = storage_servers.Gate(port)
         with MetricsManager("train", tmp_path, writer_factory=factory, max_pending=1) as manager:
-            step, during, worst = write_through_an_outage(manager, gate, failed_sends)
+            step, during, worst = write_through_an_outage(manager, gate, failing)
+            assert seen[0].startswith("MlflowException: API request to") and "reset" in seen[0]
+            deadline = time.monotonic() + 10
+            while flush_failure() is not None:  # the timer's next send, after restore()
+                assert time.monotonic() < deadline, flush_failure()
+                time.sleep(0.02)
         assert failed_sends() == 1  # logged once for the outage
         assert manager.errors == []  # every write was buffered; no send was lost
         assert worst < 0.5 and during >= 100  # the loop never waited on the tracker

@@ -538,6 +538,7 @@ def test_under_warn_a_failing_writer_is_logged_at_once_and_training_goes_on(capl
         "failures": 2,
         "quarantined": None,
         "skipped": 0,
+        "flush_failure": None,
     }
 
 
