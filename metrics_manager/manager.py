@@ -634,6 +634,8 @@ class MetricsManager:
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
         step = None if arg == "hparams" else problems.step("step", step)
+        if arg == "hparams":
+            values = _checks.as_mapping(values)
         if not isinstance(values, Mapping):
             problems.type_problem(
                 f"{arg} must be a mapping such as {{'loss': value}}, got {type(values).__name__}"

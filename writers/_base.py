@@ -72,6 +72,7 @@ class BaseWriter(MetricWriter):
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         self._check_open("write_hparams")
+        hparams = _checks.as_mapping(hparams)
         _checks.check_keys(hparams, self._name("write_hparams"))
         problems = _checks.Problems(self._name("write_hparams"))
         flat = _checks.flat_hparams(hparams, problems)

@@ -125,6 +125,13 @@ def check_keys(values: Any, method: str) -> None:
     problems.raise_if_any()
 
 
+def as_mapping(hparams: Any) -> Any:
+    """A config with `.items()` that is no `Mapping` (ml_collections' ConfigDict) as a dict."""
+    if not isinstance(hparams, Mapping) and callable(getattr(hparams, "items", None)):
+        return dict(hparams.items())
+    return hparams
+
+
 def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, Any]:
     """Nested mappings (anything with `.items()`, e.g. a ConfigDict) as dotted names.
 

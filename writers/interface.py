@@ -104,7 +104,8 @@ class MetricWriter(abc.ABC):
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Writes the run's hyperparameters (no step): bools, numbers, strs, else `str()`.
 
-        Nested mappings (a config dict) are flattened to dotted names: `opt.lr`.
+        Nested mappings (a config dict) are flattened to dotted names: `opt.lr`. An
+        ml_collections `ConfigDict`, which is no `Mapping`, is taken too.
         """
 
     @abc.abstractmethod

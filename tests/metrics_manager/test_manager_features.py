@@ -117,3 +117,24 @@ def test_int32_accumulators_near_wrapping_are_warned_once_per_key(caplog):
     assert len(warnings) == 1, warnings
     assert "['tokens', 'wrapped']" in warnings[0] and "at step 1" in warnings[0]
     assert "float32" in warnings[0] and "jax_enable_x64" in warnings[0]
+
+
+def test_an_ml_collections_config_is_written_as_hparams(tmp_path):
+    # What Flax and CLU examples pass: an ml_collections ConfigDict (no Mapping), nested.
+    import ml_collections
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    config = ml_collections.ConfigDict({"lr": 0.1, "opt": {"name": "adam", "b1": 0.9}})
+    with MetricsManager("train", tmp_path, writer_factory=files_only) as manager:
+        manager.write_hparams(config)
+    (line,) = read_jsonl(str(tmp_path / "train"))
+    assert line["hparams"] == {"lr": 0.1, "opt.name": "adam", "opt.b1": 0.9}
+    content = read_tensorboard(str(tmp_path / "train")).PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = data.session_start_info.hparams
+    assert (hparams["lr"].number_value, hparams["opt.b1"].number_value) == (0.1, 0.9)
+    assert hparams["opt.name"].string_value == "adam"
+    w = writers.JsonlWriter(tmp_path / "direct.jsonl")  # a writer without a manager takes it too
+    w.write_hparams(config)
+    w.close()
+    assert writers.read_jsonl(str(tmp_path / "direct.jsonl"))[0]["hparams"]["opt.b1"] == 0.9
