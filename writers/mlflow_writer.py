@@ -14,11 +14,11 @@ NaN kept, infinities as the store keeps them: the SQL store clamps them to +-1.7
 hparams are params (100 per batch; MLflow params never change, so a different value for a
 key the run has is refused). Metric and param names MLflow would refuse are refused at the
 call. Texts, images, videos, audio, histograms and raw tensors are artifacts, all files of
-one send in one `log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`: `.txt`, `.png` per
-image, filmstrip `.png` `[H, T*W, C]` per video, 16-bit `.wav` per clip, histograms as
-`.json` (`count`, `min`, `max`, `mean`, `edges`, `counts`), raw tensors (`write_summaries`)
-as exact `.npy` files under `summaries/` (TensorBoard's metadata is not kept); keys must
-then be relative paths (no `..`, `.` or empty parts).
+one send in one `log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`:
+`.txt`, `.png` per image, filmstrip `.png` `[H, T*W, C]` per video, 16-bit `.wav` per
+clip, histograms as `.json` (`count`, `min`, `max`, `mean`, `edges`, `counts`), raw tensors
+(`write_summaries`) as exact `.npy` files under `summaries/` (TensorBoard's metadata is not
+kept); keys must then be relative paths (no `..`, `.` or empty parts).
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
 MLflow's metric history is append-only, so the writer first reads each metric's last logged
@@ -173,12 +173,9 @@ class MlflowWriter(_base.TrackerWriter):
             return
         with self._sending:
             with self._lock:
-                params, metrics, files = (
-                    self._pending_params,
-                    self._pending_metrics,
-                    self._pending_files,
-                )
-                self._pending_params, self._pending_metrics, self._pending_files = [], [], {}
+                params, self._pending_params = self._pending_params, []
+                metrics, self._pending_metrics = self._pending_metrics, []
+                files, self._pending_files = self._pending_files, {}
             refused: list[str] = []
             try:
                 for kind, pending, limit in (
@@ -285,11 +282,10 @@ class MlflowWriter(_base.TrackerWriter):
         )
         if self._client is None:
             return
+        # MLflow's own check (private, as is `_validate_metric`): it truncates long values.
         params = [self._validation._validate_param(k, str(v)) for k, v in hparams.items()]
         with self._lock:
-            self._pending_params += (
-                params  # values past MLflow's length limit truncated, as it does
-            )
+            self._pending_params += params
 
     def _end_run(self) -> None:
         self._client.set_terminated(self.run_id)
