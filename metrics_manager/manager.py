@@ -101,6 +101,9 @@ _PREVIOUS_HANDLERS: dict[int, Any] = {}
 # preemption, Slurm); a writer call running 10 s into it is abandoned so the rest get written.
 _SIGNAL_FLUSH_S = 25.0
 _SIGNAL_DEADLINE_S = 10.0
+# Before a handler of the program's own (set a flag, save a checkpoint, exit), the flush
+# takes at most this long, leaving that handler the grace period; `close()` writes the rest.
+_SIGNAL_FLUSH_BEFORE_OWN_S = 2.0
 
 
 class MetricsManager:
@@ -136,8 +139,9 @@ class MetricsManager:
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
-      handle_signals: flush on SIGTERM/SIGINT (within 25 s; a writer call running 10 s
-        into it is abandoned) before the previous handler runs (main thread only). SIGTERM
+      handle_signals: flush on SIGTERM/SIGINT (within 25 s, or 2 s before a handler of the
+        program's own; a writer call running 10 s into it is abandoned) before the previous
+        handler runs (main thread only). SIGTERM
         is left to JAX's preemption service where `jax.distributed` runs one: the loop
         stops at `reached_preemption_sync_point`, and `close()` writes every summary.
 
@@ -868,9 +872,12 @@ def _signals_to_handle() -> tuple[int, ...]:
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     managers = [m for m in list(_OPEN) if m._pid == os.getpid()]
-    end = time.monotonic() + _SIGNAL_FLUSH_S
+    previous = _PREVIOUS_HANDLERS.get(signum)
+    own = callable(previous) and previous is not signal.default_int_handler
+    budget = _SIGNAL_FLUSH_BEFORE_OWN_S if own else _SIGNAL_FLUSH_S
+    end = time.monotonic() + budget
     for manager in managers:  # a hung writer call must not hold the others' writes past a kill
-        manager._worker.hurry(_SIGNAL_DEADLINE_S)
+        manager._worker.hurry(min(_SIGNAL_DEADLINE_S, budget))
     for manager in managers:
         left = max(end - time.monotonic(), 0.0)
         try:
@@ -879,9 +886,13 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
             elif not manager._worker.drain(left):  # close() is running: let it end first
                 raise TimeoutError(f"close() not done in {left:.1f} s")
         except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
-            _LOG.error("MetricsManager %r: flush on signal failed: %s", manager.name, err)
+            level, rest = (
+                (logging.WARNING, "; close() writes the rest") if own else (logging.ERROR, "")
+            )
+            _LOG.log(
+                level, "MetricsManager %r: flush on signal failed: %s%s", manager.name, err, rest
+            )
         manager._worker.hurry(None)
-    previous = _PREVIOUS_HANDLERS.get(signum)
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:

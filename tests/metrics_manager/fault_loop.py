@@ -8,7 +8,8 @@ a writer that never returns first, the default deadline, JSONL and TensorBoard),
 the program ends without closing the manager), `fork` (forked children: data-loader
 workers terminated with SIGTERM, and one that exits normally), `preemption` (one
 `jax.distributed` process that stops at JAX's preemption sync point), `close_signal`
-(SIGTERM 0.5 s into a close() that still has 40 summaries to write), `multiprocess` (see
+(SIGTERM 0.5 s into a close() that still has 40 summaries to write), `own_handler` (the
+program's own SIGTERM handler sets a flag; a writer hangs), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
@@ -66,6 +67,8 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         return preemption_sync_point(summary_dir)
     if mode == "close_signal":
         return signal_during_close(summary_dir)
+    if mode == "own_handler":
+        return own_signal_handler(summary_dir)
     if mode == "hang":
 
         def factory(logdir):
@@ -199,6 +202,29 @@ def signal_during_close(summary_dir: str) -> None:
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     manager.close()  # 4 s of slow writes still queued
     print("closed", flush=True)
+
+
+def own_signal_handler(summary_dir: str) -> None:
+    import signal
+
+    signalled: list[float] = []
+    signal.signal(signal.SIGTERM, lambda *_: signalled.append(time.monotonic()))  # stop soon
+
+    def factory(logdir, collection=None):
+        default = writers.create_default_writer(logdir, collection=collection, console=False)
+        return writers.MultiWriter({"stuck": HangingWriter(), **default.writers})
+
+    with MetricsManager("train", summary_dir, writer_factory=factory) as manager:
+        x = jnp.zeros(4)
+        step = 0
+        while not signalled:
+            step += 1
+            x, metrics = step_fn(x)
+            manager.write_metrics_summary(metrics, step, 1)
+            print(f"issued {step} at {time.monotonic()}", flush=True)
+            time.sleep(0.01)
+        print(f"own handler ran at {signalled[0]}", flush=True)  # a checkpoint would be saved
+    print(f"closed at {time.monotonic()}", flush=True)
 
 
 def multiprocess(summary_dir: str, process_id: int) -> None:

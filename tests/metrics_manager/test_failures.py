@@ -439,6 +439,26 @@ def test_sigterm_during_close_lets_close_finish_first(tmp_path):
     assert tb_steps(logdir) == issued
 
 
+def test_sigterm_chains_to_the_programs_own_handler_within_2_s_with_a_hung_writer(tmp_path):
+    # The program's own handler (installed before the manager) sets a flag that stops its
+    # loop, which would save a checkpoint: it must get the grace period, not wait out the
+    # manager's flush behind a hung writer (10 s); close() then writes every summary.
+    proc = run_loop("own_handler", str(tmp_path))
+    issued = wait_for_issued(proc, 17)  # 1 running + max_pending (16): the loop now blocks
+    time.sleep(0.5)
+    signalled = time.monotonic()
+    rest = signal_loop(proc, signal.SIGTERM, issued)
+    assert proc.returncode == 0, rest  # the program's handler decided: it ended normally
+    handled = float(rest.split("own handler ran at ")[1].split()[0])
+    assert 0 < handled - signalled < 4.0, rest  # the flush before it took at most 2 s
+    assert "ran past 2.0 s, the bound while flushing on a signal" in rest
+    logdir = str(tmp_path / "train")
+    assert (
+        [line["step"] for line in read_jsonl(logdir)] == issued == list(range(1, len(issued) + 1))
+    )
+    assert tb_steps(logdir) == issued
+
+
 def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path):
     # Preemption of a run whose summary_dir is a gs:// URL (the GCS emulator): what waits in
     # memory for the next timed upload is uploaded by the signal's flush.
