@@ -130,7 +130,7 @@ class ConsoleWriter(BaseWriter):
         console = self._console[1]
         layout = _layout(tuple(lines))
         # Continuation lines of a multi-line value are indented under the value column.
-        indent = "\n" + " " * (len(layout[0][1]) + 4) if layout else ""
+        indent = "\n" + " " * (_cells(layout[0][1]) + 4) if layout else ""
         if console is None:  # plain text, and no rendering cost
             body = "".join(
                 f"\n  {padded}  " + lines[key].replace("\n", indent) for key, padded in layout
@@ -150,12 +150,20 @@ class ConsoleWriter(BaseWriter):
 
 @functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
-    """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded."""
-    width = max(map(len, keys), default=0)
+    """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded to
+    the same width on screen (a CJK character takes two columns)."""
+    width = max(map(_cells, keys), default=0)
     return [
-        (k, k.ljust(width))
+        (k, k + " " * (width - _cells(k)))
         for k in sorted(keys, key=lambda k: (k.partition("/")[0] if "/" in k else "", k))
     ]
+
+
+def _cells(text: str) -> int:
+    """Columns `text` takes on a terminal."""
+    from rich.cells import cell_len
+
+    return cell_len(text)
 
 
 def _rich_console(stream: IO[str]) -> Any:

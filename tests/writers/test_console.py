@@ -54,6 +54,22 @@ def test_block_is_aligned_grouped_by_prefix_and_formatted_for_humans():
     assert "\x1b[" not in out.getvalue()
 
 
+def test_wide_characters_keep_the_value_column_aligned():
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out)
+    w.write_scalars(1, {"損失": 1.5, "loss_avg": 2.0, "精度/top1": 0.5})
+    w.write_texts(1, {"メモ": "two\nlines"})
+    assert out.getvalue() == (
+        "step 1\n"
+        "  loss_avg   2\n"
+        "  損失       1.5\n"  # two columns per character: 4 columns, padded with 5 spaces
+        "  精度/top1  0.5\n"
+        "step 1\n"
+        "  メモ  two\n"
+        "        lines\n"  # the continuation sits under the value column
+    )
+
+
 def test_colour_only_on_a_tty(monkeypatch):
     monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.delenv("NO_COLOR", raising=False)
