@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from writers import _storage
 from writers._checks import Problems
@@ -246,10 +247,13 @@ def _read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
         (payload_crc,) = struct.unpack_from("<I", data, end - 4)
         header = data[offset : offset + 8]
         if header_crc != masked_crc32c(header) or payload_crc != masked_crc32c(payload):
-            raise ValueError(
-                f"writers.plot: record at byte {offset} of {path!r} fails its CRC check (a "
-                "corrupted event file); move the file out of the run directory to plot the others."
+            logging.warning(  # TensorBoard's reader also stops at the first corrupt record
+                "writers.plot: record at byte %d of %r fails its CRC check (a corrupted event "
+                "file): plotting only the events before it, as TensorBoard does.",
+                offset,
+                path,
             )
+            return
         offset = end
         event = event_pb2.Event.FromString(payload)
         for value in event.summary.value:  # empty in events without a summary
