@@ -41,6 +41,7 @@ import clu.values
 import jax
 import numpy as np
 from flax import nnx
+from jax._src import core as _jax_core
 
 import writers
 from metrics_manager import metrics as metrics_lib
@@ -522,6 +523,12 @@ class MetricsManager:
             raise RuntimeError(
                 f"MetricsManager {self.name!r} is closed; {method}() needs an open manager."
             )
+        if not _trace_state_clean():
+            raise TypeError(
+                f"MetricsManager.{method} was called while JAX traces a function (inside jit, "
+                "grad, scan, ...): it would run once, at trace time, with tracers instead of "
+                "values. Return the metrics from the step and call it from the Python loop."
+            )
         self._raise_if_fatal()
 
     def _raise_if_fatal(self) -> None:
@@ -804,6 +811,8 @@ def _ready_time(tree: Any, called: float, clock: timer.Clock) -> float:
     return clock()
 
 
+# True outside any JAX trace; ~0.3 us (a tree walk for tracers would cost more per summary).
+_trace_state_clean: Callable[[], bool] = getattr(_jax_core, "trace_state_clean", lambda: True)
 _pack = jax.jit(PackedMetrics.pack)
 _INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
 

@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -639,6 +640,13 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         lambda m: MetricsManager("train", os.path.dirname(m.summary_dir)),
         ValueError,
         "already written by another open MetricsManager",
+    ),
+    "called inside jit": (
+        lambda m: jax.jit(lambda x: m.write_metrics_summary({"loss": Sum(x)}, 1, 1) and x)(
+            jnp.float32(1.0)
+        ),
+        TypeError,
+        r"called while JAX traces a function \(inside jit.*call it from the Python loop",
     ),
     "bad deadline": (
         lambda m: MetricsManager("x", writer_deadline_s="5"),
