@@ -1,7 +1,8 @@
 """Base classes of this package's writers: the closed state, the input checks, forwarding.
 
 Every backend thus rejects the same inputs with the same messages, and implements only hooks.
-`close_at_exit` closes buffering writers at interpreter exit if the program did not.
+`flush_every` gives a buffering writer its flush timer and closes it at interpreter exit if
+the program did not (`close_at_exit`, which a manager uses too).
 """
 
 import abc
@@ -217,9 +218,6 @@ class TrackerWriter(BaseWriter):
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._params({k: _encode.hparam(v) for k, v in hparams.items()})
 
-    def flush(self) -> None:
-        """Does nothing: each call has been handed to the tracker's client when it returns."""
-
     def close(self) -> None:
         """Ends the run if this writer started or resumed it (waits for it); idempotent."""
         if not self._closed:
@@ -286,8 +284,10 @@ def _close_at_exit(ref: weakref.ReferenceType[Any], name: str, pid: int) -> None
         logging.exception("%s failed while closing at exit", name)
 
 
-def flush_every(writer: BaseWriter, seconds: float) -> Callable[[], None]:
-    """Flushes `writer` every `seconds` on a daemon thread; returns the call that stops it.
+def flush_every(writer: BaseWriter, seconds: float, name: str) -> Callable[[], None]:
+    """Flushes `writer` every `seconds` on a daemon thread, and closes it at exit if the
+    program did not (`close_at_exit`, labelled `name`): what it buffers is not lost. Returns
+    the call for `close()` that stops both.
 
     A failed flush (an upload while the network is down) is logged once per run of failures,
     kept in `writer.flush_failure` (a manager's `health()` shows it) and retried at the next
@@ -307,8 +307,10 @@ def flush_every(writer: BaseWriter, seconds: float) -> Callable[[], None]:
 
     thread = threading.Thread(target=run, daemon=True, name=f"{writer._where()}-flush")
     thread.start()
+    at_exit = close_at_exit(writer, name)
 
     def stop_and_join() -> None:
+        atexit.unregister(at_exit)
         stop.set()
         thread.join()
 

@@ -31,7 +31,6 @@ Example:
   {'step': 1, 'time': 100.0, 'collection': 'train', 'loss': 0.5, 'bad': 'NaN'}
 """
 
-import atexit
 import json
 import math
 import os
@@ -43,7 +42,7 @@ import numpy as np
 from absl import logging
 
 from writers import _checks, _encode, _jsonl_log, _storage
-from writers._base import BaseWriter, close_at_exit, flush_every
+from writers._base import BaseWriter, flush_every
 
 RESERVED_KEYS = ("step", "time", "collection")
 
@@ -97,8 +96,7 @@ class JsonlWriter(BaseWriter):
         self._stop_timer: Callable[[], None] | None = None
         if _storage.is_remote(self._path):
             self._log = _jsonl_log.RemoteLog(self._path, resume_step)
-            self._stop_timer = flush_every(self, flush_secs)
-            self._at_exit = close_at_exit(self, f"JsonlWriter({self._path})")  # lines in memory
+            self._stop_timer = flush_every(self, flush_secs, f"JsonlWriter({self._path})")
         else:
             self._log = _jsonl_log.LocalLog(self._path, resume_step)
         # The highest step in the log so far: a lower one warns.
@@ -148,7 +146,6 @@ class JsonlWriter(BaseWriter):
         if not self._closed:
             self._closed = True
             if self._stop_timer is not None:
-                atexit.unregister(self._at_exit)
                 self._stop_timer()
             self._log.close()
 

@@ -34,7 +34,6 @@ Example:
   >>> w.close()  # sends the buffer (one log_batch here) and ends the run
 """
 
-import atexit
 import json
 import tempfile
 import threading
@@ -139,8 +138,7 @@ class MlflowWriter(_base.TrackerWriter):
             for key in client.get_run(run_id).data.metrics:
                 self._last_steps[key] = max(m.step for m in client.get_metric_history(run_id, key))
         self.run_id = run_id
-        self._stop_timer = _base.flush_every(self, flush_secs)
-        self._at_exit = _base.close_at_exit(self, f"MlflowWriter(run {run_id})")  # buffered
+        self._stop_timer = _base.flush_every(self, flush_secs, f"MlflowWriter(run {run_id})")
 
     def flush(self) -> None:
         """Sends everything buffered; what failed to send stays buffered.
@@ -149,7 +147,7 @@ class MlflowWriter(_base.TrackerWriter):
           ValueError: the store refused some values (they are dropped; the rest was sent).
           Exception: the client's error, when the tracker cannot be reached.
         """
-        _base.BaseWriter.flush(self)
+        super().flush()
 
     def close(self) -> None:
         """Stops the timer, sends the buffer and ends the run if this writer started or
@@ -162,7 +160,6 @@ class MlflowWriter(_base.TrackerWriter):
         self._closed = True
         if self._client is None:
             return
-        atexit.unregister(self._at_exit)
         self._stop_timer()
         self._flush()
         if self._owned:

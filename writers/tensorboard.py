@@ -19,7 +19,6 @@ Example:
   >>> w.close()
 """
 
-import atexit
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from writers import _checks, _encode
-from writers._base import BaseWriter, close_at_exit, flush_every
+from writers._base import BaseWriter, flush_every
 
 
 class TensorBoardWriter(BaseWriter):
@@ -62,8 +61,7 @@ class TensorBoardWriter(BaseWriter):
         self._file = _records.EventFile(self._logdir, filename_suffix)
         for data in _tb_summary.first_events(purge_step):
             self._file.write(data)
-        self._stop_timer = flush_every(self, flush_secs)
-        self._at_exit = close_at_exit(self, f"TensorBoardWriter({self._logdir})")
+        self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")
 
     @property
     def logdir(self) -> str:
@@ -109,7 +107,6 @@ class TensorBoardWriter(BaseWriter):
         if self._closed:
             return
         self._closed = True
-        atexit.unregister(self._at_exit)
         self._stop_timer()
         self._file.close()
 

@@ -42,6 +42,16 @@ class FailingWriter(writers.NoopWriter):
         raise OSError(f"remote logger down (step {step})")
 
 
+def files_and(first: dict | None = None, last: dict | None = None):
+    """A writer_factory: JSONL and TensorBoard (no console), after `first`, before `last`."""
+
+    def factory(logdir, collection=None):
+        default = writers.create_default_writer(logdir, collection=collection, console=False)
+        return writers.MultiWriter({**(first or {}), **default.writers, **(last or {})})
+
+    return factory
+
+
 @jax.jit
 def step_fn(x):
     return x + 1.0, {"loss": Sum(jnp.sum(x))}
@@ -92,11 +102,7 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         print("errors:", *[str(f) for f in manager.errors], sep="\n", flush=True)
         return None
 
-    def factory(logdir, collection=None):
-        default = writers.create_default_writer(logdir, collection=collection, console=False)
-        if mode != "hang_signal":
-            return default
-        return writers.MultiWriter({"stuck": HangingWriter(), **default.writers})
+    factory = files_and(first={"stuck": HangingWriter()} if mode == "hang_signal" else {})
 
     manager = MetricsManager("train", summary_dir, writer_factory=factory)
     x = jnp.zeros(4)
@@ -122,11 +128,7 @@ def _sleep() -> None:
 def forked_children(summary_dir: str) -> None:
     import multiprocessing
 
-    def factory(logdir, collection=None):
-        default = writers.create_default_writer(logdir, collection=collection, console=False)
-        closed = CloseRecorder(os.path.join(summary_dir, "closed_by"))
-        return writers.MultiWriter({**default.writers, "recorder": closed})
-
+    factory = files_and(last={"recorder": CloseRecorder(os.path.join(summary_dir, "closed_by"))})
     manager = MetricsManager("train", summary_dir, writer_factory=factory)
     x = jnp.zeros(4)
     for step in range(1, 6):
@@ -157,18 +159,14 @@ def forked_children(summary_dir: str) -> None:
 
 def preemption_sync_point(summary_dir: str) -> None:
     import signal
-    import socket
 
     from jax.experimental import multihost_utils
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=1, process_id=0)
+    from tests.storage_servers import free_port
 
-    def factory(logdir, collection=None):
-        return writers.create_default_writer(logdir, collection=collection, console=False)
+    jax.distributed.initialize(f"127.0.0.1:{free_port()}", num_processes=1, process_id=0)
 
+    factory = files_and()
     with MetricsManager("train", summary_dir, writer_factory=factory) as manager:
         x = jnp.zeros(4)
         for step in range(1, 100_000):
@@ -191,10 +189,7 @@ class SlowWriter(writers.NoopWriter):
 def signal_during_close(summary_dir: str) -> None:
     import signal
 
-    def factory(logdir, collection=None):
-        default = writers.create_default_writer(logdir, collection=collection, console=False)
-        return writers.MultiWriter({**default.writers, "slow": SlowWriter()})
-
+    factory = files_and(last={"slow": SlowWriter()})
     manager = MetricsManager("train", summary_dir, writer_factory=factory, max_pending=100)
     for step in range(1, 41):
         manager.write_scalars(step, {"loss": float(step)})
@@ -210,10 +205,7 @@ def own_signal_handler(summary_dir: str) -> None:
     signalled: list[float] = []
     signal.signal(signal.SIGTERM, lambda *_: signalled.append(time.monotonic()))  # stop soon
 
-    def factory(logdir, collection=None):
-        default = writers.create_default_writer(logdir, collection=collection, console=False)
-        return writers.MultiWriter({"stuck": HangingWriter(), **default.writers})
-
+    factory = files_and(first={"stuck": HangingWriter()})
     with MetricsManager("train", summary_dir, writer_factory=factory) as manager:
         x = jnp.zeros(4)
         step = 0

@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -136,9 +135,9 @@ def sqlite_store(folder: str) -> str:
 @contextlib.contextmanager
 def mlflow_server(folder: str) -> Iterator[int]:
     """Runs `mlflow server` (SQLite store and artifacts in `folder`) on a free port; yields it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from tests.storage_servers import free_port
+
+    port = free_port()
     server = subprocess.Popen(
         [
             sys.executable,
