@@ -303,7 +303,8 @@ def flush_every(writer: BaseWriter, seconds: float, name: str) -> Callable[[], N
             except Exception as err:  # noqa: BLE001  (the timer outlives a failed upload or fsync)
                 if writer.flush_failure is None:
                     logging.exception("%s: a timed flush failed; retrying", writer._where())
-                writer.flush_failure = f"{type(err).__name__}: {err}"
+                notes = "".join(f"; {n}" for n in getattr(err, "__notes__", ()))
+                writer.flush_failure = f"{type(err).__name__}: {err}{notes}"
 
     thread = threading.Thread(target=run, daemon=True, name=f"{writer._where()}-flush")
     thread.start()

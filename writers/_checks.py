@@ -83,19 +83,23 @@ def check_step(step: Any, method: str = "write") -> int:
     return value
 
 
-def check_seconds(seconds: Any, where: str) -> float:
-    """`flush_secs`-style periods: a positive number of seconds (not a str from gin)."""
+def check_seconds(seconds: Any, where: str, what: str = "flush_secs") -> float:
+    """`flush_secs`-style settings: a positive number (not a str from gin)."""
+    unit = "MiB such as 256.0" if what.endswith("_mb") else "seconds such as 10.0"
     if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
         raise TypeError(
-            f"{where}: flush_secs must be a number of seconds such as 10.0, got {seconds!r} "
+            f"{where}: {what} must be a number of {unit}, got {seconds!r} "
             f"({type(seconds).__name__}); in gin write 10.0, not '10'."
         )
     if not float(seconds) > 0:
-        raise ValueError(
-            f"{where}: flush_secs must be a positive number of seconds, got {seconds!r}. "
-            "Call flush() yourself to write at once."
-        )
+        fix = "None for no bound" if what.endswith("_mb") else "call flush() to write at once"
+        raise ValueError(f"{where}: {what} must be positive, got {seconds!r}; {fix}.")
     return float(seconds)
+
+
+def buffer_bytes(mb: float | None, where: str) -> float | None:
+    """`max_buffer_mb` (None: no bound) in bytes."""
+    return None if mb is None else check_seconds(mb, where, "max_buffer_mb") * 2**20
 
 
 class Checked(dict):  # type: ignore[type-arg]

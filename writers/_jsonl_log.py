@@ -148,7 +148,7 @@ class RemoteLog:
     next generation, then deletes the old one (stale parts left by a crash are ignored).
     """
 
-    def __init__(self, path: str, resume_step: int | None):
+    def __init__(self, path: str, resume_step: int | None, max_buffer_bytes: float | None):
         directory = path.rstrip("/") + ".d"
         fs, base = _storage.filesystem(directory)
         generation, current, stale = _latest(fs, base)
@@ -167,7 +167,10 @@ class RemoteLog:
         self.last_step = last_step(tail[-65536:])
         first = current[-1] + 1 if current else 0
         self._stream = _storage.PartStream(
-            directory, functools.partial(_part_name, generation), first_index=first
+            directory,
+            functools.partial(_part_name, generation),
+            first_index=first,
+            max_buffer_bytes=max_buffer_bytes,
         )
 
     def write(self, text: str) -> None:

@@ -30,7 +30,9 @@ class EventFile:
       ImportError: `logdir` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 
-    def __init__(self, logdir: str, filename_suffix: str = ""):
+    def __init__(
+        self, logdir: str, filename_suffix: str = "", max_buffer_bytes: float | None = None
+    ):
         now = time.time()
         name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}"
         self._lock = threading.Lock()  # TensorBoardWriter's flush timer is a second thread
@@ -43,7 +45,7 @@ class EventFile:
             def part(index: int) -> str:
                 return f"{prefix}{index:08d}{filename_suffix}"
 
-            self._file = _storage.PartStream(logdir, part)
+            self._file = _storage.PartStream(logdir, part, max_buffer_bytes=max_buffer_bytes)
             self.path = _storage.join(logdir, part(0))
             return
         os.makedirs(logdir, exist_ok=True)

@@ -8,11 +8,14 @@ whose name sorts after the earlier ones (credentials: the README's "Cloud storag
 created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
 """
 
+import math
 import os
 import threading
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from absl import logging
 
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
 
@@ -79,31 +82,72 @@ class PartStream:
 
     A write only buffers; a flush uploads outside the buffer's lock, so a slow or failing
     upload (the client retrying through an outage) never holds up a write, and a failed
-    upload keeps its bytes for the next flush.
+    upload keeps its bytes for the next flush. Past `max_buffer_bytes` (None: no bound) a
+    failed upload drops the oldest writes, whole, so a long outage cannot use up the host's
+    memory: it is logged once per outage, counted in `dropped`, and noted on the error.
     """
 
-    def __init__(self, directory: str, name: Callable[[int], str], *, first_index: int = 0):
+    def __init__(
+        self,
+        directory: str,
+        name: Callable[[int], str],
+        *,
+        first_index: int = 0,
+        max_buffer_bytes: float | None = None,
+    ):
         self._fs, self._dir = filesystem(directory)
         self._name = name
         self._index = first_index
+        self._max = math.inf if max_buffer_bytes is None else max_buffer_bytes
         self._buffer: list[bytes] = []
+        self._size = 0  # bytes in the buffer
+        self.dropped = [0, 0]  # writes and bytes dropped so far
+        self._dropping = False  # since the last upload that went through
         self._lock = threading.Lock()  # the buffer
         self._upload = threading.Lock()  # one upload at a time, so parts keep their order
 
     def write(self, data: bytes) -> None:
         with self._lock:
             self._buffer.append(data)
+            self._size += len(data)
 
     def flush(self) -> None:
         with self._upload:
             with self._lock:
-                data, self._buffer = b"".join(self._buffer), []
-            if not data:
+                chunks, self._buffer, size, self._size = self._buffer, [], self._size, 0
+            if not chunks:
                 return
             try:
-                self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", data)
-            except BaseException:
+                self._fs.pipe_file(f"{self._dir}/{self._name(self._index)}", b"".join(chunks))
+            except BaseException as err:
                 with self._lock:
-                    self._buffer.insert(0, data)
+                    self._buffer[:0], self._size = chunks, self._size + size
+                    self._trim(err)
                 raise
             self._index += 1
+            self._dropping = False
+
+    def _trim(self, err: BaseException) -> None:
+        """Under the buffer's lock: drops the oldest writes past the bound (the newest stays)."""
+        cut, size = 0, self._size
+        while size > self._max and cut < len(self._buffer) - 1:
+            size -= len(self._buffer[cut])
+            cut += 1
+        if cut:
+            self.dropped[0] += cut
+            self.dropped[1] += self._size - size
+            del self._buffer[:cut]
+            self._size = size
+            if not self._dropping:
+                self._dropping = True
+                logging.warning(
+                    "%s/: storage unreachable for longer than the buffer's %.0f MiB hold: "
+                    "dropping the oldest writes until an upload goes through",
+                    self._dir,
+                    self._max / 2**20,
+                )
+        if self.dropped[0]:
+            err.add_note(
+                f"{self.dropped[0]} oldest writes ({self.dropped[1]:,} bytes) dropped so far: "
+                "the buffer is full (max_buffer_mb)"
+            )

@@ -34,6 +34,7 @@ def create_default_writer(
     purge_step: int | None = None,
     resume_step: int | None = None,
     flush_secs: float = 10.0,
+    max_buffer_mb: float | None = 256.0,
     max_queue: int = 128,
     console_stream: IO[str] | None = None,
 ) -> MultiWriter:
@@ -55,6 +56,8 @@ def create_default_writer(
       resume_step: The step a resumed run restarts from: TensorBoard gets
         `purge_step=resume_step + 1` and the JSONL log loses its lines after it.
       flush_secs: TensorBoard (and remote JSONL) flush period in seconds.
+      max_buffer_mb: On cloud storage, what TensorBoard and JSONL each keep in memory while
+        uploads fail; past it the oldest writes are dropped (logged). None: no bound.
       max_queue: Queue size of each `AsyncWriter`.
       console_stream: Stream for the console writer (default `sys.stdout`).
 
@@ -88,12 +91,16 @@ def create_default_writer(
             )
         if logdir is not None and tensorboard:
             chosen["tensorboard"] = TensorBoardWriter(
-                logdir, purge_step=purge_step, flush_secs=flush_secs
+                logdir, purge_step=purge_step, flush_secs=flush_secs, max_buffer_mb=max_buffer_mb
             )
         if logdir is not None and jsonl:
             path = _storage.join(os.fspath(logdir), "metrics.jsonl")
             chosen["jsonl"] = JsonlWriter(
-                path, collection=collection, resume_step=resume_step, flush_secs=flush_secs
+                path,
+                collection=collection,
+                resume_step=resume_step,
+                flush_secs=flush_secs,
+                max_buffer_mb=max_buffer_mb,
             )
         if log:
             chosen["log"] = LoggingWriter(collection=collection)

@@ -64,6 +64,8 @@ class JsonlWriter(BaseWriter):
       resume_step: The step a resumed run restarts from (see the module docstring); None appends.
       flush_secs: Remote logs only: a background timer uploads the buffered lines this often
         (`flush()` uploads at once).
+      max_buffer_mb: Remote logs only: the most lines kept in memory while uploads fail;
+        past it the oldest are dropped (logged). None: no bound.
 
     Raises:
       TypeError: `resume_step` is not an integer.
@@ -84,18 +86,20 @@ class JsonlWriter(BaseWriter):
         max_array_size: int = 1024,
         resume_step: int | None = None,
         flush_secs: float = 10.0,
+        max_buffer_mb: float | None = 256.0,
     ):
         self._path = os.fspath(path)
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, "JsonlWriter(resume_step=...)")
         flush_secs = _checks.check_seconds(flush_secs, "JsonlWriter")
+        limit = _checks.buffer_bytes(max_buffer_mb, "JsonlWriter")
         self._collection = collection
         self._clock = clock
         self._max_array_size = max_array_size
         self._log: _jsonl_log.LocalLog | _jsonl_log.RemoteLog
         self._stop_timer: Callable[[], None] | None = None
         if _storage.is_remote(self._path):
-            self._log = _jsonl_log.RemoteLog(self._path, resume_step)
+            self._log = _jsonl_log.RemoteLog(self._path, resume_step, limit)
             self._stop_timer = flush_every(self, flush_secs, f"JsonlWriter({self._path})")
         else:
             self._log = _jsonl_log.LocalLog(self._path, resume_step)

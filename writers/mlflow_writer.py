@@ -6,8 +6,9 @@ process 0 creates a run and logs; the others check their inputs and log nothing.
 
 Write calls only check and buffer, so the loop never waits on the tracker: a timer sends
 the buffer every `flush_secs`, as do `flush()` and `close()`. While the tracker is
-unreachable, what failed to send stays buffered (in memory) and goes with the next send;
-what the store refuses (a changed param, a deleted run) is dropped, and that send raises.
+unreachable, what failed to send stays buffered (in memory, up to `max_buffer_mb`: past it
+the oldest metrics, then files, are dropped and logged) and goes with the next send; what
+the store refuses (a changed param, a deleted run) is dropped, and that send raises.
 
 Where values land: scalars are metrics (`log_batch`, up to MLflow's 1000 metrics a batch;
 NaN kept, infinities as the store keeps them: the SQL store clamps them to +-1.797e308);
@@ -35,6 +36,7 @@ Example:
 """
 
 import json
+import math
 import tempfile
 import threading
 import time
@@ -44,6 +46,8 @@ from typing import Any
 from absl import logging
 
 from writers import _base, _checks, _encode
+
+_METRIC_BYTES = 180  # a buffered scalar's memory (tracemalloc), for `max_buffer_mb`
 
 
 class MlflowWriter(_base.TrackerWriter):
@@ -59,6 +63,8 @@ class MlflowWriter(_base.TrackerWriter):
       tags: Tags of a new run.
       artifact_location: Artifact root of a new experiment (None: the store's default).
       flush_secs: A background timer sends the buffer this often.
+      max_buffer_mb: The most kept in memory while sends fail (a metric counted as 180
+        bytes, a file as its size); past it the oldest are dropped (logged). None: no bound.
       clock: Unix seconds for metric timestamps (patch it in tests).
       process_index: This process's index (None: `jax.process_index()`); only 0 logs.
 
@@ -79,10 +85,15 @@ class MlflowWriter(_base.TrackerWriter):
         tags: Mapping[str, str] | None = None,
         artifact_location: str | None = None,
         flush_secs: float = 5.0,
+        max_buffer_mb: float | None = 256.0,
         clock: Callable[[], float] = time.time,
         process_index: int | None = None,
     ):
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
+        limit = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
+        self._max = math.inf if limit is None else limit
+        self.dropped = 0  # metrics and files dropped from a full buffer so far
+        self._dropping = False  # since the last send that went through
         mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
         from mlflow.entities import Metric
         from mlflow.exceptions import MlflowException
@@ -174,6 +185,7 @@ class MlflowWriter(_base.TrackerWriter):
                 metrics, self._pending_metrics = self._pending_metrics, []
                 files, self._pending_files = self._pending_files, {}
             refused: list[str] = []
+            failed: BaseException | None = None
             try:
                 for kind, pending, limit in (
                     ("params", params, self._validation.MAX_PARAMS_TAGS_PER_BATCH),
@@ -186,15 +198,46 @@ class MlflowWriter(_base.TrackerWriter):
                 if files:
                     self._send(refused, "artifacts", list(files), self._upload, files)
                     files = {}
+                self._dropping = False
+            except BaseException as err:
+                failed = err
+                raise
             finally:  # what was not sent goes back before what came meanwhile
                 with self._lock:
                     self._pending_params[:0], self._pending_metrics[:0] = params, metrics
                     self._pending_files = {**files, **self._pending_files}
+                    if failed is not None:
+                        self._trim(failed)
             if refused:
                 raise ValueError(
                     f"MlflowWriter: run {self.run_id} refused {'; '.join(refused)}; "
                     "those values are dropped, the rest was sent."
                 )
+
+    def _trim(self, err: BaseException) -> None:
+        """Under the lock: drops the oldest metrics, then files, past `max_buffer_mb`."""
+        files = self._pending_files
+        over: float = len(self._pending_metrics) * _METRIC_BYTES + sum(map(len, files.values()))
+        over -= self._max
+        if over <= 0 and not self.dropped:
+            return
+        cut = min(math.ceil(max(over, 0) / _METRIC_BYTES), len(self._pending_metrics))
+        del self._pending_metrics[:cut]
+        over -= cut * _METRIC_BYTES
+        while over > 0 and len(files) > 1:
+            over -= len(files.pop(next(iter(files))))
+            cut += 1
+        self.dropped += cut
+        if cut and not self._dropping:
+            self._dropping = True
+            logging.warning(
+                "MlflowWriter(run %s): tracker unreachable for longer than the buffer's %.0f "
+                "MiB hold: dropping the oldest values until a send goes through",
+                self.run_id,
+                self._max / 2**20,
+            )
+        if self.dropped:
+            err.add_note(f"{self.dropped} oldest values dropped so far: the buffer is full")
 
     def _send(
         self, refused: list[str], kind: str, batch: list[Any], call: Any, *args: Any, **kwargs: Any

@@ -36,6 +36,8 @@ class TensorBoardWriter(BaseWriter):
       logdir: Directory for the event file (created if missing), or an fsspec URL.
       purge_step: Hide earlier runs' events at or after this step (resumed from step S: S + 1).
       flush_secs: A background timer flushes pending events this often.
+      max_buffer_mb: URL logdir only: the most events kept in memory while uploads fail;
+        past it the oldest are dropped (logged). None: no bound.
       filename_suffix: Appended to the event file name.
 
     Raises:
@@ -50,6 +52,7 @@ class TensorBoardWriter(BaseWriter):
         purge_step: int | None = None,
         flush_secs: float = 10.0,
         filename_suffix: str = "",
+        max_buffer_mb: float | None = 256.0,
     ):
         from writers import _records, _tb_summary  # here: `import writers` loads no tensorboardX
 
@@ -58,7 +61,8 @@ class TensorBoardWriter(BaseWriter):
             purge_step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")
         self._tb = _tb_summary
         self._logdir = os.fspath(logdir)
-        self._file = _records.EventFile(self._logdir, filename_suffix)
+        limit = _checks.buffer_bytes(max_buffer_mb, "TensorBoardWriter")
+        self._file = _records.EventFile(self._logdir, filename_suffix, limit)
         for data in _tb_summary.first_events(purge_step):
             self._file.write(data)
         self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")

@@ -320,6 +320,82 @@ def test_an_mlflow_server_outage_neither_blocks_the_loop_nor_loses_a_summary(
         assert client.get_run(made["mlflow"].run_id).info.status == "FINISHED"
 
 
+def test_a_long_storage_outage_drops_the_oldest_writes_past_max_buffer_mb(tmp_path, caplog):
+    # Uploads to a real S3 server fail behind a cut proxy while 200 lines of ~70 bytes
+    # accumulate against a 4 KiB bound: each failed flush drops the oldest writes, whole.
+    from tests import storage_servers
+
+    server = storage_servers.S3Server()
+    gate = storage_servers.Gate(server.port)
+    config = server.fsspec_config()
+    config["client_kwargs"]["endpoint_url"] = gate.url
+    config["config_kwargs"] = {"retries": {"max_attempts": 1}}
+    run = f"s3://{storage_servers.BUCKET}/long-outage"
+    bound = 4096 / 2**20
+    with storage_servers.serving(server, "s3", config):
+        jsonl = writers.JsonlWriter(f"{run}/metrics.jsonl", flush_secs=3600, max_buffer_mb=bound)
+        tb = writers.TensorBoardWriter(run, flush_secs=3600, max_buffer_mb=bound)
+        log = jsonl._log._stream
+        for step in range(1, 11):
+            writers.write_values(jsonl, step, {"loss": float(step)})
+            writers.write_values(tb, step, {"loss": float(step)})
+        jsonl.flush(), tb.flush()
+        gate.cut()
+        for step in range(11, 211):
+            jsonl.write_scalars(step, {"loss": float(step)})
+            tb.write_scalars(step, {"loss": float(step)})
+            if step % 50 == 0:
+                for writer in (jsonl, tb):
+                    with pytest.raises(Exception) as failed:
+                        writer.flush()
+                    if step >= 150:  # past 4 KiB by then: every failure notes the drops
+                        assert "oldest writes" in "".join(failed.value.__notes__)
+                assert log._size <= 4096  # the bound holds after every failed upload
+        gate.restore()
+        jsonl.close(), tb.close()
+        lines = writers.read_jsonl(f"{run}/metrics.jsonl")
+        storage_servers.copy_event_files(run, str(tmp_path))
+    server.stop()
+    dropped = log.dropped[0]
+    assert 100 < dropped < 200
+    assert [line["loss"] for line in lines] == [*range(1, 11), *range(11 + dropped, 211)]
+    events = tb._file._file.dropped[0]
+    assert tb_steps(str(tmp_path)) == [*range(1, 11), *range(11 + events, 211)]
+    warned = [r.getMessage() for r in caplog.records if "dropping the oldest" in r.getMessage()]
+    assert len(warned) == 2  # once per writer for the outage
+
+
+def test_a_long_mlflow_outage_drops_the_oldest_values_past_max_buffer_mb(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from tests import storage_servers
+    from tests.writers.tracker_stores import mlflow_server
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with mlflow_server(str(tmp_path)) as port:
+        gate = storage_servers.Gate(port)
+        bound = 100 * 180 / 2**20  # 100 buffered metrics
+        writer = writers.MlflowWriter(
+            "outage", tracking_uri=gate.url, flush_secs=3600, max_buffer_mb=bound
+        )
+        writer.write_scalars(1, {"loss": 1.0})
+        writer.flush()
+        gate.cut()
+        for step in range(2, 302):
+            writer.write_scalars(step, {"loss": float(step)})
+            if step % 100 == 1:
+                with pytest.raises(Exception) as failed:
+                    writer.flush()
+                assert len(writer._pending_metrics) <= 100
+        assert "oldest values dropped" in "".join(failed.value.__notes__)
+        gate.restore()
+        writer.close()
+        history = MlflowClient(f"http://127.0.0.1:{port}").get_metric_history(writer.run_id, "loss")
+    kept = sorted(int(m.step) for m in history)
+    assert writer.dropped == 200  # 100 at each of the last two failed sends
+    assert kept == [1, *range(2 + writer.dropped, 302)]
+
+
 def run_loop(*args: str, timeout: float = 60, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.metrics_manager.fault_loop", *args],
@@ -629,6 +705,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         lambda m: writers.JsonlWriter(os.path.join(m.summary_dir, "other.jsonl"), flush_secs="5"),
         TypeError,
         r"JsonlWriter: flush_secs .* got '5' \(str\); in gin write 10.0",
+    ),
+    "zero max_buffer_mb": (
+        lambda m: writers.create_default_writer(m.summary_dir, max_buffer_mb=0, console=False),
+        ValueError,
+        "TensorBoardWriter: max_buffer_mb must be positive, got 0; None for no bound",
     ),
     "name escaping summary_dir": (
         lambda m: MetricsManager("../..", "runs"),

@@ -79,7 +79,7 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
     import threading
 
     before = {t.name for t in threading.enumerate()}
-    with pytest.raises(ValueError, match="flush_secs must be a positive number"):
+    with pytest.raises(ValueError, match="flush_secs must be positive"):
         writers.create_default_writer(tmp_path, flush_secs=0)
     with pytest.raises(ValueError, match="max_queue must be >= 1"):
         writers.create_default_writer(tmp_path, asynchronous=True, max_queue=0)
