@@ -84,7 +84,7 @@ class PartStream:
     upload (the client retrying through an outage) never holds up a write, and a failed
     upload keeps its bytes for the next flush. Past `max_buffer_bytes` (None: no bound) a
     failed upload drops the oldest writes, whole, so a long outage cannot use up the host's
-    memory: it is logged once per outage, counted in `dropped`, and noted on the error.
+    memory (`dropped`).
     """
 
     def __init__(
@@ -101,8 +101,7 @@ class PartStream:
         self._max = math.inf if max_buffer_bytes is None else max_buffer_bytes
         self._buffer: list[bytes] = []
         self._size = 0  # bytes in the buffer
-        self.dropped = [0, 0]  # writes and bytes dropped so far
-        self._dropping = False  # since the last upload that went through
+        self.dropped = Dropped(f"{directory}/", self._max)
         self._lock = threading.Lock()  # the buffer
         self._upload = threading.Lock()  # one upload at a time, so parts keep their order
 
@@ -125,29 +124,35 @@ class PartStream:
                     self._trim(err)
                 raise
             self._index += 1
-            self._dropping = False
+            self.dropped.outage = False
 
     def _trim(self, err: BaseException) -> None:
         """Under the buffer's lock: drops the oldest writes past the bound (the newest stays)."""
-        cut, size = 0, self._size
-        while size > self._max and cut < len(self._buffer) - 1:
-            size -= len(self._buffer[cut])
+        cut = 0
+        while self._size > self._max and cut < len(self._buffer) - 1:
+            self._size -= len(self._buffer[cut])
             cut += 1
-        if cut:
-            self.dropped[0] += cut
-            self.dropped[1] += self._size - size
-            del self._buffer[:cut]
-            self._size = size
-            if not self._dropping:
-                self._dropping = True
-                logging.warning(
-                    "%s/: storage unreachable for longer than the buffer's %.0f MiB hold: "
-                    "dropping the oldest writes until an upload goes through",
-                    self._dir,
-                    self._max / 2**20,
-                )
-        if self.dropped[0]:
-            err.add_note(
-                f"{self.dropped[0]} oldest writes ({self.dropped[1]:,} bytes) dropped so far: "
-                "the buffer is full (max_buffer_mb)"
+        del self._buffer[:cut]
+        self.dropped.add(cut, err)
+
+
+class Dropped:
+    """What a full outage buffer dropped: logged once per outage, noted on every error."""
+
+    def __init__(self, where: str, limit: float) -> None:
+        self.count = 0  # writes dropped so far
+        self.outage = False  # dropping since the last upload or send that went through
+        self._where, self._limit = where, limit
+
+    def add(self, count: int, err: BaseException) -> None:
+        self.count += count
+        if count and not self.outage:
+            self.outage = True
+            logging.warning(
+                "%s: unreachable for longer than the buffer's %.0f MiB hold: dropping the "
+                "oldest writes until an upload or send goes through",
+                self._where,
+                self._limit / 2**20,
             )
+        if self.count:
+            err.add_note(f"{self.count} oldest writes dropped so far: the buffer is full")

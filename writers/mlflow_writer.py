@@ -45,7 +45,7 @@ from typing import Any
 
 from absl import logging
 
-from writers import _base, _checks, _encode
+from writers import _base, _checks, _encode, _storage
 
 _METRIC_BYTES = 180  # a buffered scalar's memory (tracemalloc), for `max_buffer_mb`
 
@@ -92,8 +92,7 @@ class MlflowWriter(_base.TrackerWriter):
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
         limit = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
         self._max = math.inf if limit is None else limit
-        self.dropped = 0  # metrics and files dropped from a full buffer so far
-        self._dropping = False  # since the last send that went through
+        self.dropped = _storage.Dropped("MlflowWriter", self._max)
         mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
         from mlflow.entities import Metric
         from mlflow.exceptions import MlflowException
@@ -198,7 +197,7 @@ class MlflowWriter(_base.TrackerWriter):
                 if files:
                     self._send(refused, "artifacts", list(files), self._upload, files)
                     files = {}
-                self._dropping = False
+                self.dropped.outage = False
             except BaseException as err:
                 failed = err
                 raise
@@ -219,7 +218,7 @@ class MlflowWriter(_base.TrackerWriter):
         files = self._pending_files
         over: float = len(self._pending_metrics) * _METRIC_BYTES + sum(map(len, files.values()))
         over -= self._max
-        if over <= 0 and not self.dropped:
+        if over <= 0 and not self.dropped.count:
             return
         cut = min(math.ceil(max(over, 0) / _METRIC_BYTES), len(self._pending_metrics))
         del self._pending_metrics[:cut]
@@ -227,17 +226,7 @@ class MlflowWriter(_base.TrackerWriter):
         while over > 0 and len(files) > 1:
             over -= len(files.pop(next(iter(files))))
             cut += 1
-        self.dropped += cut
-        if cut and not self._dropping:
-            self._dropping = True
-            logging.warning(
-                "MlflowWriter(run %s): tracker unreachable for longer than the buffer's %.0f "
-                "MiB hold: dropping the oldest values until a send goes through",
-                self.run_id,
-                self._max / 2**20,
-            )
-        if self.dropped:
-            err.add_note(f"{self.dropped} oldest values dropped so far: the buffer is full")
+        self.dropped.add(cut, err)
 
     def _send(
         self, refused: list[str], kind: str, batch: list[Any], call: Any, *args: Any, **kwargs: Any
