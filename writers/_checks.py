@@ -4,6 +4,7 @@ Each looks at every key of a call before raising, so one error lists every probl
 also `metrics_manager`'s error collector: `writers` never imports `metrics_manager`).
 """
 
+import math
 import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -83,23 +84,30 @@ def check_step(step: Any, method: str = "write") -> int:
     return value
 
 
-def check_seconds(seconds: Any, where: str, what: str = "flush_secs") -> float:
-    """`flush_secs`-style settings: a positive number (not a str from gin)."""
-    unit = "MiB such as 256.0" if what.endswith("_mb") else "seconds such as 10.0"
-    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real):
+def _check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> float:
+    """A setting that must be a positive number (not a str from gin)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"{where}: {what} must be a number of {unit}, got {seconds!r} "
-            f"({type(seconds).__name__}); in gin write 10.0, not '10'."
+            f"{where}: {what} must be a number of {unit}, got {value!r} "
+            f"({type(value).__name__}); in gin write 10.0, not '10'."
         )
-    if not float(seconds) > 0:
-        fix = "None for no bound" if what.endswith("_mb") else "call flush() to write at once"
-        raise ValueError(f"{where}: {what} must be positive, got {seconds!r}; {fix}.")
-    return float(seconds)
+    if not float(value) > 0:
+        raise ValueError(f"{where}: {what} must be positive, got {value!r}; {fix}.")
+    return float(value)
 
 
-def buffer_bytes(mb: float | None, where: str) -> float | None:
-    """`max_buffer_mb` (None: no bound) in bytes."""
-    return None if mb is None else check_seconds(mb, where, "max_buffer_mb") * 2**20
+def check_seconds(seconds: Any, where: str) -> float:
+    """`flush_secs`: a positive number of seconds."""
+    fix = "call flush() to write at once"
+    return _check_positive(seconds, where, "flush_secs", "seconds such as 10.0", fix)
+
+
+def buffer_bytes(mb: Any, where: str) -> float:
+    """`max_buffer_mb` in bytes; None (no bound) as infinity."""
+    if mb is None:
+        return math.inf
+    fix = "None for no bound"
+    return _check_positive(mb, where, "max_buffer_mb", "MiB such as 256.0", fix) * 2**20
 
 
 class Checked(dict):  # type: ignore[type-arg]

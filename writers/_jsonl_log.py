@@ -148,7 +148,7 @@ class RemoteLog:
     next generation, then deletes the old one (stale parts left by a crash are ignored).
     """
 
-    def __init__(self, path: str, resume_step: int | None, max_buffer_bytes: float | None):
+    def __init__(self, path: str, resume_step: int | None, max_buffer_bytes: float):
         directory = path.rstrip("/") + ".d"
         fs, base = _storage.filesystem(directory)
         generation, current, stale = _latest(fs, base)

@@ -82,9 +82,8 @@ class PartStream:
 
     A write only buffers; a flush uploads outside the buffer's lock, so a slow or failing
     upload (the client retrying through an outage) never holds up a write, and a failed
-    upload keeps its bytes for the next flush. Past `max_buffer_bytes` (None: no bound) a
-    failed upload drops the oldest writes, whole, so a long outage cannot use up the host's
-    memory (`dropped`).
+    upload keeps its bytes for the next flush. Past `max_buffer_bytes` a failed upload drops
+    the oldest writes, whole, so a long outage cannot use up the host's memory (`dropped`).
     """
 
     def __init__(
@@ -93,12 +92,12 @@ class PartStream:
         name: Callable[[int], str],
         *,
         first_index: int = 0,
-        max_buffer_bytes: float | None = None,
+        max_buffer_bytes: float = math.inf,
     ):
         self._fs, self._dir = filesystem(directory)
         self._name = name
         self._index = first_index
-        self._max = math.inf if max_buffer_bytes is None else max_buffer_bytes
+        self._max = max_buffer_bytes
         self._buffer: list[bytes] = []
         self._size = 0  # bytes in the buffer
         self.dropped = Dropped(f"{directory}/", self._max)

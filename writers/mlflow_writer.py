@@ -90,8 +90,7 @@ class MlflowWriter(_base.TrackerWriter):
         process_index: int | None = None,
     ):
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
-        limit = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
-        self._max = math.inf if limit is None else limit
+        self._max = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
         self.dropped = _storage.Dropped("MlflowWriter", self._max)
         mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
         from mlflow.entities import Metric
@@ -218,8 +217,6 @@ class MlflowWriter(_base.TrackerWriter):
         files = self._pending_files
         over: float = len(self._pending_metrics) * _METRIC_BYTES + sum(map(len, files.values()))
         over -= self._max
-        if over <= 0 and not self.dropped.count:
-            return
         cut = min(math.ceil(max(over, 0) / _METRIC_BYTES), len(self._pending_metrics))
         del self._pending_metrics[:cut]
         over -= cut * _METRIC_BYTES
