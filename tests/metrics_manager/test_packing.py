@@ -153,12 +153,16 @@ def test_one_buffer_per_dtype_instead_of_one_per_leaf():
 
 def test_donation_reuses_the_packed_buffers_and_the_layout_is_stable():
     step = jax.jit(step_packed.__wrapped__, donate_argnums=0)  # a fresh cache
-    running = step(None, XS[0])
+    running = first = step(None, XS[0])
     for x in XS[1:]:
         previous = running.buffers
         running = step(running, x)
         assert all(b.is_deleted() for b in previous)
     assert step._cache_size() == 2  # running=None and running=PackedMetrics: no retrace
+    # The merge keeps the running metrics' layout object, the one in jit's cache key, so each
+    # step's argument compares with it by identity instead of field by field.
+    assert running._layout is first._layout
+    assert merge_metrics(running, step_metrics(XS[0]), pack=True)._layout is first._layout
 
 
 def test_pack_flag():
