@@ -38,6 +38,7 @@ import functools
 import glob
 import logging as std_logging
 import os
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
@@ -369,12 +370,16 @@ def main(argv: Sequence[str]) -> None:
         logging.set_verbosity(logging.WARNING)
     std_logging.getLogger().addFilter(_skip_gin_search_misses)
     config, _ = run(_GIN_FILE.value or [], _GIN_BINDINGS.value, _GIN_SEARCH_PATHS.value)
-    print(
-        "\nDone. Follow the train log and open TensorBoard with:\n"
-        f"  tail -f {config.model_dir}/train/metrics.jsonl"
-        " | jq -c '{step, loss, accuracy, lr: .[\"learning_rate/current\"]}'\n"
-        f"  tensorboard --logdir {config.model_dir}\n"
-    )
+    try:
+        print(
+            "\nDone. Follow the train log and open TensorBoard with:\n"
+            f"  tail -f {config.model_dir}/train/metrics.jsonl"
+            " | jq -c '{step, loss, accuracy, lr: .[\"learning_rate/current\"]}'\n"
+            f"  tensorboard --logdir {config.model_dir}\n",
+            flush=True,
+        )
+    except BrokenPipeError:  # `make demo | head`: the reader has gone, and so has this line
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> list[str]:

@@ -263,3 +263,43 @@ def test_a_missing_gin_file_is_named_with_where_it_was_looked_for(tmp_path):
         run(["demo.gin", "nope.gin"], gin_search_paths=(DEFAULT_CONFIGS_DIR, str(tmp_path)))
     message = str(error.value)
     assert "['nope.gin'] not found" in message and str(tmp_path) in message
+
+
+def test_piped_into_a_reader_that_stops_early_it_exits_0_and_writes_every_summary(tmp_path):
+    model_dir = str(tmp_path / "run")
+    flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir)]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    with subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "examples.demo",
+            "--gin_file=configs/demo.gin",
+            *flags,
+            f"--gin.TOTAL_STEPS={TOTAL_STEPS}",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as demo:
+        assert demo.stdout is not None and demo.stderr is not None
+        assert demo.stdout.readline().startswith("step 0")  # `| head -1`, then the reader exits
+        demo.stdout.close()
+        stderr = demo.stderr.read()
+        assert demo.wait(timeout=300) == 0, stderr[-5000:]
+    # The console writer fails once, logged with its step; no retries, no exit-time traceback.
+    errors = [line for line in stderr.splitlines() if line.startswith("E")]
+    assert len(errors) == 1 and "writer:console" in errors[0], errors
+    assert "BrokenPipeError" in errors[0] and "closed the pipe" in errors[0]
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert "quarantined" not in stderr
+    # Every other writer has every summary: the train log's config, compile time, summaries
+    # and eval times (as in test_train_jsonl_...), and TensorBoard the same summaries.
+    lines = _jsonl(os.path.join(model_dir, "train", "metrics.jsonl"))
+    summaries = [line["step"] for line in lines if "loss" in line]
+    assert summaries == list(range(SUMMARY_PERIOD, TOTAL_STEPS + 1, SUMMARY_PERIOD))
+    assert len(lines) == 2 + len(summaries) + TOTAL_STEPS // EVAL_PERIOD
+    steps = [e.step for e in _accumulator(os.path.join(model_dir, "train")).Scalars("loss")]
+    assert steps == summaries

@@ -18,6 +18,7 @@ Example:
     timing/seqs_per_second  12,346
 """
 
+import contextlib
 import functools
 import math
 import numbers
@@ -25,7 +26,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import IO, Any
 
 import numpy as np
@@ -68,6 +69,7 @@ class ConsoleWriter(BaseWriter):
         self._clock = clock
         self._first: tuple[float, int] | None = None  # (time, step) of the first write
         self._console: tuple[IO[str], Any] | None = None  # (stream, its rich Console or None)
+        self._reader_gone = False  # the pipe's reader closed it: nothing written can be read
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         arrays = {k: np.asarray(v) for k, v in values.items()}
@@ -98,7 +100,32 @@ class ConsoleWriter(BaseWriter):
         self._print("hyperparameters", {k: str(v) for k, v in hparams.items()})
 
     def _flush(self) -> None:
-        self._out().flush()  # `close()` leaves the stream open: it is not ours
+        if not self._reader_gone:
+            with self._broken_pipe(self._out()):
+                self._out().flush()  # `close()` leaves the stream open: it is not ours
+
+    @contextlib.contextmanager
+    def _broken_pipe(self, stream: IO[str]) -> Iterator[None]:
+        """Ends this writer's output once the reader of a pipe is gone (`train.py | head`).
+
+        The first `BrokenPipeError` is raised (a manager logs and counts it once); later calls
+        write nothing, since nobody can read them. As Python's docs advise, the stream's
+        descriptor then points at /dev/null: otherwise the interpreter's own flush of the
+        stream at exit fails too, and the process ends with status 120 instead of 0.
+        """
+        try:
+            yield
+        except BrokenPipeError as err:
+            self._reader_gone = True
+            with contextlib.suppress(OSError, ValueError, AttributeError):  # no descriptor
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            raise BrokenPipeError(
+                err.errno,
+                "ConsoleWriter: the reader of its output closed the pipe (e.g. `| head`); it "
+                "prints nothing more, and the other writers go on",
+            ) from err
 
     def _out(self) -> IO[str]:
         return self._stream if self._stream is not None else sys.stdout
@@ -122,8 +149,20 @@ class ConsoleWriter(BaseWriter):
     def _print(
         self, head: str, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
-        header = f"{head} | {self._collection}" if self._collection else head
+        if self._reader_gone:
+            return
         stream = self._out()
+        with self._broken_pipe(stream):
+            self._print_to(stream, head, lines, numbers)
+
+    def _print_to(
+        self,
+        stream: IO[str],
+        head: str,
+        lines: Mapping[str, str],
+        numbers: Mapping[str, float] | None,
+    ) -> None:
+        header = f"{head} | {self._collection}" if self._collection else head
         if self._console is None or self._console[0] is not stream:  # colour decided once
             color = _auto_color(stream) if self._color is None else self._color
             self._console = (stream, _rich_console(stream) if color else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 
 import numpy as np
 import pytest
@@ -178,3 +179,25 @@ def test_bad_input_and_closed_writer():
         w.write_scalars(1, {"a": 1.0})
     assert out.getvalue() == "step 0\n  a  1\n"
     assert not out.closed  # the stream belongs to the caller
+
+
+def test_a_pipe_whose_reader_is_gone_ends_the_output_once():
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader (`train.py | head`) has exited
+    stream = os.fdopen(write_end, "w", buffering=1)  # line-buffered: each block is written
+    w = writers.ConsoleWriter(stream)
+    try:
+        with pytest.raises(BrokenPipeError, match=r"closed the pipe \(e\.g\. `\| head`\)"):
+            w.write_scalars(0, {"a": 1.0})
+        # Nobody can read what follows: later calls print nothing and raise nothing...
+        w.write_scalars(1, {"a": 2.0})
+        w.write_texts(1, {"note": "x"})
+        w.flush()
+        # ...and the descriptor points at /dev/null, so the interpreter's flush at exit
+        # (of sys.stdout, in a real run) succeeds instead of ending the process with 120.
+        assert os.readlink(f"/proc/self/fd/{stream.fileno()}") == os.devnull
+        stream.write("more\n")
+        stream.flush()
+    finally:
+        w.close()
+        stream.close()
