@@ -580,7 +580,9 @@ class MetricsManager:
                                 getattr(state.writer, method)(**kwargs)
                             else:
                                 getattr(state.writer, method)(step=step, **kwargs)
-                        except Exception as err:  # noqa: BLE001  (isolated: recorded)
+                        # SystemExit too: from this thread it cannot end the process, only
+                        # the job, and with it the writers after this one.
+                        except (Exception, SystemExit) as err:  # noqa: BLE001  (isolated)
                             keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
                             failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)
                             self._writer_failed(name, state, failure, job)

@@ -104,7 +104,7 @@ class AsyncWriter(ForwardingWriter):
         def call(_: Any) -> None:
             try:
                 getattr(self._writer, method)(**kwargs)
-            except Exception as err:  # noqa: BLE001  (kept and re-raised on the caller's thread)
+            except (Exception, SystemExit) as err:  # noqa: BLE001  (re-raised on the caller's thread)
                 step = f"step={kwargs['step']}" if "step" in kwargs else ""
                 with self._errors_lock:
                     self._errors.append((f"{self._label}.{method}({step})", err))

@@ -208,7 +208,13 @@ def _cells(text: str) -> int:
 def _rich_console(stream: IO[str]) -> Any:
     from rich.console import Console
 
-    return Console(file=stream, force_terminal=True, no_color=False, width=10_000, **_RICH)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            # Called inside rich's `except BrokenPipeError`: re-raise it for `_broken_pipe`.
+            # Rich's default would end the whole process (SystemExit(1)) from this thread.
+            raise  # noqa: PLE0704
+
+    return _Console(file=stream, force_terminal=True, no_color=False, width=10_000, **_RICH)
 
 
 # Values are plain text, not markup, emoji or code: tell rich not to guess.

@@ -65,6 +65,31 @@ def test_a_raising_writer_costs_the_others_nothing_under_warn(tmp_path):
     assert manager.health()["writers"]["jsonl"]["failures"] == 0
 
 
+def test_a_writer_that_calls_sys_exit_fails_alone(tmp_path):
+    class Exiting(writers.NoopWriter):  # as rich's console did on a broken pipe
+        def write_scalars(self, step, scalars):
+            sys.exit(1)
+
+    def factory(logdir):
+        default = writers.create_default_writer(logdir, console=False)
+        return writers.MultiWriter({"exiting": Exiting(), **default.writers})  # called first
+
+    with MetricsManager(
+        "train", tmp_path, writer_factory=factory, max_writer_failures=10**6
+    ) as manager:
+        futures = [
+            manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
+            for step in range(1, 21)
+        ]
+    assert [float(f.result()["loss"].value) for f in futures] == [float(s) for s in range(1, 21)]
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == list(range(1, 21))
+    assert tb_steps(logdir) == list(range(1, 21))
+    assert manager.health()["writers"]["exiting"]["failures"] == 20
+    assert "writer:exiting at step 1" in str(manager.errors[0])
+    assert isinstance(manager.errors[0].error, SystemExit)
+
+
 def test_a_raising_writer_stops_the_loop_with_a_clear_error_under_raise(tmp_path):
     with pytest.raises(MetricsManagerError, match=r"writer:broken at step \d+.*disk error"):
         with MetricsManager(

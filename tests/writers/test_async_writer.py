@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 
@@ -88,6 +89,18 @@ def test_errors_are_raised_on_the_next_call_with_the_writer_name():
     assert broken.calls[:3] == ["write_scalars", "flush", "write_texts"]
     assert broken.calls[-1] == "close"
     w.close()  # idempotent, errors already reported
+
+
+def test_a_writer_calling_sys_exit_is_reported_like_any_error():
+    class Exiting(writers.NoopWriter):
+        def write_scalars(self, step, scalars):
+            sys.exit(3)  # from the worker thread it cannot end the process
+
+    w = writers.AsyncWriter(Exiting(), name="exiting")
+    w.write_scalars(5, {"a": 1.0})
+    with pytest.raises(writers.WriterError, match=r"exiting.write_scalars\(step=5\): SystemExit"):
+        w.flush()
+    w.close()
 
 
 def test_inside_multiwriter_the_others_get_every_value_and_close_closes_all(tmp_path):

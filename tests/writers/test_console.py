@@ -181,11 +181,12 @@ def test_bad_input_and_closed_writer():
     assert not out.closed  # the stream belongs to the caller
 
 
-def test_a_pipe_whose_reader_is_gone_ends_the_output_once():
+@pytest.mark.parametrize("color", [False, True])  # True: through rich (`| less -R`)
+def test_a_pipe_whose_reader_is_gone_ends_the_output_once(color):
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader (`train.py | head`) has exited
     stream = os.fdopen(write_end, "w", buffering=1)  # line-buffered: each block is written
-    w = writers.ConsoleWriter(stream)
+    w = writers.ConsoleWriter(stream, color=color)
     try:
         with pytest.raises(BrokenPipeError, match=r"closed the pipe \(e\.g\. `\| head`\)"):
             w.write_scalars(0, {"a": 1.0})
