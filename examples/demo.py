@@ -379,7 +379,9 @@ def main(argv: Sequence[str]) -> None:
             flush=True,
         )
     except BrokenPipeError:  # `make demo | head`: the reader has gone, and so has this line
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)  # so the exit's flush of stdout succeeds
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> list[str]:

@@ -160,9 +160,9 @@ def merge_metrics(
         pack = isinstance(a, PackedMetrics)
     elif not isinstance(pack, bool):
         raise TypeError(f"merge_metrics: pack must be a bool or None, got {describe(pack)}")
-    layout = a._layout if isinstance(a, PackedMetrics) else None
+    layout = None
     if isinstance(a, PackedMetrics):
-        a = a.unpack()
+        layout, a = a._layout, a.unpack()
     if isinstance(b, PackedMetrics):
         b = b.unpack()
     problems = Problems()

@@ -101,8 +101,9 @@ class ConsoleWriter(BaseWriter):
 
     def _flush(self) -> None:
         if not self._reader_gone:
-            with self._broken_pipe(self._out()):
-                self._out().flush()  # `close()` leaves the stream open: it is not ours
+            stream = self._out()
+            with self._broken_pipe(stream):
+                stream.flush()  # `close()` leaves the stream open: it is not ours
 
     @contextlib.contextmanager
     def _broken_pipe(self, stream: IO[str]) -> Iterator[None]:
@@ -151,18 +152,8 @@ class ConsoleWriter(BaseWriter):
     ) -> None:
         if self._reader_gone:
             return
-        stream = self._out()
-        with self._broken_pipe(stream):
-            self._print_to(stream, head, lines, numbers)
-
-    def _print_to(
-        self,
-        stream: IO[str],
-        head: str,
-        lines: Mapping[str, str],
-        numbers: Mapping[str, float] | None,
-    ) -> None:
         header = f"{head} | {self._collection}" if self._collection else head
+        stream = self._out()
         if self._console is None or self._console[0] is not stream:  # colour decided once
             color = _auto_color(stream) if self._color is None else self._color
             self._console = (stream, _rich_console(stream) if color else None)
@@ -174,7 +165,8 @@ class ConsoleWriter(BaseWriter):
             body = "".join(
                 f"\n  {padded}  " + lines[key].replace("\n", indent) for key, padded in layout
             )
-            stream.write(header + body + "\n")
+            with self._broken_pipe(stream):
+                stream.write(header + body + "\n")
             return
         nums = numbers or {}
         pieces = [(header, "bold")]  # (text, style); non-finite numbers in red
@@ -184,7 +176,8 @@ class ConsoleWriter(BaseWriter):
             pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
         from rich.text import Text
 
-        console.print(Text.assemble(*pieces))
+        with self._broken_pipe(stream):
+            console.print(Text.assemble(*pieces))
 
 
 @functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step
