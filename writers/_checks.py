@@ -84,7 +84,7 @@ def check_step(step: Any, method: str = "write") -> int:
     return value
 
 
-def _check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> float:
+def check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> float:
     """A setting that must be a positive number (not a str from gin)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
@@ -99,7 +99,7 @@ def _check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> f
 def check_seconds(seconds: Any, where: str) -> float:
     """`flush_secs`: a positive number of seconds."""
     fix = "call flush() to write at once"
-    return _check_positive(seconds, where, "flush_secs", "seconds such as 10.0", fix)
+    return check_positive(seconds, where, "flush_secs", "seconds such as 10.0", fix)
 
 
 def buffer_bytes(mb: Any, where: str) -> float:
@@ -107,7 +107,7 @@ def buffer_bytes(mb: Any, where: str) -> float:
     if mb is None:
         return math.inf
     fix = "None for no bound"
-    return _check_positive(mb, where, "max_buffer_mb", "MiB such as 256.0", fix) * 2**20
+    return check_positive(mb, where, "max_buffer_mb", "MiB such as 256.0", fix) * 2**20
 
 
 class Checked(dict):  # type: ignore[type-arg]

@@ -65,6 +65,8 @@ class MlflowWriter(_base.TrackerWriter):
       flush_secs: A background timer sends the buffer this often.
       max_buffer_mb: The most kept in memory while sends fail (a metric counted as 180
         bytes, a file as its size); past it the oldest are dropped (logged). None: no bound.
+      close_timeout_s: `close()` (at exit too) gives up after this long against a server
+        that does not answer, instead of waiting out the client's retries. None: it waits.
       clock: Unix seconds for metric timestamps (patch it in tests).
       process_index: This process's index (None: `jax.process_index()`); only 0 logs.
 
@@ -86,11 +88,21 @@ class MlflowWriter(_base.TrackerWriter):
         artifact_location: str | None = None,
         flush_secs: float = 5.0,
         max_buffer_mb: float | None = 256.0,
+        close_timeout_s: float | None = 60.0,
         clock: Callable[[], float] = time.time,
         process_index: int | None = None,
     ):
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
         self._max = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
+        self._close_timeout = None
+        if close_timeout_s is not None:
+            self._close_timeout = _checks.check_positive(
+                close_timeout_s,
+                "MlflowWriter",
+                "close_timeout_s",
+                "seconds such as 60.0",
+                "None waits for the server",
+            )
         self.dropped = _storage.Dropped("MlflowWriter", self._max)
         mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
         from mlflow.entities import Metric
@@ -109,6 +121,7 @@ class MlflowWriter(_base.TrackerWriter):
         self._pending_params: list[Any] = []
         self._pending_metrics: list[Any] = []
         self._pending_files: dict[str, bytes] = {}
+        self._in_flight = 0  # metrics and files taken out of the buffer by a send under way
         if not here:
             return
         self._client = client = mlflow.MlflowClient(tracking_uri)
@@ -161,18 +174,45 @@ class MlflowWriter(_base.TrackerWriter):
     def close(self) -> None:
         """Stops the timer, sends the buffer and ends the run if this writer started or
         resumed it; idempotent. Raises as `flush()` does (the run is then left running).
-        Against an unreachable server it waits out the client's retries (about 2 minutes
-        per request by default, `MLFLOW_HTTP_REQUEST_MAX_RETRIES`); a manager bounds that
-        by `writer_deadline_s`."""
+
+        Raises:
+          TimeoutError: the server did not answer within `close_timeout_s` (MLflow's client
+            retries a request for about 2 minutes); what was not sent is named, and is still
+            sent if the server answers before the process ends.
+        """
         if self._closed:
             return
         self._closed = True
         if self._client is None:
             return
-        self._stop_timer()
-        self._flush()
-        if self._owned:
-            self._end_run()
+        failed: list[BaseException] = []
+
+        def finish() -> None:
+            try:
+                self._stop_timer()  # waits for a timed send still in the client's retries
+                self._flush()
+                if self._owned:
+                    self._end_run()
+            except BaseException as err:  # noqa: BLE001  (raised by close())
+                failed.append(err)
+
+        sender = threading.Thread(
+            target=finish, daemon=True, name=f"MlflowWriter-close-{self.run_id}"
+        )
+        sender.start()
+        sender.join(self._close_timeout)
+        if sender.is_alive():
+            with self._lock:
+                waiting = self._in_flight + len(self._pending_metrics) + len(self._pending_files)
+            raise TimeoutError(
+                f"MlflowWriter(run {self.run_id}): close() gave up after "
+                f"{self._close_timeout:g} s without an answer from the tracking server; up to "
+                f"{waiting} metric(s) and file(s) are not sent yet (sent if it answers before "
+                "the process ends). Raise close_timeout_s, or lower "
+                "MLFLOW_HTTP_REQUEST_MAX_RETRIES."
+            )
+        if failed:
+            raise failed[0]
 
     def _flush(self) -> None:
         if self._client is None:
@@ -182,6 +222,7 @@ class MlflowWriter(_base.TrackerWriter):
                 params, self._pending_params = self._pending_params, []
                 metrics, self._pending_metrics = self._pending_metrics, []
                 files, self._pending_files = self._pending_files, {}
+                self._in_flight = len(metrics) + len(files)
             refused: list[str] = []
             failed: BaseException | None = None
             try:
@@ -204,6 +245,7 @@ class MlflowWriter(_base.TrackerWriter):
                 with self._lock:
                     self._pending_params[:0], self._pending_metrics[:0] = params, metrics
                     self._pending_files = {**files, **self._pending_files}
+                    self._in_flight = 0
                     if failed is not None:
                         self._trim(failed)
             if refused:

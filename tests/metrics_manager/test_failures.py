@@ -421,6 +421,62 @@ def test_a_long_mlflow_outage_drops_the_oldest_values_past_max_buffer_mb(tmp_pat
     assert kept == [1, *range(2 + writer.dropped.count, 302)]
 
 
+_EXIT_WITHOUT_CLOSE = """
+import sys, writers
+w = writers.MlflowWriter("exit", tracking_uri=sys.argv[1], flush_secs=3600, close_timeout_s=2.0)
+w.write_scalars(1, {"loss": 1.0})
+print(w.run_id, flush=True)
+sys.stdin.readline()  # the parent cuts the network, then lets it end without close()
+"""
+
+
+def test_an_mlflow_server_that_stops_answering_delays_close_and_exit_by_close_timeout_s(
+    tmp_path,
+):
+    # MLflow's client retries each request for about 2 minutes (its default, kept here);
+    # close(), and the close at exit of a writer never closed, give up after close_timeout_s.
+    from mlflow import MlflowClient
+
+    from tests import storage_servers
+    from tests.writers.tracker_stores import mlflow_server
+
+    with mlflow_server(str(tmp_path)) as port:
+        gate = storage_servers.Gate(port)
+        writer = writers.MlflowWriter("close", tracking_uri=gate.url, close_timeout_s=2.0)
+        for step in range(1, 11):
+            writer.write_scalars(step, {"loss": float(step)})
+        gate.cut()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"gave up after 2 s .* up to 10 metric\(s\)"):
+            writer.close()
+        assert 2.0 <= time.monotonic() - start < 3.0
+        gate.restore()  # back before the process ends: the send still goes through
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        deadline = time.monotonic() + 90
+        while len(client.get_metric_history(writer.run_id, "loss")) < 10:
+            assert time.monotonic() < deadline, "the buffered values never reached the server"
+            time.sleep(0.5)
+        steps = sorted(int(m.step) for m in client.get_metric_history(writer.run_id, "loss"))
+        assert steps == list(range(1, 11))
+
+        child = subprocess.Popen(
+            [sys.executable, "-c", _EXIT_WITHOUT_CLOSE, gate.url],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None and child.stdin is not None
+        assert child.stdout.readline().strip()  # its run exists; step 1 is buffered
+        gate.cut()
+        start = time.monotonic()
+        _, err = child.communicate("\n", timeout=60)
+        assert child.returncode == 0, err
+        assert time.monotonic() - start < 2.0 + 5.0, err
+        assert "gave up after 2 s" in err and "up to 1 metric(s)" in err, err
+
+
 def run_loop(*args: str, timeout: float = 60, **popen: Any) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.metrics_manager.fault_loop", *args],
@@ -735,6 +791,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         lambda m: writers.create_default_writer(m.summary_dir, max_buffer_mb=0, console=False),
         ValueError,
         "TensorBoardWriter: max_buffer_mb must be positive, got 0; None for no bound",
+    ),
+    "zero close_timeout_s": (
+        lambda m: writers.MlflowWriter(close_timeout_s=0, process_index=1),
+        ValueError,
+        "MlflowWriter: close_timeout_s must be positive, got 0; None waits for the server",
     ),
     "name escaping summary_dir": (
         lambda m: MetricsManager("../..", "runs"),
