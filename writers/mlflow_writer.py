@@ -199,8 +199,12 @@ class MlflowWriter(_base.TrackerWriter):
         sender = threading.Thread(
             target=finish, daemon=True, name=f"MlflowWriter-close-{self.run_id}"
         )
-        sender.start()
-        sender.join(self._close_timeout)
+        try:
+            sender.start()
+        except RuntimeError:  # at exit on Python 3.12, which starts no thread then: wait
+            finish()
+        else:
+            sender.join(self._close_timeout)
         if sender.is_alive():
             with self._lock:
                 waiting = self._in_flight + len(self._pending_metrics) + len(self._pending_files)

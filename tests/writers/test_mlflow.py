@@ -7,6 +7,7 @@ import io
 import json
 import os
 import sys
+import threading
 import time
 
 import numpy as np
@@ -164,6 +165,22 @@ def test_the_timer_sends_without_a_flush(store):
     assert _history(client, w.run_id, "loss") == [(3, 0.5)]
     assert client.get_run(w.run_id).info.status == "RUNNING"
     w.close()
+    assert client.get_run(w.run_id).info.status == "FINISHED"
+
+
+def test_close_sends_on_the_calling_thread_when_no_thread_can_start(store, monkeypatch):
+    # Python 3.12 starts no thread while the interpreter shuts down, where close() runs for
+    # a writer never closed: it then sends on the calling thread, without its timeout.
+    w = _writer(store, close_timeout_s=0.001)
+    w.write_scalars(3, {"loss": 0.5})
+
+    def no_thread(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    assert _history(client, w.run_id, "loss") == [(3, 0.5)]
     assert client.get_run(w.run_id).info.status == "FINISHED"
 
 
