@@ -323,7 +323,7 @@ def machine_info() -> dict[str, str]:
     except OSError:
         pass
     info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
         "cores": str(os.cpu_count()),
         "os": platform.platform(),
