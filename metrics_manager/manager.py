@@ -349,6 +349,7 @@ class MetricsManager:
         Returns:
           A future of name -> `clu.values.Value` (the same on every process). It fails when
           the summary cannot be computed, and under `on_error="raise"` when a writer fails.
+          Cancelled before the worker starts the summary, it skips that summary.
 
         Raises:
           TypeError, ValueError: bad metrics, keys or steps (all listed; nothing queued).

@@ -11,7 +11,8 @@ here. A job is a list of pieces, run in order on one thread, jobs in submission 
   Overruns are noticed by whoever waits for the worker (a blocked `submit`, `drain`), so a
   loop that never waits never pays for the check.
 * **Errors**: an exception from a piece ends its job (later pieces are skipped) and fails the
-  job's future; callers that want isolation catch inside the piece.
+  job's future; callers that want isolation catch inside the piece. A future cancelled
+  before its job starts skips the job (as `concurrent.futures` executors do).
 
 A piece is `(label, fn, deadline_s)`; `fn(job)` may keep state in `job.state` and set
 `job.result`, which becomes the future's value. Only a piece with a deadline can be
@@ -148,6 +149,13 @@ class OrderedWorker:
 
     def _wait(self) -> None:
         self._cond.wait(_POLL_S)
+        if not (self._stopping or self._threads[-1].is_alive()):
+            # Killed by something outside the jobs (a profiler hook raising as the thread
+            # started): without a successor every waiter would wait forever.
+            _LOG.error("%s: its thread died; a new one goes on with the queue", self.name)
+            self._generation += 1
+            self._spawn()
+            return
         piece = self._piece
         if piece is not None and time.monotonic() > piece[1]:
             job = self._current
@@ -180,6 +188,8 @@ class OrderedWorker:
                         return
                     job = self._current = self._queue.popleft()
                     cond.notify_all()  # a queue slot opened
+                    if job.future is not None and not job.future.set_running_or_notify_cancel():
+                        job.index = len(job.pieces)  # cancelled before it started: skipped
                 self._arm(job)
             pieces = job.pieces
             while job.index < len(pieces):
@@ -219,6 +229,8 @@ class OrderedWorker:
         if job.future is None:
             if error is not None:
                 _LOG.error("%s: a background job failed: %r", self.name, error)
+        elif job.future.cancelled():
+            pass
         elif error is None:
             job.future.set_result(job.result)
         else:

@@ -26,6 +26,7 @@ import pytest
 import writers
 from metrics_manager import AveragePerStep, MetricsManager, MetricsManagerError, Sum
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
+from tests.writers.failing import GatedWriter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -88,6 +89,33 @@ def test_a_writer_that_calls_sys_exit_fails_alone(tmp_path):
     assert manager.health()["writers"]["exiting"]["failures"] == 20
     assert "writer:exiting at step 1" in str(manager.errors[0])
     assert isinstance(manager.errors[0].error, SystemExit)
+
+
+def test_a_cancelled_summary_is_skipped_and_the_manager_goes_on(tmp_path):
+    # concurrent.futures' contract (T5X's futures come from a ThreadPoolExecutor): a future
+    # cancelled before its summary starts skips it. Before, setting its result killed the
+    # worker thread, and the next flush() or close() waited forever.
+    gated = GatedWriter()
+
+    def factory(logdir):
+        default = writers.create_default_writer(logdir, console=False)
+        return writers.MultiWriter({**default.writers, "gated": gated})
+
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        futures = [
+            manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
+            for step in range(1, 6)
+        ]
+        assert gated.entered.wait(10)  # summary 1 is being written: it cannot be cancelled
+        assert [f.cancel() for f in futures[:4]] == [False, True, True, True]
+        gated.gate.set()
+        manager.flush(timeout=10)
+        later = manager.write_metrics_summary({"loss": Sum(np.float32(6.0))}, 6, 1)
+    assert float(later.result(0)["loss"].value) == 6.0
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == [1, 5, 6]
+    assert tb_steps(logdir) == [1, 5, 6]
+    assert manager.errors == []
 
 
 def test_a_raising_writer_stops_the_loop_with_a_clear_error_under_raise(tmp_path):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from writers._worker import OrderedWorker
 
 
@@ -110,4 +112,47 @@ def test_drain_waits_for_the_jobs_queued_before_it_not_those_queued_meanwhile():
     assert -1 in ran
     stop.set()
     producer.join(5)
+    assert worker.close(5)
+
+
+def test_a_future_cancelled_before_its_job_starts_skips_the_job_and_nothing_else():
+    ran: list[str] = []
+    gate = threading.Event()
+    worker = OrderedWorker("cancel")
+    running = worker.submit([("gate", lambda job: gate.wait(), None)])
+    skipped = worker.submit([("skipped", lambda job: ran.append("skipped"), None)])
+    after = worker.submit([("after", lambda job: ran.append("after"), None)])
+    time.sleep(0.1)  # the gate job has started: it can no longer be cancelled
+    assert not running.cancel() and skipped.cancel()
+    gate.set()
+    assert worker.drain(5)
+    assert ran == ["after"] and after.result(0) is None and skipped.cancelled()
+    assert len(worker.threads) == 1 and worker.threads[0].is_alive()  # before: it died here
+    assert worker.submit([("later", lambda job: ran.append("later"), None)]).result(5) is None
+    assert worker.close(5)
+
+
+@pytest.mark.filterwarnings(
+    # The thread's death is the point: pytest reports the exception that killed it.
+    "ignore::pytest.PytestUnhandledThreadExceptionWarning"
+)
+def test_a_thread_killed_outside_its_jobs_is_replaced_by_the_next_wait(caplog):
+    fired: list[bool] = []
+
+    def hook(*_):  # as a second cProfile raises in each new thread on Python 3.12
+        if not fired:
+            fired.append(True)
+            raise ValueError("Another profiling tool is already active")
+
+    threading.setprofile(hook)
+    try:
+        worker = OrderedWorker("killed")
+        worker.threads[0].join(5)
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+    assert fired and not worker.threads[0].is_alive()
+    future = worker.submit([("job", lambda job: setattr(job, "result", 7), None)])
+    assert worker.drain(5) and future.result(0) == 7
+    assert len(worker.threads) == 2
+    assert any("its thread died" in r.getMessage() for r in caplog.records)
     assert worker.close(5)
