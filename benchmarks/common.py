@@ -293,13 +293,18 @@ def profile(
         profiler.enable()
 
     main = cProfile.Profile()
-    threading.setprofile(install)
+    # From Python 3.12 cProfile uses sys.monitoring: one profiler sees every thread, and a
+    # second one raises in the thread it starts in.
+    per_thread = sys.version_info < (3, 12)
+    if per_thread:
+        threading.setprofile(install)
     main.enable()
     try:
         fn()
     finally:
         main.disable()
-        threading.setprofile(None)  # type: ignore[arg-type]
+        if per_thread:
+            threading.setprofile(None)  # type: ignore[arg-type]
     out = io.StringIO()
     stats = pstats.Stats(main, stream=out)
     with lock:
