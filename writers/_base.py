@@ -284,16 +284,21 @@ def _close_at_exit(ref: weakref.ReferenceType[Any], name: str, pid: int) -> None
         logging.exception("%s failed while closing at exit", name)
 
 
-def flush_every(writer: BaseWriter, seconds: float, name: str) -> Callable[[], None]:
+def flush_every(
+    writer: BaseWriter, seconds: float, name: str, last: Callable[[], None] | None = None
+) -> Callable[..., bool]:
     """Flushes `writer` every `seconds` on a daemon thread, and closes it at exit if the
     program did not (`close_at_exit`, labelled `name`): what it buffers is not lost. Returns
-    the call for `close()` that stops both.
+    the call for `close()` that stops both: `stop(timeout=None)` sets the thread to run `last`
+    (a final send) and waits up to `timeout`; it returns False if that time passed first and
+    raises what `last` raised. No thread starts then, which Python 3.12 refuses at exit.
 
     A failed flush (an upload while the network is down) is logged once per run of failures,
     kept in `writer.flush_failure` (a manager's `health()` shows it) and retried at the next
     tick; the writer's own `flush()` and `close()` still raise.
     """
     stop = threading.Event()
+    failed: list[BaseException] = []
 
     def run() -> None:
         while not stop.wait(seconds):
@@ -305,14 +310,24 @@ def flush_every(writer: BaseWriter, seconds: float, name: str) -> Callable[[], N
                     logging.exception("%s: a timed flush failed; retrying", writer._where())
                 notes = "".join(f"; {n}" for n in getattr(err, "__notes__", ()))
                 writer.flush_failure = f"{type(err).__name__}: {err}{notes}"
+        try:
+            if last is not None:
+                last()
+        except BaseException as err:  # noqa: BLE001  (raised by stop(), on the closing thread)
+            failed.append(err)
 
     thread = threading.Thread(target=run, daemon=True, name=f"{writer._where()}-flush")
     thread.start()
     at_exit = close_at_exit(writer, name)
 
-    def stop_and_join() -> None:
+    def stop_and_join(timeout: float | None = None) -> bool:
         atexit.unregister(at_exit)
         stop.set()
-        thread.join()
+        thread.join(timeout)
+        if thread.is_alive():
+            return False
+        if failed:
+            raise failed[0]
+        return True
 
     return stop_and_join

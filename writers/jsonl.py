@@ -97,7 +97,7 @@ class JsonlWriter(BaseWriter):
         self._clock = clock
         self._max_array_size = max_array_size
         self._log: _jsonl_log.LocalLog | _jsonl_log.RemoteLog
-        self._stop_timer: Callable[[], None] | None = None
+        self._stop_timer: Callable[..., bool] | None = None
         if _storage.is_remote(self._path):
             self._log = _jsonl_log.RemoteLog(self._path, resume_step, limit)
             self._stop_timer = flush_every(self, flush_secs, f"JsonlWriter({self._path})")

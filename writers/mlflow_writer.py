@@ -160,7 +160,9 @@ class MlflowWriter(_base.TrackerWriter):
             for key in client.get_run(run_id).data.metrics:
                 self._last_steps[key] = max(m.step for m in client.get_metric_history(run_id, key))
         self.run_id = run_id
-        self._stop_timer = _base.flush_every(self, flush_secs, f"MlflowWriter(run {run_id})")
+        self._stop_timer = _base.flush_every(
+            self, flush_secs, f"MlflowWriter(run {run_id})", last=self._last_send
+        )
 
     def flush(self) -> None:
         """Sends everything buffered; what failed to send stays buffered.
@@ -185,27 +187,8 @@ class MlflowWriter(_base.TrackerWriter):
         self._closed = True
         if self._client is None:
             return
-        failed: list[BaseException] = []
-
-        def finish() -> None:
-            try:
-                self._stop_timer()  # waits for a timed send still in the client's retries
-                self._flush()
-                if self._owned:
-                    self._end_run()
-            except BaseException as err:  # noqa: BLE001  (raised by close())
-                failed.append(err)
-
-        sender = threading.Thread(
-            target=finish, daemon=True, name=f"MlflowWriter-close-{self.run_id}"
-        )
-        try:
-            sender.start()
-        except RuntimeError:  # at exit on Python 3.12, which starts no thread then: wait
-            finish()
-        else:
-            sender.join(self._close_timeout)
-        if sender.is_alive():
+        # The timer's thread sends and ends the run: it may be in the client's retries.
+        if not self._stop_timer(self._close_timeout):
             with self._lock:
                 waiting = self._in_flight + len(self._pending_metrics) + len(self._pending_files)
             raise TimeoutError(
@@ -215,8 +198,11 @@ class MlflowWriter(_base.TrackerWriter):
                 "the process ends). Raise close_timeout_s, or lower "
                 "MLFLOW_HTTP_REQUEST_MAX_RETRIES."
             )
-        if failed:
-            raise failed[0]
+
+    def _last_send(self) -> None:
+        self._flush()
+        if self._owned:
+            self._end_run()
 
     def _flush(self) -> None:
         if self._client is None:
