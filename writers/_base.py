@@ -310,11 +310,11 @@ def flush_every(
                     logging.exception("%s: a timed flush failed; retrying", writer._where())
                 notes = "".join(f"; {n}" for n in getattr(err, "__notes__", ()))
                 writer.flush_failure = f"{type(err).__name__}: {err}{notes}"
-        try:
-            if last is not None:
+        if last is not None:
+            try:
                 last()
-        except BaseException as err:  # noqa: BLE001  (raised by stop(), on the closing thread)
-            failed.append(err)
+            except BaseException as err:  # noqa: BLE001  (raised by stop(), on the closing thread)
+                failed.append(err)
 
     thread = threading.Thread(target=run, daemon=True, name=f"{writer._where()}-flush")
     thread.start()

@@ -230,7 +230,7 @@ class OrderedWorker:
             if error is not None:
                 _LOG.error("%s: a background job failed: %r", self.name, error)
         elif job.future.cancelled():
-            pass
+            pass  # skipped before it started (`_run`): nobody waits for its result
         elif error is None:
             job.future.set_result(job.result)
         else:
