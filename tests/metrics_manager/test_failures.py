@@ -25,6 +25,7 @@ import pytest
 
 import writers
 from metrics_manager import AveragePerStep, MetricsManager, MetricsManagerError, Sum
+from tests.metrics_manager.fault_loop import files_and
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
 from tests.writers.failing import GatedWriter
 
@@ -38,8 +39,7 @@ class RaisingWriter(writers.NoopWriter):
 
 def isolated_factory(logdir, collection=None):
     """The default writer set (TensorBoard + JSONL) plus a writer that raises on every call."""
-    default = writers.create_default_writer(logdir, collection=collection, console=False)
-    return writers.MultiWriter({**default.writers, "broken": RaisingWriter()})
+    return files_and(last={"broken": RaisingWriter()})(logdir, collection)
 
 
 def tb_steps(logdir: str, tag: str = "loss") -> list[int]:
@@ -71,9 +71,7 @@ def test_a_writer_that_calls_sys_exit_fails_alone(tmp_path):
         def write_scalars(self, step, scalars):
             sys.exit(1)
 
-    def factory(logdir):
-        default = writers.create_default_writer(logdir, console=False)
-        return writers.MultiWriter({"exiting": Exiting(), **default.writers})  # called first
+    factory = files_and(first={"exiting": Exiting()})  # called before JSONL and TensorBoard
 
     with MetricsManager(
         "train", tmp_path, writer_factory=factory, max_writer_failures=10**6
@@ -96,11 +94,7 @@ def test_a_cancelled_summary_is_skipped_and_the_manager_goes_on(tmp_path):
     # cancelled before its summary starts skips it. Before, setting its result killed the
     # worker thread, and the next flush() or close() waited forever.
     gated = GatedWriter()
-
-    def factory(logdir):
-        default = writers.create_default_writer(logdir, console=False)
-        return writers.MultiWriter({**default.writers, "gated": gated})
-
+    factory = files_and(last={"gated": gated})
     with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
         futures = [
             manager.write_metrics_summary({"loss": Sum(np.float32(step))}, step, 1)
@@ -854,10 +848,7 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))
 def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_path, case):
     call, error, match = BAD_CALLS[case]
-    factory = lambda d, collection=None: writers.create_default_writer(  # noqa: E731
-        d, collection=collection, console=False
-    )
-    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
         with pytest.raises(error, match=match):
             call(manager)
         manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 5, 1)
@@ -868,10 +859,7 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
 
 
 def test_bfloat16_and_float16_scalars_are_written_exactly(tmp_path):
-    factory = lambda d, collection=None: writers.create_default_writer(  # noqa: E731
-        d, collection=collection, console=False
-    )
-    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
         manager.write_metrics_summary(
             {
                 "bf16": Sum(jnp.sum(jnp.asarray([1.5, 2.25], jnp.bfloat16))),
@@ -910,9 +898,7 @@ def test_nonfinite_warn_writes_every_summary(tmp_path):
         "train",
         tmp_path,
         nonfinite="warn",
-        writer_factory=lambda d, collection=None: writers.create_default_writer(
-            d, collection=collection, console=False
-        ),
+        writer_factory=files_and(),
     ) as m:
         for step in range(1, 6):
             m.write_metrics_summary({"loss": Sum(np.float32(np.nan if step > 2 else 1.0))}, step, 1)
