@@ -76,6 +76,7 @@ class OrderedWorker:
         self._ended = 0
         self._stopping = False
         self._threads: list[threading.Thread] = []
+        self._orphaned = False  # no thread could be started: waiting callers run the queue
         self._spawn()
 
     @property
@@ -100,7 +101,7 @@ class OrderedWorker:
     def _enqueue(self, job: Job) -> Job:
         with self._cond:
             while len(self._queue) >= self._max and not self._stopping:
-                if threading.current_thread() is self._threads[-1]:
+                if self._threads and threading.current_thread() is self._threads[-1]:
                     raise RuntimeError(
                         f"{self.name}: called from its own worker thread with {self._max} jobs "
                         "pending, so it would wait forever. Call it from the training loop."
@@ -143,16 +144,17 @@ class OrderedWorker:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if drained:
+        if drained and not self._orphaned:
             self._threads[-1].join(timeout)
         return drained
 
     def _wait(self) -> None:
         self._cond.wait(_POLL_S)
-        if not (self._stopping or self._threads[-1].is_alive()):
-            # Killed by something outside the jobs (a profiler hook raising as the thread
-            # started): without a successor every waiter would wait forever.
-            _LOG.error("%s: its thread died; a new one goes on with the queue", self.name)
+        if self._orphaned or not (self._stopping or self._threads[-1].is_alive()):
+            if not self._orphaned:
+                # Killed by something outside the jobs (a profiler hook raising as the thread
+                # started): without a successor every waiter would wait forever.
+                _LOG.error("%s: its thread died; a new one goes on with the queue", self.name)
             self._generation += 1
             self._spawn()
             return
@@ -171,10 +173,19 @@ class OrderedWorker:
         thread = threading.Thread(
             target=self._run, args=(self._generation,), name=self.name, daemon=True
         )
+        try:
+            thread.start()
+        except RuntimeError:
+            # Python 3.12.0-3.12.1 start no thread while the interpreter shuts down (a close
+            # at exit after an abandoned piece): the caller waiting for the worker runs the
+            # queue itself, with no deadline, rather than lose it.
+            self._orphaned = True
+            self._run(self._generation, inline=True)
+            return
+        self._orphaned = False
         self._threads.append(thread)
-        thread.start()
 
-    def _run(self, generation: int) -> None:
+    def _run(self, generation: int, inline: bool = False) -> None:
         cond = self._cond
         while True:
             with cond:
@@ -183,6 +194,8 @@ class OrderedWorker:
                 job = self._current
                 if job is None:
                     while not self._queue and not self._stopping:
+                        if inline:
+                            return
                         cond.wait()
                     if not self._queue:
                         return

@@ -156,3 +156,32 @@ def test_a_thread_killed_outside_its_jobs_is_replaced_by_the_next_wait(caplog):
     assert len(worker.threads) == 2
     assert any("its thread died" in r.getMessage() for r in caplog.records)
     assert worker.close(5)
+
+
+def test_a_worker_that_can_start_no_thread_has_its_waiting_caller_run_the_queue(monkeypatch):
+    # Python 3.12.0-3.12.1 start no thread while the interpreter shuts down, so the close of a
+    # manager at exit could not replace a hung writer's thread: 4 of 6 summaries were lost.
+    release = threading.Event()
+    ran: list[str] = []
+    stuck: list[str] = []
+    worker = OrderedWorker("orphan", on_stuck=lambda label, job: stuck.append(label))
+    hung = worker.submit(
+        [("hang", lambda job: release.wait(), 0.2), ("b", lambda job: ran.append("b"), None)]
+    )
+    after = worker.submit(
+        [("after", lambda job: ran.append(threading.current_thread().name), None)]
+    )
+
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Thread, "start", refuse)
+    assert worker.drain(10)  # abandons "hang", fails to start a thread, runs the rest itself
+    assert stuck == ["hang"] and ran == ["b", "MainThread"]
+    assert hung.result(0) is None and after.result(0) is None
+    later = worker.submit([("later", lambda job: ran.append("later"), None)])
+    assert worker.close(5) and later.result(0) is None and ran[-1] == "later"
+    assert len(worker.threads) == 1  # only the hung one; nothing was started
+    release.set()
+    worker.threads[0].join(5)
+    assert not worker.threads[0].is_alive() and ran.count("b") == 1
