@@ -9,7 +9,8 @@ the program ends without closing the manager), `fork` (forked children: data-loa
 workers terminated with SIGTERM, and one that exits normally), `preemption` (one
 `jax.distributed` process that stops at JAX's preemption sync point), `close_signal`
 (SIGTERM 0.5 s into a close() that still has 40 summaries to write), `own_handler` (the
-program's own SIGTERM handler sets a flag; a writer hangs), `multiprocess` (see
+program's own SIGTERM handler sets a flag; a writer hangs), `long_call` (5 summaries, then
+the main thread waits in `block_until_ready` on a computation that never ends), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
@@ -79,6 +80,8 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         return signal_during_close(summary_dir)
     if mode == "own_handler":
         return own_signal_handler(summary_dir)
+    if mode == "long_call":
+        return inside_a_long_call(summary_dir)
     if mode == "hang":
 
         def factory(logdir):
@@ -119,6 +122,25 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
             manager.write_metrics_summary(metrics, step, 1)
             print(f"issued {step}", flush=True)
         time.sleep(0.002)
+
+
+def inside_a_long_call(summary_dir: str) -> None:
+    # The slow writer keeps summaries queued when the signal comes: only a flush saves them.
+    factory = files_and(first={"slow": SlowWriter(1.0)})
+    manager = MetricsManager("train", summary_dir, writer_factory=factory)
+    x = jnp.zeros(4)
+    for step in range(1, 6):
+        x, metrics = step_fn(x)
+        manager.write_metrics_summary(metrics, step, 1)
+        print(f"issued {step}", flush=True)
+
+    @jax.jit
+    def endless(a):  # hours of matrix products: a signal must not wait for them to end
+        return jax.lax.fori_loop(0, 2**30, lambda i, a: jnp.sin(a @ a), a)
+
+    busy = endless(jnp.full((256, 256), 1e-3))
+    print("computing", flush=True)
+    busy.block_until_ready()
 
 
 def _sleep() -> None:
@@ -182,8 +204,11 @@ def preemption_sync_point(summary_dir: str) -> None:
 
 
 class SlowWriter(writers.NoopWriter):
+    def __init__(self, seconds: float = 0.1) -> None:
+        self.seconds = seconds
+
     def write_scalars(self, step, scalars):
-        time.sleep(0.1)
+        time.sleep(self.seconds)
 
 
 def signal_during_close(summary_dir: str) -> None:

@@ -546,7 +546,11 @@ def signal_loop(proc: subprocess.Popen[str], signum: int, issued: list[int]) -> 
     """Sends `signum` and waits for the loop to end; adds the steps it issued meanwhile to
     `issued`; returns the rest of its output."""
     proc.send_signal(signum)
-    rest, _ = proc.communicate(timeout=60)
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # it ignored the signal: leave no loop running after the test
     issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
     return rest
 
@@ -576,6 +580,23 @@ def test_sigterm_loses_no_issued_summary(tmp_path, mode):
         jsonl = [line["step"] for line in read_jsonl(logdir)]
         assert set(issued) <= set(jsonl), (issued, jsonl)
         assert set(issued) <= set(tb_steps(logdir))
+
+
+def test_sigterm_while_the_main_thread_waits_on_the_device_flushes_at_once(tmp_path):
+    # Python runs a signal handler on the main thread, between bytecodes. JAX checks for
+    # signals while it waits in block_until_ready, so the flush does not wait for the
+    # computation (hours here) to end, nor the process for SIGKILL.
+    proc = run_loop("long_call", str(tmp_path))
+    issued = wait_for_issued(proc, 5)
+    assert proc.stdout is not None and proc.stdout.readline() == "computing\n"
+    time.sleep(0.5)
+    start = time.monotonic()
+    rest = signal_loop(proc, signal.SIGTERM, issued)
+    assert proc.returncode == -signal.SIGTERM, rest
+    assert time.monotonic() - start < 10.0, rest  # the queue takes about 4 s
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == issued == [1, 2, 3, 4, 5]
+    assert tb_steps(logdir) == issued
 
 
 def test_sigint_loses_no_issued_summary_and_still_raises_keyboard_interrupt(tmp_path):
