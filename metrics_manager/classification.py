@@ -26,7 +26,7 @@ Synopsis:
 """
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import clu.metrics as clu_metrics
 import flax
@@ -40,7 +40,7 @@ __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"
 
 ArrayLike = jax.typing.ArrayLike
 Average = Literal["binary", "micro", "macro"]
-_AVERAGES = ("binary", "micro", "macro")
+_AVERAGES = get_args(Average)
 
 
 def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: Problems) -> jax.Array:

@@ -553,8 +553,7 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
         (['x', 'x/std'], 1.0)
     """
     _check_metrics_mapping(metrics, "compute_metric_values")
-    bad = {k: type(v).__name__ for k, v in metrics.items() if not is_metric_obj(v)}
-    if bad:
+    if bad := {k: type(v).__name__ for k, v in metrics.items() if not is_metric_obj(v)}:
         raise TypeError(
             "compute_metric_values: expected clu Metric or Collection values, got "
             + ", ".join(f"{k!r}: {t}" for k, t in sorted(bad.items()))

@@ -276,8 +276,7 @@ def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
     elif isinstance(value, Metric):
         out[key] = value.metric
     elif isinstance(value, nnx.MultiMetric):
-        for name in value._metric_names:
-            _add(f"{key}/{name}", getattr(value, name), out, problems)
+        _add(key, {name: getattr(value, name) for name in value._metric_names}, out, problems)
     elif isinstance(wrapped := getattr(value, "clu_metric", None), clu_metrics.Metric):
         out[key] = wrapped  # google-metrax's NnxWrapper
     elif isinstance(value, nnx.metrics.Welford):

@@ -7,7 +7,6 @@ the program did not (`close_at_exit`, which a manager uses too).
 
 import abc
 import atexit
-import functools
 import importlib
 import os
 import threading
@@ -270,18 +269,18 @@ def close_at_exit(writer: Any, name: str) -> Callable[[], None]:
     """Runs `writer.close()` (or a manager's) at exit, held weakly (no `__del__`); returns the
     `atexit` hook. Not in a forked child: it has the writer's memory but not its threads, and
     closing its copy would send the buffer twice (or end a tracker run the parent still uses)."""
-    hook = functools.partial(_close_at_exit, weakref.ref(writer), name, os.getpid())
-    return atexit.register(hook)
+    ref, pid = weakref.ref(writer), os.getpid()
 
+    def close() -> None:
+        if os.getpid() != pid:
+            return
+        try:
+            if (alive := ref()) is not None:
+                alive.close()
+        except Exception:  # noqa: BLE001  (nobody is left to catch it at exit)
+            logging.exception("%s failed while closing at exit", name)
 
-def _close_at_exit(ref: weakref.ReferenceType[Any], name: str, pid: int) -> None:
-    if os.getpid() != pid:
-        return
-    try:
-        if (writer := ref()) is not None:
-            writer.close()
-    except Exception:  # noqa: BLE001  (nobody is left to catch it at exit)
-        logging.exception("%s failed while closing at exit", name)
+    return atexit.register(close)
 
 
 def flush_every(

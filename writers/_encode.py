@@ -56,8 +56,8 @@ def filmstrip(video: np.ndarray) -> np.ndarray:
 
 def histogram(arr: np.ndarray, num_buckets: int | None) -> dict[str, Any]:
     """Count, min, max, mean, bucket edges and counts of a checked histogram input."""
-    counts, edges = _checks.bucketize(arr, num_buckets)
     flat = arr.astype(np.float64).reshape(-1)
+    counts, edges = _checks.bucketize(flat, num_buckets)
     return {
         "count": int(flat.size),
         "min": float(flat.min()),

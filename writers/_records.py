@@ -11,7 +11,6 @@ a directory's event files in name order, so the parts read as one stream.
 """
 
 import contextlib
-import math
 import os
 import socket
 import struct
@@ -31,7 +30,7 @@ class EventFile:
       ImportError: `logdir` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 
-    def __init__(self, logdir: str, filename_suffix: str = "", max_buffer_bytes: float = math.inf):
+    def __init__(self, logdir: str, filename_suffix: str, max_buffer_bytes: float):
         now = time.time()
         name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}"
         self._lock = threading.Lock()  # TensorBoardWriter's flush timer is a second thread

@@ -8,7 +8,6 @@ whose name sorts after the earlier ones (credentials: the README's "Cloud storag
 created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
 """
 
-import math
 import os
 import threading
 import uuid
@@ -91,8 +90,8 @@ class PartStream:
         directory: str,
         name: Callable[[int], str],
         *,
+        max_buffer_bytes: float,
         first_index: int = 0,
-        max_buffer_bytes: float = math.inf,
     ):
         self._fs, self._dir = filesystem(directory)
         self._name = name

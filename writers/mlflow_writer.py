@@ -114,7 +114,7 @@ class MlflowWriter(_base.TrackerWriter):
         self._client: Any = None
         self.run_id: str | None = None
         self._last_steps: dict[str, int] = {}
-        self._skipped = 0
+        self._warned_skip = False
         self._valid_names: set[str] = set()
         self._lock = threading.Lock()  # guards the buffer below
         self._sending = threading.Lock()  # one send at a time, in order
@@ -221,11 +221,10 @@ class MlflowWriter(_base.TrackerWriter):
                     ("metrics", metrics, self._validation.MAX_METRICS_PER_BATCH),
                 ):
                     while pending:
-                        batch = pending[:limit]
-                        self._send(refused, kind, batch, self._client.log_batch, **{kind: batch})
+                        self._send(refused, kind, pending[:limit])
                         del pending[:limit]
                 if files:
-                    self._send(refused, "artifacts", list(files), self._upload, files)
+                    self._send(refused, "artifacts", files)
                     files = {}
                 self.dropped.outage = False
             except BaseException as err:
@@ -257,28 +256,27 @@ class MlflowWriter(_base.TrackerWriter):
             cut += 1
         self.dropped.add(cut, err)
 
-    def _send(
-        self, refused: list[str], kind: str, batch: list[Any], call: Any, *args: Any, **kwargs: Any
-    ) -> None:
+    def _send(self, refused: list[str], kind: str, batch: Any) -> None:
+        """Sends params, metrics (lists) or artifacts (path: bytes); notes refusals in `refused`."""
         try:
-            call(self.run_id, *args, **kwargs)
+            if kind == "artifacts":
+                with tempfile.TemporaryDirectory() as tmp:
+                    _base.write_tree(tmp, batch)
+                    self._client.log_artifacts(self.run_id, tmp)
+            else:
+                self._client.log_batch(self.run_id, **{kind: batch})
         except self._error as err:  # a client error (4xx) comes back the same every time
             status = err.get_http_status_code()
             if not 400 <= status < 500 or status == 429:
                 raise
             if kind == "params" and len(batch) > 1:  # one changed param fails its whole batch
                 for param in batch:
-                    self._send(refused, kind, [param], call, params=[param])
+                    self._send(refused, kind, [param])
                 return
             names = sorted({getattr(x, "key", x) for x in batch})
             refused.append(
                 f"{len(batch)} {kind} ({', '.join(names[:5])}{', ...' * (len(names) > 5)}): {err}"
             )
-
-    def _upload(self, run_id: str, files: dict[str, bytes]) -> None:
-        with tempfile.TemporaryDirectory() as tmp:
-            _base.write_tree(tmp, files)
-            self._client.log_artifacts(run_id, tmp)
 
     def _check_names(self, names: Any, method: str, check: Callable[[str], Any]) -> None:
         """Refuses at the call the names the store would refuse at a send (MLflow's own check:
@@ -302,7 +300,8 @@ class MlflowWriter(_base.TrackerWriter):
             return
         if self._last_steps:  # resumed: skip the points the run's history already has
             kept = {k: v for k, v in numbers.items() if step > self._last_steps.get(k, -1)}
-            if len(kept) < len(numbers) and not self._skipped:
+            if len(kept) < len(numbers) and not self._warned_skip:
+                self._warned_skip = True
                 logging.warning(
                     "MlflowWriter: resumed run %s already has %s at step %d; metric history "
                     "cannot be rewritten, so points up to each metric's last logged step are "
@@ -311,7 +310,6 @@ class MlflowWriter(_base.TrackerWriter):
                     sorted(set(numbers) - set(kept)),
                     step,
                 )
-            self._skipped += len(numbers) - len(kept)
             numbers = kept
         stamp = int(self._clock() * 1000)
         metrics = [self._metric(k, float(v), stamp, step) for k, v in numbers.items()]

@@ -398,7 +398,7 @@ def _follow(
     """Calls `draw` whenever the files under `paths` change, `max_redraws` times (0: forever)."""
     last: tuple[tuple[str, int, int], ...] | None = None
     redraws, reported = 0, ""
-    while not max_redraws or redraws < max_redraws:
+    while True:
         try:
             signature = _signature(paths)
             if signature != last:
@@ -409,8 +409,9 @@ def _follow(
             if str(err) != reported:
                 reported = str(err)
                 print(f"{err} (--follow: checking every {interval} s)", file=sys.stderr, flush=True)
-        if not max_redraws or redraws < max_redraws:
-            time.sleep(interval)
+        if max_redraws and redraws >= max_redraws:
+            return
+        time.sleep(interval)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
