@@ -2,15 +2,16 @@
 
     python -m tests.metrics_manager.fault_loop MODE SUMMARY_DIR [PERIOD_S]
 
-MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds),
-`hang` (a writer that never returns, next to JSONL), `hang_signal` (one every step with
-a writer that never returns first, the default deadline, JSONL and TensorBoard), `unclosed` (50 summaries queued, then
-the program ends without closing the manager), `fork` (forked children: data-loader
-workers terminated with SIGTERM, and one that exits normally), `preemption` (one
-`jax.distributed` process that stops at JAX's preemption sync point), `close_signal`
-(SIGTERM 0.5 s into a close() that still has 40 summaries to write), `own_handler` (the
-program's own SIGTERM handler sets a flag; a writer hangs), `long_call` (5 summaries, then
-the main thread waits in `block_until_ready` on a computation that never ends), `multiprocess` (see
+MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds), `hang`
+(a writer that never returns, next to JSONL), `hang_signal` (one every step with a writer
+that never returns first, the default deadline, JSONL and TensorBoard), `unclosed` (50
+summaries queued, then the program ends without closing the manager), `fork` (forked
+children: data-loader workers terminated with SIGTERM, and one that exits normally),
+`preemption` (one `jax.distributed` process that stops at JAX's preemption sync point),
+`close_signal` (SIGTERM 0.5 s into a close() that still has 40 summaries to write),
+`own_handler` (the program's own SIGTERM handler sets a flag; a writer hangs), `long_call`
+(5 summaries, then the main thread waits in `block_until_ready` on a computation that never
+ends), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
