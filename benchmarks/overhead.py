@@ -7,10 +7,10 @@ plus a reference, measured interleaved in the same run:
 
   (a) no metrics at all: the baseline every ratio is taken against;
   (a') the step computes its metrics and the loop drops them (what computing them costs);
-  (b) this library as the README says for many metrics and sub-millisecond steps: metrics
-      merged inside the jitted step with buffer donation into one buffer per dtype
-      (`merge_metrics(..., pack=True)`), summaries through `MetricsManager`;
-  (b0) the same with the README's default `merge_metrics` (one buffer per metric leaf);
+  (b) this library, the README's loop: metrics merged inside the jitted step with buffer
+      donation (`merge_metrics`, which packs them there into one buffer per dtype),
+      summaries through `MetricsManager`;
+  (b0) the same with `merge_metrics(..., pack=False)` (one buffer per metric leaf);
   (c) T5X's way: the step returns its metrics, a separate jitted merge is dispatched after
       every step, and at summary time every leaf is fetched with its own `jax.device_get`
       before a background thread computes and writes the values;
@@ -48,8 +48,8 @@ VARIANTS = ("none", "computed", "library", "dict", "t5x", "naive")
 LABELS = {
     "none": "(a) no metrics",
     "computed": "(a') metrics computed in the step, then dropped",
-    "library": "(b) this library as the README says for sub-ms steps: merge_metrics(pack=True)",
-    "dict": "(b0) this library, default merge_metrics (one buffer per metric leaf)",
+    "library": "(b) this library, the README's loop: merge_metrics (packed inside jit)",
+    "dict": "(b0) this library, merge_metrics(pack=False) (one buffer per metric leaf)",
     "t5x": "(c) T5X: jitted merge per step + per-leaf device_get",
     "naive": "(d) naive: float(loss) per step + add_scalar per value",
 }
@@ -144,7 +144,7 @@ class Loops:
         @functools.partial(jax.jit, donate_argnums=(0, 1))
         def step_library(params, running, batch):
             grads, metrics = grads_and_metrics(params, batch)
-            return model.sgd(params, grads), merge_metrics(running, metrics, pack=True)
+            return model.sgd(params, grads), merge_metrics(running, metrics)
 
         @functools.partial(jax.jit, donate_argnums=0)
         def step_t5x(params, batch):
@@ -165,7 +165,7 @@ class Loops:
         @functools.partial(jax.jit, donate_argnums=(0, 1))
         def step_dict(params, running, batch):
             grads, metrics = grads_and_metrics(params, batch)
-            return model.sgd(params, grads), merge_metrics(running, metrics)
+            return model.sgd(params, grads), merge_metrics(running, metrics, pack=False)
 
         self.step_dict = step_dict
         self.step_none = step_none
@@ -363,9 +363,9 @@ def run(
             "metrics via `compute_base_metrics`, learning rate, gradient norm); writers "
             "console (to /dev/null) + TensorBoard + JSONL. Each time covers the loop and "
             "flushing every summary. (a') is the step of (c) with its metrics dropped: what "
-            "computing them costs before anything is merged or written. (b) follows the "
-            "README's advice for many metrics and sub-millisecond steps (`pack=True`: the "
-            "window's metrics as one buffer per dtype); (b0) is the README's default loop. "
+            "computing them costs before anything is merged or written. (b) is the README's "
+            "loop (`merge_metrics` packs the window's metrics into one buffer per dtype "
+            "inside jit); (b0) is that loop with `pack=False` (one buffer per metric leaf). "
             f"{repeats} interleaved runs per cell; time = median {WINDOW}-step window (over "
             "all windows of all runs) x windows + median final flush, so a burst of load "
             "from another process spoils a window, not a run; ratio = time / time of (a) at "
@@ -416,7 +416,7 @@ def run(
             )
     names = {
         "library": "overhead",
-        "dict": "overhead, default merge",
+        "dict": "overhead, unpacked merge (pack=False)",
         "t5x": "T5X's way",
         "naive": "naive way",
     }
@@ -521,11 +521,11 @@ def step_anatomy(loops: Loops) -> dict[str, dict[str, int]]:
     steps = {
         "(a) no metrics": (loops.step_none, (params, loops.batch)),
         "(a') metrics computed, dropped": (loops.step_computed, (params, loops.batch)),
-        "(b) merge_metrics(pack=True) (after the first step)": (
+        "(b) merge_metrics, packed (after the first step)": (
             loops.step_library,
             (params, packed, loops.batch),
         ),
-        "(b0) default merge_metrics (after the first step)": (
+        "(b0) merge_metrics(pack=False) (after the first step)": (
             loops.step_dict,
             (params, running, loops.batch),
         ),

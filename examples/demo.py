@@ -66,7 +66,7 @@ from metrics_manager.gin_utils import configured, write_gin_config
 
 Batch = Mapping[str, Any]
 Metrics = dict[str, clu.metrics.Metric]
-Running = Metrics | PackedMetrics  # what merge_metrics returns (packed only with pack=True)
+Running = Metrics | PackedMetrics  # what merge_metrics returns (packed inside jit)
 Summary = Mapping[str, clu.values.Value]
 
 # Relative to the working directory (`make demo` runs from the repository root), so the demo

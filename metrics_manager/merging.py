@@ -130,10 +130,15 @@ def merge_metrics(
     Args:
         a: the running metrics: a dict, a `PackedMetrics`, or None to start a new window.
         b: the new metrics (dict or `PackedMetrics`): same keys, types and shapes as `a`.
-        pack: True returns a `PackedMetrics`, False a dict; None packs when `a` is packed.
+        pack: True returns a `PackedMetrics`, False a dict. None (the default) packs when `a`
+            is packed, and when `a` is None and `b` is traced (the first step of a window,
+            inside `jax.jit`), where packing costs the step nothing and saves it one output
+            buffer per metric leaf; so a jitted loop carries its window packed and an eager
+            merge stays a dict.
 
     Returns:
-        The merged metrics in `a`'s key order (`b` as a new dict when `a` is None).
+        The merged metrics in `a`'s key order (`b` when `a` is None): a dict, or a
+        `PackedMetrics`, which reads like one (`running["loss"]`).
 
     Raises:
         TypeError, ValueError: as `validate_metrics` (`b` checked against `a`); TypeError for
@@ -146,18 +151,19 @@ def merge_metrics(
         ... def train_step(running, loss):  # a real step also updates the parameters
         ...     metrics = {"loss": AveragePerStep.from_model_output(loss),
         ...                "loss_max": Max.from_model_output(loss)}
-        ...     return merge_metrics(running, metrics, pack=True)
+        ...     return merge_metrics(running, metrics)
         >>> running = None  # a summary window starts from None
         >>> for loss in (1.0, 16.0, 4.0):
         ...     running = train_step(running, jnp.float32(loss))
-        >>> [b.dtype.name for b in running.buffers]  # 3 leaves in 2 buffers
+        >>> [b.dtype.name for b in running.buffers]  # packed: 3 leaves in 2 buffers
         ['int32', 'float32']
-        >>> values = running.unpack_host(jax.device_get(running.buffers))
-        >>> {name: float(metric.compute()) for name, metric in values.items()}
+        >>> {name: float(metric.compute()) for name, metric in running.items()}
         {'loss': 7.0, 'loss_max': 16.0}
     """
     if pack is None:
-        pack = isinstance(a, PackedMetrics)
+        pack = isinstance(a, PackedMetrics) or (
+            a is None and any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(b))
+        )
     elif not isinstance(pack, bool):
         raise TypeError(f"merge_metrics: pack must be a bool or None, got {describe(pack)}")
     layout = None

@@ -5,13 +5,14 @@ Every leaf a compiled step returns is a buffer that XLA allocates and JAX wraps 
 per dtype (usually `float32` and `int32`); the layout is static pytree data, so unpacking is
 static slices and packing one concatenate per dtype, traced into the caller's `jax.jit`.
 
-Build one with `merge_metrics(running, metrics, pack=True)`; `MetricsManager` accepts it as it
-accepts a dict. Read values with `packed.unpack()` (device) or
-`packed.unpack_host(jax.device_get(packed.buffers))` (numpy, no device dispatch).
+`merge_metrics` returns one inside `jax.jit` (or anywhere with `pack=True`); `MetricsManager`
+accepts it as it accepts a dict. It reads like that dict (`packed["loss"]`, `dict(packed)`,
+each read one `packed.unpack()` on the device), or without device work as
+`packed.unpack_host(jax.device_get(packed.buffers))` (numpy).
 """
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from typing import Any, NamedTuple
 
 import jax
@@ -135,6 +136,27 @@ class PackedMetrics:
         """The metric names, sorted (the order of `unpack()`: JAX flattens dicts by key)."""
         return list(self._layout.keys)
 
+    # Read like the dict it packs (`running["loss"]`, `dict(running)`), each read one unpack.
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._layout.keys:
+            raise KeyError(f"{key!r}: not a metric of this PackedMetrics (keys {self.keys()})")
+        return self.unpack()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._layout.keys)
+
+    def __len__(self) -> int:
+        return len(self._layout.keys)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._layout.keys
+
+    def items(self) -> ItemsView[str, Any]:
+        return self.unpack().items()
+
+    def values(self) -> ValuesView[Any]:
+        return self.unpack().values()
+
     def unpack(self) -> dict[str, Any]:
         """The dict of metrics, on the device (one dispatch outside jit), weak types kept.
 
@@ -146,6 +168,16 @@ class PackedMetrics:
         return _unpack_jitted(self)
 
     def _unpack_traced(self) -> dict[str, Any]:
+        for i, (buffer, (dtype, spec)) in enumerate(
+            zip(self._buffers, self._layout.specs, strict=True)
+        ):
+            if np.shape(buffer) != spec:  # static: checked once per trace
+                raise ValueError(
+                    f"PackedMetrics: buffer {i} ({dtype}) has shape {np.shape(buffer)}, "
+                    f"expected {spec}. A PackedMetrics returned by jax.vmap has the mapped "
+                    "axis in front: take one member with jax.tree.map(lambda b: b[i], packed), "
+                    "or merge inside vmap with pack=False."
+                )
         leaves = []
         for buffer, start, stop, shape, weak_type in self._layout.leaves:
             value = self._buffers[buffer][start:stop].reshape(shape)

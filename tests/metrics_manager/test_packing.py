@@ -69,12 +69,12 @@ def step_metrics(x):
 
 @functools.partial(jax.jit, donate_argnums=0)
 def step_dict(running, x):
-    return merge_metrics(running, step_metrics(x))
+    return merge_metrics(running, step_metrics(x), pack=False)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
 def step_packed(running, x):
-    return merge_metrics(running, step_metrics(x), pack=True)
+    return merge_metrics(running, step_metrics(x))  # packed by default inside jit
 
 
 XS = [jnp.asarray(np.random.default_rng(i).standard_normal(8), jnp.float32) for i in range(3)]
@@ -167,7 +167,10 @@ def test_donation_reuses_the_packed_buffers_and_the_layout_is_stable():
 
 def test_pack_flag():
     x = XS[0]
-    assert isinstance(merge_metrics(None, step_metrics(x)), dict)
+    assert isinstance(merge_metrics(None, step_metrics(x)), dict)  # eager: stays a dict
+    # Traced, a window's first merge packs; a dict `a` keeps the dict (a scan carry's type).
+    assert isinstance(jax.jit(merge_metrics)(None, step_metrics(x)), PackedMetrics)
+    assert isinstance(jax.jit(merge_metrics)(step_metrics(x), step_metrics(x)), dict)
     packed = merge_metrics(None, step_metrics(x), pack=True)
     assert isinstance(merge_metrics(packed, step_metrics(x)), PackedMetrics)  # follows `a`
     unpacked = merge_metrics(packed, step_metrics(x), pack=False)
@@ -180,6 +183,41 @@ def test_pack_flag():
     assert_same_metrics(both.unpack(), unpacked, same_weak_types=False)
     with pytest.raises(TypeError, match="pack must be a bool or None, got str"):
         merge_metrics(None, step_metrics(x), pack="yes")
+
+
+def test_packed_metrics_read_like_the_dict_they_pack():
+    metrics = {"n": mm.Sum(jnp.float32(3.0)), "top": mm.Max(jnp.float32(7.0))}
+    packed = PackedMetrics.pack(metrics)
+    assert list(packed) == ["n", "top"] and len(packed) == 2 and "top" in packed
+    assert "loss" not in packed
+    assert float(packed["top"].compute()) == 7.0
+    assert {k: float(m.compute()) for k, m in packed.items()} == {"n": 3.0, "top": 7.0}
+    assert [type(m) for m in packed.values()] == [mm.Sum, mm.Max]
+    assert_same_metrics(dict(packed), metrics)
+    host = jax.device_get(packed)  # numpy buffers read the same way
+    assert float(host["n"].compute()) == 3.0
+    with pytest.raises(KeyError, match=r"'loss': not a metric of this PackedMetrics \(keys"):
+        packed["loss"]
+
+    @jax.jit
+    def total(running):  # inside jit, a read is static slices of the buffers
+        return running["n"].compute() + running["top"].compute()
+
+    assert float(total(packed)) == 10.0
+
+
+def test_a_vmapped_window_is_refused_with_the_fix_not_misread():
+    def first_step(x):  # e.g. an ensemble's step under jax.vmap: packed per member
+        return merge_metrics(None, {"s": mm.Sum(x.sum()), "top": mm.Max.from_model_output(x)})
+
+    packed = jax.jit(jax.vmap(first_step))(jnp.arange(6.0).reshape(3, 2))
+    assert [b.shape for b in packed.buffers] == [(3, 2)]  # the member axis in front
+    member = jax.tree.map(lambda b: b[1], packed)
+    assert (float(member["s"].compute()), float(member["top"].compute())) == (5.0, 3.0)
+    with pytest.raises(ValueError, match=r"buffer 0 \(float32\) has shape \(3, 2\), expected"):
+        packed["s"]
+    with pytest.raises(ValueError, match=r"b\[i\], packed\), or merge inside vmap with pack"):
+        packed.unpack()
 
 
 def _error(a, b):
