@@ -4,7 +4,8 @@ The README's loop shape (a jitted step merging 20 scalar metrics, a summary ever
 the default writers to a temporary directory) runs with the guard off and on, interleaved;
 the guard looks at each summary's scalars on the manager's worker, so the loop should not
 see it. A row is the median wall time of a loop over the rounds, with the ratio to the
-guard-off loop of the same round (median and min-max over rounds).
+guard-off loop of the same round (median and min-max over rounds); the two alternate
+which runs first.
 
 Run alone: `python -m benchmarks.guard_overhead [--quick]`.
 """
@@ -57,10 +58,12 @@ def one_loop(nonfinite: str, steps: int, every: int = 10) -> float:
 
 
 def run(quick: bool = False) -> common.Table:
-    steps, rounds = (500, 3) if quick else (2000, 7)
+    # One loop's ratio varies by about +-10% on 2 busy cores; the median of 21 rounds moves
+    # by about 1.5%, so a 5% regression shows (7 rounds read 0.99x-1.05x on one commit).
+    steps, rounds = (500, 3) if quick else (2000, 21)
     times: dict[str, list[float]] = {"ignore": [], "stop": []}
-    for _ in range(rounds):
-        for mode in times:
+    for i in range(rounds):
+        for mode in sorted(times, reverse=bool(i % 2)):  # alternate which goes first
             times[mode].append(one_loop(mode, steps))
     ratios = [on / off for on, off in zip(times["stop"], times["ignore"], strict=True)]
     table = common.Table(
