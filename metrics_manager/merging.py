@@ -5,9 +5,9 @@ the compiled step, so there is no per-metric host work or device-to-host copy be
 (T5X merged on the host after every step).
 
 Each summary window starts from `running=None`, not from `empty()`: jit compiles a second
-variant in which `merge_metrics(None, metrics)` is `metrics`, whereas `empty()` cannot know the
-shape of an array-valued metric (metrax's `AUCROC`, a `Sum` of a vector), and the buffers handed
-to the summary are never donated again::
+variant in which `merge_metrics(None, metrics)` is `metrics` (packed: one buffer per dtype),
+whereas `empty()` cannot know the shape of an array-valued metric (metrax's `AUCROC`, a `Sum`
+of a vector), and the buffers handed to the summary are never donated again::
 
     for step in range(start, end):
         state, running = train_step(state, running, next(batches))  # see merge_metrics's example
