@@ -553,7 +553,7 @@ def summary_breakdown(loops: Loops, calls: int = 200) -> dict[str, float]:
         set_step_metrics_num_steps,
         set_time_metrics_duration,
     )
-    from metrics_manager.manager import _to_host as device_get_batched  # noqa: PLC0415
+    from metrics_manager.summary import to_host as device_get_batched  # noqa: PLC0415
 
     _, metrics = loops.step_t5x(loops.fresh_params(), loops.batch)
     _, packed = loops.step_library(loops.fresh_params(), None, loops.batch)

@@ -9,19 +9,19 @@
 
 One linear host pipeline: the caller's thread checks every argument once (a bad input raises
 at the call, naming the key and the fix) and queues a job; one ordered worker thread
-(`writers._worker.OrderedWorker`) times the window, copies the metrics to the host in one
-transfer, computes the values and hands them to each writer in turn. Writers are plain
-synchronous backends; the manager's per-writer fan-out isolates them. What each fault costs
-(a raising or hung writer, a failing metric, SIGTERM, SIGKILL) is in the README's "Failure
-modes".
+(`writers._worker.OrderedWorker`) times the window, computes the summary
+(`summary.Summarizer`: one host copy, the values, the writers' calls) and hands it to each
+writer in turn. Writers are plain synchronous backends, isolated by the per-writer fan-out
+(`isolation.Fanout`), which keeps every failure in one collector (`isolation.Failures`).
+This module is the T5X-shaped facade over them, plus the signal handler. What each fault
+costs (a raising or hung writer, a failing metric, SIGTERM, SIGKILL) is in the README's
+"Failure modes".
 
 Host-side module: never import it from code traced by jit.
 """
 
 import atexit
-import collections
 import concurrent.futures
-import dataclasses
 import functools
 import inspect
 import logging
@@ -36,7 +36,6 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-import clu.metrics as clu_metrics
 import clu.values
 import jax
 import numpy as np
@@ -47,11 +46,12 @@ import writers
 from metrics_manager import metrics as metrics_lib
 from metrics_manager import timer
 from metrics_manager.flops import perf_values
+from metrics_manager.isolation import Failure, Failures, Fanout, MetricsManagerError
 from metrics_manager.nnx import as_summary_metrics
 from metrics_manager.packing import PackedMetrics
+from metrics_manager.summary import Summarizer
 from metrics_manager.system import SystemMonitor
 from writers import _checks
-from writers import values as values_lib
 from writers._base import close_at_exit
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
@@ -62,38 +62,6 @@ WriterFactory = Callable[..., Any]
 
 _LOG = logging.getLogger(__name__)
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
-
-
-class MetricsManagerError(RuntimeError):
-    """A background job of a `MetricsManager` failed; the message names the writer or metric."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Failure:
-    """One background failure: where (`source`), at which step, for which keys, and why."""
-
-    source: str  # "writer:<name>", "metric:<key>", "summary" or "nonfinite"
-    step: int | None
-    keys: tuple[str, ...]
-    error: BaseException
-
-    def __str__(self) -> str:
-        at = "" if self.step is None else f" at step {self.step}"
-        keys = f" (keys {', '.join(self.keys[:5])}{', ...' if len(self.keys) > 5 else ''})"
-        return f"{self.source}{at}{keys if self.keys else ''}: {type(self.error).__name__}: {self.error}"
-
-
-@dataclasses.dataclass(slots=True)
-class _WriterState:
-    writer: Any
-    failures: int = 0
-    in_a_row: int = 0
-    quarantined: str | None = None  # why, while quarantined
-    retry_at: float = 0.0  # monotonic time when a quarantined writer is tried again
-    skipped: int = 0  # write calls skipped while quarantined
-    busy: bool = False  # a call is inside the writer (an abandoned one, after a deadline)
-
-
 _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: set[str | None] = set()  # summary dirs held by open managers of this process
 _DIRS_LOCK = threading.Lock()
@@ -225,47 +193,56 @@ class MetricsManager:
         self.summary_dir = (
             None if summary_dir is None else os.path.join(os.fspath(summary_dir), name)
         )
-        self.on_error = on_error
-        self.nonfinite = nonfinite
+        self._on_error, self._nonfinite = on_error, nonfinite
         self._clock: timer.Clock = clock or time.perf_counter
-        self._deadline = writer_deadline_s
-        self._max_failures = max_writer_failures
-        self._quarantine_s = math.inf if quarantine_s is None else quarantine_s
-        self._perf = None
-        if flops_per_step is not None:
-            peak = peak_flops_per_device
-            self._perf = functools.partial(perf_values, flops_per_step, peak_flops_per_device=peak)
-        self._lock = threading.Lock()
-        self._failures: collections.deque[Failure] = collections.deque(maxlen=1000)
-        self._failure_count = 0
-        self._fatal: Failure | None = None
-        self._nonfinite_warned: set[str] = set()
-        self._int32_warned: set[str] = set()
+        self._failures = Failures(f"MetricsManager {name!r}", raise_all=on_error == "raise")
         self._closed = False
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
         self._last_step: int | None = None
         self._warned_order = False
-        self._writers: dict[str, _WriterState] = {}
         self._reserved: frozenset[str] = frozenset()
         self._keys_checked: tuple[Any, ...] = ()
         self._dir: str | None = None
         self._made: Any = None
         self._monitor: Any = None
-        self._system_interval = system_interval_s
-        self._system_next = -math.inf  # when the next system/* sample is due
+        named: dict[str, Any] = {}
         self._pid = os.getpid()  # a forked child (a data-loader worker) has no worker thread
         if jax.process_index() == 0:
             self._claim_dir()
             try:
-                self._build_writers(writer_factory or writers.create_default_writer, resume_step)
+                named = self._build_writers(
+                    writer_factory or writers.create_default_writer, resume_step
+                )
             except BaseException:
                 self._release_dir()
                 raise
             if system_metrics:
                 self._monitor = SystemMonitor(interval_s=None)
+        self._fanout = Fanout(
+            named,
+            self._failures,
+            deadline_s=writer_deadline_s,
+            max_failures=max_writer_failures,
+            quarantine_s=math.inf if quarantine_s is None else quarantine_s,
+            fail_summary=on_error == "raise",
+        )
+        perf = None
+        if flops_per_step is not None:
+            perf = functools.partial(
+                perf_values, flops_per_step, peak_flops_per_device=peak_flops_per_device
+            )
+        self._summarizer = Summarizer(
+            self._failures,
+            nonfinite=nonfinite,
+            perf=perf,
+            monitor=self._monitor,
+            system_interval_s=system_interval_s,
+        )
         self._worker = OrderedWorker(
-            f"MetricsManager[{name}]", max_pending=max_pending, on_stuck=self._stuck
+            f"MetricsManager[{name}]",
+            max_pending=max_pending,
+            on_stuck=lambda label, _: self._fanout.stuck(label, self._worker.cap),
         )
         _OPEN.add(self)
         # Registered after the writers' own hooks, so it runs first (atexit is LIFO): a manager
@@ -279,14 +256,24 @@ class MetricsManager:
                     signal.signal(signum, _on_signal)
 
     @property
+    def on_error(self) -> str:
+        """The `on_error` policy, fixed at construction."""
+        return self._on_error
+
+    @property
+    def nonfinite(self) -> str:
+        """The `nonfinite` policy, fixed at construction."""
+        return self._nonfinite
+
+    @property
     def writes(self) -> bool:
         """Whether this process writes (only `jax.process_index() == 0` does)."""
-        return bool(self._writers)
+        return bool(self._fanout.states)
 
     @property
     def writers(self) -> dict[str, Any]:
         """The writers by name (empty on processes that do not write)."""
-        return {n: s.writer for n, s in self._writers.items()}
+        return {n: s.writer for n, s in self._fanout.states.items()}
 
     @property
     def writer(self) -> Any:
@@ -301,25 +288,13 @@ class MetricsManager:
     @property
     def errors(self) -> list[Failure]:
         """Background failures so far, oldest first (the last 1,000)."""
-        with self._lock:
-            return list(self._failures)
+        return self._failures.recent()
 
     def health(self) -> dict[str, Any]:
         """Per writer: failures, why it is quarantined (or None), the writes skipped meanwhile,
         and why its timed flush is failing (or None: an upload or tracker send retried while
         storage is down, the values kept in memory); and the total failure count."""
-        return {
-            "failures": self._failure_count,
-            "writers": {
-                n: {
-                    "failures": s.failures,
-                    "quarantined": s.quarantined,
-                    "skipped": s.skipped,
-                    "flush_failure": getattr(s.writer, "flush_failure", None),
-                }
-                for n, s in self._writers.items()
-            },
-        }
+        return {"failures": self._failures.count, "writers": self._fanout.health()}
 
     def start_duration_timer(self, block_on: Any = ()) -> None:
         """Opens a summary window that starts when `block_on` (the train state) is ready.
@@ -378,14 +353,18 @@ class MetricsManager:
             try:
                 end = _ready_time(block_on, called, self._clock)
                 duration = None if not window or start is None else max(end - start, 1e-9)
-                job.result = summary = self._summarize(metrics, ready, step, num_steps, duration)
-                job.state["calls"] = self._writer_calls(step, summary)
+                summary = self._summarizer.values(metrics, ready, step, num_steps, duration)
+                job.result, job.state["calls"] = summary, self._summarizer.calls(step, summary)
             except Exception as err:
-                self._record(Failure("summary", step, keys, err))
+                self._failures.record(Failure("summary", step, keys, err))
                 raise
 
         return self._worker.submit(
-            [("summary", prepare, None), *self._fan_out(step, None), ("result", self._result, None)]
+            [
+                ("summary", prepare, None),
+                *self._fanout.pieces(step, None),
+                ("result", self._result, None),
+            ]
         )
 
     def write_scalar(self, key: str, val: Any, step: int) -> None:
@@ -412,7 +391,7 @@ class MetricsManager:
         """
         self._check_usable("flush")
         self._to_all("flush", timeout)
-        self._raise_if_fatal()
+        self._failures.raise_fatal()
 
     def close(self) -> None:
         """Finishes queued work, closes every writer and stops the worker; idempotent.
@@ -437,14 +416,14 @@ class MetricsManager:
             if self._monitor is not None:
                 self._monitor.close()
             self._release_dir()
-        if self._failure_count:
+        if self._failures.count:
             _LOG.warning(
                 "MetricsManager %r closed after %d background failure(s); last: %s",
                 self.name,
-                self._failure_count,
-                self._failures[-1],
+                self._failures.count,
+                self._failures.recent()[-1],
             )
-        self._raise_if_fatal()
+        self._failures.raise_fatal()
 
     def __enter__(self) -> "MetricsManager":
         return self
@@ -463,10 +442,10 @@ class MetricsManager:
             exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")  # keep exc
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("failed" if self._fatal else "open")
+        state = "closed" if self._closed else ("failed" if self._failures.fatal else "open")
         return f"MetricsManager(name={self.name!r}, summary_dir={self.summary_dir!r}, {state})"
 
-    def _build_writers(self, factory: WriterFactory, resume_step: int | None) -> None:
+    def _build_writers(self, factory: WriterFactory, resume_step: int | None) -> dict[str, Any]:
         try:
             parameters = inspect.signature(factory).parameters
         except (TypeError, ValueError):
@@ -495,10 +474,10 @@ class MetricsManager:
                     f"which lacks {', '.join(missing)}; return a writers.MetricWriter (e.g. "
                     "writers.create_default_writer(logdir))."
                 )
-        self._writers = {n: _WriterState(w) for n, w in named.items()}
         self._reserved = frozenset(
             k for w in named.values() for k in getattr(w, "reserved_keys", ())
         )
+        return named
 
     def _claim_dir(self) -> None:
         if self.summary_dir is None:
@@ -530,15 +509,7 @@ class MetricsManager:
                 "grad, scan, ...): it would run once, at trace time, with tracers instead of "
                 "values. Return the metrics from the step and call it from the Python loop."
             )
-        self._raise_if_fatal()
-
-    def _raise_if_fatal(self) -> None:
-        fatal = self._fatal
-        if fatal is not None:
-            self._fatal = None  # raised once; later calls go on (errors keeps it)
-            raise MetricsManagerError(
-                f"MetricsManager {self.name!r}: background failure: {fatal}"
-            ) from fatal.error
+        self._failures.raise_fatal()
 
     def _check_order(self, step: int) -> None:
         last, self._last_step = self._last_step, step
@@ -551,91 +522,6 @@ class MetricsManager:
                 step,
                 last,
             )
-
-    def _record(self, failure: Failure, *, fatal: bool = False) -> None:
-        with self._lock:
-            self._failures.append(failure)
-            self._failure_count += 1
-            if (fatal or self.on_error == "raise") and self._fatal is None:
-                self._fatal = failure
-        _LOG.error("MetricsManager %r: %s", self.name, failure)
-
-    def _fan_out(
-        self, step: int | None, calls: list[Any] | None, *, closing: bool = False
-    ) -> list[Any]:
-        """One isolated piece per writer; `calls` None: those the summary left in `job.state`."""
-        pieces, writes = [], calls is None or calls[0][0].startswith("write")
-        for writer_name, state in self._writers.items():
-
-            def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
-                if state.quarantined and (
-                    state.busy or not (closing or time.monotonic() >= state.retry_at)
-                ):
-                    state.skipped += writes
-                    return
-                state.busy, started = True, time.monotonic()
-                try:
-                    for method, kwargs in job.state.get("calls", ()) if calls is None else calls:
-                        try:
-                            if method == "write_hparams" or step is None:
-                                getattr(state.writer, method)(**kwargs)
-                            else:
-                                getattr(state.writer, method)(step=step, **kwargs)
-                        # SystemExit too: from this thread it cannot end the process, only
-                        # the job, and with it the writers after this one.
-                        except (Exception, SystemExit) as err:  # noqa: BLE001  (isolated)
-                            keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
-                            failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)
-                            self._writer_failed(name, state, failure, job)
-                            return
-                finally:
-                    state.busy = False
-                if state.quarantined and state.retry_at <= started:  # a retry went through
-                    _LOG.warning(
-                        "MetricsManager %r: writer %r is back (quarantined: %s; %d writes skipped)",
-                        self.name,
-                        name,
-                        state.quarantined,
-                        state.skipped,
-                    )
-                    state.quarantined = None
-                state.in_a_row = 0
-
-            pieces.append((f"writer {writer_name!r}", call, self._deadline))
-        return pieces
-
-    def _writer_failed(self, name: str, state: _WriterState, failure: Failure, job: Job) -> None:
-        state.failures += 1
-        state.in_a_row += 1
-        self._record(failure)
-        if self.on_error == "raise":
-            job.state.setdefault("failure", failure)
-        if state.in_a_row >= self._max_failures:
-            state.retry_at = time.monotonic() + self._quarantine_s
-            if not state.quarantined:
-                state.quarantined = f"{state.in_a_row} failures in a row"
-                _LOG.error(
-                    "MetricsManager %r: writer %r quarantined after %d failures in a row; "
-                    "the other writers go on (%s)",
-                    self.name,
-                    name,
-                    state.in_a_row,
-                    f"tried again in {self._quarantine_s:g} s"
-                    if math.isfinite(self._quarantine_s)
-                    else "for good: quarantine_s=None",
-                )
-
-    def _stuck(self, label: str, job: Job) -> None:
-        name = label.removeprefix("writer ").strip("'")
-        if name in self._writers:
-            state = self._writers[name]
-            state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
-            state.failures += 1
-        limit = f"writer_deadline_s={self._deadline}"
-        if self._worker.cap is not None and self._worker.cap < (self._deadline or math.inf):
-            limit = f"{self._worker.cap} s, the bound while flushing on a signal"
-        err = TimeoutError(f"{label} ran past {limit}: quarantined")
-        self._record(Failure(f"writer:{name}", None, (), err))
 
     def _result(self, job: Job) -> None:
         failure = job.state.get("failure")
@@ -667,81 +553,14 @@ class MetricsManager:
                     f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars"
                 )
         problems.raise_if_any()
-        if self._writers:
+        if self._fanout.states:
             checked = values if arg == "hparams" else _checks.Checked(values)
-            self._worker.post(self._fan_out(step, [(f"write_{arg}", {arg: checked})]))
+            self._worker.post(self._fanout.pieces(step, [(f"write_{arg}", {arg: checked})]))
 
     def _to_all(self, method: str, timeout: float | None) -> None:
-        self._worker.post(self._fan_out(None, [(method, {})], closing=method == "close"))
+        self._worker.post(self._fanout.pieces(None, [(method, {})], closing=method == "close"))
         if not self._worker.drain(timeout):
             raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
-
-    def _summarize(
-        self,
-        metrics: Mapping[str, Any] | PackedMetrics,
-        ready: dict[str, Any],
-        step: int,
-        num_steps: int,
-        duration: float | None,
-    ) -> dict[str, clu.values.Value]:
-        near_limit: list[str] = []
-        host = _to_host(metrics, near_limit)
-        if set(near_limit) - self._int32_warned:
-            self._int32_warned.update(near_limit)
-            _LOG.warning(
-                "MetricsManager %r: at step %d the int32 accumulators of %s are past 2**30 and "
-                "wrap silently at 2**31; accumulate in float32 (jnp.sum(x, dtype=jnp.float32)), "
-                "write summaries more often, or enable jax_enable_x64.",
-                self.name,
-                step,
-                sorted(near_limit),
-            )
-        if duration is None and (timed := sorted(k for k, m in host.items() if _has_time(m))):
-            raise MetricsManagerError(
-                f"summary at step {step} (MetricsManager {self.name!r}): metrics {timed} "
-                "measure time, but no window was open: call "
-                "manager.start_duration_timer(block_on=state) at the start of every window."
-            )
-
-        def failed(key: str, err: Exception) -> None:
-            self._record(Failure(f"metric:{key}", step, (key,), err))
-
-        summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}
-        if self._perf is not None and duration is not None:
-            summary |= self._perf(num_steps, duration, num_devices=jax.device_count())
-        if self._monitor is not None and time.monotonic() >= self._system_next:
-            self._system_next = time.monotonic() + self._system_interval
-            summary |= self._monitor.window_values()
-        return summary
-
-    def _writer_calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
-        skipped: dict[str, str] = {}
-        calls = writers.group_values(summary, skipped)
-        for key, what in skipped.items():  # that key is lost, not the summary
-            unwritable = TypeError(values_lib.unsupported_message({key: what}))
-            self._record(Failure(f"metric:{key}", step, (key,), unwritable))
-        bad: list[str] = []
-        for method, kwargs in calls:
-            if method == "write_scalars":
-                scalars = _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
-                kwargs["scalars"] = _checks.Checked(scalars)
-                if self.nonfinite != "ignore":
-                    bad += [
-                        k for k, v in scalars.items() if type(v) is float and not math.isfinite(v)
-                    ]
-        bad.sort()
-        if bad and self.nonfinite == "stop":
-            err = FloatingPointError(
-                f"non-finite values in the summary window ending at step {step} for keys "
-                f"{bad}; the run was stopped by nonfinite='stop'"
-            )
-            self._record(Failure("nonfinite", step, tuple(bad), err), fatal=True)
-        elif set(bad) - self._nonfinite_warned:
-            self._nonfinite_warned.update(bad)
-            _LOG.warning(
-                "MetricsManager %r: non-finite values at step %d for %s", self.name, step, bad
-            )
-        return calls
 
 
 class _Problems(Problems):
@@ -816,59 +635,6 @@ def _ready_time(tree: Any, called: float, clock: timer.Clock) -> float:
 
 # True outside any JAX trace; ~0.3 us (a tree walk for tracers would cost more per summary).
 _trace_state_clean: Callable[[], bool] = getattr(_jax_core, "trace_state_clean", lambda: True)
-_pack = jax.jit(PackedMetrics.pack)
-_INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
-
-
-def _to_host(
-    metrics: Mapping[str, Any] | PackedMetrics, near_limit: list[str] | None = None
-) -> dict[str, Any]:
-    """NumPy copies, in one transfer; keys with an int32 leaf past 2**30 go to `near_limit`."""
-    if not metrics:
-        return {}
-    packed = metrics if isinstance(metrics, PackedMetrics) else _pack(metrics)
-    deleted = [
-        f"buffer {i} ({b.dtype}[{b.size}])"
-        for i, b in enumerate(packed.buffers)
-        if isinstance(b, jax.Array) and b.is_deleted()
-    ]
-    if deleted:
-        raise ValueError(
-            f"Cannot copy the metrics {packed.keys()} to the host: {', '.join(deleted)} was "
-            "deleted (donated to a later computation). Do not donate metrics passed to "
-            "write_metrics_summary (or pass a copy)."
-        )
-    host_buffers = _fetch(packed.buffers)
-    host = packed.unpack_host(host_buffers)
-    if near_limit is not None and any(_near_int32_limit(b) for b in host_buffers):
-        near_limit += [
-            k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
-        ]
-    return host
-
-
-def _fetch(buffers: tuple[Any, ...]) -> list[np.ndarray]:
-    """`jax.device_get(buffers)` (transfer guards allowing it too), less its async copy of
-    buffers already in host memory: on CPU that copy cost ~40 us a summary, the read ~2 us."""
-    with jax.transfer_guard_device_to_host("allow"):
-        for b in buffers:
-            if isinstance(b, jax.Array) and {d.platform for d in b.devices()} != {"cpu"}:
-                b.copy_to_host_async()  # start every transfer before waiting on the first
-        return [np.asarray(b) for b in buffers]
-
-
-def _near_int32_limit(array: Any) -> bool:
-    return (
-        getattr(array, "dtype", None) == np.int32
-        and array.size > 0
-        and (array.max() >= _INT32_NEAR or array.min() <= -_INT32_NEAR)
-    )
-
-
-def _has_time(metric: Any) -> bool:
-    if isinstance(metric, clu_metrics.Collection):
-        return any(_has_time(m) for m in vars(metric).values())
-    return metrics_lib.is_time_metric(metric)
 
 
 def _signals_to_handle() -> tuple[int, ...]:

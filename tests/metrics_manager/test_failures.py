@@ -123,6 +123,17 @@ def test_a_raising_writer_stops_the_loop_with_a_clear_error_under_raise(tmp_path
     assert written == list(range(1, len(written) + 1)) and written  # the others kept theirs
 
 
+def test_the_error_policies_are_fixed_at_construction(tmp_path):
+    """Setting one later would change nothing (the worker holds it): it is refused instead."""
+    with MetricsManager("train", tmp_path, writer_factory=isolated_factory) as manager:
+        for attr in ("on_error", "nonfinite"):
+            with pytest.raises(AttributeError):
+                setattr(manager, attr, "raise")
+        assert (manager.on_error, manager.nonfinite) == ("warn", "warn")
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 1, 1).result()
+    assert [e.source for e in manager.errors] == ["writer:broken"]  # warned, not raised
+
+
 def test_a_full_disk_under_one_writer_costs_the_others_nothing(tmp_path):
     # A real ENOSPC from the kernel: /dev/full refuses every write with "No space left".
     def factory(logdir):

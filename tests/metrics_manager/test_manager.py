@@ -145,13 +145,13 @@ def test_t5x_case_through_a_packed_accumulator_matches_the_dict_path():
 
 
 def test_packed_metrics_are_copied_in_one_fetch_without_dispatch(monkeypatch):
-    from metrics_manager import manager as manager_lib
+    from metrics_manager import summary as summary_lib
 
     packed = merge_metrics(None, t5x_metrics(), pack=True)
     fetches: list[Any] = []
-    real_fetch = manager_lib._fetch
-    monkeypatch.setattr(manager_lib, "_fetch", lambda x: fetches.append(x) or real_fetch(x))
-    monkeypatch.setattr(manager_lib, "_pack", None)  # a PackedMetrics needs no pack dispatch
+    real_fetch = summary_lib._fetch
+    monkeypatch.setattr(summary_lib, "_fetch", lambda x: fetches.append(x) or real_fetch(x))
+    monkeypatch.setattr(summary_lib, "_pack", None)  # a PackedMetrics needs no pack dispatch
     with make() as manager:
         manager.start_duration_timer()
         summary = manager.write_metrics_summary(packed, step=4, num_steps=2).result()
@@ -160,7 +160,7 @@ def test_packed_metrics_are_copied_in_one_fetch_without_dispatch(monkeypatch):
 
 
 def test_fetch_reads_cpu_buffers_like_device_get():
-    from metrics_manager.manager import _fetch
+    from metrics_manager.summary import _fetch
 
     buffers = (jnp.arange(5, dtype=jnp.float32) * 1.5, jnp.arange(3, dtype=jnp.int32))
     host = _fetch(buffers)

@@ -1,0 +1,214 @@
+"""What keeps one fault from costing the rest: the error collector and the per-writer fan-out.
+
+`Failures` is the one place a `MetricsManager` keeps background failures (a writer's call, a
+metric's `compute_value()`, a whole summary); `Fanout` turns a write into one
+`OrderedWorker` piece per writer, each failing alone:
+
+* a failed call is logged at once (writer, step, keys) and kept in `Failures`;
+* `max_failures` failed calls in a row quarantine the writer; it is tried again every
+  `quarantine_s` until a call goes through, which ends the quarantine;
+* a call past its deadline is abandoned by the worker (`stuck`): the writer is quarantined
+  as hung and never called while that call is still inside it.
+
+Host-side module: never import it from code traced by jit.
+"""
+
+import collections
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from writers._worker import Job, Piece
+
+_LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
+
+
+class MetricsManagerError(RuntimeError):
+    """A background job of a `MetricsManager` failed; the message names the writer or metric."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """One background failure: where (`source`), at which step, for which keys, and why."""
+
+    source: str  # "writer:<name>", "metric:<key>", "summary" or "nonfinite"
+    step: int | None
+    keys: tuple[str, ...]
+    error: BaseException
+
+    def __str__(self) -> str:
+        at = "" if self.step is None else f" at step {self.step}"
+        keys = f" (keys {', '.join(self.keys[:5])}{', ...' if len(self.keys) > 5 else ''})"
+        return f"{self.source}{at}{keys if self.keys else ''}: {type(self.error).__name__}: {self.error}"
+
+
+class Failures:
+    """The failures of one manager: the last 1,000, their count, and the one to raise next.
+
+    Args:
+      owner: how log lines name the manager, e.g. "MetricsManager 'train'".
+      raise_all: every failure is fatal (`on_error="raise"`), not only those recorded so.
+    """
+
+    def __init__(self, owner: str, raise_all: bool) -> None:
+        self.owner = owner
+        self._raise_all = raise_all
+        self._lock = threading.Lock()
+        self._recent: collections.deque[Failure] = collections.deque(maxlen=1000)
+        self.count = 0
+        self.fatal: Failure | None = None  # to raise at the next call, once
+
+    def record(self, failure: Failure, *, fatal: bool = False) -> None:
+        with self._lock:
+            self._recent.append(failure)
+            self.count += 1
+            if (fatal or self._raise_all) and self.fatal is None:
+                self.fatal = failure
+        _LOG.error("%s: %s", self.owner, failure)
+
+    def recent(self) -> list[Failure]:
+        with self._lock:
+            return list(self._recent)
+
+    def raise_fatal(self) -> None:
+        """Raises `MetricsManagerError` for the fatal failure, once (`recent` keeps it)."""
+        fatal, self.fatal = self.fatal, None
+        if fatal is not None:
+            raise MetricsManagerError(f"{self.owner}: background failure: {fatal}") from fatal.error
+
+
+@dataclasses.dataclass(slots=True)
+class _WriterState:
+    writer: Any
+    failures: int = 0
+    in_a_row: int = 0
+    quarantined: str | None = None  # why, while quarantined
+    retry_at: float = 0.0  # monotonic time when a quarantined writer is tried again
+    skipped: int = 0  # write calls skipped while quarantined
+    busy: bool = False  # a call is inside the writer (an abandoned one, after a deadline)
+
+
+class Fanout:
+    """A manager's writers by name, each called in its own piece and failing alone.
+
+    Args:
+      writers: name -> synchronous writer.
+      failures: where failures go.
+      deadline_s: a piece's deadline (None: none).
+      max_failures: failed calls in a row that quarantine a writer.
+      quarantine_s: how long a quarantined writer stays out before a retry (inf: for good).
+      fail_summary: a failed write also fails the summary's future (`on_error="raise"`).
+    """
+
+    def __init__(
+        self,
+        writers: Mapping[str, Any],
+        failures: Failures,
+        *,
+        deadline_s: float | None,
+        max_failures: int,
+        quarantine_s: float,
+        fail_summary: bool,
+    ) -> None:
+        self.states = {n: _WriterState(w) for n, w in writers.items()}
+        self._failures = failures
+        self.deadline_s = deadline_s
+        self._max_failures = max_failures
+        self._quarantine_s = quarantine_s
+        self._fail_summary = fail_summary
+
+    def health(self) -> dict[str, dict[str, Any]]:
+        return {
+            n: {
+                "failures": s.failures,
+                "quarantined": s.quarantined,
+                "skipped": s.skipped,
+                "flush_failure": getattr(s.writer, "flush_failure", None),
+            }
+            for n, s in self.states.items()
+        }
+
+    def pieces(
+        self, step: int | None, calls: list[Any] | None, *, closing: bool = False
+    ) -> list[Piece]:
+        """One isolated piece per writer making `calls` (`(method, kwargs)` pairs; None: those
+        a summary left in `job.state["calls"]`), at `step` unless None or `write_hparams`.
+        `closing`: a quarantined writer is called anyway, unless a call is still inside it."""
+        pieces: list[Piece] = []
+        writes = calls is None or calls[0][0].startswith("write")
+        for writer_name, state in self.states.items():
+
+            def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
+                if state.quarantined and (
+                    state.busy or not (closing or time.monotonic() >= state.retry_at)
+                ):
+                    state.skipped += writes
+                    return
+                state.busy, started = True, time.monotonic()
+                try:
+                    for method, kwargs in job.state.get("calls", ()) if calls is None else calls:
+                        try:
+                            if method == "write_hparams" or step is None:
+                                getattr(state.writer, method)(**kwargs)
+                            else:
+                                getattr(state.writer, method)(step=step, **kwargs)
+                        # SystemExit too: from this thread it cannot end the process, only
+                        # the job, and with it the writers after this one.
+                        except (Exception, SystemExit) as err:  # noqa: BLE001  (isolated)
+                            keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
+                            failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)
+                            self._failed(name, state, failure, job)
+                            return
+                finally:
+                    state.busy = False
+                if state.quarantined and state.retry_at <= started:  # a retry went through
+                    _LOG.warning(
+                        "%s: writer %r is back (quarantined: %s; %d writes skipped)",
+                        self._failures.owner,
+                        name,
+                        state.quarantined,
+                        state.skipped,
+                    )
+                    state.quarantined = None
+                state.in_a_row = 0
+
+            pieces.append((f"writer {writer_name!r}", call, self.deadline_s))
+        return pieces
+
+    def stuck(self, label: str, cap_s: float | None) -> None:
+        """The worker abandoned `label`'s piece past its deadline (or `cap_s`, if lower)."""
+        name = label.removeprefix("writer ").strip("'")
+        if name in self.states:
+            state = self.states[name]
+            state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
+            state.failures += 1
+        limit = f"writer_deadline_s={self.deadline_s}"
+        if cap_s is not None and cap_s < (self.deadline_s or math.inf):
+            limit = f"{cap_s} s, the bound while flushing on a signal"
+        err = TimeoutError(f"{label} ran past {limit}: quarantined")
+        self._failures.record(Failure(f"writer:{name}", None, (), err))
+
+    def _failed(self, name: str, state: _WriterState, failure: Failure, job: Job) -> None:
+        state.failures += 1
+        state.in_a_row += 1
+        self._failures.record(failure)
+        if self._fail_summary:
+            job.state.setdefault("failure", failure)
+        if state.in_a_row >= self._max_failures:
+            state.retry_at = time.monotonic() + self._quarantine_s
+            if not state.quarantined:
+                state.quarantined = f"{state.in_a_row} failures in a row"
+                _LOG.error(
+                    "%s: writer %r quarantined after %d failures in a row; "
+                    "the other writers go on (%s)",
+                    self._failures.owner,
+                    name,
+                    state.in_a_row,
+                    f"tried again in {self._quarantine_s:g} s"
+                    if math.isfinite(self._quarantine_s)
+                    else "for good: quarantine_s=None",
+                )

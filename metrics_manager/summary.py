@@ -1,0 +1,178 @@
+"""One summary on the host: copied in one transfer, computed, checked, grouped per writer method.
+
+A `MetricsManager`'s worker runs `Summarizer.values` (metrics -> `clu.values.Value`s, with
+`perf/*` and `system/*`), then `Summarizer.calls` (values -> the writers' calls). A metric
+that fails, or gives a value no writer takes, costs its key, not the summary.
+
+Host-side module: never import it from code traced by jit.
+"""
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import clu.metrics as clu_metrics
+import clu.values
+import jax
+import numpy as np
+
+import writers
+from metrics_manager import metrics as metrics_lib
+from metrics_manager.isolation import Failure, Failures, MetricsManagerError
+from metrics_manager.packing import PackedMetrics
+from writers import _checks
+from writers import values as values_lib
+
+_LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
+_pack = jax.jit(PackedMetrics.pack)
+_INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
+
+
+class Summarizer:
+    """Computes a manager's summaries; warns once per key (int32 near its limit, non-finite).
+
+    Args:
+      failures: where a failing key or a non-finite stop goes.
+      nonfinite: "ignore", "warn" or "stop" (`MetricsManager`'s argument).
+      perf: `perf(num_steps, seconds, num_devices=...)` -> `perf/*` values, or None.
+      monitor: a `SystemMonitor` for `system/*`, sampled at most every `system_interval_s`.
+    """
+
+    def __init__(
+        self,
+        failures: Failures,
+        *,
+        nonfinite: Literal["ignore", "warn", "stop"],
+        perf: Callable[..., dict[str, float]] | None,
+        monitor: Any,
+        system_interval_s: float,
+    ) -> None:
+        self._failures = failures
+        self._nonfinite = nonfinite
+        self._perf = perf
+        self._monitor = monitor
+        self._system_interval = system_interval_s
+        self._system_next = -math.inf  # when the next system/* sample is due
+        self._nonfinite_warned: set[str] = set()
+        self._int32_warned: set[str] = set()
+
+    def values(
+        self,
+        metrics: Mapping[str, Any] | PackedMetrics,
+        ready: dict[str, Any],
+        step: int,
+        num_steps: int,
+        duration: float | None,
+    ) -> dict[str, clu.values.Value]:
+        """The summary: `ready` values and those of `metrics`, over a window of `duration` s."""
+        owner = self._failures.owner
+        near_limit: list[str] = []
+        host = to_host(metrics, near_limit)
+        if set(near_limit) - self._int32_warned:
+            self._int32_warned.update(near_limit)
+            _LOG.warning(
+                "%s: at step %d the int32 accumulators of %s are past 2**30 and "
+                "wrap silently at 2**31; accumulate in float32 (jnp.sum(x, dtype=jnp.float32)), "
+                "write summaries more often, or enable jax_enable_x64.",
+                owner,
+                step,
+                sorted(near_limit),
+            )
+        if duration is None and (timed := sorted(k for k, m in host.items() if _has_time(m))):
+            raise MetricsManagerError(
+                f"summary at step {step} ({owner}): metrics {timed} "
+                "measure time, but no window was open: call "
+                "manager.start_duration_timer(block_on=state) at the start of every window."
+            )
+
+        def failed(key: str, err: Exception) -> None:
+            self._failures.record(Failure(f"metric:{key}", step, (key,), err))
+
+        summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}
+        if self._perf is not None and duration is not None:
+            summary |= self._perf(num_steps, duration, num_devices=jax.device_count())
+        if self._monitor is not None and time.monotonic() >= self._system_next:
+            self._system_next = time.monotonic() + self._system_interval
+            summary |= self._monitor.window_values()
+        return summary
+
+    def calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
+        """The writers' `(method, kwargs)` calls for `summary`, scalars checked once for all."""
+        skipped: dict[str, str] = {}
+        calls = writers.group_values(summary, skipped)
+        for key, what in skipped.items():  # that key is lost, not the summary
+            unwritable = TypeError(values_lib.unsupported_message({key: what}))
+            self._failures.record(Failure(f"metric:{key}", step, (key,), unwritable))
+        bad: list[str] = []
+        for method, kwargs in calls:
+            if method == "write_scalars":
+                scalars = _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
+                kwargs["scalars"] = _checks.Checked(scalars)
+                if self._nonfinite != "ignore":
+                    bad += [
+                        k for k, v in scalars.items() if type(v) is float and not math.isfinite(v)
+                    ]
+        bad.sort()
+        if bad and self._nonfinite == "stop":
+            err = FloatingPointError(
+                f"non-finite values in the summary window ending at step {step} for keys "
+                f"{bad}; the run was stopped by nonfinite='stop'"
+            )
+            self._failures.record(Failure("nonfinite", step, tuple(bad), err), fatal=True)
+        elif set(bad) - self._nonfinite_warned:
+            self._nonfinite_warned.update(bad)
+            _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, bad)
+        return calls
+
+
+def to_host(
+    metrics: Mapping[str, Any] | PackedMetrics, near_limit: list[str] | None = None
+) -> dict[str, Any]:
+    """NumPy copies, in one transfer; keys with an int32 leaf past 2**30 go to `near_limit`."""
+    if not metrics:
+        return {}
+    packed = metrics if isinstance(metrics, PackedMetrics) else _pack(metrics)
+    deleted = [
+        f"buffer {i} ({b.dtype}[{b.size}])"
+        for i, b in enumerate(packed.buffers)
+        if isinstance(b, jax.Array) and b.is_deleted()
+    ]
+    if deleted:
+        raise ValueError(
+            f"Cannot copy the metrics {packed.keys()} to the host: {', '.join(deleted)} was "
+            "deleted (donated to a later computation). Do not donate metrics passed to "
+            "write_metrics_summary (or pass a copy)."
+        )
+    host_buffers = _fetch(packed.buffers)
+    host = packed.unpack_host(host_buffers)
+    if near_limit is not None and any(_near_int32_limit(b) for b in host_buffers):
+        near_limit += [
+            k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
+        ]
+    return host
+
+
+def _fetch(buffers: tuple[Any, ...]) -> list[np.ndarray]:
+    """`jax.device_get(buffers)` (transfer guards allowing it too), less its async copy of
+    buffers already in host memory: on CPU that copy cost ~40 us a summary, the read ~2 us."""
+    with jax.transfer_guard_device_to_host("allow"):
+        for b in buffers:
+            if isinstance(b, jax.Array) and {d.platform for d in b.devices()} != {"cpu"}:
+                b.copy_to_host_async()  # start every transfer before waiting on the first
+        return [np.asarray(b) for b in buffers]
+
+
+def _near_int32_limit(array: Any) -> bool:
+    return (
+        getattr(array, "dtype", None) == np.int32
+        and array.size > 0
+        and (array.max() >= _INT32_NEAR or array.min() <= -_INT32_NEAR)
+    )
+
+
+def _has_time(metric: Any) -> bool:
+    if isinstance(metric, clu_metrics.Collection):
+        return any(_has_time(m) for m in vars(metric).values())
+    return metrics_lib.is_time_metric(metric)
