@@ -3,13 +3,14 @@
 Device side (inside jit): metric types (classification metrics in
 `metrics_manager.classification`), merging, losses and base metrics.
 Flax NNX-style stateful metrics and NNX interop: `metrics_manager.nnx`.
-Host side: the duration timer, the background summary worker and the
-`MetricsManager` that sends values to pluggable `writers`, system metrics
-(`SystemMonitor`) and FLOPs/MFU (`step_flops`, `perf_values`).
+Host side: the `MetricsManager` facade that sends values to pluggable `writers`, behind
+it the duration timer, the summary computation (`summary`) and the writers' isolation
+(`isolation`); system metrics (`SystemMonitor`) and FLOPs/MFU (`step_flops`, `perf_values`).
 """
 
 from metrics_manager.classification import AUROC, FBeta, Perplexity, Precision, Recall, TopKAccuracy
 from metrics_manager.flops import peak_flops_per_device, perf_values, step_flops
+from metrics_manager.isolation import Failure, MetricsManagerError
 from metrics_manager.losses import (
     LOSS_NORMALIZING_FACTOR_KEY,
     SpecialLossNormalizingFactor,
@@ -23,7 +24,7 @@ from metrics_manager.losses import (
     get_loss_normalizing_factor_and_weights,
     with_loss_normalization,
 )
-from metrics_manager.manager import Failure, MetricsManager, MetricsManagerError
+from metrics_manager.manager import MetricsManager
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
 from metrics_manager.metrics import (
     AveragePerStep,
