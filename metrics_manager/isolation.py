@@ -76,8 +76,9 @@ class Failures:
 
     def raise_fatal(self) -> None:
         """Raises `MetricsManagerError` for the fatal failure, once (`recent` keeps it)."""
-        fatal, self.fatal = self.fatal, None
-        if fatal is not None:
+        fatal = self.fatal
+        if fatal is not None:  # cleared only then: `record` may set it meanwhile, unlocked here
+            self.fatal = None
             raise MetricsManagerError(f"{self.owner}: background failure: {fatal}") from fatal.error
 
 
