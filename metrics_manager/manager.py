@@ -368,11 +368,12 @@ class MetricsManager:
         )
 
     def write_scalar(self, key: str, val: Any, step: int) -> None:
-        """Writes one scalar at `step`, in call order (in the background)."""
+        """Writes one scalar at `step`, in call order (in the background), as `write_scalars`."""
         self._host_write("write_scalar", "scalars", step, {key: val})
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
-        """Writes host-side numbers at `step`, in call order; checked and converted now."""
+        """Writes numbers at `step`, in call order; checked now, and converted now unless a
+        device is still computing them (the worker reads those: the loop does not wait)."""
         self._host_write("write_scalars", "scalars", step, scalars)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
@@ -542,8 +543,10 @@ class MetricsManager:
             )
         values = dict(values) if isinstance(values, Mapping) else {}
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
+        unready: dict[str, Any] = {}  # device values still being computed: read by the worker
+        order: tuple[str, ...] = ()
         if arg == "scalars":
-            values = _checks.collect_numbers(values, problems)
+            order, values = tuple(values), _checks.collect_numbers(values, problems, unready)
         elif arg == "hparams":
             values = _checks.flat_hparams(values, problems)
         elif arg == "texts":
@@ -553,9 +556,23 @@ class MetricsManager:
                     f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars"
                 )
         problems.raise_if_any()
-        if self._fanout.states:
+        if not self._fanout.states:
+            return
+        if not unready:
             checked = values if arg == "hparams" else _checks.Checked(values)
             self._worker.post(self._fanout.pieces(step, [(f"write_{arg}", {arg: checked})]))
+            return
+
+        def read(job: Job) -> None:
+            for key, value in unready.items():
+                try:
+                    values[key] = _checks.to_number(key, value)
+                except Exception as err:  # noqa: BLE001  (costs that key, not the call)
+                    self._failures.record(Failure(f"metric:{key}", step, (key,), err))
+            scalars = _checks.Checked({k: values[k] for k in order if k in values})
+            job.state["calls"] = [("write_scalars", {"scalars": scalars})] if scalars else []
+
+        self._worker.post([("read scalars", read, None), *self._fanout.pieces(step, None)])
 
     def _to_all(self, method: str, timeout: float | None) -> None:
         self._worker.post(self._fanout.pieces(None, [(method, {})], closing=method == "close"))

@@ -208,24 +208,49 @@ def check_writers(writers: Mapping[str, Any], context: str) -> None:
 def to_number(key: str, value: Any) -> int | float:
     """A number or one-element array as a Python int or float (NaN, inf kept; bfloat16 widens)."""
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
-        arr = np.asarray(value)
-        if arr.size != 1:
+        if getattr(value, "is_deleted", bool)():
             raise ValueError(
-                f"scalar {key!r} must hold exactly one number, got an array of shape "
-                f"{arr.shape}. Reduce it first (e.g. .mean()) or write it as a histogram."
+                f"scalar {key!r} is a device array that was deleted (donated to a later "
+                "computation) before it was read. Pass a copy, or do not donate it."
             )
-        if np.issubdtype(arr.dtype, np.floating) or _is_ml_float(arr.dtype):
-            return float(arr.reshape(()))
-        if np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
-            return int(arr.reshape(()))
-    elif isinstance(value, numbers.Integral):  # bool, IntEnum, ...
+        arr = np.asarray(value)
+        if err := _not_a_scalar(key, arr):
+            raise err
+        return float(arr.reshape(())) if _is_float(arr.dtype) else int(arr.reshape(()))
+    if isinstance(value, numbers.Integral):  # bool, IntEnum, ...
         return int(value)
-    elif isinstance(value, numbers.Real):
+    if isinstance(value, numbers.Real):
         return float(value)
     raise TypeError(
         f"scalar {key!r} must be a number, got {value!r} of type {type(value).__name__}. "
         "Write strings with write_texts."
     )
+
+
+def _not_a_scalar(key: str, arr: Any) -> Exception | None:
+    """Why array `arr` cannot be scalar `key`, from its shape and dtype alone (no copy)."""
+    if math.prod(arr.shape) != 1:
+        return ValueError(
+            f"scalar {key!r} must hold exactly one number, got an array of shape "
+            f"{tuple(arr.shape)}. Reduce it first (e.g. .mean()) or write it as a histogram."
+        )
+    if _is_float(arr.dtype) or np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+        return None
+    return TypeError(
+        f"scalar {key!r} must be a number, got an array of dtype {arr.dtype}. "
+        "Write strings with write_texts."
+    )
+
+
+def _unready(value: Any) -> bool:
+    """Whether `value` is a device array still being computed (a jax array not `is_ready()`)."""
+    if getattr(value, "is_deleted", bool)():
+        return False  # `to_number` says what to do
+    return not getattr(value, "is_ready", lambda: True)()
+
+
+def _is_float(dtype: Any) -> bool:
+    return np.issubdtype(dtype, np.floating) or _is_ml_float(dtype)
 
 
 # `to_number` by exact type, skipping isinstance checks against numpy's ABCs.
@@ -246,8 +271,14 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
     return out
 
 
-def collect_numbers(scalars: Mapping[str, Any], problems: Problems) -> dict[str, int | float]:
-    """`to_number` on every value; a bad one is added to `problems` and left out."""
+def collect_numbers(
+    scalars: Mapping[str, Any], problems: Problems, unready: dict[str, Any] | None = None
+) -> dict[str, int | float]:
+    """`to_number` on every value; a bad one is added to `problems` and left out.
+
+    With `unready`, a device array still being computed (its `is_ready()` is False) is checked
+    by shape and dtype alone and put there unconverted: reading it would wait for the device.
+    """
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
         return {key: converters[type(value)](value) for key, value in scalars.items()}
@@ -257,7 +288,14 @@ def collect_numbers(scalars: Mapping[str, Any], problems: Problems) -> dict[str,
     for key, value in scalars.items():
         convert = converters.get(type(value))
         try:
-            out[key] = convert(value) if convert is not None else to_number(key, value)
+            if convert is not None:
+                out[key] = convert(value)
+            elif unready is not None and _unready(value):
+                if err := _not_a_scalar(key, value):
+                    raise err
+                unready[key] = value
+            else:
+                out[key] = to_number(key, value)
         except (TypeError, ValueError) as err:
             problems.add(type(err), str(err))
     return out

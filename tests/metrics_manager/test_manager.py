@@ -275,6 +275,70 @@ def test_caller_never_waits_for_the_device_or_the_writer(monkeypatch):
     ]
 
 
+_slow = jax.jit(lambda x: jax.lax.fori_loop(0, 50, lambda i, m: jnp.tanh(m @ m), x))
+
+
+def still_computing() -> jax.Array:
+    """A real device value that takes about half a second to compute (50 1000x1000 matmuls)."""
+    x = jax.random.normal(jax.random.key(0), (1000, 1000)) / 32
+    _slow(x).block_until_ready()  # compiled before, so the call below only dispatches
+    return _slow(x)
+
+
+def test_device_scalars_still_computing_are_read_by_the_worker_not_the_loop(tmp_path):
+    # `write_scalar(key, loss, step)` with the step's own output: reading it on the caller's
+    # thread would wait for the step, the stall this library exists to avoid.
+    with MetricsManager("train", tmp_path) as manager:
+        matrix = still_computing()
+        manager.write_scalars(1, {"lr": 0.5, "top_left": matrix[0, 0], "mean": matrix.mean()})
+        manager.write_scalar("x", jnp.bfloat16(1.5), 2)  # ready: converted at the call
+        assert not matrix.is_ready()  # the calls returned before the device finished
+        with pytest.raises(ValueError, match=r"'row' must hold exactly one number.*\(2,\)"):
+            manager.write_scalar("row", matrix[0, :2], 3)  # refused by shape, without waiting
+        assert not matrix.is_ready()
+    lines = writers.read_jsonl(tmp_path / "train" / "metrics.jsonl")
+    assert [{k: v for k, v in x.items() if k not in ("time", "collection")} for x in lines] == [
+        {"step": 1, "lr": 0.5, "top_left": float(matrix[0, 0]), "mean": float(matrix.mean())},
+        {"step": 2, "x": 1.5},
+    ]
+    assert manager.errors == []
+
+
+def test_a_device_scalar_donated_before_the_worker_reads_it_costs_only_its_key(tmp_path):
+    worker_free = threading.Event()
+
+    class GatedJsonl(writers.JsonlWriter):
+        def write_texts(self, step: int, texts: Any) -> None:
+            assert worker_free.wait(timeout=30)
+            super().write_texts(step, texts)
+
+    path = tmp_path / "log.jsonl"
+    donate = jax.jit(lambda m: m + 1.0, donate_argnums=0)
+    with MetricsManager("train", writer_factory=lambda _: GatedJsonl(path)) as manager:
+        manager.write_texts(1, {"note": "the worker waits here"})
+        matrix = still_computing()
+        corner = matrix[0, 0]
+        manager.write_scalars(2, {"corner": corner, "lr": 0.5})  # set aside: not ready
+        donate(corner)  # before the worker could read it
+        assert corner.is_deleted()
+        worker_free.set()
+        manager.write_scalar("after", 1.0, 3)
+    matrix.block_until_ready()  # the device is idle again for the tests after this one
+    lines = writers.read_jsonl(path)
+    assert [
+        {k: v for k, v in x.items() if k not in ("time", "collection", "note")} for x in lines
+    ] == [
+        {"step": 1},
+        {"step": 2, "lr": 0.5},
+        {"step": 3, "after": 1.0},
+    ]
+    assert [(f.source, f.step, f.keys) for f in manager.errors] == [
+        ("metric:corner", 2, ("corner",))
+    ]
+    assert "was deleted (donated to a later computation)" in str(manager.errors[0])
+    assert "Pass a copy" in str(manager.errors[0])
+
+
 def test_donated_train_state_counts_as_ready(monkeypatch):
     """The timer waits on a state that the next step donates: the window still closes."""
     timer_may_look = threading.Event()
