@@ -117,6 +117,12 @@ def _remote_flush(quick: bool) -> common.Table:
     return remote_flush.run(quick)
 
 
+def _device_scalars(quick: bool) -> common.Table:
+    from benchmarks import device_scalars  # noqa: PLC0415
+
+    return device_scalars.run(quick)
+
+
 def _trackers(quick: bool) -> common.Table:
     from benchmarks import trackers  # noqa: PLC0415
 
@@ -135,6 +141,7 @@ BENCHMARKS: dict[str, Callable[[bool], common.Table]] = {
     "remote_flush": _remote_flush,
     "window_timing": _window_timing,
     "guard_overhead": _guard_overhead,
+    "device_scalars": _device_scalars,
     "trackers": _trackers,
 }
 

@@ -395,3 +395,10 @@ def test_window_timing_and_guard_overhead_smoke():
     ratios = window_timing.one_run(windows=3)
     assert len(ratios) == 3 and all(0.5 < r < 1.5 for r in ratios)  # measured / true steps/s
     assert guard_overhead.one_loop("stop", steps=30) > 0.0
+
+
+def test_device_scalars_smoke():
+    from benchmarks import device_scalars
+
+    step, x = device_scalars.make_step(size=32)
+    assert all(device_scalars.one_loop(v, step, x, steps=20) > 0.0 for v in device_scalars.VARIANTS)
