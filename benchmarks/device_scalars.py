@@ -4,7 +4,7 @@ A jitted step (a 384x384 matmul, about 1 ms on 2 cores) returns its loss; the lo
 with `manager.write_scalar` to the default writers (TensorBoard and JSONL) at every step. The
 manager reads a value still being computed on its worker, so the loop should pay what a host
 number costs; `float(loss)` first (hand-rolled logging) makes the loop wait for every step.
-Variants, interleaved in every round (the order turns each round): no writes, a host number,
+Variants, interleaved in a fresh random order each round: no writes, a host number,
 the device value, and `float()` of it. A row is the median loop time over the rounds and the
 median (min-max) over rounds of its ratio to the no-write loop of the same round.
 
@@ -13,6 +13,7 @@ Run alone: `python -m benchmarks.device_scalars [--quick]`.
 
 from __future__ import annotations
 
+import functools
 import tempfile
 import time
 from typing import Any
@@ -72,11 +73,9 @@ def run(quick: bool = False) -> common.Table:
     # 1%, so a 5% regression of the device row shows.
     steps, rounds = (300, 3) if quick else (1000, 15)
     step, x = make_step()
-    times: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
-    for i in range(rounds):
-        order = list(VARIANTS)
-        for variant in order[i % len(order) :] + order[: i % len(order)]:
-            times[variant].append(one_loop(variant, step, x, steps))
+    times = common.interleaved(
+        {v: functools.partial(one_loop, v, step, x, steps) for v in VARIANTS}, rounds
+    )
     table = common.Table(
         key="device_scalars",
         title="write_scalar of the step's device output, every step",

@@ -543,10 +543,9 @@ class MetricsManager:
             )
         values = dict(values) if isinstance(values, Mapping) else {}
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
-        unready: dict[str, Any] = {}  # device values still being computed: read by the worker
-        order: tuple[str, ...] = ()
+        unready: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":
-            order, values = tuple(values), _checks.collect_numbers(values, problems, unready)
+            values = _checks.collect_numbers(values, problems, unready)
         elif arg == "hparams":
             values = _checks.flat_hparams(values, problems)
         elif arg == "texts":
@@ -564,12 +563,13 @@ class MetricsManager:
             return
 
         def read(job: Job) -> None:
-            for key, value in unready.items():
+            for key in unready:
                 try:
-                    values[key] = _checks.to_number(key, value)
+                    values[key] = _checks.to_number(key, values[key])
                 except Exception as err:  # noqa: BLE001  (costs that key, not the call)
+                    del values[key]
                     self._failures.record(Failure(f"metric:{key}", step, (key,), err))
-            scalars = _checks.Checked({k: values[k] for k in order if k in values})
+            scalars = _checks.Checked(values)
             job.state["calls"] = [("write_scalars", {"scalars": scalars})] if scalars else []
 
         self._worker.post([("read scalars", read, None), *self._fanout.pieces(step, None)])

@@ -272,12 +272,13 @@ def check_numbers(scalars: Mapping[str, Any], method: str) -> dict[str, int | fl
 
 
 def collect_numbers(
-    scalars: Mapping[str, Any], problems: Problems, unready: dict[str, Any] | None = None
-) -> dict[str, int | float]:
+    scalars: Mapping[str, Any], problems: Problems, unready: list[str] | None = None
+) -> dict[str, Any]:
     """`to_number` on every value; a bad one is added to `problems` and left out.
 
     With `unready`, a device array still being computed (its `is_ready()` is False) is checked
-    by shape and dtype alone and put there unconverted: reading it would wait for the device.
+    by shape and dtype alone and kept unconverted, its key added to `unready`: reading it
+    would wait for the device.
     """
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
@@ -293,7 +294,8 @@ def collect_numbers(
             elif unready is not None and _unready(value):
                 if err := _not_a_scalar(key, value):
                     raise err
-                unready[key] = value
+                out[key] = value
+                unready.append(key)
             else:
                 out[key] = to_number(key, value)
         except (TypeError, ValueError) as err:
