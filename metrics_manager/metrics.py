@@ -541,7 +541,8 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
 
     Returns:
         name -> `clu.values.Value`: a `Collection` gives `key/<field>`, a `MeanStdScalar` `key`
-        and `key/std` (and `key/sem`).
+        and `key/std` (and `key/sem`). A mean of nothing seen (0/0) is NaN, with no numpy
+        warning.
 
     Raises:
         TypeError: a value is neither a metric nor a `Collection`.
@@ -559,9 +560,17 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
             + ", ".join(f"{k!r}: {t}" for k, t in sorted(bad.items()))
         )
     out: dict[str, clu.values.Value] = {}
-    for key, metric in metrics.items():
-        _add_values(out, key, metric)
+    with _nan_quietly():
+        for key, metric in metrics.items():
+            _add_values(out, key, metric)
     return out
+
+
+# An empty window's mean is 0/0, which CLU defines as NaN (`Average`, `Accuracy`): it is a
+# value to write, reported by the manager's `nonfinite` policy, not numpy's RuntimeWarning
+# (under `-W error`, as in many test suites, that warning would drop the key).
+def _nan_quietly() -> np.errstate:
+    return np.errstate(divide="ignore", invalid="ignore", over="ignore")
 
 
 def _add_values(out: dict[str, clu.values.Value], key: str, metric: Any) -> None:
@@ -591,11 +600,12 @@ def host_values(
     `compute_value()` raises is left out and handed to `failed(key, error)`.
     """
     out: dict[str, clu.values.Value] = {}
-    for key, metric in metrics.items():
-        try:
-            _add_values(out, key, _set_host_fields(metric, duration, num_steps))
-        except Exception as err:  # noqa: BLE001  (that key is skipped, the rest written)
-            failed(key, err)
+    with _nan_quietly():
+        for key, metric in metrics.items():
+            try:
+                _add_values(out, key, _set_host_fields(metric, duration, num_steps))
+            except Exception as err:  # noqa: BLE001  (that key is skipped, the rest written)
+                failed(key, err)
     return out
 
 

@@ -937,6 +937,31 @@ def test_nonfinite_warn_writes_every_summary(tmp_path):
     assert [x["loss"] for x in read_jsonl(str(tmp_path / "train"))] == [1.0, 1.0] + ["NaN"] * 3
 
 
+def test_an_empty_window_is_nan_reported_once_by_the_nonfinite_policy(tmp_path, caplog):
+    # Nothing seen in a window (an eval whose tokens are all padding): CLU's Average and
+    # Accuracy compute 0/0 = NaN. This suite runs with warnings as errors, as many do, so
+    # numpy's "invalid value encountered in divide" used to drop both keys as failures.
+    import clu.metrics as clu_metrics
+
+    empty = {"loss": clu_metrics.Average.empty(), "accuracy": clu_metrics.Accuracy.empty()}
+    with MetricsManager("eval", tmp_path, writer_factory=files_and()) as manager:
+        manager.start_duration_timer()
+        summary = manager.write_metrics_summary({**empty, "seen": Sum(np.int32(0))}, 1, 1)
+        assert np.isnan(summary.result()["loss"].value)
+        manager.write_metrics_summary({"loss": clu_metrics.Average.empty()}, 2, 1).result()
+    assert manager.errors == []
+    lines = read_jsonl(str(tmp_path / "eval"))
+    assert [(x["loss"], x.get("accuracy"), x.get("seen")) for x in lines] == [
+        ("NaN", "NaN", 0),
+        ("NaN", None, None),
+    ]
+    events = read_tensorboard(str(tmp_path / "eval")).Scalars("loss")
+    assert [e.step for e in events] == [1, 2]
+    assert all(np.isnan(e.value) for e in events)
+    reports = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
+    assert len(reports) == 1 and "accuracy" in reports[0] and "loss" in reports[0]
+
+
 def test_a_second_process_on_the_same_directory_is_refused_until_the_first_dies(tmp_path):
     proc = run_loop("periodic", str(tmp_path), "0.05")
     try:

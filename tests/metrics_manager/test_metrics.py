@@ -292,6 +292,14 @@ def test_compute_metric_values_flattens_mean_std_and_collections():
     assert [float(values[k].value) for k in sorted(values)] == [0.75, 3.0, 1.0, 2.0]
 
 
+def test_compute_metric_values_of_nothing_seen_is_nan_without_a_warning():
+    # conftest makes warnings errors: numpy's 0/0 warning would raise here.
+    values = mm.compute_metric_values(
+        {"avg": clu_metrics.Average.empty(), "rate": StepsPerTime(steps=np.int32(3), duration=0.0)}
+    )
+    assert np.isnan(values["avg"].value) and values["rate"].value == np.inf
+
+
 def test_compute_metric_values_rejects_non_metrics():
     with pytest.raises(TypeError, match=r"'a': float, 'b': NoneType"):
         mm.compute_metric_values({"a": 1.0, "b": None, "c": Sum(1.0)})
