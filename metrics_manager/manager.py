@@ -36,6 +36,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
+import clu.metrics
 import clu.values
 import jax
 import numpy as np
@@ -317,7 +318,8 @@ class MetricsManager:
         """Summarizes and writes `metrics` in the background; returns a future at once.
 
         Args:
-          metrics: name -> CLU metric (merged on the device), a `PackedMetrics`, or NNX metrics.
+          metrics: name -> CLU metric (merged on the device), a `PackedMetrics`, a CLU
+            `Collection` (its fields are the names), or NNX metrics.
           step: the step to write at (0 <= step < 2**63).
           num_steps: train steps in the window (>= 1).
 
@@ -620,10 +622,22 @@ class _Problems(Problems):
 
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(metrics to compute on the host, values ready to write) from a dict or NNX metrics."""
+    """(metrics to compute on the host, values ready to write) from a dict, a CLU
+    `Collection` (its fields name the metrics, as its `compute()` does) or NNX metrics."""
+    if isinstance(obj, clu.metrics.Collection):
+        fields = dict(vars(obj))
+        counter = fields.pop("_reduction_counter", None)  # CLU's count of merged replicas
+        if getattr(getattr(counter, "value", None), "ndim", 0) != 0:
+            problems.value_problem(
+                f"metrics: the {type(obj).__name__} collection is still replicated "
+                f"(counter shape {tuple(counter.value.shape)}); call its .reduce() or "
+                "flax.jax_utils.unreplicate() first, as CLU's compute() requires"
+            )
+            return {}, {}
+        obj = fields
     if not isinstance(obj, Mapping | nnx.MultiMetric):
         problems.type_problem(
-            f"metrics must be a mapping from names to CLU metrics, a "
+            f"metrics must be a mapping from names to CLU metrics, a CLU Collection, a "
             f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}"
         )
         return {}, {}

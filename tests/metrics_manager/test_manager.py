@@ -211,6 +211,46 @@ def test_collections_and_mean_std_flatten_and_rates_use_the_window():
     assert float(summary["x/std"].value) == 1.0
 
 
+# CLU's `class TrainMetrics(Collection)` (its annotations, which this file's
+# `from __future__ import annotations` would turn into strings).
+CluTrainMetrics = clu_metrics.Collection.create(
+    loss=clu_metrics.Average.from_output("loss"),
+    accuracy=clu_metrics.Accuracy,
+    steps_per_second=StepsPerTime,
+)
+
+
+def test_a_clu_collection_is_written_under_its_field_names():
+    # CLU's own loop: the Collection merges itself inside the step; the manager takes it as
+    # it is, as `collection.compute()` would name it.
+    @jax.jit
+    def step(running, loss, logits, labels):
+        metrics = CluTrainMetrics.single_from_model_output(loss=loss, logits=logits, labels=labels)
+        return metrics if running is None else running.merge(metrics)
+
+    logits = jnp.array([[0.0, 1.0], [1.0, 0.0]])
+    running = None
+    for loss, labels in ((1.0, [1, 1]), (2.0, [1, 0]), (6.0, [0, 0])):
+        running = step(running, jnp.float32(loss), logits, jnp.array(labels))
+    recorder = RecordingWriter()
+    with make(recorder, clock=FakeClock(10.0, 12.0)) as manager:
+        manager.start_duration_timer()
+        summary = manager.write_metrics_summary(running, step=3, num_steps=3).result()
+    assert {k: float(v.value) for k, v in summary.items()} == {
+        "loss": 3.0,  # (1 + 2 + 6) / 3
+        "accuracy": 4 / 6,  # argmax (1, 0): labels right 1 + 2 + 1 times of 6
+        "steps_per_second": 1.5,  # 3 steps in 12 - 10 s
+    }
+    assert written(recorder)[0] == (
+        "write_scalars",
+        3,
+        {"loss": 3.0, "accuracy": 4 / 6, "steps_per_second": 1.5},
+    )
+    replicated = jax.tree.map(lambda x: jnp.stack([x, x]), running)  # as pmap returns it
+    with make() as manager, pytest.raises(ValueError, match=r"still replicated.*\.reduce\(\)"):
+        manager.write_metrics_summary(replicated, step=3, num_steps=3)
+
+
 def test_everything_reaches_the_writer_in_call_order():
     recorder = RecordingWriter()
     with make(recorder, clock=FakeClock(0.0, 1.0, 1.0, 3.0)) as manager:
