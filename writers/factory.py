@@ -25,6 +25,7 @@ def create_default_writer(
     logdir: str | os.PathLike[str] | None,
     *,
     collection: str | None = None,
+    just_logging: bool = False,
     asynchronous: bool = False,
     console: bool = True,
     tensorboard: bool = True,
@@ -43,7 +44,10 @@ def create_default_writer(
     Args:
       logdir: Directory or URL for TensorBoard events and `metrics.jsonl`; None writes no
         files (`tensorboard` and `jsonl` are then ignored).
-      collection: Shown by the console and log writers, stored in every JSONL line.
+      collection: Shown by the console and log writers, stored in every JSONL line. Unlike
+        CLU's, it adds no subdirectory: pass `f"{workdir}/{collection}"` as `logdir` for that.
+      just_logging: CLU's flag: the absl log writer alone, no console and no files (e.g.
+        `just_logging=jax.process_index() > 0`, so other hosts only log).
       asynchronous: Put each writer behind its own `AsyncWriter` (queue of `max_queue`
         calls). Off by default: a `MetricsManager` calls its writers from its own worker.
       console: Include a `ConsoleWriter`.
@@ -83,6 +87,9 @@ def create_default_writer(
                 f"{resume_step + 1}). Pass resume_step alone."
             )
         purge_step = resume_step + 1
+    if just_logging:
+        console = tensorboard = jsonl = False
+        log = True
     chosen: dict[str, Any] = {}
     try:
         if console:

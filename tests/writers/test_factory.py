@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging as py_logging
 import os
 
 import pytest
@@ -49,6 +50,18 @@ def test_no_logdir_means_no_files_and_flags_select_writers(tmp_path, monkeypatch
     assert nothing.writers == {}
     nothing.write_scalars(0, {"a": 1.0})
     nothing.close()
+
+
+def test_clus_just_logging_gives_the_log_writer_alone_and_no_files(tmp_path, caplog):
+    # CLU's idiom for multi-host jobs (flax's examples): other hosts only log.
+    caplog.set_level(py_logging.INFO, logger="absl")
+    w = writers.create_default_writer(tmp_path, just_logging=True, collection="train")
+    assert sorted(w.writers) == ["log"]
+    w.write_scalars(3, {"loss": 0.25})
+    w.close()
+    assert os.listdir(tmp_path) == []
+    lines = [r.getMessage() for r in caplog.records if r.name == "absl"]
+    assert "[3] collection=train loss=0.25" in lines
 
 
 def test_errors_name_the_backend(tmp_path):
