@@ -22,7 +22,7 @@ from writers.tensorboard import TensorBoardWriter
 
 
 def create_default_writer(
-    logdir: str | os.PathLike[str] | None,
+    logdir: str | os.PathLike[str] | None = None,
     *,
     collection: str | None = None,
     just_logging: bool = False,

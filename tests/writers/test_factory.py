@@ -46,7 +46,7 @@ def test_no_logdir_means_no_files_and_flags_select_writers(tmp_path, monkeypatch
     assert sorted(only_jsonl.writers) == ["jsonl"]
     only_jsonl.close()
     assert os.listdir(tmp_path / "run") == ["metrics.jsonl"]
-    nothing = writers.create_default_writer(None, console=False)
+    nothing = writers.create_default_writer(console=False)  # logdir=None, as in CLU
     assert nothing.writers == {}
     nothing.write_scalars(0, {"a": 1.0})
     nothing.close()
