@@ -142,8 +142,9 @@ def to_host(
     if deleted:
         raise ValueError(
             f"Cannot copy the metrics {packed.keys()} to the host: {', '.join(deleted)} was "
-            "deleted (donated to a later computation). Do not donate metrics passed to "
-            "write_metrics_summary (or pass a copy)."
+            "deleted (donated to a later computation). A step that donates `running` needs "
+            "`running = None` after each write_metrics_summary, so the next window starts "
+            "afresh; otherwise do not donate the metrics you pass (or pass a copy)."
         )
     host_buffers = _fetch(packed.buffers)
     host = packed.unpack_host(host_buffers)

@@ -180,6 +180,7 @@ def test_donated_packed_metrics_say_what_happened():
         future.result()
     manager.close()  # on_error="warn": the failure is kept in errors, close() does not raise
     assert "was deleted" in str(manager.errors[0])
+    assert "`running = None` after each write_metrics_summary" in str(manager.errors[0])
 
 
 def test_summary_dir_is_dir_slash_name(tmp_path):
