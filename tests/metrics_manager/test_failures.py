@@ -482,7 +482,7 @@ def test_an_mlflow_server_that_stops_answering_delays_close_and_exit_by_close_ti
         start = time.monotonic()
         with pytest.raises(TimeoutError, match=r"gave up after 2 s .* up to 10 metric\(s\)"):
             writer.close()
-        assert 2.0 <= time.monotonic() - start < 3.0
+        assert 2.0 <= time.monotonic() - start < 4.0  # the bound, plus slack for a busy CI host
         gate.restore()  # back before the process ends: the send still goes through
         client = MlflowClient(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + 90
