@@ -25,5 +25,16 @@ os.environ.update(
 )
 
 import jax  # noqa: E402  (must come after XLA_FLAGS is set)
+import pytest  # noqa: E402
 
 jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """One short run of the demo's command line, as `make demo` runs it, shared by the demo
+    and plot tests (compiling the demo takes most of a run): (model dir, stdout)."""
+    from tests.test_demo import TOTAL_STEPS, _bindings, run_demo
+
+    model_dir = str(tmp_path_factory.mktemp("runs") / "demo")
+    return model_dir, run_demo(_bindings(model_dir), TOTAL_STEPS)

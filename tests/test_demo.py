@@ -2,7 +2,7 @@
 
 One short run of the command line `make demo` uses (`python -m examples.demo
 --gin_file=configs/demo.gin`, with `--gin_bindings` for fewer steps and a `tmp_path` model
-dir) is shared by the tests below.
+dir) is shared by the tests below and the plot tests: the `demo_run` fixture of conftest.py.
 """
 
 from __future__ import annotations
@@ -68,16 +68,6 @@ def _bindings(model_dir: str) -> list[str]:
         f"demo_model.DataConfig.batch_size = {BATCH_SIZE}",
         f"demo_model.TrainConfig.peak_learning_rate = {PEAK_LEARNING_RATE}",
     ]
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
-    """Runs the demo's command line, as `make demo` does, with a short config.
-
-    Returns the model dir and the process's stdout.
-    """
-    model_dir = str(tmp_path_factory.mktemp("demo") / "run")
-    return model_dir, run_demo(_bindings(model_dir), TOTAL_STEPS)
 
 
 def run_demo(bindings: list[str], total_steps: int) -> str:
@@ -267,7 +257,9 @@ def test_a_missing_gin_file_is_named_with_where_it_was_looked_for(tmp_path):
 
 def test_piped_into_a_reader_that_stops_early_it_exits_0_and_writes_every_summary(tmp_path):
     model_dir = str(tmp_path / "run")
-    flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir)]
+    # A 1-layer model on 8 sequences: compiling dominates this run, and no value is checked.
+    small = ["demo_model.ModelConfig.num_layers = 1", "demo_model.DataConfig.batch_size = 8"]
+    flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir) + small]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     with subprocess.Popen(
         [

@@ -1,7 +1,7 @@
 """`python -m writers.plot`: series read back equal the logs, PNG size, terminal plot, --follow.
 
-The demo's output (one short run of `python -m examples.demo`, shared by the tests that
-need it) is plotted and the plotted series are compared with `metrics.jsonl` read by
+The demo's output (the short run of `python -m examples.demo` that conftest.py's
+`demo_run` shares with tests/test_demo.py) is plotted and the plotted series are compared with `metrics.jsonl` read by
 `json.loads` and the event files read by TensorBoard's own `EventAccumulator`.
 """
 
@@ -20,31 +20,15 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import writers
-from tests.test_demo import run_demo
 from writers.plot import _read_events, load_series, plot_runs, smooth
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TOTAL_STEPS = 40
-SUMMARY_PERIOD = 10
-EVAL_PERIOD = 20
 
 
-@pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The model dir of a short demo run (train and eval/synthetic runs under it)."""
-    model_dir = str(tmp_path_factory.mktemp("plot") / "demo")
-    bindings = [
-        f"demo_model.TrainConfig.model_dir = '{model_dir}'",
-        f"demo_model.TrainConfig.summary_period = {SUMMARY_PERIOD}",
-        f"demo_model.TrainConfig.eval_period = {EVAL_PERIOD}",
-        "demo_model.TrainConfig.warmup_steps = 5",
-        "demo_model.TrainConfig.num_eval_batches = 1",
-        # Smaller than make demo's model: compiling dominates this short run.
-        "demo_model.ModelConfig.num_layers = 1",
-        "demo_model.DataConfig.batch_size = 8",
-    ]
-    run_demo(bindings, TOTAL_STEPS)
-    return model_dir
+@pytest.fixture
+def demo_dir(demo_run: tuple[str, str]) -> str:
+    """The model dir of the short demo run (train and eval/synthetic runs under it)."""
+    return demo_run[0]
 
 
 def _jsonl_series(path: str, key: str) -> tuple[list[int], list[float]]:
@@ -113,8 +97,8 @@ def test_series_equal_the_jsonl_and_png_has_the_asked_size(demo_dir, tmp_path):
             assert series.steps.tolist() == steps
             assert series.values.tolist() == values
             np.testing.assert_allclose(series.smoothed, smooth(values, 0.6))
-    assert by_label["demo/train:loss"].steps.tolist() == [10, 20, 30, 40]
-    assert by_label["demo/eval/synthetic:loss"].steps.tolist() == [20, 40]
+    assert by_label["demo/train:loss"].steps.tolist() == [15, 30, 45, 60]  # test_demo.py's run
+    assert by_label["demo/eval/synthetic:loss"].steps.tolist() == [30, 60]
 
 
 def test_event_reader_agrees_with_tensorboards_reader(demo_dir):
