@@ -468,15 +468,17 @@ class MetricsManager:
         named = (
             made.writers if isinstance(made, writers.MultiWriter) else {type(made).__name__: made}
         )
-        for writer_name, writer in named.items():
-            if missing := [m for m in _REQUIRED if not callable(getattr(writer, m, None))]:
-                for w in named.values():
-                    getattr(w, "close", lambda: None)()
-                raise TypeError(
-                    f"MetricsManager({self.name!r}): writer_factory returned {writer_name}, "
-                    f"which lacks {', '.join(missing)}; return a writers.MetricWriter (e.g. "
-                    "writers.create_default_writer(logdir))."
-                )
+        try:
+            _checks.check_writers(
+                named,
+                f"MetricsManager({self.name!r}): writer_factory's writers",
+                _REQUIRED,
+                "return a writers.MetricWriter (e.g. writers.create_default_writer(logdir))",
+            )
+        except TypeError:
+            for writer in named.values():
+                getattr(writer, "close", lambda: None)()
+            raise
         self._reserved = frozenset(
             k for w in named.values() for k in getattr(w, "reserved_keys", ())
         )

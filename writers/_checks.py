@@ -4,6 +4,7 @@ Each looks at every key of a call before raising, so one error lists every probl
 also `metrics_manager`'s error collector: `writers` never imports `metrics_manager`).
 """
 
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -187,21 +188,47 @@ def check_call(method: str, step: Any, values: Any) -> int:
 
 # CLU's writer methods, in the order `MetricWriter` declares them.
 WRITER_METHODS = tuple(m for m in vars(MetricWriter) if m in MetricWriter.__abstractmethods__)
+# Each writer method's parameters, as every caller passes them: by keyword.
+_KEYWORDS = {
+    m: tuple(inspect.signature(getattr(MetricWriter, m)).parameters)[1:] for m in WRITER_METHODS
+}
 
 
-def check_writers(writers: Mapping[str, Any], context: str) -> None:
-    """Raises a TypeError naming every object that lacks CLU's writer methods, and what."""
+def check_writers(
+    writers: Mapping[str, Any],
+    context: str,
+    required: tuple[str, ...] = WRITER_METHODS,
+    fix: str = "pass instances with CLU's MetricWriter methods, e.g. writers.JsonlWriter(path)",
+) -> None:
+    """Raises a TypeError naming every object that lacks the `required` writer methods, or
+    whose writer methods cannot take CLU's parameter names (every caller passes them by
+    keyword, so `write_scalars(self, step, values)` would fail at each write)."""
     problems = Problems(context)
-    fix = "pass instances with CLU's MetricWriter methods, e.g. writers.JsonlWriter(path)"
     for name, writer in writers.items():
         if isinstance(writer, type):
             problems.type_problem(
                 f"{name!r} is the class {writer.__name__}, not an instance; {fix}"
             )
-        elif missing := [m for m in WRITER_METHODS if not callable(getattr(writer, m, None))]:
+            continue
+        if missing := [m for m in required if not callable(getattr(writer, m, None))]:
             problems.type_problem(
                 f"{name!r} ({type(writer).__name__}) lacks {', '.join(missing)}; {fix}"
             )
+        for method, keywords in _KEYWORDS.items():
+            try:
+                signature = inspect.signature(getattr(writer, method))
+            except (AttributeError, TypeError, ValueError):  # absent, or no signature to read
+                continue
+            try:
+                signature.bind(**dict.fromkeys(keywords))
+            except TypeError as err:
+                problems.type_problem(
+                    f"{name!r} ({type(writer).__name__}).{method}({', '.join(signature.parameters)}) "
+                    "cannot take "
+                    f"{method}({', '.join(f'{k}=...' for k in keywords)}): {err}; accept "
+                    "MetricWriter's parameters by those names (callers pass them by keyword) "
+                    "and give any other a default"
+                )
     problems.raise_if_any()
 
 

@@ -509,9 +509,50 @@ def test_factory_returning_a_non_writer_is_a_type_error():
             self.closed = True
 
     half = HalfWriter()
-    with pytest.raises(TypeError, match="HalfWriter, which lacks write_scalars, write_texts"):
+    with pytest.raises(TypeError, match=r"\(HalfWriter\) lacks write_scalars, write_texts"):
         MetricsManager("train", writer_factory=lambda d: half)
     assert half.closed
+
+
+def test_a_writer_whose_parameters_are_not_clus_is_refused_at_construction():
+    """The manager calls writers by keyword (`write_scalars(step=, scalars=)`): a writer with
+    other parameter names would fail every summary, so it is refused before the loop runs."""
+
+    class Renamed(writers.NoopWriter):
+        closed = False
+
+        def write_scalars(self, step: int, values: Any) -> None:  # type: ignore[override]
+            pass
+
+        def flush(self, now: bool) -> None:  # type: ignore[override]
+            pass
+
+        def close(self) -> None:
+            self.closed = True
+
+    renamed = Renamed()
+    with pytest.raises(TypeError) as info:
+        MetricsManager("train", writer_factory=lambda d: renamed)
+    message = str(info.value)
+    assert message.startswith("MetricsManager('train'): writer_factory's writers: 2 problems:")
+    assert (
+        "'Renamed' (Renamed).write_scalars(step, values) cannot take "
+        "write_scalars(step=..., scalars=...): missing a required argument: 'values'"
+    ) in message
+    assert (
+        "'Renamed' (Renamed).flush(now) cannot take flush(): missing a required argument: 'now'"
+        in message
+    )
+    assert "by keyword" in message and renamed.closed
+
+    class Extra(writers.NoopWriter):  # other names are fine where they have defaults
+        def write_scalars(self, step: int, scalars: Any, *, prefix: str = "") -> None:
+            self.got = (step, prefix, dict(scalars))
+
+    extra = Extra()
+    with MetricsManager("train", writer_factory=lambda d: extra) as manager:
+        manager.write_scalars(3, {"a": 1.5})
+    assert extra.got == (3, "", {"a": 1.5})
 
 
 @pytest.mark.parametrize(

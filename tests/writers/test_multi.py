@@ -92,3 +92,22 @@ def test_objects_that_are_not_writers_are_rejected_up_front():
         writers.AsyncWriter(HalfWriter())
     with pytest.raises(TypeError, match="every key must be a str"):
         writers.MultiWriter({1: writers.NoopWriter()})
+
+
+def test_writers_that_cannot_take_clus_keywords_are_rejected_up_front():
+    class Positional(writers.NoopWriter):
+        def write_texts(self, step, text_dict):  # type: ignore[no-untyped-def,override]
+            pass
+
+    for owner, make in (
+        ("MultiWriter", lambda: writers.MultiWriter([Positional()])),
+        ("AsyncWriter", lambda: writers.AsyncWriter(Positional())),
+    ):
+        with pytest.raises(TypeError) as info:
+            make()
+        assert str(info.value) == (
+            f"{owner}: 'Positional' (Positional).write_texts(step, text_dict) cannot take "
+            "write_texts(step=..., texts=...): missing a required argument: 'text_dict'; accept "
+            "MetricWriter's parameters by those names (callers pass them by keyword) and give "
+            "any other a default"
+        )
