@@ -29,6 +29,7 @@ import math
 import numbers
 import os
 import signal
+import sys
 import threading
 import time
 import types
@@ -64,7 +65,7 @@ WriterFactory = Callable[..., Any]
 _LOG = logging.getLogger(__name__)
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
-_DIRS: set[str | None] = set()  # summary dirs held by open managers of this process
+_DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (this process)
 _DIRS_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 # A signal's flush ends within the usual 30 s grace period before SIGKILL (Kubernetes, GCE
@@ -484,6 +485,26 @@ class MetricsManager:
         )
         return named
 
+    @classmethod
+    def close_all(cls) -> None:
+        """Closes every open manager of this process, as `close()` does each.
+
+        For a manager whose reference was lost (made in a notebook cell or function that
+        raised): it still holds its summary dir, so a new manager there is refused.
+
+        Raises:
+          MetricsManagerError: under "raise", the first manager's background failure not yet
+            raised (every manager is closed first).
+        """
+        errors = []
+        for manager in [m for m in list(_OPEN) if m._pid == os.getpid()]:
+            try:
+                manager.close()
+            except MetricsManagerError as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
+
     def _claim_dir(self) -> None:
         if self.summary_dir is None:
             return
@@ -492,15 +513,18 @@ class MetricsManager:
             if path in _DIRS:
                 raise ValueError(
                     f"MetricsManager({self.name!r}): {self.summary_dir} is already written by "
-                    "another open MetricsManager in this process; close it first, or give this "
-                    "manager another name or summary_dir."
+                    f"another open MetricsManager in this process, made at {_DIRS[path]}; close "
+                    "it first (MetricsManager.close_all() closes one whose reference was lost, "
+                    "as to a notebook cell that raised), or give this manager another name or "
+                    "summary_dir."
                 )
-            _DIRS.add(path)
+            _DIRS[path] = _caller()
             self._dir = path
 
     def _release_dir(self) -> None:
         with _DIRS_LOCK:
-            _DIRS.discard(self._dir)
+            if self._dir is not None:
+                del _DIRS[self._dir]
             self._dir = None
 
     def _check_usable(self, method: str) -> None:
@@ -651,6 +675,18 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
             return {}, {}
     metrics = {k: v for k, v in obj.items() if metrics_lib.is_metric_obj(v)}
     return metrics, {k: v for k, v in obj.items() if k not in metrics}
+
+
+def _caller() -> str:
+    """`file:line` of the code that made the manager (the first frame outside this package
+    and gin)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
+        "metrics_manager",
+        "gin",
+    ):
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
 def _ready_time(tree: Any, called: float, clock: timer.Clock) -> float:

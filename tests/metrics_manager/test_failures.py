@@ -890,6 +890,30 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
     assert manager.errors == []
 
 
+def test_a_lost_managers_dir_is_refused_naming_where_it_was_made_until_close_all(tmp_path):
+    """A notebook cell that raised after making a manager loses the reference; the manager
+    stays open (its writes are kept) and holds its dir until `close_all()`."""
+
+    def cell() -> None:
+        manager = MetricsManager("train", tmp_path, writer_factory=files_and())
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.5))}, 1, 1)
+        raise KeyboardInterrupt  # the user stops the cell
+
+    with pytest.raises(KeyboardInterrupt):
+        cell()
+    made_at = f"{__file__}:{cell.__code__.co_firstlineno + 1}"
+    with pytest.raises(ValueError) as info:
+        MetricsManager("train", tmp_path, writer_factory=files_and())
+    assert f"another open MetricsManager in this process, made at {made_at}; " in str(info.value)
+    assert "MetricsManager.close_all() closes one whose reference was lost" in str(info.value)
+    MetricsManager.close_all()
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        manager.write_metrics_summary({"loss": Sum(np.float32(2.5))}, 2, 1)
+    logdir = str(tmp_path / "train")
+    assert [(x["step"], x["loss"]) for x in read_jsonl(logdir)] == [(1, 1.5), (2, 2.5)]
+    assert tb_steps(logdir) == [1, 2]
+
+
 def test_bfloat16_and_float16_scalars_are_written_exactly(tmp_path):
     with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
         manager.write_metrics_summary(
