@@ -208,6 +208,82 @@ def test_shape_mismatches_are_value_errors():
         )
 
 
+def _base(**kwargs):
+    mask = jnp.ones(TARGETS.shape)
+    return losses.compute_base_metrics(LOGITS, TARGETS, mask, jnp.float32(1.0), **kwargs)
+
+
+BAD_OPTIONS = {
+    "logits not an array": (
+        lambda: losses.compute_weighted_cross_entropy([[0.0, 1.0]], TARGETS),
+        TypeError,
+        "`logits` must be a floating-point array; got list [[0.0, 1.0]]. Pass the model's "
+        "unnormalized scores.",
+    ),
+    "0-d targets": (
+        lambda: losses.compute_weighted_cross_entropy(jnp.zeros(3), jnp.int32(1)),
+        ValueError,
+        "`targets` must have a batch axis; got a 0-d array.",
+    ),
+    "factor of another type": (
+        lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, loss_normalizing_factor=[2]),
+        TypeError,
+        "`loss_normalizing_factor` must be None, a positive number or an array; got list [2].",
+    ),
+    "label_smoothing a str": (
+        lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, label_smoothing="0.1"),
+        TypeError,
+        "`label_smoothing` must be a Python float in [0, 1); got str '0.1'.",
+    ),
+    "label smoothing of one class": (
+        lambda: losses.compute_weighted_cross_entropy(
+            LOGITS[..., :1], TARGETS, label_smoothing=0.1
+        ),
+        ValueError,
+        "label smoothing needs at least 2 classes; logits have 1.",
+    ),
+    "negative z_loss": (
+        lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, z_loss=-1.0),
+        ValueError,
+        "`z_loss` must be non-negative; got -1.0.",
+    ),
+    "z_loss a vector": (
+        lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, z_loss=jnp.ones(2)),
+        ValueError,
+        "`z_loss` must be a scalar; got shape (2,).",
+    ),
+    "z_loss a str": (
+        lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, z_loss="0.1"),
+        TypeError,
+        "`z_loss` must be a non-negative float or a scalar array; got str '0.1'.",
+    ),
+    "segment_ids not a mapping": (
+        lambda: _base(segment_ids=[1]),
+        TypeError,
+        "`segment_ids` must map feature names to [B, L] arrays; got list.",
+    ),
+    "float segment_ids": (
+        lambda: _base(segment_ids={"decoder": jnp.ones(TARGETS.shape)}),
+        TypeError,
+        "`segment_ids['decoder']` must be an integer (e.g. int32) array; got dtype float32 "
+        "(shape (2, 2)). 0 marks padding.",
+    ),
+    "no devices": (
+        lambda: _base(num_devices=0),
+        ValueError,
+        "`num_devices` must be a positive int; got 0.",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_OPTIONS))
+def test_each_bad_option_is_refused_with_what_was_expected_and_got(case):
+    call, error, message = BAD_OPTIONS[case]
+    with pytest.raises(error) as info:
+        call()
+    assert str(info.value).split(": ", 1)[1] == message
+
+
 # ----------------------------------------------------------------------------- normalizing factor
 
 BATCH = {"decoder_target_tokens": jnp.array([[5, 6, 7, 0], [8, 0, 0, 0], [0, 0, 0, 0]])}
