@@ -58,9 +58,16 @@ def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: Proble
 
 
 def _checked_labels_and_mask(
-    labels: jax.Array, mask: ArrayLike | None, num_classes: int, problems: Problems
+    labels: jax.Array,
+    mask: ArrayLike | None,
+    num_classes: int,
+    problems: Problems,
+    shapes_fit: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
-    """Integer labels and a mask that drops out-of-range ones; raises the call's problems."""
+    """Integer labels and a mask that drops out-of-range ones; raises the call's problems.
+
+    Labels are checked against `num_classes` only where the predictions' shape fit: otherwise
+    the class count is unknown, and a range problem would only echo the shape problem."""
     if labels.dtype == bool:
         labels = labels.astype(jnp.int32)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
@@ -69,7 +76,7 @@ def _checked_labels_and_mask(
             "labels.astype(jnp.int32)"
         )
         labels = jnp.zeros(labels.shape, jnp.int32)
-    elif not isinstance(labels, jax.core.Tracer) and labels.size:
+    elif shapes_fit and not isinstance(labels, jax.core.Tracer) and labels.size:
         low, high = int(labels.min()), int(labels.max())
         if low < 0 or high >= num_classes:
             problems.value_problem(
@@ -157,7 +164,7 @@ class _ConfusionCounts(_Counts):
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
-        num_classes, binary = 2, predictions.shape == labels.shape
+        num_classes, binary, fits = 2, predictions.shape == labels.shape, True
         if binary:
             if isinstance(threshold, bool) or not isinstance(threshold, int | float):
                 problems.type_problem(f"threshold must be a float, got {describe(threshold)}")
@@ -169,8 +176,8 @@ class _ConfusionCounts(_Counts):
         else:
             shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
-            predicted = jnp.zeros(labels.shape, jnp.int32)
-        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems)
+            predicted, fits = jnp.zeros(labels.shape, jnp.int32), False
+        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
         average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
@@ -265,8 +272,9 @@ class FBeta(_ConfusionCounts):
         **_: Any,
     ) -> "FBeta":
         """Counts one batch; as `Precision.from_model_output`, plus `beta` (> 0, static)."""
-        if isinstance(beta, bool) or not isinstance(beta, int | float) or not beta > 0:
-            raise ValueError(
+        number = not isinstance(beta, bool) and isinstance(beta, int | float)
+        if not (number and beta > 0):
+            raise (ValueError if number else TypeError)(
                 f"FBeta.from_model_output: beta must be a Python number > 0, got "
                 f"{describe(beta)}; use beta=1.0 for F1, 0.5 to favour precision, 2.0 recall"
             )
@@ -315,17 +323,18 @@ class TopKAccuracy(_Counts):
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
-        if predictions.shape[:-1] != labels.shape or predictions.ndim == 0:
+        fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
+        if not fits:
             expected = f"{labels.shape + ('C',)}, one score per class"
             _add_shape_problem(problems, predictions, labels, expected)
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
             problems.type_problem(f"k must be an int, got {describe(k)}")
-        elif not 1 <= k <= num_classes:
+        elif fits and not 1 <= k <= num_classes:
             problems.value_problem(
                 f"k={k} must lie in [1, {num_classes}] for {num_classes} classes (the last "
                 "axis of predictions); choose a smaller k or check the predictions' shape"
             )
-        labels, mask = _checked_labels_and_mask(labels, mask, max(num_classes, 1), problems)
+        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
         top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1) & mask
         return cls(correct=hit.sum(dtype=jnp.int32), count=mask.sum(dtype=jnp.int32), k=int(k))
@@ -430,11 +439,12 @@ class Perplexity(_Counts):
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
-        if predictions.ndim == 0 or predictions.shape[:-1] != labels.shape:
+        fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
+        if not fits:
             expected = f"logits of shape {labels.shape + ('V',)}"
             _add_shape_problem(problems, predictions, labels, expected)
         vocab = predictions.shape[-1] if predictions.ndim else 1
-        labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems)
+        labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, fits)
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
         picked = jnp.take_along_axis(log_probs, jnp.clip(labels, 0, vocab - 1)[..., None], -1)
         return cls.from_log_likelihood(picked[..., 0], mask)

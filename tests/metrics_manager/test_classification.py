@@ -300,6 +300,71 @@ def test_errors_name_what_was_expected_and_what_came():
     assert "k=5" in str(info.value) and "labels must lie in" in str(info.value)
 
 
+SCORES, LABELS = np.array([0.2, 0.8]), np.array([0, 1])
+BAD_SETTINGS = {
+    "threshold a str": (
+        lambda: Precision.from_model_output(SCORES, LABELS, threshold="0.5"),
+        TypeError,
+        "Precision.from_model_output: threshold must be a float, got str '0.5'",
+    ),
+    "beta a str": (
+        lambda: FBeta.from_model_output(SCORES, LABELS, beta="2"),
+        TypeError,
+        "FBeta.from_model_output: beta must be a Python number > 0, got str '2'; use beta=1.0 "
+        "for F1, 0.5 to favour precision, 2.0 recall",
+    ),
+    "beta 0": (
+        lambda: FBeta.from_model_output(SCORES, LABELS, beta=0),
+        ValueError,
+        "FBeta.from_model_output: beta must be a Python number > 0, got int 0; use beta=1.0 "
+        "for F1, 0.5 to favour precision, 2.0 recall",
+    ),
+    "k a str": (
+        lambda: TopKAccuracy.from_model_output(np.eye(2), LABELS, k="1"),
+        TypeError,
+        "TopKAccuracy.from_model_output: k must be an int, got str '1'",
+    ),
+    "num_bins a str": (
+        lambda: AUROC.from_model_output(SCORES, LABELS, num_bins="3"),
+        TypeError,
+        "AUROC.from_model_output: num_bins must be an int, got str '3'",
+    ),
+    "num_bins 0": (
+        lambda: AUROC.from_model_output(SCORES, LABELS, num_bins=0),
+        ValueError,
+        "AUROC.from_model_output: num_bins must be >= 1, got 0",
+    ),
+    # A shape that does not fit leaves the class count unknown: no echo about label ranges.
+    "perplexity of a 0-d score": (
+        lambda: Perplexity.from_model_output(np.float32(1.0), LABELS),
+        ValueError,
+        "Perplexity.from_model_output: predictions of shape () do not fit labels of shape "
+        "(2,): expected logits of shape (2, 'V')",
+    ),
+    "top-k of binary scores": (
+        lambda: TopKAccuracy.from_model_output(SCORES, LABELS + 4, k=1),
+        ValueError,
+        "TopKAccuracy.from_model_output: predictions of shape (2,) do not fit labels of shape "
+        "(2,): expected (2, 'C'), one score per class",
+    ),
+    "precision of mis-shaped scores": (
+        lambda: Precision.from_model_output(np.zeros((2, 3, 1)), LABELS + 4),
+        ValueError,
+        "Precision.from_model_output: predictions of shape (2, 3, 1) do not fit labels of "
+        "shape (2,): expected (2,) (binary scores) or (2, 'C') with C >= 2 (one score per "
+        "class)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SETTINGS))
+def test_each_bad_setting_gives_one_exact_message(case):
+    call, error, message = BAD_SETTINGS[case]
+    with pytest.raises(error) as info:
+        call()
+    assert str(info.value) == message
+
+
 def test_settings_are_checked_at_trace_time_and_labels_out_of_range_ignored_in_jit():
     traces = []
 
