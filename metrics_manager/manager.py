@@ -203,7 +203,6 @@ class MetricsManager:
         self._window_start: float | None = None  # worker-side state
         self._last_step: int | None = None
         self._warned_order = False
-        self._reserved: frozenset[str] = frozenset()
         self._keys_checked: tuple[Any, ...] = ()
         self._dir: str | None = None
         self._made: Any = None
@@ -211,10 +210,13 @@ class MetricsManager:
         named: dict[str, Any] = {}
         self._pid = os.getpid()  # a forked child (a data-loader worker) has no worker thread
         if jax.process_index() == 0:
-            self._claim_dir()
+            self._dir = _claim_dir(name, self.summary_dir)
             try:
-                named = self._build_writers(
-                    writer_factory or writers.create_default_writer, resume_step
+                self._made, named = _make_writers(
+                    name,
+                    self.summary_dir,
+                    writer_factory or writers.create_default_writer,
+                    resume_step,
                 )
             except BaseException:
                 self._release_dir()
@@ -228,6 +230,9 @@ class MetricsManager:
             max_failures=max_writer_failures,
             quarantine_s=math.inf if quarantine_s is None else quarantine_s,
             fail_summary=on_error == "raise",
+        )
+        self._reserved = frozenset(
+            k for w in named.values() for k in getattr(w, "reserved_keys", ())
         )
         perf = None
         if flops_per_step is not None:
@@ -449,42 +454,6 @@ class MetricsManager:
         state = "closed" if self._closed else ("failed" if self._failures.fatal else "open")
         return f"MetricsManager(name={self.name!r}, summary_dir={self.summary_dir!r}, {state})"
 
-    def _build_writers(self, factory: WriterFactory, resume_step: int | None) -> dict[str, Any]:
-        try:
-            parameters = inspect.signature(factory).parameters
-        except (TypeError, ValueError):
-            parameters = {}  # type: ignore[assignment]
-        kwargs: dict[str, Any] = {}
-        collection = parameters.get("collection")
-        if collection is not None and collection.default is None:
-            kwargs["collection"] = self.name
-        if resume_step is not None:
-            if "resume_step" not in parameters:
-                raise TypeError(
-                    f"MetricsManager({self.name!r}): resume_step={resume_step} needs a "
-                    "writer_factory taking resume_step, such as writers.create_default_writer."
-                )
-            kwargs["resume_step"] = resume_step
-        made = self._made = factory(self.summary_dir, **kwargs)
-        named = (
-            made.writers if isinstance(made, writers.MultiWriter) else {type(made).__name__: made}
-        )
-        try:
-            _checks.check_writers(
-                named,
-                f"MetricsManager({self.name!r}): writer_factory's writers",
-                _REQUIRED,
-                "return a writers.MetricWriter (e.g. writers.create_default_writer(logdir))",
-            )
-        except TypeError:
-            for writer in named.values():
-                getattr(writer, "close", lambda: None)()
-            raise
-        self._reserved = frozenset(
-            k for w in named.values() for k in getattr(w, "reserved_keys", ())
-        )
-        return named
-
     @classmethod
     def close_all(cls) -> None:
         """Closes every open manager of this process, as `close()` does each.
@@ -505,26 +474,9 @@ class MetricsManager:
         if errors:
             raise errors[0]
 
-    def _claim_dir(self) -> None:
-        if self.summary_dir is None:
-            return
-        path = self.summary_dir if "://" in self.summary_dir else os.path.realpath(self.summary_dir)
-        with _DIRS_LOCK:
-            if path in _DIRS:
-                raise ValueError(
-                    f"MetricsManager({self.name!r}): {self.summary_dir} is already written by "
-                    f"another open MetricsManager in this process, made at {_DIRS[path]}; close "
-                    "it first (MetricsManager.close_all() closes one whose reference was lost, "
-                    "as to a notebook cell that raised), or give this manager another name or "
-                    "summary_dir."
-                )
-            _DIRS[path] = _caller()
-            self._dir = path
-
     def _release_dir(self) -> None:
         with _DIRS_LOCK:
-            if self._dir is not None:
-                del _DIRS[self._dir]
+            _DIRS.pop(self._dir or "", None)
             self._dir = None
 
     def _check_usable(self, method: str) -> None:
@@ -675,6 +627,58 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
             return {}, {}
     metrics = {k: v for k, v in obj.items() if metrics_lib.is_metric_obj(v)}
     return metrics, {k: v for k, v in obj.items() if k not in metrics}
+
+
+def _claim_dir(name: str, summary_dir: str | None) -> str | None:
+    """Claims `summary_dir` for a new manager of this process; None for no files."""
+    if summary_dir is None:
+        return None
+    path = summary_dir if "://" in summary_dir else os.path.realpath(summary_dir)
+    with _DIRS_LOCK:
+        if path in _DIRS:
+            raise ValueError(
+                f"MetricsManager({name!r}): {summary_dir} is already written by another open "
+                f"MetricsManager in this process, made at {_DIRS[path]}; close it first "
+                "(MetricsManager.close_all() closes one whose reference was lost, as to a "
+                "notebook cell that raised), or give this manager another name or summary_dir."
+            )
+        _DIRS[path] = _caller()
+    return path
+
+
+def _make_writers(
+    name: str, summary_dir: str | None, factory: WriterFactory, resume_step: int | None
+) -> tuple[Any, dict[str, Any]]:
+    """What `factory` returned, and its writers by name (a `MultiWriter` unpacked), checked."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        parameters = {}  # type: ignore[assignment]
+    kwargs: dict[str, Any] = {}
+    collection = parameters.get("collection")
+    if collection is not None and collection.default is None:
+        kwargs["collection"] = name
+    if resume_step is not None:
+        if "resume_step" not in parameters:
+            raise TypeError(
+                f"MetricsManager({name!r}): resume_step={resume_step} needs a "
+                "writer_factory taking resume_step, such as writers.create_default_writer."
+            )
+        kwargs["resume_step"] = resume_step
+    made = factory(summary_dir, **kwargs)
+    named = made.writers if isinstance(made, writers.MultiWriter) else {type(made).__name__: made}
+    try:
+        _checks.check_writers(
+            named,
+            f"MetricsManager({name!r}): writer_factory's writers",
+            _REQUIRED,
+            "return a writers.MetricWriter (e.g. writers.create_default_writer(logdir))",
+        )
+    except TypeError:
+        for writer in named.values():
+            getattr(writer, "close", lambda: None)()
+        raise
+    return made, named
 
 
 def _caller() -> str:
