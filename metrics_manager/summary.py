@@ -57,6 +57,9 @@ class Summarizer:
         self._system_next = -math.inf  # when the next system/* sample is due
         self._nonfinite_warned: set[str] = set()
         self._int32_warned: set[str] = set()
+        # (steps merged, num_steps) of the last 3 summaries; None once warned.
+        self._windows: list[tuple[float, int]] | None = []
+        self._step_key = ""  # the key of a `Step` metric, for that count
 
     def values(
         self,
@@ -80,6 +83,7 @@ class Summarizer:
                 step,
                 sorted(near_limit),
             )
+        self._check_windows(host, step, num_steps)
         if duration is None and (timed := sorted(k for k, m in host.items() if _has_time(m))):
             raise MetricsManagerError(
                 f"summary at step {step} ({owner}): metrics {timed} "
@@ -97,6 +101,43 @@ class Summarizer:
             self._system_next = time.monotonic() + self._system_interval
             summary |= self._monitor.window_values()
         return summary
+
+    def _check_windows(self, host: Mapping[str, Any], step: int, num_steps: int) -> None:
+        """Warns once when a `Step` metric's merged count per window grew over three summaries
+        in a row: a loop that does not donate and forgets `running = None` after a summary
+        writes cumulative windows (a per-step average then grows with every summary)."""
+        if self._windows is None:
+            return
+        metric: Any = host.get(self._step_key)  # a loop sends the same keys: find one once
+        if not isinstance(metric, metrics_lib.Step) or metric.steps is None:
+            self._step_key = next(
+                (
+                    k
+                    for k, m in host.items()
+                    if isinstance(m, metrics_lib.Step) and m.steps is not None
+                ),
+                "",
+            )
+            if not self._step_key:
+                return
+            metric = host[self._step_key]
+        try:
+            merged = float(metric.steps)
+        except TypeError:  # one count per device (a replicated metric)
+            merged = float(np.max(metric.steps))
+        windows = self._windows = [*self._windows[-2:], (merged, num_steps)]
+        ratios = [steps / n for steps, n in windows]
+        if len(ratios) == 3 and ratios[0] < ratios[1] < ratios[2] and ratios[2] >= 2 * ratios[0]:
+            self._windows = None  # once
+            _LOG.warning(
+                "%s: the summaries up to step %d merged %s steps for num_steps %s: each window "
+                "holds the ones already written. Start every window from running = None after "
+                "write_metrics_summary (per-step averages such as loss are cumulative otherwise).",
+                self._failures.owner,
+                step,
+                ", ".join(f"{steps:g}" for steps, _ in windows),
+                ", ".join(str(n) for _, n in windows),
+            )
 
     def calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
         """The writers' `(method, kwargs)` calls for `summary`, scalars checked once for all."""

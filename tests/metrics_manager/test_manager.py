@@ -183,6 +183,42 @@ def test_donated_packed_metrics_say_what_happened():
     assert "`running = None` after each write_metrics_summary" in str(manager.errors[0])
 
 
+def _window_warnings(caplog: Any, merges_per_step: int, windows: list[int], reset: bool) -> list:
+    """Runs a loop that does not donate; returns its cumulative-window warnings and losses."""
+    step = jax.jit(
+        lambda running, x: merge_metrics(running, {"loss": AveragePerStep.from_model_output(x)})
+    )
+    recorder, losses = RecordingWriter(), []
+    with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
+        with make(recorder, clock=time.perf_counter) as manager:
+            running, at = None, 0
+            for window in windows:
+                for _ in range(window * merges_per_step):  # T5X merges microbatches with merge
+                    running = step(running, jnp.float32(1.0))
+                at += window
+                losses.append(
+                    float(manager.write_metrics_summary(running, at, window).result()["loss"].value)
+                )
+                running = None if reset else running
+    warnings = [r.getMessage() for r in caplog.records if "each window holds" in r.getMessage()]
+    caplog.clear()
+    return [warnings, losses]
+
+
+def test_a_loop_that_keeps_merging_into_written_windows_is_warned_once(caplog):
+    warnings, losses = _window_warnings(caplog, 1, [10, 10, 10, 10], reset=False)
+    assert losses == [1.0, 2.0, 3.0, 4.0]  # the per-step loss is 1: the windows are cumulative
+    assert warnings == [
+        "MetricsManager 'train': the summaries up to step 30 merged 10, 20, 30 steps for "
+        "num_steps 10, 10, 10: each window holds the ones already written. Start every window "
+        "from running = None after write_metrics_summary (per-step averages such as loss are "
+        "cumulative otherwise)."
+    ]
+    # Loops that reset are never warned: windows of any length, 2 merges a step or 1.
+    assert _window_warnings(caplog, 2, [10, 3, 25, 7, 1], reset=True) == [[], [2.0] * 5]
+    assert _window_warnings(caplog, 1, [5, 50, 500], reset=True) == [[], [1.0] * 3]
+
+
 def test_summary_dir_is_dir_slash_name(tmp_path):
     seen = []
     manager = MetricsManager(
