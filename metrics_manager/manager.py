@@ -466,7 +466,7 @@ class MetricsManager:
             raised (every manager is closed first).
         """
         errors = []
-        for manager in [m for m in list(_OPEN) if m._pid == os.getpid()]:
+        for manager in _open_managers():
             try:
                 manager.close()
             except MetricsManagerError as err:
@@ -721,8 +721,13 @@ def _signals_to_handle() -> tuple[int, ...]:
     return (signal.SIGTERM, signal.SIGINT)
 
 
+def _open_managers() -> list[MetricsManager]:
+    """The open managers of this process (a forked child's copies are its parent's)."""
+    return [m for m in list(_OPEN) if m._pid == os.getpid()]
+
+
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
-    managers = [m for m in list(_OPEN) if m._pid == os.getpid()]
+    managers = _open_managers()
     previous = _PREVIOUS_HANDLERS.get(signum)
     own = callable(previous) and previous is not signal.default_int_handler
     budget = _SIGNAL_FLUSH_BEFORE_OWN_S if own else _SIGNAL_FLUSH_S

@@ -222,12 +222,12 @@ def check_writers(
             try:
                 signature.bind(**dict.fromkeys(keywords))
             except TypeError as err:
+                has = f"{method}({', '.join(signature.parameters)})"
+                called = f"{method}({', '.join(f'{k}=...' for k in keywords)})"
                 problems.type_problem(
-                    f"{name!r} ({type(writer).__name__}).{method}({', '.join(signature.parameters)}) "
-                    "cannot take "
-                    f"{method}({', '.join(f'{k}=...' for k in keywords)}): {err}; accept "
-                    "MetricWriter's parameters by those names (callers pass them by keyword) "
-                    "and give any other a default"
+                    f"{name!r} ({type(writer).__name__}).{has} cannot take {called}: {err}; "
+                    "accept MetricWriter's parameters by those names (callers pass them by "
+                    "keyword) and give any other a default"
                 )
     problems.raise_if_any()
 
