@@ -1,7 +1,8 @@
 """Pluggable metric writers with CLU's interface and no TensorFlow, usable on their own.
 
 Trackers (`WandbWriter`, `MlflowWriter`) and tensorboardX are imported on first use:
-`import writers` imports neither TensorFlow, torch nor JAX.
+`import writers` imports neither TensorFlow, torch nor JAX, and writing TensorBoard files
+does not import torch even where it is installed (`writers._tbx`).
 
 Example:
   >>> import tempfile, writers

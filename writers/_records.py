@@ -18,9 +18,8 @@ import threading
 import time
 from typing import Any
 
-from tensorboardX.record_writer import masked_crc32c
-
 from writers import _storage
+from writers._tbx import masked_crc32c
 
 
 class EventFile:

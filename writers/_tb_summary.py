@@ -9,10 +9,10 @@ from itertools import chain
 from typing import Any
 
 import numpy as np
-from tensorboardX import summary as tbx_summary
-from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2
 
 from writers import _checks, _encode
+from writers._tbx import event_pb2, summary_pb2, tensor_pb2
+from writers._tbx import summary as tbx_summary
 
 Value = summary_pb2.Summary.Value
 

@@ -230,9 +230,7 @@ def _read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
 
 def _read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
     """`(None, step, tag, value)` for every scalar (`simple_value`, or TF2's scalars plugin)."""
-    from tensorboardX.proto import event_pb2  # noqa: PLC0415  (only when event files are read)
-
-    from writers._records import masked_crc32c  # noqa: PLC0415
+    from writers._tbx import event_pb2, masked_crc32c  # noqa: PLC0415  (only to read events)
 
     with open(path, "rb") as f:
         data = f.read()
