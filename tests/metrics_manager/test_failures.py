@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -562,8 +563,14 @@ def signal_loop(proc: subprocess.Popen[str], signum: int, issued: list[int]) -> 
     finally:
         if proc.poll() is None:
             proc.kill()  # it ignored the signal: leave no loop running after the test
-    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    issued += _issued(rest)
     return rest
+
+
+def _issued(out: str) -> list[int]:
+    """The steps of the loop's `issued <step>` lines. Run unbuffered (PYTHONUNBUFFERED=1), a
+    line's newline is its own write, so a C++ log line from JAX can follow the step on it."""
+    return [int(step) for step in re.findall(r"^issued (\d+)", out, re.MULTILINE)]
 
 
 def wait_for_issued(proc: subprocess.Popen[str], count: int) -> list[int]:
@@ -572,8 +579,7 @@ def wait_for_issued(proc: subprocess.Popen[str], count: int) -> list[int]:
     while len(issued) < count:
         line = proc.stdout.readline()
         assert line, "the loop ended early"
-        if line.startswith("issued "):
-            issued.append(int(line.split()[1]))
+        issued += _issued(line)
     return issued
 
 
@@ -702,7 +708,7 @@ def test_sigterm_with_a_hung_writer_writes_every_issued_summary_to_the_others(tm
     proc.send_signal(signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     waited = time.monotonic() - signalled
-    issued += [int(x.split()[1]) for x in rest.splitlines() if x.startswith("issued ")]
+    issued += _issued(rest)
     assert proc.returncode == -signal.SIGTERM, rest
     assert 10.0 <= waited < 20.0, rest  # abandoned after 10 s, then the queue drains at once
     assert "writer 'stuck' ran past 10.0 s, the bound while flushing on a signal" in rest

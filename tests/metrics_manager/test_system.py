@@ -12,6 +12,7 @@ import time
 import types
 
 import jax
+import numpy as np
 import psutil
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
@@ -208,10 +209,10 @@ def test_cpu_temperature_when_present_and_absent(monkeypatch):
 
 
 def test_nvml_absent_or_failing_gives_no_gpu_keys(monkeypatch):
-    # On this CPU machine nvidia-ml-py imports but nvmlInit fails (no driver library).
+    # On a CPU machine nvidia-ml-py imports but nvmlInit fails (no driver library).
     with mm.SystemMonitor(None, devices=()) as monitor:
         values = monitor.window_values()
-    if not _has_nvidia_gpu():
+    if not _nvml_gpu_count():
         assert not [k for k in values if k.startswith("system/gpu")]
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: import fails
     with mm.SystemMonitor(None, devices=()) as monitor:
@@ -265,24 +266,49 @@ def test_nvml_path_with_a_fake_library(monkeypatch):
     ]
 
 
-def _has_nvidia_gpu() -> bool:
+def _nvml_gpu_count() -> int:
+    """NVIDIA GPUs on this machine, as NVML sees them whatever JAX_PLATFORMS says."""
+    import pynvml  # noqa: PLC0415  (nvidia-ml-py is a declared test dependency)
+
     try:
-        return any(d.platform == "gpu" for d in jax.devices("gpu"))
-    except RuntimeError:
-        return False
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no driver library: no NVIDIA GPU
+        return 0
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
 
 
-@pytest.mark.skipif(not _has_nvidia_gpu(), reason="needs an NVIDIA GPU visible to JAX")
+def _jax_gpus() -> list[jax.Device]:
+    try:
+        return jax.devices("gpu")
+    except RuntimeError:  # no GPU backend (the tests run JAX on the CPU unless told otherwise)
+        return []
+
+
+@pytest.mark.skipif(not _nvml_gpu_count(), reason="needs an NVIDIA GPU")
 def test_real_gpu_keys():
-    import pynvml  # noqa: F401  (nvidia-ml-py is a declared test dependency)
-
-    with mm.SystemMonitor(None, devices=jax.devices("gpu")) as monitor:
+    # NVML reads the GPU whichever backend JAX runs on, so `make test` checks this on any
+    # machine with an NVIDIA GPU.
+    with mm.SystemMonitor(None, devices=()) as monitor:
         values = monitor.window_values()
     assert 0 <= values["system/gpu0/utilization_percent"] <= 100
     assert 0 < values["system/gpu0/temperature_c"] < 120
     assert values["system/gpu0/power_w"] > 0
-    device = jax.devices("gpu")[0]
-    assert values[f"system/device{device.id}/memory_in_use_mib"] >= 0
+    gpus = sorted({k.split("/")[1] for k in values if k.startswith("system/gpu")})
+    assert gpus == [f"gpu{i}" for i in range(_nvml_gpu_count())]
+
+
+@pytest.mark.skipif(not _jax_gpus(), reason="needs JAX on a GPU (JAX_PLATFORMS=cuda,cpu)")
+def test_real_gpu_device_memory_keys():
+    device = _jax_gpus()[0]
+    held = jax.device_put(np.ones((256, 1024, 1024), np.float32), device)  # 1 GiB
+    with mm.SystemMonitor(None, devices=[device]) as monitor:
+        values = monitor.window_values()
+    del held
+    assert values[f"system/device{device.id}/memory_in_use_mib"] >= 1024
+    assert values[f"system/device{device.id}/peak_memory_in_use_mib"] >= 1024
 
 
 def test_invalid_arguments():
