@@ -350,6 +350,7 @@ class MetricsManager:
         keys = (*(metrics.keys() if isinstance(metrics, PackedMetrics) else metrics), *ready)
         if keys != self._keys_checked:  # a loop sends the same keys every time: check once
             problems.keys(keys, self._reserved)
+            problems.one_window(metrics)
         problems.raise_if_any()
         self._keys_checked = keys
         self._check_order(step)
@@ -588,6 +589,20 @@ class _Problems(Problems):
         if value not in options:
             self.value_problem(f"{what} must be one of {list(options)}, got {value!r}")
 
+    def one_window(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:
+        """Refuses a window per device (`jax.pmap`) or per member (`jax.vmap`)."""
+        if isinstance(metrics, PackedMetrics):
+            if problem := metrics.mapped_axis_problem():
+                self.value_problem(f"metrics: {problem}")
+        elif rows := {k: n for k, m in metrics.items() if (n := _rows_per_device(m))}:
+            self.value_problem(
+                f"metrics {sorted(rows)} hold one window per device ({max(rows.values())} "
+                "rows, one on each device, as jax.pmap returns them); merge the devices' "
+                "windows first: {k: m.reduce() for k, m in metrics.items()} (CLU's reduce "
+                "merges along the first axis), or all-reduce in the step (lax.psum, "
+                "lax.pmean) and pass one row: jax.tree.map(lambda x: x[0], metrics)"
+            )
+
     def keys(self, keys: Any, reserved: frozenset[str]) -> None:
         if bad := [k for k in keys if not isinstance(k, str) or not k.strip()]:
             listed = ", ".join(repr(k) for k in bad)
@@ -597,6 +612,20 @@ class _Problems(Problems):
                 f"keys {clash} are reserved by a writer (JSONL stores step, time and collection "
                 f"in every line); rename them, e.g. 'train/{clash[0]}'"
             )
+
+
+def _rows_per_device(metric: Any) -> int:
+    """n when every array of `metric` has n > 1 rows, one on each of n devices (as `jax.pmap`
+    returns them); else 0. Static sharding data only: no device work."""
+    counts = set()
+    for x in jax.tree.leaves(metric):
+        if isinstance(x, jax.Array):
+            rows = x.shape[0] if x.ndim else 0
+            if rows > 1 and len(x.sharding.device_set) == rows:
+                shard = x.sharding.shard_shape(x.shape)  # PmapSharding's drops the mapped axis
+                rows = rows if len(shard) < x.ndim or shard[0] == 1 else 0
+            counts.add(rows if rows > 1 and len(x.sharding.device_set) == rows else 0)
+    return counts.pop() if len(counts) == 1 else 0
 
 
 def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[str, Any]]:

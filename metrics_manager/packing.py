@@ -167,17 +167,28 @@ class PackedMetrics:
         """
         return _unpack_jitted(self)
 
+    def mapped_axis_problem(self) -> str | None:
+        """Why the buffers are no single window (a leading axis from `jax.vmap` or `jax.pmap`),
+        or None. Reads static shapes only: no device work."""
+        wrong = [
+            f"buffer {i} ({dtype}) has shape {np.shape(buffer)}, expected {spec}"
+            for i, (buffer, (dtype, spec)) in enumerate(
+                zip(self._buffers, self._layout.specs, strict=True)
+            )
+            if np.shape(buffer) != spec
+        ]
+        if not wrong:
+            return None
+        return (
+            f"PackedMetrics: {'; '.join(wrong)}. A PackedMetrics returned by jax.vmap or "
+            "jax.pmap has the mapped axis in front (a window per member or device): take one "
+            "with jax.tree.map(lambda b: b[i], packed), or merge with pack=False and merge "
+            "the windows of each metric with its .reduce()."
+        )
+
     def _unpack_traced(self) -> dict[str, Any]:
-        for i, (buffer, (dtype, spec)) in enumerate(
-            zip(self._buffers, self._layout.specs, strict=True)
-        ):
-            if np.shape(buffer) != spec:  # static: checked once per trace
-                raise ValueError(
-                    f"PackedMetrics: buffer {i} ({dtype}) has shape {np.shape(buffer)}, "
-                    f"expected {spec}. A PackedMetrics returned by jax.vmap has the mapped "
-                    "axis in front: take one member with jax.tree.map(lambda b: b[i], packed), "
-                    "or merge inside vmap with pack=False."
-                )
+        if problem := self.mapped_axis_problem():  # static: checked once per trace
+            raise ValueError(problem)
         leaves = []
         for buffer, start, stop, shape, weak_type in self._layout.leaves:
             value = self._buffers[buffer][start:stop].reshape(shape)

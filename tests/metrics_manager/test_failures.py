@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import writers
-from metrics_manager import AveragePerStep, MetricsManager, MetricsManagerError, Sum
+from metrics_manager import AveragePerStep, MetricsManager, MetricsManagerError, Sum, merge_metrics
 from tests.metrics_manager.fault_loop import files_and
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
 from tests.writers.failing import GatedWriter
@@ -771,6 +771,13 @@ def test_a_writer_failing_on_process_0_does_not_hang_process_1(tmp_path):
 
 GOOD = {"loss": Sum(np.float32(1.0))}
 
+
+def _per_device(pack: bool) -> Any:
+    """A window per device, as a `jax.pmap` step returns it (each device's sum is 2)."""
+    step = jax.pmap(lambda x: merge_metrics(None, {"loss": Sum(x.sum())}, pack=pack))
+    return step(jnp.ones((jax.local_device_count(), 2)))
+
+
 BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "string scalar": (lambda m: m.write_scalar("x", "abc", 1), TypeError, "'x'.*must be a number"),
     "None scalar": (lambda m: m.write_scalar("x", None, 1), TypeError, "'x'.*number"),
@@ -875,6 +882,16 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         r"called while JAX traces a function \(inside jit.*call it from the Python loop",
     ),
+    "a window per device (pmap)": (
+        lambda m: m.write_metrics_summary(_per_device(pack=False), 1, 1),
+        ValueError,
+        r"\['loss'\] hold one window per device \(8 rows.*: \{k: m.reduce\(\) for k, m in",
+    ),
+    "a packed window per device (pmap)": (
+        lambda m: m.write_metrics_summary(_per_device(pack=True), 1, 1),
+        ValueError,
+        r"has shape \(8, 1\), expected \(1,\).*jax.tree.map\(lambda b: b\[i\], packed\)",
+    ),
     "bad deadline": (
         lambda m: MetricsManager("x", writer_deadline_s="5"),
         TypeError,
@@ -893,6 +910,17 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
     logdir = str(tmp_path / "train")
     assert [(x["step"], x["loss"]) for x in read_jsonl(logdir)] == [(5, 2.0)]
     assert tb_steps(logdir) == [5]
+    assert manager.errors == []
+
+
+def test_a_window_per_device_merged_as_the_message_says_is_written(tmp_path):
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        per_device = _per_device(pack=False)
+        manager.write_metrics_summary({k: m.reduce() for k, m in per_device.items()}, 1, 1)
+        manager.write_metrics_summary(jax.tree.map(lambda b: b[3], _per_device(pack=True)), 2, 1)
+    logdir = str(tmp_path / "train")
+    assert [(x["step"], x["loss"]) for x in read_jsonl(logdir)] == [(1, 16.0), (2, 2.0)]
+    assert tb_steps(logdir) == [1, 2]
     assert manager.errors == []
 
 

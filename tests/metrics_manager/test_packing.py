@@ -216,7 +216,7 @@ def test_a_vmapped_window_is_refused_with_the_fix_not_misread():
     assert (float(member["s"].compute()), float(member["top"].compute())) == (5.0, 3.0)
     with pytest.raises(ValueError, match=r"buffer 0 \(float32\) has shape \(3, 2\), expected"):
         packed["s"]
-    with pytest.raises(ValueError, match=r"b\[i\], packed\), or merge inside vmap with pack"):
+    with pytest.raises(ValueError, match=r"b\[i\], packed\), or merge with pack=False"):
         packed.unpack()
 
 
