@@ -203,7 +203,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Reads a JSONL log written by `JsonlWriter`, local or remote, as one dict per line.
 
     Args:
-      path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`).
+      path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`),
+        or a local directory holding `metrics.jsonl` (a manager's `summary_dir`).
 
     Returns:
       The lines in write order (a last line still being written is left out).
@@ -220,7 +221,11 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
     path = os.fspath(path)
-    data = _read_remote(path) if _storage.is_remote(path) else pathlib.Path(path).read_bytes()
+    if _storage.is_remote(path):
+        data = _read_remote(path)
+    else:
+        local = pathlib.Path(path)
+        data = (local / "metrics.jsonl" if local.is_dir() else local).read_bytes()
     return [json.loads(line) for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
 
 

@@ -256,5 +256,6 @@ def test_a_file_system_without_flock_writes_without_the_lock_and_says_so(
     with writers.JsonlWriter(path) as w:
         w.write_scalars(1, {"loss": 0.5})
     assert [line["loss"] for line in writers.read_jsonl(path)] == [0.5]
+    assert writers.read_jsonl(tmp_path) == writers.read_jsonl(path)  # a run dir reads its log
     logged = [r.getMessage() for r in caplog.records if "cannot lock the log" in r.getMessage()]
     assert len(logged) == 1 and "Function not implemented" in logged[0], logged
