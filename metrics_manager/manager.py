@@ -621,10 +621,11 @@ def _rows_per_device(metric: Any) -> int:
     for x in jax.tree.leaves(metric):
         if isinstance(x, jax.Array):
             rows = x.shape[0] if x.ndim else 0
-            if rows > 1 and len(x.sharding.device_set) == rows:
+            per_device = rows > 1 and len(x.sharding.device_set) == rows
+            if per_device:
                 shard = x.sharding.shard_shape(x.shape)  # PmapSharding's drops the mapped axis
-                rows = rows if len(shard) < x.ndim or shard[0] == 1 else 0
-            counts.add(rows if rows > 1 and len(x.sharding.device_set) == rows else 0)
+                per_device = len(shard) < x.ndim or shard[0] == 1
+            counts.add(rows if per_device else 0)
     return counts.pop() if len(counts) == 1 else 0
 
 
