@@ -160,7 +160,7 @@ class ConsoleWriter(BaseWriter):
         console = self._console[1]
         layout = _layout(tuple(lines))
         # Continuation lines of a multi-line value are indented under the value column.
-        indent = "\n" + " " * (_cells(layout[0][1]) + 4) if layout else ""
+        indent = "\n" + " " * (min(_cells(layout[0][1]), _KEY_COLUMNS) + 4) if layout else ""
         if console is None:  # plain text, and no rendering cost
             body = "".join(
                 f"\n  {padded}  " + lines[key].replace("\n", indent) for key, padded in layout
@@ -180,11 +180,14 @@ class ConsoleWriter(BaseWriter):
             console.print(Text.assemble(*pieces))
 
 
+_KEY_COLUMNS = 48  # the value column; a longer key is followed by two spaces only
+
+
 @functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
     """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded to
-    the same width on screen (a CJK character takes two columns)."""
-    width = max(map(_cells, keys), default=0)
+    the same width on screen (a CJK character takes two columns), at most `_KEY_COLUMNS`."""
+    width = min(max(map(_cells, keys), default=0), _KEY_COLUMNS)
     return [
         (k, k + " " * (width - _cells(k)))
         for k in sorted(keys, key=lambda k: (k.partition("/")[0] if "/" in k else "", k))

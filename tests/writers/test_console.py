@@ -71,6 +71,19 @@ def test_wide_characters_keep_the_value_column_aligned():
     )
 
 
+def test_one_very_long_key_does_not_push_every_value_to_the_right():
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out)
+    long = "eval/" + "x" * 60
+    w.write_scalars(1, {"loss": 1.5, long: 2.0})
+    w.write_texts(1, {"note": "two\nlines", long: "z"})
+    pad = " " * 44  # "loss" padded to the value column, 48 columns
+    assert out.getvalue() == (
+        f"step 1\n  loss{pad}  1.5\n  {long}  2\n"
+        f"step 1\n  note{pad}  two\n{' ' * 52}lines\n  {long}  z\n"
+    )
+
+
 def test_colour_only_on_a_tty(monkeypatch):
     monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.delenv("NO_COLOR", raising=False)
