@@ -74,6 +74,12 @@ def hparam(value: object) -> bool | int | float | str:
         return value
     if isinstance(value, np.bool_ | np.str_):  # numpy's as Python's
         return value.item()
+    if isinstance(value, np.ndarray) or _checks._looks_like_array(value):  # jax, 0-d numpy
+        arr = np.asarray(value)
+        if arr.size == 1 and arr.dtype == np.bool_:
+            return bool(arr.reshape(()))
+        if arr.size == 1 and (np.issubdtype(arr.dtype, np.number) or _checks._is_float(arr.dtype)):
+            return _checks.to_number("hparam", arr)
     if isinstance(value, int | float | np.number):
         return _checks.to_number("hparam", value)
     return str(value)

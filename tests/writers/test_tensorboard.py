@@ -14,6 +14,7 @@ import time
 import wave
 import zlib
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -136,6 +137,7 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     w.write_hparams(
         {"lr": 0.1, "optimizer": "adam", "layers": np.int64(4), "dropout": True, "shape": (2, 3)}
         | {"bias": np.bool_(False), "adam": {"b1": 0.9, "eps": {"value": 1e-8}}}
+        | {"warmup": jnp.int32(100), "wd": jnp.asarray(0.25, jnp.bfloat16)}
     )
     w.close()
     content = _accumulator(tmp_path).PluginTagToContent("hparams")
@@ -146,6 +148,7 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     assert hp["shape"].string_value == "(2, 3)"
     assert hp["adam.b1"].number_value == 0.9 and hp["adam.eps.value"].number_value == 1e-8
     assert hp["bias"].WhichOneof("kind") == "bool_value" and hp["bias"].bool_value is False
+    assert hp["warmup"].number_value == 100.0 and hp["wd"].number_value == 0.25
 
 
 _SHORT_WRITE = """
