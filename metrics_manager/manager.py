@@ -57,10 +57,12 @@ from writers import _checks
 from writers._base import close_at_exit
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
+from writers.multi import named_writers
 
 WriterFactory = Callable[..., Any]
-"""`writer_factory(logdir)` returns a writer or a `writers.MultiWriter`; it also gets
-`collection=<name>` if it has that keyword defaulting to None, and `resume_step` if it has one."""
+"""`writer_factory(logdir)` returns a writer, a `writers.MultiWriter`, or a list or dict of
+writers; it also gets `collection=<name>` if it has that keyword defaulting to None, and
+`resume_step` if it has one."""
 
 _LOG = logging.getLogger(__name__)
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
@@ -85,8 +87,9 @@ class MetricsManager:
         `<summary_dir>/<name>`. It must stay inside `summary_dir` (no `..`, not absolute).
       summary_dir: root of the experiment's summaries, or None to write no files.
       writer_factory: `writer_factory(logdir)` returns the writer(s); called once, on process
-        0 only. A `writers.MultiWriter` is unpacked so each writer is isolated. Defaults to
-        `writers.create_default_writer` (console + TensorBoard + JSONL). Use
+        0 only. A `writers.MultiWriter`, a list or a dict of writers is unpacked so each
+        writer is isolated. Defaults to `writers.create_default_writer` (console +
+        TensorBoard + JSONL). Use
         `gin_utils.configured(MetricsManager)` to apply gin bindings.
       clock: returns seconds; times the windows (default `time.perf_counter`).
       max_pending: most jobs waiting behind the running one; a call blocks while the worker
@@ -696,16 +699,23 @@ def _make_writers(
             )
         kwargs["resume_step"] = resume_step
     made = factory(summary_dir, **kwargs)
-    named = made.writers if isinstance(made, writers.MultiWriter) else {type(made).__name__: made}
+    context = f"MetricsManager({name!r}): writer_factory's writers"
+    many = isinstance(made, list | tuple | Mapping)  # [JsonlWriter(d), TensorBoardWriter(d)]
     try:
+        if many:
+            named = named_writers(made, context)
+        elif isinstance(made, writers.MultiWriter):
+            named = made.writers
+        else:
+            named = {type(made).__name__: made}
         _checks.check_writers(
             named,
-            f"MetricsManager({name!r}): writer_factory's writers",
+            context,
             _REQUIRED,
             "return a writers.MetricWriter (e.g. writers.create_default_writer(logdir))",
         )
     except TypeError:
-        for writer in named.values():
+        for writer in made.values() if isinstance(made, Mapping) else made if many else [made]:
             getattr(writer, "close", lambda: None)()
         raise
     return made, named

@@ -24,6 +24,22 @@ _PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
 _part_name = "{:06d}-{:08d}.jsonl".format  # (generation, index) -> the part's file name
 
 
+LOG_NAME = "metrics.jsonl"
+_FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log")
+
+
+def log_file(path: str) -> str:
+    """The log `path` names: `path` itself if it is a file (its name ends in `.jsonl`,
+    `.ndjson`, `.json` or `.log`, or it exists and is no directory: `/dev/stdout`, a pipe),
+    else `path/metrics.jsonl`, so `JsonlWriter(logdir)` writes where `read_jsonl(logdir)`,
+    TensorBoard and the plot command look."""
+    if path.endswith(_FILE_SUFFIXES):
+        return path
+    if not _storage.is_remote(path) and os.path.exists(path) and not os.path.isdir(path):
+        return path
+    return _storage.join(path, LOG_NAME)
+
+
 def line_step(line: bytes) -> int | None:
     """The `step` of one log line: an int, or None for lines without one or unreadable."""
     match = _STEP.match(line)
@@ -203,8 +219,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Reads a JSONL log written by `JsonlWriter`, local or remote, as one dict per line.
 
     Args:
-      path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`),
-        or a local directory holding `metrics.jsonl` (a manager's `summary_dir`).
+      path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`,
+        or a directory such as a manager's `summary_dir`, which holds `metrics.jsonl`).
 
     Returns:
       The lines in write order (a last line still being written is left out).
@@ -220,12 +236,11 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       >>> writers.read_jsonl(path)
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
-    path = os.fspath(path)
+    path = log_file(os.fspath(path))
     if _storage.is_remote(path):
         data = _read_remote(path)
     else:
-        local = pathlib.Path(path)
-        data = (local / "metrics.jsonl" if local.is_dir() else local).read_bytes()
+        data = pathlib.Path(path).read_bytes()
     return [json.loads(line) for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
 
 

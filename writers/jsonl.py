@@ -56,8 +56,10 @@ class JsonlWriter(BaseWriter):
     """Appends one JSON object per write call to a `.jsonl` file (or remote parts).
 
     Args:
-      path: File to append to (parent directories are created), or a URL any fsspec
-        protocol can write (`gs://`, `s3://`, `memory://`, ...).
+      path: File to append to (a name ending in `.jsonl`, `.ndjson`, `.json` or `.log`, or
+        an existing file such as `/dev/stdout`), or a directory (any other path, such as a
+        manager's `logdir`), which gets `metrics.jsonl`; parent directories are created.
+        Either may be a URL any fsspec protocol can write (`gs://`, `s3://`, ...).
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element.
@@ -88,7 +90,7 @@ class JsonlWriter(BaseWriter):
         flush_secs: float = 10.0,
         max_buffer_mb: float | None = 256.0,
     ):
-        self._path = os.fspath(path)
+        self._path = _jsonl_log.log_file(os.fspath(path))
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, "JsonlWriter(resume_step=...)")
         flush_secs = _checks.check_seconds(flush_secs, "JsonlWriter")

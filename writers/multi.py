@@ -32,16 +32,7 @@ class MultiWriter(ForwardingWriter):
     """
 
     def __init__(self, writers: Sequence[Any] | Mapping[str, Any]):
-        if isinstance(writers, Mapping):
-            _checks.check_keys(writers, "MultiWriter")
-            self._writers = list(writers.items())
-        else:
-            items = list(writers)
-            names = [type(w).__name__ for w in items]
-            self._writers = [
-                (name if names.count(name) == 1 else f"{name}#{i}", w)
-                for i, (name, w) in enumerate(zip(names, items, strict=True))
-            ]
+        self._writers = list(named_writers(writers, "MultiWriter").items())
         _checks.check_writers(dict(self._writers), "MultiWriter")
 
     @property
@@ -73,3 +64,16 @@ class MultiWriter(ForwardingWriter):
                 failures.append((name, err))
         if failures:
             raise WriterError(f"MultiWriter.{method}", failures) from failures[0][1]
+
+
+def named_writers(writers: Sequence[Any] | Mapping[str, Any], context: str) -> dict[str, Any]:
+    """Writers by name: a mapping's keys, else class names (`#i` added to repeated ones)."""
+    if isinstance(writers, Mapping):
+        _checks.check_keys(writers, context)
+        return dict(writers)
+    items = list(writers)
+    names = [type(w).__name__ for w in items]
+    return {
+        name if names.count(name) == 1 else f"{name}#{i}": w
+        for i, (name, w) in enumerate(zip(names, items, strict=True))
+    }

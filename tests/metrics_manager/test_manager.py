@@ -550,6 +550,38 @@ def test_factory_returning_a_non_writer_is_a_type_error():
     assert half.closed
 
 
+def test_a_factory_returning_a_list_or_dict_of_writers_gets_each_isolated(tmp_path):
+    """`lambda logdir: [JsonlWriter(logdir), TensorBoardWriter(logdir)]` works as a
+    MultiWriter would: both files land in the run's directory, each writer by name."""
+
+    def both(logdir):
+        return [writers.JsonlWriter(logdir), writers.TensorBoardWriter(logdir)]
+
+    def named(logdir):
+        return {"log": writers.JsonlWriter(logdir), "rec": RecordingWriter()}
+
+    for name, factory in (("listed", both), ("named", named)):
+        with MetricsManager(name, tmp_path, writer_factory=factory) as manager:
+            manager.write_scalars(7, {"lr": 0.5})
+        listed = {"listed": ["JsonlWriter", "TensorBoardWriter"], "named": ["log", "rec"]}
+        assert list(manager.writers) == listed[name]
+        (line,) = writers.read_jsonl(tmp_path / name)
+        assert (line["step"], line["lr"]) == (7, 0.5)
+    assert manager.writers["rec"].calls[0] == ("write_scalars", (7, {"lr": 0.5}), {})
+    assert len(list((tmp_path / "listed").glob("events.out.tfevents.*"))) == 1
+
+    class HalfWriter:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    half, full = HalfWriter(), RecordingWriter()
+    with pytest.raises(TypeError, match=r"'HalfWriter' \(HalfWriter\) lacks write_scalars"):
+        MetricsManager("train", writer_factory=lambda d: (full, half))
+    assert half.closed and full.calls == [("close", (), {})]  # nothing left open
+
+
 def test_a_writer_whose_parameters_are_not_clus_is_refused_at_construction():
     """The manager calls writers by keyword (`write_scalars(step=, scalars=)`): a writer with
     other parameter names would fail every summary, so it is refused before the loop runs."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -91,6 +93,8 @@ def test_hparams_line_has_null_step(writer):
     writer.write_hparams(
         {"lr": 0.1, "opt": "adam", "layers": [1, 2], "n": np.int32(4), "b": False}
         | {"nb": np.bool_(True), "ns": np.str_("sgd"), "adam": {"b1": 0.9, "eps": {"v": 1e-8}}}
+        # One-element arrays (a learning rate computed with jnp) are numbers, not their str().
+        | {"jlr": jnp.float32(0.5), "a0": np.asarray(3), "jb": jnp.bool_(True), "v": np.ones(2)}
     )
     writer.flush()
     (line,) = _strict_lines(writer.path)
@@ -99,7 +103,8 @@ def test_hparams_line_has_null_step(writer):
         "time": 123.5,
         "collection": "train",
         "hparams": {"lr": 0.1, "opt": "adam", "layers": "[1, 2]", "n": 4, "b": False}
-        | {"nb": True, "ns": "sgd", "adam.b1": 0.9, "adam.eps.v": 1e-8},
+        | {"nb": True, "ns": "sgd", "adam.b1": 0.9, "adam.eps.v": 1e-8}
+        | {"jlr": 0.5, "a0": 3, "jb": True, "v": "[1. 1.]"},
     }
 
 
@@ -143,6 +148,34 @@ def test_url_logs_are_parts_uploaded_per_flush_and_read_back_in_order(tmp_path, 
     fs.rm("/jl-bucket", recursive=True)
     with pytest.raises(FileNotFoundError, match="no JSONL log at 'memory://jl-bucket/run"):
         writers.read_jsonl("memory://jl-bucket/run/metrics.jsonl")
+
+
+def test_a_directory_path_gets_metrics_jsonl_as_a_logdir_does(tmp_path):
+    # `writer_factory=lambda logdir: writers.JsonlWriter(logdir)`: the manager's summary_dir
+    # does not exist yet; it must become a directory, not a file where one belongs.
+    (tmp_path / "there").mkdir()
+    paths = {
+        "new": tmp_path / "run" / "train",
+        "there": tmp_path / "there",
+        "dotted": tmp_path / "lr_0.001",
+        "file": tmp_path / "a.log",
+        "memory": "memory://jl-dir/run/train",
+    }
+    for name, path in paths.items():
+        with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+            w.write_scalars(1, {"a": len(name)})
+        assert writers.read_jsonl(path) == [
+            {"step": 1, "time": 1.0, "collection": None, "a": len(name)}
+        ], name
+    with writers.JsonlWriter(paths["new"]) as w:
+        assert w.path == str(tmp_path / "run" / "train" / "metrics.jsonl")
+    assert (tmp_path / "there" / "metrics.jsonl").is_file() and (tmp_path / "a.log").is_file()
+    assert (tmp_path / "lr_0.001" / "metrics.jsonl").is_file()
+    assert writers.read_jsonl("memory://jl-dir/run/train/metrics.jsonl")[0]["a"] == 6
+    # The logdir holds TensorBoard's files too, and the plot command finds the run.
+    with writers.TensorBoardWriter(paths["new"]) as tb:
+        tb.write_scalars(1, {"a": 3.0})
+    assert len(glob.glob(str(tmp_path / "run/train/events.out.tfevents.*"))) == 1
 
 
 def test_bad_input_raises_and_keeps_what_was_written(writer):
