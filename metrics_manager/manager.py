@@ -115,9 +115,10 @@ class MetricsManager:
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
       handle_signals: flush on SIGTERM/SIGINT (within 25 s, or 2 s before a handler of the
         program's own; a writer call running 10 s into it is abandoned) before the previous
-        handler runs (main thread only). SIGTERM
-        is left to JAX's preemption service where `jax.distributed` runs one: the loop
-        stops at `reached_preemption_sync_point`, and `close()` writes every summary.
+        handler runs. Python installs handlers only from the main thread: a manager made on
+        another thread is flushed by one made on the main thread, else at `close()` and exit.
+        SIGTERM is left to JAX's preemption service where `jax.distributed` runs one: the
+        loop stops at `reached_preemption_sync_point`, and `close()` writes every summary.
 
     Raises:
       TypeError, ValueError: every bad argument, listed in one message; a summary dir already
