@@ -196,6 +196,7 @@ def _merge_pieces(a: Any, b: Any) -> Any:
 def _split_batch(batch: Any, num_microbatches: int) -> Any:
     """[B, ...] -> [n, B / n, ...], strided: a batch sharded on axis 0 splits in place."""
     problems = Problems()
+    rows: dict[int, str] = {}  # leading dimension -> the first leaf with it
     for path, leaf in jax.tree_util.tree_flatten_with_path(batch)[0]:
         shape = np.shape(leaf)
         if not shape or shape[0] % num_microbatches:
@@ -204,6 +205,14 @@ def _split_batch(batch: Any, num_microbatches: int) -> Any:
                 f"dimension divisible by num_microbatches={num_microbatches}; pad the batch or "
                 "choose a num_microbatches that divides the batch size"
             )
+        else:
+            rows.setdefault(shape[0], f"batch{jax.tree_util.keystr(path)}")
+    if len(rows) > 1:
+        listed = ", ".join(f"{name} has {n}" for n, name in rows.items())
+        problems.value_problem(
+            f"the batch's leaves differ in their leading (batch) dimension: {listed} rows; "
+            "every leaf must hold one row per example, else a microbatch pairs rows of different examples"
+        )
     problems.raise_if_any("accumulate_grads_microbatched")
 
     def split(x: Any) -> jax.Array:

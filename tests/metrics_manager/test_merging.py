@@ -395,6 +395,17 @@ def test_indivisible_batch_names_every_leaf():
         accumulate_grads_microbatched(lambda w, b: (w, {}), jnp.float32(1.0), batch, 4)
 
 
+def test_leaves_with_different_batch_dimensions_are_refused_before_the_loss_sees_them():
+    # Both divide by 2, so each microbatch would pair 5 rows of x with 4 of y.
+    batch = {"x": jnp.ones((10, 3)), "y": jnp.ones(8), "mask": jnp.ones((10, 7))}
+    with pytest.raises(
+        ValueError,
+        match=r"^accumulate_grads_microbatched: the batch's leaves differ in their leading "
+        r"\(batch\) dimension: batch\['mask'\] has 10, batch\['y'\] has 8 rows; every leaf",
+    ):
+        accumulate_grads_microbatched(lambda w, b: (w, {}), jnp.float32(1.0), batch, 2)
+
+
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
 def test_num_microbatches_is_checked(bad, error):
     with pytest.raises(
