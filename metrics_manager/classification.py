@@ -347,8 +347,10 @@ class TopKAccuracy(_Counts):
 class AUROC(_Counts):
     """Area under the ROC curve of binary scores in [0, 1], over `num_bins` equal bins.
 
-    Counts labels per bin (scores outside [0, 1] go to the end bins): exactly sklearn's
-    `roc_auc_score` of the binned scores, within about `1 / num_bins` of it on raw scores.
+    Counts labels per bin: exactly sklearn's `roc_auc_score` of the binned scores, within
+    about `1 / num_bins` of it on raw scores. A score outside [0, 1] (a logit passed as a
+    probability, or NaN) is refused outside jit; inside it is counted, and the value is NaN,
+    since binning such scores would give a plausible wrong area.
 
     Example:
         >>> import jax.numpy as jnp
@@ -359,6 +361,7 @@ class AUROC(_Counts):
 
     positives: jax.Array
     negatives: jax.Array
+    outside: jax.Array  # scores outside [0, 1] (or NaN) seen: the area is then NaN
     num_bins: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
@@ -388,13 +391,22 @@ class AUROC(_Counts):
         elif num_bins < 1:
             problems.value_problem(f"num_bins must be >= 1, got {num_bins}")
         labels, mask = _checked_labels_and_mask(labels, mask, 2, problems)
-        num_bins = int(num_bins)
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
+        outside = (mask & ~((scores >= 0) & (scores <= 1))).sum(dtype=jnp.int32)
+        if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
+            problems.value_problem(
+                f"predictions must be probabilities in [0, 1]; {n} of {scores.size} are not "
+                f"(from {float(jnp.nanmin(scores))} to {float(jnp.nanmax(scores))}, or NaN): "
+                "pass jax.nn.sigmoid(logits), not the logits"
+            )
+            problems.raise_if_any()
+        num_bins = int(num_bins)
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
         zeros = jnp.zeros(num_bins, jnp.int32)
         return cls(
             positives=zeros.at[bins].add((mask & (labels == 1)).astype(jnp.int32)),
             negatives=zeros.at[bins].add((mask & (labels == 0)).astype(jnp.int32)),
+            outside=outside,
             num_bins=num_bins,
         )
 
@@ -406,7 +418,8 @@ class AUROC(_Counts):
         above = num_positive - jnp.cumsum(positives)
         wins = (negatives * (above + 0.5 * positives)).sum()
         pairs = num_positive * num_negative
-        return jnp.where(pairs > 0, wins / jnp.where(pairs > 0, pairs, 1), jnp.nan)
+        valid = (pairs > 0) & (self.outside == 0)
+        return jnp.where(valid, wins / jnp.where(pairs > 0, pairs, 1), jnp.nan)
 
 
 @flax.struct.dataclass(kw_only=True)

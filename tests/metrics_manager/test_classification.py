@@ -193,6 +193,29 @@ def test_nothing_seen_reads_like_sklearn_zero_division_or_nan():
     assert np.isnan(AUROC.from_model_output(np.ones(3, np.float32), np.ones(3, np.int32)).compute())
 
 
+def test_auroc_of_scores_outside_0_1_is_refused_eagerly_and_nan_under_jit():
+    """Logits passed as probabilities would all land in the end bins: a plausible wrong area
+    (0.5 for logits that rank perfectly), so they are refused, or the window is NaN."""
+    logits, labels = np.array([2.0, 3.0, 1.5, 4.0], np.float32), np.array([0, 1, 0, 1])
+    with pytest.raises(
+        ValueError,
+        match=r"^AUROC.from_model_output: predictions must be probabilities in \[0, 1\]; 4 of 4 "
+        r"are not \(from 1.5 to 4.0, or NaN\): pass jax.nn.sigmoid\(logits\), not the logits$",
+    ):
+        AUROC.from_model_output(logits, labels)
+    with pytest.raises(ValueError, match="1 of 2 are not"):
+        AUROC.from_model_output(np.array([0.5, np.nan], np.float32), np.array([0, 1]))
+    jitted = jax.jit(AUROC.from_model_output)
+    bad, good = jitted(logits, labels), jitted(jax.nn.sigmoid(logits), labels)
+    assert float(good.compute()) == 1.0 and int(bad.outside) == 4
+    assert np.isnan(bad.compute()) and np.isnan(good.merge(bad).compute())
+    # A masked-out score (padding) is not counted, eagerly or under jit.
+    mask = np.array([True, True, True, False])
+    padded = np.array([0.2, 0.6, 0.1, -7.0], np.float32)
+    assert float(AUROC.from_model_output(padded, labels, mask).compute()) == 1.0
+    assert float(jax.jit(AUROC.from_model_output)(padded, labels, mask).compute()) == 1.0
+
+
 def test_auroc_by_hand_and_perplexity_of_uniform_logits():
     # 2 positives, 2 negatives: pairs (p > n) 3 of 4.
     auroc = AUROC.from_model_output(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
