@@ -422,9 +422,15 @@ class AUROC(_Counts):
         return jnp.where(valid, wins / jnp.where(pairs > 0, pairs, 1), jnp.nan)
 
 
+_LL_SLACK = 1e-4  # log-likelihoods this far above 0 are rounding, not losses passed by mistake
+
+
 @flax.struct.dataclass(kw_only=True)
 class Perplexity(_Counts):
     """`exp(total / count)`: the exponential of the mean negative log-likelihood per token.
+
+    Log-likelihoods above 0 (losses passed by mistake) are refused outside jit; under jit,
+    a window whose mean is above 0 is NaN.
 
     Example:
         >>> import jax.numpy as jnp
@@ -478,10 +484,19 @@ class Perplexity(_Counts):
         log_likelihood = jnp.asarray(log_likelihood)
         problems = Problems("Perplexity.from_log_likelihood")
         mask = _check_mask(mask, log_likelihood.shape, problems)
+        if not isinstance(log_likelihood, jax.core.Tracer) and not problems:
+            if n := int((mask & (log_likelihood > _LL_SLACK)).sum()):
+                problems.value_problem(
+                    f"log-likelihoods must be <= 0; {n} of {int(mask.sum())} are positive "
+                    f"(up to {float(jnp.where(mask, log_likelihood, 0).max()):.4g}): pass -loss "
+                    "(e.g. "
+                    "-TokenLosses.cross_entropy), not the loss"
+                )
         problems.raise_if_any()
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))
         return cls(total=jnp.where(mask, nll, 0).sum(), count=mask.sum(dtype=jnp.int32))
 
     def compute(self) -> jax.Array:
         mean = self.total / jnp.maximum(self.count, 1).astype(jnp.result_type(self.total))
-        return jnp.where(self.count > 0, jnp.exp(mean), jnp.nan)
+        # A mean NLL below 0 is no likelihood's: losses were passed as log-likelihoods.
+        return jnp.where((self.count > 0) & (mean >= -_LL_SLACK), jnp.exp(mean), jnp.nan)

@@ -216,6 +216,26 @@ def test_auroc_of_scores_outside_0_1_is_refused_eagerly_and_nan_under_jit():
     assert float(jax.jit(AUROC.from_model_output)(padded, labels, mask).compute()) == 1.0
 
 
+def test_losses_passed_as_log_likelihoods_are_refused_eagerly_and_nan_under_jit():
+    """Perplexity of losses read exp(-mean loss) < 1, a plausible wrong value."""
+    losses = np.array([2.3, 1.7, 9.0], np.float32)
+    mask = np.array([True, True, False])
+    with pytest.raises(
+        ValueError,
+        match=r"^Perplexity.from_log_likelihood: log-likelihoods must be <= 0; 2 of 2 are "
+        r"positive \(up to 2.3\): pass -loss \(e.g. -TokenLosses.cross_entropy\), not the loss$",
+    ):
+        Perplexity.from_log_likelihood(losses, mask)
+    assert np.isnan(jax.jit(Perplexity.from_log_likelihood)(losses, mask).compute())
+    assert float(Perplexity.from_log_likelihood(-losses, mask).compute()) == pytest.approx(
+        np.exp(2.0), rel=1e-6
+    )
+    # Rounding just above 0 (a log-softmax of a certain prediction) is no loss.
+    assert float(Perplexity.from_log_likelihood(np.array([1e-6, 0.0], np.float32)).compute()) == (
+        pytest.approx(1.0, abs=1e-5)
+    )
+
+
 def test_auroc_by_hand_and_perplexity_of_uniform_logits():
     # 2 positives, 2 negatives: pairs (p > n) 3 of 4.
     auroc = AUROC.from_model_output(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
