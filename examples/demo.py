@@ -202,7 +202,7 @@ def train(
     # Through gin, so the config's writer choice (MetricsManager.writer_factory) applies.
     make_manager = configured(MetricsManager)
     with (
-        make_manager("train", config.model_dir) as train_manager,
+        make_manager("train", config.model_dir, uptime=True) as train_manager,
         make_manager(f"eval/{config.eval_name}", config.model_dir) as eval_manager,
     ):
         # Compile before the loop, so the first summary window times training, not XLA.

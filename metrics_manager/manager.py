@@ -65,6 +65,7 @@ writers; it also gets `collection=<name>` if it has that keyword defaulting to N
 `resume_step` if it has one."""
 
 _LOG = logging.getLogger(__name__)
+_UPTIME = "timing/uptime"  # T5X's key
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (this process)
@@ -110,6 +111,8 @@ class MetricsManager:
       system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
         most once per `system_interval_s`.
       system_interval_s: least time between two `system/*` samples.
+      uptime: add `timing/uptime` to each metrics summary, as T5X's trainer does: seconds from
+        this manager's creation to the `write_metrics_summary` call (on `clock`).
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
@@ -151,6 +154,7 @@ class MetricsManager:
         nonfinite: Literal["ignore", "warn", "stop"] = "warn",
         system_metrics: bool = False,
         system_interval_s: float = 10.0,
+        uptime: bool = False,
         flops_per_step: float | None = None,
         peak_flops_per_device: float | None = None,
         handle_signals: bool = True,
@@ -178,6 +182,8 @@ class MetricsManager:
             problems.integer("resume_step", resume_step, minimum=0)
         problems.choice("on_error", on_error, ("warn", "raise"))
         problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
+        if not isinstance(uptime, bool):
+            problems.type_problem(f"uptime must be True or False, got {uptime!r}")
         for arg, number in (
             ("writer_deadline_s", writer_deadline_s),
             ("quarantine_s", quarantine_s),
@@ -201,6 +207,7 @@ class MetricsManager:
         )
         self._on_error, self._nonfinite = on_error, nonfinite
         self._clock: timer.Clock = clock or time.perf_counter
+        self._created = self._clock() if uptime else None
         self._failures = Failures(f"MetricsManager {name!r}", raise_all=on_error == "raise")
         self._closed = False
         self._window_open = False
@@ -349,6 +356,8 @@ class MetricsManager:
         ready: dict[str, Any] = {}
         if not isinstance(metrics, PackedMetrics):
             metrics, ready = _split_metrics(metrics, problems)
+        if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:
+            ready = {**ready, _UPTIME: clu.values.Scalar(called - self._created)}
         step = problems.step("step", step)
         num_steps = problems.integer("num_steps", num_steps, minimum=1)
         keys = (*(metrics.keys() if isinstance(metrics, PackedMetrics) else metrics), *ready)

@@ -55,7 +55,7 @@ BASE_METRIC_KEYS = (
     # Ours: every target position per second, padding included.
     "timing/all_target_tokens_per_second",
 )
-TRAIN_ONLY_KEYS = ("learning_rate", "learning_rate/current")
+TRAIN_ONLY_KEYS = ("learning_rate", "learning_rate/current", "timing/uptime")
 
 
 def _bindings(model_dir: str) -> list[str]:
@@ -126,6 +126,11 @@ def test_train_jsonl_has_one_line_per_summary_and_loss_falls(demo_run):
             assert isinstance(line[key], float) and math.isfinite(line[key]), (key, line[key])
         # learning_rate is the window's mean; the schedule only decays after warm-up.
         assert 0 < line["learning_rate/current"] <= 3e-3
+    uptimes = [line["timing/uptime"] for line in summaries]
+    assert 0 < uptimes[0] and all(b > a for a, b in zip(uptimes, uptimes[1:], strict=False))
+    # Seconds from the manager's creation: at least the windows' time, at most the run's.
+    windows = sum(line["timing/seconds"] for line in summaries)
+    assert windows <= uptimes[-1] <= summaries[-1]["time"] - lines[0]["time"] + 60
 
 
 def test_learning_rate_is_the_window_mean_and_last_value_of_the_schedule(demo_run):

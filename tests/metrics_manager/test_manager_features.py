@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import writers
-from metrics_manager import MetricsManager, StepsPerTime, Sum, step_flops
+from metrics_manager import MetricsManager, StepsPerTime, Sum, merge_metrics, step_flops
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
 
 
@@ -96,6 +96,31 @@ def test_perf_keys_from_the_compiled_steps_flops():
     tflops = flops * 10 / 2.0 / 1e12
     assert summary["perf/tflops_per_second"] == pytest.approx(tflops)
     assert summary["perf/mfu"] == pytest.approx(flops * 10 / 2.0 / (1e9 * jax.device_count()))
+
+
+def test_uptime_is_seconds_from_the_managers_creation_to_each_summary_call(tmp_path):
+    ticks = iter([100.0, 103.0, 104.5, 110.0, 111.0, 112.0])
+    packed = jax.jit(lambda: merge_metrics(None, {"n": Sum.from_model_output(jnp.float32(1))}))()
+    with MetricsManager(
+        "train", tmp_path, writer_factory=files_only, clock=lambda: next(ticks), uptime=True
+    ) as manager:  # made at 100
+        first = manager.write_metrics_summary({"n": Sum(jnp.float32(1))}, 1, 1)  # called at 103
+        manager.start_duration_timer()  # 104.5
+        second = manager.write_metrics_summary(packed, 2, 1)  # 110
+        # The loop's own `timing/uptime` wins.
+        own = manager.write_metrics_summary({"timing/uptime": 7.0}, 3, 1)  # 111
+    assert first.result()["timing/uptime"].value == 3.0
+    assert second.result()["timing/uptime"].value == 10.0
+    assert own.result()["timing/uptime"].value == 7.0
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(line["step"], line["timing/uptime"]) for line in lines] == [
+        (1, 3.0),
+        (2, 10.0),
+        (3, 7.0),
+    ]
+    assert read_tensorboard(str(tmp_path / "train")).Scalars("timing/uptime")[1].value == 10.0
+    with pytest.raises(TypeError, match="uptime must be True or False, got 'yes'"):
+        MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), uptime="yes")
 
 
 def test_int32_accumulators_near_wrapping_are_warned_once_per_key(caplog):
