@@ -406,6 +406,18 @@ class MetricsManager:
         """Writes the run's hyperparameters (no step), in call order."""
         self._host_write("write_hparams", "hparams", None, hparams)
 
+    def write_images(self, step: int, images: Mapping[str, Any]) -> None:
+        """Writes images (`[H, W, C]` or `[N, H, W, C]`, C in 1, 3, 4; floats in [0, 1]) at
+        `step`, in call order; shapes are checked now, device arrays read by the worker."""
+        self._host_write("write_images", "images", step, images)
+
+    def write_histograms(
+        self, step: int, arrays: Mapping[str, Any], num_buckets: Mapping[str, int] | None = None
+    ) -> None:
+        """Writes the histogram of each array at `step` (`num_buckets` per key, 30 by
+        default), in call order; shapes are checked now, device arrays read by the worker."""
+        self._host_write("write_histograms", "arrays", step, arrays, num_buckets=num_buckets)
+
     def flush(self, timeout: float | None = None) -> None:
         """Waits for every queued summary and write, then flushes every writer.
 
@@ -525,7 +537,7 @@ class MetricsManager:
                 f"MetricsManager {self.name!r}: summary at step {failure.step}: {failure}"
             ) from failure.error
 
-    def _host_write(self, method: str, arg: str, step: Any, values: Any) -> None:
+    def _host_write(self, method: str, arg: str, step: Any, values: Any, **extra: Any) -> None:
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
         step = None if arg == "hparams" else problems.step("step", step)
@@ -537,9 +549,9 @@ class MetricsManager:
             )
         values = dict(values) if isinstance(values, Mapping) else {}
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
-        unready: list[str] = []  # keys of device values still being computed: the worker reads
+        deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":
-            values = _checks.collect_numbers(values, problems, unready)
+            values = _checks.collect_numbers(values, problems, deferred)
         elif arg == "hparams":
             values = _checks.flat_hparams(values, problems)
         elif arg == "texts":
@@ -548,30 +560,61 @@ class MetricsManager:
                 problems.type_problem(
                     f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars"
                 )
+        else:  # images, histograms: shapes now, values on the worker
+            deferred = _check_arrays(arg, values, extra.get("num_buckets"), problems)
         problems.raise_if_any()
         if not self._fanout.states:
             return
-        if not unready:
+        call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
+        if not deferred:
             checked = values if arg == "hparams" else _checks.Checked(values)
-            self._worker.post(self._fanout.pieces(step, [(f"write_{arg}", {arg: checked})]))
+            self._worker.post(self._fanout.pieces(step, [(call, {arg: checked})]))
             return
 
         def read(job: Job) -> None:
-            for key in unready:
+            for key in deferred:
                 try:
-                    values[key] = _checks.to_number(key, values[key])
+                    values[key] = _read_value(arg, key, values[key])
                 except Exception as err:  # noqa: BLE001  (costs that key, not the call)
                     del values[key]
                     self._failures.record(Failure(f"metric:{key}", step, (key,), err))
-            scalars = _checks.Checked(values)
-            job.state["calls"] = [("write_scalars", {"scalars": scalars})] if scalars else []
+            checked = _checks.Checked(values) if arg == "scalars" else values
+            job.state["calls"] = [(call, {arg: checked, **extra})] if values else []
 
-        self._worker.post([("read scalars", read, None), *self._fanout.pieces(step, None)])
+        self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
 
     def _to_all(self, method: str, timeout: float | None) -> None:
         self._worker.post(self._fanout.pieces(None, [(method, {})], closing=method == "close"))
         if not self._worker.drain(timeout):
             raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
+
+
+def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Problems) -> list[str]:
+    """Checks images or histograms by shape and dtype (reading no device array); their keys."""
+    kind = "image" if arg == "images" else "histogram"
+    if buckets is not None and not (
+        isinstance(buckets, Mapping) and all(type(n) is int and n >= 1 for n in buckets.values())
+    ):
+        problems.type_problem(
+            f"num_buckets must map keys to bucket counts (ints >= 1) such as {{'w': 64}}, "
+            f"or be None for 30 each; got {buckets!r}"
+        )
+    for key, value in values.items():
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            value = values[key] = np.asarray(value)  # a list, a number
+        if message := _checks.array_problem(kind, key, value, values=False):
+            problems.value_problem(message)
+    return list(values)
+
+
+def _read_value(arg: str, key: str, value: Any) -> Any:
+    """A deferred value, read on the worker (waiting for the device) and checked."""
+    if arg == "scalars":
+        return _checks.to_number(key, value)
+    array = np.asarray(value)
+    if message := _checks.array_problem("image" if arg == "images" else "histogram", key, array):
+        raise ValueError(message)
+    return array
 
 
 class _Problems(Problems):

@@ -341,8 +341,9 @@ def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str,
     return out
 
 
-def array_problem(kind: str, key: str, arr: np.ndarray) -> str | None:
-    """What is wrong with one array of `kind` (image, video, audio, histogram), or None."""
+def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> str | None:
+    """What is wrong with one array of `kind` (image, video, audio, histogram), or None;
+    `values=False` looks at its shape and dtype only (a device array still being computed)."""
     numeric = np.issubdtype(arr.dtype, np.number)
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         return (
@@ -367,7 +368,7 @@ def array_problem(kind: str, key: str, arr: np.ndarray) -> str | None:
         return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
-    if not np.all(np.isfinite(arr)):
+    if values and not np.all(np.isfinite(arr)):
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         return (
             f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "

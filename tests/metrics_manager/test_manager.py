@@ -381,6 +381,20 @@ def test_device_scalars_still_computing_are_read_by_the_worker_not_the_loop(tmp_
     assert manager.errors == []
 
 
+def test_device_images_and_histograms_still_computing_are_read_by_the_worker(tmp_path):
+    with MetricsManager("train", tmp_path) as manager:
+        matrix = still_computing()
+        manager.write_histograms(1, {"weights": matrix})
+        manager.write_images(1, {"map": matrix[:8, :8, None] * 0})
+        assert not matrix.is_ready()  # the calls returned before the device finished
+        with pytest.raises(ValueError, match=r"image 'flat' must have shape \[H, W, C\]"):
+            manager.write_images(2, {"flat": matrix})  # refused by shape, without waiting
+        assert not matrix.is_ready()
+    hist, image = writers.read_jsonl(tmp_path / "train")
+    assert hist["weights"]["count"] == 10**6 and hist["weights"]["max"] == float(matrix.max())
+    assert image["map"] == {"type": "image", "shape": [8, 8, 1]}
+
+
 def test_a_device_scalar_donated_before_the_worker_reads_it_costs_only_its_key(tmp_path):
     worker_free = threading.Event()
 

@@ -16,6 +16,7 @@ from typing import Any
 import clu.metrics as clu_metrics
 import clu.values
 import flax
+import jax
 import jax.numpy as jnp
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
@@ -123,3 +124,50 @@ def test_no_thread_outlives_close_with_default_writers(tmp_path):
     manager.close()
     assert set(threading.enumerate()) <= before
     assert read_jsonl(manager.summary_dir)[0]["loss"] == 1.0
+
+
+def test_images_and_histograms_reach_every_writer_and_bad_ones_are_refused_at_the_call(
+    tmp_path, caplog
+):
+    """Generated samples and weight histograms between summaries, in call order, read on the
+    worker (a device array still being computed does not hold the loop)."""
+    acc_sizes = {"tensors": 0, "scalars": 0, "histograms": 0}
+    weights = jax.jit(lambda x: jnp.tanh(x @ x.T))(jnp.ones((64, 64)) / 64)  # maybe unready
+    image = jnp.linspace(0.0, 1.0, 2 * 3 * 3).reshape(1, 2, 3, 3)  # floats in [0, 1]
+    factory = functools.partial(writers.create_default_writer, console=False)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        manager.write_scalars(10, {"loss": 0.5})
+        manager.write_images(10, {"samples": image})
+        manager.write_histograms(10, {"w": weights, "b": [0.0, 1.0, 1.0, 2.0]}, {"b": 2})
+        bad_calls = (
+            (manager.write_images, (11, {"flat": jnp.ones((4, 4))}), "image 'flat' must have"),
+            (manager.write_histograms, (11, {"e": jnp.zeros((0,))}), "histogram 'e' is empty"),
+            (manager.write_histograms, (11, {"w": weights}, 8), "num_buckets must map keys"),
+            (manager.write_images, (11, {"step": image}), "reserved"),
+        )
+        for method, args, message in bad_calls:
+            with pytest.raises((TypeError, ValueError), match=message):
+                method(*args)
+        # NaN is seen only once the values are read: that key is lost, the others are written.
+        nan = jnp.log(jnp.array([-1.0, 1.0]))
+        with caplog.at_level("ERROR", logger="metrics_manager.manager"):
+            manager.write_histograms(12, {"nan": nan, "ok": jnp.arange(4.0)})
+            manager.flush()
+    assert [(f.source, f.step) for f in manager.errors] == [("metric:nan", 12)]
+    assert "histogram 'nan' has 1 NaN/Inf entries" in caplog.text
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [
+        (line["step"], sorted(set(line) - {"step", "time", "collection"})) for line in lines
+    ] == [
+        (10, ["loss"]),
+        (10, ["samples"]),
+        (10, ["b", "w"]),
+        (12, ["ok"]),
+    ]
+    assert lines[1]["samples"] == {"type": "image", "shape": [1, 2, 3, 3]}
+    assert lines[2]["b"]["counts"] == [1, 3] and lines[2]["w"]["count"] == 64 * 64
+    acc = event_accumulator.EventAccumulator(str(tmp_path / "train"), size_guidance=acc_sizes)
+    acc.Reload()
+    assert acc.Tensors("samples")[0].tensor_proto.string_val[:2] == [b"3", b"2"]  # width, height
+    assert [h.histogram_value.num for h in acc.Histograms("w")] == [64 * 64]
+    assert [(h.step, h.histogram_value.num) for h in acc.Histograms("ok")] == [(12, 4)]
