@@ -64,7 +64,11 @@ def _values_and_mask(
 ) -> tuple[jax.Array, jax.Array]:
     """`values` (at least 1-d) as floats, and a bool mask over its leading dims broadcast to it."""
     values = jnp.atleast_1d(jnp.asarray(values))
-    values = values.astype(jnp.result_type(values, jnp.float32))  # no int overflow, bf16 rounding
+    if jnp.issubdtype(values.dtype, jnp.integer) or values.dtype == bool:
+        # No int overflow; float64 under jax_enable_x64, where int64 counts pass 2**24.
+        values = values.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
+    else:
+        values = values.astype(jnp.result_type(values, jnp.float32))  # no bf16 rounding
     if mask is None:
         return values, jnp.ones(values.shape, bool)
     mask = jnp.atleast_1d(jnp.asarray(mask))

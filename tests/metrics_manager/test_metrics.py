@@ -81,6 +81,19 @@ def test_sum_with_mask_and_int_input_accumulates_in_float32():
     assert float(metric.compute()) == 3.0
 
 
+def test_integer_sums_are_float64_and_exact_past_2_24_under_x64():
+    """A token count of a long window under jax_enable_x64: float32 would round it."""
+    with jax.enable_x64(True):
+        tokens = jnp.array([2**40 + 1, 1], jnp.int64)
+        window = jax.jit(lambda a, b: a.merge(b))(Sum.empty(), Sum.from_model_output(tokens))
+        assert window.total.dtype == jnp.float64 and int(window.compute()) == 2**40 + 2
+        assert Max.from_model_output(jnp.array([2**30 + 1])).value.dtype == jnp.float64
+        # Floats keep their precision: float32 stays float32, bfloat16 widens to float32.
+        assert Sum.from_model_output(jnp.float32(1.0)).total.dtype == jnp.float32
+        assert Sum.from_model_output(jnp.bfloat16(1.0)).total.dtype == jnp.float32
+    assert Sum.from_model_output(jnp.int32(7)).total.dtype == jnp.float32  # without x64
+
+
 def test_average_per_step_merges_totals_and_steps():
     a = AveragePerStep.from_model_output(jnp.array([1.0, 2.0]))
     b = AveragePerStep.from_model_output(jnp.array([3.0, 6.0]))
