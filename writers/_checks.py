@@ -331,8 +331,9 @@ def collect_numbers(
 
 
 def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str, np.ndarray]:
-    """Every value as a numpy array; one ValueError lists every bad one (`array_problem`)."""
-    out = {key: np.asarray(value) for key, value in arrays.items()}
+    """Every value as a numpy array (bfloat16 and float8 as float32, which holds them
+    exactly); one ValueError lists every bad one (`array_problem`)."""
+    out = {key: _widened(np.asarray(value)) for key, value in arrays.items()}
     problems = Problems(method)
     for key, arr in out.items():
         if msg := array_problem(kind, key, arr):
@@ -344,7 +345,7 @@ def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str,
 def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> str | None:
     """What is wrong with one array of `kind` (image, video, audio, histogram), or None;
     `values=False` looks at its shape and dtype only (a device array still being computed)."""
-    numeric = np.issubdtype(arr.dtype, np.number)
+    numeric = np.issubdtype(arr.dtype, np.number) or _is_ml_float(arr.dtype)
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         return (
             f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
@@ -411,6 +412,10 @@ def images_as_uint8(arr: np.ndarray) -> np.ndarray:
         return np.clip(arr, 0, 255).astype(np.uint8)
     scaled = np.nan_to_num(arr.astype(np.float64), nan=0.0) * 255.0
     return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+
+
+def _widened(arr: np.ndarray) -> np.ndarray:
+    return arr.astype(np.float32) if _is_ml_float(arr.dtype) else arr
 
 
 def _is_ml_float(dtype: Any) -> bool:

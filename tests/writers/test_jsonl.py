@@ -150,6 +150,22 @@ def test_url_logs_are_parts_uploaded_per_flush_and_read_back_in_order(tmp_path, 
         writers.read_jsonl("memory://jl-bucket/run/metrics.jsonl")
 
 
+def test_bfloat16_tensors_are_numbers_and_bfloat16_images_are_accepted(writer):
+    writer.write_summaries(1, {"t": jnp.array([1.5, jnp.nan, -jnp.inf], jnp.bfloat16)})
+    writer.write_images(1, {"i": jnp.ones((2, 2, 3), jnp.bfloat16)})
+    writer.write_histograms(1, {"h": jnp.array([0.0, 1.0], jnp.bfloat16)}, {"h": 2})
+    writer.flush()
+    tensor, image, hist = _strict_lines(writer.path)
+    assert tensor["t"] == {
+        "type": "tensor",
+        "shape": [3],
+        "dtype": "bfloat16",
+        "values": [1.5, "NaN", "-Infinity"],
+    }
+    assert image["i"] == {"type": "image", "shape": [2, 2, 3]}
+    assert (hist["h"]["counts"], hist["h"]["max"]) == ([1, 1], 1.0)
+
+
 def test_a_directory_path_gets_metrics_jsonl_as_a_logdir_does(tmp_path):
     # `writer_factory=lambda logdir: writers.JsonlWriter(logdir)`: the manager's summary_dir
     # does not exist yet; it must become a directory, not a file where one belongs.

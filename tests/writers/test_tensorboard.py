@@ -132,6 +132,22 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     assert video[:2] == [b"15", b"4"]  # filmstrip: 3 frames of width 5 side by side
 
 
+def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_path):
+    """A mixed-precision model's outputs: bfloat16 holds exactly in float32."""
+    gray = jnp.array([[0.0, 0.5], [1.0, 0.25]], jnp.bfloat16)[..., None]
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_images(1, {"gray": gray})
+    w.write_histograms(1, {"h": jnp.array([0.0, 1.0, 1.0, 2.0, 4.0], jnp.bfloat16)})
+    w.write_audios(1, {"a": jnp.full((1, 20, 1), 0.5, jnp.bfloat16)}, sample_rate=8000)
+    w.close()
+    acc = _accumulator(tmp_path)
+    png = acc.Tensors("gray")[0].tensor_proto.string_val[2]
+    np.testing.assert_array_equal(_decode_png(png)[..., 0], [[0, 128], [255, 64]])
+    value = acc.Histograms("h")[0].histogram_value
+    assert (value.min, value.max, value.num, value.sum) == (0.0, 4.0, 5, 8.0)
+    assert acc.Audio("a")[0].length_frames == 20
+
+
 def test_hparams_reach_the_hparams_plugin(tmp_path):
     w = writers.TensorBoardWriter(tmp_path)
     w.write_hparams(
