@@ -488,9 +488,8 @@ class Perplexity(_Counts):
             if n := int((mask & (log_likelihood > _LL_SLACK)).sum()):
                 problems.value_problem(
                     f"log-likelihoods must be <= 0; {n} of {int(mask.sum())} are positive "
-                    f"(up to {float(jnp.where(mask, log_likelihood, 0).max()):.4g}): pass -loss "
-                    "(e.g. "
-                    "-TokenLosses.cross_entropy), not the loss"
+                    f"(up to {float(jnp.where(mask, log_likelihood, 0).max()):.4g}): pass "
+                    "-loss (e.g. -TokenLosses.cross_entropy), not the loss"
                 )
         problems.raise_if_any()
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))

@@ -211,7 +211,8 @@ def _split_batch(batch: Any, num_microbatches: int) -> Any:
         listed = ", ".join(f"{name} has {n}" for n, name in rows.items())
         problems.value_problem(
             f"the batch's leaves differ in their leading (batch) dimension: {listed} rows; "
-            "every leaf must hold one row per example, else a microbatch pairs rows of different examples"
+            "every leaf must hold one row per example, else a microbatch pairs rows of "
+            "different examples"
         )
     problems.raise_if_any("accumulate_grads_microbatched")
 
