@@ -604,6 +604,12 @@ def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Prob
             value = values[key] = np.asarray(value)  # a list, a number
         if message := _checks.array_problem(kind, key, value, values=False):
             problems.value_problem(message)
+        elif not getattr(value, "is_fully_addressable", True) and not value.is_fully_replicated:
+            problems.value_problem(
+                f"{kind} {key!r} of shape {tuple(value.shape)} is sharded over processes, and "
+                "process 0, which writes, holds only its own shards; gather it on every "
+                "process first: multihost_utils.process_allgather(x, tiled=True)"
+            )
     return list(values)
 
 

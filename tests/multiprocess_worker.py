@@ -17,7 +17,9 @@ Host-local values: each process measures its own `input_seconds` (here
 (`multihost_utils.process_allgather`) and writes one key per process,
 `input_seconds/process<i>`, because the manager writes from process 0 only.
 `host_value`, written as it is with `write_scalar`, shows what happens without
-that: process 0's value alone reaches the files.
+that: process 0's value alone reaches the files. The last batch's target tokens, a global
+array sharded over the processes, are refused by `write_histograms` (in every process), and
+written once gathered.
 """
 
 from __future__ import annotations
@@ -116,10 +118,20 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
             STEPS, {f"input_seconds/process{i}": float(v) for i, v in enumerate(gathered)}
         )
         manager.write_scalar("host_value", input_seconds, STEPS)
+        # A global array sharded over processes: refused on every process at the call (process
+        # 0 cannot read the other's rows), written once gathered.
+        tokens = batch["decoder_target_tokens"]
+        try:
+            manager.write_histograms(STEPS, {"tokens": tokens})
+            refused = ""
+        except ValueError as err:
+            refused = str(err)
+        gathered_tokens = multihost_utils.process_allgather(tokens, tiled=True)
+        manager.write_histograms(STEPS, {"gathered_tokens": gathered_tokens})
         for step, future in futures:
             summaries[step] = {k: float(np.asarray(v.value)) for k, v in future.result().items()}
     with open(os.path.join(out_dir, f"result{process_id}.json"), "w") as f:
-        json.dump({"summaries": summaries, "writes": manager.writes}, f)
+        json.dump({"summaries": summaries, "writes": manager.writes, "refused": refused}, f)
     if num_processes > 1:
         jax.distributed.shutdown()
 

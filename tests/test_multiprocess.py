@@ -117,3 +117,17 @@ def test_two_processes_report_the_one_process_summaries(tmp_path):
     (gathered,) = [line for line in lines if "input_seconds/process0" in line]
     assert (gathered["input_seconds/process0"], gathered["input_seconds/process1"]) == (1.0, 2.0)
     assert [line["host_value"] for line in lines if "host_value" in line] == [1.0]
+    # A sharded global array: refused in both processes with the fix, written once gathered
+    # (all 16 x 8 tokens of the last batch, as the 1-process run writes them directly).
+    assert json.loads((one / "result0.json").read_text())["refused"] == ""
+    for result in results:
+        assert result["refused"] == (
+            "MetricsManager.write_histograms: histogram 'tokens' of shape (16, 8) is sharded "
+            "over processes, and process 0, which writes, holds only its own shards; gather it "
+            "on every process first: multihost_utils.process_allgather(x, tiled=True)"
+        )
+    (hist,) = [line["gathered_tokens"] for line in lines if "gathered_tokens" in line]
+    (direct,) = [
+        line["tokens"] for line in writers.read_jsonl(one / "p0" / "train") if "tokens" in line
+    ]
+    assert hist["count"] == 16 * 8 and hist == direct
