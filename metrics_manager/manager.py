@@ -66,6 +66,7 @@ writers; it also gets `collection=<name>` if it has that keyword defaulting to N
 
 _LOG = logging.getLogger(__name__)
 _UPTIME = "timing/uptime"  # T5X's key
+_ARRAY_KINDS = {"images": "image", "arrays": "histogram"}  # `_host_write`'s arg -> its checks
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (this process)
@@ -591,7 +592,7 @@ class MetricsManager:
 
 def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Problems) -> list[str]:
     """Checks images or histograms by shape and dtype (reading no device array); their keys."""
-    kind = "image" if arg == "images" else "histogram"
+    kind = _ARRAY_KINDS[arg]
     if buckets is not None and not (
         isinstance(buckets, Mapping) and all(type(n) is int and n >= 1 for n in buckets.values())
     ):
@@ -618,7 +619,7 @@ def _read_value(arg: str, key: str, value: Any) -> Any:
     if arg == "scalars":
         return _checks.to_number(key, value)
     array = np.asarray(value)
-    if message := _checks.array_problem("image" if arg == "images" else "histogram", key, array):
+    if message := _checks.array_problem(_ARRAY_KINDS[arg], key, array):
         raise ValueError(message)
     return array
 

@@ -76,9 +76,9 @@ def hparam(value: object) -> bool | int | float | str:
         return value.item()
     if isinstance(value, np.ndarray) or _checks._looks_like_array(value):  # jax, 0-d numpy
         arr = np.asarray(value)
-        if arr.size == 1 and arr.dtype == np.bool_:
+        if arr.dtype == np.bool_ and arr.size == 1:
             return bool(arr.reshape(()))
-        if arr.size == 1 and (np.issubdtype(arr.dtype, np.number) or _checks._is_float(arr.dtype)):
+        if _checks._not_a_scalar("hparam", arr) is None:  # one number
             return _checks.to_number("hparam", arr)
     if isinstance(value, int | float | np.number):
         return _checks.to_number("hparam", value)

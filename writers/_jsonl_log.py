@@ -237,10 +237,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
     path = log_file(os.fspath(path))
-    if _storage.is_remote(path):
-        data = _read_remote(path)
-    else:
-        data = pathlib.Path(path).read_bytes()
+    data = _read_remote(path) if _storage.is_remote(path) else pathlib.Path(path).read_bytes()
     return [json.loads(line) for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
 
 

@@ -197,8 +197,7 @@ def _json_number(value: int | float | str) -> int | float | str:
 
 
 def _json_array(arr: np.ndarray) -> Any:
-    if _checks._is_ml_float(arr.dtype):  # bfloat16, float8: exact in float32
-        arr = arr.astype(np.float32)
+    arr = _checks._widened(arr)  # bfloat16, float8: exact in float32
     if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
         return np.vectorize(_json_number, otypes=[object])(arr.astype(np.float64)).tolist()
     if np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_:
