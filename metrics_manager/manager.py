@@ -593,13 +593,8 @@ class MetricsManager:
 def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Problems) -> list[str]:
     """Checks images or histograms by shape and dtype (reading no device array); their keys."""
     kind = _ARRAY_KINDS[arg]
-    if buckets is not None and not (
-        isinstance(buckets, Mapping) and all(type(n) is int and n >= 1 for n in buckets.values())
-    ):
-        problems.type_problem(
-            f"num_buckets must map keys to bucket counts (ints >= 1) such as {{'w': 64}}, "
-            f"or be None for 30 each; got {buckets!r}"
-        )
+    if arg == "arrays":
+        _checks.check_buckets(buckets, problems)
     for key, value in values.items():
         if not (hasattr(value, "shape") and hasattr(value, "dtype")):
             value = values[key] = np.asarray(value)  # a list, a number

@@ -67,8 +67,9 @@ class BaseWriter(MetricWriter):
         self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         step = self._begin("write_histograms", step, arrays)
+        buckets = self._buckets(num_buckets)
         checked = _checks.check_arrays(arrays, self._name("write_histograms"), "histogram")
-        self._histograms(step, checked, dict(num_buckets or {}))
+        self._histograms(step, checked, buckets)
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         self._check_open("write_hparams")
@@ -121,6 +122,12 @@ class BaseWriter(MetricWriter):
                 f"{self._name(method)}: the writer is closed; create a new one to write more."
             )
 
+    def _buckets(self, num_buckets: Any) -> dict[str, int]:
+        problems = _checks.Problems(self._name("write_histograms"))
+        buckets = _checks.check_buckets(num_buckets, problems)
+        problems.raise_if_any()
+        return buckets
+
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         self._check_open(method)
         if type(values) is _checks.Checked:
@@ -157,7 +164,8 @@ class ForwardingWriter(BaseWriter):
         self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         step = self._begin("write_histograms", step, arrays)
-        self._forward("write_histograms", step=step, arrays=arrays, num_buckets=num_buckets)
+        buckets = self._buckets(num_buckets)
+        self._forward("write_histograms", step=step, arrays=arrays, num_buckets=buckets)
 
     # `BaseWriter` passes summaries and hparams to these hooks unconverted.
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:

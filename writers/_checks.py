@@ -342,6 +342,25 @@ def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str,
     return out
 
 
+def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
+    """`num_buckets` as a dict of ints >= 1 (None: {}, every key gets 30); adds a problem if
+    it is not one."""
+    if num_buckets is None:
+        return {}
+    counts = dict(num_buckets) if isinstance(num_buckets, Mapping) else {}
+    ints = isinstance(num_buckets, Mapping) and all(
+        isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in counts.values()
+    )
+    if not (ints and all(n >= 1 for n in counts.values())):
+        problems.add(
+            ValueError if ints else TypeError,
+            f"num_buckets must map keys to bucket counts (ints >= 1) such as {{'w': 64}}, "
+            f"or be None for {DEFAULT_NUM_BUCKETS} each; got {num_buckets!r}",
+        )
+        return {}
+    return {k: int(n) for k, n in counts.items()}
+
+
 def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> str | None:
     """What is wrong with one array of `kind` (image, video, audio, histogram), or None;
     `values=False` looks at its shape and dtype only (a device array still being computed)."""

@@ -141,6 +141,8 @@ def test_bad_input_raises_at_the_call_site_and_after_close():
         w.write_scalars(-1, {"a": 1.0})
     with pytest.raises(TypeError, match="every key must be a str"):
         w.write_scalars(0, {2: 1.0})
+    with pytest.raises(TypeError, match=r"write_histograms: num_buckets must map keys .* got 8"):
+        w.write_histograms(0, {"h": np.ones(3)}, num_buckets=8)
     with pytest.raises(ValueError, match="max_queue must be >= 1"):
         writers.AsyncWriter(clu, max_queue=0)
     w.close()

@@ -175,6 +175,9 @@ BAD_CALLS = [
     ),
     ("NaN histogram", ValueError, lambda w: w.write_histograms(0, {"h": np.array([np.nan])})),
     ("text not str", TypeError, lambda w: w.write_texts(0, {"t": b"x"})),
+    ("int num_buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, 8)),
+    ("0 buckets", ValueError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 0})),
+    ("float buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 2.5})),
 ]
 
 
