@@ -130,6 +130,8 @@ def merge_metrics(
     Args:
         a: the running metrics: a dict, a `PackedMetrics`, or None to start a new window.
         b: the new metrics (dict or `PackedMetrics`): same keys, types and shapes as `a`.
+            A CLU `Collection` counts as the dict of its metrics, as `write_metrics_summary`
+            reads it.
         pack: True returns a `PackedMetrics`, False a dict. None (the default) packs when `a`
             is packed, and when `a` is None and `b` is traced (the first step of a window,
             inside `jax.jit`), where packing costs the step nothing and saves it one output
@@ -166,7 +168,7 @@ def merge_metrics(
         )
     elif not isinstance(pack, bool):
         raise TypeError(f"merge_metrics: pack must be a bool or None, got {describe(pack)}")
-    layout = None
+    layout, a, b = None, _fields(a), _fields(b)
     if isinstance(a, PackedMetrics):
         layout, a = a._layout, a.unpack()
     if isinstance(b, PackedMetrics):
@@ -185,6 +187,13 @@ def merge_metrics(
         # ones, and the same object compares at once (5 us less per step of 20 metrics).
         packed = PackedMetrics(packed.buffers, layout)
     return packed
+
+
+def _fields(metrics: Any) -> Any:
+    """A CLU `Collection` as the dict of its metrics (the manager reads it so too)."""
+    if isinstance(metrics, clu_metrics.Collection):
+        return {k: v for k, v in vars(metrics).items() if k != "_reduction_counter"}
+    return metrics
 
 
 def _merge_pieces(a: Any, b: Any) -> Any:
@@ -253,7 +262,8 @@ def accumulate_grads_microbatched(
     Call it inside the jitted train step. Microbatch i holds rows `i, i + n, i + 2n, ...`.
 
     Args:
-        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)`, or with a third argument
+        loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)` (a dict, or a CLU
+            `Collection`, which counts as the dict of its metrics), or with a third argument
             `jax.random.fold_in(rng, i)` when `rng` is given. Return sums (not means over the
             microbatch) for values that do not depend on `num_microbatches`.
         params: the pytree to differentiate with respect to.
@@ -304,6 +314,7 @@ def accumulate_grads_microbatched(
 
         (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
         what, first_what = "the metrics returned by loss_fn", "the first microbatch's metrics"
+        metrics = _fields(metrics)
         return grads, validate_metrics(metrics, first, what=what, reference_what=first_what)
 
     if num_microbatches == 1:

@@ -13,6 +13,7 @@ import pytest
 from metrics_manager import merging
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
 from metrics_manager.metrics import AveragePerStep, Max, MeanStd, Min, StepsPerTime, Sum, TimeRate
+from metrics_manager.packing import PackedMetrics
 
 
 def test_docstring_examples_run():
@@ -223,6 +224,34 @@ def test_clu_and_metrax_metrics_through_microbatches(num_microbatches):
     assert set(got) == set(whole)
     for key in whole:  # LastValue too: microbatches of one step average, like devices
         np.testing.assert_allclose(got[key], whole[key], rtol=1e-6, err_msg=key)
+
+
+def test_a_collection_merges_as_the_dict_of_its_metrics_in_steps_and_microbatches():
+    """Flax's CLU idiom (a `Collection` from the loss) in the README's loop: same values as
+    the Collection's own merge and `compute()`, keyed by its field names."""
+    halves = [(LOGITS[:4], LABELS[:4], LOSSES[:4]), (LOGITS[4:], LABELS[4:], LOSSES[4:])]
+
+    def collection(logits, labels, losses):
+        return Pair.single_from_model_output(logits=logits, labels=labels, loss=losses)
+
+    whole = {k: float(v) for k, v in collection(LOGITS, LABELS, LOSSES).compute().items()}
+    running = None
+    for half in halves:
+        running = jax.jit(merge_metrics)(running, collection(*half))
+    assert isinstance(running, PackedMetrics) and list(running) == ["accuracy", "loss"]
+    assert _computed(running) == pytest.approx(whole, rel=1e-6)
+    clu_merged = collection(*halves[0]).merge(collection(*halves[1])).compute()
+    assert _computed(running) == pytest.approx({k: float(v) for k, v in clu_merged.items()})
+
+    def loss_fn(scale, batch):
+        return scale * batch[2].sum(), collection(*batch)
+
+    for n in (1, 2, 4):
+        step = jax.jit(lambda s, b, n=n: accumulate_grads_microbatched(loss_fn, s, b, n))
+        _, metrics = step(jnp.float32(1.0), (LOGITS, LABELS, LOSSES))
+        assert _computed(metrics) == pytest.approx(whole, rel=1e-6), n
+    with pytest.raises(ValueError, match=r"b lacks \['n'\] and adds \['accuracy', 'loss'\]"):
+        merge_metrics({"n": Sum(1.0)}, collection(*halves[0]))
 
 
 # --- accumulate_grads_microbatched --------------------------------------------------------
