@@ -30,6 +30,7 @@ class BaseWriter(MetricWriter):
     """
 
     _closed: bool = False
+    draws_pixels: bool = False  # images and videos become pixels (not only their shapes)
     flush_failure: str | None = None  # why the last timed flush failed; None once one works
 
     @property
@@ -48,11 +49,11 @@ class BaseWriter(MetricWriter):
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         step = self._begin("write_images", step, images)
-        self._images(step, _checks.check_arrays(images, self._name("write_images"), "image"))
+        self._images(step, self._pixels("image", "write_images", images))
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         step = self._begin("write_videos", step, videos)
-        self._videos(step, _checks.check_arrays(videos, self._name("write_videos"), "video"))
+        self._videos(step, self._pixels("video", "write_videos", videos))
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         step = self._begin("write_audios", step, audios)
@@ -109,6 +110,25 @@ class BaseWriter(MetricWriter):
     def _media(
         self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
     ) -> None: ...
+
+    def _pixels(self, kind: str, method: str, arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """`check_arrays`, then, where this writer draws pixels, a warning (once per key) about
+        float pixels outside [0, 1], which would be clipped silently."""
+        arrays = _checks.check_arrays(arrays, self._name(method), kind)
+        warned = self.__dict__.setdefault("_pixels_warned", set())
+        for key, arr in arrays.items() if self.draws_pixels else ():
+            if key not in warned and (span := _checks.float_pixels_outside(arr)):
+                warned.add(key)
+                logging.warning(
+                    "%s: float %s %r holds values in [%g, %g], but float pixels are read "
+                    "in [0, 1] and clipped (above 1 white, below 0 black). Pass x / 255 for "
+                    "values in [0, 255], (x + 1) / 2 for [-1, 1], or uint8. Warned once per key.",
+                    self._where(),
+                    kind,
+                    key,
+                    *span,
+                )
+        return arrays
 
     def _where(self) -> str:
         return type(self).__name__
@@ -182,6 +202,7 @@ class ForwardingWriter(BaseWriter):
 class TrackerWriter(BaseWriter):
     """Base of `WandbWriter` and `MlflowWriter`: optional import, process 0 logs, files by path."""
 
+    draws_pixels = True
     _owned = False  # close() ends the run: this writer started or resumed it
 
     def _start(

@@ -419,6 +419,17 @@ def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
     return dict(texts)
 
 
+def float_pixels_outside(arr: np.ndarray) -> tuple[float, float] | None:
+    """`(min, max)` of a float image's finite values if outside [0, 1] (beyond rounding)."""
+    if not np.issubdtype(arr.dtype, np.floating):
+        return None
+    finite = arr[np.isfinite(arr)]
+    if finite.size == 0:
+        return None
+    low, high = float(finite.min()), float(finite.max())
+    return (low, high) if low < -1e-3 or high > 1.001 else None
+
+
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:
     """Images as `[N, H, W, C]` uint8: ints read as [0, 255], floats as [0, 1], clipped, NaN 0."""
     if arr.ndim == 3:

@@ -45,6 +45,8 @@ class TensorBoardWriter(BaseWriter):
       TypeError: `purge_step` is not an integer.
     """
 
+    draws_pixels = True
+
     def __init__(
         self,
         logdir: str | os.PathLike[str],

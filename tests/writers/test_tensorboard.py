@@ -148,6 +148,40 @@ def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_pa
     assert acc.Audio("a")[0].length_frames == 20
 
 
+def test_float_pixels_outside_0_1_are_clipped_as_documented_and_warned_once_per_key(
+    tmp_path, caplog
+):
+    """Images in [0, 255] or [-1, 1] as floats (a common slip) draw white or black pixels;
+    the writers that draw them say so once per key, the ones that only log shapes do not."""
+    images = {
+        "bytes_as_floats": np.full((2, 2, 1), 200.0),
+        "signed": np.array([[-1.0, 0.0], [0.5, 1.0]])[..., None],
+        "unit": np.array([[0.0, 0.5], [1.0, 1.0000001]])[..., None],  # rounding: no warning
+        "uint8": np.full((2, 2, 1), 200, np.uint8),
+        "nan": np.full((2, 2, 1), np.nan),
+    }
+    tb, log = writers.TensorBoardWriter(tmp_path), writers.JsonlWriter(tmp_path / "m.jsonl")
+    for w in (tb, log):
+        w.write_images(1, images)
+        w.write_images(2, {"bytes_as_floats": images["bytes_as_floats"]})
+        w.write_videos(3, {"clip": np.full((1, 2, 2, 2, 3), 3.0)})
+        w.close()
+    warned = [r.getMessage() for r in caplog.records if "float pixels" in r.getMessage()]
+    assert [m.split(" holds")[0] for m in warned] == [
+        "TensorBoardWriter: float image 'bytes_as_floats'",
+        "TensorBoardWriter: float image 'signed'",
+        "TensorBoardWriter: float video 'clip'",
+    ]
+    assert "[200, 200]" in warned[0] and "[-1, 1]" in warned[1] and "x / 255" in warned[0]
+    acc = _accumulator(tmp_path)
+    pixels = {k: _decode_png(acc.Tensors(k)[0].tensor_proto.string_val[2])[..., 0] for k in images}
+    np.testing.assert_array_equal(pixels["bytes_as_floats"], np.full((2, 2), 255))  # clipped
+    np.testing.assert_array_equal(pixels["signed"], [[0, 0], [128, 255]])
+    np.testing.assert_array_equal(pixels["unit"], [[0, 128], [255, 255]])
+    np.testing.assert_array_equal(pixels["uint8"], np.full((2, 2), 200))
+    np.testing.assert_array_equal(pixels["nan"], np.zeros((2, 2)))
+
+
 def test_hparams_reach_the_hparams_plugin(tmp_path):
     w = writers.TensorBoardWriter(tmp_path)
     w.write_hparams(
