@@ -21,6 +21,13 @@ from absl import logging
 from writers import _checks, _encode
 from writers.interface import Array, MetricWriter, Scalar, WriterClosedError
 
+_PIXEL_FIX = "x / 255 for [0, 255], (x + 1) / 2 for [-1, 1], or uint8"
+_RANGE_FIXES = {
+    "image": (0, _PIXEL_FIX),
+    "video": (0, _PIXEL_FIX),
+    "audio": (-1, "x / abs(x).max()"),
+}
+
 
 class BaseWriter(MetricWriter):
     """`MetricWriter` that checks each call, then calls the hook of its kind.
@@ -30,7 +37,7 @@ class BaseWriter(MetricWriter):
     """
 
     _closed: bool = False
-    draws_pixels: bool = False  # images and videos become pixels (not only their shapes)
+    encodes_media: bool = False  # images, videos, audio become pixels, samples (not shapes)
     flush_failure: str | None = None  # why the last timed flush failed; None once one works
 
     @property
@@ -49,16 +56,18 @@ class BaseWriter(MetricWriter):
 
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
         step = self._begin("write_images", step, images)
-        self._images(step, self._pixels("image", "write_images", images))
+        checked = _checks.check_arrays(images, self._name("write_images"), "image")
+        self._images(step, self._clipped("image", checked))
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         step = self._begin("write_videos", step, videos)
-        self._videos(step, self._pixels("video", "write_videos", videos))
+        checked = _checks.check_arrays(videos, self._name("write_videos"), "video")
+        self._videos(step, self._clipped("video", checked))
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         step = self._begin("write_audios", step, audios)
         clips = _checks.check_audios(audios, sample_rate, self._name("write_audios"))
-        self._audios(step, clips, sample_rate)
+        self._audios(step, self._clipped("audio", clips), sample_rate)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
         step = self._begin("write_texts", step, texts)
@@ -111,22 +120,18 @@ class BaseWriter(MetricWriter):
         self, step: int, kind: str, arrays: dict[str, np.ndarray], sample_rate: int | None = None
     ) -> None: ...
 
-    def _pixels(self, kind: str, method: str, arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """`check_arrays`, then, where this writer draws pixels, a warning (once per key) about
-        float pixels outside [0, 1], which would be clipped silently."""
-        arrays = _checks.check_arrays(arrays, self._name(method), kind)
-        warned = self.__dict__.setdefault("_pixels_warned", set())
-        for key, arr in arrays.items() if self.draws_pixels else ():
-            if key not in warned and (span := _checks.float_pixels_outside(arr)):
+    def _clipped(self, kind: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`arrays`, after a warning (once per key) where this writer encodes them: floats
+        outside [0, 1] (pixels) or [-1, 1] (audio) would be clipped silently."""
+        low, fix = _RANGE_FIXES[kind]
+        warned = self.__dict__.setdefault("_range_warned", set())
+        for key, arr in arrays.items() if self.encodes_media else ():
+            if key not in warned and (span := _checks.floats_outside(arr, low)):
                 warned.add(key)
                 logging.warning(
-                    "%s: float %s %r holds values in [%g, %g], but float pixels are read "
-                    "in [0, 1] and clipped (above 1 white, below 0 black). Pass x / 255 for "
-                    "values in [0, 255], (x + 1) / 2 for [-1, 1], or uint8. Warned once per key.",
-                    self._where(),
-                    kind,
-                    key,
-                    *span,
+                    "%s: float %s %r holds values in [%g, %g], but is read in [%d, 1] and "
+                    "clipped. Pass %s. Warned once per key.",
+                    *(self._where(), kind, key, *span, low, fix),
                 )
         return arrays
 
@@ -202,7 +207,7 @@ class ForwardingWriter(BaseWriter):
 class TrackerWriter(BaseWriter):
     """Base of `WandbWriter` and `MlflowWriter`: optional import, process 0 logs, files by path."""
 
-    draws_pixels = True
+    encodes_media = True
     _owned = False  # close() ends the run: this writer started or resumed it
 
     def _start(

@@ -377,10 +377,11 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
             f"shape {arr.shape}."
         )
-    if kind == "audio" and (arr.ndim != 3 or not numeric):
+    if kind == "audio" and (arr.ndim != 3 or not _is_float(arr.dtype)):
         return (
-            f"audio {key!r} must be a numeric array of shape [N, T, C] with values in "
-            f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}."
+            f"audio {key!r} must be a float array of shape [N, T, C] with values in "
+            f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}. Scale PCM samples "
+            "first: x / 32768 for int16."
         )
     if kind != "histogram":
         return None
@@ -419,15 +420,15 @@ def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
     return dict(texts)
 
 
-def float_pixels_outside(arr: np.ndarray) -> tuple[float, float] | None:
-    """`(min, max)` of a float image's finite values if outside [0, 1] (beyond rounding)."""
+def floats_outside(arr: np.ndarray, low: int) -> tuple[float, float] | None:
+    """`(min, max)` of a float array's finite values if outside [low, 1] beyond rounding."""
     if not np.issubdtype(arr.dtype, np.floating):
         return None
     finite = arr[np.isfinite(arr)]
     if finite.size == 0:
         return None
-    low, high = float(finite.min()), float(finite.max())
-    return (low, high) if low < -1e-3 or high > 1.001 else None
+    lo, hi = float(finite.min()), float(finite.max())
+    return (lo, hi) if lo < low - 1e-3 or hi > 1.001 else None
 
 
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:

@@ -45,7 +45,7 @@ class TensorBoardWriter(BaseWriter):
       TypeError: `purge_step` is not an integer.
     """
 
-    draws_pixels = True
+    encodes_media = True
 
     def __init__(
         self,

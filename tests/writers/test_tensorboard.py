@@ -148,11 +148,12 @@ def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_pa
     assert acc.Audio("a")[0].length_frames == 20
 
 
-def test_float_pixels_outside_0_1_are_clipped_as_documented_and_warned_once_per_key(
+def test_floats_outside_the_media_range_are_clipped_as_documented_and_warned_once_per_key(
     tmp_path, caplog
 ):
-    """Images in [0, 255] or [-1, 1] as floats (a common slip) draw white or black pixels;
-    the writers that draw them say so once per key, the ones that only log shapes do not."""
+    """Images in [0, 255] or [-1, 1] as floats (a common slip) draw white or black pixels,
+    loud audio clips; the writers that encode them say so once per key, the ones that only
+    log shapes do not. Integer audio (PCM) is refused: read as floats it would be noise."""
     images = {
         "bytes_as_floats": np.full((2, 2, 1), 200.0),
         "signed": np.array([[-1.0, 0.0], [0.5, 1.0]])[..., None],
@@ -165,14 +166,22 @@ def test_float_pixels_outside_0_1_are_clipped_as_documented_and_warned_once_per_
         w.write_images(1, images)
         w.write_images(2, {"bytes_as_floats": images["bytes_as_floats"]})
         w.write_videos(3, {"clip": np.full((1, 2, 2, 2, 3), 3.0)})
+        w.write_audios(
+            4, {"loud": np.full((1, 4, 1), 2.0), "full": -np.ones((1, 4, 1))}, sample_rate=8
+        )
+        with pytest.raises(ValueError, match=r"audio 'pcm' must be a float .* x / 32768"):
+            w.write_audios(5, {"pcm": np.ones((1, 4, 1), np.int16)}, sample_rate=8)
         w.close()
-    warned = [r.getMessage() for r in caplog.records if "float pixels" in r.getMessage()]
+    warned = [r.getMessage() for r in caplog.records if "clipped" in r.getMessage()]
     assert [m.split(" holds")[0] for m in warned] == [
         "TensorBoardWriter: float image 'bytes_as_floats'",
         "TensorBoardWriter: float image 'signed'",
         "TensorBoardWriter: float video 'clip'",
+        "TensorBoardWriter: float audio 'loud'",
     ]
-    assert "[200, 200]" in warned[0] and "[-1, 1]" in warned[1] and "x / 255" in warned[0]
+    assert "[200, 200], but is read in [0, 1]" in warned[0] and "x / 255" in warned[0]
+    assert "[-1, 1], but is read in [0, 1]" in warned[1]
+    assert "[2, 2], but is read in [-1, 1]" in warned[3]
     acc = _accumulator(tmp_path)
     pixels = {k: _decode_png(acc.Tensors(k)[0].tensor_proto.string_val[2])[..., 0] for k in images}
     np.testing.assert_array_equal(pixels["bytes_as_floats"], np.full((2, 2), 255))  # clipped
@@ -180,6 +189,8 @@ def test_float_pixels_outside_0_1_are_clipped_as_documented_and_warned_once_per_
     np.testing.assert_array_equal(pixels["unit"], [[0, 128], [255, 255]])
     np.testing.assert_array_equal(pixels["uint8"], np.full((2, 2), 200))
     np.testing.assert_array_equal(pixels["nan"], np.zeros((2, 2)))
+    with wave.open(io.BytesIO(acc.Audio("loud")[0].encoded_audio_string)) as wav:
+        assert list(np.frombuffer(wav.readframes(4), "<i2")) == [32767] * 4  # clipped to 1
 
 
 def test_hparams_reach_the_hparams_plugin(tmp_path):
