@@ -545,8 +545,9 @@ class MetricsManager:
         if arg == "hparams":
             values = _checks.as_mapping(values)
         if not isinstance(values, Mapping):
+            example = "{'lr': 0.1} (or a dataclass)" if arg == "hparams" else "{'loss': value}"
             problems.type_problem(
-                f"{arg} must be a mapping such as {{'loss': value}}, got {type(values).__name__}"
+                f"{arg} must be a mapping such as {example}, got {type(values).__name__}"
             )
         values = dict(values) if isinstance(values, Mapping) else {}
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)

@@ -4,6 +4,7 @@ Each looks at every key of a call before raising, so one error lists every probl
 also `metrics_manager`'s error collector: `writers` never imports `metrics_manager`).
 """
 
+import dataclasses
 import inspect
 import math
 import numbers
@@ -139,14 +140,21 @@ def check_keys(values: Any, method: str) -> None:
 
 
 def as_mapping(hparams: Any) -> Any:
-    """A config with `.items()` that is no `Mapping` (ml_collections' ConfigDict) as a dict."""
-    if not isinstance(hparams, Mapping) and callable(getattr(hparams, "items", None)):
-        return dict(hparams.items())
-    return hparams
+    """A config that is no `Mapping` (ml_collections' ConfigDict, a dataclass) as a dict."""
+    fields = _config_items(hparams)
+    return hparams if isinstance(hparams, Mapping) or fields is None else dict(fields)
+
+
+def _config_items(value: Any) -> Any:
+    """The named entries of a nested config (anything with `.items()`, or a dataclass
+    instance), or None for a value."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
+    return value.items() if callable(getattr(value, "items", None)) else None
 
 
 def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, Any]:
-    """Nested mappings (anything with `.items()`, e.g. a ConfigDict) as dotted names.
+    """Nested configs (mappings, ConfigDicts, dataclasses) as dotted names.
 
     `{"opt": {"lr": 0.1}}` -> `{"opt.lr": 0.1}`, as CLU's TensorBoard writer names them
     (lists stay one value, written as their `str()`). A name given twice goes to `problems`.
@@ -154,8 +162,8 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
     flat: dict[str, Any] = {}
 
     def add(name: str, value: Any) -> None:
-        if hasattr(value, "items"):  # a Mapping, or a ConfigDict
-            for key, item in value.items():
+        if (items := _config_items(value)) is not None:
+            for key, item in items:
                 add(f"{name}.{key}", item)
         elif name in flat:
             problems.value_problem(

@@ -106,7 +106,8 @@ class MetricWriter(abc.ABC):
         """Writes the run's hyperparameters (no step): bools, numbers, strs, else `str()`.
 
         Nested mappings (a config dict) are flattened to dotted names: `opt.lr`. An
-        ml_collections `ConfigDict`, which is no `Mapping`, is taken too.
+        ml_collections `ConfigDict` and a dataclass instance, which are no `Mapping`, are
+        taken (and flattened) too.
         """
 
     @abc.abstractmethod

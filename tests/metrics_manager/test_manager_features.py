@@ -163,3 +163,39 @@ def test_an_ml_collections_config_is_written_as_hparams(tmp_path):
     w.write_hparams(config)
     w.close()
     assert writers.read_jsonl(str(tmp_path / "direct.jsonl"))[0]["hparams"]["opt.b1"] == 0.9
+
+
+def test_a_dataclass_config_is_written_as_hparams(tmp_path):
+    # What a Flax loop often keeps its settings in: nested dataclasses, flattened like a dict.
+    import dataclasses
+
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    @dataclasses.dataclass
+    class Optimizer:
+        name: str = "adam"
+        betas: tuple = (0.9, 0.99)
+
+    @dataclasses.dataclass
+    class TrainConfig:
+        lr: float = 0.1
+        opt: Optimizer = dataclasses.field(default_factory=Optimizer)
+
+    with MetricsManager("train", tmp_path, writer_factory=files_only) as manager:
+        manager.write_hparams(TrainConfig())
+        manager.write_hparams({"run": TrainConfig(lr=0.5)})
+    first, nested = read_jsonl(str(tmp_path / "train"))
+    assert first["hparams"] == {"lr": 0.1, "opt.name": "adam", "opt.betas": "(0.9, 0.99)"}
+    assert nested["hparams"] == {
+        "run.lr": 0.5,
+        "run.opt.name": "adam",
+        "run.opt.betas": "(0.9, 0.99)",
+    }
+    content = read_tensorboard(str(tmp_path / "train")).PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hparams = data.session_start_info.hparams
+    assert hparams["lr"].number_value == 0.1 and hparams["opt.name"].string_value == "adam"
+    w = writers.JsonlWriter(tmp_path / "direct.jsonl")  # a writer without a manager takes it too
+    w.write_hparams(TrainConfig())
+    w.close()
+    assert writers.read_jsonl(str(tmp_path / "direct.jsonl"))[0]["hparams"]["opt.name"] == "adam"
