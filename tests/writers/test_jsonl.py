@@ -290,6 +290,15 @@ def test_a_line_torn_by_a_crash_is_dropped_so_the_next_run_appends_whole_lines(
     assert not [r for r in caplog.records if "comes after step" in r.getMessage()]
 
 
+def test_read_jsonl_names_the_line_that_is_no_json_and_skips_one_being_written(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')
+    assert writers.read_jsonl(path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 2.0}]
+    path.write_bytes(b'{"step": 1, "a": 1.0}\nedited by hand\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"line 2 of .*metrics.jsonl is not JSON .*edited by hand"):
+        writers.read_jsonl(tmp_path)
+
+
 def test_a_file_system_without_flock_writes_without_the_lock_and_says_so(
     tmp_path, monkeypatch, caplog
 ):
