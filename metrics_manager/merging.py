@@ -310,6 +310,13 @@ def accumulate_grads_microbatched(
                     "accumulate_grads_microbatched: loss_fn must return a pair (loss, metrics), "
                     f"got {describe(out)}; return the scalar loss and a dict of metrics"
                 )
+            shape, dtype = jnp.shape(out[0]), jnp.result_type(out[0])
+            if shape != () or not jnp.issubdtype(dtype, jnp.floating):
+                raise TypeError(
+                    "accumulate_grads_microbatched: loss_fn's loss must be a float scalar to "
+                    f"differentiate, got shape {shape} and dtype {dtype}; return the sum of "
+                    "the per-example losses (loss.sum()) as a float"
+                )
             return out
 
         (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)

@@ -415,6 +415,18 @@ def test_loss_fn_must_return_a_pair():
         accumulate_grads_microbatched(lambda w, b: (w * b).sum(), jnp.float32(1.0), jnp.ones(4), 2)
 
 
+@pytest.mark.parametrize("num_microbatches", [1, 2])
+def test_a_loss_that_is_no_float_scalar_is_named_with_the_fix(num_microbatches):
+    metrics = {"n": Sum(jnp.float32(1.0))}
+    per_example = lambda w, b: (w * b, metrics)  # noqa: E731
+    as_int = lambda w, b: ((w * b).sum().astype(jnp.int32), metrics)  # noqa: E731
+    for loss_fn, got in ((per_example, r"shape \(\d,\) and dtype float32"), (as_int, "int32")):
+        with pytest.raises(TypeError, match=rf"loss must be a float scalar .*{got}.*loss.sum\(\)"):
+            jax.jit(accumulate_grads_microbatched, static_argnums=(0, 3))(
+                loss_fn, jnp.float32(1.0), jnp.ones(4), num_microbatches
+            )
+
+
 def test_indivisible_batch_names_every_leaf():
     batch = {"x": jnp.ones((6, 2)), "y": jnp.ones(6), "z": jnp.ones(())}
     with pytest.raises(
