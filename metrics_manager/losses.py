@@ -214,7 +214,11 @@ def _token_losses_fwd(
     z_loss = jnp.asarray(z_loss, jnp.float32)
     x = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(x, axis=-1)
-    target_log_prob = jnp.take_along_axis(x, targets[..., None], axis=-1)[..., 0] - log_z
+    # A target outside [0, V) (an ignore index such as -100) has an all-zero one-hot in T5X:
+    # no target term, and none in the gradient below. A gather would read NaN or wrap.
+    valid = (targets >= 0) & (targets < x.shape[-1])
+    picked = jnp.take_along_axis(x, jnp.where(valid, targets, 0)[..., None], axis=-1)[..., 0]
+    target_log_prob = jnp.where(valid, picked - log_z, 0.0)
     # -sum_v q_v log p_v with q = low + (confidence - low) * onehot(targets), without
     # materializing the [.., V] soft targets.
     cross_ent = -(confidence - low) * target_log_prob
@@ -238,7 +242,9 @@ def _token_losses_bwd(
     vocab_ids = jax.lax.broadcasted_iota(targets.dtype, probs.shape, probs.ndim - 1)
     soft_targets = jnp.where(vocab_ids == targets[..., None], confidence, low)
     # d/dlogits of  -sum q log softmax + z * logsumexp^2  =  p * (sum q + 2 z logZ) - q
-    scale = confidence + (vocab_size - 1) * low + 2.0 * z_loss * log_z
+    valid = (targets >= 0) & (targets < vocab_size)  # else q is `low` everywhere
+    sum_q = jnp.where(valid, confidence + (vocab_size - 1) * low, vocab_size * low)
+    scale = sum_q + 2.0 * z_loss * log_z
     g_logits = g_loss[..., None] * (probs * scale[..., None] - soft_targets)
     return g_logits.astype(logits.dtype), None, None
 
@@ -273,7 +279,8 @@ def compute_token_losses(
 
     Args:
         logits: `[..., V]` floating-point scores.
-        targets: Token ids in `[0, V)` of shape `logits.shape[:-1]`.
+        targets: Token ids in `[0, V)` of shape `logits.shape[:-1]`. Others (an ignore
+            index such as -100) get no target term, as in T5X: give them weight 0.
         label_smoothing: In [0, 1); fixed at trace time.
         z_loss: Coefficient of `logsumexp(logits)**2`; a scalar array for a schedule.
 

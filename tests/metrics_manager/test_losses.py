@@ -148,6 +148,38 @@ def test_gradient_matches_autodiff_of_the_plain_formula(label_smoothing, z_loss)
     np.testing.assert_allclose(jax.jit(jax.grad(ours))(LOGITS), expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("label_smoothing,z_loss", [(0.0, 0.0), (0.2, 0.05)])
+def test_targets_outside_the_vocabulary_get_t5xs_all_zero_one_hot(label_smoothing, z_loss):
+    """An ignore index (-100, -1) or an id >= V: no target term, as T5X's one-hot gives,
+    in the value and the gradient; with weight 0 such tokens cost nothing (was NaN)."""
+    targets = jnp.array([[2, -100], [-1, 3]])  # V = 3: -100, -1 and 3 are outside
+    vocab = LOGITS.shape[-1]
+    low = label_smoothing / (vocab - 1)
+    q = np.where(np.asarray(jax.nn.one_hot(targets, vocab)) == 1, 1.0 - label_smoothing, low)
+    t5x_constant = -((1.0 - label_smoothing) * np.log(1.0 - label_smoothing))
+    t5x_constant -= (vocab - 1) * low * np.log(low + 1e-20)
+    expected = -np.sum(q * _log_softmax(LOGITS), -1) - t5x_constant
+    expected += z_loss * _logsumexp(LOGITS) ** 2
+    per_token = jax.jit(losses.compute_token_losses, static_argnames="label_smoothing")(
+        LOGITS, targets, label_smoothing=label_smoothing, z_loss=z_loss
+    )
+    np.testing.assert_allclose(per_token.loss, expected, rtol=1e-5, atol=1e-6)
+
+    def ours(logits):
+        return losses.compute_weighted_cross_entropy(
+            logits, targets, None, label_smoothing, z_loss
+        )[0]
+
+    autodiff = jax.grad(_plain_jax_loss)(LOGITS, targets, label_smoothing, z_loss)
+    np.testing.assert_allclose(jax.jit(jax.grad(ours))(LOGITS), autodiff, rtol=1e-5, atol=1e-6)
+    weights = jnp.array([[1.0, 0.0], [0.0, 1.0]])  # the out-of-range ones masked
+    loss, _, count = losses.compute_weighted_cross_entropy(
+        LOGITS, targets, weights, label_smoothing, z_loss
+    )
+    assert float(count) == 2.0
+    np.testing.assert_allclose(loss, expected[0, 0] + expected[1, 1], rtol=1e-5)
+
+
 def test_logged_z_loss_carries_no_gradient_but_the_loss_trains_on_it():
     def logged_z(logits):
         return losses.compute_weighted_cross_entropy(logits, TARGETS, z_loss=0.1)[1]
