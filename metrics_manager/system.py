@@ -32,6 +32,8 @@ from typing import Any
 import jax
 import psutil
 
+from writers._checks import check_positive
+
 _LOG = logging.getLogger(__name__)
 _MIB = float(1 << 20)
 # CPU percentages come from 10 ms tick counters: a shorter span would read 0 or several 100 %.
@@ -187,9 +189,13 @@ class SystemMonitor:
         devices: Iterable[Any] | None = None,
         sample_fn: SampleFn | None = None,
     ) -> None:
-        if interval_s is not None and not interval_s > 0:
-            raise ValueError(
-                f"SystemMonitor: interval_s must be > 0 seconds or None, got {interval_s!r}."
+        if interval_s is not None:
+            interval_s = check_positive(
+                interval_s,
+                "SystemMonitor",
+                "interval_s",
+                "seconds such as 1.0",
+                "None starts no thread",
             )
         if sample_fn is not None and not callable(sample_fn):
             raise TypeError(

@@ -314,8 +314,10 @@ def test_real_gpu_device_memory_keys():
 
 
 def test_invalid_arguments():
-    with pytest.raises(ValueError, match=r"interval_s must be > 0 seconds .* got 0"):
+    with pytest.raises(ValueError, match=r"interval_s must be positive, got 0; None starts no"):
         mm.SystemMonitor(0)
+    with pytest.raises(TypeError, match=r"interval_s must be a number of seconds .* got '1'"):
+        mm.SystemMonitor("1")  # a str from gin
     with pytest.raises(TypeError, match="sample_fn must be a callable .* got int: 3"):
         mm.SystemMonitor(None, sample_fn=3)
 
