@@ -594,8 +594,7 @@ class MetricsManager:
 def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Problems) -> list[str]:
     """Checks images or histograms by shape and dtype (reading no device array); their keys."""
     kind = _ARRAY_KINDS[arg]
-    if arg == "arrays":
-        _checks.check_buckets(buckets, problems)
+    _checks.check_buckets(buckets, problems)  # None (images): nothing to check
     for key, value in values.items():
         if not (hasattr(value, "shape") and hasattr(value, "dtype")):
             value = values[key] = np.asarray(value)  # a list, a number

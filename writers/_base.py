@@ -123,15 +123,20 @@ class BaseWriter(MetricWriter):
     def _clipped(self, kind: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`arrays`, after a warning (once per key) where this writer encodes them: floats
         outside [0, 1] (pixels) or [-1, 1] (audio) would be clipped silently."""
+        if not self.encodes_media:
+            return arrays
         low, fix = _RANGE_FIXES[kind]
         warned = self.__dict__.setdefault("_range_warned", set())
-        for key, arr in arrays.items() if self.encodes_media else ():
+        for key, arr in arrays.items():
             if key not in warned and (span := _checks.floats_outside(arr, low)):
                 warned.add(key)
+                message = f"float {kind} {key!r} holds values in [{span[0]:g}, {span[1]:g}]"
                 logging.warning(
-                    "%s: float %s %r holds values in [%g, %g], but is read in [%d, 1] and "
-                    "clipped. Pass %s. Warned once per key.",
-                    *(self._where(), kind, key, *span, low, fix),
+                    "%s: %s, but is read in [%d, 1] and clipped. Pass %s. Warned once per key.",
+                    self._where(),
+                    message,
+                    low,
+                    fix,
                 )
         return arrays
 

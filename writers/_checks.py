@@ -355,11 +355,11 @@ def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
     it is not one."""
     if num_buckets is None:
         return {}
-    counts = dict(num_buckets) if isinstance(num_buckets, Mapping) else {}
-    ints = isinstance(num_buckets, Mapping) and all(
+    counts = dict(num_buckets) if isinstance(num_buckets, Mapping) else None
+    ints = counts is not None and all(
         isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in counts.values()
     )
-    if not (ints and all(n >= 1 for n in counts.values())):
+    if counts is None or not (ints and all(n >= 1 for n in counts.values())):
         problems.add(
             ValueError if ints else TypeError,
             f"num_buckets must map keys to bucket counts (ints >= 1) such as {{'w': 64}}, "
