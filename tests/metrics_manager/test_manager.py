@@ -359,6 +359,9 @@ def still_computing() -> jax.Array:
     """A real device value that takes about half a second to compute (50 1000x1000 matmuls)."""
     x = jax.random.normal(jax.random.key(0), (1000, 1000)) / 32
     _slow(x).block_until_ready()  # compiled before, so the call below only dispatches
+    # So are the eager ops the tests apply to its result: compiling them took 0.1 s on a quiet
+    # machine, and on a busy one longer than the computation the tests must not wait for.
+    jax.block_until_ready((x[0, 0], x.mean(), x[0, :2], x[:8, :8, None] * 0))
     return _slow(x)
 
 
