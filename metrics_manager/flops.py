@@ -14,11 +14,13 @@ loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOP
 """
 
 from collections.abc import Mapping
+from numbers import Real
 from typing import Any
 
 import jax
+import numpy as np
 
-from writers._checks import Problems
+from writers._checks import Problems, describe
 
 # Dense peak TFLOP/s per JAX device: (substring of `device_kind`, bf16, fp16), None: no such
 # unit; the first match wins ("L40S" before "L4"). From NVIDIA data sheets (sparse figures
@@ -174,23 +176,30 @@ def perf_values(
     peak = _lookup_peak() if peak_flops_per_device is None else peak_flops_per_device
     problems = Problems("perf_values")
     for arg, value, ok, expected in (  # each `ok` is also False for NaN
-        ("flops_per_step", flops_per_step, flops_per_step >= 0, ">= 0"),
-        ("num_steps", num_steps, num_steps >= 0, ">= 0"),
-        ("duration_s", duration_s, duration_s > 0, "> 0 seconds"),
-        ("num_devices", num_devices, num_devices >= 1, ">= 1"),
-        ("peak_flops_per_device", peak, peak is None or peak > 0, "> 0 FLOP/s or None"),
+        ("flops_per_step", flops_per_step, lambda x: x >= 0, ">= 0"),
+        ("num_steps", num_steps, lambda x: x >= 0, ">= 0"),
+        ("duration_s", duration_s, lambda x: x > 0, "> 0 seconds"),
+        ("num_devices", num_devices, lambda x: x >= 1, ">= 1"),
+        ("peak_flops_per_device", peak, lambda x: x > 0, "> 0 FLOP/s or None"),
     ):
-        if not ok:
+        if value is None and arg == "peak_flops_per_device":
+            continue
+        if isinstance(value, bool) or not isinstance(value, Real | np.ndarray | jax.Array):
+            problems.type_problem(f"{arg} must be a number, got {describe(value)}")
+        elif np.ndim(value) != 0:
+            problems.type_problem(f"{arg} must be one number, got {describe(value)}")
+        elif not ok(value):
             problems.value_problem(f"{arg} must be {expected}, got {value!r}")
     problems.raise_if_any()
-    flops_per_second = flops_per_step * num_steps / duration_s
+    flops_per_second = float(flops_per_step) * float(num_steps) / float(duration_s)
+    per_device = flops_per_second / float(num_devices)
     values = {
         "perf/flops_per_step": float(flops_per_step),
         "perf/tflops_per_second": flops_per_second / 1e12,
-        "perf/tflops_per_second_per_device": flops_per_second / num_devices / 1e12,
+        "perf/tflops_per_second_per_device": per_device / 1e12,
     }
     if peak is not None:
-        values["perf/mfu"] = flops_per_second / num_devices / peak
+        values["perf/mfu"] = per_device / float(peak)
     return values
 
 

@@ -6,6 +6,7 @@ import types
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -159,3 +160,35 @@ def test_perf_values_lists_every_problem():
         "peak_flops_per_device must be > 0 FLOP/s or None, got -5.0",
     ]:
         assert part in message
+
+
+def test_perf_values_refuses_what_is_no_number_and_takes_numpy_and_jax_scalars():
+    with pytest.raises(TypeError) as info:  # strings from a config, None, a vector, a bool
+        mm.perf_values("3e12", None, np.ones(2), num_devices=True, peak_flops_per_device="1e14")
+    message = str(info.value)
+    for part in [
+        "5 problems",
+        "flops_per_step must be a number, got str '3e12'",
+        "num_steps must be a number, got NoneType None",
+        "duration_s must be one number, got ndarray of shape (2,) and dtype float64",
+        "num_devices must be a number, got bool True",
+        "peak_flops_per_device must be a number, got str '1e14'",
+    ]:
+        assert part in message
+    values = mm.perf_values(
+        np.float64(3e12),
+        np.int64(50),
+        jnp.asarray(4.0),
+        num_devices=np.int32(8),
+        peak_flops_per_device=jnp.asarray(100e12),
+    )
+    assert all(type(v) is float for v in values.values())  # no device array in a summary
+    assert values == pytest.approx(
+        {
+            "perf/flops_per_step": 3e12,
+            "perf/tflops_per_second": 37.5,
+            "perf/tflops_per_second_per_device": 37.5 / 8,
+            "perf/mfu": 37.5 / 8 / 100,
+        },
+        rel=1e-6,
+    )
