@@ -362,12 +362,18 @@ def _skip_gin_search_misses(record: std_logging.LogRecord) -> bool:
     return not (record.module == "resource_reader" and record.msg == "Path not found: %s")
 
 
+def _warnings_and_log_writer_lines(record: std_logging.LogRecord) -> bool:
+    """Without --verbosity, the console writer is the demo's output: INFO lines are dropped,
+    except those of the absl log writer (`writers.create_default_writer.log = True`)."""
+    return record.levelno >= std_logging.WARNING or record.module == "logging_writer"
+
+
 def main(argv: Sequence[str]) -> None:
     """The absl entry point: T5X-style gin flags in, summaries out, then where to look."""
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    if not flags.FLAGS["verbosity"].present:  # the console writer is the demo's output
-        logging.set_verbosity(logging.WARNING)
+    if not flags.FLAGS["verbosity"].present:
+        logging.get_absl_handler().addFilter(_warnings_and_log_writer_lines)
     std_logging.getLogger().addFilter(_skip_gin_search_misses)
     config, _ = run(_GIN_FILE.value or [], _GIN_BINDINGS.value, _GIN_SEARCH_PATHS.value)
     try:

@@ -264,7 +264,8 @@ def test_piped_into_a_reader_that_stops_early_it_exits_0_and_writes_every_summar
     model_dir = str(tmp_path / "run")
     # A 1-layer model on 8 sequences: compiling dominates this run, and no value is checked.
     small = ["demo_model.ModelConfig.num_layers = 1", "demo_model.DataConfig.batch_size = 8"]
-    flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir) + small]
+    log = ["writers.create_default_writer.log = True"]  # as configs/demo.gin suggests
+    flags = [f"--gin_bindings={binding}" for binding in _bindings(model_dir) + small + log]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     with subprocess.Popen(
         [
@@ -292,6 +293,12 @@ def test_piped_into_a_reader_that_stops_early_it_exits_0_and_writes_every_summar
     assert "BrokenPipeError" in errors[0] and "closed the pipe" in errors[0]
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
     assert "quarantined" not in stderr
+    # The absl log writer's lines are the only INFO lines (the demo hides other INFO logs).
+    infos = [line for line in stderr.splitlines() if line.startswith("I")]
+    assert all("logging_writer.py" in line for line in infos), infos[:3]
+    train_steps = [int(line.split("] [")[1].split("]")[0]) for line in infos if " loss=" in line]
+    expected = list(range(SUMMARY_PERIOD, TOTAL_STEPS + 1, SUMMARY_PERIOD))
+    assert train_steps == sorted(expected + list(range(EVAL_PERIOD, TOTAL_STEPS + 1, EVAL_PERIOD)))
     # Every other writer has every summary: the train log's config, compile time, summaries
     # and eval times (as in test_train_jsonl_...), and TensorBoard the same summaries.
     lines = _jsonl(os.path.join(model_dir, "train", "metrics.jsonl"))
