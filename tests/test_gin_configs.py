@@ -13,12 +13,16 @@ without editing this file. For each file, with a fresh gin config:
    know how to build fails the test with instructions. Nothing is skipped.
    Tracker writers stay local: W&B runs offline (tests/conftest.py) and MLflow
    logs to a SQLite store in the test's temporary directory (TEST_BINDINGS).
+
+Every binding a file's comment block suggests (`#   writers.create_default_writer.log = True`)
+is parsed on top of that file, so a renamed or misspelled parameter in a comment fails here.
 """
 
 from __future__ import annotations
 
 import inspect
 import pathlib
+import re
 from typing import Any
 
 import gin
@@ -47,6 +51,16 @@ TEST_BINDINGS = {
 }
 
 WRITER_FLAGS = ("console", "tensorboard", "jsonl", "log")
+
+
+# `#   selector.param = value  # why` or `#   MACRO = value` in a file's comment block.
+SUGGESTED = re.compile(r"^#\s+((?:[A-Za-z_]\w*\.)+\w+|[A-Z_]+) = (.+?)(?:\s+#.*)?$")
+SUGGESTIONS = [
+    (path, match.group(1), match.group(2))
+    for path in GIN_FILES
+    for match in map(SUGGESTED.match, path.read_text().splitlines())
+    if match
+]
 
 
 @pytest.fixture(autouse=True)
@@ -141,3 +155,22 @@ def _close(obj: Any) -> None:
     close = getattr(obj, "close", None)
     if callable(close):
         close()
+
+
+def test_comment_blocks_suggest_bindings():
+    suggested = {path.relative_to(CONFIGS).as_posix() for path, _, _ in SUGGESTIONS}
+    assert {"default.gin", "demo.gin", "writers/default.gin", "writers/wandb.gin"} <= suggested
+    assert len(SUGGESTIONS) >= 40
+
+
+@pytest.mark.parametrize(
+    "path, selector, value",
+    SUGGESTIONS,
+    ids=[f"{p.relative_to(CONFIGS).as_posix()}:{s}" for p, s, _ in SUGGESTIONS],
+)
+def test_a_binding_suggested_in_a_comment_parses_on_its_file(path, selector, value):
+    gin.parse_config_file(str(path))
+    gin.parse_config(f"{selector} = {value}")  # ValueError for a parameter that is not there
+    if "." in selector:
+        configurable, param = selector.rsplit(".", 1)
+        assert param in gin.get_bindings(configurable)
