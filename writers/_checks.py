@@ -269,7 +269,7 @@ def _not_a_scalar(key: str, arr: Any) -> Exception | None:
             f"scalar {key!r} must hold exactly one number, got an array of shape "
             f"{tuple(arr.shape)}. Reduce it first (e.g. .mean()) or write it as a histogram."
         )
-    if _is_float(arr.dtype) or np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_:
+    if _is_float(arr.dtype) or np.dtype(arr.dtype).kind in "iub":  # not timedelta64 ("m")
         return None
     return TypeError(
         f"scalar {key!r} must be a number, got an array of dtype {arr.dtype}. "

@@ -787,6 +787,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         "'v'.*exactly one number.*histogram",
     ),
     "complex scalar": (lambda m: m.write_scalars(1, {"c": 1j}), TypeError, "'c'.*number"),
+    "timedelta scalar": (
+        lambda m: m.write_scalars(1, {"t": np.timedelta64(5, "s")}),
+        TypeError,
+        r"'t' must be a number, got an array of dtype timedelta64\[s\]",
+    ),
     "metric named step": (
         lambda m: m.write_metrics_summary({"step": Sum(1.0)}, 1, 1),
         ValueError,

@@ -67,6 +67,13 @@ def test_bad_input_reaches_no_writer_and_close_is_idempotent():
         multi.write_scalars(0, {1: 1.0})
     with pytest.raises(ValueError, match="non-negative"):
         multi.write_scalars(-1, {"a": 1.0})
+    with pytest.raises(TypeError) as info:  # arrays by shape and dtype, before any writer
+        multi.write_scalars(0, {"v": np.ones(3), "d": np.datetime64("2020-01-01"), "s": "x"})
+    message = str(info.value)
+    assert message.startswith("MultiWriter.write_scalars: 3 problems:")
+    assert "'v' must hold exactly one number, got an array of shape (3,)" in message
+    assert "'d' must be a number, got an array of dtype datetime64[D]" in message
+    assert "'s' must be a number, got 'x'" in message
     assert clu.scalars == []
     multi.close()
     multi.close()
