@@ -557,11 +557,7 @@ class MetricsManager:
         elif arg == "hparams":
             values = _checks.flat_hparams(values, problems)
         elif arg == "texts":
-            bad = [f"{k!r}: {type(v).__name__}" for k, v in values.items() if type(v) is not str]
-            if bad:
-                problems.type_problem(
-                    f"texts must be str, got {', '.join(bad)}; write numbers with write_scalars"
-                )
+            values = _checks.collect_texts(values, problems)
         else:  # images, histograms: shapes now, values on the worker
             deferred = _check_arrays(arg, values, extra.get("num_buckets"), problems)
         problems.raise_if_any()

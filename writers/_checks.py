@@ -419,13 +419,27 @@ def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> di
 
 
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
-    """Raises a TypeError listing every key whose value is not a str."""
-    if bad := {k: type(v).__name__ for k, v in texts.items() if not isinstance(v, str)}:
-        raise TypeError(
-            f"{method}: text values must be str, got {bad}. Convert with str() or "
-            "write numbers with write_scalars."
-        )
-    return dict(texts)
+    """`collect_texts`, raising a TypeError that lists every key whose value is not a str."""
+    problems = Problems(method)
+    out = collect_texts(texts, problems)
+    problems.raise_if_any()
+    return out
+
+
+def collect_texts(texts: Mapping[str, Any], problems: Problems) -> dict[str, str]:
+    """Each str value as a plain str (numpy's `str_` too); any other value is a problem."""
+    out = {}
+    for key, value in texts.items():
+        if isinstance(value, str):
+            out[key] = str(value)
+        else:
+            fix = (
+                ".decode() bytes first"
+                if isinstance(value, bytes | bytearray)
+                else "convert with str(), or write numbers with write_scalars"
+            )
+            problems.type_problem(f"text {key!r} must be a str, got {describe(value)}; {fix}")
+    return out
 
 
 def floats_outside(arr: np.ndarray, low: int) -> tuple[float, float] | None:

@@ -837,7 +837,12 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         "mapping from names.*got str",
     ),
     "scalars a list": (lambda m: m.write_scalars(1, [1.0]), TypeError, "mapping.*'loss'"),
-    "text not str": (lambda m: m.write_texts(1, {"t": 3}), TypeError, "'t': int.*write_scalars"),
+    "text not str": (lambda m: m.write_texts(1, {"t": 3}), TypeError, "'t'.*int 3.*write_scalars"),
+    "text of bytes": (
+        lambda m: m.write_texts(1, {"t": b"hi"}),
+        TypeError,
+        r"text 't' must be a str, got bytes b'hi'; \.decode\(\) bytes first",
+    ),
     "hparams not mapping": (lambda m: m.write_hparams(["lr"]), TypeError, "mapping"),
     "hparam named twice": (
         lambda m: m.write_hparams({"opt.lr": 0.1, "opt": {"lr": 0.2}}),
@@ -967,6 +972,14 @@ def test_bfloat16_and_float16_scalars_are_written_exactly(tmp_path):
     lines = read_jsonl(str(tmp_path / "train"))
     assert lines[0]["bf16"] == 3.75 and lines[0]["f16"] == 0.125 and lines[1]["bf16"] == 3.5
     assert manager.errors == []
+
+
+def test_numpy_strs_are_written_as_texts(tmp_path):
+    label = np.array(["cat", "dog"])[1]  # a numpy str_, a subclass of str
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        manager.write_texts(1, {"label": label})
+    [line] = read_jsonl(str(tmp_path / "train"))
+    assert line["label"] == "dog" and manager.errors == []
 
 
 def test_a_step_going_backwards_warns_once(caplog):

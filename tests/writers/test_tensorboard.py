@@ -304,7 +304,7 @@ def test_bad_input_raises_and_nothing_written_is_lost(tmp_path):
         w.write_histograms(2, {"h": np.array([np.nan, 1.0])})
     with pytest.raises(ValueError, match="empty"):
         w.write_histograms(2, {"h": np.zeros(0)})
-    with pytest.raises(TypeError, match="text values must be str"):
+    with pytest.raises(TypeError, match="text 't' must be a str, got int 3; convert with str"):
         w.write_texts(2, {"t": 3})
     with pytest.raises(ValueError, match="flush_secs must be positive"):
         writers.TensorBoardWriter(tmp_path / "other", flush_secs=0)
