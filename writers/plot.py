@@ -345,6 +345,7 @@ def _png(
                 ax.plot(s.steps, s.values, color=colors[s.run], alpha=0.25, linewidth=1)
             ax.plot(s.steps, s.smoothed, color=colors[s.run], linewidth=1.5, label=s.label)
         ax.set(title=key, xlabel="step")
+        ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no tick at 2.5
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     for ax in axes[len(keys) :]:

@@ -75,6 +75,24 @@ def test_smoothing_is_tensorboards_debiased_ema_and_skips_nan():
     assert smooth([1.0, 5.0], 0.0).tolist() == [1.0, 5.0]
 
 
+def test_step_ticks_are_whole_steps_on_a_short_run(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    drawn: list[Figure] = []
+    save = Figure.savefig
+    monkeypatch.setattr(
+        Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), save(fig, *a, **k))
+    )
+    run = str(tmp_path / "run")
+    _write_jsonl(
+        os.path.join(run, "metrics.jsonl"), [{"step": s, "loss": 1 / s} for s in range(1, 21)]
+    )
+    plot_runs([run], ["loss"], out=str(tmp_path / "p.png"))
+    [figure] = drawn
+    ticks = figure.axes[0].get_xticks()
+    assert len(ticks) >= 3 and all(t == int(t) for t in ticks), ticks  # not 1.5, 2.5, ...
+
+
 # --- the demo's output ------------------------------------------------------------------
 
 
