@@ -369,15 +369,30 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
     for row, key in enumerate(keys, start=1):
         panel = figure.subplot(row, 1) if len(keys) > 1 else figure
         panel.title(key)
+        steps = []
         for s in (s for s in series if s.key == key):
             finite = np.isfinite(s.smoothed)
             if not finite.any():
                 continue
+            steps += [s.steps[finite].min(), s.steps[finite].max()]
             signal = panel.signal(s.steps[finite].tolist(), s.smoothed[finite].tolist())
             signal.label(s.label)
             signal.lines()
             panel.draw(signal)
+        if steps:  # whole, round steps (5, 10, 15), not plotext's 4.2, 7.3, ...
+            ticks = _step_ticks(int(min(steps)), int(max(steps)), max(2, min(cols // 12, 8)))
+            panel.ruler("x").ticks(ticks, [str(t) for t in ticks])
     return figure.build().string(colorless=not color)
+
+
+def _step_ticks(low: int, high: int, most: int) -> list[int]:
+    """At most `most` multiples of 1, 2 or 5 x 10^k in [low, high] (`low` alone if equal)."""
+    if high <= low:
+        return [low]
+    spacing = max((high - low) / (most - 1), 1.0)
+    magnitude = 10 ** math.floor(math.log10(spacing))
+    step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= spacing)
+    return list(range(math.ceil(low / step) * step, high + 1, step))
 
 
 def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:

@@ -20,7 +20,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import writers
-from writers.plot import _read_events, load_series, plot_runs, smooth
+from writers.plot import _read_events, _step_ticks, load_series, plot_runs, smooth
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -91,6 +91,28 @@ def test_step_ticks_are_whole_steps_on_a_short_run(tmp_path, monkeypatch):
     [figure] = drawn
     ticks = figure.axes[0].get_xticks()
     assert len(ticks) >= 3 and all(t == int(t) for t in ticks), ticks  # not 1.5, 2.5, ...
+
+
+def test_terminal_step_ticks_are_round_whole_steps(tmp_path):
+    run = str(tmp_path / "run")
+    lines = [{"step": s, "loss": 1 / s} for s in range(1, 21)]
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), lines)
+    text = plot_runs([run], ["loss"], out=None, terminal=True, cols=80, rows=16).text
+    assert text.rstrip().splitlines()[-1].split() == ["5", "10", "15", "20"]  # not 4.2, 7.3
+
+
+@pytest.mark.parametrize(
+    "low, high, most, ticks",
+    [
+        (1, 20, 6, [5, 10, 15, 20]),
+        (0, 100_000, 8, [0, 20_000, 40_000, 60_000, 80_000, 100_000]),
+        (100, 137, 6, [100, 110, 120, 130]),
+        (1, 3, 6, [1, 2, 3]),  # never a step below 1
+        (7, 7, 6, [7]),
+    ],
+)
+def test_step_ticks(low, high, most, ticks):
+    assert _step_ticks(low, high, most) == ticks
 
 
 # --- the demo's output ------------------------------------------------------------------
