@@ -370,6 +370,8 @@ class MetricsManager:
         self._check_order(step)
         window, self._window_open = self._window_open, False
         block_on = metrics.buffers if isinstance(metrics, PackedMetrics) else metrics
+        if ready:  # a plain device value (the step's `loss`) ends the window too
+            block_on = (block_on, [getattr(v, "value", None) for v in ready.values()])
 
         def prepare(job: Job) -> None:
             start, self._window_start = self._window_start, None

@@ -7,6 +7,7 @@ that fails, or gives a value no writer takes, costs its key, not the summary.
 Host-side module: never import it from code traced by jit.
 """
 
+import dataclasses
 import logging
 import math
 import time
@@ -94,6 +95,7 @@ class Summarizer:
         def failed(key: str, err: Exception) -> None:
             self._failures.record(Failure(f"metric:{key}", step, (key,), err))
 
+        ready = _ready_on_host(ready, failed)
         summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}
         if self._perf is not None and duration is not None:
             summary |= self._perf(num_steps, duration, num_devices=jax.device_count())
@@ -194,6 +196,32 @@ def to_host(
             k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
         ]
     return host
+
+
+def _ready_on_host(
+    ready: dict[str, Any], failed: Callable[[str, Exception], None]
+) -> dict[str, Any]:
+    """`ready` with the device arrays inside its values (a step's plain `loss` as a `Scalar`)
+    copied in one transfer, as the metrics are; a deleted (donated) one costs its key."""
+    on_device = [k for k, v in ready.items() if isinstance(getattr(v, "value", None), jax.Array)]
+    if not on_device:
+        return ready
+    out = dict(ready)
+    for key in [k for k in on_device if ready[k].value.is_deleted()]:
+        del out[key]
+        on_device.remove(key)
+        failed(
+            key,
+            ValueError(
+                f"{key!r} is a device array that was deleted (donated to a later computation) "
+                "before the summary read it. Pass a copy, or do not donate it."
+            ),
+        )
+    fetched = _fetch(tuple(ready[k].value for k in on_device))
+    out.update(
+        {k: dataclasses.replace(ready[k], value=x) for k, x in zip(on_device, fetched, strict=True)}
+    )
+    return out
 
 
 def _fetch(buffers: tuple[Any, ...]) -> list[np.ndarray]:

@@ -398,7 +398,7 @@ def test_device_images_and_histograms_still_computing_are_read_by_the_worker(tmp
     assert image["map"] == {"type": "image", "shape": [8, 8, 1]}
 
 
-def test_a_device_scalar_donated_before_the_worker_reads_it_costs_only_its_key(tmp_path):
+def test_a_device_value_donated_before_the_worker_reads_it_costs_only_its_key(tmp_path):
     worker_free = threading.Event()
 
     class GatedJsonl(writers.JsonlWriter):
@@ -417,6 +417,12 @@ def test_a_device_scalar_donated_before_the_worker_reads_it_costs_only_its_key(t
         assert corner.is_deleted()
         worker_free.set()
         manager.write_scalar("after", 1.0, 3)
+        worker_free.clear()
+        manager.write_texts(4, {"note": "the worker waits here again"})
+        loss = jnp.asarray(2.0) + 1.0
+        manager.write_metrics_summary({"loss": loss, "total": Sum(jnp.float32(5.0))}, 5, 1)
+        donate(loss)  # a plain value of a summary, donated before the worker copies it
+        worker_free.set()
     matrix.block_until_ready()  # the device is idle again for the tests after this one
     lines = writers.read_jsonl(path)
     assert [
@@ -425,12 +431,39 @@ def test_a_device_scalar_donated_before_the_worker_reads_it_costs_only_its_key(t
         {"step": 1},
         {"step": 2, "lr": 0.5},
         {"step": 3, "after": 1.0},
+        {"step": 4},
+        {"step": 5, "total": 5.0},
     ]
     assert [(f.source, f.step, f.keys) for f in manager.errors] == [
-        ("metric:corner", 2, ("corner",))
+        ("metric:corner", 2, ("corner",)),
+        ("metric:loss", 5, ("loss",)),
     ]
-    assert "was deleted (donated to a later computation)" in str(manager.errors[0])
-    assert "Pass a copy" in str(manager.errors[0])
+    for failure in manager.errors:
+        assert "was deleted (donated to a later computation)" in str(failure)
+        assert "Pass a copy" in str(failure)
+
+
+def test_a_plain_device_value_in_a_summary_ends_the_window_and_is_copied_with_the_rest(
+    tmp_path,
+):
+    # A hand-rolled loop's `{"loss": loss}`: no CLU metric, just the step's output.
+    with MetricsManager("train", tmp_path) as manager:
+        matrix = still_computing()
+        called = time.perf_counter()
+        manager.start_duration_timer()
+        metrics = {"loss": matrix.mean(), "rate": StepsPerTime.from_model_output(steps=1)}
+        future = manager.write_metrics_summary(metrics, 1, 1)
+        assert not matrix.is_ready()
+        matrix.block_until_ready()
+        ready_after = time.perf_counter() - called
+        summary = future.result(timeout=30)
+        seconds = time.perf_counter() - called
+    # The window ended when `loss` was ready (about 0.5 s), not at the call (microseconds).
+    assert 1 / seconds <= summary["rate"].value <= 2 / ready_after
+    assert type(summary["loss"].value) is np.ndarray  # a host copy, like the metrics'
+    assert summary["loss"].value == pytest.approx(float(matrix.mean()))
+    [line] = writers.read_jsonl(tmp_path / "train" / "metrics.jsonl")
+    assert line["loss"] == pytest.approx(float(matrix.mean())) and manager.errors == []
 
 
 def test_donated_train_state_counts_as_ready(monkeypatch):
@@ -665,14 +698,18 @@ def test_one_error_lists_every_bad_argument():
         assert "metrics must be a mapping" in message
         assert "step must be an int, got 1.5" in message
         assert "num_steps must be >= 1, got 0" in message
-        with pytest.raises(TypeError, match="(?s)step must be an int.*'b': int"):
+        with pytest.raises(
+            TypeError, match="(?s)step must be an int.*text 'b' must be a str, got int"
+        ):
             manager.write_texts("3", {"a": "fine", "b": 2})  # type: ignore[arg-type]
         manager.write_scalar("x", 1.0, np.array(3))  # a 0-d NumPy int is a fine step
 
 
 def test_write_texts_needs_strings():
     with make() as manager:
-        with pytest.raises(TypeError, match="'a': int"):
+        with pytest.raises(
+            TypeError, match="text 'a' must be a str, got int 1; convert with str()"
+        ):
             manager.write_texts(0, {"a": 1, "b": "fine"})
 
 
