@@ -206,10 +206,12 @@ def _ready_on_host(
     on_device = [k for k, v in ready.items() if isinstance(getattr(v, "value", None), jax.Array)]
     if not on_device:
         return ready
-    out = dict(ready)
-    for key in [k for k in on_device if ready[k].value.is_deleted()]:
+    out, fetch = dict(ready), []
+    for key in on_device:
+        if not ready[key].value.is_deleted():
+            fetch.append(key)
+            continue
         del out[key]
-        on_device.remove(key)
         failed(
             key,
             ValueError(
@@ -217,9 +219,9 @@ def _ready_on_host(
                 "before the summary read it. Pass a copy, or do not donate it."
             ),
         )
-    fetched = _fetch(tuple(ready[k].value for k in on_device))
+    fetched = _fetch(tuple(ready[k].value for k in fetch))
     out.update(
-        {k: dataclasses.replace(ready[k], value=x) for k, x in zip(on_device, fetched, strict=True)}
+        {k: dataclasses.replace(ready[k], value=x) for k, x in zip(fetch, fetched, strict=True)}
     )
     return out
 

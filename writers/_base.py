@@ -173,12 +173,14 @@ class ForwardingWriter(BaseWriter):
         if type(scalars) is not _checks.Checked:  # refuse non-numbers now; arrays stay as
             # they are (converting a device array here would wait for it on the caller's thread)
             problems = _checks.Problems(self._name("write_scalars"))
-            arrays = _checks._looks_like_array
-            _checks.collect_numbers({k: v for k, v in scalars.items() if not arrays(v)}, problems)
-            for key, value in scalars.items():  # by shape and dtype alone (numpy's, not torch's)
-                if arrays(value) and isinstance(getattr(value, "dtype", None), np.dtype):
-                    if err := _checks._not_a_scalar(key, value):
+            plain = {}
+            for key, value in scalars.items():
+                if not _checks._looks_like_array(value):
+                    plain[key] = value
+                elif isinstance(getattr(value, "dtype", None), np.dtype):  # numpy's, not torch's
+                    if err := _checks._not_a_scalar(key, value):  # by shape and dtype alone
                         problems.add(type(err), str(err))
+            _checks.collect_numbers(plain, problems)
             problems.raise_if_any()
         self._forward("write_scalars", step=step, scalars=scalars)
 
