@@ -129,6 +129,16 @@ class TrainConfig:
     seed: int = 0
 
 
+# Each field's annotation (a string under `from __future__ import annotations`) -> the types
+# it takes and how an error names them; a bool is never taken for a number.
+_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "int": (int, "an int"),
+    "float": ((int, float), "a number"),
+    "str": (str, "a str"),
+    "float | str | None": ((int, float, str, type(None)), "a number, a str or None"),
+}
+
+
 def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> None:
     """Checks that the three configs fit together, listing every problem in one error.
 
@@ -138,6 +148,8 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
         train: The loop's settings.
 
     Raises:
+        TypeError: Naming each field of the wrong type (a gin binding such as
+            `--gin.TOTAL_STEPS=10.5`).
         ValueError: Naming each field that is out of range or inconsistent, and the fix.
 
     Example:
@@ -146,6 +158,16 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
         ...
         ValueError: Invalid demo config: TrainConfig.warmup_steps=30 must be < TrainConfig.total_steps=10 (lower warmup_steps).
     """
+    types = [
+        f"{type(config).__name__}.{field.name}={value!r} must be {words}, "
+        f"got {type(value).__name__}"
+        for config in (model, data, train)
+        for field in dataclasses.fields(config)
+        for taken, words in [_TYPES[str(field.type)]]
+        if isinstance(value := getattr(config, field.name), bool) or not isinstance(value, taken)
+    ]
+    if types:  # the range checks below need numbers
+        raise TypeError("Invalid demo config: " + "; ".join(types) + ".")
     problems = []
     for name in (
         "total_steps",

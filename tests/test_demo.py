@@ -239,6 +239,30 @@ def test_bad_config_names_every_problem():
     assert "TrainConfig.eval_period=6 must be a multiple of TrainConfig.summary_period=4" in message
 
 
+def test_a_config_field_of_the_wrong_type_is_named_before_any_range_check():
+    # --gin.TOTAL_STEPS=10.5 or ='abc' used to fail in a comparison ('<' between str and
+    # int) or further on in a writer, naming no config field.
+    with pytest.raises(TypeError) as error:
+        demo_model.check_configs(
+            demo_model.ModelConfig(embed_dim=True),
+            demo_model.DataConfig(noise="0.1"),
+            demo_model.TrainConfig(total_steps="abc", summary_period=2.5, z_loss=None),
+        )
+    assert str(error.value) == (
+        "Invalid demo config: ModelConfig.embed_dim=True must be an int, got bool; "
+        "DataConfig.noise='0.1' must be a number, got str; "
+        "TrainConfig.total_steps='abc' must be an int, got str; "
+        "TrainConfig.summary_period=2.5 must be an int, got float; "
+        "TrainConfig.z_loss=None must be a number, got NoneType."
+    )
+    # Every field's annotation is one the check knows, and the defaults pass it.
+    demo_model.check_configs(
+        demo_model.ModelConfig(),
+        demo_model.DataConfig(),
+        demo_model.TrainConfig(loss_normalizing_factor=None, peak_learning_rate=1),
+    )
+
+
 def test_t5x_gin_shorthand_is_rewritten_and_a_missing_value_named():
     from examples.demo import rewrite_gin_args
 
