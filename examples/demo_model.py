@@ -292,7 +292,9 @@ class SyntheticSequences:
     def __init__(self, config: DataConfig) -> None:
         problems = []
         num_content = config.vocab_size - _NUM_SPECIAL - config.num_rules
-        if config.num_rules < 1 or num_content < 2:
+        if config.num_rules < 1:
+            problems.append(f"num_rules must be >= 1, got {config.num_rules}")
+        elif num_content < 2:
             problems.append(
                 f"vocab_size={config.vocab_size} must exceed 2 special tokens + "
                 f"num_rules={config.num_rules} by at least 2 content tokens"

@@ -331,3 +331,16 @@ def test_piped_into_a_reader_that_stops_early_it_exits_0_and_writes_every_summar
     assert len(lines) == 2 + len(summaries) + TOTAL_STEPS // EVAL_PERIOD
     steps = [e.step for e in _accumulator(os.path.join(model_dir, "train")).Scalars("loss")]
     assert steps == summaries
+
+
+def test_bad_data_config_names_every_problem():
+    with pytest.raises(ValueError) as error:
+        demo_model.SyntheticSequences(demo_model.DataConfig(num_rules=0, noise=1.5, min_length=40))
+    assert str(error.value) == (
+        "Invalid DataConfig: num_rules must be >= 1, got 0; need 2 <= min_length <= max_length, "
+        "got min_length=40, max_length=32; noise must be in [0, 1], got 1.5."
+    )
+    with pytest.raises(
+        ValueError, match="vocab_size=32 must exceed 2 special tokens \\+ num_rules=29"
+    ):
+        demo_model.SyntheticSequences(demo_model.DataConfig(num_rules=29))
