@@ -369,20 +369,51 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
     for row, key in enumerate(keys, start=1):
         panel = figure.subplot(row, 1) if len(keys) > 1 else figure
         panel.title(key)
-        steps = []
+        lines = {}  # label -> (steps, smoothed), the finite points
         for s in (s for s in series if s.key == key):
-            finite = np.isfinite(s.smoothed)
-            if not finite.any():
-                continue
-            steps += [s.steps[finite].min(), s.steps[finite].max()]
-            signal = panel.signal(s.steps[finite].tolist(), s.smoothed[finite].tolist())
-            signal.label(s.label)
+            if (finite := np.isfinite(s.smoothed)).any():
+                lines[s.label] = (s.steps[finite], s.smoothed[finite])
+        for label, (x, y) in lines.items():
+            signal = panel.signal(x.tolist(), y.tolist())
+            signal.label(label)
             signal.lines()
             panel.draw(signal)
-        if steps:  # whole, round steps (5, 10, 15), not plotext's 4.2, 7.3, ...
-            ticks = _step_ticks(int(min(steps)), int(max(steps)), max(2, min(cols // 12, 8)))
+        if lines:
+            low = int(min(x[0] for x, _ in lines.values()))  # steps increase
+            high = int(max(x[-1] for x, _ in lines.values()))
+            # Whole, round steps (5, 10, 15), not plotext's 4.2, 7.3, ...
+            ticks = _step_ticks(low, high, max(2, min(cols // 12, 8)))
             panel.ruler("x").ticks(ticks, [str(t) for t in ticks])
+            box = (max(map(len, lines)) + 6, 2 * len(lines) + 3)  # plotext's framed legend
+            x, y, ha, va = _legend_corner(list(lines.values()), box, (cols, rows // len(keys) - 4))
+            panel.legend(x=x, y=y, relative=True, ha=ha, va=va)
     return figure.build().string(colorless=not color)
+
+
+def _legend_corner(
+    lines: list[tuple[np.ndarray, np.ndarray]], box: tuple[int, int], canvas: tuple[int, int]
+) -> tuple[float, float, str, str]:
+    """Where the legend (`box`: columns, rows) hides the least of `lines` on a `canvas` of
+    (columns, rows): the anchor (x, y in data units) and alignment of the emptiest corner.
+    plotext puts it top left, on the start of every falling loss curve."""
+    xs = np.concatenate([x for x, _ in lines])
+    ys = np.concatenate([y for _, y in lines])
+    (x0, x1), (y0, y1) = (xs.min(), xs.max()), (ys.min(), ys.max())
+    # Each line at 200 points, so a segment crossing the box counts; scaled to [0, 1].
+    grids = [np.linspace(x[0], x[-1], 200) for x, _ in lines]
+    u = (np.concatenate(grids) - x0) / max(x1 - x0, 1e-12)
+    heights = [np.interp(g, x, y) for g, (x, y) in zip(grids, lines, strict=True)]
+    v = (np.concatenate(heights) - y0) / max(y1 - y0, 1e-12)
+    width, height = (min(b / max(c, 1), 1.0) for b, c in zip(box, canvas, strict=True))
+    hidden = {
+        (ha, va): np.count_nonzero(
+            (u >= 1 - width if ha == "right" else u <= width)
+            & (v >= 1 - height if va == "top" else v <= height)
+        )
+        for ha, va in (("right", "top"), ("right", "bottom"), ("left", "top"), ("left", "bottom"))
+    }
+    ha, va = min(hidden, key=hidden.__getitem__)  # the first of the emptiest, in the order above
+    return (x1 if ha == "right" else x0), (y1 if va == "top" else y0), ha, va
 
 
 def _step_ticks(low: int, high: int, most: int) -> list[int]:

@@ -101,6 +101,23 @@ def test_terminal_step_ticks_are_round_whole_steps(tmp_path):
     assert text.rstrip().splitlines()[-1].split() == ["5", "10", "15", "20"]  # not 4.2, 7.3
 
 
+def test_terminal_legend_sits_in_the_corner_the_lines_leave_empty(tmp_path):
+    # plotext puts the legend top left, which hid the first third of a falling loss curve.
+    run = str(tmp_path / "e" / "run")  # labelled "e/run:<key>"
+    lines = [{"step": s, "loss": 4.0 / s, "accuracy": 1 - 1 / s} for s in range(1, 101)]
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), lines)
+    for key, top in (("loss", False), ("accuracy", True)):  # falls: bottom free; rises: top
+        text = plot_runs([run], [key], out=None, terminal=True, cols=80, rows=20).text
+        rows = text.splitlines()
+        canvas = [i for i, row in enumerate(rows) if "┤" in row or row.lstrip().startswith("│")]
+        [label] = [i for i, row in enumerate(rows) if f"e/run:{key}" in row]
+        assert rows[label].index(f"e/run:{key}") > 40  # the right half
+        middle = (canvas[0] + canvas[-1]) / 2
+        assert (label > middle) == top, text  # opposite the line's start: top left or bottom left
+        first = canvas[0] if key == "loss" else canvas[-1]  # the line's first point, uncovered
+        assert rows[first].split("┤" if "┤" in rows[first] else "│", 1)[1][:2].strip(), text
+
+
 @pytest.mark.parametrize(
     "low, high, most, ticks",
     [
