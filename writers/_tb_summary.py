@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from writers import _checks, _encode
-from writers._tbx import event_pb2, summary_pb2, tensor_pb2
+from writers._tbx import event_pb2, plugin_hparams_pb2, summary_pb2, tensor_pb2
 from writers._tbx import summary as tbx_summary
 
 Value = summary_pb2.Summary.Value
@@ -126,7 +126,16 @@ def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
 def hparams(values: Mapping[str, Any]) -> list[Any]:
     encoded = {k: _encode.hparam(v) for k, v in values.items()}
     plain = {k: v if isinstance(v, bool | str) else float(v) for k, v in encoded.items()}
-    _, session_start, _ = tbx_summary.hparams(plain, {})
+    # tensorboardX logs "NaN or Inf found in input tensor." per such value, naming no key:
+    # it gets 0.0, and the value is set in the plugin data it built.
+    nonfinite = {k: v for k, v in plain.items() if isinstance(v, float) and not math.isfinite(v)}
+    _, session_start, _ = tbx_summary.hparams(plain | dict.fromkeys(nonfinite, 0.0), {})
+    if nonfinite:
+        [value] = session_start.value
+        data = plugin_hparams_pb2.HParamsPluginData.FromString(value.metadata.plugin_data.content)
+        for key, number in nonfinite.items():
+            data.session_start_info.hparams[key].number_value = number
+        value.metadata.plugin_data.content = data.SerializeToString()
     return list(session_start.value)
 
 

@@ -18,10 +18,17 @@ if _HIDE:
     sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
 try:
     from tensorboardX import summary
-    from tensorboardX.proto import event_pb2, summary_pb2, tensor_pb2
+    from tensorboardX.proto import event_pb2, plugin_hparams_pb2, summary_pb2, tensor_pb2
     from tensorboardX.record_writer import masked_crc32c
 finally:
     if _HIDE and "torch" in sys.modules and sys.modules["torch"] is None:
         del sys.modules["torch"]
 
-__all__ = ["event_pb2", "masked_crc32c", "summary", "summary_pb2", "tensor_pb2"]
+__all__ = [
+    "event_pb2",
+    "masked_crc32c",
+    "plugin_hparams_pb2",
+    "summary",
+    "summary_pb2",
+    "tensor_pb2",
+]

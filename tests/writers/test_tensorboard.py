@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import glob
 import io
+import logging
+import math
 import os
 import struct
 import subprocess
@@ -210,6 +212,19 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     assert hp["adam.b1"].number_value == 0.9 and hp["adam.eps.value"].number_value == 1e-8
     assert hp["bias"].WhichOneof("kind") == "bool_value" and hp["bias"].bool_value is False
     assert hp["warmup"].number_value == 100.0 and hp["wd"].number_value == 0.25
+
+
+def test_nonfinite_hparams_are_kept_without_tensorboardx_s_keyless_warning(tmp_path, caplog):
+    w = writers.TensorBoardWriter(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        w.write_hparams({"lr": float("nan"), "clip": np.float32(np.inf), "wd": -math.inf, "b": 2})
+    w.close()
+    assert [r.getMessage() for r in caplog.records] == []  # was "NaN or Inf found ..." x3
+    content = _accumulator(tmp_path).PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hp = data.session_start_info.hparams
+    assert math.isnan(hp["lr"].number_value) and hp["clip"].number_value == math.inf
+    assert hp["wd"].number_value == -math.inf and hp["b"].number_value == 2.0
 
 
 _SHORT_WRITE = """
