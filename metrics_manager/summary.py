@@ -85,15 +85,19 @@ class Summarizer:
                 sorted(near_limit),
             )
         self._check_windows(host, step, num_steps)
-        if duration is None and (timed := sorted(k for k, m in host.items() if _has_time(m))):
-            raise MetricsManagerError(
-                f"summary at step {step} ({owner}): metrics {timed} "
-                "measure time, but no window was open: call "
-                "manager.start_duration_timer(block_on=state) at the start of every window."
-            )
 
         def failed(key: str, err: Exception) -> None:
             self._failures.record(Failure(f"metric:{key}", step, (key,), err))
+
+        if duration is None and (timed := sorted(k for k, m in host.items() if _has_time(m))):
+            # Only the timed keys are lost: a loop that never starts the timer keeps its loss.
+            host = {k: m for k, m in host.items() if k not in timed}
+            for key in timed:
+                message = (
+                    f"metric {key!r} measures time, but no window was open: call "
+                    "manager.start_duration_timer(block_on=state) at the start of every window"
+                )
+                failed(key, MetricsManagerError(message))
 
         ready = _ready_on_host(ready, failed)
         summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}

@@ -518,12 +518,28 @@ def test_other_processes_compute_but_write_nothing(monkeypatch, tmp_path):
 # ------------------------------------------------------------- background errors
 
 
-def test_time_metrics_without_a_started_timer_say_how_to_fix():
-    with make() as manager:
-        future = manager.write_metrics_summary({"steps_per_second": StepsPerTime()}, 1, 1)
-        with pytest.raises(MetricsManagerError, match="steps_per_second.*start_duration_timer"):
-            future.result()
-    assert manager.errors[0].source == "summary" and manager.errors[0].step == 1
+def test_time_metrics_without_a_started_timer_cost_their_keys_and_say_how_to_fix():
+    # A loop that never calls start_duration_timer lost every key, its loss too, in every
+    # summary; now only the keys that need the window's duration are left out.
+    recorder = RecordingWriter()
+    with make(recorder) as manager:
+        for step in (2, 4):
+            summary = manager.write_metrics_summary(t5x_metrics(), step, 2).result()
+            assert sorted(summary) == ["accuracy", "loss", "text"]
+    assert [(m, step, sorted(values)) for m, step, values in written(recorder)[:-1]] == [
+        ("write_scalars", 2, ["accuracy", "loss"]),
+        ("write_texts", 2, ["text"]),
+        ("write_scalars", 4, ["accuracy", "loss"]),
+        ("write_texts", 4, ["text"]),
+    ]
+    assert [(e.source, e.step, e.keys) for e in manager.errors] == [
+        ("metric:steps_per_second", 2, ("steps_per_second",)),
+        ("metric:steps_per_second", 4, ("steps_per_second",)),
+    ]
+    assert str(manager.errors[0].error) == (
+        "metric 'steps_per_second' measures time, but no window was open: call "
+        "manager.start_duration_timer(block_on=state) at the start of every window"
+    )
 
 
 # -------------------------------------------------------------- lifecycle
