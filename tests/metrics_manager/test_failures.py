@@ -792,6 +792,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         r"'t' must be a number, got an array of dtype timedelta64\[s\]",
     ),
+    "metrics None (a window no step merged into)": (
+        lambda m: m.write_metrics_summary(None, 1, 1),
+        TypeError,
+        r"got NoneType \(no step has merged into `running` since it was reset to None",
+    ),
     "metric named step": (
         lambda m: m.write_metrics_summary({"step": Sum(1.0)}, 1, 1),
         ValueError,
