@@ -374,9 +374,13 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
     `values=False` looks at its shape and dtype only (a device array still being computed)."""
     numeric = np.issubdtype(arr.dtype, np.number) or _is_ml_float(arr.dtype)
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
+        if arr.ndim in (3, 4) and arr.shape[-3] in (1, 3, 4):  # [C, H, W], as PyTorch has it
+            fix = "Move the channel axis last (np.moveaxis(x, -3, -1))."
+        else:
+            fix = "Add a channel axis for grayscale (x[..., None])."
         return (
             f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
-            f"got shape {arr.shape}. Add a channel axis for grayscale (x[..., None])."
+            f"got shape {arr.shape}. {fix}"
         )
     if kind == "image" and not (numeric or arr.dtype == np.bool_):
         return f"image {key!r} must be numeric, got dtype {arr.dtype}."

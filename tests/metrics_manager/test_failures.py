@@ -797,6 +797,12 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         r"got NoneType \(no step has merged into `running` since it was reset to None",
     ),
+    "channels-first images (PyTorch's [N, C, H, W])": (
+        lambda m: m.write_images(1, {"img": np.zeros((2, 3, 8, 8), np.float32)}),
+        ValueError,
+        r"'img' must have shape \[H, W, C\] .* got shape \(2, 3, 8, 8\)\. Move the channel "
+        r"axis last \(np\.moveaxis\(x, -3, -1\)\)",
+    ),
     "metric named step": (
         lambda m: m.write_metrics_summary({"step": Sum(1.0)}, 1, 1),
         ValueError,
