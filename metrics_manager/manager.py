@@ -213,6 +213,7 @@ class MetricsManager:
         self._closed = False
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
+        self._window_end = -math.inf  # worker-side: when the last summary's metrics were ready
         self._last_step: int | None = None
         self._warned_order = False
         self._keys_checked: tuple[Any, ...] = ()
@@ -319,14 +320,20 @@ class MetricsManager:
         """Opens a summary window that starts when `block_on` (the train state) is ready.
 
         Returns at once; the worker waits. When the state is already ready (or donated) by
-        the time the worker looks, the window starts at this call.
+        the time the worker looks, the window starts at this call or, if later, when the
+        summary before it was ready (the same step's outputs when this call follows it).
         """
         self._check_usable("start_duration_timer")
         called = self._clock()
         self._window_open = True
 
         def start(_: Job) -> None:
-            self._window_start = _ready_time(block_on, called, self._clock)
+            # A state already ready or donated (the next step took it, as it does at once)
+            # became ready no earlier than the metrics of the summary before: the same step's
+            # outputs when this call follows it, as it should. With the host steps ahead of
+            # the device, that is later than this call.
+            since = max(called, self._window_end)
+            self._window_start = _ready_time(block_on, since, self._clock)
 
         self._worker.post([("start_duration_timer", start, None)])
 
@@ -377,6 +384,9 @@ class MetricsManager:
             start, self._window_start = self._window_start, None
             try:
                 end = _ready_time(block_on, called, self._clock)
+                if start is not None and end <= start:  # ready at the worker's look, and the
+                    end = self._clock()  # call's time is before the window: the host ran ahead
+                self._window_end = end
                 duration = None if not window or start is None else max(end - start, 1e-9)
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration)
                 job.result, job.state["calls"] = summary, self._summarizer.calls(step, summary)

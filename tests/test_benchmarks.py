@@ -394,6 +394,8 @@ def test_window_timing_and_guard_overhead_smoke():
 
     ratios = window_timing.one_run(windows=3)
     assert len(ratios) == 3 and all(0.5 < r < 1.5 for r in ratios)  # measured / true steps/s
+    ahead = window_timing.one_run_ahead(windows=3, every=5)
+    assert len(ahead) == 3 and all(r > 0.0 for r in ahead)
     assert guard_overhead.one_loop("stop", steps=30) > 0.0
 
 
