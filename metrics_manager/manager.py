@@ -710,15 +710,10 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
             return {}, {}
         obj = fields
     if not isinstance(obj, Mapping | nnx.MultiMetric):
+        why = " (no step merged into `running` since its reset to None)" if obj is None else ""
         problems.type_problem(
             f"metrics must be a mapping from names to CLU metrics, a CLU Collection, a "
-            f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}"
-            + (
-                ""
-                if obj is not None
-                else " (no step has merged into `running` since it was "
-                "reset to None: summarize after the window's steps)"
-            )
+            f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}{why}"
         )
         return {}, {}
     if not isinstance(obj, Mapping) or any(not metrics_lib.is_metric_obj(v) for v in obj.values()):

@@ -795,7 +795,7 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "metrics None (a window no step merged into)": (
         lambda m: m.write_metrics_summary(None, 1, 1),
         TypeError,
-        r"got NoneType \(no step has merged into `running` since it was reset to None",
+        r"got NoneType \(no step merged into `running` since its reset to None\)",
     ),
     "channels-first images (PyTorch's [N, C, H, W])": (
         lambda m: m.write_images(1, {"img": np.zeros((2, 3, 8, 8), np.float32)}),
