@@ -327,13 +327,8 @@ class MetricsManager:
         called = self._clock()
         self._window_open = True
 
-        def start(_: Job) -> None:
-            # A state already ready or donated (the next step took it, as it does at once)
-            # became ready no earlier than the metrics of the summary before: the same step's
-            # outputs when this call follows it, as it should. With the host steps ahead of
-            # the device, that is later than this call.
-            since = max(called, self._window_end)
-            self._window_start = _ready_time(block_on, since, self._clock)
+        def start(_: Job) -> None:  # see _ready_time: no earlier than the summary before
+            self._window_start = _ready_time(block_on, max(called, self._window_end), self._clock)
 
         self._worker.post([("start_duration_timer", start, None)])
 
@@ -383,10 +378,7 @@ class MetricsManager:
         def prepare(job: Job) -> None:
             start, self._window_start = self._window_start, None
             try:
-                end = _ready_time(block_on, called, self._clock)
-                if start is not None and end <= start:  # ready at the worker's look, and the
-                    end = self._clock()  # call's time is before the window: the host ran ahead
-                self._window_end = end
+                end = self._window_end = _ready_time(block_on, called, self._clock, start)
                 duration = None if not window or start is None else max(end - start, 1e-9)
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration)
                 job.result, job.state["calls"] = summary, self._summarizer.calls(step, summary)
@@ -797,15 +789,19 @@ def _caller() -> str:
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
 
-def _ready_time(tree: Any, called: float, clock: timer.Clock) -> float:
+def _ready_time(tree: Any, called: float, clock: timer.Clock, start: float | None = None) -> float:
     """When `tree` became ready: `called` if it already is (or was donated), else `clock()`.
 
     A tree already ready may have become ready any time before: the call's time is the best
-    bound, so a busy worker never shifts the window.
+    bound, so a busy worker never shifts the window. A window's start passes the later of
+    its call and the summary before it (the same step's outputs when the call follows it:
+    with the host steps ahead of the device, later than the call, at which the next step
+    took the state). A window's end past `start` is never before it: a call before the
+    window began (the host ran ahead) gives way to the worker's look, `clock()`.
     """
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     if all(x.is_deleted() or x.is_ready() for x in leaves):  # type: ignore[attr-defined]
-        return called
+        return called if start is None or called > start else clock()
     timer.block_until_ready_or_deleted(leaves)
     return clock()
 
