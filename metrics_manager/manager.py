@@ -790,14 +790,14 @@ def _caller() -> str:
 
 
 def _ready_time(tree: Any, called: float, clock: timer.Clock, start: float | None = None) -> float:
-    """When `tree` became ready: `called` if it already is (or was donated), else `clock()`.
+    """When `tree` became ready: `clock()` after waiting for it, or `called` if it already
+    was ready (or donated) when the worker looked, so a busy worker never shifts a window.
 
-    A tree already ready may have become ready any time before: the call's time is the best
-    bound, so a busy worker never shifts the window. A window's start passes the later of
-    its call and the summary before it (the same step's outputs when the call follows it:
-    with the host steps ahead of the device, later than the call, at which the next step
-    took the state). A window's end past `start` is never before it: a call before the
-    window began (the host ran ahead) gives way to the worker's look, `clock()`.
+    For a window's start the manager passes as `called` the later of the call and the
+    previous summary's ready time: a donated state is that step's output, and with the host
+    steps ahead of the device it became ready after the call. For a window's end it passes
+    the window's `start`: an end cannot come before it, so a call time that does (the host
+    ran ahead) gives way to the worker's look, `clock()`.
     """
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     if all(x.is_deleted() or x.is_ready() for x in leaves):  # type: ignore[attr-defined]
