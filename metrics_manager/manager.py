@@ -691,16 +691,10 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
     """(metrics to compute on the host, values ready to write) from a dict, a CLU
     `Collection` (its fields name the metrics, as its `compute()` does) or NNX metrics."""
     if isinstance(obj, clu.metrics.Collection):
-        fields = dict(vars(obj))
-        counter = fields.pop("_reduction_counter", None)  # CLU's count of merged replicas
-        if getattr(getattr(counter, "value", None), "ndim", 0) != 0:
-            problems.value_problem(
-                f"metrics: the {type(obj).__name__} collection is still replicated "
-                f"(counter shape {tuple(counter.value.shape)}); call its .reduce() or "
-                "flax.jax_utils.unreplicate() first, as CLU's compute() requires"
-            )
+        if replicated := metrics_lib.replicated_problem(obj):
+            problems.value_problem(f"metrics: {replicated}")
             return {}, {}
-        obj = fields
+        obj = {k: v for k, v in vars(obj).items() if k != "_reduction_counter"}
     if not isinstance(obj, Mapping | nnx.MultiMetric):
         why = " (no step merged into `running` since its reset to None)" if obj is None else ""
         problems.type_problem(

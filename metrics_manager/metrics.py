@@ -3,8 +3,9 @@
 Immutable `flax.struct.dataclass` pytrees on `clu.metrics.Metric` that merge with CLU's and
 google-metrax's metrics in one dict. `Sum`, `Step`, `AveragePerStep`, `Time`, `TimeRate` and
 `StepsPerTime` keep T5X's names and meaning (`steps` and `duration` are set on the host); `Max`,
-`Min`, `MeanStd` and `Welford` are added (clu 0.0.12's `Std` crashes on current JAX and loses
-precision when the mean is large against the spread). Constructors are keyword-only where T5X's
+`Min`, `MeanStd` and `Welford` are added (clu 0.0.12's `Std.compute()` crashes on current JAX,
+so summaries compute it in NumPy, and its sum of squares loses precision when the mean is large
+against the spread). Constructors are keyword-only where T5X's
 positional order is a trap (its `AveragePerStep(5, 1.0)` means `steps=5`), and every `empty()`
 is a two-sided identity of `merge()`.
 
@@ -577,11 +578,37 @@ def _nan_quietly() -> np.errstate:
     return np.errstate(divide="ignore", invalid="ignore", over="ignore")
 
 
+def replicated_problem(collection: clu_metrics.Collection) -> str:
+    """Why CLU's `compute()` refuses `collection` (still replicated by `pmap`), or ""."""
+    counter: Any = getattr(vars(collection).get("_reduction_counter"), "value", None)
+    if getattr(counter, "ndim", 0) == 0:
+        return ""
+    return (
+        f"the {type(collection).__name__} collection is still replicated (counter shape "
+        f"{tuple(counter.shape)}); call its .reduce() or flax.jax_utils.unreplicate() first, "
+        "as CLU's compute() requires"
+    )
+
+
+def _compute_value(metric: Any) -> clu.values.Value:
+    """`metric.compute_value()`, or for CLU's own `Std` its formula in NumPy: clu 0.0.12's
+    calls `jnp.clip(a_min=...)`, which current JAX no longer takes."""
+    if type(metric).compute is clu_metrics.Std.compute:
+        mean = metric.total / metric.count
+        return clu.values.Scalar(
+            np.sqrt(np.maximum(metric.sum_of_squares / metric.count - mean**2, 0.0))
+        )
+    return metric.compute_value()
+
+
 def _add_values(out: dict[str, clu.values.Value], key: str, metric: Any) -> None:
     if isinstance(metric, clu_metrics.Collection):
-        items = {f"{key}/{name}": v for name, v in metric.compute_values().items()}
+        if replicated := replicated_problem(metric):
+            raise ValueError(replicated)
+        fields = {n: m for n, m in vars(metric).items() if n != "_reduction_counter"}
+        items = {f"{key}/{name}": _compute_value(m) for name, m in fields.items()}
     else:
-        items = {key: metric.compute_value()}
+        items = {key: _compute_value(metric)}
     for name, value in items.items():
         # The exact type test skips a slow `typing.Protocol` isinstance for plain Scalars.
         if type(value) is not clu.values.Scalar and isinstance(value, MeanStdScalar):

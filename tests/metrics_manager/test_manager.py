@@ -253,6 +253,7 @@ def test_collections_and_mean_std_flatten_and_rates_use_the_window():
 # `from __future__ import annotations` would turn into strings).
 CluTrainMetrics = clu_metrics.Collection.create(
     loss=clu_metrics.Average.from_output("loss"),
+    loss_std=clu_metrics.Std.from_output("loss"),  # clu 0.0.12's compute() fails on this JAX
     accuracy=clu_metrics.Accuracy,
     steps_per_second=StepsPerTime,
 )
@@ -276,14 +277,21 @@ def test_a_clu_collection_is_written_under_its_field_names():
         summary = manager.write_metrics_summary(running, step=3, num_steps=3).result()
     assert {k: float(v.value) for k, v in summary.items()} == {
         "loss": 3.0,  # (1 + 2 + 6) / 3
+        "loss_std": pytest.approx(np.std([1.0, 2.0, 6.0])),
         "accuracy": 4 / 6,  # argmax (1, 0): labels right 1 + 2 + 1 times of 6
         "steps_per_second": 1.5,  # 3 steps in 12 - 10 s
     }
     assert written(recorder)[0] == (
         "write_scalars",
         3,
-        {"loss": 3.0, "accuracy": 4 / 6, "steps_per_second": 1.5},
+        {
+            "loss": 3.0,
+            "loss_std": pytest.approx(np.std([1.0, 2.0, 6.0])),
+            "accuracy": 4 / 6,
+            "steps_per_second": 1.5,
+        },
     )
+    assert manager.errors == []
     replicated = jax.tree.map(lambda x: jnp.stack([x, x]), running)  # as pmap returns it
     with make() as manager, pytest.raises(ValueError, match=r"still replicated.*\.reduce\(\)"):
         manager.write_metrics_summary(replicated, step=3, num_steps=3)

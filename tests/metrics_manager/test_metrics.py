@@ -305,6 +305,24 @@ def test_compute_metric_values_flattens_mean_std_and_collections():
     assert [float(values[k].value) for k in sorted(values)] == [0.75, 3.0, 1.0, 2.0]
 
 
+def test_compute_metric_values_of_clu_std_alone_and_in_a_collection():
+    # clu 0.0.12's Std.compute() calls jnp.clip(a_min=...), which current JAX refuses.
+    std = clu_metrics.Std.from_model_output(jnp.array([1.0, 2.0, 4.0])).merge(
+        clu_metrics.Std.from_model_output(jnp.array([3.0]))
+    )
+    collection = clu_metrics.Collection.create_collection(s=std)
+    values = mm.compute_metric_values({"std": std, "c": collection})
+    assert sorted(values) == ["c/s", "std"]
+    assert (
+        float(values["std"].value)
+        == float(values["c/s"].value)
+        == pytest.approx(np.std([1.0, 2.0, 4.0, 3.0]))
+    )
+    replicated = jax.tree.map(lambda x: jnp.stack([x, x]), collection)  # as pmap returns it
+    with pytest.raises(ValueError, match=r"still replicated \(counter shape \(2,\)\).*reduce"):
+        mm.compute_metric_values({"c": replicated})
+
+
 def test_compute_metric_values_of_nothing_seen_is_nan_without_a_warning():
     # conftest makes warnings errors: numpy's 0/0 warning would raise here.
     values = mm.compute_metric_values(
