@@ -556,8 +556,9 @@ class MetricsManager:
         values = dict(values) if isinstance(values, Mapping) else {}
         problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
-        if arg == "scalars":
-            values = _checks.collect_numbers(values, problems, deferred)
+        if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
+            with jax.transfer_guard_device_to_host("allow"):
+                values = _checks.collect_numbers(values, problems, deferred)
         elif arg == "hparams":
             values = _checks.flat_hparams(values, problems)
         elif arg == "texts":
@@ -576,7 +577,8 @@ class MetricsManager:
         def read(job: Job) -> None:
             for key in deferred:
                 try:
-                    values[key] = _read_value(arg, key, values[key])
+                    with jax.transfer_guard_device_to_host("allow"):
+                        values[key] = _read_value(arg, key, values[key])
                 except Exception as err:  # noqa: BLE001  (costs that key, not the call)
                     del values[key]
                     self._failures.record(Failure(f"metric:{key}", step, (key,), err))

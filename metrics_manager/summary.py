@@ -180,7 +180,11 @@ def to_host(
     """NumPy copies, in one transfer; keys with an int32 leaf past 2**30 go to `near_limit`."""
     if not metrics:
         return {}
-    packed = metrics if isinstance(metrics, PackedMetrics) else _pack(metrics)
+    if isinstance(metrics, PackedMetrics):
+        packed = metrics
+    else:  # host numbers among the leaves go to the device: the worker's own transfer
+        with jax.transfer_guard_host_to_device("allow"):
+            packed = _pack(metrics)
     deleted = [
         f"buffer {i} ({b.dtype}[{b.size}])"
         for i, b in enumerate(packed.buffers)

@@ -919,3 +919,39 @@ def test_a_call_from_the_worker_with_a_full_queue_raises_instead_of_hanging():
     manager.write_metrics_summary({"loss": Sum(jnp.float32(1.0))}, 1, 1).result()
     manager.close()
     assert any("from its own worker thread" in str(f) for f in manager.errors)
+
+
+@pytest.fixture
+def transfer_guard_disallow():
+    """`jax_transfer_guard="disallow"` for every thread, as a loop set up to catch its own
+    implicit transfers has it (the context manager of that name covers one thread only)."""
+    previous = jax.config.jax_transfer_guard
+    jax.config.update("jax_transfer_guard", "disallow")
+    yield
+    jax.config.update("jax_transfer_guard", previous)
+
+
+def test_a_loop_under_a_global_transfer_guard_writes_everything(tmp_path, transfer_guard_disallow):
+    # Made before the guard, as a loop's arrays are; the metrics are eager, with a Python
+    # int leaf (`steps=1`) that only the worker puts on the device.
+    with jax.transfer_guard("allow"):
+        loss, weights = jnp.float32(2.5), jnp.arange(4.0)
+        metrics = {"loss": AveragePerStep.from_model_output(jnp.bfloat16(1.5)), "sum": Sum(loss)}
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed host-to-device"):
+        jnp.float32(1.0)  # the guard is on
+    with MetricsManager(
+        "train", summary_dir=str(tmp_path), writer_factory=writers.JsonlWriter
+    ) as m:
+        m.write_scalar("step_loss", loss, 1)
+        m.write_histograms(1, {"w": weights})
+        m.start_duration_timer()
+        summary = m.write_metrics_summary(metrics, 2, num_steps=1).result()
+        assert m.errors == []
+    text = (tmp_path / "train" / "metrics.jsonl").read_text()
+    lines = [json.loads(line) for line in text.splitlines()]
+    assert [(x["step"], x.get("step_loss"), x.get("w", {}).get("count")) for x in lines[:2]] == [
+        (1, 2.5, None),
+        (1, None, 4),
+    ]
+    assert {k: lines[2][k] for k in ("step", "loss", "sum")} == {"step": 2, "loss": 1.5, "sum": 2.5}
+    assert float(summary["loss"].value) == 1.5
