@@ -955,3 +955,49 @@ def test_a_loop_under_a_global_transfer_guard_writes_everything(tmp_path, transf
     ]
     assert {k: lines[2][k] for k in ("step", "loss", "sum")} == {"step": 2, "loss": 1.5, "sum": 2.5}
     assert float(summary["loss"].value) == 1.5
+
+
+def test_a_jitted_donating_loop_under_a_global_transfer_guard_writes_every_summary(
+    tmp_path, transfer_guard_disallow
+):
+    # The README loop's shape: metrics merged into a PackedMetrics inside jit, state and
+    # window donated, a device loss passed to write_scalar. On an accelerator the guard also
+    # refuses the loop's own device-to-host reads (on the CPU it does not: no copy is made).
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def train_step(w, running, x):
+        loss = jnp.mean((x * w) ** 2)
+        metrics = {
+            "loss": AveragePerStep.from_model_output(loss),
+            "rate": StepsPerTime.from_model_output(),
+        }
+        return w * 0.5, merge_metrics(running, metrics), loss
+
+    with jax.transfer_guard("allow"):
+        x, w = jnp.arange(1.0, 5.0), jnp.ones(4)
+    expected = [np.mean((np.arange(1.0, 5.0) * 0.5**t) ** 2) for t in range(12)]
+    with MetricsManager(
+        "train", summary_dir=str(tmp_path), writer_factory=writers.JsonlWriter
+    ) as m:
+        running = None
+        m.start_duration_timer(block_on=w)
+        for step in range(1, 13):
+            w, running, loss = train_step(w, running, x)
+            m.write_scalar("step_loss", loss, step)
+            if step % 4 == 0:
+                m.write_metrics_summary(running, step, num_steps=4)
+                running = None
+                m.start_duration_timer(block_on=w)
+        if jax.default_backend() != "cpu":  # the loop's own read is still refused
+            with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed device-to-host"):
+                float(jnp.sum(w))  # (not `loss`: the manager's read left a host copy in it)
+        m.flush()
+        assert m.errors == []
+    lines = writers.read_jsonl(tmp_path / "train")
+    steps = [x["step_loss"] for x in lines if "step_loss" in x]
+    np.testing.assert_allclose(steps, expected, rtol=1e-6)
+    summaries = [x for x in lines if "loss" in x]
+    assert [x["step"] for x in summaries] == [4, 8, 12]
+    np.testing.assert_allclose(
+        [x["loss"] for x in summaries], np.reshape(expected, (3, 4)).mean(axis=1), rtol=1e-6
+    )
+    assert all(x["rate"] > 0 for x in summaries)
