@@ -98,6 +98,22 @@ def _add_shape_problem(
     )
 
 
+def _outside_unit_interval(
+    scores: jax.Array, mask: jax.Array, problems: Problems, fix: str
+) -> jax.Array:
+    """How many `scores` where `mask` is true are outside [0, 1] or NaN (logits passed as
+    probabilities); outside jit, a count above 0 raises, naming their range and `fix`."""
+    scores = scores.astype(jnp.result_type(scores, jnp.float32))
+    outside = (mask & ~((scores >= 0) & (scores <= 1))).sum(dtype=jnp.int32)
+    if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
+        problems.value_problem(
+            f"predictions must be probabilities in [0, 1]; {n} of {scores.size} are not "
+            f"(from {float(jnp.nanmin(scores))} to {float(jnp.nanmax(scores))}, or NaN): {fix}"
+        )
+        problems.raise_if_any()
+    return outside
+
+
 def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
     """`numerator / denominator` in float32, 0 where the denominator is 0 (sklearn's default)."""
     numerator, denominator = numerator.astype(jnp.float32), denominator.astype(jnp.float32)
@@ -136,6 +152,7 @@ class _ConfusionCounts(_Counts):
     true_positives: jax.Array
     false_positives: jax.Array
     false_negatives: jax.Array
+    outside: ArrayLike = 0  # binary scores outside [0, 1] at the default threshold: logits
     average: Average | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
@@ -145,7 +162,7 @@ class _ConfusionCounts(_Counts):
         labels: ArrayLike,
         mask: ArrayLike | None = None,
         *,
-        threshold: float = 0.5,
+        threshold: float | None = None,
         average: Average | None = None,
         **_: Any,
     ) -> Any:
@@ -156,20 +173,25 @@ class _ConfusionCounts(_Counts):
             labels: integer class indices (0/1 for binary scores), shape [...].
             mask: bool mask over the labels' leading dimensions; False entries are ignored.
             threshold: binary scores only: where a score becomes a positive prediction.
+                None: 0.5, for probabilities; scores outside [0, 1] (logits) are then refused
+                (under jit: the value is NaN). Pass 0.0 to threshold logits.
             average: "binary" (default for binary scores), "micro" or "macro" (for C classes).
 
         Raises:
             TypeError: `labels` are not integers, or `threshold` is not a number.
-            ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C).
+            ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C)
+                or a binary score is not in [0, 1] at the default threshold.
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes, binary, fits = 2, predictions.shape == labels.shape, True
         if binary:
-            if isinstance(threshold, bool) or not isinstance(threshold, int | float):
+            if threshold is not None and (
+                isinstance(threshold, bool) or not isinstance(threshold, int | float)
+            ):
                 problems.type_problem(f"threshold must be a float, got {describe(threshold)}")
-                threshold = 0.5
-            predicted = (predictions >= threshold).astype(jnp.int32)
+                threshold = None
+            predicted = (predictions >= (0.5 if threshold is None else threshold)).astype(jnp.int32)
         elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
             num_classes = predictions.shape[-1]
             predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
@@ -178,6 +200,10 @@ class _ConfusionCounts(_Counts):
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted, fits = jnp.zeros(labels.shape, jnp.int32), False
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
+        outside = jnp.zeros((), jnp.int32)
+        if binary and threshold is None:
+            fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
+            outside = _outside_unit_interval(predictions, mask, problems, fix)
         average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
@@ -194,6 +220,7 @@ class _ConfusionCounts(_Counts):
             true_positives=true_positives,
             false_positives=zeros.at[predicted].add(weight, mode="drop") - true_positives,
             false_negatives=zeros.at[labels].add(weight, mode="drop") - true_positives,
+            outside=outside,
             average=average,
         )
 
@@ -206,12 +233,14 @@ class _ConfusionCounts(_Counts):
     def compute(self) -> jax.Array:
         tp, fp, fn = jnp.atleast_1d(self.true_positives, self.false_positives, self.false_negatives)
         if self.average == "binary":
-            return self._score(tp[-1], fp[-1], fn[-1])
-        if self.average == "macro":
+            score = self._score(tp[-1], fp[-1], fn[-1])
+        elif self.average == "macro":
             seen = (tp + fp + fn) > 0
             per_class = jnp.where(seen, self._score(tp, fp, fn), 0.0)
-            return _divide(per_class.sum(), seen.sum())
-        return self._score(tp.sum(), fp.sum(), fn.sum())  # micro, or nothing seen yet
+            score = _divide(per_class.sum(), seen.sum())
+        else:
+            score = self._score(tp.sum(), fp.sum(), fn.sum())  # micro, or nothing seen yet
+        return jnp.where(self.outside == 0, score, jnp.nan)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -267,7 +296,7 @@ class FBeta(_ConfusionCounts):
         mask: ArrayLike | None = None,
         *,
         beta: float = 1.0,
-        threshold: float = 0.5,
+        threshold: float | None = None,
         average: Average | None = None,
         **_: Any,
     ) -> "FBeta":
@@ -391,15 +420,9 @@ class AUROC(_Counts):
         elif num_bins < 1:
             problems.value_problem(f"num_bins must be >= 1, got {num_bins}")
         labels, mask = _checked_labels_and_mask(labels, mask, 2, problems)
+        fix = "pass jax.nn.sigmoid(logits), not the logits"
+        outside = _outside_unit_interval(predictions, mask, problems, fix)
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
-        outside = (mask & ~((scores >= 0) & (scores <= 1))).sum(dtype=jnp.int32)
-        if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
-            problems.value_problem(
-                f"predictions must be probabilities in [0, 1]; {n} of {scores.size} are not "
-                f"(from {float(jnp.nanmin(scores))} to {float(jnp.nanmax(scores))}, or NaN): "
-                "pass jax.nn.sigmoid(logits), not the logits"
-            )
-            problems.raise_if_any()
         num_bins = int(num_bins)
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
         zeros = jnp.zeros(num_bins, jnp.int32)

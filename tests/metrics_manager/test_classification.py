@@ -216,6 +216,36 @@ def test_auroc_of_scores_outside_0_1_is_refused_eagerly_and_nan_under_jit():
     assert float(jax.jit(AUROC.from_model_output)(padded, labels, mask).compute()) == 1.0
 
 
+@pytest.mark.parametrize("cls", [Precision, Recall, FBeta])
+def test_binary_logits_at_the_default_threshold_are_refused_eagerly_and_nan_under_jit(cls):
+    """Logits thresholded at 0.5 count a logit of 0.3 (a probability of 0.57) as negative: a
+    plausible wrong value. With threshold=0.0 they are thresholded as logits, as intended."""
+    logits = np.array([2.0, 0.3, -1.5, 0.4, -0.2], np.float32)
+    labels, mask = np.array([1, 1, 0, 0, 1]), np.array([True, True, True, True, False])
+    with pytest.raises(
+        ValueError,
+        match=rf"^{cls.__name__}.from_model_output: predictions must be probabilities in "
+        r"\[0, 1\]; 2 of 5 are not \(from -1.5 to 2.0, or NaN\): pass "
+        r"jax.nn.sigmoid\(logits\), or threshold=0.0 to threshold the logits$",
+    ):
+        cls.from_model_output(logits, labels, mask)
+    score = getattr(skm, {"FBeta": "f1_score"}.get(cls.__name__, cls.__name__.lower() + "_score"))
+    expected = score(labels[mask], (logits > 0)[mask])
+    for metric in (
+        cls.from_model_output(jax.nn.sigmoid(logits), labels, mask),
+        cls.from_model_output(logits, labels, mask, threshold=0.0),
+        jax.jit(functools.partial(cls.from_model_output, threshold=0.0))(logits, labels, mask),
+    ):
+        assert float(metric.compute()) == pytest.approx(expected, rel=1e-6)
+    bad = jax.jit(cls.from_model_output)(logits, labels, mask)
+    assert int(bad.outside) == 2 and np.isnan(bad.compute())
+    good = cls.from_model_output(jax.nn.sigmoid(logits), labels, mask)
+    assert np.isnan(good.merge(bad).compute()) and np.isnan(cls.empty().merge(bad).compute())
+    # A masked-out score (padding) is not counted; multi-class scores are argmaxed as before.
+    assert int(cls.from_model_output(np.where(mask, 0.5, -7.0), labels, mask).outside) == 0
+    assert int(cls.from_model_output(np.eye(5) * 3 - 1, labels, average="micro").outside) == 0
+
+
 def test_losses_passed_as_log_likelihoods_are_refused_eagerly_and_nan_under_jit():
     """Perplexity of losses read exp(-mean loss) < 1, a plausible wrong value."""
     losses = np.array([2.3, 1.7, 9.0], np.float32)
