@@ -363,7 +363,7 @@ class MetricsManager:
             ready = {**ready, _UPTIME: clu.values.Scalar(called - self._created)}
         step = problems.step("step", step)
         num_steps = problems.integer("num_steps", num_steps, minimum=1)
-        keys = (*(metrics.keys() if isinstance(metrics, PackedMetrics) else metrics), *ready)
+        keys = (*metrics, *ready)
         if keys != self._keys_checked:  # a loop sends the same keys every time: check once
             problems.keys(keys, self._reserved)
             problems.one_window(metrics)
@@ -696,7 +696,7 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
         if replicated := metrics_lib.replicated_problem(obj):
             problems.value_problem(f"metrics: {replicated}")
             return {}, {}
-        obj = {k: v for k, v in vars(obj).items() if k != "_reduction_counter"}
+        obj = metrics_lib.collection_fields(obj)
     if not isinstance(obj, Mapping | nnx.MultiMetric):
         why = " (no step merged into `running` since its reset to None)" if obj is None else ""
         problems.type_problem(

@@ -601,11 +601,19 @@ def _compute_value(metric: Any) -> clu.values.Value:
     return metric.compute_value()
 
 
+def collection_fields(obj: Any) -> Any:
+    """A CLU `Collection` as the dict of its metrics, named as its `compute()` names them;
+    anything else as it is."""
+    if isinstance(obj, clu_metrics.Collection):
+        return {k: v for k, v in vars(obj).items() if k != "_reduction_counter"}
+    return obj
+
+
 def _add_values(out: dict[str, clu.values.Value], key: str, metric: Any) -> None:
     if isinstance(metric, clu_metrics.Collection):
         if replicated := replicated_problem(metric):
             raise ValueError(replicated)
-        fields = {n: m for n, m in vars(metric).items() if n != "_reduction_counter"}
+        fields = collection_fields(metric)
         items = {f"{key}/{name}": _compute_value(m) for name, m in fields.items()}
     else:
         items = {key: _compute_value(metric)}

@@ -114,23 +114,11 @@ class Summarizer:
         writes cumulative windows (a per-step average then grows with every summary)."""
         if self._windows is None:
             return
-        metric: Any = host.get(self._step_key)  # a loop sends the same keys: find one once
-        if not isinstance(metric, metrics_lib.Step) or metric.steps is None:
-            self._step_key = next(
-                (
-                    k
-                    for k, m in host.items()
-                    if isinstance(m, metrics_lib.Step) and m.steps is not None
-                ),
-                "",
-            )
+        if not _counts_steps(host.get(self._step_key)):  # a loop sends the same keys: find once
+            self._step_key = next((k for k, m in host.items() if _counts_steps(m)), "")
             if not self._step_key:
                 return
-            metric = host[self._step_key]
-        try:
-            merged = float(metric.steps)
-        except TypeError:  # one count per device (a replicated metric)
-            merged = float(np.max(metric.steps))
+        merged = float(np.max(host[self._step_key].steps))  # max: one count per device too
         windows = self._windows = [*self._windows[-2:], (merged, num_steps)]
         ratios = [steps / n for steps, n in windows]
         if len(ratios) == 3 and ratios[0] < ratios[1] < ratios[2] and ratios[2] >= 2 * ratios[0]:
@@ -250,6 +238,10 @@ def _near_int32_limit(array: Any) -> bool:
         and array.size > 0
         and (array.max() >= _INT32_NEAR or array.min() <= -_INT32_NEAR)
     )
+
+
+def _counts_steps(metric: Any) -> bool:
+    return isinstance(metric, metrics_lib.Step) and metric.steps is not None
 
 
 def _has_time(metric: Any) -> bool:

@@ -8,16 +8,8 @@ summary worker asks for each window's mean and max:
                                     #  "system/process_cpu_percent/max": 101.0, ...}
   monitor.close()
 
-Keys (each also as `<key>/max`):
-
-  system/process_cpu_percent        this process, 100 = one core busy
-  system/host_cpu_percent           whole host, 0..100
-  system/process_rss_mib, system/host_memory_{used,available}_mib, system/host_memory_percent
-  system/cpu_temperature_c          hottest CPU sensor
-  system/device{id}/{memory_in_use,peak_memory_in_use}_mib   per JAX device (`memory_stats()`)
-  system/gpu{i}/{utilization_percent,temperature_c,power_w}  NVML (`nvidia-ml-py`)
-
-A sensor the host lacks gives no key and no error; one that fails later is logged at debug
+The keys and their units are listed in the README ("System metrics"), each also as
+`<key>/max`. A sensor the host lacks gives no key and no error; one that fails later is logged at debug
 level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`), `{id}` `Device.id`.
 """
 
