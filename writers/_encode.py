@@ -41,8 +41,7 @@ def wav(clip: np.ndarray, sample_rate: int) -> bytes:
 
 def npy(array: np.ndarray) -> bytes:
     """`array` in NumPy's `.npy` format (`np.load` reads it back exactly; bfloat16 as float32)."""
-    if _checks._is_ml_float(array.dtype):
-        array = array.astype(np.float32)  # exact: NumPy's format has no bfloat16 or float8
+    array = _checks._widened(array)  # exact: NumPy's format has no bfloat16 or float8
     buffer = io.BytesIO()
     np.save(buffer, array, allow_pickle=False)
     return buffer.getvalue()

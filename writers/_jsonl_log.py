@@ -240,19 +240,17 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     path = log_file(os.fspath(path))
     data = _read_remote(path) if _storage.is_remote(path) else pathlib.Path(path).read_bytes()
     lines = [line for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
-    try:
-        return [json.loads(line) for line in lines]
-    except ValueError:  # JSONDecodeError, UnicodeDecodeError: say where
-        for number, line in enumerate(lines, 1):
-            try:
-                json.loads(line)
-            except ValueError as err:
-                raise ValueError(
-                    f"read_jsonl: line {number} of {path} is not JSON ({err}): "
-                    f"{line[:80]!r}. A JsonlWriter writes one object per line; was the "
-                    "file edited, or written by something else?"
-                ) from err
-        raise
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except ValueError as err:  # JSONDecodeError, UnicodeDecodeError: say where
+            raise ValueError(
+                f"read_jsonl: line {number} of {path} is not JSON ({err}): {line[:80]!r}. A "
+                "JsonlWriter writes one object per line; was the file edited, or written by "
+                "something else?"
+            ) from err
+    return records
 
 
 def _read_remote(path: str) -> bytes:

@@ -155,6 +155,7 @@ def metadata(raw: Any, method: str) -> Any:
 
 
 def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
+    arr = _checks._widened(arr)  # bfloat16, float8: exact in float32, as in JSONL and .npy
     if arr.dtype.name in _DTYPES:
         data = np.ascontiguousarray(arr).tobytes()
         content = dict(dtype=_DTYPES[arr.dtype.name], tensor_content=data)

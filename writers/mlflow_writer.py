@@ -145,15 +145,14 @@ class MlflowWriter(_base.TrackerWriter):
                 )
             run_id = runs[0].info.run_id
         if run_id is None:
-            experiment_id = "0"  # MLflow's "Default" experiment
-            if experiment_name is not None:
-                found = client.get_experiment_by_name(experiment_name)
-                if found is not None:
-                    experiment_id = found.experiment_id
-                else:
-                    experiment_id = client.create_experiment(
-                        experiment_name, artifact_location=artifact_location
-                    )
+            if experiment_name is None:
+                experiment_id = "0"  # MLflow's "Default" experiment
+            elif (found := client.get_experiment_by_name(experiment_name)) is not None:
+                experiment_id = found.experiment_id
+            else:
+                experiment_id = client.create_experiment(
+                    experiment_name, artifact_location=artifact_location
+                )
             run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
         elif resume_step is not None:
             client.update_run(run_id, status="RUNNING")
