@@ -19,6 +19,7 @@ Value = summary_pb2.Summary.Value
 _DTYPES = {
     "float16": 19, "float32": 1, "float64": 2, "int8": 6, "int16": 5, "int32": 3,
     "int64": 9, "uint8": 4, "uint16": 17, "uint32": 22, "uint64": 23, "bool": 10,
+    "complex64": 8, "complex128": 18,
 }  # numpy dtype name -> TensorFlow DataType enum  # fmt: skip
 
 

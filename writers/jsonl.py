@@ -200,6 +200,6 @@ def _json_array(arr: np.ndarray) -> Any:
     arr = _checks._widened(arr)  # bfloat16, float8: exact in float32
     if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
         return np.vectorize(_json_number, otypes=[object])(arr.astype(np.float64)).tolist()
-    if np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_:
+    if arr.dtype.kind in "biuf":  # not complex or timedelta64, which JSON has no number for
         return arr.tolist()
     return np.vectorize(str, otypes=[object])(arr).tolist()

@@ -166,6 +166,17 @@ def test_bfloat16_tensors_are_numbers_and_bfloat16_images_are_accepted(writer):
     assert (hist["h"]["counts"], hist["h"]["max"]) == ([1, 1], 1.0)
 
 
+def test_complex_and_timedelta_tensors_are_written_as_strings(writer):
+    # json.dumps refused complex and timedelta64 values (NumPy files the latter as an
+    # integer): the writer failed and the line was lost.
+    writer.write_summaries(
+        1, {"c": np.array([1 + 2j], np.complex64), "d": np.array([90], "timedelta64[s]")}
+    )
+    writer.flush()
+    (line,) = _strict_lines(writer.path)
+    assert (line["c"]["values"], line["d"]["values"]) == (["(1+2j)"], ["0:01:30"])
+
+
 def test_a_directory_path_gets_metrics_jsonl_as_a_logdir_does(tmp_path):
     # `writer_factory=lambda logdir: writers.JsonlWriter(logdir)`: the manager's summary_dir
     # does not exist yet; it must become a directory, not a file where one belongs.

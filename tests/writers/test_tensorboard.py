@@ -89,6 +89,7 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     w.write_audios(6, {"a": clip}, sample_rate=8000)
     w.write_summaries(7, {"raw": np.arange(6, dtype=np.int32).reshape(2, 3)})
     w.write_summaries(7, {"bf16": jnp.array([1.5, -2.25], jnp.bfloat16)})  # a number, not a str
+    w.write_summaries(7, {"c64": np.array([1 + 2j, -0.5j], np.complex64)})
     w.write_videos(8, {"v": np.zeros((1, 3, 4, 5, 1), np.uint8)})
     w.close()
     acc = _accumulator(tmp_path)
@@ -133,6 +134,8 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     )
     bf16 = tensor_util.make_ndarray(acc.Tensors("bf16")[0].tensor_proto)
     assert bf16.dtype == np.float32 and bf16.tolist() == [1.5, -2.25]
+    c64 = tensor_util.make_ndarray(acc.Tensors("c64")[0].tensor_proto)
+    assert c64.dtype == np.complex64 and c64.tolist() == [1 + 2j, -0.5j]
     video = acc.Tensors("v")[0].tensor_proto.string_val
     assert video[:2] == [b"15", b"4"]  # filmstrip: 3 frames of width 5 side by side
 
