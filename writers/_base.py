@@ -27,6 +27,7 @@ _RANGE_FIXES = {
     "video": (0, _PIXEL_FIX),
     "audio": (-1, "x / abs(x).max()"),
 }
+_INT_PIXEL_FIX = "uint8, x // 257 for 16-bit pixels, or floats in [0, 1]"
 
 
 class BaseWriter(MetricWriter):
@@ -122,21 +123,27 @@ class BaseWriter(MetricWriter):
 
     def _clipped(self, kind: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """`arrays`, after a warning (once per key) where this writer encodes them: floats
-        outside [0, 1] (pixels) or [-1, 1] (audio) would be clipped silently."""
+        outside [0, 1] (pixels) or [-1, 1] (audio), or integer pixels outside [0, 255], would
+        be clipped silently."""
         if not self.encodes_media:
             return arrays
         low, fix = _RANGE_FIXES[kind]
         warned = self.__dict__.setdefault("_range_warned", set())
         for key, arr in arrays.items():
-            if key not in warned and (span := _checks.floats_outside(arr, low)):
+            if key not in warned and (span := _checks.outside_range(arr, low)):
                 warned.add(key)
-                message = f"float {kind} {key!r} holds values in [{span[0]:g}, {span[1]:g}]"
+                floats = np.issubdtype(arr.dtype, np.floating)
+                message = (
+                    f"{'float' if floats else 'integer'} {kind} {key!r} holds values in "
+                    f"[{span[0]:g}, {span[1]:g}]"
+                )
                 logging.warning(
-                    "%s: %s, but is read in [%d, 1] and clipped. Pass %s. Warned once per key.",
+                    "%s: %s, but is read in [%d, %d] and clipped. Pass %s. Warned once per key.",
                     self._where(),
                     message,
-                    low,
-                    fix,
+                    span[2],
+                    span[3],
+                    fix if floats else _INT_PIXEL_FIX,
                 )
         return arrays
 

@@ -248,7 +248,7 @@ def to_number(key: str, value: Any) -> int | float:
                 f"scalar {key!r} is a device array that was deleted (donated to a later "
                 "computation) before it was read. Pass a copy, or do not donate it."
             )
-        arr = np.asarray(value)
+        arr = _widened(np.asarray(value))
         if err := _not_a_scalar(key, arr):
             raise err
         return float(arr.reshape(())) if _is_float(arr.dtype) else int(arr.reshape(()))
@@ -269,7 +269,7 @@ def _not_a_scalar(key: str, arr: Any) -> Exception | None:
             f"scalar {key!r} must hold exactly one number, got an array of shape "
             f"{tuple(arr.shape)}. Reduce it first (e.g. .mean()) or write it as a histogram."
         )
-    if _is_float(arr.dtype) or np.dtype(arr.dtype).kind in "iub":  # not timedelta64 ("m")
+    if np.dtype(arr.dtype).kind in "iubf" or _ml_wider(arr.dtype):  # not timedelta64 ("m")
         return None
     return TypeError(
         f"scalar {key!r} must be a number, got an array of dtype {arr.dtype}. "
@@ -372,7 +372,7 @@ def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
 def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> str | None:
     """What is wrong with one array of `kind` (image, video, audio, histogram), or None;
     `values=False` looks at its shape and dtype only (a device array still being computed)."""
-    numeric = np.issubdtype(arr.dtype, np.number) or _is_ml_float(arr.dtype)
+    numeric = np.issubdtype(arr.dtype, np.number) or _ml_wider(arr.dtype) is not None
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         if arr.ndim in (3, 4) and arr.shape[-3] in (1, 3, 4):  # [C, H, W], as PyTorch has it
             fix = "Move the channel axis last (np.moveaxis(x, -3, -1))."
@@ -396,7 +396,8 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             "first: x / 32768 for int16."
         )
     if kind != "histogram":
-        return None
+        empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
+        return empty if arr.size == 0 else None
     if not numeric:
         return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
     if arr.size == 0:
@@ -435,7 +436,7 @@ def collect_texts(texts: Mapping[str, Any], problems: Problems) -> dict[str, str
     out = {}
     for key, value in texts.items():
         if isinstance(value, str):
-            out[key] = str(value)
+            out[key] = plain_str(value)
         else:
             fix = (
                 ".decode() bytes first"
@@ -446,15 +447,30 @@ def collect_texts(texts: Mapping[str, Any], problems: Problems) -> dict[str, str
     return out
 
 
-def floats_outside(arr: np.ndarray, low: int) -> tuple[float, float] | None:
-    """`(min, max)` of a float array's finite values if outside [low, 1] beyond rounding."""
+def plain_str(text: str) -> str:
+    """`text` as a plain str (a `StrEnum` member as its value, not its name) that UTF-8 can
+    encode: lone surrogates (`os.fsdecode` of a non-UTF-8 file name) as backslash escapes,
+    which every writer stores (TensorBoard's protobuf and MLflow's store refused them)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode(errors="backslashreplace").decode()
+    return str.__str__(text)
+
+
+def outside_range(arr: np.ndarray, low: int) -> tuple[float, float, int, int] | None:
+    """`(min, max, low, high)` of an image's or clip's finite values if they leave the range
+    they are read in, `[low, 1]` for floats (beyond rounding), `[0, 255]` for integers."""
+    if np.issubdtype(arr.dtype, np.integer) and arr.dtype != np.uint8 and arr.size:
+        least, most = int(arr.min()), int(arr.max())
+        return (least, most, 0, 255) if least < 0 or most > 255 else None
     if not np.issubdtype(arr.dtype, np.floating):
         return None
     finite = arr[np.isfinite(arr)]
     if finite.size == 0:
         return None
     lo, hi = float(finite.min()), float(finite.max())
-    return (lo, hi) if lo < low - 1e-3 or hi > 1.001 else None
+    return (lo, hi, low, 1) if lo < low - 1e-3 or hi > 1.001 else None
 
 
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:
@@ -471,13 +487,24 @@ def images_as_uint8(arr: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
 
 
+_ML_FLOATS = ("bfloat16", "float8_", "float6_", "float4_")  # dtype name prefixes
+_ML_INTS = {"int2": np.int8, "int4": np.int8, "uint2": np.uint8, "uint4": np.uint8}
+
+
+def _ml_wider(dtype: Any) -> Any:
+    """The NumPy type that holds an ml_dtypes type's values exactly (JAX's bfloat16, float8,
+    int4, ...: NumPy does not know them as numbers), or None for any other dtype."""
+    name = np.dtype(dtype).name
+    return np.float32 if name.startswith(_ML_FLOATS) else _ML_INTS.get(name)
+
+
 def _widened(arr: np.ndarray) -> np.ndarray:
-    return arr.astype(np.float32) if _is_ml_float(arr.dtype) else arr
+    wider = _ml_wider(arr.dtype)
+    return arr if wider is None else arr.astype(wider)
 
 
 def _is_ml_float(dtype: Any) -> bool:
-    # bfloat16 and float8 (ml_dtypes, as JAX uses them) are floats NumPy does not know.
-    return np.dtype(dtype).name.startswith(("bfloat16", "float8"))
+    return _ml_wider(dtype) is np.float32
 
 
 def _looks_like_array(value: Any) -> bool:
@@ -492,5 +519,8 @@ def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.
     low, high = float(flat.min()), float(flat.max())
     if low == high:
         return np.asarray([flat.size], dtype=np.int64), np.asarray([low - 0.5, high + 0.5])
-    counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
+    try:
+        counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
+    except ValueError:  # a range float64 cannot split into `buckets` distinct edges: one bucket
+        return np.asarray([flat.size], dtype=np.int64), np.asarray([low, high])
     return counts.astype(np.int64), edges

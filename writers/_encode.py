@@ -69,16 +69,18 @@ def histogram(arr: np.ndarray, num_buckets: int | None) -> dict[str, Any]:
 
 def hparam(value: object) -> bool | int | float | str:
     """A hyperparameter as a bool, number or str (anything else becomes its `str()`)."""
-    if isinstance(value, bool | str):
+    if isinstance(value, bool):
         return value
-    if isinstance(value, np.bool_ | np.str_):  # numpy's as Python's
-        return value.item()
+    if isinstance(value, str):  # numpy's str_ and enums too: W&B names a StrEnum by its name
+        return _checks.plain_str(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
     if isinstance(value, np.ndarray) or _checks._looks_like_array(value):  # jax, 0-d numpy
         arr = np.asarray(value)
         if arr.dtype == np.bool_ and arr.size == 1:
             return bool(arr.reshape(()))
         if _checks._not_a_scalar("hparam", arr) is None:  # one number
             return _checks.to_number("hparam", arr)
-    if isinstance(value, int | float | np.number):
+    elif isinstance(value, int | float):
         return _checks.to_number("hparam", value)
-    return str(value)
+    return _checks.plain_str(str(value))  # complex, timedelta64 too: JSON has no number

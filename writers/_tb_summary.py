@@ -120,8 +120,13 @@ def audios(key: str, clips: np.ndarray, sample_rate: int) -> list[Any]:
 
 
 def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
+    values = arr.astype(np.float64)
     buckets = max(2, num_buckets or _checks.DEFAULT_NUM_BUCKETS)
-    return Value(tag=key, histo=tbx_summary.make_histogram(arr.astype(np.float64), buckets))
+    try:
+        histo = tbx_summary.make_histogram(values, buckets)
+    except ValueError:  # a range float64 cannot split into `buckets` edges: `bucketize`'s one
+        histo = tbx_summary.make_histogram(values, _checks.bucketize(values, buckets)[1])
+    return Value(tag=key, histo=histo)
 
 
 def hparams(values: Mapping[str, Any]) -> list[Any]:

@@ -10,11 +10,14 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
 * Keys are non-empty strings; `/` groups them (`eval/accuracy`). A non-str key raises
   `TypeError`, an empty one `ValueError`.
 * Scalars are numbers or one-element arrays. NaN and +-Inf are valid; each backend documents
-  how it shows them. Images are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4), uint8 in
+  how it shows them. Images are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4), integers in
   [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]` alike; audio `[N, T, C]` floats in
-  [-1, 1] (integer PCM is refused) with an integer `sample_rate`. Floats outside their range
-  are clipped, and the writers that encode them warn once per key. Histogram inputs are any
-  finite numeric array, with `num_buckets` per key (missing keys: 30).
+  [-1, 1] (integer PCM is refused) with an integer `sample_rate`; none of them empty. Values
+  outside their range are clipped, and the writers that encode them warn once per key.
+  Histogram inputs are any finite numeric array, with `num_buckets` per key (missing keys:
+  30). JAX's bfloat16, float8 and int4 values are written as float32 and int8 (exactly).
+* Texts and hyperparameters are plain strs: a `StrEnum` member is its value, a lone
+  surrogate (a non-UTF-8 file name from `os.fsdecode`) a backslash escape.
 * Bad input raises `TypeError` or `ValueError` naming every bad key, what was expected and
   what came, before anything of that call is written. (`NoopWriter` checks nothing.)
 * A key written twice at one step is recorded twice; writers never merge or deduplicate.

@@ -198,8 +198,10 @@ def _json_number(value: int | float | str) -> int | float | str:
 
 def _json_array(arr: np.ndarray) -> Any:
     arr = _checks._widened(arr)  # bfloat16, float8: exact in float32
-    if np.issubdtype(arr.dtype, np.floating) and not np.all(np.isfinite(arr)):
-        return np.vectorize(_json_number, otypes=[object])(arr.astype(np.float64)).tolist()
+    if arr.dtype.kind == "f":  # as float64: tolist() keeps a longdouble, which json refuses
+        arr = arr.astype(np.float64)
+        if not np.all(np.isfinite(arr)):
+            return np.vectorize(_json_number, otypes=[object])(arr).tolist()
     if arr.dtype.kind in "biuf":  # not complex or timedelta64, which JSON has no number for
         return arr.tolist()
     return np.vectorize(str, otypes=[object])(arr).tolist()

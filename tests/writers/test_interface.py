@@ -163,6 +163,14 @@ BAD_CALLS = [
     ("5 channels", ValueError, lambda w: w.write_images(0, {"i": np.zeros((4, 4, 5))})),
     ("4-D video", ValueError, lambda w: w.write_videos(0, {"v": np.zeros((2, 4, 4, 3))})),
     ("2-D audio", ValueError, lambda w: w.write_audios(0, {"a": np.zeros((4, 1))}, sample_rate=8)),
+    # Empty media: numpy's reshape error, an unreadable PNG or wave's error in the encoders.
+    ("empty image", ValueError, lambda w: w.write_images(0, {"i": np.zeros((0, 4, 3))})),
+    ("empty video", ValueError, lambda w: w.write_videos(0, {"v": np.zeros((1, 0, 4, 4, 3))})),
+    (
+        "no channel",
+        ValueError,
+        lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 0))}, sample_rate=8),
+    ),
     (
         "zero rate",
         ValueError,

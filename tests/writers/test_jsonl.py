@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import errno
 import glob
 import json
@@ -175,6 +176,50 @@ def test_complex_and_timedelta_tensors_are_written_as_strings(writer):
     writer.flush()
     (line,) = _strict_lines(writer.path)
     assert (line["c"]["values"], line["d"]["values"]) == (["(1+2j)"], ["0:01:30"])
+
+
+class Opt(enum.StrEnum):
+    ADAM = "adam"
+
+
+# Values each backend wrote wrong or refused with another library's error; the TensorBoard
+# test of the same name reads them back there.
+ODD_HPARAMS = {
+    "opt": Opt.ADAM,  # W&B wrote 'ADAM'
+    "budget": np.timedelta64(90, "s"),  # refused: "scalar 'hparam' must be a number"
+    "shift": np.complex64(1 + 2j),
+    "data": os.fsdecode(b"/data/caf\xe9"),  # TensorBoard and MLflow could not encode it
+}
+ODD_VALUES = {
+    "q": jnp.array([3, -2], jnp.int4),  # strings in TensorBoard and JSONL, bytes in .npy
+    "almost_constant": np.array([0.3, 0.1 + 0.2]),  # numpy: "Too many bins for data range"
+}
+
+
+def test_odd_values_are_written_as_every_writer_writes_them(writer):
+    writer.write_hparams(ODD_HPARAMS)
+    writer.write_texts(1, {"t": ODD_HPARAMS["data"]})
+    writer.write_scalars(1, {"q": ODD_VALUES["q"][1], "x": np.array([0.25], np.longdouble)})
+    writer.write_summaries(1, {"q": ODD_VALUES["q"], "x": np.array([0.25], np.longdouble)})
+    writer.write_histograms(1, ODD_VALUES)
+    writer.flush()
+    hparams, text, scalars, tensors, hists = _strict_lines(writer.path)
+    assert hparams["hparams"] == {
+        "opt": "adam",
+        "budget": "90 seconds",
+        "shift": "(1+2j)",
+        "data": "/data/caf\\udce9",
+    }
+    assert text["t"] == "/data/caf\\udce9"
+    assert (scalars["q"], scalars["x"]) == (-2, 0.25)
+    assert (tensors["q"]["values"], tensors["x"]["values"]) == ([3, -2], [0.25])
+    assert (hists["q"]["edges"][0], hists["q"]["edges"][-1], sum(hists["q"]["counts"])) == (
+        -2.0,
+        3.0,
+        2,
+    )
+    assert hists["almost_constant"]["counts"] == [2]
+    assert hists["almost_constant"]["edges"] == [0.3, 0.1 + 0.2]
 
 
 def test_a_directory_path_gets_metrics_jsonl_as_a_logdir_does(tmp_path):

@@ -105,6 +105,23 @@ def test_hparams_become_params_in_batches_of_100(store):
     }
 
 
+def test_a_file_name_that_is_no_utf_8_is_escaped_instead_of_blocking_every_later_send(store):
+    # os.fsdecode(b"/data/caf\xe9") keeps the byte as a lone surrogate, which the store
+    # cannot encode: its error was retried at every send, and nothing more was stored.
+    path = os.fsdecode(b"/data/caf\xe9")
+    w = _writer(store)
+    w.write_hparams({"data": path, "lr": 0.1})
+    w.write_texts(1, {"notes": f"read {path}"})
+    w.write_scalars(1, {"loss": 0.5})
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    run = client.get_run(w.run_id)
+    assert run.data.params == {"data": "/data/caf\\udce9", "lr": "0.1"}
+    assert run.data.metrics == {"loss": 0.5} and run.info.status == "FINISHED"
+    with open(client.download_artifacts(w.run_id, "texts/notes/step_00000001.txt")) as f:
+        assert f.read() == "read /data/caf\\udce9"
+
+
 def test_texts_images_videos_audio_histograms_are_artifacts(store, tmp_path):
     w = _writer(store)
     image = np.arange(2 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 4, 5, 3)

@@ -27,6 +27,7 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
 
 import writers
+from tests.writers.test_jsonl import ODD_HPARAMS, ODD_VALUES
 from writers import _records
 
 _ALL = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 0, ea.AUDIO: 0, ea.HISTOGRAMS: 0}
@@ -168,6 +169,8 @@ def test_floats_outside_the_media_range_are_clipped_as_documented_and_warned_onc
         "unit": np.array([[0.0, 0.5], [1.0, 1.0000001]])[..., None],  # rounding: no warning
         "uint8": np.full((2, 2, 1), 200, np.uint8),
         "nan": np.full((2, 2, 1), np.nan),
+        "depth": np.array([[0, 255], [256, 65535]], np.uint16)[..., None],  # 16-bit pixels
+        "int32": np.array([[0, 7], [128, 255]], np.int32)[..., None],  # in [0, 255]: no warning
     }
     tb, log = writers.TensorBoardWriter(tmp_path), writers.JsonlWriter(tmp_path / "m.jsonl")
     for w in (tb, log):
@@ -184,12 +187,14 @@ def test_floats_outside_the_media_range_are_clipped_as_documented_and_warned_onc
     assert [m.split(" holds")[0] for m in warned] == [
         "TensorBoardWriter: float image 'bytes_as_floats'",
         "TensorBoardWriter: float image 'signed'",
+        "TensorBoardWriter: integer image 'depth'",
         "TensorBoardWriter: float video 'clip'",
         "TensorBoardWriter: float audio 'loud'",
     ]
     assert "[200, 200], but is read in [0, 1]" in warned[0] and "x / 255" in warned[0]
     assert "[-1, 1], but is read in [0, 1]" in warned[1]
-    assert "[2, 2], but is read in [-1, 1]" in warned[3]
+    assert "[0, 65535], but is read in [0, 255]" in warned[2] and "x // 257" in warned[2]
+    assert "[2, 2], but is read in [-1, 1]" in warned[4]
     acc = _accumulator(tmp_path)
     pixels = {k: _decode_png(acc.Tensors(k)[0].tensor_proto.string_val[2])[..., 0] for k in images}
     np.testing.assert_array_equal(pixels["bytes_as_floats"], np.full((2, 2), 255))  # clipped
@@ -197,8 +202,37 @@ def test_floats_outside_the_media_range_are_clipped_as_documented_and_warned_onc
     np.testing.assert_array_equal(pixels["unit"], [[0, 128], [255, 255]])
     np.testing.assert_array_equal(pixels["uint8"], np.full((2, 2), 200))
     np.testing.assert_array_equal(pixels["nan"], np.zeros((2, 2)))
+    np.testing.assert_array_equal(pixels["depth"], [[0, 255], [255, 255]])
+    np.testing.assert_array_equal(pixels["int32"], [[0, 7], [128, 255]])
     with wave.open(io.BytesIO(acc.Audio("loud")[0].encoded_audio_string)) as wav:
         assert list(np.frombuffer(wav.readframes(4), "<i2")) == [32767] * 4  # clipped to 1
+
+
+def test_odd_values_are_written_as_every_writer_writes_them(tmp_path):
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_hparams(ODD_HPARAMS)
+    w.write_texts(1, {"t": ODD_HPARAMS["data"]})
+    w.write_scalars(1, {"q": ODD_VALUES["q"][1]})
+    w.write_summaries(1, {"q": ODD_VALUES["q"]})
+    w.write_histograms(1, ODD_VALUES)
+    w.close()
+    acc = _accumulator(tmp_path)
+    content = acc.PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    hp = {k: v.string_value for k, v in data.session_start_info.hparams.items()}
+    assert hp == {
+        "opt": "adam",
+        "budget": "90 seconds",
+        "shift": "(1+2j)",
+        "data": "/data/caf\\udce9",
+    }
+    assert acc.Tensors("t")[0].tensor_proto.string_val == [b"/data/caf\\udce9"]
+    assert acc.Scalars("q")[0].value == -2.0
+    q = tensor_util.make_ndarray(acc.Tensors("q")[0].tensor_proto)
+    assert q.dtype == np.int8 and q.tolist() == [3, -2]
+    hist = acc.Histograms("almost_constant")[0].histogram_value
+    assert (hist.num, hist.min, hist.max, sum(hist.bucket)) == (2, 0.3, 0.1 + 0.2, 2.0)
+    assert hist.bucket_limit[-1] == 0.1 + 0.2
 
 
 def test_hparams_reach_the_hparams_plugin(tmp_path):

@@ -3,6 +3,7 @@ back from the offline run file (`run-<id>.wandb`) with W&B's own record proto.""
 
 from __future__ import annotations
 
+import enum
 import os
 import sys
 
@@ -97,6 +98,21 @@ def test_hparams_are_the_run_config(tmp_path):
     w.close()
     config = wandb_config(wandb_run_files(str(tmp_path))[0])
     assert config == {"seed": 1, "lr": 0.25, "name": "adam", "shape": "(2, 3)", "opt.b1": 0.9}
+
+
+def test_enum_hparams_are_their_values_as_in_every_other_writer(tmp_path):
+    # W&B serializes a str subclass that is an Enum by its member name ('ADAM').
+    class Opt(enum.StrEnum):
+        ADAM = "adam"
+
+    class Mix(str, enum.Enum):  # noqa: UP042  (the older spelling, which W&B also named)
+        SGD = "sgd"
+
+    w = _writer(tmp_path)
+    w.write_hparams({"opt": Opt.ADAM, "mix": Mix.SGD, "budget": np.timedelta64(90, "s")})
+    w.close()
+    config = wandb_config(wandb_run_files(str(tmp_path))[0])
+    assert config == {"opt": "adam", "mix": "sgd", "budget": "90 seconds"}
 
 
 def test_a_decreasing_step_raises_instead_of_being_dropped(tmp_path):
