@@ -6,7 +6,8 @@ synchronously to a file of the writer's own (at a URL logdir, one new object per
 and `flush()` means "on disk". Wrap the writer in `AsyncWriter` to take the work off the loop.
 
 Where values land (as TensorBoard's `EventAccumulator` reads them): scalars as `simple_value`
-(NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
+(a float32, as in TensorFlow's writer: integers past 2**24, such as token counts, are rounded
+there and kept exact in JSONL; NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
 images in the images plugin as PNGs; videos as one filmstrip image `[H, T*W, C]` each;
 audio as 16-bit WAV clips (`<key>/<i>` when N > 1); histograms as `HistogramProto`
 (30 buckets by default); hparams as the HParams plugin's session start at step 0; raw
