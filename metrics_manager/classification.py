@@ -68,7 +68,9 @@ def _checked_labels_and_mask(
 
     Labels are checked against `num_classes` only where the predictions' shape fit: otherwise
     the class count is unknown, and a range problem would only echo the shape problem."""
-    if labels.dtype == bool:
+    if labels.dtype == bool or (
+        jnp.issubdtype(labels.dtype, jnp.integer) and jnp.iinfo(labels.dtype).bits < 32
+    ):  # int8 or uint8 labels would wrap a class count of 128 or 256 in the checks below
         labels = labels.astype(jnp.int32)
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         problems.type_problem(

@@ -200,8 +200,18 @@ def _smoothing(label_smoothing: float, vocab_size: int) -> tuple[float, float, f
     return confidence, low, entropy
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _token_losses(
+    logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
+) -> TokenLosses:
+    # Ids narrower than int32 (uint8 bytes, int16) would wrap the vocabulary size in the
+    # range checks below: 256 is 0 in uint8, so every target read as invalid and the loss as 0.
+    if jnp.iinfo(targets.dtype).bits < 32:
+        targets = targets.astype(jnp.int32)
+    return _custom_token_losses(logits, targets, label_smoothing, z_loss)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _custom_token_losses(
     logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
 ) -> TokenLosses:
     return _token_losses_fwd(logits, targets, label_smoothing, z_loss)[0]
@@ -249,7 +259,7 @@ def _token_losses_bwd(
     return g_logits.astype(logits.dtype), None, None
 
 
-_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
+_custom_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 def _weighted_sums(

@@ -246,6 +246,29 @@ def test_binary_logits_at_the_default_threshold_are_refused_eagerly_and_nan_unde
     assert int(cls.from_model_output(np.eye(5) * 3 - 1, labels, average="micro").outside) == 0
 
 
+@pytest.mark.parametrize("dtype,classes", [(np.int8, 128), (np.uint8, 256)])
+def test_narrow_integer_labels_count_as_int32_ones(dtype, classes):
+    """The class count wrapped in the labels' dtype (256 is 0 in uint8): under jit every label
+    read as out of range (NaN), and eagerly int8 raised JAX's 'Python integer 128 out of
+    bounds for int8'."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((16, classes)).astype(np.float32)
+    labels = rng.integers(0, np.iinfo(dtype).max, 16)
+    calls = {
+        "recall": functools.partial(Recall.from_model_output, average="macro"),
+        "top3": functools.partial(TopKAccuracy.from_model_output, k=3),
+        "perplexity": Perplexity.from_model_output,
+    }
+    for name, call in calls.items():
+        wide = float(call(logits, labels.astype(np.int32)).compute())
+        assert np.isfinite(wide), name
+        for narrow in (
+            call(logits, labels.astype(dtype)),
+            jax.jit(call)(logits, labels.astype(dtype)),
+        ):
+            assert float(narrow.compute()) == pytest.approx(wide, rel=1e-6), name
+
+
 def test_losses_passed_as_log_likelihoods_are_refused_eagerly_and_nan_under_jit():
     """Perplexity of losses read exp(-mean loss) < 1, a plausible wrong value."""
     losses = np.array([2.3, 1.7, 9.0], np.float32)

@@ -5,6 +5,7 @@ implementation (which never materializes one-hot targets and has a hand-written 
 """
 
 import doctest
+import functools
 import math
 
 import jax
@@ -178,6 +179,30 @@ def test_targets_outside_the_vocabulary_get_t5xs_all_zero_one_hot(label_smoothin
     )
     assert float(count) == 2.0
     np.testing.assert_allclose(loss, expected[0, 0] + expected[1, 1], rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "dtype,vocab", [(np.uint8, 256), (np.uint8, 300), (np.int8, 128), (np.int16, 32768)]
+)
+def test_narrow_integer_targets_give_the_int32_loss_and_gradient(dtype, vocab):
+    """Byte-level ids as uint8, a 32k vocabulary as int16: the vocabulary size wrapped in the
+    targets' own dtype (256 is 0 in uint8), so under jit every target read as out of range
+    and the loss as 0 (or, for V = 300, a loss over some of the targets)."""
+    logits = jax.random.normal(jax.random.key(0), (2, 3, vocab))
+    ids = np.random.default_rng(0).integers(1, np.iinfo(dtype).max, (2, 3))
+    step = jax.jit(
+        jax.value_and_grad(lambda x, t: losses.compute_weighted_cross_entropy(x, t, z_loss=1e-4)[0])
+    )
+    narrow, wide = step(logits, ids.astype(dtype)), step(logits, ids.astype(np.int32))
+    assert float(wide[0]) > 1.0
+    np.testing.assert_allclose(narrow[0], wide[0], rtol=1e-6)
+    np.testing.assert_allclose(narrow[1], wide[1], rtol=1e-6, atol=1e-9)
+    batch = {"decoder_target_tokens": ids.astype(dtype)}
+    loss, metrics = jax.jit(functools.partial(losses.compute_loss_and_metrics, z_loss=1e-4))(
+        logits, batch
+    )
+    np.testing.assert_allclose(loss, wide[0], rtol=1e-6)
+    assert float(metrics["loss"].compute()) == pytest.approx(float(wide[0]), rel=1e-6)
 
 
 def test_logged_z_loss_carries_no_gradient_but_the_loss_trains_on_it():
