@@ -178,7 +178,11 @@ def merge_metrics(
     if _check_dict(b, "b", problems) and a is not None and a_is_dict:
         _check_alike(a, b, "a", "b", problems)
     problems.raise_if_any("merge_metrics")
-    merged = dict(b) if a is None else {key: metric.merge(b[key]) for key, metric in a.items()}
+    b = _wide_floats(b)
+    if a is None:
+        merged = b
+    else:
+        merged = {key: metric.merge(b[key]) for key, metric in _wide_floats(a).items()}
     if not pack:
         return merged
     packed = PackedMetrics.pack(merged)
@@ -187,6 +191,24 @@ def merge_metrics(
         # ones, and the same object compares at once (5 us less per step of 20 metrics).
         packed = PackedMetrics(packed.buffers, layout)
     return packed
+
+
+def _wide_floats(metrics: Metrics) -> dict[str, Any]:
+    """`metrics` with bfloat16, float16 and float8 leaves as float32 (exact): a window summed
+    in those formats loses its low bits (a CLU `Average` of 1,000 bfloat16 steps of 2.03 read
+    1.02, as its total stopped growing)."""
+    leaves, tree = jax.tree.flatten(metrics)
+    if not any(map(_low_float, leaves)):  # the common case: nothing to rebuild
+        return dict(metrics)
+    wide = jax.tree.unflatten(
+        tree, [jnp.asarray(x, jnp.float32) if _low_float(x) else x for x in leaves]
+    )
+    return {key: wide[key] for key in metrics}  # unflatten sorts a dict's keys
+
+
+def _low_float(x: Any) -> bool:
+    dtype = getattr(x, "dtype", None)  # itemsize first: most leaves are 4-byte (fast)
+    return dtype is not None and dtype.itemsize < 4 and jnp.issubdtype(dtype, jnp.floating)
 
 
 def _merge_pieces(a: Any, b: Any) -> Any:
@@ -315,7 +337,8 @@ def accumulate_grads_microbatched(
         (_, metrics), grads = jax.value_and_grad(loss, has_aux=True)(params)
         what, first_what = "the metrics returned by loss_fn", "the first microbatch's metrics"
         metrics = collection_fields(metrics)
-        return grads, validate_metrics(metrics, first, what=what, reference_what=first_what)
+        metrics = validate_metrics(metrics, first, what=what, reference_what=first_what)
+        return grads, _wide_floats(metrics)
 
     if num_microbatches == 1:
         return grads_and_metrics(batch, 0)
