@@ -60,6 +60,7 @@ class Summarizer:
         self._int32_warned: set[str] = set()
         # (steps merged, num_steps) of the last 3 summaries; None once warned.
         self._windows: list[tuple[float, int]] | None = []
+        self._warned_short = False
         self._step_key = ""  # the key of a `Step` metric, for that count
 
     def values(
@@ -109,9 +110,13 @@ class Summarizer:
         return summary
 
     def _check_windows(self, host: Mapping[str, Any], step: int, num_steps: int) -> None:
-        """Warns once when a `Step` metric's merged count per window grew over three summaries
-        in a row: a loop that does not donate and forgets `running = None` after a summary
-        writes cumulative windows (a per-step average then grows with every summary)."""
+        """Warns once each when a `Step` metric's merged count per `num_steps`
+        * grew over three summaries in a row: a loop that does not donate and forgets
+          `running = None` after a summary writes cumulative windows (a per-step average then
+          grows with every summary);
+        * fell from one summary to the next: a run's last, shorter window written with the
+          usual `num_steps` (`total % period` steps merged, `period` passed) divides per-step
+          averages by too many steps and multiplies steps per second."""
         if self._windows is None:
             return
         if not _counts_steps(host.get(self._step_key)):  # a loop sends the same keys: find once
@@ -121,6 +126,21 @@ class Summarizer:
         merged = float(np.max(host[self._step_key].steps))  # max: one count per device too
         windows = self._windows = [*self._windows[-2:], (merged, num_steps)]
         ratios = [steps / n for steps, n in windows]
+        if len(ratios) > 1 and ratios[-1] < ratios[-2] and not self._warned_short:
+            self._warned_short = True
+            _LOG.warning(
+                "%s: the summary at step %d merged %g steps for num_steps=%d, the one before "
+                "%g for %d: if this window is shorter (a run's last), pass the steps it holds "
+                "as num_steps; per-step averages read %.3gx and steps per second %.3gx their "
+                "value otherwise.",
+                self._failures.owner,
+                step,
+                merged,
+                num_steps,
+                *windows[-2],
+                ratios[-1] / ratios[-2],
+                ratios[-2] / ratios[-1],
+            )
         if len(ratios) == 3 and ratios[0] < ratios[1] < ratios[2] and ratios[2] >= 2 * ratios[0]:
             self._windows = None  # once
             _LOG.warning(

@@ -184,8 +184,11 @@ def test_donated_packed_metrics_say_what_happened():
     assert "`running = None` after each write_metrics_summary" in str(manager.errors[0])
 
 
-def _window_warnings(caplog: Any, merges_per_step: int, windows: list[int], reset: bool) -> list:
-    """Runs a loop that does not donate; returns its cumulative-window warnings and losses."""
+def _window_warnings(
+    caplog: Any, merges_per_step: int, windows: list[int], reset: bool, num_steps: Any = None
+) -> list:
+    """Runs a loop that does not donate, passing `num_steps` (default: `windows`); returns its
+    warnings about window lengths and its losses."""
     step = jax.jit(
         lambda running, x: merge_metrics(running, {"loss": AveragePerStep.from_model_output(x)})
     )
@@ -193,15 +196,14 @@ def _window_warnings(caplog: Any, merges_per_step: int, windows: list[int], rese
     with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
         with make(recorder, clock=time.perf_counter) as manager:
             running, at = None, 0
-            for window in windows:
+            for window, passed in zip(windows, num_steps or windows, strict=True):
                 for _ in range(window * merges_per_step):  # T5X merges microbatches with merge
                     running = step(running, jnp.float32(1.0))
                 at += window
-                losses.append(
-                    float(manager.write_metrics_summary(running, at, window).result()["loss"].value)
-                )
+                summary = manager.write_metrics_summary(running, at, passed).result()
+                losses.append(float(summary["loss"].value))
                 running = None if reset else running
-    warnings = [r.getMessage() for r in caplog.records if "each window holds" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if " merged " in r.getMessage()]
     caplog.clear()
     return [warnings, losses]
 
@@ -218,6 +220,20 @@ def test_a_loop_that_keeps_merging_into_written_windows_is_warned_once(caplog):
     # Loops that reset are never warned: windows of any length, 2 merges a step or 1.
     assert _window_warnings(caplog, 2, [10, 3, 25, 7, 1], reset=True) == [[], [2.0] * 5]
     assert _window_warnings(caplog, 1, [5, 50, 500], reset=True) == [[], [1.0] * 3]
+
+
+def test_a_short_last_window_written_with_the_usual_num_steps_is_warned_once(caplog):
+    # 25 steps with a summary every 10: the last window holds 5 steps, and the loop says 10.
+    warnings, losses = _window_warnings(caplog, 2, [10, 10, 5], True, num_steps=[10, 10, 10])
+    assert losses == [2.0, 2.0, 1.0]  # 2 merges a step: a per-step loss of 2, read as 1
+    assert warnings == [
+        "MetricsManager 'train': the summary at step 25 merged 10 steps for num_steps=10, the "
+        "one before 20 for 10: if this window is shorter (a run's last), pass the steps it "
+        "holds as num_steps; per-step averages read 0.5x and steps per second 2x their value "
+        "otherwise."
+    ]
+    # With the window's own steps: no warning, and the right loss.
+    assert _window_warnings(caplog, 2, [10, 10, 5], True) == [[], [2.0] * 3]
 
 
 def test_summary_dir_is_dir_slash_name(tmp_path):
