@@ -659,8 +659,9 @@ class _Problems(Problems):
                 f"metrics {sorted(rows)} hold one window per device ({max(rows.values())} "
                 "rows, one on each device, as jax.pmap returns them); merge the devices' "
                 "windows first: {k: m.reduce() for k, m in metrics.items()} (CLU's reduce "
-                "merges along the first axis), or all-reduce in the step (lax.psum, "
-                "lax.pmean) and pass one row: jax.tree.map(lambda x: x[0], metrics)"
+                "merges along the first axis, right for every metric; a lax.psum of the fields "
+                "in the step is right only for sums such as Sum and Average, not for Max, Min "
+                "or MeanStd)"
             )
 
     def keys(self, keys: Any, reserved: frozenset[str]) -> None:
