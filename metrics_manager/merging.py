@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager.metrics import collection_fields, is_metric_obj
+from metrics_manager.metrics import collection_fields, is_metric_obj, is_time_metric
 from metrics_manager.packing import PackedMetrics, _check_dict
 from writers._checks import Problems, describe
 
@@ -48,7 +48,8 @@ def _check_alike(
         problems.value_problem(
             f"keys differ: expected the keys of {expected_what} {sorted(map(str, expected))}, "
             f"{got_what} lacks {sorted(map(str, missing))} and adds {sorted(map(str, extra))}; "
-            "return the same keys from every step and microbatch (a metric's empty() if absent)"
+            "return the same keys from every step and microbatch (for a value a step lacks, "
+            "the metric of a mask that is all False)"
         )
     for key in (k for k in expected if k in got):
         a, b = expected[key], got[key]
@@ -63,10 +64,14 @@ def _check_alike(
         leaves_a, tree_a = jax.tree_util.tree_flatten_with_path(a)
         leaves_b, tree_b = jax.tree_util.tree_flatten_with_path(b)
         if tree_a != tree_b:  # type: ignore[operator]
+            why = (
+                "a Time metric's duration is set on the host only after merging"
+                if is_time_metric(a)
+                else "settings such as average, k, beta or num_bins must be the same"
+            )
             problems.value_problem(
                 f"[{key!r}] ({type(a).__qualname__}): pytree structure differs: {expected_what} "
-                f"has {tree_a}, {got_what} has {tree_b} (a Time metric's duration is set on "
-                "the host only after merging)"
+                f"has {tree_a}, {got_what} has {tree_b} ({why})"
             )
             continue
         for (path, leaf_a), (_, leaf_b) in zip(leaves_a, leaves_b, strict=True):
