@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from metrics_manager import merging
+from metrics_manager.classification import Precision
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
 from metrics_manager.metrics import AveragePerStep, Max, MeanStd, Min, StepsPerTime, Sum, TimeRate
 from metrics_manager.packing import PackedMetrics
@@ -106,6 +107,21 @@ def test_merging_a_timed_metric_with_an_untimed_one_names_the_cause():
         merge_metrics(
             {"rate": TimeRate(numerator=1.0, duration=2.0)}, {"rate": TimeRate(numerator=1.0)}
         )
+    # Other metrics' structures differ by their settings; the hint names those.
+    scores, labels = jnp.array([0.2, 0.7]), jnp.array([0, 1])
+    with pytest.raises(ValueError, match=r"\(settings such as average, k, beta or num_bins"):
+        merge_metrics(
+            {"p": Precision.from_model_output(scores, labels)},
+            {"p": Precision.from_model_output(jnp.eye(2), labels, average="micro")},
+        )
+
+
+def test_a_key_a_step_lacks_is_kept_by_a_masked_metric_as_the_error_advises():
+    a = {"loss": clu_metrics.Average.from_model_output(jnp.ones(3))}
+    with pytest.raises(ValueError, match=r"the metric of a mask that is all False\)$"):
+        merge_metrics(a, {})
+    absent = clu_metrics.Average.from_model_output(jnp.zeros(3), mask=jnp.zeros(3, bool))
+    assert float(merge_metrics(a, {"loss": absent})["loss"].compute()) == 1.0
 
 
 def test_errors_are_raised_at_trace_time_inside_jit():
