@@ -497,7 +497,8 @@ class Perplexity(_Counts):
     def from_log_likelihood(
         cls, log_likelihood: ArrayLike, mask: ArrayLike | None = None
     ) -> "Perplexity":
-        """From per-token log-likelihoods (<= 0), e.g. `-TokenLosses.cross_entropy`.
+        """From per-token log-likelihoods (<= 0), e.g. `-compute_token_losses(logits,
+        targets).loss` (without label smoothing or z-loss, which that loss includes).
 
         Example:
             >>> import jax.numpy as jnp
@@ -514,7 +515,7 @@ class Perplexity(_Counts):
                 problems.value_problem(
                     f"log-likelihoods must be <= 0; {n} of {int(mask.sum())} are positive "
                     f"(up to {float(jnp.where(mask, log_likelihood, 0).max()):.4g}): pass "
-                    "-loss (e.g. -TokenLosses.cross_entropy), not the loss"
+                    "-loss (e.g. -compute_token_losses(logits, targets).loss), not the loss"
                 )
         problems.raise_if_any()
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))

@@ -276,7 +276,7 @@ def test_losses_passed_as_log_likelihoods_are_refused_eagerly_and_nan_under_jit(
     with pytest.raises(
         ValueError,
         match=r"^Perplexity.from_log_likelihood: log-likelihoods must be <= 0; 2 of 2 are "
-        r"positive \(up to 2.3\): pass -loss \(e.g. -TokenLosses.cross_entropy\), not the loss$",
+        r"positive \(up to 2.3\): pass -loss \(e.g. -compute_token_losses\(logits, targets\).loss\), not the loss$",
     ):
         Perplexity.from_log_likelihood(losses, mask)
     assert np.isnan(jax.jit(Perplexity.from_log_likelihood)(losses, mask).compute())
