@@ -49,6 +49,7 @@ _EXTRA = "pip install 'jax-metrics-manager[plot]'"
 _JSONL_NAME = "metrics.jsonl"
 _EVENTS_GLOB = "events.out.tfevents.*"
 _NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float() reads them
+_GLYPHS = ("•", "x", "o", "+", "*", "#", "%", "@")  # terminal markers of runs sharing a panel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,12 +140,19 @@ def load_series(
       ValueError: no scalars logged yet, a key no run logged, or `smoothing` outside [0, 1).
     """
     _problems(smoothing, {}).raise_if_any()
+    paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)  # not its letters
+    keys = [keys] if isinstance(keys, str) else keys
     table: dict[str, list[tuple[str, dict[int, float]]]] = {}
     for run, files in _find_runs(paths):
         scalars: dict[tuple[str | None, str], dict[int, float]] = {}  # (collection, key): points
         for path in files:
             read = _read_jsonl(path) if path.endswith(".jsonl") else _read_events(path)
             for collection, step, key, value in read:  # a step written twice: the last value
+                if key is None:  # a restart at `step`: earlier runs' points from it on go
+                    for points in scalars.values():
+                        for stale in [s for s in points if s >= step]:
+                            del points[stale]
+                    continue
                 scalars.setdefault((collection, key), {})[step] = value
         several = len({collection for collection, _ in scalars}) > 1
         for (collection, key), points in scalars.items():
@@ -208,28 +216,35 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def _read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
-    """`(collection, step, key, value)` for every number in a JSONL log, in file order."""
-    with open(path, encoding="utf-8") as f:
+    """`(collection, step, key, value)` for every number in a JSONL log, in file order.
+
+    Lenient, as for a log still being written or written by hand: a line that is no JSON
+    object (torn by a crash, not UTF-8) is skipped, and so is a last line without a newline
+    unless it is a whole object (one being written is not yet)."""
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
         for line in f:
-            if not line.endswith("\n"):
-                return  # still being written: read it next time
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                continue  # a blank line, or one torn by a crash
-            step = record.get("step")
-            if not isinstance(step, int):
+                continue  # a blank line, one torn by a crash, or one still being written
+            step = record.get("step") if isinstance(record, dict) else None
+            if isinstance(step, float) and step.is_integer():  # 1.0 from pandas
+                step = int(step)
+            if not isinstance(step, int) or isinstance(step, bool):
                 continue
             collection = record.get("collection")
             for key, value in record.items():  # bools, texts and summarized arrays are no scalars
                 if key not in ("step", "time", "collection") and (
                     type(value) in (int, float) or value in _NON_FINITE
                 ):
-                    yield collection, step, key, float(value)
+                    with contextlib.suppress(OverflowError):  # an int past float's range
+                        yield collection, step, key, float(value)
 
 
-def _read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
-    """`(None, step, tag, value)` for every scalar (`simple_value`, or TF2's scalars plugin)."""
+def _read_events(path: str) -> Iterator[tuple[str | None, int, str | None, float]]:
+    """`(None, step, tag, value)` for every scalar (`simple_value`, or TF2's scalars plugin),
+    and `(None, step, None, nan)` for a restart at `step` (a writer's `purge_step`), after
+    which TensorBoard drops the events at or after `step` read before it."""
     from writers._tbx import event_pb2, masked_crc32c  # noqa: PLC0415  (only to read events)
 
     with open(path, "rb") as f:
@@ -254,6 +269,8 @@ def _read_events(path: str) -> Iterator[tuple[str | None, int, str, float]]:
             return
         offset = end
         event = event_pb2.Event.FromString(payload)
+        if event.session_log.status == event_pb2.SessionLog.START:
+            yield None, int(event.step), None, math.nan
         for value in event.summary.value:  # empty in events without a summary
             number = _scalar(value)
             if number is not None:
@@ -328,6 +345,7 @@ def _png(
 ) -> None:
     """Writes a PNG to `path` (atomically), a panel per key (`raw`: raw values faint behind)."""
     try:
+        from matplotlib import colormaps  # noqa: PLC0415
         from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
         from matplotlib.figure import Figure  # noqa: PLC0415
     except ImportError as err:
@@ -337,13 +355,22 @@ def _png(
     figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi, layout="constrained")
     FigureCanvasAgg(figure)
     axes = figure.subplots(math.ceil(len(keys) / ncols), ncols, squeeze=False).ravel()
-    # One color per run, the same in every panel (matplotlib's default cycle).
-    colors = {run: f"C{i % 10}" for i, run in enumerate(dict.fromkeys(s.run for s in series))}
+    # One color per run, the same in every panel (matplotlib's cycle; tab20 past 10 runs).
+    runs = list(dict.fromkeys(s.run for s in series))
+    cycle: list[Any] = [f"C{i}" for i in range(10)]
+    if len(runs) > 10:
+        cycle = [colormaps["tab20"](i) for i in range(20)]
+    colors = {run: cycle[i % len(cycle)] for i, run in enumerate(runs)}
     for ax, key in zip(axes, keys, strict=False):
         for s in (s for s in series if s.key == key):
             if raw:
                 ax.plot(s.steps, s.values, color=colors[s.run], alpha=0.25, linewidth=1)
+            # A point with no finite neighbour draws no line: a marker shows it (one eval).
+            finite = np.pad(np.isfinite(s.smoothed), 1)
+            alone = np.flatnonzero(finite[1:-1] & ~finite[:-2] & ~finite[2:]).tolist()
             ax.plot(s.steps, s.smoothed, color=colors[s.run], linewidth=1.5, label=s.label)
+            if alone:
+                ax.plot(s.steps[alone], s.smoothed[alone], "o", color=colors[s.run], ms=4)
         ax.set(title=key, xlabel="step")
         ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no tick at 2.5
         ax.grid(alpha=0.3)
@@ -351,8 +378,22 @@ def _png(
     for ax in axes[len(keys) :]:
         ax.set_visible(False)
     buffer = io.BytesIO()
-    figure.savefig(buffer, dpi=dpi, format="png")
+    figure.savefig(buffer, dpi=dpi, format=_image_format(path))
     _storage.replace_file(path, [buffer.getvalue()])
+
+
+def _image_format(path: str) -> str:
+    """The format `path`'s suffix names (`plot.svg`, `plot.pdf`; PNG without one)."""
+    from matplotlib.backend_bases import FigureCanvasBase  # noqa: PLC0415
+
+    suffix = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix not in formats:
+        raise ValueError(
+            f"writers.plot: cannot write {path!r}: matplotlib writes {', '.join(sorted(formats))}"
+            "; name the file plot.png, plot.svg or plot.pdf"
+        )
+    return suffix
 
 
 def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bool) -> str:
@@ -366,26 +407,36 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
     figure.plot_size(cols, rows)
     if len(keys) > 1:
         figure.subplots(len(keys), 1)
+    # One glyph per run where runs share a panel, so they differ without colors too.
+    runs = list(dict.fromkeys(s.run for s in series))
+    glyphs = dict(zip(runs, _GLYPHS * len(runs), strict=False)) if len(runs) > 1 else {}
+    canvas = (cols, rows // len(keys) - 4)  # a panel's plotting area
     for row, key in enumerate(keys, start=1):
         panel = figure.subplot(row, 1) if len(keys) > 1 else figure
-        panel.title(key)
-        lines = {}  # label -> (steps, smoothed), the finite points
+        lines = {}  # label -> (steps, smoothed, glyph), the finite points
         for s in (s for s in series if s.key == key):
             if (finite := np.isfinite(s.smoothed)).any():
-                lines[s.label] = (s.steps[finite], s.smoothed[finite])
-        for label, (x, y) in lines.items():
-            signal = panel.signal(x.tolist(), y.tolist())
+                lines[s.label] = (s.steps[finite], s.smoothed[finite], glyphs.get(s.run))
+        box = (max(map(len, lines), default=0) + 6, 2 * len(lines) + 3)  # plotext's legend
+        # A legend taller or wider than half the panel would hide most lines: in the title.
+        small = 2 * box[1] > canvas[1] or 2 * box[0] > canvas[0]
+        names = [f"{glyph} {label}" if glyph else label for label, (*_, glyph) in lines.items()]
+        panel.title(f"{key}: {', '.join(names)}" if small and lines else key)
+        for label, (x, y, glyph) in lines.items():
+            signal = panel.signal(x.tolist(), y.tolist(), marker=glyph)
             signal.label(label)
             signal.lines()
             panel.draw(signal)
         if lines:
-            low = int(min(x[0] for x, _ in lines.values()))  # steps increase
-            high = int(max(x[-1] for x, _ in lines.values()))
+            low = int(min(x[0] for x, *_ in lines.values()))  # steps increase
+            high = int(max(x[-1] for x, *_ in lines.values()))
             # Whole, round steps (5, 10, 15), not plotext's 4.2, 7.3, ...
             ticks = _step_ticks(low, high, max(2, min(cols // 12, 8)))
             panel.ruler("x").ticks(ticks, [str(t) for t in ticks])
-            box = (max(map(len, lines)) + 6, 2 * len(lines) + 3)  # plotext's framed legend
-            x, y, ha, va = _legend_corner(list(lines.values()), box, (cols, rows // len(keys) - 4))
+        if lines and small:
+            panel.legend(active=False)
+        elif lines:
+            x, y, ha, va = _legend_corner([(x, y) for x, y, _ in lines.values()], box, canvas)
             panel.legend(x=x, y=y, relative=True, ha=ha, va=va)
     return figure.build().string(colorless=not color)
 
@@ -423,7 +474,7 @@ def _step_ticks(low: int, high: int, most: int) -> list[int]:
     spacing = max((high - low) / (most - 1), 1.0)
     magnitude = 10 ** math.floor(math.log10(spacing))
     step = next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= spacing)
-    return list(range(math.ceil(low / step) * step, high + 1, step))
+    return list(range(math.ceil(low / step) * step, high + 1, step)) or [low, high]
 
 
 def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
@@ -515,7 +566,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _follow(args.run_dirs, draw, args.interval, args.max_redraws)
         else:
             draw()
-    except (FileNotFoundError, ValueError, ImportError) as err:
+    except (OSError, ValueError, ImportError) as err:  # also --out in a read-only dir
+        if isinstance(err, BrokenPipeError):  # `| head` stopped reading: nothing to say
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         print(err, file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -126,6 +126,7 @@ def test_terminal_legend_sits_in_the_corner_the_lines_leave_empty(tmp_path):
         (100, 137, 6, [100, 110, 120, 130]),
         (1, 3, 6, [1, 2, 3]),  # never a step below 1
         (7, 7, 6, [7]),
+        (1, 8, 2, [1, 8]),  # a narrow terminal: no multiple of 10 between, so the ends
     ],
 )
 def test_step_ticks(low, high, most, ticks):
@@ -286,7 +287,93 @@ def test_event_files_are_read_when_there_is_no_jsonl_and_truncation_is_tolerated
     assert "fails its CRC check" in caplog.text and os.path.basename(w.path) in caplog.text
 
 
+def test_events_a_resumed_writer_purged_are_dropped_as_tensorboard_drops_them(tmp_path):
+    # MetricsManager(resume_step=50) gives TensorBoard purge_step=51: the new event file
+    # restarts at 51, and TensorBoard's reader drops the first run's steps from 51 on.
+    logdir = str(tmp_path / "tb")
+    for purge, steps, value in ((None, range(0, 101, 10), 1.0), (51, range(60, 81, 10), 2.0)):
+        w = writers.TensorBoardWriter(logdir, purge_step=purge)
+        for step in steps:
+            w.write_scalars(step, {"loss": value})
+        w.close()
+        time.sleep(0.01)  # event file names hold the time: a second, later file
+    _, (loss,) = load_series([logdir], ["loss"], smoothing=0.0)
+    accumulator = event_accumulator.EventAccumulator(logdir)
+    accumulator.Reload()
+    expected = [(e.step, e.value) for e in accumulator.Scalars("loss")]
+    assert list(zip(loss.steps.tolist(), loss.values.tolist(), strict=True)) == expected
+    assert loss.steps.tolist() == [0, 10, 20, 30, 40, 50, 60, 70, 80]
+
+
+def test_hand_written_jsonl_is_read_as_leniently_as_a_torn_one(tmp_path):
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(
+        b"\xef\xbb\xbf"  # a byte order mark, from an editor
+        + b'{"step": 1, "loss": 4.0}\n'
+        + b'{"step": 2.0, "loss": 2.0, "tokens": 1e999, "n": 1'
+        + b"0" * 400
+        + b"}\n"
+        + b"null\n[1, 2]\n\xff\xfe not UTF-8\n"  # JSON but no object, and no UTF-8
+        + b'{"step": 3, "loss": 1.0}'  # written with "\n".join: no newline after the last
+    )
+    _, (loss,) = load_series([str(path.parent)], ["loss"], smoothing=0.0)
+    assert (loss.steps.tolist(), loss.values.tolist()) == ([1, 2, 3], [4.0, 2.0, 1.0])
+    assert plot_runs(str(path.parent), "loss", smoothing=0.0).keys == ["loss"]  # one path, key
+
+
+def test_a_point_with_no_finite_neighbour_is_drawn_as_a_marker(tmp_path, monkeypatch):
+    # A line of one point draws nothing: the first eval, timing/compilation_seconds.
+    from matplotlib.figure import Figure
+
+    drawn: list[Figure] = []
+    save = Figure.savefig
+    monkeypatch.setattr(
+        Figure, "savefig", lambda fig, *a, **k: (drawn.append(fig), save(fig, *a, **k))
+    )
+    values = [{"step": 5, "loss": 0.7, "acc": 0.5}]
+    values += [{"step": s, "acc": v} for s, v in ((6, "NaN"), (7, 0.6), (8, "NaN"), (9, 0.8))]
+    _write_jsonl(str(tmp_path / "run" / "metrics.jsonl"), values)
+    plot_runs([str(tmp_path / "run")], ["loss", "acc"], out=str(tmp_path / "p.png"))
+    [figure] = drawn
+    markers = [
+        line.get_xydata().tolist()
+        for ax in figure.axes
+        for line in ax.get_lines()
+        if line.get_marker() == "o"
+    ]
+    isolated = [[5.0, 0.5], [7.0, pytest.approx(0.5625)], [9.0, pytest.approx(0.536 / 0.784)]]
+    assert markers == [[[5.0, 0.7]], isolated]  # smoothed (0.6): NaN between, so alone
+
+
+def test_a_small_terminal_panel_names_its_runs_in_the_title_with_their_glyphs(tmp_path):
+    # At 80 x 24, two panels of two runs: plotext's legend box covered a panel's whole height.
+    for run, offset in (("train", 1.0), ("eval", 1.5)):
+        lines = [{"step": s, "loss": 4.0 / s + offset} for s in range(1, 101)]
+        _write_jsonl(str(tmp_path / "exp" / run / "metrics.jsonl"), lines)
+    text = plot_runs([str(tmp_path / "exp")], ["loss"], terminal=True, cols=80, rows=11).text
+    title, *rows = text.splitlines()
+    assert title.strip() == "loss: • exp/eval:loss, x exp/train:loss"
+    assert not any("exp/" in row for row in rows)  # no legend box over the lines
+    assert any("•" in row for row in rows) and any("x" in row for row in rows)
+
+
 # --- errors ----------------------------------------------------------------------------
+
+
+def test_out_names_the_format_and_a_path_it_cannot_write_exits_2_naming_it(tmp_path):
+    run = str(tmp_path / "run")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 1.0}])
+    plot_runs([run], out=str(tmp_path / "plot.svg"))
+    assert (tmp_path / "plot.svg").read_text().lstrip().startswith("<?xml")  # not PNG bytes
+    result = _plot(run, "--out", str(tmp_path / "plot.txt"))
+    assert (
+        result.returncode == 2 and "name the file plot.png, plot.svg or plot.pdf" in result.stderr
+    )
+    (tmp_path / "taken").mkdir()
+    result = _plot(run, "--out", str(tmp_path / "taken"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "taken" in result.stderr
 
 
 def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
