@@ -5,7 +5,6 @@ MLflow. Each builds one flat `MultiWriter`, so a failing backend (or tracker) st
 Gin: `configs/writers/*.gin`.
 """
 
-import contextlib
 import inspect
 import os
 from collections.abc import Callable
@@ -120,6 +119,16 @@ def create_default_writer(
     return MultiWriter(chosen)
 
 
+def _parameters(factory: Callable[..., Any]) -> Any:
+    """The parameter names of `factory` (a class: its `__init__`'s, under gin's wrapper, which
+    reports `(*args, **kwargs)`); without a signature to read (a builtin), `resume_step` alone."""
+    target = inspect.unwrap(factory.__init__) if inspect.isclass(factory) else factory
+    try:
+        return inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return ("resume_step",)
+
+
 def create_tracker_writer(
     logdir: str | os.PathLike[str] | None,
     *,
@@ -127,6 +136,7 @@ def create_tracker_writer(
     tracker: Callable[..., MetricWriter],
     name: str = "tracker",
     default_writer: Callable[..., MultiWriter] = create_default_writer,
+    resume_step: int | None = None,
 ) -> MultiWriter:
     """Builds `default_writer`'s writers plus `tracker`'s, in one `MultiWriter`.
 
@@ -136,8 +146,12 @@ def create_tracker_writer(
       tracker: Makes the tracker (e.g. `writers.WandbWriter`); given `logdir` if it takes one.
       name: Name of the tracker inside the `MultiWriter` (errors name it).
       default_writer: Makes the other writers.
+      resume_step: The step a resumed run restarts from, passed to both factories (as
+        `MetricsManager(resume_step=...)` passes it here): the files drop what came after it,
+        W&B rewinds its run (with `run_id`), MLflow skips the steps its run already has.
 
     Raises:
+      TypeError: `resume_step` for a `tracker` that takes none.
       ValueError: `name` is already the name of one of the default writers.
 
     Example:
@@ -150,7 +164,16 @@ def create_tracker_writer(
       ['jsonl', 'tracker']
       >>> w.close()
     """
-    base = default_writer(logdir, collection=collection)
+    resuming = {} if resume_step is None else {"resume_step": resume_step}
+    takes = {"tracker": _parameters(tracker), "default_writer": _parameters(default_writer)}
+    lacking = [role for role, names in takes.items() if "resume_step" not in names]
+    if resume_step is not None and lacking:
+        raise TypeError(
+            f"create_tracker_writer: resume_step={resume_step} needs a {' and a '.join(lacking)} "
+            "taking resume_step (writers.WandbWriter, writers.MlflowWriter, "
+            "writers.create_default_writer): without it, what was logged after the step stays"
+        )
+    base = default_writer(logdir, collection=collection, **resuming)
     chosen = dict(base.writers)
     if name in chosen:
         base.close()
@@ -158,12 +181,9 @@ def create_tracker_writer(
             f"create_tracker_writer: name={name!r} is taken by a default writer "
             f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
         )
-    # gin's configurable classes report `(*args, **kwargs)`: look at the real __init__.
-    target = inspect.unwrap(tracker.__init__) if inspect.isclass(tracker) else tracker
-    kwargs: dict[str, Any] = {"collection": collection}
-    with contextlib.suppress(TypeError, ValueError):  # builtins without a signature
-        if "logdir" in inspect.signature(target).parameters:
-            kwargs["logdir"] = logdir
+    kwargs: dict[str, Any] = {"collection": collection, **resuming}
+    if "logdir" in takes["tracker"]:
+        kwargs["logdir"] = logdir
     try:
         chosen[name] = tracker(**kwargs)
     except Exception:

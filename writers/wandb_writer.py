@@ -15,7 +15,8 @@ one step fill one row. `close()` finishes runs this writer started and waits for
 service (offline, wandb 0.31's `finish()` can return a few milliseconds before the last
 records reach the run file; readers should wait for its `exit` record).
 
-Resume: `run_id` with `resume_step=R` rewinds the run to step R (`resume_from="<id>?_step=R"`):
+Resume: `run_id` with `resume_step=R` rewinds the run to step R (`resume_from="<id>?_step=R"`,
+a W&B private preview: W&B support enables it per entity):
 history after R is replaced and steps up to R raise. Offline, the new run directory holds only
 steps after R and names the rewind point for `wandb sync`. With `collection` set, the run id
 is `<run_id>-<collection>` (`/` replaced by `-`).
@@ -171,11 +172,13 @@ class WandbWriter(_base.TrackerWriter):
     def _log(self, method: str, step: int, values: dict[str, Any]) -> None:
         if self._run is None:
             return
-        if step < self._min_step:
+        last = max(self._min_step, self._run.step or 0)  # also what others logged to the run
+        if step < last:
             raise ValueError(
                 f"WandbWriter.{method}: W&B history steps never decrease, got step {step} "
-                f"for {sorted(values)} after step {self._min_step}; W&B would drop it. Log "
-                "steps in order (one writer per collection), or resume with resume_step."
+                f"for {sorted(values)} after step {last} of run {self._run.id}; W&B would "
+                "drop it. Log steps in order (one run per collection: writers sharing a run "
+                "share its steps), or resume with resume_step."
             )
         self._min_step = step
         self._run.log(values, step=step)

@@ -22,6 +22,7 @@ import writers
 from metrics_manager import gin_utils
 from metrics_manager.manager import MetricsManager
 from metrics_manager.metrics import AveragePerStep, StepsPerTime, Sum
+from tests.writers.tracker_stores import wandb_history, wandb_run_files
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TOP_LEVEL = {
@@ -191,3 +192,36 @@ def test_configured_returns_the_plain_function_when_gin_never_saw_it():
         return 1
 
     assert gin_utils.configured(untouched) is untouched
+
+
+@pytest.mark.parametrize("resume_by", ["argument", "gin"])
+def test_a_tracker_config_resumes_every_writer_from_the_managers_resume_step(tmp_path, resume_by):
+    # writers/wandb.gin's factory took no resume_step: MetricsManager(resume_step=50) raised,
+    # and binding WandbWriter.resume_step alone left metrics.jsonl with steps 60-100 twice.
+    bindings = [
+        "writers.WandbWriter.mode = 'offline'",
+        "writers.WandbWriter.process_index = 0",
+        "writers.WandbWriter.run_id = 'exp'",
+        "writers.create_default_writer.console = False",
+        "metrics_manager.MetricsManager.system_metrics = False",
+    ]
+    for start, resume in ((10, None), (60, 50)):
+        gin.clear_config()
+        resuming = [f"metrics_manager.MetricsManager.resume_step = {resume}"] * (
+            resume is not None and resume_by == "gin"
+        )
+        gin.parse_config_files_and_bindings(
+            ["default.gin", "writers/wandb.gin"], bindings + resuming
+        )
+        kwargs = {"resume_step": resume} if resume is not None and resume_by == "argument" else {}
+        with gin_utils.configured(MetricsManager)("train", tmp_path, **kwargs) as manager:
+            assert sorted(manager.writers) == ["jsonl", "tensorboard", "wandb"]
+            for step in range(start, 101 if resume is None else 81, 10):
+                manager.write_scalars(step, {"loss": float(step if resume is None else -step)})
+    lines = writers.read_jsonl(tmp_path / "train")
+    assert [(x["step"], x["loss"]) for x in lines] == [(s, float(s)) for s in range(10, 51, 10)] + [
+        (s, -float(s)) for s in (60, 70, 80)
+    ]
+    old, new = wandb_run_files(str(tmp_path / "train"))
+    assert sorted(wandb_history(old)) == list(range(10, 101, 10))
+    assert wandb_history(new) == {s: {"loss": -float(s)} for s in (60, 70, 80)}

@@ -58,3 +58,16 @@ def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
 
     with pytest.raises(OSError, match="tracker down"):
         writers.create_tracker_writer(tmp_path, tracker=broken, default_writer=_files_only)
+
+
+def test_resume_step_needs_a_tracker_that_takes_one(tmp_path):
+    with pytest.raises(
+        TypeError, match=r"resume_step=5 needs a tracker and a default_writer taking resume_step"
+    ):
+        writers.create_tracker_writer(
+            tmp_path,
+            tracker=lambda collection: writers.NoopWriter(),
+            default_writer=_files_only,
+            resume_step=5,
+        )
+    assert not (tmp_path / "metrics.jsonl").exists() or writers.read_jsonl(tmp_path) == []

@@ -125,6 +125,24 @@ def test_a_decreasing_step_raises_instead_of_being_dropped(tmp_path):
     assert wandb_history(wandb_run_files(str(tmp_path))[0]) == {5: {"a": 1.0, "b": 2.0}}
 
 
+def test_writers_sharing_a_run_refuse_a_step_below_the_runs_last(tmp_path):
+    # Train and eval managers logging to one run: eval's step 100 after train's 110 was
+    # dropped by W&B with no error (each writer only knew its own last step).
+    run = wandb.init(project="tests", dir=str(tmp_path), reinit="create_new")
+    train = writers.WandbWriter(run=run, process_index=0)
+    evals = writers.WandbWriter(run=run, process_index=0)
+    train.write_scalars(100, {"loss": 1.0})
+    train.write_scalars(110, {"loss": 0.5})
+    with pytest.raises(ValueError, match=r"got step 100 for \['eval/loss'\] after step 110 of run"):
+        evals.write_scalars(100, {"eval/loss": 2.0})
+    evals.write_scalars(110, {"eval/loss": 2.0})  # the same row
+    run.finish()
+    assert wandb_history(wandb_run_files(str(tmp_path))[0]) == {
+        100: {"loss": 1.0},
+        110: {"loss": 0.5, "eval/loss": 2.0},
+    }
+
+
 def test_resume_rewinds_to_the_resume_step(tmp_path):
     first = _writer(tmp_path, run_id="run1")
     for step in range(10):
