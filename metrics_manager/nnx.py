@@ -22,6 +22,7 @@ Synopsis:
     metrics.reset()
 """
 
+import dataclasses
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -90,7 +91,7 @@ class Metric(nnx.metrics.Metric):
         self.metric_type = metric_type
         self.argnames = tuple(sorted((argnames or {}).items()))
         self.settings = tuple(sorted(settings.items()))
-        self.state = nnx.metrics.MetricState(metric_type.empty())
+        self.state = nnx.metrics.MetricState(self._empty())
 
     @property
     def metric(self) -> clu_metrics.Metric:
@@ -99,7 +100,17 @@ class Metric(nnx.metrics.Metric):
 
     def reset(self) -> None:
         """Starts over from `metric_type.empty()`."""
-        self.state.set_value(self.metric_type.empty())
+        self.state.set_value(self._empty())
+
+    def _empty(self) -> clu_metrics.Metric:
+        # With the settings that are static fields (TopKAccuracy's k): a carry of nnx.scan,
+        # fori_loop or cond keeps its structure after the first update().
+        empty = self.metric_type.empty()
+        static = {
+            f.name for f in dataclasses.fields(empty) if not f.metadata.get("pytree_node", True)
+        }
+        fixed = {k: v for k, v in self.settings if k in static}
+        return empty.replace(**fixed) if fixed else empty
 
     def update(self, **kwargs: Any) -> None:
         """Merges `metric_type.from_model_output(**kwargs)` into the state."""
@@ -109,7 +120,10 @@ class Metric(nnx.metrics.Metric):
         if "predictions" in named and "logits" not in named:
             renamed.setdefault("logits", "predictions")
         var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters)
-        call = {renamed.get(k, k): v for k, v in kwargs.items()}
+        # A renamed argument wins over one of its new name, whatever the keyword order:
+        # Average("loss") beside Average() in a MultiMetric gets loss=, not values=.
+        call = {k: v for k, v in kwargs.items() if k not in renamed}
+        call |= {renamed[k]: v for k, v in kwargs.items() if k in renamed}
         call = {k: v for k, v in call.items() if var_keyword or k in named} | dict(self.settings)
         missing = sorted({n for n, p in named.items() if p.default is p.empty} - call.keys())
         if missing:
@@ -136,11 +150,16 @@ class _ValuesMetric(Metric):
                 f"{type(self).__name__}.update: expected the keyword argument {self.argname!r} "
                 f"(this metric's argname), got {sorted(kwargs)}"
             )
+        if jnp.ndim(kwargs[self.argname]) == 0:  # a step's loss: a mask is the others' (Flax)
+            kwargs.pop("mask", None)
         super().update(**kwargs)
 
 
 class Average(_ValuesMetric):
     """The mean of every value seen (Flax's `nnx.metrics.Average`), NaN until one was seen.
+
+    A `mask` leaves values out (read as bool, as CLU's `Average` reads it; Flax's weighs by
+    an integer mask); one beside a scalar value (a step's loss) is the other metrics'.
 
     Args:
         argname: the `update()` argument holding the values.
@@ -167,6 +186,9 @@ class Average(_ValuesMetric):
 
 class Accuracy(Metric):
     """Flax's `nnx.metrics.Accuracy`: argmax (`TopKAccuracy(k=1)`) or a `threshold`.
+
+    Unlike Flax's, a `mask` leaves examples out, and so does a label outside [0, C) (an
+    ignore index such as -100; outside jit it is refused): Flax counts both as predictions.
 
     Args:
         threshold: for binary scores: the mean of `(logits >= threshold) == (labels > 0)`.

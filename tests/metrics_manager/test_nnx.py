@@ -53,6 +53,62 @@ def test_average_with_another_argname_and_a_mask_equals_flax():
         ours.update(values=values)
 
 
+def test_an_argname_beside_a_default_argname_reads_its_own_argument_in_any_order():
+    # Average("loss") renames loss= to values=, which Average() also reads: whichever keyword
+    # came last won, so "loss" averaged the other metric's values (150.0 for 2.0).
+    for order in ("loss first", "values first"):
+        ours = mnnx.MultiMetric(loss=mnnx.Average("loss"), other=mnnx.Average())
+        theirs = nnx.MultiMetric(loss=nnx.metrics.Average("loss"), other=nnx.metrics.Average())
+        arguments = {"loss": jnp.array([1.0, 3.0]), "values": jnp.array([100.0, 200.0])}
+        if order == "values first":
+            arguments = dict(reversed(arguments.items()))
+        for metrics in (ours, theirs):
+            metrics.update(**arguments)
+        expected = {"loss": 2.0, "other": 150.0}
+        assert {k: float(v) for k, v in ours.compute().items()} == expected, order
+        assert {k: float(v) for k, v in theirs.compute().items()} == expected
+
+
+def test_a_scalar_loss_beside_a_per_example_mask_is_averaged_as_in_flax():
+    # The mask is the accuracy's; with the scalar loss it raised CLU's "mask must have the same
+    # leading dimension as values", naming no metric.
+    logits, labels = jnp.eye(4), jnp.array([0, 1, 0, 0])
+    mask = jnp.array([True, True, True, False])
+    ours = mnnx.MultiMetric(loss=mnnx.Average("loss"), acc=mnnx.Accuracy())
+    theirs = nnx.MultiMetric(loss=nnx.metrics.Average("loss"), acc=nnx.metrics.Accuracy())
+    for loss in (0.7, 0.3):
+        for metrics in (ours, theirs):
+            metrics.update(loss=jnp.float32(loss), logits=logits, labels=labels, mask=mask)
+    assert float(ours.loss.compute()) == pytest.approx(float(theirs.loss.compute())) == 0.5
+    assert float(ours.acc.compute()) == pytest.approx(2 / 3)  # masked, unlike Flax's (2 / 4)
+
+
+def test_accuracy_is_carried_through_scan_and_fori_loop_fresh_or_reset():
+    # Its empty() had k=None and an update k=1: JAX refused the carry ("must have the same
+    # pytree structure"), naming neither the metric nor a fix.
+    batches = {"logits": jnp.eye(3)[jnp.array([0, 1, 2, 0])], "labels": jnp.array([0, 1, 1, 2])}
+
+    def carried(accuracy: mnnx.Accuracy) -> list[float]:
+        graph, state = nnx.split(accuracy)
+
+        def step(state, batch):
+            metric = nnx.merge(graph, state)
+            metric.update(logits=batch["logits"][None], labels=batch["labels"][None])
+            return nnx.split(metric)[1]
+
+        scanned = jax.lax.scan(lambda s, b: (step(s, b), None), state, batches)[0]
+        looped = jax.lax.fori_loop(
+            0, 4, lambda i, s: step(s, jax.tree.map(lambda x: x[i], batches)), state
+        )
+        return [float(nnx.merge(graph, s).compute()) for s in (scanned, looped)]
+
+    accuracy = mnnx.Accuracy()
+    assert carried(accuracy) == [0.5, 0.5]
+    accuracy.update(logits=jnp.eye(2), labels=jnp.array([0, 0]))
+    accuracy.reset()
+    assert carried(accuracy) == [0.5, 0.5]
+
+
 def _statistics(stats):
     return [float(stats.mean), float(stats.standard_error_of_mean), float(stats.standard_deviation)]
 
