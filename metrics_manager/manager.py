@@ -54,7 +54,7 @@ from metrics_manager.packing import PackedMetrics
 from metrics_manager.summary import Summarizer
 from metrics_manager.system import SystemMonitor
 from writers import _checks
-from writers._base import close_at_exit
+from writers._base import TrackerWriter, close_at_exit
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
 from writers.multi import named_writers
@@ -736,6 +736,16 @@ def _make_writers(
     name: str, summary_dir: str | None, factory: WriterFactory, resume_step: int | None
 ) -> tuple[Any, dict[str, Any]]:
     """What `factory` returned, and its writers by name (a `MultiWriter` unpacked), checked."""
+    tracker = factory.func if isinstance(factory, functools.partial) else factory
+    if isinstance(tracker, type) and issubclass(tracker, TrackerWriter):
+        kind = tracker.__name__  # its first parameter is a project or experiment, not a dir
+        raise TypeError(
+            f"MetricsManager({name!r}): writer_factory is {kind}, which would take the summary "
+            f"dir as its {next(iter(inspect.signature(tracker).parameters))}; pass "
+            f"writer_factory=functools.partial(writers.create_tracker_writer, tracker="
+            f"functools.partial(writers.{kind}, ...)), the default writers and it (gin: "
+            f"configs/writers/{kind.removesuffix('Writer').lower()}.gin)"
+        )
     try:
         parameters = inspect.signature(factory).parameters
     except (TypeError, ValueError):

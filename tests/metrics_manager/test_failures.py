@@ -913,6 +913,12 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ValueError,
         r"has shape \(8, 1\), expected \(1,\).*jax.tree.map\(lambda b: b\[i\], packed\)",
     ),
+    "a tracker class as writer_factory": (  # it would take the summary dir as its project
+        lambda m: MetricsManager("x", "runs", writer_factory=writers.WandbWriter),
+        TypeError,
+        r"writer_factory is WandbWriter, which would take the summary dir as its project; "
+        r"pass writer_factory=functools.partial\(writers.create_tracker_writer, tracker=",
+    ),
     "bad deadline": (
         lambda m: MetricsManager("x", writer_deadline_s="5"),
         TypeError,
