@@ -9,8 +9,9 @@ summary worker asks for each window's mean and max:
   monitor.close()
 
 The keys and their units are listed in the README ("System metrics"), each also as
-`<key>/max`. A sensor the host lacks gives no key and no error; one that fails later is logged at debug
-level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`), `{id}` `Device.id`.
+`<key>/max`. A sensor the host lacks gives no key and no error; one that fails later is
+logged at debug level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DEVICES`),
+`{id}` `Device.id`.
 """
 
 import functools
