@@ -11,8 +11,13 @@ Host-side module; the step's FLOPs are read once, when the step is compiled:
 ways reports 1/8 of 2*M*N*K, plus any all-reduce additions), so `step_flops` multiplies by the
 program's device count: hardware FLOPs, replicated work counted once per device. XLA counts a
 loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOPs for those.
+On GPUs the compiled program hands matmuls and convolutions to cuBLAS and cuDNN, whose FLOPs
+that analysis leaves out (it counted each such call as -1 on an H100): where the program has
+such calls, the estimate is that of the program before optimization, the global step with
+replicated work counted once.
 """
 
+import re
 from collections.abc import Mapping
 from numbers import Real
 from typing import Any
@@ -50,52 +55,24 @@ _PEAK_TFLOPS: tuple[tuple[str, float | None, float | None], ...] = (
     ("GH200", 989.0, 989.0),
     ("H200 NVL", 835.0, 835.0),
     ("H200", 989.0, 989.0),
+    ("GB200", 2500.0, 2500.0),  # Grace-Blackwell's B200 runs faster than HGX B200's
     ("B200", 2250.0, 2250.0),
 )
 _DTYPES = ("bf16", "fp16")
+# Library calls whose FLOPs XLA's cost analysis of a compiled program leaves out.
+_LIBRARY_CALL = re.compile(r'custom_call_target="((?:__cublas|__cudnn)[^"]*)"')
 
 
-def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
-    """FLOPs of one call of a jitted step, summed over the devices it runs on, as XLA estimates.
+def _jax_stage(stage: Any) -> Any:
+    """JAX's Lowered or Compiled inside `nnx.jit`'s wrappers of them, else `stage` itself."""
+    for attr in ("lowered", "compiled"):
+        inner = getattr(stage, attr, None)
+        if isinstance(inner, (jax.stages.Lowered, jax.stages.Compiled)):
+            return inner
+    return stage
 
-    Call it once, next to the first step: `jax.jit` caches the compilation.
 
-    Args:
-      fn_or_compiled: a function (jitted here), a jitted function, a `jax.stages.Lowered` or
-        a `jax.stages.Compiled`.
-      *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a
-        Lowered or Compiled.
-      **kwargs: the step's keyword arguments.
-
-    Raises:
-      TypeError: `fn_or_compiled` is none of the above, or arguments came with a
-        Lowered/Compiled object.
-      ValueError: the backend's cost analysis has no "flops" entry.
-
-    Example:
-      >>> import jax.numpy as jnp
-      >>> step_flops(lambda a, b: a @ b, jnp.ones((8, 4)), jnp.ones((4, 2)))
-      128.0
-    """
-    compiled = fn_or_compiled
-    if isinstance(compiled, (jax.stages.Lowered, jax.stages.Compiled)):
-        if args or kwargs:
-            raise TypeError(
-                f"step_flops: a {type(compiled).__name__} is already specialized to its "
-                f"arguments, but {len(args)} positional and {len(kwargs)} keyword arguments "
-                "came too; pass the function and its arguments, or the Lowered/Compiled alone."
-            )
-    elif callable(compiled):
-        jitted = compiled if hasattr(compiled, "lower") else jax.jit(compiled)
-        compiled = jitted.lower(*args, **kwargs)
-    else:
-        raise TypeError(
-            "step_flops expects a function, a jitted function, a jax.stages.Lowered or a "
-            f"jax.stages.Compiled, got {type(compiled).__name__}: {compiled!r}."
-        )
-    if isinstance(compiled, jax.stages.Lowered):
-        compiled = compiled.compile()
-    analysis = compiled.cost_analysis()
+def _flops(analysis: Any) -> float:
     if isinstance(analysis, (list, tuple)):  # one dict per program on some jax versions
         analysis = analysis[0] if len(analysis) == 1 else None
     flops = analysis.get("flops") if isinstance(analysis, Mapping) else None
@@ -107,12 +84,65 @@ def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
             "does not estimate FLOPs: count the step's FLOPs by hand and pass them to "
             "perf_values."
         )
+    return float(flops)
+
+
+def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
+    """FLOPs of one call of a jitted step, summed over the devices it runs on, as XLA estimates.
+
+    Call it once, next to the first step: `jax.jit` caches the compilation.
+
+    Args:
+      fn_or_compiled: a function (jitted here), a jitted function (`jax.jit`, `nnx.jit`), a
+        `jax.stages.Lowered` or a `jax.stages.Compiled`.
+      *args: the step's arguments (arrays or `jax.ShapeDtypeStruct`s); none for a
+        Lowered or Compiled.
+      **kwargs: the step's keyword arguments.
+
+    Raises:
+      TypeError: `fn_or_compiled` is none of the above, or arguments came with a
+        Lowered/Compiled object.
+      ValueError: the backend's cost analysis has no "flops" entry; a Compiled alone that
+        calls cuBLAS or cuDNN.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> step_flops(lambda a, b: a @ b, jnp.ones((8, 4)), jnp.ones((4, 2)))
+      128.0
+    """
+    stage = _jax_stage(fn_or_compiled)
+    if isinstance(stage, (jax.stages.Lowered, jax.stages.Compiled)):
+        if args or kwargs:
+            raise TypeError(
+                f"step_flops: a {type(stage).__name__} is already specialized to its "
+                f"arguments, but {len(args)} positional and {len(kwargs)} keyword arguments "
+                "came too; pass the function and its arguments, or the Lowered/Compiled alone."
+            )
+    elif callable(stage):
+        jitted = stage if hasattr(stage, "lower") else jax.jit(stage)
+        stage = _jax_stage(jitted.lower(*args, **kwargs))
+    else:
+        raise TypeError(
+            "step_flops expects a function, a jitted function, a jax.stages.Lowered or a "
+            f"jax.stages.Compiled, got {type(stage).__name__}: {stage!r}."
+        )
+    lowered = stage if isinstance(stage, jax.stages.Lowered) else None
+    compiled = stage if lowered is None else lowered.compile()
+    flops = _flops(compiled.cost_analysis())
+    if calls := sorted(set(_LIBRARY_CALL.findall(compiled.as_text() or ""))):
+        if lowered is None:
+            raise ValueError(
+                f"step_flops: the compiled step calls {calls}, whose FLOPs XLA's estimate of "
+                "a compiled program leaves out; pass the step function or its Lowered "
+                "(jax.jit(step).lower(...)), estimated before optimization, or count by hand."
+            )
+        return _flops(lowered.cost_analysis())
     shardings = jax.tree.leaves(  # the devices the SPMD program runs on
         [compiled.input_shardings, compiled.output_shardings],
         is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
     )
     devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
-    return float(flops) * max(len(devices), 1)
+    return flops * max(len(devices), 1)
 
 
 def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float | None:

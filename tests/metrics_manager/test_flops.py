@@ -38,6 +38,41 @@ def test_matmul_flops_are_2mnk_for_every_kind_of_step():
         assert mm.step_flops(step, *args) == pytest.approx(MATMUL_FLOPS, rel=0.01), step
 
 
+def test_an_nnx_jit_step_and_its_stages():
+    from flax import nnx  # noqa: PLC0415
+
+    model = nnx.Linear(K, N, use_bias=False, rngs=nnx.Rngs(0))
+    step = nnx.jit(lambda model, x: model(x))
+    x = jnp.ones((M, K))
+    lowered = step.lower(model, x)  # nnx.jit's own Lowered and Compiled, wrapping JAX's
+    for stage, args in [(step, (model, x)), (lowered, ()), (lowered.compile(), ())]:
+        assert mm.step_flops(stage, *args) == pytest.approx(MATMUL_FLOPS, rel=0.01), stage
+
+
+def _cublas_hlo(self: jax.stages.Compiled) -> str:
+    return 'ENTRY %main { %gemm = custom-call(%a, %b), custom_call_target="__cublas$gemm" }'
+
+
+def test_library_calls_are_counted_before_optimization(monkeypatch):
+    # On a GPU XLA's compiled estimate leaves cuBLAS/cuDNN calls out (-1 each on an H100):
+    # the step's unoptimized program still has its dots. The GPU test below runs the real one.
+    lowered = jax.jit(_matmul).lower(*_operands())
+    compiled = lowered.compile()
+    monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: {"flops": 3.0})
+    monkeypatch.setattr(jax.stages.Compiled, "as_text", _cublas_hlo)
+    assert mm.step_flops(lowered) == pytest.approx(MATMUL_FLOPS, rel=0.01)
+    with pytest.raises(ValueError, match=r"calls \['__cublas\$gemm'\].*pass the step function"):
+        mm.step_flops(compiled)
+
+
+@pytest.mark.skipif(
+    not any(d.platform == "gpu" for d in jax.devices()), reason="needs JAX on a GPU"
+)
+def test_a_matmul_on_a_real_gpu_counts_2mnk():
+    a, b = (jnp.ones(s.shape, jnp.bfloat16) for s in _operands())
+    assert mm.step_flops(_matmul, a, b) == pytest.approx(MATMUL_FLOPS, rel=0.01)
+
+
 def test_keyword_arguments_reach_the_step():
     def step(a, *, b):
         return a @ b
@@ -105,6 +140,8 @@ def test_wrong_arguments_are_type_errors():
         ("NVIDIA H100 PCIe", 756e12, 756e12),
         ("NVIDIA H200", 989e12, 989e12),
         ("NVIDIA GH200 480GB", 989e12, 989e12),
+        ("NVIDIA B200", 2250e12, 2250e12),
+        ("NVIDIA GB200", 2500e12, 2500e12),
         ("NVIDIA L4", 121e12, 121e12),
         ("NVIDIA L40S", 362e12, 362e12),
         ("Tesla V100-SXM2-16GB", None, 125e12),
