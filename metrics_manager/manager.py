@@ -110,13 +110,15 @@ class MetricsManager:
         per key) or "stop" (the next call raises `MetricsManagerError` naming the step and
         keys).
       system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
-        most once per `system_interval_s`.
+        most once per `system_interval_s`: the mean and `/max` of samples taken every second.
       system_interval_s: least time between two `system/*` samples.
       uptime: add `timing/uptime` to each metrics summary, as T5X's trainer does: seconds from
         this manager's creation to the `write_metrics_summary` call (on `clock`).
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
+      num_devices: devices the train step runs on, for `perf/*_per_device` and `perf/mfu`
+        (default `jax.device_count()`).
       handle_signals: flush on SIGTERM/SIGINT (within 25 s, or 2 s before a handler of the
         program's own; a writer call running 10 s into it is abandoned) before the previous
         handler runs. Python installs handlers only from the main thread: a manager made on
@@ -158,6 +160,7 @@ class MetricsManager:
         uptime: bool = False,
         flops_per_step: float | None = None,
         peak_flops_per_device: float | None = None,
+        num_devices: int | None = None,
         handle_signals: bool = True,
     ) -> None:
         problems = _Problems("MetricsManager")
@@ -181,6 +184,8 @@ class MetricsManager:
         problems.integer("max_writer_failures", max_writer_failures, minimum=1)
         if resume_step is not None:
             problems.integer("resume_step", resume_step, minimum=0)
+        if num_devices is not None:
+            problems.integer("num_devices", num_devices, minimum=1)
         problems.choice("on_error", on_error, ("warn", "raise"))
         problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
         if not isinstance(uptime, bool):
@@ -235,7 +240,9 @@ class MetricsManager:
                 self._release_dir()
                 raise
             if system_metrics:
-                self._monitor = SystemMonitor(interval_s=None)
+                # Sampled between summaries: each system/* write is the mean and max of its
+                # interval's samples, not of one.
+                self._monitor = SystemMonitor(interval_s=min(1.0, max(system_interval_s, 0.1)))
         self._fanout = Fanout(
             named,
             self._failures,
@@ -250,7 +257,10 @@ class MetricsManager:
         perf = None
         if flops_per_step is not None:
             perf = functools.partial(
-                perf_values, flops_per_step, peak_flops_per_device=peak_flops_per_device
+                perf_values,
+                flops_per_step,
+                num_devices=num_devices or jax.device_count(),
+                peak_flops_per_device=peak_flops_per_device,
             )
         self._summarizer = Summarizer(
             self._failures,

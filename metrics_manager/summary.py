@@ -37,7 +37,7 @@ class Summarizer:
     Args:
       failures: where a failing key or a non-finite stop goes.
       nonfinite: "ignore", "warn" or "stop" (`MetricsManager`'s argument).
-      perf: `perf(num_steps, seconds, num_devices=...)` -> `perf/*` values, or None.
+      perf: `perf(num_steps, seconds)` -> `perf/*` values, or None.
       monitor: a `SystemMonitor` for `system/*`, sampled at most every `system_interval_s`.
     """
 
@@ -61,6 +61,7 @@ class Summarizer:
         # (steps merged, num_steps) of the last 3 summaries; None once warned.
         self._windows: list[tuple[float, int]] | None = []
         self._warned_short = False
+        self._warned_perf = False
         self._step_key = ""  # the key of a `Step` metric, for that count
 
     def values(
@@ -102,12 +103,21 @@ class Summarizer:
 
         ready = _ready_on_host(ready, failed)
         summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}
+        extra = {}
         if self._perf is not None and duration is not None:
-            summary |= self._perf(num_steps, duration, num_devices=jax.device_count())
+            extra = self._perf(num_steps, duration)
+        elif self._perf is not None and not self._warned_perf:
+            self._warned_perf = True
+            _LOG.warning(
+                "%s: perf/* needs the window's duration, but no window was open at step %d: "
+                "call manager.start_duration_timer(block_on=state) at the start of every window.",
+                owner,
+                step,
+            )
         if self._monitor is not None and time.monotonic() >= self._system_next:
             self._system_next = time.monotonic() + self._system_interval
-            summary |= self._monitor.window_values()
-        return summary
+            extra |= self._monitor.window_values()
+        return summary | {key: clu.values.Scalar(value) for key, value in extra.items()}
 
     def _check_windows(self, host: Mapping[str, Any], step: int, num_steps: int) -> None:
         """Warns once each when a `Step` metric's merged count per `num_steps`

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 
+import clu.values
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,8 +96,58 @@ def test_perf_keys_from_the_compiled_steps_flops():
         manager.start_duration_timer()
         summary = manager.write_metrics_summary({"sps": StepsPerTime(steps=10)}, 10, 10).result()
     tflops = flops * 10 / 2.0 / 1e12
-    assert summary["perf/tflops_per_second"] == pytest.approx(tflops)
-    assert summary["perf/mfu"] == pytest.approx(flops * 10 / 2.0 / (1e9 * jax.device_count()))
+    assert summary["perf/tflops_per_second"].value == pytest.approx(tflops)
+    assert summary["perf/mfu"].value == pytest.approx(flops * 10 / 2.0 / (1e9 * jax.device_count()))
+
+
+def test_perf_per_device_divides_by_the_steps_devices_and_needs_a_window(caplog):
+    now = [0.0]
+    with caplog.at_level("WARNING", logger="metrics_manager.manager"):
+        with MetricsManager(
+            "t",
+            writer_factory=lambda d: writers.NoopWriter(),
+            clock=lambda: now[0],
+            flops_per_step=1e12,
+            peak_flops_per_device=1e12,
+            num_devices=2,  # of the 8 test devices
+        ) as manager:
+            untimed = manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 1, 1)
+            manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 2, 1)
+            manager.start_duration_timer()
+            now[0] = 4.0
+            timed = manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 10, 8)
+    assert not any(k.startswith("perf/") for k in untimed.result())
+    (warning,) = [r.getMessage() for r in caplog.records if "perf/*" in r.getMessage()]
+    assert "no window was open at step 1" in warning and "start_duration_timer" in warning
+    values = timed.result()
+    assert isinstance(values["perf/tflops_per_second"], clu.values.Scalar)
+    assert values["perf/tflops_per_second"].value == 2.0  # 1e12 FLOPs * 8 steps / 4 s
+    assert values["perf/tflops_per_second_per_device"].value == 1.0
+    assert values["perf/mfu"].value == 1.0
+    with pytest.raises(ValueError, match="num_devices must be >= 1, got 0"):
+        MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), num_devices=0)
+
+
+def test_system_max_is_the_peak_between_summaries(tmp_path):
+    # Sampled every 0.1 s between summaries: a 300 MiB peak freed before the summary shows in
+    # `/max` and raises the mean above the summary's own sample.
+    with MetricsManager(
+        "train",
+        tmp_path,
+        writer_factory=files_only,
+        system_metrics=True,
+        system_interval_s=0.1,
+    ) as manager:
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 1, 1).result()
+        peak = np.ones(300 * 2**20 // 8)  # touched: resident
+        time.sleep(0.6)
+        del peak
+        after = psutil.Process().memory_info().rss / 2**20
+        summary = manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 2, 1).result()
+    assert isinstance(summary["system/process_rss_mib"], clu.values.Scalar)
+    line = read_jsonl(str(tmp_path / "train"))[1]
+    assert line["system/process_rss_mib/max"] >= after + 250
+    assert line["system/process_rss_mib/max"] > line["system/process_rss_mib"] > after + 50
 
 
 def test_uptime_is_seconds_from_the_managers_creation_to_each_summary_call(tmp_path):
