@@ -17,6 +17,7 @@ such calls, the estimate is that of the program before optimization, the global 
 replicated work counted once.
 """
 
+import math
 import re
 from collections.abc import Mapping
 from numbers import Real
@@ -206,11 +207,11 @@ def perf_values(
     peak = _lookup_peak() if peak_flops_per_device is None else peak_flops_per_device
     problems = Problems("perf_values")
     for arg, value, ok, expected in (  # each `ok` is also False for NaN
-        ("flops_per_step", flops_per_step, lambda x: x >= 0, ">= 0"),
+        ("flops_per_step", flops_per_step, lambda x: 0 <= x < math.inf, "finite, >= 0"),
         ("num_steps", num_steps, lambda x: x >= 0, ">= 0"),
         ("duration_s", duration_s, lambda x: x > 0, "> 0 seconds"),
         ("num_devices", num_devices, lambda x: x >= 1, ">= 1"),
-        ("peak_flops_per_device", peak, lambda x: x > 0, "> 0 FLOP/s or None"),
+        ("peak_flops_per_device", peak, lambda x: 0 < x < math.inf, "finite, > 0 FLOP/s or None"),
     ):
         if value is None and arg == "peak_flops_per_device":
             continue

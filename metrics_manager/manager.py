@@ -204,8 +204,9 @@ class MetricsManager:
                     f"{arg} must be a number of seconds or units, got {number!r} "
                     f"({type(number).__name__}); in gin write 30.0, not '30'"
                 )
-            elif not float(number) > 0:
-                problems.value_problem(f"{arg} must be > 0, got {number}")
+            elif not 0 < float(number) < math.inf:
+                never = "; None: never" if arg in ("writer_deadline_s", "quarantine_s") else ""
+                problems.value_problem(f"{arg} must be > 0 and finite, got {number}{never}")
         problems.raise_if_any()
         self.name = name
         self.summary_dir = (

@@ -132,7 +132,7 @@ def _nvml_sensors() -> tuple[dict[str, SampleFn], Any]:
 
 
 def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn], Any]:
-    """The host's sensors by name: CPU and memory always, the others where a first reading works."""
+    """The host's sensors by name: memory always, the others where a first reading works."""
     if devices is None:
         devices = jax.local_devices()
     optional: dict[str, SampleFn] = {
@@ -142,7 +142,11 @@ def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn]
         optional["cpu temperature"] = _cpu_temperature
     nvml_sensors, nvml = _nvml_sensors()
     memory = functools.partial(_memory, psutil.Process())
-    sensors: dict[str, SampleFn] = {"cpu percent": _CpuPercent(), "memory": memory}
+    sensors: dict[str, SampleFn] = {"memory": memory}
+    try:  # a sandbox may deny /proc/stat: the other sensors still report
+        sensors["cpu percent"] = _CpuPercent()
+    except psutil.Error:
+        _LOG.debug("SystemMonitor: no CPU times", exc_info=True)
     for name, read in (optional | nvml_sensors).items():
         try:
             if read():

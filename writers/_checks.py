@@ -93,8 +93,8 @@ def check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> fl
             f"{where}: {what} must be a number of {unit}, got {value!r} "
             f"({type(value).__name__}); in gin write 10.0, not '10'."
         )
-    if not float(value) > 0:
-        raise ValueError(f"{where}: {what} must be positive, got {value!r}; {fix}.")
+    if not 0 < float(value) < math.inf:
+        raise ValueError(f"{where}: {what} must be positive and finite, got {value!r}; {fix}.")
     return float(value)
 
 

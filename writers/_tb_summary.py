@@ -44,7 +44,7 @@ def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
     try:  # one struct.pack: tags' bytes and float32 values interleaved
         pairs = zip(prefixes, numbers.values(), strict=True)
         summary = packer.pack(*chain.from_iterable(pairs))
-    except OverflowError:  # beyond float32: protobuf stores +-inf
+    except (OverflowError, struct.error):  # beyond float32 (an int: struct.error): +-inf
         pairs = zip(prefixes, map(_float32, numbers.values()), strict=True)
         summary = packer.pack(*chain.from_iterable(pairs))
     step_field = b"\x10" + _varint(step) if step else b""  # proto3 omits a zero step
@@ -54,9 +54,9 @@ def scalar_event(step: int, numbers: Mapping[str, int | float]) -> bytes:
 
 def _float32(number: int | float) -> int | float:
     try:
-        _F32.pack(number)
-    except OverflowError:
-        return math.copysign(math.inf, number)
+        _F32.pack(float(number))
+    except OverflowError:  # protobuf stores a float beyond float32 as +-inf
+        return math.inf if number > 0 else -math.inf
     return number
 
 

@@ -878,12 +878,12 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "zero max_buffer_mb": (
         lambda m: writers.create_default_writer(m.summary_dir, max_buffer_mb=0, console=False),
         ValueError,
-        "TensorBoardWriter: max_buffer_mb must be positive, got 0; None for no bound",
+        "TensorBoardWriter: max_buffer_mb must be positive and finite, got 0; None for no bound",
     ),
     "zero close_timeout_s": (
         lambda m: writers.MlflowWriter(close_timeout_s=0, process_index=1),
         ValueError,
-        "MlflowWriter: close_timeout_s must be positive, got 0; None waits for the server",
+        "MlflowWriter: close_timeout_s must be positive and finite, got 0; None waits for the server",
     ),
     "name escaping summary_dir": (
         lambda m: MetricsManager("../..", "runs"),

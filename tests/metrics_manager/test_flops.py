@@ -190,13 +190,15 @@ def test_perf_values_lists_every_problem():
         mm.perf_values(float("nan"), -1, 0.0, num_devices=0, peak_flops_per_device=-5.0)
     message = str(info.value)
     for part in [
-        "flops_per_step must be >= 0, got nan",
+        "flops_per_step must be finite, >= 0, got nan",
         "num_steps must be >= 0, got -1",
         "duration_s must be > 0 seconds, got 0.0",
         "num_devices must be >= 1, got 0",
-        "peak_flops_per_device must be > 0 FLOP/s or None, got -5.0",
+        "peak_flops_per_device must be finite, > 0 FLOP/s or None, got -5.0",
     ]:
         assert part in message
+    with pytest.raises(ValueError, match="flops_per_step must be finite, >= 0, got inf"):
+        mm.perf_values(float("inf"), 1, 1.0, num_devices=1)
 
 
 def test_perf_values_refuses_what_is_no_number_and_takes_numpy_and_jax_scalars():

@@ -662,6 +662,20 @@ def test_bad_constructor_arguments_are_listed_together():
         assert part in message
     with pytest.raises(ValueError, match="non-empty run name"):
         MetricsManager("", writer_factory=lambda d: writers.NoopWriter())
+    with pytest.raises(ValueError) as info:
+        MetricsManager(
+            "t",
+            writer_factory=lambda d: writers.NoopWriter(),
+            flops_per_step=float("inf"),  # every perf/* value infinite
+            writer_deadline_s=float("inf"),
+            system_interval_s=0.0,
+        )
+    for part in (
+        "flops_per_step must be > 0 and finite, got inf",
+        "writer_deadline_s must be > 0 and finite, got inf; None: never",
+        "system_interval_s must be > 0 and finite, got 0.0",
+    ):
+        assert part in str(info.value)
 
 
 def test_factory_returning_a_non_writer_is_a_type_error():

@@ -313,9 +313,22 @@ def test_real_gpu_device_memory_keys():
     assert values[f"system/device{device.id}/peak_memory_in_use_mib"] >= 1024
 
 
+def test_cpu_times_denied_leaves_the_other_sensors(monkeypatch):
+    def denied(*args):
+        raise psutil.AccessDenied()
+
+    monkeypatch.setattr(psutil, "cpu_times", denied)  # as in a sandbox without /proc/stat
+    with mm.SystemMonitor(None, devices=()) as monitor:
+        values = monitor.window_values()
+    assert "system/host_cpu_percent" not in values
+    assert values["system/process_rss_mib"] > 0
+
+
 def test_invalid_arguments():
-    with pytest.raises(ValueError, match=r"interval_s must be positive, got 0; None starts no"):
+    with pytest.raises(ValueError, match=r"interval_s must be positive and finite, got 0; None"):
         mm.SystemMonitor(0)
+    with pytest.raises(ValueError, match=r"interval_s must be positive and finite, got inf"):
+        mm.SystemMonitor(float("inf"))  # its thread died at its first wait
     with pytest.raises(TypeError, match=r"interval_s must be a number of seconds .* got '1'"):
         mm.SystemMonitor("1")  # a str from gin
     with pytest.raises(TypeError, match="sample_fn must be a callable .* got int: 3"):

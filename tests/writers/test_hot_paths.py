@@ -153,7 +153,8 @@ def test_scalar_events_with_cached_tags_match_protobuf_with_and_without_overflow
 
     from writers import _tb_summary
 
-    for numbers in ({"a": 0.5, "b": 2}, {"a": 1e39, "b": -1e300}, {"a": -0.0, "b": 7}):
+    overflow = ({"a": 1e39, "b": -1e300}, {"a": 10**40, "b": -(2**70)})  # 10**40: an int
+    for numbers in ({"a": 0.5, "b": 2}, *overflow, {"a": -0.0, "b": 7}):
         encoded = _tb_summary.scalar_event(9, numbers)
         values = [summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in numbers.items()]
         expected = event_pb2.Event(
