@@ -117,7 +117,8 @@ class Summarizer:
         if self._monitor is not None and time.monotonic() >= self._system_next:
             self._system_next = time.monotonic() + self._system_interval
             extra |= self._monitor.window_values()
-        return summary | {key: clu.values.Scalar(value) for key, value in extra.items()}
+        summary.update((key, clu.values.Scalar(value)) for key, value in extra.items())
+        return summary
 
     def _check_windows(self, host: Mapping[str, Any], step: int, num_steps: int) -> None:
         """Warns once each when a `Step` metric's merged count per `num_steps`
