@@ -97,7 +97,7 @@ class MetricsManager:
       max_pending: most jobs waiting behind the running one; a call blocks while the worker
         is this far behind (back-pressure: nothing is dropped).
       on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
-        fails and the next call raises `MetricsManagerError`).
+        fails and the next call raises `MetricsManagerError`, after queueing its own work).
       writer_deadline_s: a writer call running longer is abandoned and its writer
         quarantined; None waits forever.
       max_writer_failures: a writer failing this many calls in a row is quarantined.
@@ -106,9 +106,9 @@ class MetricsManager:
       resume_step: the step a restored checkpoint resumes from: passed to the writers so that
         values written after it by an earlier run are dropped (TensorBoard `purge_step`,
         JSONL rewrite).
-      nonfinite: what a NaN or infinite scalar in a summary does: "ignore", "warn" (log once
-        per key) or "stop" (the next call raises `MetricsManagerError` naming the step and
-        keys).
+      nonfinite: what a NaN or infinite scalar in a summary or `write_scalar(s)` does:
+        "ignore", "warn" (log once per key) or "stop" (the next call raises
+        `MetricsManagerError` naming the step and keys).
       system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
         most once per `system_interval_s`: the mean and `/max` of samples taken every second.
       system_interval_s: least time between two `system/*` samples.
@@ -120,8 +120,8 @@ class MetricsManager:
       num_devices: devices the train step runs on, for `perf/*_per_device` and `perf/mfu`
         (default `jax.device_count()`).
       handle_signals: flush on SIGTERM/SIGINT (within 25 s, or 2 s before a handler of the
-        program's own; a writer call running 10 s into it is abandoned) before the previous
-        handler runs. Python installs handlers only from the main thread: a manager made on
+        program's own; a writer call running 10 s into it is abandoned, a writer whose calls
+        took 10 s of it is set aside) before the previous handler runs. Python installs handlers only from the main thread: a manager made on
         another thread is flushed by one made on the main thread, else at `close()` and exit.
         SIGTERM is left to JAX's preemption service where `jax.distributed` runs one: the
         loop stops at `reached_preemption_sync_point`, and `close()` writes every summary.
@@ -342,6 +342,7 @@ class MetricsManager:
             self._window_start = _ready_time(block_on, max(called, self._window_end), self._clock)
 
         self._worker.post([("start_duration_timer", start, None)])
+        self._failures.raise_fatal()  # after queueing: the call's own work is not lost
 
     def write_metrics_summary(
         self, metrics: Any, step: int, num_steps: int
@@ -361,7 +362,9 @@ class MetricsManager:
 
         Raises:
           TypeError, ValueError: bad metrics, keys or steps (all listed; nothing queued).
-          MetricsManagerError: under "raise", an earlier background failure.
+          MetricsManagerError: under "raise", an earlier background failure; under
+            nonfinite="stop", an earlier non-finite value. This call's summary is queued
+            first, so it is still written.
           RuntimeError: the manager is closed.
         """
         self._check_usable("write_metrics_summary")
@@ -397,13 +400,15 @@ class MetricsManager:
                 self._failures.record(Failure("summary", step, keys, err))
                 raise
 
-        return self._worker.submit(
+        future = self._worker.submit(
             [
                 ("summary", prepare, None),
                 *self._fanout.pieces(step, None),
                 ("result", self._result, None),
             ]
         )
+        self._failures.raise_fatal()  # after queueing: this summary is still written
+        return future
 
     def write_scalar(self, key: str, val: Any, step: int) -> None:
         """Writes one scalar at `step`, in call order (in the background), as `write_scalars`."""
@@ -437,10 +442,23 @@ class MetricsManager:
     def flush(self, timeout: float | None = None) -> None:
         """Waits for every queued summary and write, then flushes every writer.
 
+        Args:
+          timeout: seconds to wait at most (None: until done).
+
         Raises:
+          TimeoutError: `timeout` passed first (what is queued still gets written after).
           MetricsManagerError: under "raise", a background failure.
         """
         self._check_usable("flush")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, numbers.Real)
+            or not 0 <= timeout < math.inf
+        ):
+            raise ValueError(
+                f"MetricsManager.flush: timeout must be a number of seconds >= 0 or None "
+                f"(wait for everything), got {timeout!r}"
+            )
         self._to_all("flush", timeout)
         self._failures.raise_fatal()
 
@@ -532,7 +550,6 @@ class MetricsManager:
                 "grad, scan, ...): it would run once, at trace time, with tracers instead of "
                 "values. Return the metrics from the step and call it from the Python loop."
             )
-        self._failures.raise_fatal()
 
     def _check_order(self, step: int) -> None:
         last, self._last_step = self._last_step, step
@@ -578,11 +595,16 @@ class MetricsManager:
             deferred = _check_arrays(arg, values, extra.get("num_buckets"), problems)
         problems.raise_if_any()
         if not self._fanout.states:
+            self._failures.raise_fatal()
             return
         call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
         if not deferred:
             checked = values if arg == "hparams" else _checks.Checked(values)
-            self._worker.post(self._fanout.pieces(step, [(call, {arg: checked})]))
+            pieces = self._fanout.pieces(step, [(call, {arg: checked})])
+            if arg == "scalars" and self._nonfinite != "ignore":  # the policy, on the worker
+                pieces.insert(0, ("nonfinite", lambda _: self._check_finite(step, values), None))
+            self._worker.post(pieces)
+            self._failures.raise_fatal()  # after queueing: these values are still written
             return
 
         def read(job: Job) -> None:
@@ -593,15 +615,26 @@ class MetricsManager:
                 except Exception as err:  # noqa: BLE001  (costs that key, not the call)
                     del values[key]
                     self._failures.record(Failure(f"metric:{key}", step, (key,), err))
+            if arg == "scalars":
+                self._check_finite(step, values)
             checked = _checks.Checked(values) if arg == "scalars" else values
             job.state["calls"] = [(call, {arg: checked, **extra})] if values else []
 
         self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
+        self._failures.raise_fatal()
+
+    def _check_finite(self, step: int, scalars: Mapping[str, Any]) -> None:
+        self._summarizer.check_finite(step, scalars, "passed to write_scalars at")
 
     def _to_all(self, method: str, timeout: float | None) -> None:
+        end = None if timeout is None else time.monotonic() + timeout
+        # Queueing waits while the queue is full: it counts against `timeout` too.
         self._worker.post(self._fanout.pieces(None, [(method, {})], closing=method == "close"))
-        if not self._worker.drain(timeout):
-            raise TimeoutError(f"MetricsManager {self.name!r}: not done in {timeout} s")
+        if not self._worker.drain(None if end is None else max(end - time.monotonic(), 0.0)):
+            raise TimeoutError(
+                f"MetricsManager {self.name!r}: {method}() not done in {timeout:.3g} s; "
+                f"{self._worker.backlog} job(s) (summaries, writes, the {method}) still queued"
+            )
 
 
 def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Problems) -> list[str]:
@@ -850,8 +883,9 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     own = callable(previous) and previous is not signal.default_int_handler
     budget = _SIGNAL_FLUSH_BEFORE_OWN_S if own else _SIGNAL_FLUSH_S
     end = time.monotonic() + budget
-    for manager in managers:  # a hung writer call must not hold the others' writes past a kill
+    for manager in managers:  # a hung or slow writer must not hold the others' past a kill
         manager._worker.hurry(min(_SIGNAL_DEADLINE_S, budget))
+        manager._fanout.hurry(min(_SIGNAL_DEADLINE_S, budget))
     for manager in managers:
         left = max(end - time.monotonic(), 0.0)
         try:
@@ -867,6 +901,7 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
                 level, "MetricsManager %r: flush on signal failed: %s%s", manager.name, err, rest
             )
         manager._worker.hurry(None)
+        manager._fanout.hurry(None)
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:

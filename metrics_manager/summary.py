@@ -171,26 +171,27 @@ class Summarizer:
         for key, what in skipped.items():  # that key is lost, not the summary
             unwritable = TypeError(values_lib.unsupported_message({key: what}))
             self._failures.record(Failure(f"metric:{key}", step, (key,), unwritable))
-        bad: list[str] = []
         for method, kwargs in calls:
             if method == "write_scalars":
                 scalars = _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
                 kwargs["scalars"] = _checks.Checked(scalars)
-                if self._nonfinite != "ignore":
-                    bad += [
-                        k for k, v in scalars.items() if type(v) is float and not math.isfinite(v)
-                    ]
-        bad.sort()
+                self.check_finite(step, scalars, "in the summary window ending at")
+        return calls
+
+    def check_finite(self, step: int, scalars: Mapping[str, Any], where: str) -> None:
+        """Applies the `nonfinite` policy to checked numbers `scalars` (written `where` step)."""
+        if self._nonfinite == "ignore":
+            return
+        bad = sorted(k for k, v in scalars.items() if type(v) is float and not math.isfinite(v))
         if bad and self._nonfinite == "stop":
             err = FloatingPointError(
-                f"non-finite values in the summary window ending at step {step} for keys "
-                f"{bad}; the run was stopped by nonfinite='stop'"
+                f"non-finite values {where} step {step} for keys {bad}; the run was stopped "
+                "by nonfinite='stop'"
             )
             self._failures.record(Failure("nonfinite", step, tuple(bad), err), fatal=True)
         elif set(bad) - self._nonfinite_warned:
             self._nonfinite_warned.update(bad)
             _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, bad)
-        return calls
 
 
 def to_host(

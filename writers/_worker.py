@@ -84,6 +84,12 @@ class OrderedWorker:
         """Every thread this worker started (more than one after an abandoned piece)."""
         return list(self._threads)
 
+    @property
+    def backlog(self) -> int:
+        """Jobs queued and not ended yet (the running one included)."""
+        with self._cond:
+            return self._queued - self._ended
+
     def submit(self, pieces: Sequence[Piece]) -> Future[Any]:
         """Queues a job; blocks while `max_pending` jobs wait. Returns its future.
 

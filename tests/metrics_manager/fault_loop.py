@@ -4,7 +4,8 @@
 
 MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds), `hang`
 (a writer that never returns, next to JSONL), `hang_signal` (one every step with a writer
-that never returns first, the default deadline, JSONL and TensorBoard), `unclosed` (50
+that never returns first, the default deadline, JSONL and TensorBoard), `slow_signal` (the
+same with a writer taking 3 s a write instead), `unclosed` (50
 summaries queued, then the program ends without closing the manager), `fork` (forked
 children: data-loader workers terminated with SIGTERM, and one that exits normally),
 `preemption` (one `jax.distributed` process that stops at JAX's preemption sync point),
@@ -106,7 +107,10 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         print("errors:", *[str(f) for f in manager.errors], sep="\n", flush=True)
         return None
 
-    factory = files_and(first={"stuck": HangingWriter()} if mode == "hang_signal" else {})
+    first = {"stuck": HangingWriter()} if mode == "hang_signal" else {}
+    if mode == "slow_signal":
+        first = {"slow": SlowWriter(3.0)}  # a tracker over a slow link: under every deadline
+    factory = files_and(first=first)
 
     manager = MetricsManager("train", summary_dir, writer_factory=factory)
     x = jnp.zeros(4)

@@ -869,12 +869,21 @@ def test_a_value_no_writer_takes_is_left_out_and_the_rest_written(tmp_path):
 @pytest.mark.parametrize("next_call", sorted(NEXT_CALLS))
 def test_under_raise_a_background_failure_raises_on_the_next_call(next_call):
     recorder = RecordingWriter()
-    manager = make(recorder, on_error="raise")
+    manager = make(recorder, on_error="raise", clock=lambda: 0.0)
     _summary_with_a_broken_metric(manager)
     with pytest.raises(MetricsManagerError, match="metric:bad_metric at step 3.*cannot compute"):
         NEXT_CALLS[next_call](manager)
     manager.close()  # raised once; close() releases the writer
     assert written(recorder)[-1] == ("close",)
+    own = {  # the raising call's own values were queued first: lost before
+        "write_metrics_summary": ("write_scalars", 5, {"loss": 1.0}),
+        "write_scalar": ("write_scalars", 5, {"x": 1.0}),
+        "write_scalars": ("write_scalars", 5, {"x": 1.0}),
+        "write_texts": ("write_texts", 5, {"x": "y"}),
+        "write_hparams": ("write_hparams", {"x": 1}),
+    }
+    if next_call in own:
+        assert written(recorder)[-2] == own[next_call]
 
 
 def test_under_raise_the_future_of_the_failed_write_fails_naming_writer_and_step():
