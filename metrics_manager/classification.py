@@ -133,9 +133,18 @@ class _Counts(clu_metrics.Metric):
 
     def merge(self, other: Any) -> Any:
         merged: dict[str, Any] = {}
-        for field in dataclasses.fields(self):
+        fields = dataclasses.fields(self)  # settings first: they explain a shape mismatch
+        for field in sorted(fields, key=lambda f: f.metadata.get("pytree_node", True)):
             mine, theirs = getattr(self, field.name), getattr(other, field.name)
             if field.metadata.get("pytree_node", True):
+                try:
+                    jnp.broadcast_shapes(jnp.shape(mine), jnp.shape(theirs))
+                except ValueError:
+                    raise ValueError(
+                        f"{type(self).__name__}.merge: cannot merge {field.name} of shape "
+                        f"{jnp.shape(mine)} with shape {jnp.shape(theirs)} (a different number "
+                        "of classes or bins); use one per metric key or two keys."
+                    ) from None
                 merged[field.name] = mine + theirs
             elif mine is None or theirs is None or mine == theirs:
                 merged[field.name] = theirs if mine is None else mine  # None: an `empty()`

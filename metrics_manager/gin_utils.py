@@ -4,6 +4,7 @@ With `from __gin__ import dynamic_registration` bindings apply only to calls mad
 `configured(fn)` is that call path for objects built in plain Python. `write_gin_config` saves
 the operative config as T5X does, to `<model_dir>/config.gin` and as the text summary `config`:
 
+  gin.add_config_file_search_path("configs")  # default.gin includes writers/*.gin
   gin.parse_config_files_and_bindings(["configs/default.gin"], [])
   with configured(MetricsManager)("train", model_dir) as train:
     write_gin_config(model_dir, train, step=0)

@@ -542,3 +542,17 @@ def test_metrax_fbeta_cannot_merge_and_perplexity_depends_on_the_split():
     np.testing.assert_allclose(ours[0].merge(ours[1]).compute(), whole, rtol=1e-6)
     # metrax averages per batch and weights batches by their number of sequences, not tokens.
     assert abs(float(theirs[0].merge(theirs[1]).compute()) - whole) > 1e-4
+
+
+def test_a_merge_of_different_bins_or_classes_names_the_setting_or_the_shapes():
+    # Counts were added before settings were compared: AUROC of 10 and 20 bins raised JAX's
+    # "add got incompatible shapes", naming neither the metric nor num_bins.
+    scores, labels = np.array([0.1, 0.9], np.float32), np.array([0, 1])
+    ten = AUROC.from_model_output(scores, labels, num_bins=10)
+    with pytest.raises(ValueError, match="AUROC.merge: .* num_bins=10 and num_bins=20"):
+        ten.merge(AUROC.from_model_output(scores, labels, num_bins=20))
+    four = Precision.from_model_output(np.eye(4, dtype=np.float32), np.arange(4), average="macro")
+    five = Precision.from_model_output(np.eye(5, dtype=np.float32), np.arange(5), average="macro")
+    with pytest.raises(ValueError, match=r"Precision.merge: .*true_positives of shape \(4,\) "):
+        jax.jit(lambda a, b: a.merge(b))(four, five)
+    assert float(Precision.empty().merge(four).merge(four).compute()) == 1.0
