@@ -8,6 +8,7 @@ import dataclasses
 import inspect
 import math
 import numbers
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -96,6 +97,16 @@ def check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> fl
     if not 0 < float(value) < math.inf:
         raise ValueError(f"{where}: {what} must be positive and finite, got {value!r}; {fix}.")
     return float(value)
+
+
+def check_path(path: Any, where: str, what: str) -> str:
+    """`os.fspath(path)` for a str or `os.PathLike`; anything else is a TypeError naming it."""
+    if not isinstance(path, str | os.PathLike) or isinstance(fspath := os.fspath(path), bytes):
+        raise TypeError(
+            f"{where}: {what} must be a directory, file or URL (a str or os.PathLike), got "
+            f"{path!r} ({type(path).__name__})."
+        )
+    return fspath
 
 
 def check_seconds(seconds: Any, where: str) -> float:

@@ -41,8 +41,11 @@ def filesystem(url: str) -> tuple[Any, str]:
             f"{url!r}: fsspec knows no {scheme}:// protocol. Use a local path or a URL "
             "fsspec can open (gs://, s3://, memory://, ...)."
         )
+    # file:// makes directories as it writes, as local paths do (it raised FileNotFoundError
+    # at every flush); object stores have no directories to make.
+    options = {"auto_mkdir": True} if scheme in ("file", "local") else {}
     try:
-        fs, path = fsspec.core.url_to_fs(url)
+        fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as err:
         extra = _EXTRAS.get(scheme)
         fix = f"pip install 'jax-metrics-manager[{extra}]'" if extra else "install its package"

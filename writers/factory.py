@@ -86,6 +86,8 @@ def create_default_writer(
                 f"{resume_step + 1}). Pass resume_step alone."
             )
         purge_step = resume_step + 1
+    if logdir is not None:
+        logdir = _checks.check_path(logdir, "create_default_writer", "logdir")
     if just_logging:
         console = tensorboard = jsonl = False
         log = True

@@ -90,7 +90,7 @@ class JsonlWriter(BaseWriter):
         flush_secs: float = 10.0,
         max_buffer_mb: float | None = 256.0,
     ):
-        self._path = _jsonl_log.log_file(os.fspath(path))
+        self._path = _jsonl_log.log_file(_checks.check_path(path, "JsonlWriter", "path"))
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, "JsonlWriter(resume_step=...)")
         flush_secs = _checks.check_seconds(flush_secs, "JsonlWriter")
@@ -166,6 +166,8 @@ class JsonlWriter(BaseWriter):
         return checked
 
     def _write_line(self, step: int | None, values: Mapping[str, Any]) -> None:
+        if not values:  # an empty write: no line of fields alone
+            return
         record = {"step": step, "time": self._clock(), "collection": self._collection, **values}
         self._log.write(_ENCODER.encode(record) + "\n")
         if step is not None:

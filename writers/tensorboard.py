@@ -63,7 +63,7 @@ class TensorBoardWriter(BaseWriter):
         if purge_step is not None:
             purge_step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")
         self._tb = _tb_summary
-        self._logdir = os.fspath(logdir)
+        self._logdir = _checks.check_path(logdir, "TensorBoardWriter", "logdir")
         limit = _checks.buffer_bytes(max_buffer_mb, "TensorBoardWriter")
         self._file = _records.EventFile(self._logdir, filename_suffix, limit)
         for data in _tb_summary.first_events(purge_step):

@@ -101,3 +101,18 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
     with pytest.raises(IsADirectoryError):  # after TensorBoard was built
         writers.create_default_writer(tmp_path / "run")
     assert {t.name for t in threading.enumerate()} <= before  # its flush thread was stopped
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: writers.create_default_writer(5),
+        lambda: writers.JsonlWriter(None),
+        lambda: writers.TensorBoardWriter(b"/tmp/x"),
+    ],
+    ids=["create_default_writer", "JsonlWriter", "TensorBoardWriter"],
+)
+def test_a_logdir_that_is_no_path_is_refused_naming_the_argument(make):
+    # A bare "expected str, bytes or os.PathLike object, not int" named neither.
+    with pytest.raises(TypeError, match=r"^\w+: (logdir|path) must be a directory, file or URL"):
+        make()

@@ -118,3 +118,31 @@ def test_writers_that_cannot_take_clus_keywords_are_rejected_up_front():
             "MetricWriter's parameters by those names (callers pass them by keyword) and give "
             "any other a default"
         )
+
+
+def test_a_key_reserved_by_one_writer_is_refused_before_any_writes_it(tmp_path):
+    # TensorBoard stored the tag "step" before JSONL refused it: the logs disagreed.
+    w = writers.create_default_writer(str(tmp_path), console=False)
+    assert set(w.reserved_keys) == {"step", "time", "collection"}
+    with pytest.raises(
+        ValueError, match=r"keys \['step'\] are reserved by writer\(s\) \['jsonl'\]"
+    ):
+        w.write_scalars(4, {"step": 1.0, "loss": 2.0})
+    w.write_scalars(5, {"train/step": 1.0})
+    w.write_scalars(6, {})  # an empty write: no line
+    w.close()
+    assert [
+        json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()
+    ] == [5]
+    events = [e for f in tmp_path.glob("events.out.tfevents*") for e in _tags(f)]
+    assert events == ["train/step"]
+
+
+def _tags(path):
+    from tensorboard.backend.event_processing import event_file_loader
+
+    return [
+        v.tag
+        for event in event_file_loader.EventFileLoader(str(path)).Load()
+        for v in event.summary.value
+    ]

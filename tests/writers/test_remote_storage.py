@@ -149,3 +149,21 @@ def test_a_remote_jsonl_log_never_closed_is_uploaded_at_exit():
         assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 0.5), (4, 0.25)]
     finally:
         server.stop()
+
+
+def test_a_file_url_makes_its_directories_like_a_local_path(tmp_path):
+    # fsspec's file:// made no directories: config.gin and every flush of the default
+    # writers raised FileNotFoundError, so nothing was ever written.
+    run = f"file://{tmp_path}/run"
+    write_gin_config(run, config_str=CONFIG)
+    w = writers.create_default_writer(f"{run}/train", collection="train", console=False)
+    for step in (1, 2, 3):
+        w.write_scalars(step, {"loss": float(step)})
+        w.flush()
+    w.close()
+    assert (tmp_path / "run" / "config.gin").read_text() == CONFIG
+    lines = writers.read_jsonl(f"{run}/train/metrics.jsonl")
+    assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+    acc = ea.EventAccumulator(str(tmp_path / "run" / "train"), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 3.0)]
