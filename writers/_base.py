@@ -175,6 +175,26 @@ class BaseWriter(MetricWriter):
 class ForwardingWriter(BaseWriter):
     """Checks each call's step and keys once, then passes it on by keyword to `_forward`."""
 
+    _reserved: dict[str, str] = {}  # key -> name of the wrapped writer that refuses it
+    reserved_keys: tuple[str, ...] = ()
+
+    def _reserve(self, writers: Mapping[str, Any]) -> None:
+        """Refuses at the call the keys a wrapped writer reserves (JSONL's line fields): a
+        `MultiWriter`'s others wrote such a key before, an `AsyncWriter` failed one call late."""
+        self._reserved = {k: n for n, w in writers.items() for k in getattr(w, "reserved_keys", ())}
+        self.reserved_keys = tuple(self._reserved)
+
+    def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
+        step = super()._begin(method, step, values)
+        if self._reserved and not self._reserved.keys().isdisjoint(values):
+            taken = {key: self._reserved[key] for key in values if key in self._reserved}
+            raise ValueError(
+                f"{self._name(method)}: keys {list(taken)} are reserved by writer(s) "
+                f"{sorted(set(taken.values()))} (JSONL's line fields); nothing was written. "
+                f"Rename them, e.g. 'train/{next(iter(taken))}'."
+            )
+        return step
+
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
         step = self._begin("write_scalars", step, scalars)
         if type(scalars) is not _checks.Checked:  # refuse non-numbers now; arrays stay as

@@ -53,6 +53,7 @@ class AsyncWriter(ForwardingWriter):
                 f"{self._where()}: max_queue must be >= 1, got {max_queue}; 128 suits most loops."
             )
         self._writer = writer
+        self._reserve({self._label: writer})
         self._errors: list[tuple[str, BaseException]] = []
         self._errors_lock = threading.Lock()
         self._close_lock = threading.Lock()

@@ -34,28 +34,12 @@ class MultiWriter(ForwardingWriter):
     def __init__(self, writers: Sequence[Any] | Mapping[str, Any]):
         self._writers = list(named_writers(writers, "MultiWriter").items())
         _checks.check_writers(dict(self._writers), "MultiWriter")
-        # A key one writer refuses (JSONL's line fields) is refused before any writes it: the
-        # others wrote it before, so the run's logs disagreed.
-        self._reserved = {
-            key: name for name, w in self._writers for key in getattr(w, "reserved_keys", ())
-        }
-        self.reserved_keys = tuple(self._reserved)
+        self._reserve(dict(self._writers))
 
     @property
     def writers(self) -> dict[str, Any]:
         """The wrapped writers by name."""
         return dict(self._writers)
-
-    def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
-        step = super()._begin(method, step, values)
-        if self._reserved and not self._reserved.keys().isdisjoint(values):
-            taken = {key: self._reserved[key] for key in values if key in self._reserved}
-            raise ValueError(
-                f"MultiWriter.{method}: keys {list(taken)} are reserved by writer(s) "
-                f"{sorted(set(taken.values()))} (JSONL's line fields); nothing was written. "
-                f"Rename them, e.g. 'train/{next(iter(taken))}'."
-            )
-        return step
 
     def flush(self) -> None:
         """Flushes every writer; raises `WriterError` naming those that failed."""

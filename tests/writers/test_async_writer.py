@@ -191,3 +191,13 @@ def test_a_writer_never_closed_is_drained_at_interpreter_exit(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
     assert steps == list(range(500))
+
+
+def test_a_key_the_wrapped_writer_reserves_is_refused_at_the_call(tmp_path):
+    # It failed on the worker before, one call late, as a WriterError of a later call.
+    w = writers.AsyncWriter(writers.JsonlWriter(tmp_path / "m.jsonl"), name="jsonl")
+    with pytest.raises(ValueError, match=r"AsyncWriter.*keys \['time'\] are reserved by .*jsonl"):
+        w.write_scalars(1, {"time": 3.0})
+    w.write_scalars(2, {"train/time": 3.0})
+    w.close()
+    assert [line["train/time"] for line in writers.read_jsonl(str(tmp_path / "m.jsonl"))] == [3.0]
