@@ -30,10 +30,6 @@ from writers._worker import Job, Piece
 _LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
 
 
-def _on_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
 class MetricsManagerError(RuntimeError):
     """A background job of a `MetricsManager` failed; the message names the writer or metric."""
 
@@ -181,7 +177,8 @@ class Fanout:
                         # CancelledError from a writer's own loop cannot end the process from
                         # this thread, only the job, and with it the writers after this one.
                         except BaseException as err:  # noqa: BLE001  (isolated)
-                            if isinstance(err, KeyboardInterrupt) and _on_main_thread():
+                            on_main = threading.current_thread() is threading.main_thread()
+                            if isinstance(err, KeyboardInterrupt) and on_main:
                                 raise  # Ctrl-C reached a call run inline: the user's to handle
                             keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
                             failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)

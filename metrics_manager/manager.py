@@ -121,8 +121,9 @@ class MetricsManager:
         (default `jax.device_count()`).
       handle_signals: flush on SIGTERM/SIGINT (within 25 s, or 2 s before a handler of the
         program's own; a writer call running 10 s into it is abandoned, a writer whose calls
-        took 10 s of it is set aside) before the previous handler runs. Python installs handlers only from the main thread: a manager made on
-        another thread is flushed by one made on the main thread, else at `close()` and exit.
+        took 10 s of it is set aside) before the previous handler runs. Python installs
+        handlers only from the main thread: a manager made on another thread is flushed by
+        one made on the main thread, else at `close()` and exit.
         SIGTERM is left to JAX's preemption service where `jax.distributed` runs one: the
         loop stops at `reached_preemption_sync_point`, and `close()` writes every summary.
 
@@ -594,9 +595,14 @@ class MetricsManager:
         else:  # images, histograms: shapes now, values on the worker
             deferred = _check_arrays(arg, values, extra.get("num_buckets"), problems)
         problems.raise_if_any()
-        if not self._fanout.states:
-            self._failures.raise_fatal()
-            return
+        if self._fanout.states:
+            self._post_host_write(arg, step, values, deferred, extra)
+        self._failures.raise_fatal()  # after queueing: this call's values are still written
+
+    def _post_host_write(
+        self, arg: str, step: Any, values: dict[str, Any], deferred: list[str], extra: dict
+    ) -> None:
+        """Queues checked host values; `deferred` keys are device values the worker reads."""
         call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
         if not deferred:
             checked = values if arg == "hparams" else _checks.Checked(values)
@@ -604,7 +610,6 @@ class MetricsManager:
             if arg == "scalars" and self._nonfinite != "ignore":  # the policy, on the worker
                 pieces.insert(0, ("nonfinite", lambda _: self._check_finite(step, values), None))
             self._worker.post(pieces)
-            self._failures.raise_fatal()  # after queueing: these values are still written
             return
 
         def read(job: Job) -> None:
@@ -621,7 +626,6 @@ class MetricsManager:
             job.state["calls"] = [(call, {arg: checked, **extra})] if values else []
 
         self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
-        self._failures.raise_fatal()
 
     def _check_finite(self, step: int, scalars: Mapping[str, Any]) -> None:
         self._summarizer.check_finite(step, scalars, "passed to write_scalars at")
