@@ -253,9 +253,7 @@ class MetricsManager:
             quarantine_s=math.inf if quarantine_s is None else quarantine_s,
             fail_summary=on_error == "raise",
         )
-        self._reserved = frozenset(
-            k for w in named.values() for k in getattr(w, "reserved_keys", ())
-        )
+        self._reserved = {k: n for n, w in named.items() for k in getattr(w, "reserved_keys", ())}
         perf = None
         if flops_per_step is not None:
             perf = functools.partial(
@@ -583,7 +581,7 @@ class MetricsManager:
                 f"{arg} must be a mapping such as {example}, got {type(values).__name__}"
             )
         values = dict(values) if isinstance(values, Mapping) else {}
-        problems.keys(values, frozenset() if arg == "hparams" else self._reserved)
+        problems.keys(values, {} if arg == "hparams" else self._reserved)
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
             with jax.transfer_guard_device_to_host("allow"):
@@ -712,15 +710,12 @@ class _Problems(Problems):
                 "or MeanStd)"
             )
 
-    def keys(self, keys: Any, reserved: frozenset[str]) -> None:
+    def keys(self, keys: Any, reserved: Mapping[str, str]) -> None:
         if bad := [k for k in keys if not isinstance(k, str) or not k.strip()]:
             listed = ", ".join(repr(k) for k in bad)
             self.type_problem(f"every key must be a non-empty str such as 'loss', got {listed}")
-        if clash := sorted(k for k in keys if k in reserved):
-            self.value_problem(
-                f"keys {clash} are reserved by a writer (JSONL stores step, time and collection "
-                f"in every line); rename them, e.g. 'train/{clash[0]}'"
-            )
+        if problem := _checks.reserved_problem(keys, reserved):
+            self.value_problem(problem)
 
 
 def _rows_per_device(metric: Any) -> int:

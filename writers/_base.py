@@ -186,13 +186,8 @@ class ForwardingWriter(BaseWriter):
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         step = super()._begin(method, step, values)
-        if self._reserved and not self._reserved.keys().isdisjoint(values):
-            taken = {key: self._reserved[key] for key in values if key in self._reserved}
-            raise ValueError(
-                f"{self._name(method)}: keys {list(taken)} are reserved by writer(s) "
-                f"{sorted(set(taken.values()))} (JSONL's line fields); nothing was written. "
-                f"Rename them, e.g. 'train/{next(iter(taken))}'."
-            )
+        if self._reserved and (problem := _checks.reserved_problem(values, self._reserved)):
+            raise ValueError(f"{self._name(method)}: {problem}")
         return step
 
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:

@@ -9,7 +9,7 @@ import inspect
 import math
 import numbers
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -148,6 +148,20 @@ def check_keys(values: Any, method: str) -> None:
             "as 'loss' or 'eval/accuracy'."
         )
     problems.raise_if_any()
+
+
+def reserved_problem(keys: Iterable[str], reserved: Mapping[str, str]) -> str | None:
+    """The message for keys that a writer keeps for itself (JSONL's line fields), else None.
+
+    `reserved` maps each such key to the name of the writer that reserves it."""
+    if not reserved or reserved.keys().isdisjoint(keys):
+        return None
+    taken = {key: reserved[key] for key in keys if key in reserved}
+    return (
+        f"keys {list(taken)} are reserved by writer(s) {sorted(set(taken.values()))} (JSONL "
+        f"stores step, time and collection in every line); nothing was written; rename them, "
+        f"e.g. 'train/{next(iter(taken))}'."
+    )
 
 
 def as_mapping(hparams: Any) -> Any:

@@ -46,7 +46,7 @@ from writers._base import BaseWriter, flush_every
 
 RESERVED_KEYS = ("step", "time", "collection")
 
-_RESERVED = frozenset(RESERVED_KEYS)
+_RESERVED = dict.fromkeys(RESERVED_KEYS, "JsonlWriter")
 # allow_nan=False: a non-finite float that slipped through fails loudly instead of writing a
 # line that strict JSON readers reject. Built once, not per `json.dumps` call.
 _ENCODER = json.JSONEncoder(allow_nan=False)
@@ -157,12 +157,8 @@ class JsonlWriter(BaseWriter):
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         checked = super()._begin(method, step, values)
-        if not _RESERVED.isdisjoint(values):  # keys are strs here (checked above): hashable
-            reserved = [k for k in values if k in RESERVED_KEYS]
-            raise ValueError(
-                f"JsonlWriter.{method}: keys {reserved} are reserved for the fields of each "
-                f"line {list(RESERVED_KEYS)}; rename them, e.g. 'train/{reserved[0]}'."
-            )
+        if problem := _checks.reserved_problem(values, _RESERVED):
+            raise ValueError(f"JsonlWriter.{method}: {problem}")
         return checked
 
     def _write_line(self, step: int | None, values: Mapping[str, Any]) -> None:
