@@ -641,19 +641,8 @@ class MetricsManager:
 
 def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Problems) -> list[str]:
     """Checks images or histograms by shape and dtype (reading no device array); their keys."""
-    kind = _ARRAY_KINDS[arg]
     _checks.check_buckets(buckets, problems)  # None (images): nothing to check
-    for key, value in values.items():
-        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
-            value = values[key] = np.asarray(value)  # a list, a number
-        if message := _checks.array_problem(kind, key, value, values=False):
-            problems.value_problem(message)
-        elif not getattr(value, "is_fully_addressable", True) and not value.is_fully_replicated:
-            problems.value_problem(
-                f"{kind} {key!r} of shape {tuple(value.shape)} is sharded over processes, and "
-                "process 0, which writes, holds only its own shards; gather it on every "
-                "process first: multihost_utils.process_allgather(x, tiled=True)"
-            )
+    values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
     return list(values)
 
 

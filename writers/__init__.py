@@ -12,7 +12,7 @@ Example:
 """
 
 from writers._jsonl_log import read_jsonl
-from writers.async_writer import AsyncWriter
+from writers.async_writer import AsyncMultiWriter, AsyncWriter, ensure_flushes
 from writers.console import ConsoleWriter
 from writers.factory import create_default_writer, create_tracker_writer
 from writers.interface import MetricWriter, NoopWriter, WriterClosedError, WriterError
@@ -25,6 +25,7 @@ from writers.values import group_values, write_values
 from writers.wandb_writer import WandbWriter
 
 __all__ = [
+    "AsyncMultiWriter",
     "AsyncWriter",
     "ConsoleWriter",
     "JsonlWriter",
@@ -39,6 +40,7 @@ __all__ = [
     "WriterError",
     "create_default_writer",
     "create_tracker_writer",
+    "ensure_flushes",
     "group_values",
     "read_jsonl",
     "write_values",

@@ -206,28 +206,49 @@ class ForwardingWriter(BaseWriter):
             problems.raise_if_any()
         self._forward("write_scalars", step=step, scalars=scalars)
 
+    # Media are checked by shape and dtype (a device array is not waited for on the caller's
+    # thread); values (NaN in a histogram) by each wrapped writer.
     def write_images(self, step: int, images: Mapping[str, Array]) -> None:
-        self._forward("write_images", step=self._begin("write_images", step, images), images=images)
+        step = self._begin("write_images", step, images)
+        self._forward("write_images", step=step, images=self._shapes("write_images", images))
 
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        self._forward("write_videos", step=self._begin("write_videos", step, videos), videos=videos)
+        step = self._begin("write_videos", step, videos)
+        self._forward("write_videos", step=step, videos=self._shapes("write_videos", videos))
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         step = self._begin("write_audios", step, audios)
+        _checks.check_sample_rate(sample_rate, self._name("write_audios"))
+        audios = self._shapes("write_audios", audios)
         self._forward("write_audios", step=step, audios=audios, sample_rate=sample_rate)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        self._forward("write_texts", step=self._begin("write_texts", step, texts), texts=texts)
+        step = self._begin("write_texts", step, texts)
+        self._forward(
+            "write_texts", step=step, texts=_checks.check_texts(texts, self._name("write_texts"))
+        )
 
     def write_histograms(
         self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         step = self._begin("write_histograms", step, arrays)
-        buckets = self._buckets(num_buckets)
+        problems = _checks.Problems(self._name("write_histograms"))
+        buckets = _checks.check_buckets(num_buckets, problems)
+        arrays = _checks.check_shapes("histogram", arrays, problems)
+        problems.raise_if_any()
         self._forward("write_histograms", step=step, arrays=arrays, num_buckets=buckets)
+
+    def _shapes(self, method: str, arrays: Mapping[str, Any]) -> dict[str, Any]:
+        if type(arrays) is _checks.Checked:
+            return arrays
+        problems = _checks.Problems(self._name(method))
+        checked = _checks.check_shapes(method.removeprefix("write_")[:-1], arrays, problems)
+        problems.raise_if_any()
+        return checked
 
     # `BaseWriter` passes summaries and hparams to these hooks unconverted.
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
+        _checks.check_metadata(metadata, self._name("write_summaries"))
         self._forward("write_summaries", step=step, values=values, metadata=metadata)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:

@@ -164,6 +164,21 @@ def reserved_problem(keys: Iterable[str], reserved: Mapping[str, str]) -> str | 
     )
 
 
+def check_metadata(metadata: Any, method: str) -> None:
+    """Raises unless `write_summaries`' metadata is None, a proto (anything with
+    `SerializeToString`), its bytes, or a mapping of key to one of these (CLU's form)."""
+    items = metadata.values() if isinstance(metadata, Mapping) else [metadata]
+    if bad := [
+        m
+        for m in items
+        if not (m is None or isinstance(m, bytes) or hasattr(m, "SerializeToString"))
+    ]:
+        raise TypeError(
+            f"{method}: metadata must be a SummaryMetadata proto, its serialized bytes, None, "
+            f"or a mapping of key to one of these; got {describe(bad[0])}."
+        )
+
+
 def as_mapping(hparams: Any) -> Any:
     """A config that is no `Mapping` (ml_collections' ConfigDict, a dataclass) as a dict."""
     fields = _config_items(hparams)
@@ -376,11 +391,13 @@ def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str,
 
 
 def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
-    """`num_buckets` as a dict of ints >= 1 (None: {}, every key gets 30); adds a problem if
+    """`num_buckets` as a dict of ints >= 1 (None, or None for a key: 30); adds a problem if
     it is not one."""
     if num_buckets is None:
         return {}
-    counts = dict(num_buckets) if isinstance(num_buckets, Mapping) else None
+    counts = None
+    if isinstance(num_buckets, Mapping):  # a key's None: the default, as CLU's writers read it
+        counts = {k: n for k, n in num_buckets.items() if n is not None}
     ints = counts is not None and all(
         isinstance(n, numbers.Integral) and not isinstance(n, bool) for n in counts.values()
     )
@@ -438,6 +455,12 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
 
 def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
     """Every audio array is `[N, T, C]`, and `sample_rate` a positive int."""
+    check_sample_rate(sample_rate, method)
+    return check_arrays(audios, method, "audio")
+
+
+def check_sample_rate(sample_rate: Any, method: str) -> None:
+    """Raises unless `sample_rate` is a positive int."""
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Integral):
         raise TypeError(
             f"{method}: sample_rate must be an integer number of samples per second, got "
@@ -445,7 +468,25 @@ def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> di
         )
     if sample_rate <= 0:
         raise ValueError(f"{method}: sample_rate must be positive, got {sample_rate}.")
-    return check_arrays(audios, method, "audio")
+
+
+def check_shapes(kind: str, arrays: Mapping[str, Any], problems: Problems) -> dict[str, Any]:
+    """`arrays` (lists and numbers as numpy arrays), each checked by shape and dtype alone
+    (`array_problem(values=False)`): a device array is not read, so not waited for."""
+    out = {}
+    for key, value in arrays.items():
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
+            value = np.asarray(value)  # a list, a number
+        out[key] = value
+        if message := array_problem(kind, key, value, values=False):
+            problems.value_problem(message)
+        elif not getattr(value, "is_fully_addressable", True) and not value.is_fully_replicated:
+            problems.value_problem(
+                f"{kind} {key!r} of shape {tuple(value.shape)} is sharded over processes, and "
+                "process 0, which writes, holds only its own shards; gather it on every "
+                "process first: multihost_utils.process_allgather(x, tiled=True)"
+            )
+    return out
 
 
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
@@ -508,8 +549,8 @@ def images_as_uint8(arr: np.ndarray) -> np.ndarray:
         return arr.astype(np.uint8) * 255
     if np.issubdtype(arr.dtype, np.integer):
         return np.clip(arr, 0, 255).astype(np.uint8)
-    scaled = np.nan_to_num(arr.astype(np.float64), nan=0.0) * 255.0
-    return np.clip(np.rint(scaled), 0, 255).astype(np.uint8)
+    unit = np.clip(np.nan_to_num(arr.astype(np.float64), nan=0.0), 0.0, 1.0)  # inf: no overflow
+    return np.rint(unit * 255.0).astype(np.uint8)
 
 
 _ML_FLOATS = ("bfloat16", "float8_", "float6_", "float4_")  # dtype name prefixes

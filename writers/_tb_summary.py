@@ -151,13 +151,8 @@ def metadata(raw: Any, method: str) -> Any:
         return None
     if isinstance(raw, bytes):
         return summary_pb2.SummaryMetadata.FromString(raw)
-    serialize = getattr(raw, "SerializeToString", None)
-    if serialize is None:
-        raise TypeError(
-            f"{method}: metadata must be a SummaryMetadata proto, its serialized bytes, "
-            f"or None; got {type(raw).__name__}."
-        )
-    return summary_pb2.SummaryMetadata.FromString(serialize())
+    _checks.check_metadata(raw, method)
+    return summary_pb2.SummaryMetadata.FromString(raw.SerializeToString())
 
 
 def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:

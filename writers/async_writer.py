@@ -22,14 +22,16 @@ Example:
 """
 
 import atexit
+import contextlib
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from writers import _checks
 from writers._base import ForwardingWriter, close_at_exit
 from writers._worker import OrderedWorker
 from writers.interface import WriterError
+from writers.multi import MultiWriter
 
 
 class AsyncWriter(ForwardingWriter):
@@ -39,24 +41,36 @@ class AsyncWriter(ForwardingWriter):
       writer: Any writer with CLU's method names (calls are forwarded by keyword).
       name: Name used in error messages (default: the writer's class name).
       max_queue: Most calls waiting at once.
+      num_workers: CLU's argument; only its default, 1, is taken: calls run in order.
 
     Raises:
       TypeError: `writer` lacks CLU's writer methods.
-      ValueError: `max_queue` is below 1.
+      ValueError: `max_queue` is below 1, or `num_workers` is not 1.
     """
 
-    def __init__(self, writer: Any, *, name: str | None = None, max_queue: int = 128):
+    def __init__(
+        self, writer: Any, *, name: str | None = None, max_queue: int = 128, num_workers: int = 1
+    ):
         self._label = name or type(writer).__name__
         _checks.check_writers({self._label: writer}, "AsyncWriter")
         if max_queue < 1:
             raise ValueError(
                 f"{self._where()}: max_queue must be >= 1, got {max_queue}; 128 suits most loops."
             )
+        if num_workers != 1 or isinstance(num_workers, bool):
+            raise ValueError(
+                f"{self._where()}: num_workers must be 1 (CLU's default), got {num_workers!r}: "
+                "calls run in order on one thread. To write to several writers in parallel, "
+                "give each its own: AsyncMultiWriter([...]) or MultiWriter of AsyncWriters."
+            )
         self._writer = writer
         self._reserve({self._label: writer})
         self._errors: list[tuple[str, BaseException]] = []
         self._errors_lock = threading.Lock()
         self._close_lock = threading.Lock()
+        # Held from the closed check to the queueing of a call: a call from another thread is
+        # queued before close() queues the close, or refused with WriterClosedError.
+        self._post_lock = threading.Lock()
         self._worker = OrderedWorker(self._where(), max_pending=max_queue)
         self._at_exit = close_at_exit(self, self._where())
 
@@ -74,8 +88,11 @@ class AsyncWriter(ForwardingWriter):
         Raises:
           WriterError: every failed call since the last report.
         """
-        if not self._closed:
-            self._post("flush", {})
+        with self._post_lock:
+            posted = not self._closed
+            if posted:
+                self._post("flush", {})
+        if posted:
             self._worker.drain()
         self._raise_errors("flush")
 
@@ -86,10 +103,11 @@ class AsyncWriter(ForwardingWriter):
           WriterError: every failed call not yet reported.
         """
         with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-            self._post("close", {})
+            with self._post_lock:
+                if self._closed:
+                    return
+                self._closed = True
+                self._post("close", {})
             self._worker.close()
             atexit.unregister(self._at_exit)
         self._raise_errors("close")
@@ -98,7 +116,10 @@ class AsyncWriter(ForwardingWriter):
         return f"AsyncWriter({self._label})"
 
     def _forward(self, method: str, **kwargs: Any) -> None:
-        self._post(method, {k: dict(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()})
+        kwargs = {k: dict(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
+        with self._post_lock:
+            self._check_open(method)  # again: another thread may have closed it since _begin
+            self._post(method, kwargs)
         self._raise_errors(method)
 
     def _post(self, method: str, kwargs: dict[str, Any]) -> None:
@@ -119,3 +140,26 @@ class AsyncWriter(ForwardingWriter):
             raise WriterError(
                 f"AsyncWriter({self._label}), reported on {method}()", errors, what="call"
             ) from errors[0][1]
+
+
+class AsyncMultiWriter(MultiWriter):
+    """CLU's `AsyncMultiWriter`: a `MultiWriter` of one `AsyncWriter` per writer."""
+
+    def __init__(self, writers: Sequence[Any], *, num_workers: int = 1):
+        super().__init__([AsyncWriter(w, num_workers=num_workers) for w in writers])
+
+
+@contextlib.contextmanager
+def ensure_flushes(*writers: Any) -> Iterator[Any]:
+    """CLU's context manager that flushes every writer on exit; yields the first.
+
+    Example:
+      >>> import writers
+      >>> with writers.ensure_flushes(writers.AsyncWriter(writers.NoopWriter())) as w:
+      ...   w.write_scalars(0, {"loss": 1.0})
+    """
+    try:
+        yield writers[0]
+    finally:
+        for writer in writers:
+            writer.flush()

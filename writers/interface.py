@@ -14,12 +14,15 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
   [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]` alike; audio `[N, T, C]` floats in
   [-1, 1] (integer PCM is refused) with an integer `sample_rate`; none of them empty. Values
   outside their range are clipped, and the writers that encode them warn once per key.
-  Histogram inputs are any finite numeric array, with `num_buckets` per key (missing keys:
-  30). JAX's bfloat16, float8 and int4 values are written as float32 and int8 (exactly).
+  Histogram inputs are any finite numeric array that is not empty, with `num_buckets` per
+  key (a missing key or None: 30). JAX's bfloat16, float8 and int4 values are written as float32 and int8 (exactly).
 * Texts and hyperparameters are plain strs: a `StrEnum` member is its value, a lone
   surrogate (a non-UTF-8 file name from `os.fsdecode`) a backslash escape.
 * Bad input raises `TypeError` or `ValueError` naming every bad key, what was expected and
-  what came, before anything of that call is written. (`NoopWriter` checks nothing.)
+  what came, before anything of that call is written. (`NoopWriter` checks nothing.) A
+  wrapper checks arrays by shape and dtype, without waiting for a device array; what needs
+  their values (NaN in a histogram) each wrapped writer checks, and `MultiWriter` raises
+  it as a `WriterError`, `AsyncWriter` on the next call.
 * A key written twice at one step is recorded twice; writers never merge or deduplicate.
 * Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.
 * `close()` is idempotent and leaves everything written on disk; `flush()` after it does
@@ -76,7 +79,8 @@ class MetricWriter(abc.ABC):
     def write_summaries(
         self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
     ) -> None:
-        """Writes raw tensors; `metadata` is the backend's (TensorBoard: a `SummaryMetadata`)."""
+        """Writes raw tensors; `metadata` is the backend's (TensorBoard: a `SummaryMetadata`
+        for all keys, or a mapping of key to one, as CLU's writer takes it)."""
 
     @abc.abstractmethod
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:

@@ -81,8 +81,12 @@ class TensorBoardWriter(BaseWriter):
         return self._file.path
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
-        meta = self._tb.metadata(metadata, "TensorBoardWriter.write_summaries")
-        self._emit(step, [self._tb.tensor(k, np.asarray(v), meta) for k, v in values.items()])
+        where = "TensorBoardWriter.write_summaries"
+        if isinstance(metadata, Mapping):  # per key, as CLU's writer takes it
+            metas = {k: self._tb.metadata(metadata.get(k), where) for k in values}
+        else:
+            metas = dict.fromkeys(values, self._tb.metadata(metadata, where))
+        self._emit(step, [self._tb.tensor(k, np.asarray(v), metas[k]) for k, v in values.items()])
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         self._file.write(self._tb.scalar_event(step, numbers))

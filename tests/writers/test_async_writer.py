@@ -201,3 +201,55 @@ def test_a_key_the_wrapped_writer_reserves_is_refused_at_the_call(tmp_path):
     w.write_scalars(2, {"train/time": 3.0})
     w.close()
     assert [line["train/time"] for line in writers.read_jsonl(str(tmp_path / "m.jsonl"))] == [3.0]
+
+
+def test_a_close_from_another_thread_keeps_every_accepted_write(tmp_path):
+    """Writes racing a close(): each either reaches the file or raises WriterClosedError."""
+    for trial in range(10):
+        path = tmp_path / f"m{trial}.jsonl"
+        w = writers.AsyncWriter(writers.JsonlWriter(path, clock=lambda: 0.0), max_queue=1)
+        accepted, refused, other = [], [], []
+
+        def write(thread: int, w=w, accepted=accepted, refused=refused, other=other) -> None:
+            for i in range(10_000):
+                try:
+                    w.write_scalars(i, {f"w{thread}": float(i)})
+                except writers.WriterClosedError:
+                    refused.append(thread)
+                    return
+                except Exception as err:  # noqa: BLE001  (counted, then asserted empty)
+                    other.append(err)
+                    return
+                accepted.append((thread, i))
+
+        threads = [threading.Thread(target=write, args=(t,)) for t in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.02)
+        w.close()  # raises nothing: no write ran after the wrapped writer closed
+        for t in threads:
+            t.join()
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        written = sorted((int(k[1:]), x["step"]) for x in lines for k in x if k.startswith("w"))
+        assert other == [] and sorted(refused) == [0, 1, 2]
+        assert written == sorted(accepted) and len(written) > 0
+
+
+def test_clus_async_names_work_as_in_clu(tmp_path):
+    """`AsyncMultiWriter`, `ensure_flushes` and `num_workers=1` (CLU's default)."""
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    multi = writers.AsyncMultiWriter([writers.JsonlWriter(a), writers.JsonlWriter(b)])
+    single = writers.AsyncWriter(writers.JsonlWriter(tmp_path / "c.jsonl"), num_workers=1)
+    with writers.ensure_flushes(multi, single) as first:
+        assert first is multi
+        first.write_scalars(4, {"loss": 0.5})
+        single.write_scalars(5, {"loss": 0.25})
+    # Flushed on leaving the block, before any close.
+    for path, step, loss in ((a, 4, 0.5), (b, 4, 0.5), (tmp_path / "c.jsonl", 5, 0.25)):
+        [line] = [json.loads(x) for x in path.read_text().splitlines()]
+        assert (line["step"], line["loss"]) == (step, loss)
+    multi.close()
+    single.close()
+    for workers in (2, None, True):
+        with pytest.raises(ValueError, match=rf"num_workers must be 1 .*got {workers!r}"):
+            writers.AsyncWriter(writers.NoopWriter(), num_workers=workers)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import io
+import json
 
 import numpy as np
 import pytest
@@ -101,10 +102,11 @@ def test_to_number_keeps_python_types_and_rejects_non_scalars():
 
 
 def test_images_as_uint8_scales_floats_and_clips():
-    floats = np.array([[[0.0], [0.5], [1.5]]], dtype=np.float32)  # [H=1, W=3, C=1]
+    inf, nan = np.inf, np.nan  # no overflow warning for inf (warnings are errors here)
+    floats = np.array([[[0.0], [0.5], [1.5], [inf], [-inf], [nan]]], np.float32)  # [1, 6, 1]
     out = images_as_uint8(floats)
-    assert out.shape == (1, 1, 3, 1) and out.dtype == np.uint8
-    np.testing.assert_array_equal(out.reshape(-1), [0, 128, 255])
+    assert out.shape == (1, 1, 6, 1) and out.dtype == np.uint8
+    np.testing.assert_array_equal(out.reshape(-1), [0, 128, 255, 255, 0, 0])
     ints = np.array([[[-5], [300]]], dtype=np.int32)
     np.testing.assert_array_equal(images_as_uint8(ints).reshape(-1), [0, 255])
 
@@ -200,3 +202,43 @@ def test_every_backend_rejects_the_same_bad_input(backend, tmp_path):
     w.close()
     with pytest.raises(WriterClosedError):
         w.write_scalars(1, {"a": 1.0})
+
+
+WRAPPERS = {
+    "multi": lambda tmp: writers.MultiWriter(
+        {"jsonl": writers.JsonlWriter(tmp / "metrics.jsonl"), "tb": writers.TensorBoardWriter(tmp)}
+    ),
+    "async": lambda tmp: writers.AsyncWriter(writers.JsonlWriter(tmp / "metrics.jsonl")),
+    "default set, async": lambda tmp: writers.create_default_writer(
+        tmp, console=False, asynchronous=True
+    ),
+}
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_wrappers_refuse_bad_input_at_the_call_and_write_none_of_it(wrapper, tmp_path):
+    """Shapes, dtypes, texts, rates and bucket counts are refused with the backends' own
+    TypeError/ValueError before any wrapped writer runs; NaN in a histogram needs its
+    values, which each backend reads, so a wrapper reports it as a WriterError."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    w = WRAPPERS[wrapper](tmp_path)
+    for name, error, call in BAD_CALLS:
+        if name != "NaN histogram":
+            with pytest.raises(error):
+                call(w)
+                pytest.fail(f"{wrapper} accepted {name}")
+    with pytest.raises(TypeError, match=r"metadata must be a SummaryMetadata proto.*got int 5"):
+        w.write_summaries(1, {"s": np.ones(2)}, {"s": 5})
+    with pytest.raises(WriterError, match=r"histogram 'h' has 1 NaN/Inf entries out of 2"):
+        w.write_histograms(2, {"h": np.array([np.nan, 1.0])})  # MultiWriter: at the call
+        w.flush()  # the async wrappers: here
+    w.write_scalars(3, {"ok": 1.0})
+    w.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(x["step"], x["ok"]) for x in lines] == [(3, 1.0)]
+    if wrapper != "async":
+        acc = ea.EventAccumulator(str(tmp_path))
+        acc.Reload()
+        assert [(e.step, e.value) for e in acc.Scalars("ok")] == [(3, 1.0)]
+        assert acc.Tags()["histograms"] == [] and acc.Tags()["tensors"] == []

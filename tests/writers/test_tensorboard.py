@@ -16,6 +16,7 @@ import time
 import wave
 import zlib
 
+import clu.values
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -503,3 +504,21 @@ def test_a_writer_never_closed_still_writes_its_events_at_exit(tmp_path):
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     assert [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")] == [(7, 0.25)]
+
+
+def test_summary_metadata_per_key_and_a_none_bucket_count_as_clus_writer_takes_them(tmp_path):
+    from tensorboard.compat.proto import summary_pb2
+
+    plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="text")
+    w = writers.TensorBoardWriter(tmp_path)
+    raw = {"t": np.array(["a", "b"]), "raw": np.ones(2, np.float32)}
+    w.write_summaries(1, raw, {"t": summary_pb2.SummaryMetadata(plugin_data=plugin)})
+    w.write_histograms(2, {"h": np.arange(4.0)}, {"h": None})  # None: 30 buckets
+    writers.write_values(w, 3, {"g": clu.values.Histogram(np.arange(3.0), None)})
+    w.close()
+    acc = _accumulator(tmp_path)
+    assert acc.SummaryMetadata("t").plugin_data.plugin_name == "text"
+    assert list(tensor_util.make_ndarray(acc.Tensors("raw")[0].tensor_proto)) == [1.0, 1.0]
+    assert acc.Tensors("t")[0].tensor_proto.string_val == [b"a", b"b"]
+    h, g = acc.Histograms("h")[0].histogram_value, acc.Histograms("g")[0].histogram_value
+    assert (h.num, h.sum, h.max, g.num, g.sum, g.max) == (4, 6.0, 3.0, 3, 3.0, 2.0)
