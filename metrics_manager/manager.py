@@ -87,7 +87,8 @@ class MetricsManager:
     Args:
       name: the run's name, e.g. "train" or "eval/glue"; summaries go to
         `<summary_dir>/<name>`. It must stay inside `summary_dir` (no `..`, not absolute).
-      summary_dir: root of the experiment's summaries, or None to write no files.
+      summary_dir: root of the experiment's summaries, or None (or "", as in T5X) to write
+        no files.
       writer_factory: `writer_factory(logdir)` returns the writer(s); called once, on process
         0 only. A `writers.MultiWriter`, a list or a dict of writers is unpacked so each
         writer is isolated. Defaults to `writers.create_default_writer` (console +
@@ -189,8 +190,9 @@ class MetricsManager:
             problems.integer("num_devices", num_devices, minimum=1)
         problems.choice("on_error", on_error, ("warn", "raise"))
         problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
-        if not isinstance(uptime, bool):
-            problems.type_problem(f"uptime must be True or False, got {uptime!r}")
+        for arg, flag in (("uptime", uptime), ("system_metrics", system_metrics)):
+            if not isinstance(flag, bool):
+                problems.type_problem(f"{arg} must be True or False, got {flag!r}")
         for arg, number in (
             ("writer_deadline_s", writer_deadline_s),
             ("quarantine_s", quarantine_s),
@@ -210,9 +212,9 @@ class MetricsManager:
                 problems.value_problem(f"{arg} must be > 0 and finite, got {number}{never}")
         problems.raise_if_any()
         self.name = name
-        self.summary_dir = (
-            None if summary_dir is None else os.path.join(os.fspath(summary_dir), name)
-        )
+        # "" writes no files either, as T5X's `os.path.join(summary_dir, name) if summary_dir`.
+        root = "" if summary_dir is None else os.fspath(summary_dir)
+        self.summary_dir = os.path.join(root, name) if root else None
         self._on_error, self._nonfinite = on_error, nonfinite
         self._clock: timer.Clock = clock or time.perf_counter
         self._created = self._clock() if uptime else None
@@ -393,8 +395,11 @@ class MetricsManager:
             try:
                 end = self._window_end = _ready_time(block_on, called, self._clock, start)
                 duration = None if not window or start is None else max(end - start, 1e-9)
+                failed = self._failures.count
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration)
                 job.result, job.state["calls"] = summary, self._summarizer.calls(step, summary)
+                if self._on_error == "raise" and self._failures.count > failed:
+                    job.state["failure"] = self._failures.recent()[-1]  # a metric's: T5X's fails
             except Exception as err:
                 self._failures.record(Failure("summary", step, keys, err))
                 raise

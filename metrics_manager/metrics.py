@@ -26,6 +26,7 @@ Synopsis:
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -280,7 +281,10 @@ class StepsPerTime(Step, Time):
         return type(self)(steps=self._merged_steps(other))
 
     def compute(self) -> Any:
-        return Step.compute(self) / Time.compute(self)
+        steps, duration = Step.compute(self), Time.compute(self)
+        if isinstance(duration, numbers.Real) and duration == 0:  # as TimeRate's division
+            return math.inf if steps else math.nan
+        return steps / duration
 
 
 @flax.struct.dataclass

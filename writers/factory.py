@@ -10,6 +10,8 @@ import os
 from collections.abc import Callable
 from typing import IO, Any
 
+import numpy as np
+
 from writers import _checks, _storage
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
@@ -68,6 +70,7 @@ def create_default_writer(
       A `MultiWriter` over the selected writers (possibly none).
 
     Raises:
+      TypeError: a flag (`console`, `jsonl`, ...) is not a bool.
       ValueError: `max_queue` is below 1, or `purge_step` and `resume_step` disagree.
 
     Example:
@@ -75,6 +78,14 @@ def create_default_writer(
       >>> sorted(writers.create_default_writer(None, log=True).writers)
       ['console', 'log']
     """
+    flags = dict(just_logging=just_logging, asynchronous=asynchronous, console=console)
+    flags |= dict(tensorboard=tensorboard, jsonl=jsonl, log=log)
+    if bad := {k: v for k, v in flags.items() if not isinstance(v, bool | np.bool_)}:
+        raise TypeError(
+            f"create_default_writer: {', '.join(bad)} must be True or False, got "
+            f"{', '.join(f'{v!r}' for v in bad.values())} (a str such as 'False' is true); "
+            "in gin write False, not 'False'."
+        )
     if asynchronous and max_queue < 1:
         raise ValueError(f"create_default_writer: max_queue must be >= 1, got {max_queue}.")
     if resume_step is not None:

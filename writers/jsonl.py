@@ -170,9 +170,10 @@ class JsonlWriter(BaseWriter):
             if step < self._max_step and not self._warned_backwards:
                 self._warned_backwards = True
                 logging.warning(
-                    "JsonlWriter(%s): step %d comes after step %d, so the log now holds "
-                    "some steps twice. When resuming a run, pass resume_step=<the restored "
-                    "step> (MetricsManager(..., resume_step=...)) to drop the stale lines.",
+                    "JsonlWriter(%s): step %d comes after step %d: the log's steps go "
+                    "backwards. If this run resumed from a checkpoint, the log holds those "
+                    "steps twice: pass resume_step=<the restored step> (MetricsManager(..., "
+                    "resume_step=...)) to drop the stale lines. Warned once.",
                     self._path,
                     step,
                     self._max_step,

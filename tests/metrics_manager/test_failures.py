@@ -955,6 +955,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         "writer_deadline_s",
     ),
+    "system_metrics as a str (gin's 'False')": (
+        lambda m: MetricsManager("x", system_metrics="False"),
+        TypeError,
+        "system_metrics must be True or False, got 'False'",
+    ),
 }
 
 

@@ -236,7 +236,7 @@ def test_a_short_last_window_written_with_the_usual_num_steps_is_warned_once(cap
     assert _window_warnings(caplog, 2, [10, 10, 5], True) == [[], [2.0] * 3]
 
 
-def test_summary_dir_is_dir_slash_name(tmp_path):
+def test_summary_dir_is_dir_slash_name(tmp_path, monkeypatch):
     seen = []
     manager = MetricsManager(
         "eval/glue", tmp_path, writer_factory=lambda d: seen.append(d) or writers.NoopWriter()
@@ -249,6 +249,11 @@ def test_summary_dir_is_dir_slash_name(tmp_path):
     )
     no_dir.close()
     assert no_dir.summary_dir is None and seen[-1] is None
+    # T5X: `os.path.join(summary_dir, name) if summary_dir else None`: "" writes no files.
+    monkeypatch.chdir(tmp_path)
+    with MetricsManager("empty", "") as empty:
+        empty.write_scalar("x", 1.0, 1)
+    assert empty.summary_dir is None and not (tmp_path / "empty").exists()
 
 
 def test_collections_and_mean_std_flatten_and_rates_use_the_window():
@@ -870,7 +875,9 @@ def test_a_value_no_writer_takes_is_left_out_and_the_rest_written(tmp_path):
 def test_under_raise_a_background_failure_raises_on_the_next_call(next_call):
     recorder = RecordingWriter()
     manager = make(recorder, on_error="raise", clock=lambda: 0.0)
-    _summary_with_a_broken_metric(manager)
+    with pytest.raises(MetricsManagerError, match="summary at step 3: metric:bad_metric"):
+        _summary_with_a_broken_metric(manager)  # its future fails (T5X's), loss still written
+    assert written(recorder)[0] == ("write_scalars", 3, {"loss": 1.0})
     with pytest.raises(MetricsManagerError, match="metric:bad_metric at step 3.*cannot compute"):
         NEXT_CALLS[next_call](manager)
     manager.close()  # raised once; close() releases the writer

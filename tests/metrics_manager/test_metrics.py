@@ -1,6 +1,7 @@
 """Metric types: T5X's numeric cases, compute() formulas, identities and host-side functions."""
 
 import doctest
+import math
 
 import clu.metrics as clu_metrics
 import clu.values
@@ -46,6 +47,11 @@ def test_t5x_steps_per_time():
     metrics = mm.set_time_metrics_duration({"sps": StepsPerTime(steps=8)}, 2)
     metrics = mm.set_step_metrics_num_steps(metrics, 8)
     assert metrics["sps"].compute() == 4.0
+    # A duration of 0 (allowed) gives what TimeRate's division gives: inf, NaN for 0 steps.
+    zero = mm.set_time_metrics_duration(
+        {"a": StepsPerTime(steps=8), "b": StepsPerTime(steps=0)}, 0.0
+    )
+    assert zero["a"].compute() == math.inf and math.isnan(zero["b"].compute())
 
 
 def test_t5x_average_per_step():

@@ -7,6 +7,7 @@ import json
 import logging as py_logging
 import os
 
+import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
@@ -116,3 +117,12 @@ def test_a_logdir_that_is_no_path_is_refused_naming_the_argument(make):
     # A bare "expected str, bytes or os.PathLike object, not int" named neither.
     with pytest.raises(TypeError, match=r"^\w+: (logdir|path) must be a directory, file or URL"):
         make()
+
+
+@pytest.mark.parametrize("flag", ["console", "tensorboard", "jsonl", "log", "asynchronous"])
+def test_a_flag_given_as_a_string_is_refused_before_any_file(flag, tmp_path):
+    """gin's `console = 'False'` is a non-empty str, so true: it would do the opposite."""
+    with pytest.raises(TypeError, match=rf"{flag} must be True or False, got 'False'.*not 'False'"):
+        writers.create_default_writer(tmp_path, **{flag: "False"})
+    assert list(tmp_path.iterdir()) == []
+    writers.create_default_writer(None, console=np.bool_(False), log=np.True_).close()
