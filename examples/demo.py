@@ -312,9 +312,32 @@ def _remove_previous_run(config: demo_model.TrainConfig) -> None:
         stale.append(os.path.join(run_dir, "metrics.jsonl"))
     removed = [path for path in stale if os.path.isfile(path)]
     for path in removed:
+        if path.endswith("metrics.jsonl"):
+            _refuse_if_written(path)
+    for path in removed:
         os.remove(path)
     if removed:
         logging.info("Removed %d files of an earlier run under %s.", len(removed), config.model_dir)
+
+
+def _refuse_if_written(log: str) -> None:
+    """Raises if a running process holds the lock every JsonlWriter takes on its log: the
+    files of a run still writing them are not deleted."""
+    try:
+        import fcntl  # noqa: PLC0415  (POSIX)
+    except ImportError:
+        return
+    with open(log, "a") as file:  # closing it drops the lock taken here
+        try:
+            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(
+                f"{log} is being written by a running process: this run would delete its "
+                "files. Give this run another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/other'\"), or "
+                "stop the other run first."
+            ) from None
+        except OSError:  # no flock on this file system: nothing to check with
+            pass
 
 
 def run(

@@ -344,3 +344,35 @@ def test_bad_data_config_names_every_problem():
         ValueError, match="vocab_size=32 must exceed 2 special tokens \\+ num_rules=29"
     ):
         demo_model.SyntheticSequences(demo_model.DataConfig(num_rules=29))
+
+
+def test_a_new_run_does_not_delete_the_files_of_a_run_still_writing_them(tmp_path):
+    # Before, it unlinked them before its managers (whose JSONL lock refuses a second
+    # writer) existed: the running run went on writing deleted files and lost its log.
+    from examples import demo
+
+    log = tmp_path / "train" / "metrics.jsonl"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, writers; w = writers.JsonlWriter(sys.argv[1]); "
+            "w.write_scalars(1, {'loss': 1.0}); w.flush(); print('ready', flush=True); "
+            "sys.stdin.read(); w.close()",
+            str(log),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        config = demo_model.TrainConfig(model_dir=str(tmp_path))
+        with pytest.raises(RuntimeError, match=r"metrics.jsonl is being written by a running"):
+            demo._remove_previous_run(config)
+        assert [json.loads(x)["loss"] for x in log.read_text().splitlines()] == [1.0]
+    finally:
+        holder.communicate("", timeout=30)
+    assert holder.returncode == 0
+    demo._remove_previous_run(config)  # the other run has ended: its files go
+    assert not log.exists()

@@ -230,8 +230,8 @@ def _read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
             step = record.get("step") if isinstance(record, dict) else None
             if isinstance(step, float) and step.is_integer():  # 1.0 from pandas
                 step = int(step)
-            if not isinstance(step, int) or isinstance(step, bool):
-                continue
+            if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63:
+                continue  # no step a writer here writes (1e20 by hand): int64 cannot hold it
             collection = record.get("collection")
             for key, value in record.items():  # bools, texts and summarized arrays are no scalars
                 if key not in ("step", "time", "collection") and (

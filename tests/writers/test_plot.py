@@ -315,6 +315,8 @@ def test_hand_written_jsonl_is_read_as_leniently_as_a_torn_one(tmp_path):
         + b"0" * 400
         + b"}\n"
         + b"null\n[1, 2]\n\xff\xfe not UTF-8\n"  # JSON but no object, and no UTF-8
+        + b'{"step": 1e20, "loss": 0.5}\n{"step": 99999999999999999999999, "loss": 0.5}\n'
+        + b'{"step": -1, "loss": 0.5}\n'  # steps int64 cannot hold (an OverflowError before)
         + b'{"step": 3, "loss": 1.0}'  # written with "\n".join: no newline after the last
     )
     _, (loss,) = load_series([str(path.parent)], ["loss"], smoothing=0.0)
