@@ -69,9 +69,10 @@ Metrics = dict[str, clu.metrics.Metric]
 Running = Metrics | PackedMetrics  # what merge_metrics returns (packed inside jit)
 Summary = Mapping[str, clu.values.Value]
 
-# Relative to the working directory (`make demo` runs from the repository root), so the demo
-# finds its configs wherever the package is installed; pass --gin_search_paths otherwise.
-DEFAULT_CONFIGS_DIR = "configs"
+# The checkout's configs/ (demo.gin lives only there), from any working directory.
+DEFAULT_CONFIGS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
+)
 
 _GIN_FILE = flags.DEFINE_multi_string("gin_file", None, "Gin files to parse, in order.")
 _GIN_BINDINGS = flags.DEFINE_multi_string(

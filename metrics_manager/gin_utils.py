@@ -4,13 +4,16 @@ With `from __gin__ import dynamic_registration` bindings apply only to calls mad
 `configured(fn)` is that call path for objects built in plain Python. `write_gin_config` saves
 the operative config as T5X does, to `<model_dir>/config.gin` and as the text summary `config`:
 
-  gin.add_config_file_search_path("configs")  # default.gin includes writers/*.gin
-  gin.parse_config_files_and_bindings(["configs/default.gin"], [])
+  gin.add_config_file_search_path(config_dir())  # default.gin includes writers/*.gin
+  gin.parse_config_files_and_bindings(["default.gin"], [])
   with configured(MetricsManager)("train", model_dir) as train:
     write_gin_config(model_dir, train, step=0)
 """
 
 import os
+import site
+import sys
+import sysconfig
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
@@ -24,6 +27,29 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 CONFIG_FILENAME = "config.gin"
 CONFIG_SUMMARY_KEY = "config"
+
+
+def config_dir() -> str:
+    """The directory of this project's gin files (`default.gin`, `writers/*.gin`): the source
+    tree's `configs/`, or where pip installed them (`<prefix>/share/jax-metrics-manager/`).
+
+    Raises:
+      FileNotFoundError: neither holds them (naming where it looked).
+    """
+    installed = os.path.join("share", "jax-metrics-manager", "configs")
+    places = [
+        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"),
+        os.path.join(sysconfig.get_path("data"), installed),
+        os.path.join(sys.prefix, installed),
+        os.path.join(site.getuserbase(), installed),  # pip install --user
+    ]
+    for place in places:
+        if os.path.isfile(os.path.join(place, "writers", "default.gin")):
+            return place
+    raise FileNotFoundError(
+        f"config_dir: no writers/default.gin in {places}; reinstall jax-metrics-manager, or "
+        "pass the configs/ directory of a checkout to gin.add_config_file_search_path."
+    )
 
 
 class TextWriting(Protocol):

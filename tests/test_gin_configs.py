@@ -174,3 +174,50 @@ def test_a_binding_suggested_in_a_comment_parses_on_its_file(path, selector, val
     if "." in selector:
         configurable, param = selector.rsplit(".", 1)
         assert param in gin.get_bindings(configurable)
+
+
+def test_an_installed_wheel_finds_its_configs_from_any_directory(tmp_path):
+    """pip installs the gin files with the package: `config_dir()` finds them, and the
+    README's gin block works outside the source tree."""
+    import shutil
+    import subprocess
+    import sys
+    import sysconfig
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("metrics_manager", "writers", "configs"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", tmp_path, source], check=True
+    )
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", env], check=True)
+    [wheel] = tmp_path.glob("jax_metrics_manager-*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--prefix", env, wheel], check=True)
+    lib = next(env.glob("lib/python3*/site-packages"))
+    # The dependencies come from this environment; the project from the wheel alone.
+    (lib / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    script = (
+        "import gin, json, metrics_manager\n"
+        "from metrics_manager.gin_utils import config_dir, configured\n"
+        f"assert metrics_manager.__file__.startswith({str(lib)!r}), metrics_manager.__file__\n"
+        "gin.add_config_file_search_path(config_dir())\n"
+        "gin.parse_config_files_and_bindings(['default.gin'], ['writers.create_default_writer.console = False'])\n"
+        "with configured(metrics_manager.MetricsManager)('train', 'runs') as m:\n"
+        "    m.write_scalar('loss', 0.5, 1)\n"
+        "print(config_dir())\n"
+        "print(json.loads(open('runs/train/metrics.jsonl').read())['loss'])\n"
+    )
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    result = subprocess.run(
+        [env / "bin" / "python", "-c", script], cwd=work, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == [str(env / "share" / "jax-metrics-manager" / "configs"), "0.5"]
+    shipped = sorted(p.relative_to(env / "share").as_posix() for p in env.glob("share/**/*.gin"))
+    assert "jax-metrics-manager/configs/writers/wandb.gin" in shipped and len(shipped) == 10
