@@ -7,7 +7,8 @@ Each type is a `flax.struct.dataclass` on `clu.metrics.Metric` whose state is co
 at trace time. `empty()` holds zero counts of shape `()` and unset settings: an identity of
 `merge()`, but not of a real metric's shape, so start a running merge from the first real one.
 
-Values match scikit-learn's defaults (tested against it): `top_k_accuracy_score`,
+Values match scikit-learn's defaults (tested against it): `top_k_accuracy_score` where no
+scores tie (on a tie the lower class index ranks first; sklearn's the higher),
 `precision_score`, `recall_score` and `fbeta_score` (`average` "binary", "micro" or "macro", 0/0
 read as 0), `roc_auc_score` of the scores rounded down to `num_bins` bins, and
 `exp(log_loss(...))` per token. `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have
@@ -78,17 +79,28 @@ def _checked_labels_and_mask(
             "labels.astype(jnp.int32)"
         )
         labels = jnp.zeros(labels.shape, jnp.int32)
-    elif shapes_fit and not isinstance(labels, jax.core.Tracer) and labels.size:
-        low, high = int(labels.min()), int(labels.max())
-        if low < 0 or high >= num_classes:
-            problems.value_problem(
-                f"labels must lie in [0, {num_classes}) for {num_classes} classes, got values "
-                f"from {low} to {high}; check the label vocabulary or the number of classes "
-                "(inside jit, out-of-range labels are ignored like masked ones)"
-            )
+        shapes_fit = False
     mask = _check_mask(mask, labels.shape, problems)
+    if shapes_fit and not isinstance(labels, jax.core.Tracer):
+        # Outside jit, the unmasked labels only (padding is often -100); with numpy, as
+        # labels that are a constant inside jit are concrete, but jnp ops on them trace.
+        unmasked = np.asarray(labels)[np.asarray(mask)] if _concrete(mask) else None
+        if unmasked is not None and unmasked.size:
+            low, high = int(unmasked.min()), int(unmasked.max())
+            if low < 0 or high >= num_classes:
+                problems.value_problem(
+                    f"labels must lie in [0, {num_classes}) for {num_classes} classes, got "
+                    f"values from {low} to {high} where the mask is true; check the label "
+                    "vocabulary or the number of classes (inside jit, out-of-range labels "
+                    "are ignored like masked ones)"
+                )
     problems.raise_if_any()
     return labels, mask & (labels >= 0) & (labels < num_classes)
+
+
+def _concrete(x: Any) -> bool:
+    """A value readable now (outside jit), not one traced inside it."""
+    return not isinstance(x, jax.core.Tracer)
 
 
 def _add_shape_problem(
@@ -519,11 +531,12 @@ class Perplexity(_Counts):
         log_likelihood = jnp.asarray(log_likelihood)
         problems = Problems("Perplexity.from_log_likelihood")
         mask = _check_mask(mask, log_likelihood.shape, problems)
-        if not isinstance(log_likelihood, jax.core.Tracer) and not problems:
-            if n := int((mask & (log_likelihood > _LL_SLACK)).sum()):
+        if _concrete(log_likelihood) and _concrete(mask) and not problems:  # numpy: see labels
+            ll, kept = np.asarray(log_likelihood, np.float32), np.asarray(mask)
+            if n := int((kept & (ll > _LL_SLACK)).sum()):
                 problems.value_problem(
-                    f"log-likelihoods must be <= 0; {n} of {int(mask.sum())} are positive "
-                    f"(up to {float(jnp.where(mask, log_likelihood, 0).max()):.4g}): pass "
+                    f"log-likelihoods must be <= 0; {n} of {int(kept.sum())} are positive "
+                    f"(up to {float(np.where(kept, ll, 0).max()):.4g}): pass "
                     "-loss (e.g. -compute_token_losses(logits, targets).loss), not the loss"
                 )
         problems.raise_if_any()

@@ -621,14 +621,22 @@ def _add_values(out: dict[str, clu.values.Value], key: str, metric: Any) -> None
         items = {f"{key}/{name}": _compute_value(m) for name, m in fields.items()}
     else:
         items = {key: _compute_value(metric)}
+    produced = {}
     for name, value in items.items():
         # The exact type test skips a slow `typing.Protocol` isinstance for plain Scalars.
         if type(value) is not clu.values.Scalar and isinstance(value, MeanStdScalar):
-            out[name] = clu.values.Scalar(value.value)
+            produced[name] = clu.values.Scalar(value.value)
             for suffix, extra in value.extra_values().items():
-                out[f"{name}/{suffix}"] = clu.values.Scalar(extra)
+                produced[f"{name}/{suffix}"] = clu.values.Scalar(extra)
         else:
-            out[name] = value
+            produced[name] = value
+    if not out.keys().isdisjoint(produced):  # one key would silently replace the other
+        raise ValueError(
+            f"metric {key!r} writes {sorted(out.keys() & produced.keys())}, which another "
+            "metric of this summary writes too (MeanStd or Welford 'x' also writes 'x/std', "
+            "a Collection 'c' writes 'c/<name>'); rename one of them"
+        )
+    out.update(produced)
 
 
 def host_values(

@@ -187,8 +187,9 @@ class Average(_ValuesMetric):
 class Accuracy(Metric):
     """Flax's `nnx.metrics.Accuracy`: argmax (`TopKAccuracy(k=1)`) or a `threshold`.
 
-    Unlike Flax's, a `mask` leaves examples out, and so does a label outside [0, C) (an
-    ignore index such as -100; outside jit it is refused): Flax counts both as predictions.
+    As Flax's, a `mask` leaves examples out; unlike Flax's, so does a label outside [0, C)
+    (an ignore index such as -100; outside jit, unmasked, it is refused): Flax counts it as
+    a wrong prediction.
 
     Args:
         threshold: for binary scores: the mean of `(logits >= threshold) == (labels > 0)`.
@@ -363,7 +364,7 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
         {'loss': 2.5, 'stats': 2.5, 'stats/sem': 0.559017, 'stats/std': 1.118034}
     """
     problems = Problems()
-    out: SummaryMetrics = {}
+    out = _Once()
     if isinstance(obj, nnx.MultiMetric):
         for name in obj._metric_names:
             _add(name, getattr(obj, name), out, problems)
@@ -378,5 +379,23 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
             f"expected an nnx.MultiMetric or the dict its compute() returns, got "
             f"{describe(obj)}; wrap single metrics in nnx.MultiMetric(name=metric)"
         )
+    if out.twice:
+        problems.value_problem(
+            f"keys {sorted(set(out.twice))} are written twice (a Statistics 'x' writes 'x/std' "
+            "and 'x/sem', a dict 'd' writes 'd/<key>'): one would replace the other; rename one"
+        )
     problems.raise_if_any("as_summary_metrics")
-    return out
+    return dict(out)
+
+
+class _Once(dict):  # type: ignore[type-arg]
+    """A dict that notes each key set twice (`twice`) instead of silently replacing it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.twice: list[str] = []
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key in self:
+            self.twice.append(key)
+        super().__setitem__(key, value)

@@ -478,6 +478,41 @@ def test_settings_are_checked_at_trace_time_and_labels_out_of_range_ignored_in_j
     assert int(metric.true_positives.sum() + metric.false_negatives.sum()) == 2
 
 
+def test_padded_labels_under_the_mask_and_labels_captured_by_jit_give_the_jit_value():
+    """Outside jit only unmasked labels are range-checked (padding is often -100), and
+    labels that are a constant of a jitted function (jnp.arange(B) of a contrastive loss)
+    are read with numpy: jnp ops on them trace (ConcretizationTypeError before)."""
+    logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0], [2.0, 0.0, 0.0]])
+    labels, mask = jnp.array([0, 1, 1, -100]), jnp.array([True, True, True, False])
+    calls = {
+        "topk": lambda x, y, m: TopKAccuracy.from_model_output(x, y, m, k=1),
+        "precision": lambda x, y, m: Precision.from_model_output(x, y, m, average="macro"),
+        "recall": lambda x, y, m: Recall.from_model_output(x, y, m, average="micro"),
+        "auroc": lambda x, y, m: AUROC.from_model_output(jax.nn.sigmoid(x[:, 1]), y % 2, m),
+        "perplexity": lambda x, y, m: Perplexity.from_model_output(x, y, m),
+    }
+    expected = {
+        "topk": 2 / 3,  # [0, 1, 2] predicted for [0, 1, 1]
+        "precision": skm.precision_score([0, 1, 1], [0, 1, 2], average="macro", zero_division=0),
+        "recall": 2 / 3,
+        "auroc": skm.roc_auc_score([0, 1, 1], jax.nn.sigmoid(logits[:3, 1])),
+        "perplexity": float(np.exp(-np.mean(jax.nn.log_softmax(logits[:3])[[0, 1, 2], [0, 1, 1]]))),
+    }
+    for name, call in calls.items():
+        eager = float(call(logits, labels, mask).compute())
+        jitted = float(jax.jit(lambda x, c=call: c(x, labels, mask).compute())(logits))
+        assert eager == pytest.approx(expected[name], rel=1e-5) and jitted == pytest.approx(
+            eager
+        ), name
+    with pytest.raises(ValueError, match=r"from 0 to 7 where the mask is true"):
+        TopKAccuracy.from_model_output(logits, jnp.array([0, 1, 7, -100]), mask, k=1)
+    ll = jnp.log(jnp.array([0.5, 0.5, 2.0]))  # positive log-likelihood under the mask: refused
+    with pytest.raises(ValueError, match="1 of 3 are positive"):
+        Perplexity.from_log_likelihood(ll)
+    masked = jax.jit(lambda m: Perplexity.from_log_likelihood(ll, mask=m).compute())
+    assert float(masked(jnp.array([True, True, False]))) == pytest.approx(2.0)
+
+
 # --- google-metrax: what it does right, and why some metrics here are ours -------------
 
 

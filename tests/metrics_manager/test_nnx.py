@@ -328,3 +328,12 @@ def test_summary_values_are_written_to_jsonl_and_read_back(tmp_path):
     assert {k: record[k] for k in values} == pytest.approx(
         {"loss": 2.5, "stats": 2.5, "stats/sem": 0.559017, "stats/std": 1.118034}, rel=1e-6
     )
+
+
+def test_as_summary_metrics_refuses_a_key_written_twice():
+    # A Statistics 'stats' writes 'stats/std'; a second 'stats/std' silently replaced it
+    # (or was replaced), depending on the dict's order.
+    stats = nnx.metrics.Statistics(mean=1.0, standard_error_of_mean=2.0, standard_deviation=3.0)
+    for obj in ({"stats": stats, "stats/std": 99.0}, {"a": {"b": 1.0}, "a/b": 2.0}):
+        with pytest.raises(ValueError, match=r"keys \['(stats/std|a/b)'\] are written twice"):
+            metrics_manager.as_summary_metrics(obj)
