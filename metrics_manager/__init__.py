@@ -25,7 +25,12 @@ from metrics_manager.losses import (
     with_loss_normalization,
 )
 from metrics_manager.manager import MetricsManager
-from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
+from metrics_manager.merging import (
+    accumulate_grads_microbatched,
+    merge_metrics,
+    merge_windows,
+    validate_metrics,
+)
 from metrics_manager.metrics import (
     AveragePerStep,
     Max,
@@ -90,6 +95,7 @@ __all__: list[str] = [
     "is_metric_obj",
     "is_time_metric",
     "merge_metrics",
+    "merge_windows",
     "peak_flops_per_device",
     "perf_values",
     "set_step_metrics_num_steps",

@@ -379,11 +379,16 @@ class MetricsManager:
         step = problems.step("step", step)
         num_steps = problems.integer("num_steps", num_steps, minimum=1)
         keys = (*metrics, *ready)
-        if keys != self._keys_checked:  # a loop sends the same keys every time: check once
+        # A loop sends the same keys every time: check once, and again when the first
+        # array's shape changes (a pmap step's windows after reduced ones). Packed: always.
+        seen = (keys, _first_shape(metrics))
+        if seen != self._keys_checked:
             problems.keys(keys, self._reserved)
             problems.one_window(metrics)
+        elif isinstance(metrics, PackedMetrics):
+            problems.one_window(metrics)
         problems.raise_if_any()
-        self._keys_checked = keys
+        self._keys_checked = seen
         self._check_order(step)
         window, self._window_open = self._window_open, False
         block_on = metrics.buffers if isinstance(metrics, PackedMetrics) else metrics
@@ -697,11 +702,13 @@ class _Problems(Problems):
         elif rows := {k: n for k, m in metrics.items() if (n := _rows_per_device(m))}:
             self.value_problem(
                 f"metrics {sorted(rows)} hold one window per device ({max(rows.values())} "
-                "rows, one on each device, as jax.pmap returns them); merge the devices' "
-                "windows first: {k: m.reduce() for k, m in metrics.items()} (CLU's reduce "
-                "merges along the first axis, right for every metric; a lax.psum of the fields "
-                "in the step is right only for sums such as Sum and Average, not for Max, Min "
-                "or MeanStd)"
+                "rows, one on each device, as jax.pmap or a shard_map with out_specs=P(axis) "
+                "returns them); merge the devices' windows first: "
+                "metrics_manager.merge_windows(metrics) (each metric's merge, right for every "
+                "metric; a lax.psum of the fields in the step is right only for sums such as "
+                "Sum and Average, not for Max, Min or MeanStd). Fields that are vectors "
+                "sharded over as many devices as they have rows look the same: replicate them "
+                "(jax.device_put(m, NamedSharding(mesh, P())))"
             )
 
     def keys(self, keys: Any, reserved: Mapping[str, str]) -> None:
@@ -710,6 +717,16 @@ class _Problems(Problems):
             self.type_problem(f"every key must be a non-empty str such as 'loss', got {listed}")
         if problem := _checks.reserved_problem(keys, reserved):
             self.value_problem(problem)
+
+
+def _first_shape(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
+    """The shape of the first array of the first metric (cheap: one metric's leaves)."""
+    if isinstance(metrics, PackedMetrics):
+        return None
+    for metric in metrics.values():
+        if leaves := jax.tree.leaves(metric):
+            return np.shape(leaves[0])
+    return None
 
 
 def _rows_per_device(metric: Any) -> int:

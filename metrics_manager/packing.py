@@ -181,9 +181,9 @@ class PackedMetrics:
             return None
         return (
             f"PackedMetrics: {'; '.join(wrong)}. A PackedMetrics returned by jax.vmap or "
-            "jax.pmap has the mapped axis in front (a window per member or device): take one "
-            "with jax.tree.map(lambda b: b[i], packed), or merge with pack=False and merge "
-            "the windows of each metric with its .reduce()."
+            "jax.pmap has the mapped axis in front (a window per member or device): merge "
+            "them with metrics_manager.merge_windows(packed), or take one with "
+            "jax.tree.map(lambda b: b[i], packed)."
         )
 
     def _unpack_traced(self) -> dict[str, Any]:

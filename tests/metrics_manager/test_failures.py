@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import os
 import random
 import re
@@ -26,7 +27,17 @@ import numpy as np
 import pytest
 
 import writers
-from metrics_manager import AveragePerStep, MetricsManager, MetricsManagerError, Sum, merge_metrics
+from metrics_manager import (
+    AveragePerStep,
+    Max,
+    MetricsManager,
+    MetricsManagerError,
+    Sum,
+    compute_base_metrics,
+    compute_weighted_cross_entropy,
+    merge_metrics,
+    merge_windows,
+)
 from tests.metrics_manager.fault_loop import files_and
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
 from tests.writers.failing import GatedWriter
@@ -937,12 +948,12 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "a window per device (pmap)": (
         lambda m: m.write_metrics_summary(_per_device(pack=False), 1, 1),
         ValueError,
-        r"\['loss'\] hold one window per device \(8 rows.*: \{k: m.reduce\(\) for k, m in",
+        r"\['loss'\] hold one window per device \(8 rows.*: metrics_manager.merge_windows",
     ),
     "a packed window per device (pmap)": (
         lambda m: m.write_metrics_summary(_per_device(pack=True), 1, 1),
         ValueError,
-        r"has shape \(8, 1\), expected \(1,\).*jax.tree.map\(lambda b: b\[i\], packed\)",
+        r"has shape \(8, 1\), expected \(1,\).*metrics_manager.merge_windows\(packed\)",
     ),
     "a tracker class as writer_factory": (  # it would take the summary dir as its project
         lambda m: MetricsManager("x", "runs", writer_factory=writers.WandbWriter),
@@ -977,14 +988,40 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
 
 
 def test_a_window_per_device_merged_as_the_message_says_is_written(tmp_path):
+    # The library's own base metrics hold a Time() with no arrays: CLU's reduce(), which
+    # the message named before, raised "scan got no values" on it.
+    n = jax.local_device_count()
+    logits = jax.random.normal(jax.random.PRNGKey(0), (n, 2, 4, 8))
+    targets = jax.random.randint(jax.random.PRNGKey(1), (n, 2, 4), 0, 8)
+
+    def step(logits, targets, pack):
+        loss, _, _ = compute_weighted_cross_entropy(logits, targets)
+        base = compute_base_metrics(logits, targets, None, loss, num_devices=n)
+        return merge_metrics(None, {**base, "top": Max.from_model_output(loss)}, pack=pack)
+
+    one = compute_base_metrics(
+        logits.reshape(-1, 4, 8), targets.reshape(-1, 4), None, jnp.float32(0.0), num_devices=n
+    )
+    losses = [compute_weighted_cross_entropy(logits[i], targets[i])[0] for i in range(n)]
     with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
-        per_device = _per_device(pack=False)
-        manager.write_metrics_summary({k: m.reduce() for k, m in per_device.items()}, 1, 1)
-        manager.write_metrics_summary(jax.tree.map(lambda b: b[3], _per_device(pack=True)), 2, 1)
-    logdir = str(tmp_path / "train")
-    assert [(x["step"], x["loss"]) for x in read_jsonl(logdir)] == [(1, 16.0), (2, 2.0)]
-    assert tb_steps(logdir) == [1, 2]
-    assert manager.errors == []
+        for packed, at in ((False, 1), (True, 2)):
+            per_device = jax.pmap(functools.partial(step, pack=packed))(logits, targets)
+            with pytest.raises(ValueError, match="merge_windows"):
+                manager.write_metrics_summary(per_device, at, 1)
+            manager.start_duration_timer()
+            manager.write_metrics_summary(merge_windows(per_device), at, 1)
+        # Same keys as the merged window: refused again (the keys were checked once before).
+        with pytest.raises(ValueError, match="hold one window per device"):
+            manager.write_metrics_summary(
+                jax.pmap(functools.partial(step, pack=False))(logits, targets), 3, 1
+            )
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [x["step"] for x in lines] == [1, 2] and manager.errors == []
+    for line in lines:
+        assert line["loss"] == pytest.approx(float(sum(losses)), rel=1e-5)
+        assert line["top"] == pytest.approx(float(max(losses)), rel=1e-5)
+        assert line["accuracy"] == pytest.approx(float(one["accuracy"].compute()), rel=1e-6)
+        assert line["timing/seqs"] == 2 * n
 
 
 def test_a_lost_managers_dir_is_refused_naming_where_it_was_made_until_close_all(tmp_path):
