@@ -216,8 +216,10 @@ def test_a_vmapped_window_is_refused_with_the_fix_not_misread():
     assert (float(member["s"].compute()), float(member["top"].compute())) == (5.0, 3.0)
     with pytest.raises(ValueError, match=r"buffer 0 \(float32\) has shape \(3, 2\), expected"):
         packed["s"]
-    with pytest.raises(ValueError, match=r"b\[i\], packed\), or merge with pack=False"):
+    with pytest.raises(ValueError, match=r"merge_windows\(packed\), or take one with"):
         packed.unpack()
+    merged = metrics_manager.merge_windows(packed)  # the fix the message names
+    assert (float(merged["s"].compute()), float(merged["top"].compute())) == (15.0, 5.0)
 
 
 def _error(a, b):
