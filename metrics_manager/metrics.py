@@ -620,7 +620,11 @@ def _add_values(out: dict[str, clu.values.Value], key: str, metric: Any) -> None
         fields = collection_fields(metric)
         items = {f"{key}/{name}": _compute_value(m) for name, m in fields.items()}
     else:
-        items = {key: _compute_value(metric)}
+        value = _compute_value(metric)
+        if type(value) is clu.values.Scalar and key not in out:  # the common case, at once
+            out[key] = value
+            return
+        items = {key: value}
     produced = {}
     for name, value in items.items():
         # The exact type test skips a slow `typing.Protocol` isinstance for plain Scalars.
