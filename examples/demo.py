@@ -53,6 +53,7 @@ import optax
 from absl import app, flags, logging
 from flax.training import train_state
 
+import writers
 from examples import demo_model
 from metrics_manager import (
     MetricsManager,
@@ -322,23 +323,16 @@ def _remove_previous_run(config: demo_model.TrainConfig) -> None:
 
 
 def _refuse_if_written(log: str) -> None:
-    """Raises if a running process holds the lock every JsonlWriter takes on its log: the
-    files of a run still writing them are not deleted."""
+    """Raises if a running process writes `log`: the lock every JsonlWriter takes on its log
+    refuses this one, and the files of a run still writing them are not deleted."""
     try:
-        import fcntl  # noqa: PLC0415  (POSIX)
-    except ImportError:
-        return
-    with open(log, "a") as file:  # closing it drops the lock taken here
-        try:
-            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RuntimeError(
-                f"{log} is being written by a running process: this run would delete its "
-                "files. Give this run another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/other'\"), or "
-                "stop the other run first."
-            ) from None
-        except OSError:  # no flock on this file system: nothing to check with
-            pass
+        writers.JsonlWriter(log).close()  # takes the lock, and drops it
+    except ValueError as err:
+        raise RuntimeError(
+            f"{log} is being written by a running process: this run would delete its "
+            "files. Give this run another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/other'\"), or "
+            "stop the other run first."
+        ) from err
 
 
 def run(

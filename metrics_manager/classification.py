@@ -84,7 +84,8 @@ def _checked_labels_and_mask(
     if shapes_fit and not isinstance(labels, jax.core.Tracer):
         # Outside jit, the unmasked labels only (padding is often -100); with numpy, as
         # labels that are a constant inside jit are concrete, but jnp ops on them trace.
-        unmasked = np.asarray(labels)[np.asarray(mask)] if _concrete(mask) else None
+        traced = isinstance(mask, jax.core.Tracer)
+        unmasked = None if traced else np.asarray(labels)[np.asarray(mask)]
         if unmasked is not None and unmasked.size:
             low, high = int(unmasked.min()), int(unmasked.max())
             if low < 0 or high >= num_classes:
@@ -96,11 +97,6 @@ def _checked_labels_and_mask(
                 )
     problems.raise_if_any()
     return labels, mask & (labels >= 0) & (labels < num_classes)
-
-
-def _concrete(x: Any) -> bool:
-    """A value readable now (outside jit), not one traced inside it."""
-    return not isinstance(x, jax.core.Tracer)
 
 
 def _add_shape_problem(
@@ -531,7 +527,8 @@ class Perplexity(_Counts):
         log_likelihood = jnp.asarray(log_likelihood)
         problems = Problems("Perplexity.from_log_likelihood")
         mask = _check_mask(mask, log_likelihood.shape, problems)
-        if _concrete(log_likelihood) and _concrete(mask) and not problems:  # numpy: see labels
+        traced = isinstance(log_likelihood, jax.core.Tracer) or isinstance(mask, jax.core.Tracer)
+        if not traced and not problems:  # with numpy: see the labels' check
             ll, kept = np.asarray(log_likelihood, np.float32), np.asarray(mask)
             if n := int((kept & (ll > _LL_SLACK)).sum()):
                 problems.value_problem(

@@ -12,7 +12,6 @@ the operative config as T5X does, to `<model_dir>/config.gin` and as the text su
 
 import os
 import site
-import sys
 import sysconfig
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -40,7 +39,6 @@ def config_dir() -> str:
     places = [
         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"),
         os.path.join(sysconfig.get_path("data"), installed),
-        os.path.join(sys.prefix, installed),
         os.path.join(site.getuserbase(), installed),  # pip install --user
     ]
     for place in places:

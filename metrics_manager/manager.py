@@ -379,13 +379,11 @@ class MetricsManager:
         step = problems.step("step", step)
         num_steps = problems.integer("num_steps", num_steps, minimum=1)
         keys = (*metrics, *ready)
-        # A loop sends the same keys every time: check once, and again when the first
-        # array's shape changes (a pmap step's windows after reduced ones). Packed: always.
+        # A loop sends the same keys every time: check once, and again when the leading
+        # shapes change (a pmap step's windows after merged ones).
         seen = (keys, _first_shape(metrics))
         if seen != self._keys_checked:
             problems.keys(keys, self._reserved)
-            problems.one_window(metrics)
-        elif isinstance(metrics, PackedMetrics):
             problems.one_window(metrics)
         problems.raise_if_any()
         self._keys_checked = seen
@@ -720,9 +718,9 @@ class _Problems(Problems):
 
 
 def _first_shape(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
-    """The shape of the first array of the first metric (cheap: one metric's leaves)."""
+    """The buffers' shapes, or the first array's of the first metric (one metric's leaves)."""
     if isinstance(metrics, PackedMetrics):
-        return None
+        return tuple(np.shape(b) for b in metrics.buffers)
     for metric in metrics.values():
         if leaves := jax.tree.leaves(metric):
             return np.shape(leaves[0])
