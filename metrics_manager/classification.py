@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from metrics_manager.metrics import COUNT_DTYPE
 from writers._checks import Problems, describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
@@ -114,7 +115,7 @@ def _outside_unit_interval(
     """How many `scores` where `mask` is true are outside [0, 1] or NaN (logits passed as
     probabilities); outside jit, a count above 0 raises, naming their range and `fix`."""
     scores = scores.astype(jnp.result_type(scores, jnp.float32))
-    outside = (mask & ~((scores >= 0) & (scores <= 1))).sum(dtype=jnp.int32)
+    outside = (mask & ~((scores >= 0) & (scores <= 1))).sum(dtype=COUNT_DTYPE)
     if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
         problems.value_problem(
             f"predictions must be probabilities in [0, 1]; {n} of {scores.size} are not "
@@ -132,12 +133,12 @@ def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
 
 @flax.struct.dataclass(kw_only=True)
 class _Counts(clu_metrics.Metric):
-    """Array fields start at int32 zeros and merge by addition; settings must agree."""
+    """Array fields start at float32 zero counts and merge by addition; settings must agree."""
 
     @classmethod
     def empty(cls) -> Any:
         arrays = [f.name for f in dataclasses.fields(cls) if f.metadata.get("pytree_node", True)]
-        return cls(**{name: jnp.zeros((), jnp.int32) for name in arrays})
+        return cls(**{name: jnp.zeros((), COUNT_DTYPE) for name in arrays})
 
     def merge(self, other: Any) -> Any:
         merged: dict[str, Any] = {}
@@ -219,7 +220,7 @@ class _ConfusionCounts(_Counts):
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted, fits = jnp.zeros(labels.shape, jnp.int32), False
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
-        outside = jnp.zeros((), jnp.int32)
+        outside = jnp.zeros((), COUNT_DTYPE)
         if binary and threshold is None:
             fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
             outside = _outside_unit_interval(predictions, mask, problems, fix)
@@ -231,8 +232,8 @@ class _ConfusionCounts(_Counts):
                 f"{'binary scores' if binary else f'{num_classes}-class scores'}; expected "
                 f"{expected} (sklearn's average argument)"
             )
-        weight = mask.astype(jnp.int32)
-        zeros = jnp.zeros(num_classes, jnp.int32)
+        weight = mask.astype(COUNT_DTYPE)
+        zeros = jnp.zeros(num_classes, COUNT_DTYPE)
         # Scatter-adds instead of one-hot products: memory O(C), not O(tokens x C).
         true_positives = zeros.at[labels].add(weight * (predicted == labels), mode="drop")
         return cls(
@@ -385,7 +386,7 @@ class TopKAccuracy(_Counts):
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
         top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1) & mask
-        return cls(correct=hit.sum(dtype=jnp.int32), count=mask.sum(dtype=jnp.int32), k=int(k))
+        return cls(correct=hit.sum(dtype=COUNT_DTYPE), count=mask.sum(dtype=COUNT_DTYPE), k=int(k))
 
     def compute(self) -> jax.Array:
         return jnp.where(self.count > 0, _divide(self.correct, self.count), jnp.nan)
@@ -444,10 +445,10 @@ class AUROC(_Counts):
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
         num_bins = int(num_bins)
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
-        zeros = jnp.zeros(num_bins, jnp.int32)
+        zeros = jnp.zeros(num_bins, COUNT_DTYPE)
         return cls(
-            positives=zeros.at[bins].add((mask & (labels == 1)).astype(jnp.int32)),
-            negatives=zeros.at[bins].add((mask & (labels == 0)).astype(jnp.int32)),
+            positives=zeros.at[bins].add((mask & (labels == 1)).astype(COUNT_DTYPE)),
+            negatives=zeros.at[bins].add((mask & (labels == 0)).astype(COUNT_DTYPE)),
             outside=outside,
             num_bins=num_bins,
         )
@@ -486,7 +487,7 @@ class Perplexity(_Counts):
 
     @classmethod
     def empty(cls) -> "Perplexity":
-        return cls(total=jnp.zeros((), jnp.float32), count=jnp.zeros((), jnp.int32))
+        return cls(total=jnp.zeros((), jnp.float32), count=jnp.zeros((), COUNT_DTYPE))
 
     @classmethod
     def from_model_output(
@@ -538,7 +539,7 @@ class Perplexity(_Counts):
                 )
         problems.raise_if_any()
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))
-        return cls(total=jnp.where(mask, nll, 0).sum(), count=mask.sum(dtype=jnp.int32))
+        return cls(total=jnp.where(mask, nll, 0).sum(), count=mask.sum(dtype=COUNT_DTYPE))
 
     def compute(self) -> jax.Array:
         mean = self.total / jnp.maximum(self.count, 1).astype(jnp.result_type(self.total))

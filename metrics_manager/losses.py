@@ -100,7 +100,13 @@ class _Checks(Problems):
         targets_ok = self.array("targets", targets, jnp.integer, fix=_TARGETS_FIX)
         if not (logits_ok and _is_array(targets)):
             return False
-        if logits.ndim != targets.ndim + 1 or tuple(logits.shape[:-1]) != tuple(targets.shape):
+        if tuple(logits.shape) == tuple(targets.shape) and targets.ndim >= 2:
+            self.value_problem(
+                f"`targets` must be token ids of shape logits.shape[:-1] = "
+                f"{tuple(logits.shape[:-1])}; got targets of the logits' shape "
+                f"{tuple(targets.shape)}, one-hot? Pass `targets.argmax(-1)`."
+            )
+        elif logits.ndim != targets.ndim + 1 or logits.shape[:-1] != targets.shape:
             self.value_problem(
                 f"`logits` must have shape targets.shape + (vocab_size,) = {tuple(targets.shape)}"
                 f" + (V,); got logits of shape {tuple(logits.shape)}. Check that logits and "
@@ -156,12 +162,20 @@ class _Checks(Problems):
                 f"`z_loss` must be a non-negative float or a scalar array; got {describe(z_loss)}."
             )
 
-    def metric_options(self, segment_ids: Any, num_devices: Any) -> None:
+    def metric_options(self, segment_ids: Any, num_devices: Any, batch_size: Any) -> None:
         if isinstance(segment_ids, Mapping):
             for feature, ids in segment_ids.items():
-                if ids is not None:
-                    name = f"segment_ids[{feature!r}]"
-                    self.array(name, ids, jnp.integer, ndim=2, fix="0 marks padding.")
+                name = f"segment_ids[{feature!r}]"
+                if ids is None or not self.array(
+                    name, ids, jnp.integer, ndim=2, fix="0 marks padding."
+                ):
+                    continue
+                if batch_size is not None and ids.shape[0] != batch_size:
+                    self.value_problem(
+                        f"`{name}` must have one row per sequence of `targets`, "
+                        f"[{batch_size}, L]; got shape {tuple(ids.shape)}. Pass the segment "
+                        "ids of the same (micro)batch."
+                    )
         elif segment_ids is not None:
             self.type_problem(
                 f"`segment_ids` must map feature names to [B, L] arrays; got "
@@ -169,6 +183,10 @@ class _Checks(Problems):
             )
         if num_devices is not None and not (_is_number(num_devices, (int,)) and num_devices >= 1):
             self.value_problem(f"`num_devices` must be a positive int; got {num_devices!r}.")
+
+
+def _batch_size(targets: Any) -> int | None:
+    return int(targets.shape[0]) if _is_array(targets) and targets.ndim >= 1 else None
 
 
 def _batch_targets(batch: Any, call: str, why: str = "", fix: str = "") -> Any:
@@ -219,9 +237,9 @@ def _custom_token_losses(
 
 def _token_losses_fwd(
     logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
-) -> tuple[TokenLosses, tuple[jax.Array, ...]]:
+) -> tuple[TokenLosses, tuple[Any, ...]]:
     confidence, low, constant = _smoothing(label_smoothing, logits.shape[-1])
-    z_loss = jnp.asarray(z_loss, jnp.float32)
+    z_coefficient, z_loss = z_loss, jnp.asarray(z_loss, jnp.float32)
     x = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(x, axis=-1)
     # A target outside [0, V) (an ignore index such as -100) has an all-zero one-hot in T5X:
@@ -236,13 +254,14 @@ def _token_losses_fwd(
         cross_ent = cross_ent - low * jnp.sum(x - log_z[..., None], axis=-1)
     token_z_loss = z_loss * jnp.square(log_z)
     token_loss = cross_ent - constant + token_z_loss
-    return TokenLosses(token_loss, token_z_loss), (logits, targets, z_loss, log_z)
+    return TokenLosses(token_loss, token_z_loss), (logits, targets, z_coefficient, log_z)
 
 
 def _token_losses_bwd(
-    label_smoothing: float, residuals: tuple[jax.Array, ...], cotangents: tuple[jax.Array, ...]
-) -> tuple[jax.Array, None, None]:
-    logits, targets, z_loss, log_z = residuals
+    label_smoothing: float, residuals: tuple[Any, ...], cotangents: tuple[jax.Array, ...]
+) -> tuple[jax.Array, None, jax.Array]:
+    logits, targets, z_coefficient, log_z = residuals
+    z_loss = jnp.asarray(z_coefficient, jnp.float32)
     # The logged z-loss (second output) copies a term of the loss: dropping its cotangent
     # keeps it from training twice.
     g_loss, _ = cotangents
@@ -255,8 +274,15 @@ def _token_losses_bwd(
     valid = (targets >= 0) & (targets < vocab_size)  # else q is `low` everywhere
     sum_q = jnp.where(valid, confidence + (vocab_size - 1) * low, vocab_size * low)
     scale = sum_q + 2.0 * z_loss * log_z
-    g_logits = g_loss[..., None] * (probs * scale[..., None] - soft_targets)
-    return g_logits.astype(logits.dtype), None, None
+    # A position with no cotangent (weight 0: padding) gets none, even where its logits are
+    # not finite and `probs` is NaN there.
+    g_logits = jnp.where(
+        g_loss[..., None] != 0, g_loss[..., None] * (probs * scale[..., None] - soft_targets), 0
+    )
+    # For a scheduled (array) coefficient: d loss / d z = sum of g * logZ**2.
+    g_z = jnp.sum(jnp.where(g_loss != 0, g_loss * jnp.square(log_z), 0))
+    g_z = jnp.reshape(g_z, jnp.shape(z_coefficient)).astype(jnp.result_type(z_coefficient))
+    return g_logits.astype(logits.dtype), None, g_z
 
 
 _custom_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
@@ -267,7 +293,9 @@ def _weighted_sums(
 ) -> tuple[jax.Array, jax.Array]:
     loss, z_loss = token_losses
     if weights is not None:
-        loss, z_loss = loss * weights.astype(jnp.float32), z_loss * weights.astype(jnp.float32)
+        # `where`, not a product alone: a padding position's non-finite loss would be 0 * inf.
+        w = weights.astype(jnp.float32)
+        loss, z_loss = (jnp.where(w != 0, x * w, 0.0) for x in (loss, z_loss))
     if factor is not None and jnp.ndim(factor) == 1:  # [B]: rank promotion is explicit
         factor = jnp.reshape(factor, (-1,) + (1,) * (loss.ndim - 1))
     if factor is not None:
@@ -584,8 +612,10 @@ def compute_base_metrics(
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
         segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding).
-        token_losses: The per-token losses behind `loss`. Without them the per-token sums
-            are `loss * loss_normalizing_factor`, exact only for binary weights.
+        token_losses: The per-token losses behind `loss`. With them, `loss_per_*` keys
+            average the unweighted token losses where `mask != 0`, whatever the weights and
+            factor; without them (T5X's way), the per-token sums are
+            `loss * loss_normalizing_factor`, the weighted sum. The two agree for 0/1 weights.
         loss_normalizing_factor: The scalar factor `loss` was divided by.
         num_devices: For `*_per_core`; default: the current mesh's size, else the devices
             holding `logits`, else `jax.device_count()`.
@@ -625,7 +655,7 @@ def compute_base_metrics(
     problems.array("loss", loss, jnp.floating, ndim=0)
     if z_loss is not None:
         problems.array("z_loss", z_loss, jnp.floating, ndim=0)
-    problems.metric_options(segment_ids, num_devices)
+    problems.metric_options(segment_ids, num_devices, _batch_size(targets))
     problems.raise_if_any()
     return _base_metrics(
         logits, targets, mask, loss, z_loss, segment_ids, token_losses, factor, num_devices
@@ -718,7 +748,8 @@ def compute_loss_and_metrics(
 
     Reads `decoder_target_tokens`, `decoder_loss_weights` (default `targets > 0`),
     `loss_normalizing_factor` (absent: none) and every `<feature>_segment_ids`. The z-loss
-    keys are present when `z_loss` is nonzero or an array.
+    keys are present when `z_loss` is nonzero or an array. The `loss_per_*` keys average the
+    unweighted token losses over tokens of nonzero weight (see `compute_base_metrics`).
 
     Args:
         logits: `[B, ..., V]` scores for the batch's targets.
@@ -755,7 +786,7 @@ def compute_loss_and_metrics(
     problems = _Checks("compute_loss_and_metrics")
     problems.inputs(logits, targets, weights, factor, name=f"batch[{_WEIGHTS_KEY!r}]")
     problems.loss_options(label_smoothing, z_loss, logits)
-    problems.metric_options(segment_ids, num_devices)
+    problems.metric_options(segment_ids, num_devices, _batch_size(targets))
     problems.raise_if_any()
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)

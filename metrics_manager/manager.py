@@ -54,7 +54,7 @@ from metrics_manager.packing import PackedMetrics
 from metrics_manager.summary import Summarizer
 from metrics_manager.system import SystemMonitor
 from writers import _checks
-from writers._base import TrackerWriter, close_at_exit
+from writers._base import TrackerWriter, close_at_exit, keys_problem
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
 from writers.multi import named_writers
@@ -256,6 +256,7 @@ class MetricsManager:
             fail_summary=on_error == "raise",
         )
         self._reserved = {k: n for n, w in named.items() for k in getattr(w, "reserved_keys", ())}
+        self._named = named
         perf = None
         if flops_per_step is not None:
             perf = functools.partial(
@@ -383,7 +384,7 @@ class MetricsManager:
         # shapes change (a pmap step's windows after merged ones).
         seen = (keys, _first_shape(metrics))
         if seen != self._keys_checked:
-            problems.keys(keys, self._reserved)
+            problems.keys(keys, self._key_problem("write_scalars", keys))
             problems.one_window(metrics)
         problems.raise_if_any()
         self._keys_checked = seen
@@ -589,13 +590,16 @@ class MetricsManager:
                 f"{arg} must be a mapping such as {example}, got {type(values).__name__}"
             )
         values = dict(values) if isinstance(values, Mapping) else {}
-        problems.keys(values, {} if arg == "hparams" else self._reserved)
+        call = "write_histograms" if arg == "arrays" else f"write_{arg}"
+        if arg != "hparams":  # checked once flat, below
+            problems.keys(values, self._key_problem(call, values))
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
             with jax.transfer_guard_device_to_host("allow"):
                 values = _checks.collect_numbers(values, problems, deferred)
         elif arg == "hparams":
             values = _checks.flat_hparams(values, problems)
+            problems.keys(values, self._key_problem(call, values))
         elif arg == "texts":
             values = _checks.collect_texts(values, problems)
         else:  # images, histograms: shapes now, values on the worker
@@ -632,6 +636,12 @@ class MetricsManager:
             job.state["calls"] = [(call, {arg: checked, **extra})] if values else []
 
         self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
+
+    def _key_problem(self, method: str, keys: Any) -> str | None:
+        """Why a writer would refuse some of `keys` (reserved or, for MLflow, invalid names)."""
+        if not self._named or not all(isinstance(k, str) for k in keys):
+            return None
+        return keys_problem(self._named, method, keys, self._reserved)
 
     def _check_finite(self, step: int, scalars: Mapping[str, Any]) -> None:
         self._summarizer.check_finite(step, scalars, "passed to write_scalars at")
@@ -709,12 +719,12 @@ class _Problems(Problems):
                 "(jax.device_put(m, NamedSharding(mesh, P())))"
             )
 
-    def keys(self, keys: Any, reserved: Mapping[str, str]) -> None:
+    def keys(self, keys: Any, writer_problem: str | None) -> None:
         if bad := [k for k in keys if not isinstance(k, str) or not k.strip()]:
             listed = ", ".join(repr(k) for k in bad)
             self.type_problem(f"every key must be a non-empty str such as 'loss', got {listed}")
-        if problem := _checks.reserved_problem(keys, reserved):
-            self.value_problem(problem)
+        if writer_problem:
+            self.value_problem(writer_problem)
 
 
 def _first_shape(metrics: Mapping[str, Any] | PackedMetrics) -> Any:

@@ -304,7 +304,7 @@ def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
         out[key] = wrapped  # google-metrax's NnxWrapper
     elif isinstance(value, nnx.metrics.Welford):
         out[key] = _metrics.Welford(
-            count=jnp.asarray(value.count[...]).astype(jnp.int32),
+            count=jnp.asarray(value.count[...]).astype(_metrics.COUNT_DTYPE),
             mean=jnp.asarray(value.mean[...]),
             m2=jnp.asarray(value.m2[...]),
         )

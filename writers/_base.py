@@ -11,7 +11,7 @@ import importlib
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -39,6 +39,7 @@ class BaseWriter(MetricWriter):
 
     _closed: bool = False
     encodes_media: bool = False  # images, videos, audio become pixels, samples (not shapes)
+    reserved_keys: tuple[str, ...] = ()  # keys the backend stores its own fields under
     flush_failure: str | None = None  # why the last timed flush failed; None once one works
 
     @property
@@ -165,6 +166,11 @@ class BaseWriter(MetricWriter):
         problems.raise_if_any()
         return buckets
 
+    def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
+        """Why this backend would refuse some of `keys` in a `method` call, else None:
+        wrappers and the manager ask before any writer writes."""
+        return None
+
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         self._check_open(method)
         if type(values) is _checks.Checked:
@@ -176,17 +182,22 @@ class ForwardingWriter(BaseWriter):
     """Checks each call's step and keys once, then passes it on by keyword to `_forward`."""
 
     _reserved: dict[str, str] = {}  # key -> name of the wrapped writer that refuses it
-    reserved_keys: tuple[str, ...] = ()
+    _wrapped: dict[str, Any] = {}
 
     def _reserve(self, writers: Mapping[str, Any]) -> None:
-        """Refuses at the call the keys a wrapped writer reserves (JSONL's line fields): a
-        `MultiWriter`'s others wrote such a key before, an `AsyncWriter` failed one call late."""
+        """Refuses at the call the keys a wrapped writer reserves (JSONL's line fields) or
+        would refuse (MLflow's names): a `MultiWriter`'s others wrote such a key before, an
+        `AsyncWriter` failed one call late."""
         self._reserved = {k: n for n, w in writers.items() for k in getattr(w, "reserved_keys", ())}
         self.reserved_keys = tuple(self._reserved)
+        self._wrapped = dict(writers)
+
+    def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
+        return keys_problem(self._wrapped, method, keys, self._reserved)
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         step = super()._begin(method, step, values)
-        if self._reserved and (problem := _checks.reserved_problem(values, self._reserved)):
+        if problem := self.key_problem(method, values):
             raise ValueError(f"{self._name(method)}: {problem}")
         return step
 
@@ -252,6 +263,8 @@ class ForwardingWriter(BaseWriter):
         self._forward("write_summaries", step=step, values=values, metadata=metadata)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
+        if problem := self.key_problem("write_hparams", hparams):
+            raise ValueError(f"{self._name('write_hparams')}: {problem}")
         self._forward("write_hparams", hparams=hparams)
 
     @abc.abstractmethod
@@ -264,6 +277,12 @@ class TrackerWriter(BaseWriter):
 
     encodes_media = True
     _owned = False  # close() ends the run: this writer started or resumed it
+    _file_methods: frozenset[str] = frozenset({"write_summaries"})  # values stored as files
+
+    def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
+        if method not in self._file_methods:
+            return None
+        return _path_problem({"write_audios": "audio"}.get(method, method[6:]), keys)
 
     def _start(
         self, module: str, resume_step: int | None, process_index: int | None
@@ -320,14 +339,11 @@ class TrackerWriter(BaseWriter):
         bytes: one `_<i>` each) through `_store`.
 
         Raises:
-          ValueError: a key is not a relative path (an empty, `.` or `..` part).
+          ValueError: a key is not a relative path (an empty, `.` or `..` part) or has a
+            part over 255 bytes.
         """
-        bad = [k for k in files if any(p in ("", ".", "..") for p in k.split("/"))]
-        if bad:
-            raise ValueError(
-                f"{self._name(method)}: keys {bad} become artifact paths {kind}/<key>/... and "
-                "must be relative, without '', '.' or '..' parts; rename them, e.g. 'eval/sample'."
-            )
+        if problem := _path_problem(kind, files):
+            raise ValueError(f"{self._name(method)}: {problem}")
         paths = {}
         for key, content in files.items():
             many = isinstance(content, list)
@@ -340,6 +356,31 @@ class TrackerWriter(BaseWriter):
     def _pictures(self, method: str, step: int, images: dict[str, np.ndarray]) -> None: ...
     def _params(self, hparams: dict[str, bool | int | float | str]) -> None: ...
     def _end_run(self) -> None: ...
+
+
+def _path_problem(kind: str, keys: Iterable[str]) -> str | None:
+    # A file system refuses a name part over 255 bytes: one such key would fail every later
+    # send of the files buffered with it.
+    bad = [
+        k for k in keys if any(p in ("", ".", "..") or len(p.encode()) > 255 for p in k.split("/"))
+    ]
+    if not bad:
+        return None
+    return (
+        f"keys {bad} become artifact paths {kind}/<key>/... and must be relative, without "
+        "'', '.' or '..' parts, each part at most 255 bytes; rename them, e.g. 'eval/sample'."
+    )
+
+
+def keys_problem(
+    writers: Mapping[str, Any], method: str, keys: Iterable[str], reserved: Mapping[str, str]
+) -> str | None:
+    """Why some writer of `writers` (by name) would refuse `keys` in `method`, else None."""
+    problems = [] if method == "write_hparams" else [_checks.reserved_problem(keys, reserved)]
+    for name, writer in writers.items():
+        if (check := getattr(writer, "key_problem", None)) and (problem := check(method, keys)):
+            problems.append(f"{name}: {problem}")
+    return "; ".join(p for p in problems if p) or None
 
 
 def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:

@@ -151,16 +151,18 @@ def check_keys(values: Any, method: str) -> None:
 
 
 def reserved_problem(keys: Iterable[str], reserved: Mapping[str, str]) -> str | None:
-    """The message for keys that a writer keeps for itself (JSONL's line fields), else None.
+    """The message for keys that a writer keeps for itself (JSONL's line fields, W&B's row
+    fields), else None.
 
     `reserved` maps each such key to the name of the writer that reserves it."""
     if not reserved or reserved.keys().isdisjoint(keys):
         return None
     taken = {key: reserved[key] for key in keys if key in reserved}
     return (
-        f"keys {list(taken)} are reserved by writer(s) {sorted(set(taken.values()))} (JSONL "
-        f"stores step, time and collection in every line); nothing was written; rename them, "
-        f"e.g. 'train/{next(iter(taken))}'."
+        f"keys {list(taken)} are reserved by writer(s) {sorted(set(taken.values()))}, which "
+        "store their own fields under them (JSONL: step, time and collection in every line; "
+        f"W&B: _step, _runtime, _timestamp); nothing was written; rename them, e.g. "
+        f"'train/{next(iter(taken))}'."
     )
 
 

@@ -40,7 +40,7 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from absl import logging
@@ -115,7 +115,8 @@ class MlflowWriter(_base.TrackerWriter):
         self.run_id: str | None = None
         self._last_steps: dict[str, int] = {}
         self._warned_skip = False
-        self._valid_names: set[str] = set()
+        self._valid_names: set[tuple[bool, str]] = set()  # (is a param, name) MLflow accepts
+        self._params_logged: dict[str, str] = {}  # the run's params: they never change
         self._lock = threading.Lock()  # guards the buffer below
         self._sending = threading.Lock()  # one send at a time, in order
         self._pending_params: list[Any] = []
@@ -154,10 +155,14 @@ class MlflowWriter(_base.TrackerWriter):
                     experiment_name, artifact_location=artifact_location
                 )
             run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
-        elif resume_step is not None:
-            client.update_run(run_id, status="RUNNING")
-            for key in client.get_run(run_id).data.metrics:
-                self._last_steps[key] = max(m.step for m in client.get_metric_history(run_id, key))
+        else:
+            data = client.get_run(run_id).data
+            self._params_logged = dict(data.params)
+            if resume_step is not None:
+                client.update_run(run_id, status="RUNNING")
+                for key in data.metrics:
+                    history = client.get_metric_history(run_id, key)
+                    self._last_steps[key] = max(m.step for m in history)
         self.run_id = run_id
         self._stop_timer = _base.flush_every(
             self, flush_secs, f"MlflowWriter(run {run_id})", last=self._last_send
@@ -277,24 +282,31 @@ class MlflowWriter(_base.TrackerWriter):
                 f"{len(batch)} {kind} ({', '.join(names[:5])}{', ...' * (len(names) > 5)}): {err}"
             )
 
-    def _check_names(self, names: Any, method: str, check: Callable[[str], Any]) -> None:
-        """Refuses at the call the names the store would refuse at a send (MLflow's own check:
-        characters, path-like names, length)."""
+    def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
+        """The names the store would refuse at a send (MLflow's own check: characters,
+        path-like names, length), or artifact paths a file system would."""
+        if method not in ("write_scalars", "write_hparams"):
+            return super().key_problem(method, keys)
+        params = method == "write_hparams"
         bad = []
-        for name in names:
-            if name not in self._valid_names:
+        for name in keys:
+            if (params, name) not in self._valid_names:
                 try:
-                    check(name)
-                    self._valid_names.add(name)
+                    if params:
+                        self._validation._validate_param(name, "")
+                    else:
+                        self._validation._validate_metric(name, 0.0, 0, 0)
+                    self._valid_names.add((params, name))
                 except self._error as err:
                     bad.append(f"{name!r}: {err.message}")
-        if bad:
-            raise ValueError(f"{self._name(method)}: MLflow refuses the names {'; '.join(bad)}")
+        return f"MLflow refuses the names {'; '.join(bad)}" if bad else None
+
+    def _check_names(self, method: str, names: Iterable[str]) -> None:
+        if problem := self.key_problem(method, names):
+            raise ValueError(f"{self._name(method)}: {problem}")
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
-        self._check_names(
-            numbers, "write_scalars", lambda k: self._validation._validate_metric(k, 0.0, 0, 0)
-        )
+        self._check_names("write_scalars", numbers)
         if self._client is None:
             return
         if self._last_steps:  # resumed: skip the points the run's history already has
@@ -326,20 +338,35 @@ class MlflowWriter(_base.TrackerWriter):
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         self._files("write_texts", "texts", step, {k: v.encode() for k, v in texts.items()})
 
+    _file_methods = frozenset(
+        {"write_summaries", "write_texts", "write_images", "write_videos", "write_audios"}
+        | {"write_histograms"}
+    )
+
     def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
         hists = {k: _encode.histogram(v, buckets.get(k)) for k, v in arrays.items()}
         files = {k: json.dumps(h).encode() for k, h in hists.items()}
         self._files("write_histograms", "histograms", step, files, ".json")
 
     def _params(self, hparams: dict[str, Any]) -> None:
-        self._check_names(
-            hparams, "write_hparams", lambda k: self._validation._validate_param(k, "")
-        )
+        self._check_names("write_hparams", hparams)
         if self._client is None:
             return
         # MLflow's own check (private, as is `_validate_metric`): it truncates long values.
         params = [self._validation._validate_param(k, str(v)) for k, v in hparams.items()]
         with self._lock:
+            # A param never changes in MLflow: refused here, not dropped at a later send.
+            if changed := [
+                f"{p.key!r}: {self._params_logged[p.key]!r} -> {p.value!r}"
+                for p in params
+                if self._params_logged.get(p.key, p.value) != p.value
+            ]:
+                raise ValueError(
+                    f"{self._name('write_hparams')}: MLflow params never change, and run "
+                    f"{self.run_id} has {', '.join(changed)}; nothing was written. Log a "
+                    "value that changes as a metric (write_scalars), or start a new run."
+                )
+            self._params_logged.update((p.key, p.value) for p in params)
             self._pending_params += params
 
     def _end_run(self) -> None:

@@ -19,7 +19,12 @@ Resume: `run_id` with `resume_step=R` rewinds the run to step R (`resume_from="<
 a W&B private preview: W&B support enables it per entity):
 history after R is replaced and steps up to R raise. Offline, the new run directory holds only
 steps after R and names the rewind point for `wandb sync`. With `collection` set, the run id
-is `<run_id>-<collection>` (`/` replaced by `-`).
+is `<run_id>-<collection>` (characters W&B refuses in an id, such as `/` and `:`, become `-`).
+Offline, W&B cannot tell a restarted writer the run's last step: with the same `run_id` and
+no `resume_step`, steps below the earlier run's are not refused here. Pass `resume_step`.
+
+Keys `_step`, `_runtime`, `_timestamp` and `_wandb` are W&B's own and refused; so is one key
+written as two kinds (a scalar and a text) at one step, which W&B would keep only once.
 
 Example:
   >>> import tempfile, writers
@@ -29,6 +34,7 @@ Example:
 """
 
 import os
+import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -36,6 +42,7 @@ from typing import Any
 from writers import _base, _checks, _encode
 
 MAX_HISTOGRAM_BUCKETS = 512  # wandb.Histogram's limit
+_RUN_ID_REFUSED = re.compile(r"[:;,#?/'\s]")  # characters `wandb.init` refuses in an id
 
 
 class WandbWriter(_base.TrackerWriter):
@@ -87,11 +94,12 @@ class WandbWriter(_base.TrackerWriter):
                 "run_id='<the W&B run id>' (shown in the run's URL and its local folder)."
             )
         self._run: Any = None
+        self._row: dict[str, str] = {}  # key -> write method, of the history row being filled
         if not here:
             return
         if run is None:
             if run_id is not None and collection:
-                run_id = f"{run_id}-{collection.replace('/', '-')}"
+                run_id = f"{run_id}-{_RUN_ID_REFUSED.sub('-', collection)}"
             if logdir is not None:
                 # W&B's service resolves a relative dir against its own working directory.
                 logdir = os.path.abspath(logdir)
@@ -116,6 +124,8 @@ class WandbWriter(_base.TrackerWriter):
         self._min_step = int(run.starting_step or 0)
         if resume_step is not None:
             self._min_step = max(self._min_step, resume_step + 1)
+
+    reserved_keys = ("_runtime", "_step", "_timestamp", "_wandb")  # W&B's own row fields
 
     @property
     def run(self) -> Any:
@@ -180,5 +190,17 @@ class WandbWriter(_base.TrackerWriter):
                 "drop it. Log steps in order (one run per collection: writers sharing a run "
                 "share its steps), or resume with resume_step."
             )
+        if problem := _checks.reserved_problem(values, dict.fromkeys(self.reserved_keys, "W&B")):
+            raise ValueError(f"WandbWriter.{method}: {problem}")
+        if step != self._min_step:
+            self._row = {}
+        # One row per step holds one value per key: a second kind would replace the first.
+        if clash := {k: self._row[k] for k in values if self._row.get(k, method) != method}:
+            raise ValueError(
+                f"WandbWriter.{method}: keys {sorted(clash)} were written at step {step} by "
+                f"{sorted(set(clash.values()))}; W&B keeps one value per key and step, and "
+                "would replace it. Give each kind its own key, e.g. 'sample/text'."
+            )
         self._min_step = step
+        self._row.update(dict.fromkeys(values, method))
         self._run.log(values, step=step)

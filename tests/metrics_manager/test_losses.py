@@ -563,3 +563,53 @@ def test_batch_shape_problems_are_listed_together():
     assert "2 problems:" in message
     assert "batch['decoder_loss_weights']` must have the shape of `targets` (2, 4)" in message
     assert "batch['decoder_segment_ids']` must have the shape of `targets` (2, 4)" in message
+
+
+def test_a_scheduled_z_loss_coefficient_gets_its_gradient():
+    logits = jax.random.normal(jax.random.key(0), (2, 3, 5))
+    targets = jnp.array([[1, 2, 3], [0, 4, -100]])
+    weights = jnp.array([[1.0, 1.0, 0.0], [1.0, 0.5, 0.0]])
+
+    def loss(z):
+        return losses.compute_weighted_cross_entropy(logits, targets, weights, z_loss=z)[0]
+
+    expected = float(np.sum(np.asarray(weights) * _logsumexp(logits) ** 2))  # d/dz of z*logZ^2
+    assert float(jax.grad(loss)(jnp.float32(0.1))) == pytest.approx(expected, rel=1e-6)
+    assert float(jax.jit(jax.grad(loss))(0.1)) == pytest.approx(expected, rel=1e-6)
+    grad_bf16 = jax.grad(loss)(jnp.bfloat16(0.1))
+    assert grad_bf16.dtype == jnp.bfloat16
+    assert float(grad_bf16) == pytest.approx(expected, rel=1e-2)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_padding_with_non_finite_logits_costs_neither_the_loss_nor_the_gradient(label_smoothing):
+    logits = jax.random.normal(jax.random.key(1), (2, 3, 4))
+    targets = jnp.array([[1, 2, 3], [0, 1, 0]])
+    weights = jnp.array([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    bad = logits.at[0, 2].set(jnp.inf).at[1, 2, 1].set(-jnp.inf)  # only at padding
+
+    def loss(x):
+        return losses.compute_weighted_cross_entropy(
+            x, targets, weights, label_smoothing=label_smoothing, z_loss=1e-4
+        )[0]
+
+    assert float(loss(bad)) == pytest.approx(float(loss(logits)), rel=1e-6)
+    grad, clean = jax.grad(loss)(bad), jax.grad(loss)(logits)
+    assert bool(jnp.isfinite(grad).all())
+    np.testing.assert_allclose(grad, clean, rtol=1e-6, atol=1e-7)
+    assert not bool(grad[:, 2].any())  # no gradient at padding
+
+
+def test_one_hot_targets_and_segment_ids_of_another_batch_are_named():
+    logits = jnp.zeros((2, 3, 5))
+    with pytest.raises(ValueError, match=r"`targets` .*one-hot\? Pass `targets.argmax\(-1\)`"):
+        losses.compute_weighted_cross_entropy(logits, jnp.zeros((2, 3, 5), jnp.int32))
+    batch = {
+        "decoder_target_tokens": jnp.ones((2, 3), jnp.int32),
+        "decoder_segment_ids": jnp.ones((4, 7), jnp.int32),
+    }
+    with pytest.raises(
+        ValueError,
+        match=r"segment_ids\['decoder'\]` must have one row per .*\[2, L\]; got shape \(4, 7\)",
+    ):
+        losses.compute_loss_and_metrics(logits, batch, num_devices=1)

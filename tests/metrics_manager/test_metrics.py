@@ -359,3 +359,54 @@ def test_types_work_in_a_clu_collection_via_from_output():
     stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), step1, step2)
     reduced = stacked.reduce()
     assert int(reduced.loss.steps) == 1 and float(reduced.loss.total) == 6.0
+
+
+def test_mean_std_of_one_batch_near_1e7_is_exact_to_float32():
+    # 1000 values base + (i % 7), each exact in float32; numpy in float64 is the reference.
+    offsets = np.arange(1000) % 7
+    for base in (1e5, 1e6, 1e7):
+        values = np.float32(base) + offsets.astype(np.float32)
+        stats = MeanStd.from_model_output(jnp.asarray(values))
+        reference = values.astype(np.float64)
+        assert float(stats.compute()) == pytest.approx(reference.mean(), rel=1e-7)
+        assert float(stats.std()) == pytest.approx(reference.std(), rel=1e-5)
+    masked = MeanStd.from_model_output(jnp.array([jnp.nan, 1e7, 1e7 + 2]), jnp.array([0, 1, 1]))
+    assert (float(masked.compute()), float(masked.std())) == (1e7 + 1, 1.0)
+    nothing = MeanStd.from_model_output(jnp.array([jnp.inf, 5.0]), jnp.array([0, 0]))
+    assert (float(nothing.count), float(nothing.mean), float(nothing.m2)) == (0.0, 0.0, 0.0)
+
+
+def test_counts_of_more_than_2_31_tokens_do_not_wrap():
+    # 600 steps of 4Mi tokens merged in a jitted scan: an int32 count wrapped to -1778384896
+    # and MeanStd, Perplexity and TopKAccuracy read NaN.
+    from metrics_manager.classification import Perplexity, TopKAccuracy
+
+    tokens = 4 * 2**20
+    values = jnp.where(jnp.arange(tokens) % 2 == 0, 1.5, 2.5)  # mean 2, std 0.5
+    logits = jnp.zeros((tokens // 2**12, 2**12, 4)).at[..., 0].set(1.0)
+    labels = jnp.broadcast_to(jnp.arange(2**12) % 2, logits.shape[:-1])  # top-1 right half
+    step = {
+        "stats": MeanStd.from_model_output(values),
+        "ppl": Perplexity.from_model_output(logits, labels),
+        "top1": TopKAccuracy.from_model_output(logits, labels, k=1),
+    }
+
+    @jax.jit
+    def window(step):
+        def body(carry, _):
+            return jax.tree.map(lambda a, b: a.merge(b), carry, step, is_leaf=_is_metric), None
+
+        return jax.lax.scan(body, step, length=599)[0]
+
+    merged = window(step)
+    assert float(merged["stats"].count) == 600 * tokens > 2**31
+    assert float(merged["stats"].compute()) == 2.0 and float(merged["stats"].std()) == 0.5
+    expected_ppl = math.exp(
+        -np.log(np.exp(1.0) / (np.exp(1.0) + 3)) / 2 - np.log(1 / (np.exp(1.0) + 3)) / 2
+    )
+    assert float(merged["ppl"].compute()) == pytest.approx(expected_ppl, rel=1e-5)
+    assert float(merged["top1"].compute()) == 0.5
+
+
+def _is_metric(x) -> bool:
+    return isinstance(x, clu_metrics.Metric)

@@ -215,20 +215,36 @@ def test_names_mlflow_refuses_are_refused_at_the_call(store):
     assert run.data.metrics == {"ok": 3.0} and run.data.params == {}
 
 
-def test_what_the_store_refuses_is_dropped_and_named_the_rest_is_sent(store):
+def test_a_changed_param_is_refused_at_the_call_and_nothing_of_the_call_is_written(store):
     w = _writer(store, flush_secs=3600)
     w.write_hparams({"lr": 0.1})
     w.flush()
-    w.write_hparams({"lr": 0.2, "b1": 0.9})  # MLflow params never change
+    with pytest.raises(ValueError, match=r"params never change.*'lr': '0.1' -> '0.2'.*metric"):
+        w.write_hparams({"lr": 0.2, "b1": 0.9})
+    w.write_hparams({"lr": 0.1, "b2": 0.99})  # the same value again is accepted
+    w.close()
+    run = MlflowClient(store["tracking_uri"]).get_run(w.run_id)
+    assert run.data.params == {"lr": "0.1", "b2": "0.99"}
+    # A writer attached to the run knows its params: a change is refused there too.
+    again = _writer(store, run_id=w.run_id)
+    with pytest.raises(ValueError, match=r"'b2': '0.99' -> '0.5'"):
+        again.write_hparams({"b2": 0.5})
+    again.close()
+
+
+def test_what_the_store_refuses_is_dropped_and_named_the_rest_is_sent(store):
+    w = _writer(store, flush_secs=3600)
+    w.write_hparams({"lr": 0.1, "b1": 0.9})
     w.write_scalars(1, {"loss": 0.5})
     w.write_texts(1, {"note": "kept"})
+    client = MlflowClient(store["tracking_uri"])
+    client.log_param(w.run_id, "lr", "0.3")  # another client, before this writer sends
     with pytest.raises(ValueError, match=r"refused 1 params \(lr\): .*dropped, the rest"):
         w.flush()
     w.flush()  # nothing left to refuse
     w.close()
-    client = MlflowClient(store["tracking_uri"])
     run = client.get_run(w.run_id)
-    assert run.data.params == {"lr": "0.1", "b1": "0.9"} and run.data.metrics == {"loss": 0.5}
+    assert run.data.params == {"lr": "0.3", "b1": "0.9"} and run.data.metrics == {"loss": 0.5}
     assert [f.path for f in client.list_artifacts(w.run_id, "texts/note")] == [
         "texts/note/step_00000001.txt"
     ]

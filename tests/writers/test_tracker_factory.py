@@ -6,6 +6,7 @@ import functools
 import json
 
 import gin
+import numpy as np
 import pytest
 
 import writers
@@ -71,3 +72,51 @@ def test_resume_step_needs_a_tracker_that_takes_one(tmp_path):
             resume_step=5,
         )
     assert not (tmp_path / "metrics.jsonl").exists() or writers.read_jsonl(tmp_path) == []
+
+
+def test_names_a_tracker_refuses_are_refused_at_the_call_before_any_writer_writes(tmp_path):
+    from mlflow import MlflowClient
+
+    from metrics_manager import MetricsManager, Sum
+    from tests.writers.tracker_stores import sqlite_store
+
+    uri = sqlite_store(str(tmp_path / "store"))
+    tracker = functools.partial(writers.MlflowWriter, "exp", tracking_uri=uri, process_index=0)
+    factory = functools.partial(
+        writers.create_tracker_writer, tracker=tracker, name="mlflow", default_writer=_files_only
+    )
+    long_key = "k" * 300  # a file name part over 255 bytes: every later artifact send failed
+    with MetricsManager("train", str(tmp_path / "run"), writer_factory=factory) as manager:
+        for call, arg in (
+            (manager.write_scalars, {"top@1": 0.5, "loss": 2.0}),
+            (manager.write_texts, {long_key: "x", "good": "y"}),
+        ):
+            with pytest.raises(
+                ValueError,
+                match=r"mlflow: .*(MLflow refuses the names 'top@1'|k{300}'\] become artifact paths texts/)",
+            ):
+                call(1, arg)
+        with pytest.raises(ValueError, match=r"MLflow refuses the names 'acc@1'"):
+            manager.write_metrics_summary({"acc@1": Sum.from_model_output(np.ones(2))}, 1, 1)
+        with pytest.raises(ValueError, match=r"MLflow refuses the names 'lr\$'"):
+            manager.write_hparams({"lr$": 0.1})
+        manager.write_scalars(2, {"loss": 1.5})
+        manager.write_texts(2, {"good": "kept"})
+        run_id = manager.writers["mlflow"].run_id
+    with open(tmp_path / "run" / "train" / "metrics.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    assert [(line["step"], line.get("loss"), line.get("good")) for line in lines] == [
+        (2, 1.5, None),
+        (2, None, "kept"),
+    ]  # nothing of the refused calls, in JSONL either
+    client = MlflowClient(uri)
+    assert client.get_run(run_id).data.metrics == {"loss": 1.5}
+    assert [f.path for f in client.list_artifacts(run_id, "texts")] == ["texts/good"]
+    # A MultiWriter asks its writers the same before the first one writes.
+    w = writers.create_tracker_writer(
+        tmp_path / "multi", tracker=tracker, name="mlflow", default_writer=_files_only
+    )
+    with pytest.raises(ValueError, match=r"MultiWriter.write_scalars: mlflow: MLflow refuses"):
+        w.write_scalars(1, {"top@1": 0.5})
+    w.close()
+    assert (tmp_path / "multi" / "metrics.jsonl").read_text() == ""

@@ -244,3 +244,25 @@ def test_a_relative_logdir_is_relative_to_the_callers_working_directory(tmp_path
         w.close()
         (path,) = wandb_run_files(str(tmp_path / folder / "runs" / "a"))
         assert wandb_history(path) == {1: {"a": 1.0}}
+
+
+def test_w_and_b_row_fields_and_a_key_of_two_kinds_at_one_step_are_refused(tmp_path):
+    w = _writer(tmp_path, run_id="r1", collection="eval:squad/v1")  # W&B refuses ':' and '/'
+    with pytest.raises(ValueError, match=r"\['_step', '_runtime'\] are reserved by .*W&B"):
+        w.write_scalars(7, {"_step": 123, "_runtime": 4.5, "loss": 1.0})
+    w.write_scalars(7, {"sample": 0.5})
+    with pytest.raises(
+        ValueError, match=r"\['sample'\] were written at step 7 by \['write_scalars'\]"
+    ):
+        w.write_texts(7, {"sample": "the generated text"})
+    w.write_texts(7, {"sample/text": "the generated text"})
+    w.write_scalars(7, {"sample": 0.75})  # the same kind again: W&B's update of the row
+    w.write_texts(8, {"sample": "a text at the next step"})
+    w.close()
+    (path,) = wandb_run_files(str(tmp_path))
+    assert wandb_run_record(path).run_id == "r1-eval-squad-v1"
+    rows = wandb_history(path)
+    assert rows == {
+        7: {"sample": 0.75, "sample/text": "the generated text"},
+        8: {"sample": "a text at the next step"},
+    }
