@@ -394,18 +394,27 @@ def main(argv: Sequence[str]) -> None:
         logging.get_absl_handler().addFilter(_warnings_and_log_writer_lines)
     std_logging.getLogger().addFilter(_skip_gin_search_misses)
     config, _ = run(_GIN_FILE.value or [], _GIN_BINDINGS.value, _GIN_SEARCH_PATHS.value)
+    hints = watch_hints(config.model_dir)
     try:
-        print(
-            "\nDone. Follow the train log and open TensorBoard with:\n"
-            f"  tail -f {config.model_dir}/train/metrics.jsonl"
-            " | jq -c '{step, loss, accuracy, lr: .[\"learning_rate/current\"]}'\n"
-            f"  tensorboard --logdir {config.model_dir}\n",
-            flush=True,
-        )
+        if hints:
+            print("\nDone. Follow the run with:", *hints, sep="\n")
+            print(flush=True)
     except BrokenPipeError:  # `make demo | head`: the reader has gone, and so has this line
         devnull = os.open(os.devnull, os.O_WRONLY)  # so the exit's flush of stdout succeeds
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
+
+
+def watch_hints(model_dir: str) -> list[str]:
+    """The commands to follow a run, for the files its writers wrote (a console-only
+    config writes neither a JSONL log nor event files)."""
+    train, hints = os.path.join(model_dir, "train"), []
+    if os.path.exists(log := os.path.join(train, "metrics.jsonl")):
+        query = '{step, loss, accuracy, lr: .["learning_rate/current"]}'
+        hints.append(f"  tail -f {log} | jq -c '{query}'")
+    if glob.glob(os.path.join(train, "events.out.tfevents.*")):
+        hints.append(f"  tensorboard --logdir {model_dir}")
+    return hints
 
 
 def rewrite_gin_args(argv: Sequence[str]) -> list[str]:

@@ -72,6 +72,8 @@ _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (this process)
 _DIRS_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
+_FIRST_HANDLERS: dict[int, Any] = {}  # before any manager's: the end of every chain
+_HANDLING: set[int] = set()  # signals whose handler runs now (a chained one may call back)
 # A signal's flush ends within the usual 30 s grace period before SIGKILL (Kubernetes, GCE
 # preemption, Slurm); a writer call running 10 s into it is abandoned so the rest get written.
 _SIGNAL_FLUSH_S = 25.0
@@ -220,6 +222,7 @@ class MetricsManager:
         self._created = self._clock() if uptime else None
         self._failures = Failures(f"MetricsManager {name!r}", raise_all=on_error == "raise")
         self._closed = False
+        self._close_queued = self._close_done = False
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
         self._window_end = -math.inf  # worker-side: when the last summary's metrics were ready
@@ -284,8 +287,11 @@ class MetricsManager:
         self._at_exit = close_at_exit(self, f"MetricsManager {name!r}")
         if handle_signals and threading.current_thread() is threading.main_thread():
             for signum in _signals_to_handle():
-                if signum not in _PREVIOUS_HANDLERS:
-                    _PREVIOUS_HANDLERS[signum] = signal.getsignal(signum)
+                # Again if the program set another handler since (restored its own between
+                # runs): that one is chained.
+                if (current := signal.getsignal(signum)) is not _on_signal:
+                    _FIRST_HANDLERS.setdefault(signum, current)
+                    _PREVIOUS_HANDLERS[signum] = current
                     signal.signal(signum, _on_signal)
 
     @property
@@ -480,12 +486,18 @@ class MetricsManager:
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.
         """
-        if self._closed:
+        if self._close_done:
             return
-        self._closed = True
+        self._closed = True  # no new work from here on
+        # An exception while waiting (a signal handler's SystemExit, Ctrl-C) leaves the exit
+        # hook registered: at exit, close() goes on draining what is queued.
+        if not self._close_queued:
+            self._worker.post(self._fanout.pieces(None, [("close", {})], closing=True))
+            self._close_queued = True
+        self._worker.drain()
+        self._close_done = True
         atexit.unregister(self._at_exit)
         try:
-            self._to_all("close", None)
             if not self._worker.close(5.0):
                 _LOG.error("MetricsManager %r: the worker did not stop in time", self.name)
         finally:
@@ -649,7 +661,7 @@ class MetricsManager:
     def _to_all(self, method: str, timeout: float | None) -> None:
         end = None if timeout is None else time.monotonic() + timeout
         # Queueing waits while the queue is full: it counts against `timeout` too.
-        self._worker.post(self._fanout.pieces(None, [(method, {})], closing=method == "close"))
+        self._worker.post(self._fanout.pieces(None, [(method, {})]))
         if not self._worker.drain(None if end is None else max(end - time.monotonic(), 0.0)):
             raise TimeoutError(
                 f"MetricsManager {self.name!r}: {method}() not done in {timeout:.3g} s; "
@@ -896,6 +908,26 @@ def _open_managers() -> list[MetricsManager]:
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
+    if signum in _HANDLING:  # a chained handler that had saved this one calls it back
+        _chain(_FIRST_HANDLERS.get(signum), signum, frame)
+        return
+    _HANDLING.add(signum)
+    try:
+        _flush_on_signal(signum)
+        _chain(_PREVIOUS_HANDLERS.get(signum), signum, frame)
+    finally:
+        _HANDLING.discard(signum)
+
+
+def _chain(previous: Any, signum: int, frame: types.FrameType | None) -> None:
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)  # die as the default would: status 128 + signum
+        os.kill(os.getpid(), signum)
+
+
+def _flush_on_signal(signum: int) -> None:
     managers = _open_managers()
     previous = _PREVIOUS_HANDLERS.get(signum)
     own = callable(previous) and previous is not signal.default_int_handler
@@ -920,8 +952,3 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
             )
         manager._worker.hurry(None)
         manager._fanout.hurry(None)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)  # die as the default would: status 128 + signum
-        os.kill(os.getpid(), signum)

@@ -216,6 +216,15 @@ def test_it_ends_by_saying_how_to_watch_the_run(demo_run):
     assert f"tensorboard --logdir {model_dir}" in stdout
 
 
+def test_it_names_only_the_files_the_configs_writers_wrote(tmp_path):
+    from examples.demo import watch_hints
+
+    assert watch_hints(str(tmp_path)) == []  # console.gin: neither a log nor event files
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "events.out.tfevents.1.host").write_bytes(b"")
+    assert watch_hints(str(tmp_path)) == [f"  tensorboard --logdir {tmp_path}"]
+
+
 def test_console_shows_train_and_eval_summaries(demo_run):
     _, stdout = demo_run
     assert f"step {TOTAL_STEPS}" in stdout

@@ -436,7 +436,11 @@ def flush_every(
                 writer.flush_failure = None
             except Exception as err:  # noqa: BLE001  (the timer outlives a failed upload or fsync)
                 if writer.flush_failure is None:
-                    logging.exception("%s: a timed flush failed; retrying", writer._where())
+                    logging.exception(
+                        "%s: a timed flush failed (what it kept is tried again every %g s)",
+                        writer._where(),
+                        seconds,
+                    )
                 notes = "".join(f"; {n}" for n in getattr(err, "__notes__", ()))
                 writer.flush_failure = f"{type(err).__name__}: {err}{notes}"
         if last is not None:

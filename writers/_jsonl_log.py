@@ -7,6 +7,7 @@ import os
 import pathlib
 import re
 import stat
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
@@ -133,6 +134,28 @@ def _complete_size(f: Any) -> int:
     return 0
 
 
+_LOCKED: "weakref.WeakSet[TextIO]" = weakref.WeakSet()  # open logs holding a flock
+
+
+def _release_in_child() -> None:
+    """In a forked child (a pool or data-loader worker), whose copy of a log's descriptor
+    would hold the flock after the parent closes the log (and refuse the next run): that
+    descriptor now points at /dev/null. A child writing the parent's log would interleave lines."""
+    if not _LOCKED:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for file in list(_LOCKED):
+            with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+                os.dup2(null, file.fileno())
+    finally:
+        os.close(null)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_release_in_child)
+
+
 def _open_locked(path: str) -> TextIO:
     # flock, not a lock file: the kernel drops it when the process ends, SIGKILL included.
     file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
@@ -140,6 +163,7 @@ def _open_locked(path: str) -> TextIO:
         return file
     try:
         fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _LOCKED.add(file)
     except BlockingIOError:
         file.close()
         raise ValueError(

@@ -8,8 +8,8 @@ here. A job is a list of pieces, run in order on one thread, jobs in submission 
 * **Deadlines**: a piece may carry a deadline in seconds. A piece that overruns it is
   abandoned: its thread is left behind (a daemon, so the process can still exit), `on_stuck`
   is told, and a fresh thread goes on with the job's next piece and the rest of the queue.
-  Overruns are noticed by whoever waits for the worker (a blocked `submit`, `drain`), so a
-  loop that never waits never pays for the check.
+  Overruns are noticed at the next `submit`/`post` (one clock read) or by whoever waits for
+  the worker (`drain`, a blocked `submit`): no watchdog thread.
 * **Errors**: an exception from a piece ends its job (later pieces are skipped) and fails the
   job's future; callers that want isolation catch inside the piece. A future cancelled
   before its job starts skips the job (as `concurrent.futures` executors do).
@@ -106,6 +106,7 @@ class OrderedWorker:
 
     def _enqueue(self, job: Job) -> Job:
         with self._cond:
+            self._abandon_overrun()
             while len(self._queue) >= self._max and not self._stopping:
                 if self._threads and threading.current_thread() is self._threads[-1]:
                     raise RuntimeError(
@@ -164,6 +165,10 @@ class OrderedWorker:
             self._generation += 1
             self._spawn()
             return
+        self._abandon_overrun()
+
+    def _abandon_overrun(self) -> None:
+        """Under the lock: leaves a piece past its deadline to its thread; a new one goes on."""
         piece = self._piece
         if piece is not None and time.monotonic() > piece[1]:
             job = self._current

@@ -104,14 +104,9 @@ def create_default_writer(
         log = True
     chosen: dict[str, Any] = {}
     try:
-        if console:
-            chosen["console"] = ConsoleWriter(
-                console_stream, collection=collection, total_steps=total_steps
-            )
-        if logdir is not None and tensorboard:
-            chosen["tensorboard"] = TensorBoardWriter(
-                logdir, purge_step=purge_step, flush_secs=flush_secs, max_buffer_mb=max_buffer_mb
-            )
+        # JSONL first: its lock refuses a second process on this directory before the
+        # TensorBoard writer puts a file there (a purge marker would hide the running
+        # run's later steps in TensorBoard for good).
         if logdir is not None and jsonl:
             path = _storage.join(os.fspath(logdir), "metrics.jsonl")
             chosen["jsonl"] = JsonlWriter(
@@ -121,12 +116,22 @@ def create_default_writer(
                 flush_secs=flush_secs,
                 max_buffer_mb=max_buffer_mb,
             )
+        if console:
+            chosen["console"] = ConsoleWriter(
+                console_stream, collection=collection, total_steps=total_steps
+            )
+        if logdir is not None and tensorboard:
+            chosen["tensorboard"] = TensorBoardWriter(
+                logdir, purge_step=purge_step, flush_secs=flush_secs, max_buffer_mb=max_buffer_mb
+            )
         if log:
             chosen["log"] = LoggingWriter(collection=collection)
     except Exception:
         for made in chosen.values():  # no half-built set with open files and threads
             made.close()
         raise
+    order = ("console", "tensorboard", "jsonl", "log")  # the console first: people watch it
+    chosen = {n: chosen[n] for n in order if n in chosen}
     if asynchronous:
         chosen = {n: AsyncWriter(w, name=n, max_queue=max_queue) for n, w in chosen.items()}
     return MultiWriter(chosen)

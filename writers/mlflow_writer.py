@@ -8,7 +8,8 @@ Write calls only check and buffer, so the loop never waits on the tracker: a tim
 the buffer every `flush_secs`, as do `flush()` and `close()`. While the tracker is
 unreachable, what failed to send stays buffered (in memory, up to `max_buffer_mb`: past it
 the oldest metrics, then files, are dropped and logged) and goes with the next send; what
-the store refuses (a changed param, a deleted run) is dropped, and that send raises.
+the store refuses at a send (a param another client changed, a deleted run) is dropped, and
+that send raises. A changed param of this writer's run is refused at the call.
 
 Where values land: scalars are metrics (`log_batch`, up to MLflow's 1000 metrics a batch;
 NaN kept, infinities as the store keeps them: the SQL store clamps them to +-1.797e308);
@@ -183,7 +184,7 @@ class MlflowWriter(_base.TrackerWriter):
 
         Raises:
           TimeoutError: the server did not answer within `close_timeout_s` (MLflow's client
-            retries a request for about 2 minutes); what was not sent is named, and is still
+            retries a request for about 4 minutes by default); what was not sent is named, and is still
             sent if the server answers before the process ends.
         """
         if self._closed:

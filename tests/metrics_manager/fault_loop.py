@@ -10,7 +10,9 @@ summaries queued, then the program ends without closing the manager), `fork` (fo
 children: data-loader workers terminated with SIGTERM, and one that exits normally),
 `preemption` (one `jax.distributed` process that stops at JAX's preemption sync point),
 `close_signal` (SIGTERM 0.5 s into a close() that still has 40 summaries to write),
-`own_handler` (the program's own SIGTERM handler sets a flag; a writer hangs), `long_call`
+`own_handler` (the program's own SIGTERM handler sets a flag; a writer hangs),
+`close_exit`/`close_ctrl_c` (close() interrupted by a handler's sys.exit, or by Ctrl-C),
+`restored_handler` (a second run after the program restored its SIGTERM handler), `long_call`
 (5 summaries, then the main thread waits in `block_until_ready` on a computation that never
 ends), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
@@ -82,6 +84,10 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         return signal_during_close(summary_dir)
     if mode == "own_handler":
         return own_signal_handler(summary_dir)
+    if mode in ("close_exit", "close_ctrl_c"):
+        return interrupted_close(summary_dir, mode.removeprefix("close_"))
+    if mode == "restored_handler":
+        return restored_handler(summary_dir)
     if mode == "long_call":
         return inside_a_long_call(summary_dir)
     if mode == "hang":
@@ -227,6 +233,47 @@ def signal_during_close(summary_dir: str) -> None:
     threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
     manager.close()  # 4 s of slow writes still queued
     print("closed", flush=True)
+
+
+def interrupted_close(summary_dir: str, how: str) -> None:
+    """close() with 30 summaries of slow writes queued, interrupted 0.5 s in: by SIGTERM whose
+    handler (the program's, set after the manager's) calls sys.exit(143), or by Ctrl-C with
+    handle_signals=False (KeyboardInterrupt)."""
+    import signal
+
+    factory = files_and(last={"slow": SlowWriter(0.1)})
+    own = how == "exit"
+    manager = MetricsManager(
+        "train", summary_dir, writer_factory=factory, max_pending=100, handle_signals=own
+    )
+    if own:
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    for step in range(1, 31):
+        manager.write_scalars(step, {"loss": float(step)})
+        print(f"issued {step}", flush=True)
+    signum = signal.SIGTERM if own else signal.SIGINT
+    threading.Timer(0.5, os.kill, (os.getpid(), signum)).start()
+    manager.close()
+    print("closed", flush=True)
+
+
+def restored_handler(summary_dir: str) -> None:
+    """Two runs in one process (a sweep); between them the program restores the SIGTERM
+    handler it had: the second manager must install its own again."""
+    import signal
+
+    saved = signal.getsignal(signal.SIGTERM)
+    with MetricsManager("first", summary_dir, writer_factory=files_and()):
+        pass
+    signal.signal(signal.SIGTERM, saved)
+    manager = MetricsManager(
+        "train", summary_dir, writer_factory=files_and(last={"slow": SlowWriter(0.05)})
+    )
+    x = jnp.zeros(4)
+    for step in range(1, 1_000_000):
+        x, metrics = step_fn(x)
+        manager.write_metrics_summary(metrics, step, 1)
+        print(f"issued {step}", flush=True)
 
 
 def own_signal_handler(summary_dir: str) -> None:

@@ -687,6 +687,32 @@ def test_sigterm_during_close_lets_close_finish_first(tmp_path):
     assert tb_steps(logdir) == issued
 
 
+@pytest.mark.parametrize(
+    ("mode", "returncode"), [("close_exit", 143), ("close_ctrl_c", -signal.SIGINT)]
+)
+def test_close_interrupted_by_an_exception_finishes_at_exit(tmp_path, mode, returncode):
+    # A signal handler's sys.exit (or Ctrl-C's KeyboardInterrupt) ends close() while it waits
+    # for 3 s of queued writes: the exit hook goes on writing them (16 of 30 reached disk).
+    proc = run_loop(mode, str(tmp_path))
+    issued = wait_for_issued(proc, 30)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == returncode and "closed" not in rest, rest
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == issued == list(range(1, 31))
+    assert tb_steps(logdir) == issued
+    assert "WriterClosedError" not in rest, rest
+
+
+def test_a_handler_the_program_restored_between_runs_is_replaced_again(tmp_path):
+    proc = run_loop("restored_handler", str(tmp_path))
+    issued = wait_for_issued(proc, 10)
+    rest = signal_loop(proc, signal.SIGTERM, issued)
+    assert proc.returncode == -signal.SIGTERM, rest  # flushed, then the default action
+    logdir = str(tmp_path / "train")
+    assert set(issued) <= {line["step"] for line in read_jsonl(logdir)}, (issued, rest)
+    assert set(issued) <= set(tb_steps(logdir))
+
+
 def test_sigterm_chains_to_the_programs_own_handler_within_2_s_with_a_hung_writer(tmp_path):
     # The program's own handler (installed before the manager) sets a flag that stops its
     # loop, which would save a checkpoint: it must get the grace period, not wait out the
@@ -920,7 +946,7 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "zero max_buffer_mb": (
         lambda m: writers.create_default_writer(m.summary_dir, max_buffer_mb=0, console=False),
         ValueError,
-        "TensorBoardWriter: max_buffer_mb must be positive and finite, got 0; None for no bound",
+        "JsonlWriter: max_buffer_mb must be positive and finite, got 0; None for no bound",
     ),
     "zero close_timeout_s": (
         lambda m: writers.MlflowWriter(close_timeout_s=0, process_index=1),

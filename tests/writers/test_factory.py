@@ -6,6 +6,8 @@ import io
 import json
 import logging as py_logging
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -126,3 +128,52 @@ def test_a_flag_given_as_a_string_is_refused_before_any_file(flag, tmp_path):
         writers.create_default_writer(tmp_path, **{flag: "False"})
     assert list(tmp_path.iterdir()) == []
     writers.create_default_writer(None, console=np.bool_(False), log=np.True_).close()
+
+
+def test_a_second_process_refused_by_the_lock_leaves_no_event_file(tmp_path):
+    # The TensorBoard writer of a refused (resumed) set used to be built first: its file's
+    # purge marker hid the running run's steps after 50 in TensorBoard for good.
+    running = writers.create_default_writer(tmp_path, console=False)
+    with pytest.raises(ValueError, match="another process holds a lock"):
+        writers.create_default_writer(tmp_path, console=False, resume_step=50)
+    for step in range(1, 101):
+        running.write_scalars(step, {"loss": float(step)})
+    running.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+    accumulator = ea.EventAccumulator(str(tmp_path))
+    accumulator.Reload()
+    assert [event.step for event in accumulator.Scalars("loss")] == list(range(1, 101))
+
+
+def test_a_forked_child_does_not_keep_the_log_locked_after_the_parent_closes(tmp_path):
+    # A pool or data-loader worker forked while the log is open shares its descriptor, and
+    # with it the flock: the next run in the parent was refused while the child lived.
+    script = f"""
+import os, signal, sys, time
+import writers
+path = {str(tmp_path / "metrics.jsonl")!r}
+w = writers.JsonlWriter(path)
+w.write_scalars(1, {{"loss": 1.0}})
+child = os.fork()
+if child == 0:
+    time.sleep(60)
+    os._exit(0)
+w.close()
+try:
+    again = writers.JsonlWriter(path)
+    again.write_scalars(2, {{"loss": 2.0}})
+    again.close()
+    print("reopened")
+finally:
+    os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout == "reopened\n", proc.stderr
+    assert [line["step"] for line in writers.read_jsonl(str(tmp_path))] == [1, 2]

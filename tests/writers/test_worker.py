@@ -185,3 +185,27 @@ def test_a_worker_that_can_start_no_thread_has_its_waiting_caller_run_the_queue(
     release.set()
     worker.threads[0].join(5)
     assert not worker.threads[0].is_alive() and ran.count("b") == 1
+
+
+def test_an_overrun_is_noticed_at_the_next_post_without_a_waiting_caller():
+    # A loop that posts a summary now and then, with room in the queue, never waits: the
+    # overrun was noticed only once max_pending jobs had queued behind the hung piece.
+    ran: list[str] = []
+    stuck: list[str] = []
+    release = threading.Event()
+    worker = OrderedWorker("post", on_stuck=lambda label, job: stuck.append(label))
+    worker.post(
+        [("hung", lambda job: release.wait(), 0.2), ("rest", lambda j: ran.append("rest"), None)]
+    )
+    worker.post([("early", lambda job: ran.append("early"), None)])
+    time.sleep(0.1)
+    assert stuck == [] and ran == []  # within its deadline: left alone
+    time.sleep(0.2)
+    worker.post([("late", lambda job: ran.append("late"), None)])
+    assert stuck == ["hung"]  # this post abandoned it
+    deadline = time.monotonic() + 5
+    while len(ran) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ran == ["rest", "early", "late"]
+    release.set()
+    assert worker.close(5)
