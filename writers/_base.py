@@ -193,11 +193,11 @@ class ForwardingWriter(BaseWriter):
         self._wrapped = dict(writers)
 
     def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
-        return keys_problem(self._wrapped, method, keys, self._reserved)
+        return keys_problem(self._wrapped, method, keys, {})  # reserved: in `reserved_keys`
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         step = super()._begin(method, step, values)
-        if problem := self.key_problem(method, values):
+        if problem := keys_problem(self._wrapped, method, values, self._reserved):
             raise ValueError(f"{self._name(method)}: {problem}")
         return step
 
@@ -263,7 +263,7 @@ class ForwardingWriter(BaseWriter):
         self._forward("write_summaries", step=step, values=values, metadata=metadata)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        if problem := self.key_problem("write_hparams", hparams):
+        if problem := keys_problem(self._wrapped, "write_hparams", hparams, {}):
             raise ValueError(f"{self._name('write_hparams')}: {problem}")
         self._forward("write_hparams", hparams=hparams)
 
