@@ -85,7 +85,8 @@ class ConsoleWriter(BaseWriter):
         self._block(step, {k: f"{kind} {list(a.shape)}{rate}" for k, a in arrays.items()})
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
-        self._block(step, texts)
+        # A model's text may hold terminal escapes (clear screen, move the cursor): shown, not run.
+        self._block(step, {k: _CONTROL.sub(_escaped, v) for k, v in texts.items()})
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
         lines = {}
@@ -181,6 +182,11 @@ class ConsoleWriter(BaseWriter):
 
 
 _KEY_COLUMNS = 48  # the value column; a longer key is followed by two spaces only
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return repr(match.group())[1:-1]  # "\x1b", "\r"
 
 
 @functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step

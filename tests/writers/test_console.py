@@ -215,3 +215,13 @@ def test_a_pipe_whose_reader_is_gone_ends_the_output_once(color):
     finally:
         w.close()
         stream.close()
+
+
+@pytest.mark.parametrize("stream", [io.StringIO, FakeTty])
+def test_terminal_escapes_in_a_text_are_shown_not_run(stream):
+    out = stream()
+    w = writers.ConsoleWriter(out)
+    w.write_texts(3, {"sample": "ok\x1b[2J\rgone\x07\tend\nnext"})
+    text = out.getvalue()
+    assert "\x1b[2J" not in text and "\r" not in text and "\x07" not in text
+    assert "ok\\x1b[2J\\rgone\\x07" in text and "end" in text and "next" in text  # rich: tab
