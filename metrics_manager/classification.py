@@ -2,8 +2,9 @@
 recall, F-beta, binned AUROC and perplexity.
 
 Each type is a `flax.struct.dataclass` on `clu.metrics.Metric` whose state is counts or sums, so
-`merge()` is addition: exact, and the same over steps, microbatches and devices. Settings (`k`,
-`average`, `beta`, `num_bins`) are static fields; merging metrics whose settings differ raises
+`merge()` is addition, the same over steps, microbatches and devices; counts are float32, exact
+to 2**24 and then within 1e-7 (an int32 count wraps past 2**31). Settings (`k`, `average`,
+`beta`, `num_bins`) are static fields; merging metrics whose settings differ raises
 at trace time. `empty()` holds zero counts of shape `()` and unset settings: an identity of
 `merge()`, but not of a real metric's shape, so start a running merge from the first real one.
 

@@ -72,8 +72,15 @@ _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (this process)
 _DIRS_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
-_FIRST_HANDLERS: dict[int, Any] = {}  # before any manager's: the end of every chain
-_HANDLING: set[int] = set()  # signals whose handler runs now (a chained one may call back)
+_DEFAULTS = (signal.SIG_DFL, signal.default_int_handler)
+_VALUE_CALLS = {  # clu.values class -> the writer call it goes to (others: write_scalars)
+    "Summary": "write_summaries",
+    "Image": "write_images",
+    "Text": "write_texts",
+    "HyperParam": "write_hparams",
+    "Histogram": "write_histograms",
+    "Audio": "write_audios",
+}
 # A signal's flush ends within the usual 30 s grace period before SIGKILL (Kubernetes, GCE
 # preemption, Slurm); a writer call running 10 s into it is abandoned so the rest get written.
 _SIGNAL_FLUSH_S = 25.0
@@ -223,6 +230,7 @@ class MetricsManager:
         self._failures = Failures(f"MetricsManager {name!r}", raise_all=on_error == "raise")
         self._closed = False
         self._close_queued = self._close_done = False
+        self._close_lock = threading.Lock()
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
         self._window_end = -math.inf  # worker-side: when the last summary's metrics were ready
@@ -287,10 +295,10 @@ class MetricsManager:
         self._at_exit = close_at_exit(self, f"MetricsManager {name!r}")
         if handle_signals and threading.current_thread() is threading.main_thread():
             for signum in _signals_to_handle():
-                # Again if the program set another handler since (restored its own between
-                # runs): that one is chained.
-                if (current := signal.getsignal(signum)) is not _on_signal:
-                    _FIRST_HANDLERS.setdefault(signum, current)
+                current = signal.getsignal(signum)
+                # Again where the program put the default back between runs (a sweep); not
+                # over a handler of its own (it may call this one), nor over SIG_IGN.
+                if signum not in _PREVIOUS_HANDLERS or current in _DEFAULTS:
                     _PREVIOUS_HANDLERS[signum] = current
                     signal.signal(signum, _on_signal)
 
@@ -390,7 +398,14 @@ class MetricsManager:
         # shapes change (a pmap step's windows after merged ones).
         seen = (keys, _first_shape(metrics))
         if seen != self._keys_checked:
-            problems.keys(keys, self._key_problem("write_scalars", keys))
+            # By the call each key's value goes to: a Text's key is an MLflow artifact path,
+            # not a metric name. Metrics to compute are taken as scalars (almost all are).
+            calls: dict[str, list[str]] = {"write_scalars": list(metrics)}
+            for key, value in ready.items():
+                call = _VALUE_CALLS.get(type(value).__name__, "write_scalars")
+                calls.setdefault(call, []).append(key)
+            found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
+            problems.keys(keys, "; ".join(found) or None)
             problems.one_window(metrics)
         problems.raise_if_any()
         self._keys_checked = seen
@@ -491,9 +506,10 @@ class MetricsManager:
         self._closed = True  # no new work from here on
         # An exception while waiting (a signal handler's SystemExit, Ctrl-C) leaves the exit
         # hook registered: at exit, close() goes on draining what is queued.
-        if not self._close_queued:
-            self._worker.post(self._fanout.pieces(None, [("close", {})], closing=True))
-            self._close_queued = True
+        with self._close_lock:  # two threads closing: one close job
+            if not self._close_queued:
+                self._worker.post(self._fanout.pieces(None, [("close", {})], closing=True))
+                self._close_queued = True
         self._worker.drain()
         self._close_done = True
         atexit.unregister(self._at_exit)
@@ -908,18 +924,8 @@ def _open_managers() -> list[MetricsManager]:
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
-    if signum in _HANDLING:  # a chained handler that had saved this one calls it back
-        _chain(_FIRST_HANDLERS.get(signum), signum, frame)
-        return
-    _HANDLING.add(signum)
-    try:
-        _flush_on_signal(signum)
-        _chain(_PREVIOUS_HANDLERS.get(signum), signum, frame)
-    finally:
-        _HANDLING.discard(signum)
-
-
-def _chain(previous: Any, signum: int, frame: types.FrameType | None) -> None:
+    _flush_on_signal(signum)
+    previous = _PREVIOUS_HANDLERS.get(signum)
     if callable(previous):
         previous(signum, frame)
     elif previous == signal.SIG_DFL:

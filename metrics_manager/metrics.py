@@ -59,8 +59,8 @@ __all__ = [
 ]
 
 ArrayLike = jax.typing.ArrayLike
-# Counts are float32, as in CLU's Average: an int32 count wraps past 2**31 (about 500 steps of
-# 4M tokens each) and its metric reads NaN; float32 stays within 1e-7 of the count, relatively.
+# Counts are float32: an int32 count (CLU's Average has one) wraps past 2**31, about 500 steps
+# of 4M tokens, and its metric reads NaN; a float32 count is exact to 2**24, then within 1e-7.
 COUNT_DTYPE = jnp.float32
 
 
@@ -402,7 +402,7 @@ class MeanStd(clu_metrics.Metric):
         # A second pass over what is left: the float32 sum of values near 1e7 is off by about
         # 2 (and m2 around it by 40%); their differences from it are exact, their sum close.
         correction = jnp.where(mask, values - mean, 0).sum() / total
-        mean = mean + jnp.where(jnp.isfinite(mean), correction, 0)
+        mean = mean + jnp.where(jnp.isfinite(correction), correction, 0)  # none past float32
         m2 = jnp.where(mask, jnp.square(values - mean), 0).sum()
         return cls(count=count, mean=mean, m2=m2)
 

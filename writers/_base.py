@@ -380,7 +380,7 @@ def keys_problem(
     for name, writer in writers.items():
         if (check := getattr(writer, "key_problem", None)) and (problem := check(method, keys)):
             problems.append(f"{name}: {problem}")
-    return "; ".join(p for p in problems if p) or None
+    return "; ".join(p.rstrip(".") for p in problems if p) or None
 
 
 def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:

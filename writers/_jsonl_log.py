@@ -76,9 +76,13 @@ def last_step(tail: bytes) -> int | None:
 class LocalLog:
     """A local JSONL file, rewritten on resume, then appended to line by line."""
 
+    forked = False  # this is a forked child's copy: the parent writes the log
+
     def __init__(self, path: str, resume_step: int | None):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        self._path = path
         self._file: TextIO = _open_locked(path)
+        _OPEN_LOGS.add(self)
         # A pipe or device (/dev/stdout into `jq`): lines only, nothing to read back or fsync.
         self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
         self.last_step: int | None = None
@@ -109,9 +113,13 @@ class LocalLog:
             os.truncate(path, complete)
 
     def write(self, text: str) -> None:
+        if self.forked:
+            self._refuse()
         self._file.write(text)
 
     def flush(self) -> None:
+        if self.forked:
+            self._refuse()
         self._file.flush()
         if self._regular:
             os.fsync(self._file.fileno())
@@ -119,6 +127,13 @@ class LocalLog:
     def close(self) -> None:
         with self._file:  # closed even if the flush fails
             self.flush()
+
+    def _refuse(self) -> None:
+        raise RuntimeError(
+            f"JsonlWriter({self._path}): this process is a fork of the one that opened the "
+            "log, which alone writes it (lines from both would interleave, and the lock is "
+            "the parent's). Open a JsonlWriter of this process's own, on another path."
+        )
 
 
 def _complete_size(f: Any) -> int:
@@ -134,20 +149,21 @@ def _complete_size(f: Any) -> int:
     return 0
 
 
-_LOCKED: "weakref.WeakSet[TextIO]" = weakref.WeakSet()  # open logs holding a flock
+_OPEN_LOGS: "weakref.WeakSet[LocalLog]" = weakref.WeakSet()
 
 
 def _release_in_child() -> None:
     """In a forked child (a pool or data-loader worker), whose copy of a log's descriptor
     would hold the flock after the parent closes the log (and refuse the next run): that
-    descriptor now points at /dev/null. A child writing the parent's log would interleave lines."""
-    if not _LOCKED:
+    descriptor now points at /dev/null, and the child's writes to the log raise."""
+    if not _OPEN_LOGS:
         return
     null = os.open(os.devnull, os.O_WRONLY)
     try:
-        for file in list(_LOCKED):
+        for log in list(_OPEN_LOGS):
+            log.forked = True
             with contextlib.suppress(ValueError, OSError):  # closed meanwhile
-                os.dup2(null, file.fileno())
+                os.dup2(null, log._file.fileno())
     finally:
         os.close(null)
 
@@ -163,7 +179,6 @@ def _open_locked(path: str) -> TextIO:
         return file
     try:
         fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        _LOCKED.add(file)
     except BlockingIOError:
         file.close()
         raise ValueError(

@@ -9,7 +9,8 @@ the buffer every `flush_secs`, as do `flush()` and `close()`. While the tracker 
 unreachable, what failed to send stays buffered (in memory, up to `max_buffer_mb`: past it
 the oldest metrics, then files, are dropped and logged) and goes with the next send; what
 the store refuses at a send (a param another client changed, a deleted run) is dropped, and
-that send raises. A changed param of this writer's run is refused at the call.
+that send raises. A changed param of this writer's run is refused by its `write_hparams`
+(under a manager or `AsyncWriter`, on the worker: a writer failure).
 
 Where values land: scalars are metrics (`log_batch`, up to MLflow's 1000 metrics a batch;
 NaN kept, infinities as the store keeps them: the SQL store clamps them to +-1.797e308);
@@ -364,8 +365,9 @@ class MlflowWriter(_base.TrackerWriter):
             ]:
                 raise ValueError(
                     f"{self._name('write_hparams')}: MLflow params never change, and run "
-                    f"{self.run_id} has {', '.join(changed)}; nothing was written. Log a "
-                    "value that changes as a metric (write_scalars), or start a new run."
+                    f"{self.run_id} has {', '.join(changed)}; none of these params went to "
+                    "MLflow. Log a value that changes as a metric (write_scalars), or start a "
+                    "new run."
                 )
             self._params_logged.update((p.key, p.value) for p in params)
             self._pending_params += params

@@ -713,6 +713,85 @@ def test_a_handler_the_program_restored_between_runs_is_replaced_again(tmp_path)
     assert set(issued) <= set(tb_steps(logdir))
 
 
+_HANDLER_SCRIPT = """
+import os, signal, sys, time
+import writers
+from metrics_manager import MetricsManager
+from tests.metrics_manager.fault_loop import SlowWriter, files_and
+
+run_dir = sys.argv[2]
+if sys.argv[1] == "ignored":  # Ctrl-C ignored while a second manager is made, then restored
+    first = MetricsManager("first", run_dir, writer_factory=files_and())
+    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    manager = MetricsManager("train", run_dir, writer_factory=files_and())
+    signal.signal(signal.SIGINT, saved)
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        print("swallowed", flush=True)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    manager.close()
+    first.close()
+else:  # the program's handler calls the one it replaced (the first manager's)
+    MetricsManager("first", run_dir, writer_factory=files_and()).close()
+    saved = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: saved(signum, frame))
+    slow = files_and(last={"slow": SlowWriter(0.2)})  # 6 s: past a program handler's 2 s
+    manager = MetricsManager("train", run_dir, writer_factory=slow, max_pending=100)
+    for step in range(1, 31):
+        manager.write_scalars(step, {"loss": float(step)})
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    print("survived", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["ignored", "chained"])
+def test_handlers_the_program_sets_around_managers_still_end_it(tmp_path, case):
+    # A manager made while Ctrl-C was ignored took SIG_IGN as the handler to chain to, and
+    # Ctrl-C was swallowed for good; a program's handler calling the one it saved cut the
+    # signal's flush short (19 of 30 summaries).
+    proc = subprocess.run(
+        [sys.executable, "-c", _HANDLER_SCRIPT, case, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if case == "ignored":
+        assert proc.returncode == 0 and proc.stdout == "interrupted\n", proc.stderr
+        return
+    assert proc.returncode == -signal.SIGTERM and "survived" not in proc.stdout, proc.stderr
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == list(range(1, 31))
+    assert tb_steps(logdir) == list(range(1, 31))
+
+
+def test_close_from_two_threads_at_once_closes_each_writer_once(tmp_path):
+    class Counting(writers.NoopWriter):
+        closes = 0
+
+        def write_scalars(self, step, scalars):
+            time.sleep(0.01)
+
+        def close(self):
+            Counting.closes += 1
+
+    for trial in range(5):
+        Counting.closes = 0
+        manager = MetricsManager(
+            f"t{trial}", tmp_path, writer_factory=lambda d: Counting(), max_pending=4
+        )
+        for step in range(1, 21):
+            manager.write_scalars(step, {"loss": 1.0})
+        other = threading.Thread(target=manager.close)
+        other.start()
+        manager.close()
+        other.join(30)
+        assert Counting.closes == 1, trial
+
+
 def test_sigterm_chains_to_the_programs_own_handler_within_2_s_with_a_hung_writer(tmp_path):
     # The program's own handler (installed before the manager) sets a flag that stops its
     # loop, which would save a checkpoint: it must get the grace period, not wait out the

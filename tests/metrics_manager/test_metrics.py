@@ -372,6 +372,8 @@ def test_mean_std_of_one_batch_near_1e7_is_exact_to_float32():
         assert float(stats.std()) == pytest.approx(reference.std(), rel=1e-5)
     masked = MeanStd.from_model_output(jnp.array([jnp.nan, 1e7, 1e7 + 2]), jnp.array([0, 1, 1]))
     assert (float(masked.compute()), float(masked.std())) == (1e7 + 1, 1.0)
+    huge = MeanStd.from_model_output(jnp.array([-3e38, 3e38, 3e38], jnp.float32))
+    assert float(huge.compute()) == pytest.approx(1e38, rel=1e-6)  # no correction past float32
     nothing = MeanStd.from_model_output(jnp.array([jnp.inf, 5.0]), jnp.array([0, 0]))
     assert (float(nothing.count), float(nothing.mean), float(nothing.m2)) == (0.0, 0.0, 0.0)
 

@@ -156,6 +156,12 @@ w = writers.JsonlWriter(path)
 w.write_scalars(1, {{"loss": 1.0}})
 child = os.fork()
 if child == 0:
+    try:
+        w.write_scalars(2, {{"loss": 9.0}})
+        w.flush()
+    except RuntimeError as err:
+        with open(path + ".child", "w") as f:
+            f.write(str(err))
     time.sleep(60)
     os._exit(0)
 w.close()
@@ -177,3 +183,8 @@ finally:
     )
     assert proc.returncode == 0 and proc.stdout == "reopened\n", proc.stderr
     assert [line["step"] for line in writers.read_jsonl(str(tmp_path))] == [1, 2]
+    assert (
+        (tmp_path / "metrics.jsonl.child")
+        .read_text()
+        .startswith(f"JsonlWriter({tmp_path / 'metrics.jsonl'}): this process is a fork")
+    )

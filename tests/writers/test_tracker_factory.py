@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 
+import clu.values
 import gin
 import numpy as np
 import pytest
@@ -102,16 +103,24 @@ def test_names_a_tracker_refuses_are_refused_at_the_call_before_any_writer_write
             manager.write_hparams({"lr$": 0.1})
         manager.write_scalars(2, {"loss": 1.5})
         manager.write_texts(2, {"good": "kept"})
+        # A Text's key is an artifact path, which MLflow takes with characters a metric name
+        # may not have: a summary holding one is not refused.
+        text = clu.values.Text("the greedy sample")
+        manager.write_metrics_summary({"sample (greedy)": text}, 3, 1).result(timeout=30)
         run_id = manager.writers["mlflow"].run_id
     with open(tmp_path / "run" / "train" / "metrics.jsonl") as f:
         lines = [json.loads(line) for line in f]
-    assert [(line["step"], line.get("loss"), line.get("good")) for line in lines] == [
+    assert [(line["step"], line.get("loss"), line.get("good")) for line in lines][:2] == [
         (2, 1.5, None),
         (2, None, "kept"),
     ]  # nothing of the refused calls, in JSONL either
+    assert lines[2]["step"] == 3 and lines[2]["sample (greedy)"] == "the greedy sample"
     client = MlflowClient(uri)
     assert client.get_run(run_id).data.metrics == {"loss": 1.5}
-    assert [f.path for f in client.list_artifacts(run_id, "texts")] == ["texts/good"]
+    assert [f.path for f in client.list_artifacts(run_id, "texts")] == [
+        "texts/good",
+        "texts/sample (greedy)",
+    ]
     # A MultiWriter asks its writers the same before the first one writes.
     w = writers.create_tracker_writer(
         tmp_path / "multi", tracker=tracker, name="mlflow", default_writer=_files_only
