@@ -199,14 +199,18 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
     """Nested configs (mappings, ConfigDicts, dataclasses) as dotted names.
 
     `{"opt": {"lr": 0.1}}` -> `{"opt.lr": 0.1}`, as CLU's TensorBoard writer names them
-    (lists stay one value, written as their `str()`). A name given twice goes to `problems`.
+    (lists stay one value, written as their `str()`; an empty config as "{}", so its name is
+    kept). A name given twice goes to `problems`.
     """
     flat: dict[str, Any] = {}
 
     def add(name: str, value: Any) -> None:
         if (items := _config_items(value)) is not None:
+            items = list(items)
             for key, item in items:
                 add(f"{name}.{key}", item)
+            if not items:
+                add(name, "{}")
         elif name in flat:
             problems.value_problem(
                 f"hyperparameter {name!r} is given twice, once as a nested name (dots join "

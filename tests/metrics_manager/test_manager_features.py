@@ -201,11 +201,14 @@ def test_an_ml_collections_config_is_written_as_hparams(tmp_path):
     import ml_collections
     from tensorboard.plugins.hparams import plugin_data_pb2
 
-    config = ml_collections.ConfigDict({"lr": 0.1, "opt": {"name": "adam", "b1": 0.9}})
+    config = ml_collections.ConfigDict(
+        {"lr": 0.1, "opt": {"name": "adam", "b1": 0.9}, "schedule": {}}
+    )
     with MetricsManager("train", tmp_path, writer_factory=files_only) as manager:
         manager.write_hparams(config)
     (line,) = read_jsonl(str(tmp_path / "train"))
-    assert line["hparams"] == {"lr": 0.1, "opt.name": "adam", "opt.b1": 0.9}
+    # An empty config keeps its name (it had vanished from every writer).
+    assert line["hparams"] == {"lr": 0.1, "opt.name": "adam", "opt.b1": 0.9, "schedule": "{}"}
     content = read_tensorboard(str(tmp_path / "train")).PluginTagToContent("hparams")
     data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
     hparams = data.session_start_info.hparams
