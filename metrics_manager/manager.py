@@ -73,14 +73,6 @@ _DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (th
 _DIRS_LOCK = threading.Lock()
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 _DEFAULTS = (signal.SIG_DFL, signal.default_int_handler)
-_VALUE_CALLS = {  # clu.values class -> the writer call it goes to (others: write_scalars)
-    "Summary": "write_summaries",
-    "Image": "write_images",
-    "Text": "write_texts",
-    "HyperParam": "write_hparams",
-    "Histogram": "write_histograms",
-    "Audio": "write_audios",
-}
 # A signal's flush ends within the usual 30 s grace period before SIGKILL (Kubernetes, GCE
 # preemption, Slurm); a writer call running 10 s into it is abandoned so the rest get written.
 _SIGNAL_FLUSH_S = 25.0
@@ -401,9 +393,8 @@ class MetricsManager:
             # By the call each key's value goes to: a Text's key is an MLflow artifact path,
             # not a metric name. Metrics to compute are taken as scalars (almost all are).
             calls: dict[str, list[str]] = {"write_scalars": list(metrics)}
-            for key, value in ready.items():
-                call = _VALUE_CALLS.get(type(value).__name__, "write_scalars")
-                calls.setdefault(call, []).append(key)
+            for call, kwargs in writers.group_values(ready, skipped={}):  # write_values' routing
+                calls.setdefault(call, []).extend(next(iter(kwargs.values())))  # the values
             found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
             problems.keys(keys, "; ".join(found) or None)
             problems.one_window(metrics)

@@ -43,6 +43,7 @@ from typing import Any
 from writers import _base, _checks, _encode
 
 MAX_HISTOGRAM_BUCKETS = 512  # wandb.Histogram's limit
+_RESERVED = dict.fromkeys(("_runtime", "_step", "_timestamp", "_wandb"), "W&B")
 _RUN_ID_REFUSED = re.compile(r"[:;,#?/'\s]")  # characters `wandb.init` refuses in an id
 
 
@@ -126,7 +127,7 @@ class WandbWriter(_base.TrackerWriter):
         if resume_step is not None:
             self._min_step = max(self._min_step, resume_step + 1)
 
-    reserved_keys = ("_runtime", "_step", "_timestamp", "_wandb")  # W&B's own row fields
+    reserved_keys = tuple(_RESERVED)  # W&B's own row fields
 
     @property
     def run(self) -> Any:
@@ -191,7 +192,7 @@ class WandbWriter(_base.TrackerWriter):
                 "drop it. Log steps in order (one run per collection: writers sharing a run "
                 "share its steps), or resume with resume_step."
             )
-        if problem := _checks.reserved_problem(values, dict.fromkeys(self.reserved_keys, "W&B")):
+        if problem := _checks.reserved_problem(values, _RESERVED):
             raise ValueError(f"WandbWriter.{method}: {problem}")
         if step != self._min_step:
             self._row = {}
