@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager.metrics import COUNT_DTYPE
+from metrics_manager.metrics import COUNT_DTYPE, weak_float
 from writers._checks import Problems, describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
@@ -488,7 +488,7 @@ class Perplexity(_Counts):
 
     @classmethod
     def empty(cls) -> "Perplexity":
-        return cls(total=jnp.zeros((), jnp.float32), count=jnp.zeros((), COUNT_DTYPE))
+        return cls(total=weak_float(), count=jnp.zeros((), COUNT_DTYPE))
 
     @classmethod
     def from_model_output(

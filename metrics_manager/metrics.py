@@ -64,6 +64,13 @@ ArrayLike = jax.typing.ArrayLike
 COUNT_DTYPE = jnp.float32
 
 
+def weak_float(value: float = 0.0) -> jax.Array:
+    """A weakly typed float: `empty()`'s value takes the dtype of what it merges with, so a
+    `lax.scan` carry started from `empty()` traces under `jax_enable_x64` too (a float32
+    zero would not match the float64 sums of the body)."""
+    return jnp.asarray(value)
+
+
 def _values_and_mask(
     values: ArrayLike, mask: ArrayLike | None, metric: str
 ) -> tuple[jax.Array, jax.Array]:
@@ -106,7 +113,7 @@ class Sum(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> "Sum":
-        return cls(jnp.zeros((), jnp.float32))
+        return cls(weak_float())
 
     @classmethod
     def from_model_output(cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any) -> "Sum":
@@ -178,7 +185,7 @@ class AveragePerStep(Step):
 
     @classmethod
     def empty(cls) -> "AveragePerStep":
-        return cls(total=jnp.zeros((), jnp.float32), steps=0)
+        return cls(total=weak_float(), steps=0)
 
     @classmethod
     def from_model_output(  # type: ignore[override]
@@ -253,7 +260,7 @@ class TimeRate(Time):
 
     @classmethod
     def empty(cls) -> "TimeRate":
-        return cls(numerator=jnp.zeros((), jnp.float32))
+        return cls(numerator=weak_float())
 
     @classmethod
     def from_model_output(cls, numerator: ArrayLike, **_: Any) -> "TimeRate":  # type: ignore[override]
@@ -301,7 +308,7 @@ class _Extremum(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> Any:
-        return cls(jnp.full((), cls._identity, jnp.float32))
+        return cls(weak_float(cls._identity))
 
     @classmethod
     def from_model_output(cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any) -> Any:
@@ -387,8 +394,7 @@ class MeanStd(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> "MeanStd":
-        zero = jnp.zeros((), jnp.float32)
-        return cls(count=jnp.zeros((), COUNT_DTYPE), mean=zero, m2=zero)
+        return cls(count=jnp.zeros((), COUNT_DTYPE), mean=weak_float(), m2=weak_float())
 
     @classmethod
     def from_model_output(

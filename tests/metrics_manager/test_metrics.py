@@ -100,6 +100,42 @@ def test_integer_sums_are_float64_and_exact_past_2_24_under_x64():
     assert Sum.from_model_output(jnp.int32(7)).total.dtype == jnp.float32  # without x64
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_scan_carry_started_from_empty_traces_under_x64(dtype):
+    """A window merged in `lax.scan` from `empty()`: the identities are weakly typed, so the
+    carry takes the body's dtype (a float32 zero failed to trace against float64 sums)."""
+    from metrics_manager.classification import Perplexity
+
+    xs = jnp.array([[1.0, -2.0], [4.0, 3.0], [0.5, 8.0]])
+    kinds = {"sum": Sum, "avg": AveragePerStep, "rate": TimeRate, "max": Max, "min": Min}
+    kinds |= {"std": MeanStd}
+
+    def body(window, x):
+        x = x.astype(dtype)
+        new = {k: kind.from_model_output(x) for k, kind in kinds.items()}
+        new["rate"] = TimeRate.from_model_output(numerator=x)
+        new["ppl"] = Perplexity.from_model_output(jnp.stack([x, -x]), jnp.array([0, 1]))
+        return {k: window[k].merge(new[k]) for k in window}, None
+
+    with jax.enable_x64(True):
+        empty = {k: kind.empty() for k, kind in kinds.items()} | {"ppl": Perplexity.empty()}
+        window, _ = jax.lax.scan(body, empty, xs)
+        assert window["sum"].total.dtype == dtype and window["std"].mean.dtype == dtype
+        values = xs.ravel()
+        assert float(window["sum"].compute()) == float(values.sum()) == 14.5
+        assert float(window["avg"].compute()) == pytest.approx(14.5 / 3)
+        assert float(window["rate"].numerator) == 14.5
+        assert (float(window["max"].compute()), float(window["min"].compute())) == (8.0, -2.0)
+        assert float(window["std"].compute()) == pytest.approx(14.5 / 6)
+        assert float(window["std"].std()) == pytest.approx(float(np.std(values, ddof=0)))
+        # Each row's logits are `x` and `-x`; the targets pick x[0] and -x[1].
+        rows = np.asarray(xs, np.float64)
+        nll = [np.logaddexp(*r) - r[0] for r in rows] + [np.logaddexp(*-r) + r[1] for r in rows]
+        assert float(window["ppl"].compute()) == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
+    # Without x64 the identities are float32, as before.
+    assert Sum.empty().total.dtype == jnp.float32 and Max.empty().value.dtype == jnp.float32
+
+
 def test_average_per_step_merges_totals_and_steps():
     a = AveragePerStep.from_model_output(jnp.array([1.0, 2.0]))
     b = AveragePerStep.from_model_output(jnp.array([3.0, 6.0]))
