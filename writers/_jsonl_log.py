@@ -32,13 +32,11 @@ _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log")
 def log_file(path: str) -> str:
     """The log `path` names: `path` itself if it is a file (its name ends in `.jsonl`,
     `.ndjson`, `.json` or `.log`, or it exists and is no directory: `/dev/stdout`, a pipe),
-    else `path/metrics.jsonl`, so `JsonlWriter(logdir)` writes where `read_jsonl(logdir)`,
+    else (a directory, whatever its name) `path/metrics.jsonl`, so `JsonlWriter(logdir)` writes where `read_jsonl(logdir)`,
     TensorBoard and the plot command look."""
-    if path.endswith(_FILE_SUFFIXES):
-        return path
-    if not _storage.is_remote(path) and os.path.exists(path) and not os.path.isdir(path):
-        return path
-    return _storage.join(path, LOG_NAME)
+    if not _storage.is_remote(path) and os.path.exists(path):
+        return _storage.join(path, LOG_NAME) if os.path.isdir(path) else path
+    return path if path.endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)
 
 
 def line_step(line: bytes) -> int | None:
@@ -79,19 +77,28 @@ class LocalLog:
     forked = False  # this is a forked child's copy: the parent writes the log
 
     def __init__(self, path: str, resume_step: int | None):
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self._path = path
-        self._file: TextIO = _open_locked(path)
-        _OPEN_LOGS.add(self)
-        # A pipe or device (/dev/stdout into `jq`): lines only, nothing to read back or fsync.
-        self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
         self.last_step: int | None = None
+        if (stream := _stream(path)) is not None:
+            # The program's own stream: written through a duplicate of its descriptor, which
+            # shares the stream's file position (`> out.txt`: reopened by path, the log's lines
+            # and the program's prints overwrote each other), and never locked, read back or
+            # cut (the file, if it is one, holds the program's other output too).
+            self._file: TextIO = os.fdopen(os.dup(stream), "w", buffering=1, encoding="utf-8")
+            self._regular = False
+        else:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._file = _open_locked(path)
+            # A pipe or device: lines only, nothing to read back or fsync.
+            self._regular = stat.S_ISREG(os.fstat(self._file.fileno()).st_mode)
+        _OPEN_LOGS.add(self)
         if not self._regular:
             if resume_step is not None:
                 self._file.close()
                 raise ValueError(
                     f"JsonlWriter: resume_step={resume_step} rewrites the log, but {path} is "
-                    "not a regular file (a pipe or device); pass a file path, or no resume_step."
+                    "not a log file of its own (a stream, pipe or device); pass a file path, "
+                    "or no resume_step."
                 )
             return
         if resume_step is not None:
@@ -152,6 +159,12 @@ def _complete_size(f: Any) -> int:
 _OPEN_LOGS: "weakref.WeakSet[LocalLog]" = weakref.WeakSet()
 
 
+def _same_file(log: LocalLog, path: str) -> bool:
+    with contextlib.suppress(ValueError, OSError):  # closed meanwhile
+        return os.path.samestat(os.fstat(log._file.fileno()), os.stat(path))
+    return False
+
+
 def _release_in_child() -> None:
     """In a forked child (a pool or data-loader worker), whose copy of a log's descriptor
     would hold the flock after the parent closes the log (and refuse the next run): that
@@ -172,18 +185,32 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_release_in_child)
 
 
+_STREAMS = re.compile(r"/dev/(stdout|stderr)|/(?:dev|proc/self)/fd/(\d+)")
+
+
+def _stream(path: str) -> int | None:
+    """The descriptor of a standard stream that `path` names (`/dev/stdout`, `/dev/fd/2`)."""
+    match = _STREAMS.fullmatch(path)
+    if match is None:
+        return None
+    return {"stdout": 1, "stderr": 2}[match.group(1)] if match.group(1) else int(match.group(2))
+
+
 def _open_locked(path: str) -> TextIO:
     # flock, not a lock file: the kernel drops it when the process ends, SIGKILL included.
     file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
-    if fcntl is None:
-        return file
+    if fcntl is None or not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+        return file  # a pipe or device: each line is one write, nothing to rewrite
     try:
         fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         file.close()
+        here = [log for log in list(_OPEN_LOGS) if _same_file(log, path)]
+        holder = "a JsonlWriter of this process" if here else "another process"
         raise ValueError(
-            f"JsonlWriter: another process holds a lock on {path}; two writers would interleave "
-            "lines. Give this run another summary_dir or name, or stop the other process first."
+            f"JsonlWriter: {holder} holds a lock on {path}; two writers would interleave "
+            "lines. Give this run another summary_dir or name, or "
+            f"{'close that writer' if here else 'stop the other process'} first."
         ) from None
     except OSError as err:  # a file system without flock (Lustre without -o flock, NFS without
         # lockd): losing the check must not cost the run

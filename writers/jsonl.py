@@ -2,8 +2,9 @@
 
 Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
 (`time` in Unix seconds, `collection` null when unset). A local file is appended to and
-line-buffered (`tail -f` sees each line; `flush()` fsyncs); a pipe or device such as
-`/dev/stdout` just gets the lines. A URL (`gs://b/run/m.jsonl`, any
+line-buffered (`tail -f` sees each line; `flush()` fsyncs); a pipe or device just gets the
+lines, and `/dev/stdout` (`/dev/stderr`, `/dev/fd/N`) is the program's own stream, shared
+with its prints (never locked, rewritten or cut, even when redirected to a file). A URL (`gs://b/run/m.jsonl`, any
 fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush;
 `writers.read_jsonl(path)` reads either back. Every line is strict JSON:
 
@@ -57,8 +58,9 @@ class JsonlWriter(BaseWriter):
 
     Args:
       path: File to append to (a name ending in `.jsonl`, `.ndjson`, `.json` or `.log`, or
-        an existing file such as `/dev/stdout`), or a directory (any other path, such as a
-        manager's `logdir`), which gets `metrics.jsonl`; parent directories are created.
+        an existing file such as `/dev/stdout`), or a directory (an existing one whatever
+        its name, or any other path, such as a manager's `logdir`), which gets
+        `metrics.jsonl`; parent directories are created.
         Either may be a URL any fsspec protocol can write (`gs://`, `s3://`, ...).
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).

@@ -100,7 +100,8 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
     with pytest.raises(ValueError, match="max_queue must be >= 1"):
         writers.create_default_writer(tmp_path, asynchronous=True, max_queue=0)
     assert list(tmp_path.iterdir()) == []
-    (tmp_path / "run" / "metrics.jsonl").mkdir(parents=True)  # JSONL cannot open its file
+    # JSONL cannot open its file (a directory named metrics.jsonl holds the log)
+    (tmp_path / "run" / "metrics.jsonl" / "metrics.jsonl").mkdir(parents=True)
     with pytest.raises(IsADirectoryError):  # after TensorBoard was built
         writers.create_default_writer(tmp_path / "run")
     assert {t.name for t in threading.enumerate()} <= before  # its flush thread was stopped
@@ -134,7 +135,7 @@ def test_a_second_process_refused_by_the_lock_leaves_no_event_file(tmp_path):
     # The TensorBoard writer of a refused (resumed) set used to be built first: its file's
     # purge marker hid the running run's steps after 50 in TensorBoard for good.
     running = writers.create_default_writer(tmp_path, console=False)
-    with pytest.raises(ValueError, match="another process holds a lock"):
+    with pytest.raises(ValueError, match="a JsonlWriter of this process holds a lock"):
         writers.create_default_writer(tmp_path, console=False, resume_step=50)
     for step in range(1, 101):
         running.write_scalars(step, {"loss": float(step)})

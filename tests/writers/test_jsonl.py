@@ -7,6 +7,8 @@ import errno
 import glob
 import json
 import os
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -310,7 +312,9 @@ def test_a_pipe_gets_the_lines_and_resume_is_refused_naming_it():
         w.write_scalars(1, {"loss": 0.5})
         w.write_texts(2, {"note": "hi"})
         w.close()
-        with pytest.raises(ValueError, match=r"resume_step=3 rewrites the log.*not a regular file"):
+        with pytest.raises(
+            ValueError, match=r"resume_step=3 rewrites the log.*not a log file of its own"
+        ):
             writers.JsonlWriter(path, resume_step=3)
     finally:
         os.close(write_end)
@@ -320,6 +324,53 @@ def test_a_pipe_gets_the_lines_and_resume_is_refused_naming_it():
         {"step": 1, "time": 5.0, "collection": "train", "loss": 0.5},
         {"step": 2, "time": 5.0, "collection": "train", "note": "hi"},
     ]
+
+
+_STDOUT_LOOP = """
+import writers
+w = writers.JsonlWriter("/dev/stdout", clock=lambda: 0.0)
+for step in range(1, 4):
+    print(f"step {step} done", flush=True)
+    w.write_scalars(step, {"loss": 1.0 / step})
+writers.JsonlWriter("/dev/stdout", collection="eval", clock=lambda: 0.0).write_scalars(4, {"x": 1})
+w.close()
+"""
+
+
+def test_dev_stdout_redirected_to_a_file_keeps_every_line_of_both(tmp_path):
+    """`python train.py > out.txt`: reopened by path, /dev/stdout had a position of its own,
+    and the program's prints overwrote the log's lines; what the file held is kept, and a
+    second writer on the stream (eval beside train) is not refused by a lock."""
+    out = tmp_path / "out.txt"
+    out.write_text("build: compiling...")  # earlier output, no newline at its end
+    with open(out, "a") as stdout:
+        subprocess.run([sys.executable, "-c", _STDOUT_LOOP], stdout=stdout, check=True, timeout=120)
+    lines = out.read_text().splitlines()
+    assert lines[0] == "build: compiling...step 1 done"
+    assert lines[1:] == [
+        '{"step": 1, "time": 0.0, "collection": null, "loss": 1.0}',
+        "step 2 done",
+        '{"step": 2, "time": 0.0, "collection": null, "loss": 0.5}',
+        "step 3 done",
+        '{"step": 3, "time": 0.0, "collection": null, "loss": 0.3333333333333333}',
+        '{"step": 4, "time": 0.0, "collection": "eval", "x": 1}',
+    ]
+
+
+def test_a_directory_named_like_a_log_file_holds_metrics_jsonl(tmp_path):
+    run = tmp_path / "run.log"
+    run.mkdir()
+    with writers.JsonlWriter(run, clock=lambda: 2.0) as w:
+        w.write_scalars(1, {"a": 1.0})
+    assert writers.read_jsonl(run) == [{"step": 1, "time": 2.0, "collection": None, "a": 1.0}]
+    assert [p.name for p in run.iterdir()] == ["metrics.jsonl"]
+
+
+def test_a_second_writer_of_this_process_on_one_log_is_refused_naming_this_process(tmp_path):
+    with writers.JsonlWriter(tmp_path):
+        with pytest.raises(ValueError, match="a JsonlWriter of this process holds a lock.*close"):
+            writers.JsonlWriter(tmp_path / "metrics.jsonl")
+    writers.JsonlWriter(tmp_path).close()  # closed: the lock is gone
 
 
 @pytest.mark.parametrize("torn_bytes", [15, 100_000])  # shorter and longer than the 64 KiB tail
