@@ -2,8 +2,9 @@
 recall, F-beta, binned AUROC and perplexity.
 
 Each type is a `flax.struct.dataclass` on `clu.metrics.Metric` whose state is counts or sums, so
-`merge()` is addition, the same over steps, microbatches and devices; counts are float32, exact
-to 2**24 and then within 1e-7 (an int32 count wraps past 2**31). Settings (`k`, `average`,
+`merge()` is addition, the same over steps, microbatches and devices; counts are float32 (an
+int32 count wraps past 2**31): a batch's exact (counted in int32), a window's exact to 2**24,
+then rounded to 24 bits at each merge (see `metrics.COUNT_DTYPE`). Settings (`k`, `average`,
 `beta`, `num_bins`) are static fields; merging metrics whose settings differ raises
 at trace time. `empty()` holds zero counts of shape `()` and unset settings: an identity of
 `merge()`, but not of a real metric's shape, so start a running merge from the first real one.
@@ -36,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager.metrics import COUNT_DTYPE, weak_float
+from metrics_manager.metrics import COUNT_DTYPE, exact_count, weak_float
 from writers._checks import Problems, describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
@@ -101,6 +102,12 @@ def _checked_labels_and_mask(
     return labels, mask & (labels >= 0) & (labels < num_classes)
 
 
+def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
+    """How many true `where` fall on each index in [0, length), in int32: a float32
+    scatter-add stops growing at 2**24, which one 64x512x512 batch of pixels reaches."""
+    return jnp.zeros(length, jnp.int32).at[indices].add(where.astype(jnp.int32), mode="drop")
+
+
 def _add_shape_problem(
     problems: Problems, predictions: jax.Array, labels: jax.Array, expected: str
 ) -> None:
@@ -116,7 +123,7 @@ def _outside_unit_interval(
     """How many `scores` where `mask` is true are outside [0, 1] or NaN (logits passed as
     probabilities); outside jit, a count above 0 raises, naming their range and `fix`."""
     scores = scores.astype(jnp.result_type(scores, jnp.float32))
-    outside = (mask & ~((scores >= 0) & (scores <= 1))).sum(dtype=COUNT_DTYPE)
+    outside = exact_count(mask & ~((scores >= 0) & (scores <= 1)))
     if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
         problems.value_problem(
             f"predictions must be probabilities in [0, 1]; {n} of {scores.size} are not "
@@ -233,14 +240,14 @@ class _ConfusionCounts(_Counts):
                 f"{'binary scores' if binary else f'{num_classes}-class scores'}; expected "
                 f"{expected} (sklearn's average argument)"
             )
-        weight = mask.astype(COUNT_DTYPE)
-        zeros = jnp.zeros(num_classes, COUNT_DTYPE)
         # Scatter-adds instead of one-hot products: memory O(C), not O(tokens x C).
-        true_positives = zeros.at[labels].add(weight * (predicted == labels), mode="drop")
+        true_positives = _bin_counts(labels, mask & (predicted == labels), num_classes)
+        predicted_counts = _bin_counts(predicted, mask, num_classes)
+        label_counts = _bin_counts(labels, mask, num_classes)
         return cls(
-            true_positives=true_positives,
-            false_positives=zeros.at[predicted].add(weight, mode="drop") - true_positives,
-            false_negatives=zeros.at[labels].add(weight, mode="drop") - true_positives,
+            true_positives=true_positives.astype(COUNT_DTYPE),
+            false_positives=(predicted_counts - true_positives).astype(COUNT_DTYPE),
+            false_negatives=(label_counts - true_positives).astype(COUNT_DTYPE),
             outside=outside,
             average=average,
         )
@@ -387,7 +394,7 @@ class TopKAccuracy(_Counts):
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
         top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1) & mask
-        return cls(correct=hit.sum(dtype=COUNT_DTYPE), count=mask.sum(dtype=COUNT_DTYPE), k=int(k))
+        return cls(correct=exact_count(hit), count=exact_count(mask), k=int(k))
 
     def compute(self) -> jax.Array:
         return jnp.where(self.count > 0, _divide(self.correct, self.count), jnp.nan)
@@ -446,10 +453,9 @@ class AUROC(_Counts):
         scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
         num_bins = int(num_bins)
         bins = jnp.clip(jnp.floor(scores * num_bins), 0, num_bins - 1).astype(jnp.int32)
-        zeros = jnp.zeros(num_bins, COUNT_DTYPE)
         return cls(
-            positives=zeros.at[bins].add((mask & (labels == 1)).astype(COUNT_DTYPE)),
-            negatives=zeros.at[bins].add((mask & (labels == 0)).astype(COUNT_DTYPE)),
+            positives=_bin_counts(bins, mask & (labels == 1), num_bins).astype(COUNT_DTYPE),
+            negatives=_bin_counts(bins, mask & (labels == 0), num_bins).astype(COUNT_DTYPE),
             outside=outside,
             num_bins=num_bins,
         )
@@ -540,7 +546,7 @@ class Perplexity(_Counts):
                 )
         problems.raise_if_any()
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))
-        return cls(total=jnp.where(mask, nll, 0).sum(), count=mask.sum(dtype=COUNT_DTYPE))
+        return cls(total=jnp.where(mask, nll, 0).sum(), count=exact_count(mask))
 
     def compute(self) -> jax.Array:
         mean = self.total / jnp.maximum(self.count, 1).astype(jnp.result_type(self.total))

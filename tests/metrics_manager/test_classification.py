@@ -591,3 +591,24 @@ def test_a_merge_of_different_bins_or_classes_names_the_setting_or_the_shapes():
     with pytest.raises(ValueError, match=r"Precision.merge: .*true_positives of shape \(4,\) "):
         jax.jit(lambda a, b: a.merge(b))(four, five)
     assert float(Precision.empty().merge(four).merge(four).compute()) == 1.0
+
+
+def test_counts_of_one_batch_past_2_24_are_exact():
+    """One batch of 64x512x512 pixels: a float32 scatter-add stopped growing at 2**24, so true
+    positives and predicted positives both saturated and precision read 1.0, not 0.875."""
+    n = 2**24 + 2**22  # 20,971,520; its counts below are even, so float32 holds them exactly
+    labels = (jnp.arange(n) % 8 != 0).astype(jnp.int32)  # 7/8 positives
+    scores = jnp.full(n, 0.9, jnp.float32)  # every pixel predicted positive
+    precision = jax.jit(Precision.from_model_output)(scores, labels)
+    positives = n - n // 8
+    assert float(precision.true_positives[1]) == positives
+    assert float(precision.false_positives[1]) == n // 8
+    assert float(precision.compute()) == 0.875
+    macro = jax.jit(functools.partial(Recall.from_model_output, average="macro"))(scores, labels)
+    assert float(macro.false_negatives[0]) == n // 8 and float(macro.compute()) == 0.5
+    auroc = jax.jit(functools.partial(AUROC.from_model_output, num_bins=10))(scores, labels)
+    assert float(auroc.positives[9]) == positives and float(auroc.negatives[9]) == n // 8
+    top = jax.jit(functools.partial(TopKAccuracy.from_model_output, k=1))(
+        jnp.stack([1 - scores, scores], -1), labels
+    )
+    assert (float(top.correct), float(top.count)) == (positives, n)

@@ -448,3 +448,24 @@ def test_counts_of_more_than_2_31_tokens_do_not_wrap():
 
 def _is_metric(x) -> bool:
     return isinstance(x, clu_metrics.Metric)
+
+
+_DONATED = {  # each kind, and what it reads after merging [1, 3] into its empty()
+    Sum: lambda m: m.compute(),
+    AveragePerStep: lambda m: m.compute(),  # 4 over one step
+    TimeRate: lambda m: m.numerator,  # the rate needs the window's duration
+    Max: lambda m: m.compute(),
+    Min: lambda m: m.compute(),
+    MeanStd: lambda m: m.compute(),
+    mm.Welford: lambda m: m.compute(),
+}
+
+
+@pytest.mark.parametrize("kind", list(_DONATED), ids=lambda kind: kind.__name__)
+def test_empty_can_be_donated(kind):
+    """`empty()` gives each field its own buffer: MeanStd's mean and m2 shared one zero, and a
+    donating step failed with "Attempt to donate the same buffer twice"."""
+    step = jax.jit(lambda window, x: window.merge(kind.from_model_output(x)), donate_argnums=0)
+    window = step(kind.empty(), jnp.array([1.0, 3.0]))
+    expected = {Max: 3.0, Min: 1.0, MeanStd: 2.0, mm.Welford: 2.0}.get(kind, 4.0)
+    assert float(_DONATED[kind](window)) == expected
