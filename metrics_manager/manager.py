@@ -226,6 +226,10 @@ class MetricsManager:
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
         self._window_end = -math.inf  # worker-side: when the last summary's metrics were ready
+        # Worker-side: when the last device value the worker waited for became ready (a
+        # `write_scalar(loss)` before a summary): the loop's later outputs are ready no sooner.
+        self._seen_ready = -math.inf
+        self._summary_cost = 0.0  # caller-side: the last write_metrics_summary call's own time
         self._last_step: int | None = None
         self._warned_order = False
         self._keys_checked: tuple[Any, ...] = ()
@@ -339,15 +343,19 @@ class MetricsManager:
         """Opens a summary window that starts when `block_on` (the train state) is ready.
 
         Returns at once; the worker waits. When the state is already ready (or donated) by
-        the time the worker looks, the window starts at this call or, if later, when the
-        summary before it was ready (the same step's outputs when this call follows it).
+        the time the worker looks, the window starts at this call, less the time the summary
+        call before it took (the loop's own cost, which a summary every step makes large), or,
+        if later, when the summary before it was ready (the same step's outputs when this call
+        follows it).
         """
         self._check_usable("start_duration_timer")
         called = self._clock()
+        cost, self._summary_cost = self._summary_cost, 0.0
         self._window_open = True
 
         def start(_: Job) -> None:  # see _ready_time: no earlier than the summary before
-            self._window_start = _ready_time(block_on, max(called, self._window_end), self._clock)
+            earliest = max(called - cost, self._window_end, self._seen_ready)
+            self._window_start = _ready_time(block_on, earliest, self._clock)
 
         self._worker.post([("start_duration_timer", start, None)])
         self._failures.raise_fatal()  # after queueing: the call's own work is not lost
@@ -376,7 +384,7 @@ class MetricsManager:
           RuntimeError: the manager is closed.
         """
         self._check_usable("write_metrics_summary")
-        called = self._clock()
+        entered, called = _call_clock(), self._clock()
         problems = _Problems("MetricsManager.write_metrics_summary")
         ready: dict[str, Any] = {}
         if not isinstance(metrics, PackedMetrics):
@@ -409,7 +417,8 @@ class MetricsManager:
         def prepare(job: Job) -> None:
             start, self._window_start = self._window_start, None
             try:
-                end = self._window_end = _ready_time(block_on, called, self._clock, start)
+                earliest = max(called, self._seen_ready)
+                end = self._window_end = _ready_time(block_on, earliest, self._clock, start)
                 duration = None if not window or start is None else max(end - start, 1e-9)
                 failed = self._failures.count
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration)
@@ -428,6 +437,7 @@ class MetricsManager:
             ]
         )
         self._failures.raise_fatal()  # after queueing: this summary is still written
+        self._summary_cost = _call_clock() - entered
         return future
 
     def write_scalar(self, key: str, val: Any, step: int) -> None:
@@ -642,6 +652,10 @@ class MetricsManager:
             return
 
         def read(job: Job) -> None:
+            arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
+            waits = not all(
+                x.is_deleted() or x.is_ready() for x in arrays if hasattr(x, "is_ready")
+            )
             for key in deferred:
                 try:
                     with jax.transfer_guard_device_to_host("allow"):
@@ -649,6 +663,8 @@ class MetricsManager:
                 except Exception as err:  # noqa: BLE001  (costs that key, not the call)
                     del values[key]
                     self._failures.record(Failure(f"metric:{key}", step, (key,), err))
+            if waits:  # it became ready just now: no later step's output was ready before
+                self._seen_ready = self._clock()
             if arg == "scalars":
                 self._check_finite(step, values)
             checked = _checks.Checked(values) if arg == "scalars" else values
@@ -875,6 +891,11 @@ def _caller() -> str:
     ):
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
+
+
+# The duration of a summary call, which its next window counts (real seconds, whatever clock
+# the manager is given: reading that clock again would shift a test's scripted readings).
+_call_clock = time.perf_counter
 
 
 def _ready_time(tree: Any, called: float, clock: timer.Clock, start: float | None = None) -> float:

@@ -94,3 +94,42 @@ def test_a_leaf_donated_during_the_batched_wait_counts_as_ready(monkeypatch):
     monkeypatch.setattr(jax, "block_until_ready", batched_wait)
     block_until_ready_or_deleted({"victim": victim, "other": other, "host": 1.0})
     assert seen == [2]  # the two live arrays in one call, the host value skipped
+
+
+def _per_thread_clock(caller: list[float], worker: list[float]):
+    """Scripted readings for the calling thread and for the manager's worker, apart."""
+    main = threading.get_ident()
+    return lambda: (caller if threading.get_ident() == main else worker).pop(0)
+
+
+def test_a_device_scalar_the_worker_waited_for_ends_the_window_no_sooner(monkeypatch):
+    """`write_scalar(loss)` then the summary, the host ahead: the worker waits for the loss
+    (ready at 9 s), then finds the same step's metrics ready. Ending at the summary call
+    (0.01 s) read 500 steps/s for 5/9."""
+    loss = jnp.float32(2.0)
+    ready = type(loss).is_ready
+    monkeypatch.setattr(type(loss), "is_ready", lambda self: self is not loss and ready(self))
+    clock = _per_thread_clock(caller=[0.0, 0.01], worker=[9.0])
+    with MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), clock=clock) as m:
+        m.start_duration_timer(block_on=jnp.ones(2))
+        m.write_scalar("loss", loss, 5)
+        summary = m.write_metrics_summary({"sps": StepsPerTime(steps=5)}, 5, 5).result()
+    assert float(summary["sps"].value) == pytest.approx(5 / 9.0)
+
+
+def test_the_next_window_counts_the_summary_calls_own_time(monkeypatch):
+    """A summary every step of a host-bound loop: the summary call (0.3 s here) is the loop's
+    cost too, so the next window starts that much before its `start_duration_timer` call;
+    the loop's time after the call returned (0.2 s here: an eval) stays out."""
+    from metrics_manager import manager as manager_lib
+
+    monkeypatch.setattr(manager_lib, "_call_clock", FakeClock(100.0, 100.3, 200.0, 200.1))
+    clock = _per_thread_clock(caller=[0.0, 1.0, 1.5, 2.0], worker=[])
+    with MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), clock=clock) as m:
+        sps = []
+        for step in (4, 8):
+            m.start_duration_timer(block_on=jnp.ones(2))
+            sps.append(m.write_metrics_summary({"sps": StepsPerTime(steps=4)}, step, 4))
+        values = [float(future.result()["sps"].value) for future in sps]
+    # Windows [0, 1] and [1.5 - 0.3, 2]: 0.2 s between the summary's return and the timer.
+    assert values == [pytest.approx(4 / 1.0), pytest.approx(4 / 0.8)]
