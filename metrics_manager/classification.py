@@ -29,6 +29,7 @@ Synopsis:
 """
 
 import dataclasses
+import difflib
 from typing import Any, Literal, get_args
 
 import clu.metrics as clu_metrics
@@ -100,6 +101,22 @@ def _checked_labels_and_mask(
                 )
     problems.raise_if_any()
     return labels, mask & (labels >= 0) & (labels < num_classes)
+
+
+_SETTINGS = ("threshold", "average", "beta", "k", "num_bins")
+
+
+def _refuse_misspelled(cls: type, others: dict[str, Any], settings: tuple[str, ...]) -> None:
+    """Refuses a keyword that looks like one of `settings` misspelled (`Beta=2.0` made F1
+    silently): other keywords are model outputs a CLU `Collection` passes to every metric."""
+    for name in others:
+        if name in _SETTINGS:
+            continue  # another metric's setting, passed through a Collection
+        if close := difflib.get_close_matches(name.lower(), settings, n=1, cutoff=0.8):
+            raise TypeError(
+                f"{cls.__name__}.from_model_output: unknown keyword {name!r}; did you mean "
+                f"{close[0]!r}? Its settings are {', '.join(settings)}"
+            )
 
 
 def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
@@ -192,7 +209,7 @@ class _ConfusionCounts(_Counts):
         *,
         threshold: float | None = None,
         average: Average | None = None,
-        **_: Any,
+        **others: Any,
     ) -> Any:
         """Counts one batch.
 
@@ -210,6 +227,7 @@ class _ConfusionCounts(_Counts):
             ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C)
                 or a binary score is not in [0, 1] at the default threshold.
         """
+        _refuse_misspelled(cls, others, ("threshold", "average"))
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes, binary, fits = 2, predictions.shape == labels.shape, True
@@ -326,9 +344,10 @@ class FBeta(_ConfusionCounts):
         beta: float = 1.0,
         threshold: float | None = None,
         average: Average | None = None,
-        **_: Any,
+        **others: Any,
     ) -> "FBeta":
         """Counts one batch; as `Precision.from_model_output`, plus `beta` (> 0, static)."""
+        _refuse_misspelled(cls, others, ("beta", "threshold", "average"))
         number = not isinstance(beta, bool) and isinstance(beta, int | float)
         if not (number and beta > 0):
             raise (ValueError if number else TypeError)(
@@ -369,7 +388,7 @@ class TopKAccuracy(_Counts):
         mask: ArrayLike | None = None,
         *,
         k: int,
-        **_: Any,
+        **others: Any,
     ) -> "TopKAccuracy":
         """Counts one batch of [..., C] scores per class and integer labels [...], 1 <= k <= C.
 
@@ -377,6 +396,7 @@ class TopKAccuracy(_Counts):
             TypeError: `labels` are not integers or `k` is not an int.
             ValueError: shapes or `k` do not fit, or (outside jit) a label is outside `[0, C)`.
         """
+        _refuse_misspelled(cls, others, ("k",))
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
@@ -429,7 +449,7 @@ class AUROC(_Counts):
         mask: ArrayLike | None = None,
         *,
         num_bins: int = 1000,
-        **_: Any,
+        **others: Any,
     ) -> "AUROC":
         """Counts one batch of scores in [0, 1] and 0/1 (or bool) labels of the same shape.
 
@@ -437,6 +457,7 @@ class AUROC(_Counts):
             TypeError: `labels` are not integers or `num_bins` is not an int.
             ValueError: the shapes differ, `num_bins` < 1, or (outside jit) a label is not 0/1.
         """
+        _refuse_misspelled(cls, others, ("num_bins",))
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         if predictions.shape != labels.shape:

@@ -406,6 +406,7 @@ class MetricsManager:
             found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
             problems.keys(keys, "; ".join(found) or None)
             problems.one_window(metrics)
+            problems.written_twice(metrics, ready)
         problems.raise_if_any()
         self._keys_checked = seen
         self._check_order(step)
@@ -752,6 +753,20 @@ class _Problems(Problems):
                 "Sum and Average, not for Max, Min or MeanStd). Fields that are vectors "
                 "sharded over as many devices as they have rows look the same: replicate them "
                 "(jax.device_put(m, NamedSharding(mesh, P())))"
+            )
+
+    def written_twice(self, metrics: Mapping[str, Any] | PackedMetrics, ready: Mapping) -> None:
+        """Refuses two metrics that write one key (a Welford 'x' writes 'x/std' too)."""
+        if isinstance(metrics, PackedMetrics):
+            return  # its types are known on the worker, which drops such a key
+        written = [k for key, m in metrics.items() for k in metrics_lib.written_keys(key, m)]
+        written += list(ready)
+        if len(set(written)) < len(written):
+            twice = sorted({k for k in written if written.count(k) > 1})
+            self.value_problem(
+                f"metrics: keys {twice} would be written twice (a MeanStd or Welford 'x' also "
+                "writes 'x/std', a Welford 'x/sem', a Collection 'c' writes 'c/<name>'): one "
+                "would replace the other; rename one"
             )
 
     def keys(self, keys: Any, writer_problem: str | None) -> None:

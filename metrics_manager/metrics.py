@@ -635,6 +635,16 @@ def collection_fields(obj: Any) -> Any:
     return obj
 
 
+def written_keys(key: str, metric: Any) -> list[str]:
+    """The keys a summary writes for `metric` under `key` (a MeanStd's `/std`, a Welford's
+    `/sem` and `/std`, a Collection's fields), known from its type: no device work."""
+    if isinstance(metric, clu_metrics.Collection):
+        return [f"{key}/{name}" for name in collection_fields(metric)]
+    if isinstance(metric, MeanStd):
+        return [key, f"{key}/std", *([f"{key}/sem"] if isinstance(metric, Welford) else [])]
+    return [key]
+
+
 def _add_values(out: dict[str, clu.values.Value], key: str, metric: Any) -> None:
     if isinstance(metric, clu_metrics.Collection):
         if replicated := replicated_problem(metric):

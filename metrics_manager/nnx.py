@@ -29,6 +29,7 @@ from typing import Any
 
 import clu.metrics as clu_metrics
 import clu.values
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -57,7 +58,8 @@ class Metric(nnx.metrics.Metric):
         **settings: fixed, hashable keyword arguments of `from_model_output`, e.g. `k=5`.
 
     Raises:
-        TypeError: `metric_type` is not a CLU metric type, or a setting is not hashable.
+        TypeError: `metric_type` is not a CLU metric type, or a setting is not hashable or
+            not an argument of its `from_model_output`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -87,6 +89,15 @@ class Metric(nnx.metrics.Metric):
                 f"Metric({metric_type.__name__}): settings must be hashable Python values "
                 f"(they are static under jit), got {settings!r}; pass arrays to update()"
             ) from err
+        parameters = inspect.signature(metric_type.from_model_output).parameters.values()
+        named = sorted(
+            p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        )
+        if unknown := sorted(set(settings) - set(named)):
+            raise TypeError(
+                f"Metric({metric_type.__name__}): unknown setting(s) {unknown}; settings are "
+                f"keyword arguments of {metric_type.__name__}.from_model_output: {named}"
+            )
         # Tuples, not dicts: static pytree attributes must be hashable for jit's cache.
         self.metric_type = metric_type
         self.argnames = tuple(sorted((argnames or {}).items()))
@@ -104,7 +115,9 @@ class Metric(nnx.metrics.Metric):
 
     def _empty(self) -> clu_metrics.Metric:
         # With the settings that are static fields (TopKAccuracy's k): a carry of nnx.scan,
-        # fori_loop or cond keeps its structure after the first update().
+        # fori_loop or cond keeps its structure after the first update(). Counts per class or
+        # bin (Precision, Recall, FBeta, AUROC) take their shape, and `average` its value,
+        # from the first batch: update those once before a loop carries them.
         empty = self.metric_type.empty()
         static = {
             f.name for f in dataclasses.fields(empty) if not f.metadata.get("pytree_node", True)
@@ -150,9 +163,26 @@ class _ValuesMetric(Metric):
                 f"{type(self).__name__}.update: expected the keyword argument {self.argname!r} "
                 f"(this metric's argname), got {sorted(kwargs)}"
             )
-        if jnp.ndim(kwargs[self.argname]) == 0:  # a step's loss: a mask is the others' (Flax)
+        values, mask = kwargs[self.argname], kwargs.get("mask")
+        if jnp.ndim(values) == 0:  # a step's loss: a mask is the others' (Flax)
             kwargs.pop("mask", None)
+        elif mask is not None and not _fits(jnp.shape(mask), jnp.shape(values)):
+            raise ValueError(
+                f"{type(self).__name__}.update: mask of shape {jnp.shape(mask)} does not fit "
+                f"{self.argname!r} of shape {jnp.shape(values)}: expected the values' leading "
+                f"dims {jnp.shape(values)[: jnp.ndim(mask)]}; a per-token mask beside "
+                "per-sequence values needs its own MultiMetric, or reduce the mask "
+                "(mask.any(-1))"
+            )
         super().update(**kwargs)
+
+
+def _fits(mask: tuple[int, ...], values: tuple[int, ...]) -> bool:
+    """Whether a mask of shape `mask` covers values' leading dims (CLU's rule: the first
+    equal, the others equal or 1)."""
+    if not mask or len(mask) > len(values) or mask[0] != values[0]:
+        return False
+    return all(m in (1, v) for m, v in zip(mask[1:], values[1:], strict=False))
 
 
 class Average(_ValuesMetric):
@@ -291,24 +321,38 @@ class MultiMetric(nnx.MultiMetric):
         super().__init__(**metrics)
 
 
+def _computes_as(value: Any, *types: type) -> bool:
+    """Whether `value`'s `compute()` is one of `types`'; a subclass's own (`exp` of an
+    `Average`: a perplexity) is written as it computes, not as the state's base metric."""
+    return any(type(value).compute is getattr(kind, "compute", None) for kind in types)
+
+
 def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
     """Adds a metric or a `compute()` result under `key`: NNX metrics as CLU metrics where
     their state maps onto one, dicts and Statistics flattened."""
-    if isinstance(value, _CLU_TYPES):
+    scalar_state = isinstance(value, Average | Accuracy | Welford | nnx.metrics.Average)
+    if scalar_state and (shapes := {np.shape(x) for x in jax.tree.leaves(value)} - {()}):
+        problems.value_problem(
+            f"{key!r}: {type(value).__name__} holds scalars, but this one holds arrays of "
+            f"shape {sorted(shapes)[0]}: one state per member of an nnx.vmap? Write each "
+            "member's compute() as its own key, or average them first"
+        )
+    elif isinstance(value, _CLU_TYPES):
         out[key] = value
-    elif isinstance(value, Metric):
+    elif isinstance(value, Metric) and _computes_as(value, Metric, Welford):
         out[key] = value.metric
     elif isinstance(value, nnx.MultiMetric):
         _add(key, {name: getattr(value, name) for name in value._metric_names}, out, problems)
     elif isinstance(wrapped := getattr(value, "clu_metric", None), clu_metrics.Metric):
         out[key] = wrapped  # google-metrax's NnxWrapper
-    elif isinstance(value, nnx.metrics.Welford):
+    elif isinstance(value, nnx.metrics.Welford) and _computes_as(value, nnx.metrics.Welford):
         out[key] = _metrics.Welford(
             count=jnp.asarray(value.count[...]).astype(_metrics.COUNT_DTYPE),
             mean=jnp.asarray(value.mean[...]),
             m2=jnp.asarray(value.m2[...]),
         )
-    elif isinstance(value, nnx.metrics.Average):  # Flax's Accuracy too
+    elif isinstance(value, nnx.metrics.Average) and _computes_as(value, nnx.metrics.Average):
+        # Flax's Accuracy too
         out[key] = clu_metrics.Average(total=value.total[...], count=value.count[...])
     elif isinstance(value, nnx.metrics.Metric):
         _add(key, value.compute(), out, problems)

@@ -612,3 +612,26 @@ def test_counts_of_one_batch_past_2_24_are_exact():
         jnp.stack([1 - scores, scores], -1), labels
     )
     assert (float(top.correct), float(top.count)) == (positives, n)
+
+
+@pytest.mark.parametrize(
+    ("cls", "typo", "meant"),
+    [
+        (FBeta, "Beta", "beta"),
+        (Precision, "threshhold", "threshold"),
+        (Recall, "averge", "average"),
+        (TopKAccuracy, "K", "k"),
+        (AUROC, "num_bin", "num_bins"),
+    ],
+)
+def test_a_misspelled_setting_is_refused_not_ignored(cls, typo, meant):
+    """`FBeta(..., Beta=2.0)` was F1: every keyword went to `**_`. Other keywords, the model
+    outputs a CLU Collection passes to every metric, are still ignored."""
+    scores, labels = jnp.array([[0.9, 0.1], [0.2, 0.8]]), jnp.array([0, 1])
+    binary = cls not in (TopKAccuracy,)
+    args = (scores[:, 1], labels) if binary else (scores, labels)
+    extra = {"k": 1} if cls is TopKAccuracy else {}
+    with pytest.raises(TypeError, match=rf"unknown keyword '{typo}'; did you mean '{meant}'"):
+        cls.from_model_output(*args, **extra, **{typo: 1})
+    metric = cls.from_model_output(*args, **extra, logits=scores, weights=labels, loss=1.0)
+    assert float(metric.compute()) == float(cls.from_model_output(*args, **extra).compute())

@@ -33,6 +33,7 @@ from metrics_manager import (
     MetricsManager,
     MetricsManagerError,
     Sum,
+    Welford,
     compute_base_metrics,
     compute_weighted_cross_entropy,
     merge_metrics,
@@ -1070,6 +1071,13 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         lambda m: MetricsManager("x", writer_deadline_s="5"),
         TypeError,
         "writer_deadline_s",
+    ),
+    "a Welford's x/std beside a metric named x/std": (
+        lambda m: m.write_metrics_summary(
+            {"w": Welford.from_model_output(jnp.arange(4.0)), "w/std": Sum(np.float32(1.0))}, 1, 1
+        ),
+        ValueError,
+        r"keys \['w/std'\] would be written twice \(a MeanStd or Welford 'x' also writes",
     ),
     "system_metrics as a str (gin's 'False')": (
         lambda m: MetricsManager("x", system_metrics="False"),

@@ -1051,16 +1051,20 @@ def test_a_jitted_donating_loop_under_a_global_transfer_guard_writes_every_summa
 
 def test_a_key_two_metrics_write_is_reported_not_silently_replaced():
     # MeanStd 'x' also writes 'x/std': a metric named 'x/std' replaced it, with nothing in
-    # manager.errors. Keys are taken in sorted order (as jax flattens a dict), so 'x' wins
-    # whatever the dict's order, and the other is reported.
+    # manager.errors. A dict is refused at the call; a PackedMetrics, whose types the
+    # worker learns, is reported there. Keys are taken in sorted order (as jax flattens a
+    # dict), so 'x' wins whatever the dict's order, and the other is reported.
     for order in (("x", "x/std"), ("x/std", "x")):
         recorder = RecordingWriter()
         metrics = {
             "x": MeanStd.from_model_output(jnp.array([1.0, 3.0])),
             "x/std": clu_metrics.Average.from_model_output(jnp.array([42.0])),
         }
+        metrics = {k: metrics[k] for k in order}
         with make(recorder) as manager:
-            manager.write_metrics_summary({k: metrics[k] for k in order}, 3, 1)
+            with pytest.raises(ValueError, match=r"keys \['x/std'\] would be written twice"):
+                manager.write_metrics_summary(metrics, 3, 1)
+            manager.write_metrics_summary(merge_metrics(None, metrics, pack=True), 3, 1)
         assert written(recorder) == [("write_scalars", 3, {"x": 2.0, "x/std": 1.0}), ("close",)]
         [failure] = manager.errors
         assert failure.source == "metric:x/std" and "rename one" in str(failure.error)

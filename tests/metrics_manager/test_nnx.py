@@ -337,3 +337,59 @@ def test_as_summary_metrics_refuses_a_key_written_twice():
     for obj in ({"stats": stats, "stats/std": 99.0}, {"a": {"b": 1.0}, "a/b": 2.0}):
         with pytest.raises(ValueError, match=r"keys \['(stats/std|a/b)'\] are written twice"):
             metrics_manager.as_summary_metrics(obj)
+
+
+class _FlaxPerplexity(nnx.metrics.Average):
+    def compute(self):
+        return jnp.exp(super().compute())
+
+
+class _OurPerplexity(mnnx.Average):
+    def compute(self):
+        return jnp.exp(super().compute())
+
+
+def test_a_subclass_computing_its_own_value_is_written_as_it_computes(tmp_path):
+    """A perplexity as `exp` of an `Average`: the state's Average (2.0) was written, not
+    what compute() gives (e**2)."""
+    metrics = nnx.MultiMetric(ppl=_FlaxPerplexity("nll"), ppl2=_OurPerplexity("nll"))
+    metrics.update(nll=jnp.array([1.0, 2.0, 3.0]))
+    with metrics_manager.MetricsManager(
+        "train", tmp_path, writer_factory=lambda d: writers.JsonlWriter(d)
+    ) as manager:
+        manager.write_metrics_summary(metrics, 1, num_steps=1)
+    (line,) = writers.read_jsonl(tmp_path / "train")
+    assert line["ppl"] == line["ppl2"] == pytest.approx(float(np.exp(2.0)), rel=1e-6)
+
+
+def test_vmapped_metrics_are_refused_at_the_call_naming_the_key():
+    @nnx.vmap(in_axes=0, out_axes=0)
+    def make(_):
+        return nnx.MultiMetric(loss=nnx.metrics.Average(), mine=mnnx.Welford())
+
+    ensemble = make(jnp.arange(4))
+    with pytest.raises(ValueError) as info:
+        metrics_manager.as_summary_metrics(ensemble)
+    message = str(info.value)
+    assert "'loss': Average holds scalars, but this one holds arrays of shape (4,)" in message
+    assert "'mine': Welford holds scalars" in message and "nnx.vmap" in message
+
+
+def test_settings_that_from_model_output_does_not_take_are_refused():
+    with pytest.raises(TypeError, match=r"Metric\(FBeta\): unknown setting\(s\) \['Beta'\]"):
+        mnnx.Metric(FBeta, Beta=2.0)
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['K'\].*\['k', 'labels'"):
+        mnnx.Metric(TopKAccuracy, K=3)
+    f2 = mnnx.Metric(FBeta, beta=2.0)  # the right name still works: F2 of 1 tp, 3 fn
+    f2.update(logits=jnp.array([0.9, 0.1, 0.1, 0.1, 0.1]), labels=jnp.array([1, 1, 1, 1, 0]))
+    assert float(f2.compute()) == pytest.approx(5 * 1 / (5 * 1 + 4 * 3 + 0))
+
+
+@pytest.mark.parametrize(("values", "mask"), [((2,), (2, 5)), ((2, 5), (5,))])
+def test_a_mask_that_does_not_cover_the_values_names_both_shapes(values, mask):
+    with pytest.raises(ValueError, match=rf"mask of shape \({mask[0]}, ?") as info:
+        mnnx.Average().update(values=jnp.ones(values), mask=jnp.ones(mask))
+    assert f"'values' of shape {values}" in str(info.value)
+    average = mnnx.Average()  # a (B, 1) mask broadcasts, as in CLU
+    average.update(values=jnp.array([[1.0, 3.0], [5.0, 7.0]]), mask=jnp.array([[True], [False]]))
+    assert float(average.compute()) == 2.0
