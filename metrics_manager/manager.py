@@ -773,6 +773,8 @@ class _Problems(Problems):
         if bad := [k for k in keys if not isinstance(k, str) or not k.strip()]:
             listed = ", ".join(repr(k) for k in bad)
             self.type_problem(f"every key must be a non-empty str such as 'loss', got {listed}")
+        if surrogates := _checks.surrogate_problem(keys):
+            self.value_problem(surrogates)
         if writer_problem:
             self.value_problem(writer_problem)
 

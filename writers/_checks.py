@@ -136,9 +136,11 @@ def check_keys(values: Any, method: str) -> None:
             f"{method}: expected a mapping from name to value, got "
             f"{type(values).__name__}. Wrap the value, e.g. {{'loss': value}}."
         )
-    if all(type(k) is str and k and not k.isspace() for k in values):
+    if all(type(k) is str and k and not k.isspace() and (k.isascii() or _utf8(k)) for k in values):
         return  # the common case, in one pass
     problems = Problems(method)
+    if surrogates := surrogate_problem(values):
+        problems.value_problem(surrogates)
     if bad_types := [k for k in values if not isinstance(k, str)]:
         listed = ", ".join(f"{k!r} ({type(k).__name__})" for k in bad_types)
         problems.type_problem(f"every key must be a str, got {listed}. Convert keys with str().")
@@ -148,6 +150,27 @@ def check_keys(values: Any, method: str) -> None:
             "as 'loss' or 'eval/accuracy'."
         )
     problems.raise_if_any()
+
+
+def _utf8(key: str) -> bool:
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def surrogate_problem(keys: Iterable[Any]) -> str | None:
+    """The message for str keys UTF-8 cannot encode (lone surrogates, as `os.fsdecode`
+    gives for file names that are not UTF-8), which no writer can store, else None."""
+    bad = [k for k in keys if isinstance(k, str) and not k.isascii() and not _utf8(k)]
+    if not bad:
+        return None
+    return (
+        f"keys {bad!r} hold lone surrogates (as os.fsdecode gives for bytes that are not "
+        "UTF-8), which no writer can store; decode the name with errors='replace', e.g. "
+        "key.encode('utf-8', 'surrogateescape').decode('utf-8', 'replace')."
+    )
 
 
 def reserved_problem(keys: Iterable[str], reserved: Mapping[str, str]) -> str | None:
@@ -587,10 +610,14 @@ def _looks_like_array(value: Any) -> bool:
 def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.ndarray]:
     """`(counts, edges)`: an equal-width histogram as TensorFlow builds it (30 buckets default)."""
     flat = np.asarray(arr, dtype=np.float64).reshape(-1)
-    buckets = max(2, int(num_buckets or DEFAULT_NUM_BUCKETS))
+    buckets = int(num_buckets or DEFAULT_NUM_BUCKETS)
     low, high = float(flat.min()), float(flat.max())
     if low == high:
         return np.asarray([flat.size], dtype=np.int64), np.asarray([low - 0.5, high + 0.5])
+    if math.isinf(high - low):  # a range past float64's: split its halves (no inf edges)
+        edges = np.linspace(low / 2, high / 2, buckets + 1) * 2
+        edges[0], edges[-1] = low, high
+        return np.histogram(flat, bins=edges)[0].astype(np.int64), edges
     try:
         counts, edges = np.histogram(flat, bins=buckets, range=(low, high))
     except ValueError:  # a range float64 cannot split into `buckets` distinct edges: one bucket

@@ -121,11 +121,16 @@ def audios(key: str, clips: np.ndarray, sample_rate: int) -> list[Any]:
 
 def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
     values = arr.astype(np.float64)
-    buckets = max(2, num_buckets or _checks.DEFAULT_NUM_BUCKETS)
-    try:
-        histo = tbx_summary.make_histogram(values, buckets)
-    except ValueError:  # a range float64 cannot split into `buckets` edges: `bucketize`'s one
-        histo = tbx_summary.make_histogram(values, _checks.bucketize(values, buckets)[1])
+    buckets = num_buckets or _checks.DEFAULT_NUM_BUCKETS
+    # Values near float64's limits: their sum of squares is inf (what TensorBoard stores).
+    with np.errstate(over="ignore"):
+        if math.isinf(float(values.max()) - float(values.min())):  # no inf edges
+            histo = tbx_summary.make_histogram(values, _checks.bucketize(values, buckets)[1])
+            return Value(tag=key, histo=histo)
+        try:
+            histo = tbx_summary.make_histogram(values, buckets)
+        except ValueError:  # a range float64 cannot split into `buckets` edges: `bucketize`'s
+            histo = tbx_summary.make_histogram(values, _checks.bucketize(values, buckets)[1])
     return Value(tag=key, histo=histo)
 
 

@@ -1,7 +1,8 @@
 """`ConsoleWriter`: a readable block per write call for people watching a terminal.
 
 Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30.0%)`, steps/s
-and an ETA, measured from the first write on so compilation does not skew them), then one
+and an ETA, measured from the first step's last scalars on so compilation does not skew
+them), then one
 line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
 significant digits, integers and rates of 1,000 or more with thousands separators, NaN as
 `NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
@@ -136,9 +137,12 @@ class ConsoleWriter(BaseWriter):
         self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
         now, total = self._clock(), self._total
-        if self._first is None:
+        # Rates count from the last scalars at the first step that had some (a summary, or
+        # `timing/compilation_seconds` after compiling): a config text written before the
+        # compilation, at step 0, made the first rates count the compilation.
+        if numbers is not None and (self._first is None or self._first[1] == step):
             self._first = (now, step)
-        t0, s0 = self._first
+        t0, s0 = self._first or (now, step)
         head = f"step {step:,}"
         parts = [head if total is None else f"{head}/{total:,} ({100.0 * step / total:.1f}%)"]
         if step > s0 and now > t0:
@@ -193,9 +197,10 @@ def _escaped(match: re.Match[str]) -> str:
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
     """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded to
     the same width on screen (a CJK character takes two columns), at most `_KEY_COLUMNS`."""
-    width = min(max(map(_cells, keys), default=0), _KEY_COLUMNS)
+    shown = {k: _CONTROL.sub(_escaped, k) for k in keys}  # escapes in a key are shown, not run
+    width = min(max(map(_cells, shown.values()), default=0), _KEY_COLUMNS)
     return [
-        (k, k + " " * (width - _cells(k)))
+        (k, shown[k] + " " * (width - _cells(shown[k])))
         for k in sorted(keys, key=lambda k: (k.partition("/")[0] if "/" in k else "", k))
     ]
 

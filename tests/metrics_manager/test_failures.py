@@ -1079,6 +1079,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ValueError,
         r"keys \['w/std'\] would be written twice \(a MeanStd or Welford 'x' also writes",
     ),
+    "a key UTF-8 cannot encode (os.fsdecode of a Latin-1 name)": (
+        lambda m: m.write_scalars(1, {"eval/caf\udce9": 1.0}),
+        ValueError,
+        r"keys \['eval/caf\\udce9'\] hold lone surrogates.*errors='replace'",
+    ),
     "system_metrics as a str (gin's 'False')": (
         lambda m: MetricsManager("x", system_metrics="False"),
         TypeError,

@@ -146,6 +146,36 @@ def test_progress_line_excludes_the_first_compiling_window():
     ]
 
 
+def test_rates_count_from_the_first_scalars_not_a_text_written_before_compiling():
+    """A config text at step 0, then 60 s of compilation: 1.4 steps/s were shown for 10."""
+    out, clock = io.StringIO(), FakeClock()
+    w = writers.ConsoleWriter(out, total_steps=1000, clock=clock)
+    w.write_texts(0, {"config": "lr = 0.1"})  # at 0 s, before compiling
+    clock.now = 61.0
+    w.write_scalars(0, {"timing/compilation_seconds": 61.0})  # the same step: taken instead
+    clock.now = 70.0
+    w.write_scalars(100, {"loss": 1.0})  # 100 steps in 9 s
+    clock.now = 80.0
+    w.write_histograms(200, {"w": np.ones(3)})  # 200 steps in 19 s
+    headers = [line for line in out.getvalue().splitlines() if line.startswith("step")]
+    assert headers == [
+        "step 0/1,000 (0.0%)",
+        "step 0/1,000 (0.0%)",
+        "step 100/1,000 (10.0%) | 11.11 steps/s | ETA 1m 21s",
+        "step 200/1,000 (20.0%) | 10.53 steps/s | ETA 1m 16s",
+    ]
+
+
+@pytest.mark.parametrize("stream", [io.StringIO, FakeTty])
+def test_terminal_escapes_in_a_key_are_shown_not_run(stream):
+    out = stream()
+    writers.ConsoleWriter(out).write_scalars(1, {"a\x1b[2Jb": 1.0, "loss": 2.0})
+    text = out.getvalue()
+    assert "\x1b[2J" not in text and "a\\x1b[2Jb" in text
+    if stream is io.StringIO:  # aligned as shown: the escaped key is 9 columns wide
+        assert text == "step 1\n  a\\x1b[2Jb  1\n  loss       2\n"
+
+
 def test_other_kinds_have_readable_lines():
     out = io.StringIO()
     w = writers.ConsoleWriter(out)

@@ -165,6 +165,10 @@ if child == 0:
             f.write(str(err))
     time.sleep(60)
     os._exit(0)
+# The child runs its at-fork hook when the OS first schedules it: wait for it to have run,
+# as any real child has long before the parent closes the log.
+while not os.path.exists(path + ".child"):
+    time.sleep(0.01)
 w.close()
 try:
     again = writers.JsonlWriter(path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 
 import numpy as np
 import pytest
@@ -43,6 +44,24 @@ def test_a_new_bad_key_still_raises_after_the_good_keys_were_cached(tmp_path):
     w.close()
     lines = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines] == [0, 1, 2]
+
+
+def test_a_key_utf8_cannot_encode_is_refused_before_any_writer_writes(tmp_path):
+    """A key from `os.fsdecode` of a Latin-1 file name: JSONL and the console wrote it,
+    then TensorBoard's encode failed, and its other keys of the call were lost there too."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    key = "eval/" + os.fsdecode(b"caf\xe9")
+    w = writers.create_default_writer(tmp_path, console=False)
+    with pytest.raises(ValueError, match=r"keys \['eval/caf\\udce9'\] hold lone surrogates"):
+        w.write_scalars(1, {"loss": 0.5, key: 1.0})
+    w.write_scalars(2, {"loss": 0.25, "eval/café": 1.0})  # a real non-ASCII name is fine
+    w.close()
+    assert [(x["step"], x["loss"]) for x in writers.read_jsonl(tmp_path)] == [(2, 0.25)]
+    events = ea.EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("loss")] == [(2, 0.25)]
+    assert [e.value for e in events.Scalars("eval/café")] == [1.0]
 
 
 def test_steps_and_numbers_convert_as_before_through_the_fast_paths():

@@ -522,3 +522,24 @@ def test_summary_metadata_per_key_and_a_none_bucket_count_as_clus_writer_takes_t
     assert acc.Tensors("t")[0].tensor_proto.string_val == [b"a", b"b"]
     h, g = acc.Histograms("h")[0].histogram_value, acc.Histograms("g")[0].histogram_value
     assert (h.num, h.sum, h.max, g.num, g.sum, g.max) == (4, 6.0, 3.0, 3, 3.0, 2.0)
+
+
+# TensorBoard's own reader overflows interpolating such a histogram (its `_lerp`); ours does not.
+@pytest.mark.filterwarnings("ignore:overflow encountered in scalar multiply:RuntimeWarning")
+def test_one_bucket_and_a_range_past_float64_are_kept_as_asked(tmp_path):
+    """`num_buckets=1` became 2 buckets; values of +-1e308 gave inf bucket edges (and numpy
+    overflow warnings, errors under -W error) in TensorBoard."""
+    w = writers.create_default_writer(tmp_path, console=False)
+    arrays = {"wide": np.array([0.0, 1e308, -1e308]), "one": np.array([1.0, 2.0, 3.0])}
+    w.write_histograms(1, arrays, num_buckets={"one": 1, "wide": 4})
+    w.close()
+    histograms = _accumulator(tmp_path)
+    one = histograms.Histograms("one")[0].histogram_value
+    assert (list(one.bucket_limit), list(one.bucket)) == ([1.0, 3.0], [0.0, 3.0])
+    wide = histograms.Histograms("wide")[0].histogram_value
+    assert list(wide.bucket_limit) == [-1e308, -5e307, 0.0, 5e307, 1e308]
+    assert list(wide.bucket) == [0.0, 1.0, 0.0, 1.0, 1.0]
+    (line,) = writers.read_jsonl(tmp_path)
+    assert (line["one"]["edges"], line["one"]["counts"]) == ([1.0, 3.0], [3])
+    assert line["wide"]["edges"] == [-1e308, -5e307, 0.0, 5e307, 1e308]
+    assert line["wide"]["counts"] == [1, 0, 1, 1]
