@@ -48,14 +48,17 @@ Average = Literal["binary", "micro", "macro"]
 _AVERAGES = get_args(Average)
 
 
-def _check_mask(mask: ArrayLike | None, shape: tuple[int, ...], problems: Problems) -> jax.Array:
+def _check_mask(
+    mask: ArrayLike | None, shape: tuple[int, ...], problems: Problems, of: str = "labels"
+) -> jax.Array:
     if mask is None:
         return jnp.ones(shape, bool)
     mask = jnp.asarray(mask)
     if mask.shape != shape[: mask.ndim]:
+        expected = f"{shape}" if len(shape) < 2 else f"{shape[:1]} (per example) or {shape}"
         problems.value_problem(
-            f"mask of shape {mask.shape} does not match the labels of shape {shape}; expected "
-            f"a mask of shape {shape[:1]} (per example) or {shape} (per label)"
+            f"mask of shape {mask.shape} does not match the {of} of shape {shape}; expected "
+            f"a mask of shape {expected}"
         )
         return jnp.ones(shape, bool)
     mask = mask.astype(bool).reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
@@ -232,10 +235,15 @@ class _ConfusionCounts(_Counts):
         predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
         num_classes, binary, fits = 2, predictions.shape == labels.shape, True
         if binary:
+            if isinstance(threshold, np.floating | np.integer) and np.ndim(threshold) == 0:
+                threshold = threshold.item()  # a NumPy scalar: a number like any other
             if threshold is not None and (
                 isinstance(threshold, bool) or not isinstance(threshold, int | float)
             ):
-                problems.type_problem(f"threshold must be a float, got {describe(threshold)}")
+                problems.type_problem(
+                    f"threshold must be a Python number (it is static under jit), got "
+                    f"{describe(threshold)}; pass float(threshold)"
+                )
                 threshold = None
             predicted = (predictions >= (0.5 if threshold is None else threshold)).astype(jnp.int32)
         elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
@@ -257,6 +265,12 @@ class _ConfusionCounts(_Counts):
                 f"{cls.__name__}.from_model_output: average={average!r} does not fit "
                 f"{'binary scores' if binary else f'{num_classes}-class scores'}; expected "
                 f"{expected} (sklearn's average argument)"
+                + (
+                    "; for binary precision of 2-class scores, pass the positive class's "
+                    "probability as binary scores: jax.nn.softmax(logits)[..., 1]"
+                    if average == "binary" and num_classes == 2
+                    else ""
+                )
             )
         # Scatter-adds instead of one-hot products: memory O(C), not O(tokens x C).
         true_positives = _bin_counts(labels, mask & (predicted == labels), num_classes)
@@ -555,7 +569,7 @@ class Perplexity(_Counts):
         """
         log_likelihood = jnp.asarray(log_likelihood)
         problems = Problems("Perplexity.from_log_likelihood")
-        mask = _check_mask(mask, log_likelihood.shape, problems)
+        mask = _check_mask(mask, log_likelihood.shape, problems, of="log-likelihoods")
         traced = isinstance(log_likelihood, jax.core.Tracer) or isinstance(mask, jax.core.Tracer)
         if not traced and not problems:  # with numpy: see the labels' check
             ll, kept = np.asarray(log_likelihood, np.float32), np.asarray(mask)

@@ -20,6 +20,7 @@ parts of one batch: `LastValue` averages, a `Step` counts one step), starting fr
 microbatch's metrics, so values do not depend on the number of microbatches.
 """
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Mapping
@@ -64,6 +65,12 @@ def _check_alike(
         leaves_a, tree_a = jax.tree_util.tree_flatten_with_path(a)
         leaves_b, tree_b = jax.tree_util.tree_flatten_with_path(b)
         if tree_a != tree_b:  # type: ignore[operator]
+            if settings := _settings_differ(a, b):
+                problems.value_problem(
+                    f"[{key!r}] ({type(a).__qualname__}): settings differ: {settings} "
+                    f"({expected_what} vs {got_what}); give every step and microbatch the same"
+                )
+                continue
             why = (
                 "a Time metric's duration is set on the host only after merging"
                 if is_time_metric(a)
@@ -83,6 +90,18 @@ def _check_alike(
                     f"expected {shape_a} (as in {expected_what}), got {shape_b} in {got_what}; "
                     "a metric must have the same shape in every step and microbatch"
                 )
+
+
+def _settings_differ(a: Any, b: Any) -> str:
+    """`k=1 vs 3` for the static (non-pytree) dataclass fields of `a` and `b` that differ."""
+    if not dataclasses.is_dataclass(a):
+        return ""
+    static = [f.name for f in dataclasses.fields(a) if not f.metadata.get("pytree_node", True)]
+    return ", ".join(
+        f"{name}={getattr(a, name)!r} vs {getattr(b, name)!r}"
+        for name in static
+        if getattr(a, name) != getattr(b, name)
+    )
 
 
 def validate_metrics(
@@ -187,7 +206,7 @@ def merge_metrics(
     if a is None:
         merged = b
     else:
-        merged = {key: metric.merge(b[key]) for key, metric in _wide_floats(a).items()}
+        merged = {key: _merged(key, metric, b[key]) for key, metric in _wide_floats(a).items()}
     if not pack:
         return merged
     packed = PackedMetrics.pack(merged)
@@ -237,10 +256,32 @@ def merge_windows(metrics: Metrics | PackedMetrics) -> Metrics | PackedMetrics:
 @functools.partial(jax.jit, static_argnums=1)
 def _merge_windows(metrics: Any, n: int) -> Any:
     pack = isinstance(metrics, PackedMetrics)
+    # Windows sharded over a mesh of explicit axes (jax.make_mesh's default) cannot be
+    # sliced one by one: gather them first (n small windows; Auto axes need nothing).
+    metrics = jax.tree.map(_replicated_if_explicit, metrics)
     merged = None
     for i in range(n):
         merged = merge_metrics(merged, jax.tree.map(lambda x, i=i: x[i], metrics), pack=pack)
     return merged
+
+
+def _merged(key: str, a: Any, b: Any) -> Any:
+    try:
+        return a.merge(b)
+    except NotImplementedError as err:  # CLU's base Metric.merge: metrax's FBetaScore
+        raise TypeError(
+            f"merge_metrics: [{key!r}] ({type(a).__qualname__}) cannot merge ({err}), so it "
+            "cannot be summed over steps or microbatches; use a metric that merges (for "
+            "metrax's FBetaScore, metrics_manager.FBeta), or write its per-batch value with "
+            "write_scalars"
+        ) from err
+
+
+def _replicated_if_explicit(x: Any) -> Any:
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    if sharding is None or not any(sharding.spec) or not sharding.mesh.are_all_axes_explicit:
+        return x
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(sharding.mesh, jax.P()))
 
 
 def _wide_floats(metrics: Metrics) -> dict[str, Any]:

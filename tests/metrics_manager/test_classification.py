@@ -25,7 +25,7 @@ from metrics_manager.classification import (
     Recall,
     TopKAccuracy,
 )
-from metrics_manager.merging import accumulate_grads_microbatched
+from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
 
 ROWS, CLASSES, LENGTH, VOCAB, BINS = 64, 5, 4, 7, 1000
 
@@ -401,7 +401,8 @@ BAD_SETTINGS = {
     "threshold a str": (
         lambda: Precision.from_model_output(SCORES, LABELS, threshold="0.5"),
         TypeError,
-        "Precision.from_model_output: threshold must be a float, got str '0.5'",
+        "Precision.from_model_output: threshold must be a Python number (it is static under "
+        "jit), got str '0.5'; pass float(threshold)",
     ),
     "beta a str": (
         lambda: FBeta.from_model_output(SCORES, LABELS, beta="2"),
@@ -559,6 +560,8 @@ def test_metrax_fbeta_cannot_merge_and_perplexity_depends_on_the_split():
     f1 = metrax.FBetaScore.from_model_output(scores, binary)
     with pytest.raises(NotImplementedError):
         f1.merge(f1)
+    with pytest.raises(TypeError, match=r"\['f1'\] \(FBetaScore\) cannot merge.*metrics_manager"):
+        merge_metrics({"f1": f1}, {"f1": f1})  # the key and the fix, not a bare "override"
     batch = make_batch(5)
     halves = [slice(0, ROWS // 2), slice(ROWS // 2, ROWS)]
     args = [
@@ -635,3 +638,15 @@ def test_a_misspelled_setting_is_refused_not_ignored(cls, typo, meant):
         cls.from_model_output(*args, **extra, **{typo: 1})
     metric = cls.from_model_output(*args, **extra, logits=scores, weights=labels, loss=1.0)
     assert float(metric.compute()) == float(cls.from_model_output(*args, **extra).compute())
+
+
+def test_messages_for_numpy_thresholds_log_likelihood_masks_and_binary_2_class_scores():
+    scores, labels = jnp.array([0.2, 0.7]), jnp.array([0, 1])
+    # A NumPy scalar threshold is a number: 0.2 is then a positive prediction.
+    assert float(Recall.from_model_output(scores, labels, threshold=np.float32(0.1)).compute()) == 1
+    with pytest.raises(TypeError, match=r"threshold must be a Python number.*float\(threshold\)"):
+        Precision.from_model_output(scores, labels, threshold=jnp.float32(0.1))
+    with pytest.raises(ValueError, match=r"does not match the log-likelihoods of shape \(4,\)"):
+        Perplexity.from_log_likelihood(-jnp.ones(4), mask=jnp.ones(3, bool))
+    with pytest.raises(ValueError, match=r"2-class scores.*jax.nn.softmax\(logits\)\[\.\.\., 1\]"):
+        Precision.from_model_output(jnp.zeros((2, 2)), labels, average="binary")

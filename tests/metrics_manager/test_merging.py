@@ -109,7 +109,11 @@ def test_merging_a_timed_metric_with_an_untimed_one_names_the_cause():
         )
     # Other metrics' structures differ by their settings; the hint names those.
     scores, labels = jnp.array([0.2, 0.7]), jnp.array([0, 1])
-    with pytest.raises(ValueError, match=r"\(settings such as average, k, beta or num_bins"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['p'\] \(Precision\): settings differ: "
+        r"average='binary' vs 'micro' \(a vs b\)",
+    ):
         merge_metrics(
             {"p": Precision.from_model_output(scores, labels)},
             {"p": Precision.from_model_output(jnp.eye(2), labels, average="micro")},
@@ -522,3 +526,26 @@ def test_low_precision_values_accumulate_in_float32_over_a_window(dtype):
         "std",
         "avg",
     ]
+
+
+@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto])
+def test_merge_windows_of_a_shard_map_on_either_kind_of_mesh(axis_type):
+    """`shard_map(..., out_specs=P("d"))` windows, as the manager's refusal says to merge
+    them: on a mesh of explicit axes (jax.make_mesh's default) slicing them one by one
+    raised ShardingTypeError."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(axis_type,))
+    x = jax.device_put(jnp.arange(64.0), jax.sharding.NamedSharding(mesh, jax.P("d")))
+
+    def per_device(x):
+        window = {
+            "loss": AveragePerStep.from_model_output(x.sum()),
+            "top": Max.from_model_output(x),
+        }
+        return jax.tree.map(lambda a: jnp.expand_dims(a, 0), window)
+
+    windows = jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d"))
+    )(x)
+    for merged in (merging.merge_windows(windows), jax.jit(merging.merge_windows)(windows)):
+        assert int(merged["loss"].steps) == 8 and float(merged["loss"].total) == 2016.0
+        assert float(merged["top"].compute()) == 63.0
