@@ -33,14 +33,18 @@ Output, under `TrainConfig.model_dir` (`runs/demo` by default):
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import glob
 import logging as std_logging
 import os
+import shutil
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import clu.metrics
@@ -199,19 +203,23 @@ def train(
     train_step = make_train_step(loss_fn, schedule, config)
     eval_step = make_eval_step(loss_fn, config)
 
-    _remove_previous_run(config)
+    # Compile before the loop, so the first summary window times training, not XLA; and
+    # before the earlier run's files are touched, so a config that fails here keeps them.
+    start = time.perf_counter()
+    train_step = compile_merging_step(train_step, state, batch, metrics_of=lambda out: out[1])
+    eval_step = compile_merging_step(eval_step, state.params, eval_batches[0])
+    compilation_seconds = time.perf_counter() - start
+
     futures: dict[str, concurrent.futures.Future[Summary]] = {}
     # Through gin, so the config's writer choice (MetricsManager.writer_factory) applies.
     make_manager = configured(MetricsManager)
     with (
+        _one_demo_at_a_time(config.model_dir),
+        _previous_run_set_aside(config) as writers_built,
         make_manager("train", config.model_dir, uptime=True) as train_manager,
         make_manager(f"eval/{config.eval_name}", config.model_dir) as eval_manager,
     ):
-        # Compile before the loop, so the first summary window times training, not XLA.
-        start = time.perf_counter()
-        train_step = compile_merging_step(train_step, state, batch, metrics_of=lambda out: out[1])
-        eval_step = compile_merging_step(eval_step, state.params, eval_batches[0])
-        compilation_seconds = time.perf_counter() - start
+        writers_built()  # the earlier run's files go only now
         # Everything gin configures has been built, so the operative config is complete.
         write_gin_config(config.model_dir, train_manager, step=0)
         train_manager.write_scalar("timing/compilation_seconds", compilation_seconds, 0)
@@ -302,24 +310,66 @@ def _eval_batches(config: demo_model.DataConfig, num_batches: int) -> list[dict[
     return [next(stream) for _ in range(num_batches)]
 
 
-def _remove_previous_run(config: demo_model.TrainConfig) -> None:
-    """Deletes only the files an earlier demo run wrote, so a new run's log starts clean."""
-    run_dirs = [
-        os.path.join(config.model_dir, "train"),
-        os.path.join(config.model_dir, "eval", config.eval_name),
-    ]
-    stale = [os.path.join(config.model_dir, "config.gin")]
-    for run_dir in run_dirs:
-        stale += glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))
-        stale.append(os.path.join(run_dir, "metrics.jsonl"))
-    removed = [path for path in stale if os.path.isfile(path)]
-    for path in removed:
+def _run_files(config: demo_model.TrainConfig) -> list[str]:
+    """The files a demo run writes under a local `model_dir` that exist now."""
+    paths = [os.path.join(config.model_dir, "config.gin")]
+    for run_dir in (("train",), ("eval", config.eval_name)):
+        path = os.path.join(config.model_dir, *run_dir)
+        paths += [*glob.glob(os.path.join(path, "events.out.tfevents.*")), f"{path}/metrics.jsonl"]
+    return [path for path in paths if os.path.isfile(path)]
+
+
+@contextlib.contextmanager
+def _one_demo_at_a_time(model_dir: str) -> Iterator[None]:
+    """Holds a lock on `model_dir/.demo.lock`, so a second demo there is refused before it
+    touches the files of the first (a TensorBoard-only run has no JSONL log to lock)."""
+    if "://" in model_dir:
+        yield
+        return
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, ".demo.lock"), "w") as lock:
+        try:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(
+                f"Another demo is writing {model_dir}: this run would delete its files. Give "
+                "this run another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/other'\"), or stop the "
+                "other run first."
+            ) from None
+        yield
+
+
+@contextlib.contextmanager
+def _previous_run_set_aside(config: demo_model.TrainConfig) -> Iterator[Callable[[], None]]:
+    """Moves the files of an earlier run aside, so a new run's logs start clean; yields the
+    call that deletes them once the new run's writers are built. If building them fails
+    (a bad writer binding, a tracker that refuses), the earlier files come back and the new
+    run's are removed. A URL `model_dir` is left as it is."""
+    old = [] if "://" in config.model_dir else _run_files(config)
+    for path in old:
         if path.endswith("metrics.jsonl"):
             _refuse_if_written(path)
-    for path in removed:
-        os.remove(path)
-    if removed:
-        logging.info("Removed %d files of an earlier run under %s.", len(removed), config.model_dir)
+    aside = tempfile.mkdtemp(prefix=".earlier-run-", dir=config.model_dir) if old else ""
+    for i, path in enumerate(old):
+        os.rename(path, os.path.join(aside, str(i)))
+    built = False
+
+    def writers_built() -> None:
+        nonlocal built
+        built = True
+        if old:
+            shutil.rmtree(aside)
+            logging.info("Removed %d files of an earlier run under %s.", len(old), config.model_dir)
+
+    try:
+        yield writers_built
+    finally:
+        if not built and old:
+            for path in _run_files(config):  # what the failed run made
+                os.remove(path)
+            for i, path in enumerate(old):
+                os.rename(os.path.join(aside, str(i)), path)
+            os.rmdir(aside)
 
 
 def _refuse_if_written(log: str) -> None:
@@ -333,6 +383,9 @@ def _refuse_if_written(log: str) -> None:
             "files. Give this run another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/other'\"), or "
             "stop the other run first."
         ) from err
+
+
+_SEARCH_PATHS: set[str] = set()
 
 
 def run(
@@ -365,8 +418,11 @@ def run(
             f"gin file(s) {missing} not found in the working directory or in "
             f"{list(gin_search_paths)}; pass a path, or a file under configs/ such as demo.gin."
         )
+    gin.clear_config()  # a second run() in one process (a notebook) starts from its own config
     for path in gin_search_paths:
-        gin.add_config_file_search_path(path)
+        if path not in _SEARCH_PATHS:  # gin keeps them for the process, in order
+            _SEARCH_PATHS.add(path)
+            gin.add_config_file_search_path(path)
     gin.parse_config_files_and_bindings(gin_files, gin_bindings)
     config = configured(demo_model.TrainConfig)()
     summaries = train(

@@ -13,11 +13,13 @@ import os
 import subprocess
 import sys
 
+import gin
 import numpy as np
 import optax
 import pytest
 from tensorboard.backend.event_processing import event_accumulator, event_multiplexer
 
+import writers
 from examples import demo_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -378,10 +380,75 @@ def test_a_new_run_does_not_delete_the_files_of_a_run_still_writing_them(tmp_pat
         assert holder.stdout.readline() == "ready\n"
         config = demo_model.TrainConfig(model_dir=str(tmp_path))
         with pytest.raises(RuntimeError, match=r"metrics.jsonl is being written by a running"):
-            demo._remove_previous_run(config)
+            with demo._previous_run_set_aside(config):
+                pass
         assert [json.loads(x)["loss"] for x in log.read_text().splitlines()] == [1.0]
     finally:
         holder.communicate("", timeout=30)
     assert holder.returncode == 0
-    demo._remove_previous_run(config)  # the other run has ended: its files go
-    assert not log.exists()
+    with demo._previous_run_set_aside(config) as writers_built:  # the other run has ended
+        writers_built()  # its files go
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["train"]
+
+
+def _files(root) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+def test_writers_that_cannot_be_built_leave_the_earlier_run_as_it_was(tmp_path):
+    """A bad writer binding (or a tracker that refuses) deleted the earlier run's files:
+    they were removed before the managers were built."""
+    from examples import demo
+    from metrics_manager import MetricsManager
+
+    config = demo_model.TrainConfig(model_dir=str(tmp_path), eval_name="synthetic")
+    with MetricsManager("train", tmp_path) as earlier:  # an earlier run's files
+        earlier.write_scalar("loss", 1.5, 10)
+    (tmp_path / "config.gin").write_text("TOTAL_STEPS = 10\n")
+    before = _files(tmp_path)
+    assert "train/metrics.jsonl" in before and len(before) == 3  # and an event file
+
+    def bad(logdir):
+        return writers.create_default_writer(logdir, console="False")  # gin's 'False'
+
+    with pytest.raises(TypeError, match="console must be True or False, got 'False'"):
+        with (
+            demo._previous_run_set_aside(config) as writers_built,
+            MetricsManager("train", tmp_path) as train,  # its files are made, then removed
+            MetricsManager("eval/synthetic", tmp_path, writer_factory=bad),
+        ):
+            writers_built()
+    assert train.closed and _files(tmp_path) == before
+    with demo._previous_run_set_aside(config) as writers_built:
+        with MetricsManager("train", tmp_path) as train:
+            writers_built()
+            train.write_scalar("loss", 0.5, 1)
+    assert [line["loss"] for line in writers.read_jsonl(tmp_path / "train")] == [0.5]
+    assert not (tmp_path / "config.gin").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".earlier")] == []
+
+
+def test_a_second_demo_on_one_model_dir_is_refused_whatever_its_writers(tmp_path):
+    """A TensorBoard-only run writes no JSONL log to lock: a second demo deleted its files."""
+    from examples import demo
+
+    with demo._one_demo_at_a_time(str(tmp_path)):
+        with pytest.raises(RuntimeError, match=r"Another demo is writing .*another MODEL_DIR"):
+            with demo._one_demo_at_a_time(str(tmp_path)):
+                pass
+    with demo._one_demo_at_a_time(str(tmp_path)):  # the first has ended
+        pass
+
+
+def test_run_can_be_called_again_in_one_process():
+    """A notebook's second `run()` met gin's locked config of the first."""
+    from examples import demo
+
+    try:
+        for _ in range(2):
+            with pytest.raises(ValueError, match=r"warmup_steps=30 must be < TrainConfig\.total"):
+                demo.run(["demo.gin"], ["TOTAL_STEPS = 20"])
+    finally:
+        gin.clear_config()
