@@ -92,7 +92,8 @@ def check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> fl
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(
             f"{where}: {what} must be a number of {unit}, got {value!r} "
-            f"({type(value).__name__}); in gin write 10.0, not '10'."
+            f"({type(value).__name__})"
+            + ("; in gin write a number, without quotes." if isinstance(value, str) else ".")
         )
     if not 0 < float(value) < math.inf:
         raise ValueError(f"{where}: {what} must be positive and finite, got {value!r}; {fix}.")

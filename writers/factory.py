@@ -81,13 +81,29 @@ def create_default_writer(
     flags = dict(just_logging=just_logging, asynchronous=asynchronous, console=console)
     flags |= dict(tensorboard=tensorboard, jsonl=jsonl, log=log)
     if bad := {k: v for k, v in flags.items() if not isinstance(v, bool | np.bool_)}:
+        strings = any(isinstance(v, str) for v in bad.values())
         raise TypeError(
             f"create_default_writer: {', '.join(bad)} must be True or False, got "
-            f"{', '.join(f'{v!r}' for v in bad.values())} (a str such as 'False' is true); "
-            "in gin write False, not 'False'."
+            f"{', '.join(f'{v!r}' for v in bad.values())}"
+            + (
+                " (a str such as 'False' is true); in gin write False, not 'False'."
+                if strings
+                else "."
+            )
+        )
+    if isinstance(max_queue, bool) or not isinstance(max_queue, int | np.integer):
+        raise TypeError(
+            f"create_default_writer: max_queue must be an int >= 1, got {max_queue!r} "
+            f"({type(max_queue).__name__})"
+            + ("; in gin write 512, not '512'." if isinstance(max_queue, str) else ".")
         )
     if asynchronous and max_queue < 1:
         raise ValueError(f"create_default_writer: max_queue must be >= 1, got {max_queue}.")
+    if console_stream is not None and not callable(getattr(console_stream, "write", None)):
+        raise TypeError(
+            f"create_default_writer: console_stream must be a text stream such as sys.stderr "
+            f"(with write()), got {console_stream!r}; None prints to sys.stdout."
+        )
     if resume_step is not None:
         resume_step = _checks.check_step(resume_step, "create_default_writer(resume_step=...)")
         if purge_step is not None and purge_step != resume_step + 1:

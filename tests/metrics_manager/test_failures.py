@@ -1016,12 +1016,23 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "string flush_secs in gin": (
         lambda m: writers.create_default_writer(m.summary_dir, flush_secs="30", console=False),
         TypeError,
-        "flush_secs.*10.0, not '10'",
+        r"flush_secs must be a number of seconds.*got '30' \(str\); in gin write a number, "
+        "without quotes",
     ),
     "string flush_secs of a JSONL writer": (
         lambda m: writers.JsonlWriter(os.path.join(m.summary_dir, "other.jsonl"), flush_secs="5"),
         TypeError,
-        r"JsonlWriter: flush_secs .* got '5' \(str\); in gin write 10.0",
+        r"JsonlWriter: flush_secs .* got '5' \(str\); in gin write a number, without quotes",
+    ),
+    "string max_queue in gin": (
+        lambda m: writers.create_default_writer(m.summary_dir, asynchronous=True, max_queue="5"),
+        TypeError,
+        r"max_queue must be an int >= 1, got '5' \(str\); in gin write 512, not '512'",
+    ),
+    "a console_stream that is no stream": (
+        lambda m: writers.create_default_writer(None, console_stream="stdout"),
+        TypeError,
+        r"console_stream must be a text stream such as sys.stderr \(with write\(\)\)",
     ),
     "zero max_buffer_mb": (
         lambda m: writers.create_default_writer(m.summary_dir, max_buffer_mb=0, console=False),
