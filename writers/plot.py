@@ -283,10 +283,11 @@ def _scalar(value: Any) -> float | None:
     if value.metadata.plugin_data.plugin_name != "scalars":
         return None
     tensor = value.tensor
-    for field in (tensor.float_val, tensor.double_val):
+    for field in (tensor.float_val, tensor.double_val, tensor.int_val, tensor.int64_val):
         if len(field) == 1:
             return float(field[0])
-    fmt = {1: "<f", 2: "<d"}.get(tensor.dtype)  # DT_FLOAT, DT_DOUBLE
+    # DT_FLOAT, DT_DOUBLE, DT_INT32, DT_INT64, as TensorBoard's scalars plugin reads them
+    fmt = {1: "<f", 2: "<d", 3: "<i", 9: "<q"}.get(tensor.dtype)
     if fmt and len(tensor.tensor_content) == struct.calcsize(fmt):
         return float(struct.unpack(fmt, tensor.tensor_content)[0])
     return None

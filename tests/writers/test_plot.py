@@ -445,3 +445,19 @@ def test_import_writers_and_writers_plot_load_no_plotting_library():
     loaded = {name.split(".")[0] for name in out.stdout.split()}
     assert {"writers"} <= loaded
     assert loaded.isdisjoint({"matplotlib", "plotext", "tensorboardX", "tensorboard"})
+
+
+def test_integer_scalars_plugin_tensors_are_read_as_tensorboard_reads_them(tmp_path):
+    """An int32 or int64 `write_summaries` tensor with the scalars plugin's metadata shows in
+    TensorBoard; the plot read only float and double ones."""
+    from tensorboard.plugins.scalar import metadata as scalar_metadata
+
+    meta = scalar_metadata.create_summary_metadata(display_name="", description="")
+    with writers.TensorBoardWriter(tmp_path) as w:
+        for step in (1, 2):
+            w.write_summaries(step, {"i32": np.int32(10 * step)}, metadata=meta)
+            w.write_summaries(step, {"i64": np.int64(2**40 + step)}, metadata=meta)
+    (event_file,) = [str(p) for p in tmp_path.glob("events.out.tfevents.*")]
+    read = [(step, tag, value) for _, step, tag, value in _read_events(event_file)]
+    assert (1, "i32", 10.0) in read and (2, "i32", 20.0) in read
+    assert (2, "i64", float(2**40 + 2)) in read
