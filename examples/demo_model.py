@@ -167,7 +167,9 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
         if isinstance(value := getattr(config, field.name), bool) or not isinstance(value, taken)
     ]
     if types:  # the range checks below need numbers
-        raise TypeError("Invalid demo config: " + "; ".join(types) + ".")
+        quoted = any("got str" in problem for problem in types)
+        hint = " In gin, numbers go without quotes (TOTAL_STEPS = 50, not '50')." if quoted else ""
+        raise TypeError("Invalid demo config: " + "; ".join(types) + "." + hint)
     problems = []
     for name in (
         "total_steps",

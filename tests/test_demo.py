@@ -264,7 +264,8 @@ def test_a_config_field_of_the_wrong_type_is_named_before_any_range_check():
         "DataConfig.noise='0.1' must be a number, got str; "
         "TrainConfig.total_steps='abc' must be an int, got str; "
         "TrainConfig.summary_period=2.5 must be an int, got float; "
-        "TrainConfig.z_loss=None must be a number, got NoneType."
+        "TrainConfig.z_loss=None must be a number, got NoneType. In gin, numbers go without "
+        "quotes (TOTAL_STEPS = 50, not '50')."
     )
     # Every field's annotation is one the check knows, and the defaults pass it.
     demo_model.check_configs(
