@@ -336,6 +336,10 @@ def _one_demo_at_a_time(model_dir: str) -> Iterator[None]:
                 "this run another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/other'\"), or stop the "
                 "other run first."
             ) from None
+        except OSError as err:  # no flock here (NFS without lockd): the check, not the run
+            logging.warning(
+                "Cannot lock %s (%s): a second demo there is not refused.", model_dir, err
+            )
         yield
 
 

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager.metrics import COUNT_DTYPE, exact_count, weak_float
+from metrics_manager.metrics import COUNT_DTYPE, exact_count, float_identity
 from writers._checks import Problems, describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
@@ -110,11 +110,12 @@ _SETTINGS = ("threshold", "average", "beta", "k", "num_bins")
 
 
 def _refuse_misspelled(cls: type, others: dict[str, Any], settings: tuple[str, ...]) -> None:
-    """Refuses a keyword that looks like one of `settings` misspelled (`Beta=2.0` made F1
-    silently): other keywords are model outputs a CLU `Collection` passes to every metric."""
-    for name in others:
-        if name in _SETTINGS:
-            continue  # another metric's setting, passed through a Collection
+    """Refuses a Python value under a keyword that looks like one of `settings` misspelled
+    (`Beta=2.0` made F1 silently); arrays and other keywords are model outputs a CLU
+    `Collection` passes to every metric (`betas`, a noise schedule)."""
+    for name, value in others.items():
+        if name in _SETTINGS or hasattr(value, "shape"):
+            continue  # another metric's setting or a model output, passed through a Collection
         if close := difflib.get_close_matches(name.lower(), settings, n=1, cutoff=0.8):
             raise TypeError(
                 f"{cls.__name__}.from_model_output: unknown keyword {name!r}; did you mean "
@@ -529,7 +530,7 @@ class Perplexity(_Counts):
 
     @classmethod
     def empty(cls) -> "Perplexity":
-        return cls(total=weak_float(), count=jnp.zeros((), COUNT_DTYPE))
+        return cls(total=float_identity(), count=jnp.zeros((), COUNT_DTYPE))
 
     @classmethod
     def from_model_output(

@@ -412,13 +412,17 @@ class MetricsManager:
         self._check_order(step)
         window, self._window_open = self._window_open, False
         block_on = metrics.buffers if isinstance(metrics, PackedMetrics) else metrics
+        # Still computing at the call (one array: a step's outputs are ready together), so
+        # a window the worker then finds ready ended after the call: no sooner than a
+        # device value the worker waited for meanwhile (`write_scalar(loss)` of this step).
+        computing = not _settled(_first_array(metrics))
         if ready:  # a plain device value (the step's `loss`) ends the window too
             block_on = (block_on, [getattr(v, "value", None) for v in ready.values()])
 
         def prepare(job: Job) -> None:
             start, self._window_start = self._window_start, None
             try:
-                earliest = max(called, self._seen_ready)
+                earliest = max(called, self._seen_ready) if computing else called
                 end = self._window_end = _ready_time(block_on, earliest, self._clock, start)
                 duration = None if not window or start is None else max(end - start, 1e-9)
                 failed = self._failures.count
@@ -654,9 +658,7 @@ class MetricsManager:
 
         def read(job: Job) -> None:
             arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
-            waits = not all(
-                x.is_deleted() or x.is_ready() for x in arrays if hasattr(x, "is_ready")
-            )
+            waits = not all(map(_settled, arrays))
             for key in deferred:
                 try:
                     with jax.transfer_guard_device_to_host("allow"):
@@ -777,6 +779,29 @@ class _Problems(Problems):
             self.value_problem(surrogates)
         if writer_problem:
             self.value_problem(writer_problem)
+
+
+def _settled(x: Any) -> bool:
+    """Whether `x` is no array still being computed (ready, donated, or no device array).
+    A donation between the checks makes `is_ready()` raise: settled too."""
+    if not isinstance(x, jax.Array):
+        return True
+    try:
+        return x.is_deleted() or x.is_ready()  # type: ignore[attr-defined, no-any-return]
+    except Exception:  # noqa: BLE001
+        return True
+
+
+def _first_array(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
+    """The first device array of `metrics` (None if there is none), without a tree walk of
+    every metric."""
+    if isinstance(metrics, PackedMetrics):
+        return metrics.buffers[0] if metrics.buffers else None
+    for metric in metrics.values():
+        for leaf in jax.tree.leaves(metric):
+            if isinstance(leaf, jax.Array):
+                return leaf
+    return None
 
 
 def _first_shape(metrics: Mapping[str, Any] | PackedMetrics) -> Any:

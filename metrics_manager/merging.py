@@ -279,7 +279,13 @@ def _merged(key: str, a: Any, b: Any) -> Any:
 
 def _replicated_if_explicit(x: Any) -> Any:
     sharding = getattr(jax.typeof(x), "sharding", None)
-    if sharding is None or not any(sharding.spec) or not sharding.mesh.are_all_axes_explicit:
+    if sharding is None or not any(sharding.spec):
+        return x
+    kinds = dict(zip(sharding.mesh.axis_names, sharding.mesh.axis_types, strict=True))
+    used = [
+        a for part in sharding.spec if part for a in ((part,) if isinstance(part, str) else part)
+    ]
+    if all(kinds.get(axis) != jax.sharding.AxisType.Explicit for axis in used):
         return x
     return jax.sharding.reshard(x, jax.sharding.NamedSharding(sharding.mesh, jax.P()))
 

@@ -72,11 +72,12 @@ def exact_count(mask: jax.Array) -> jax.Array:
     return mask.sum(dtype=jnp.int32).astype(COUNT_DTYPE)
 
 
-def weak_float(value: float = 0.0) -> jax.Array:
-    """A weakly typed float: `empty()`'s value takes the dtype of what it merges with, so a
-    `lax.scan` carry started from `empty()` traces under `jax_enable_x64` too (a float32
-    zero would not match the float64 sums of the body)."""
-    return jnp.asarray(value)
+def float_identity(value: float = 0.0) -> jax.Array:
+    """`empty()`'s value: float32, or float64 under `jax_enable_x64`, so a `lax.scan` carry
+    started from `empty()` traces there too (a float32 zero did not match float64 sums).
+    Strongly typed: a weak type would make a jitted step started from `empty()` compile
+    twice (the weak carry, then the merged one)."""
+    return jnp.full((), value, jax.dtypes.canonicalize_dtype(jnp.float64))
 
 
 def _values_and_mask(
@@ -121,7 +122,7 @@ class Sum(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> "Sum":
-        return cls(weak_float())
+        return cls(float_identity())
 
     @classmethod
     def from_model_output(cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any) -> "Sum":
@@ -193,7 +194,7 @@ class AveragePerStep(Step):
 
     @classmethod
     def empty(cls) -> "AveragePerStep":
-        return cls(total=weak_float(), steps=0)
+        return cls(total=float_identity(), steps=0)
 
     @classmethod
     def from_model_output(  # type: ignore[override]
@@ -268,7 +269,7 @@ class TimeRate(Time):
 
     @classmethod
     def empty(cls) -> "TimeRate":
-        return cls(numerator=weak_float())
+        return cls(numerator=float_identity())
 
     @classmethod
     def from_model_output(cls, numerator: ArrayLike, **_: Any) -> "TimeRate":  # type: ignore[override]
@@ -316,7 +317,7 @@ class _Extremum(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> Any:
-        return cls(weak_float(cls._identity))
+        return cls(float_identity(cls._identity))
 
     @classmethod
     def from_model_output(cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any) -> Any:
@@ -402,7 +403,7 @@ class MeanStd(clu_metrics.Metric):
 
     @classmethod
     def empty(cls) -> "MeanStd":
-        return cls(count=jnp.zeros((), COUNT_DTYPE), mean=weak_float(), m2=weak_float())
+        return cls(count=jnp.zeros((), COUNT_DTYPE), mean=float_identity(), m2=float_identity())
 
     @classmethod
     def from_model_output(

@@ -23,6 +23,7 @@ Synopsis:
 """
 
 import dataclasses
+import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -59,7 +60,8 @@ class Metric(nnx.metrics.Metric):
 
     Raises:
         TypeError: `metric_type` is not a CLU metric type, or a setting is not hashable or
-            not an argument of its `from_model_output`.
+            not an argument of its `from_model_output` (one that takes any keyword: a
+            setting that looks like one of its arguments misspelled).
 
     Example:
         >>> import jax.numpy as jnp
@@ -93,7 +95,10 @@ class Metric(nnx.metrics.Metric):
         named = sorted(
             p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
         )
-        if unknown := sorted(set(settings) - set(named)):
+        unknown = sorted(set(settings) - set(named))
+        if any(p.kind is p.VAR_KEYWORD for p in parameters):  # takes any keyword (from_fun):
+            unknown = [k for k in unknown if difflib.get_close_matches(k.lower(), named, 1, 0.8)]
+        if unknown:
             raise TypeError(
                 f"Metric({metric_type.__name__}): unknown setting(s) {unknown}; settings are "
                 f"keyword arguments of {metric_type.__name__}.from_model_output: {named}"

@@ -70,7 +70,8 @@ def create_default_writer(
       A `MultiWriter` over the selected writers (possibly none).
 
     Raises:
-      TypeError: a flag (`console`, `jsonl`, ...) is not a bool.
+      TypeError: a flag (`console`, `jsonl`, ...) is not a bool, `max_queue` is not an int,
+        or `console_stream` has no `write()`.
       ValueError: `max_queue` is below 1, or `purge_step` and `resume_step` disagree.
 
     Example:

@@ -636,7 +636,9 @@ def test_a_misspelled_setting_is_refused_not_ignored(cls, typo, meant):
     extra = {"k": 1} if cls is TopKAccuracy else {}
     with pytest.raises(TypeError, match=rf"unknown keyword '{typo}'; did you mean '{meant}'"):
         cls.from_model_output(*args, **extra, **{typo: 1})
-    metric = cls.from_model_output(*args, **extra, logits=scores, weights=labels, loss=1.0)
+    # Arrays are model outputs a Collection passes to every metric, whatever their names.
+    outputs = {"logits": scores, "weights": labels, "loss": 1.0, "betas": jnp.ones(3)}
+    metric = cls.from_model_output(*args, **extra, **outputs, **{typo: jnp.ones(2)})
     assert float(metric.compute()) == float(cls.from_model_output(*args, **extra).compute())
 
 

@@ -528,12 +528,15 @@ def test_low_precision_values_accumulate_in_float32_over_a_window(dtype):
     ]
 
 
-@pytest.mark.parametrize("axis_type", [jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto])
-def test_merge_windows_of_a_shard_map_on_either_kind_of_mesh(axis_type):
+_EXPLICIT, _AUTO = jax.sharding.AxisType.Explicit, jax.sharding.AxisType.Auto
+
+
+@pytest.mark.parametrize("axis_types", [(_EXPLICIT, _EXPLICIT), (_AUTO, _AUTO), (_EXPLICIT, _AUTO)])
+def test_merge_windows_of_a_shard_map_on_either_kind_of_mesh(axis_types):
     """`shard_map(..., out_specs=P("d"))` windows, as the manager's refusal says to merge
-    them: on a mesh of explicit axes (jax.make_mesh's default) slicing them one by one
-    raised ShardingTypeError."""
-    mesh = jax.make_mesh((8,), ("d",), axis_types=(axis_type,))
+    them: over an explicit axis (jax.make_mesh's default), beside an Auto one too, slicing
+    them one by one raised ShardingTypeError."""
+    mesh = jax.make_mesh((8, 1), ("d", "model"), axis_types=axis_types)
     x = jax.device_put(jnp.arange(64.0), jax.sharding.NamedSharding(mesh, jax.P("d")))
 
     def per_device(x):

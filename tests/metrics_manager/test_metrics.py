@@ -102,8 +102,8 @@ def test_integer_sums_are_float64_and_exact_past_2_24_under_x64():
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_scan_carry_started_from_empty_traces_under_x64(dtype):
-    """A window merged in `lax.scan` from `empty()`: the identities are weakly typed, so the
-    carry takes the body's dtype (a float32 zero failed to trace against float64 sums)."""
+    """A window merged in `lax.scan` from `empty()`: the identities are float64 under x64,
+    so the carry is float64 (a float32 zero failed to trace against float64 sums)."""
     from metrics_manager.classification import Perplexity
 
     xs = jnp.array([[1.0, -2.0], [4.0, 3.0], [0.5, 8.0]])
@@ -120,7 +120,7 @@ def test_scan_carry_started_from_empty_traces_under_x64(dtype):
     with jax.enable_x64(True):
         empty = {k: kind.empty() for k, kind in kinds.items()} | {"ppl": Perplexity.empty()}
         window, _ = jax.lax.scan(body, empty, xs)
-        assert window["sum"].total.dtype == dtype and window["std"].mean.dtype == dtype
+        assert window["sum"].total.dtype == window["std"].mean.dtype == jnp.float64
         values = xs.ravel()
         assert float(window["sum"].compute()) == float(values.sum()) == 14.5
         assert float(window["avg"].compute()) == pytest.approx(14.5 / 3)
@@ -132,8 +132,16 @@ def test_scan_carry_started_from_empty_traces_under_x64(dtype):
         rows = np.asarray(xs, np.float64)
         nll = [np.logaddexp(*r) - r[0] for r in rows] + [np.logaddexp(*-r) + r[1] for r in rows]
         assert float(window["ppl"].compute()) == pytest.approx(math.exp(np.mean(nll)), rel=1e-6)
-    # Without x64 the identities are float32, as before.
+    # Without x64 the identities are float32, as before, and strongly typed: a jitted step
+    # started from empty() compiles once (weakly typed, it compiled again at step 2).
     assert Sum.empty().total.dtype == jnp.float32 and Max.empty().value.dtype == jnp.float32
+    step = jax.jit(
+        lambda window, x: {k: m.merge(type(m).from_model_output(x)) for k, m in window.items()}
+    )
+    window = {"sum": Sum.empty(), "max": Max.empty(), "std": MeanStd.empty()}
+    for _ in range(3):
+        window = step(window, jnp.ones(2))
+    assert step._cache_size() == 1 and float(window["sum"].compute()) == 6.0
 
 
 def test_average_per_step_merges_totals_and_steps():

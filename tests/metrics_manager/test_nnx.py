@@ -380,6 +380,15 @@ def test_settings_that_from_model_output_does_not_take_are_refused():
         mnnx.Metric(FBeta, Beta=2.0)
     with pytest.raises(TypeError, match=r"unknown setting\(s\) \['K'\].*\['k', 'labels'"):
         mnnx.Metric(TopKAccuracy, K=3)
+    # A from_fun metric takes any keyword: its settings are the function's.
+    top2 = clu_metrics.Average.from_fun(
+        lambda logits, labels, k, **_: (
+            (jnp.argsort(-logits, -1)[..., :k] == labels[..., None]).any(-1).astype(jnp.float32)
+        )
+    )
+    hit = mnnx.Metric(top2, k=2)
+    hit.update(logits=jnp.array([[0.1, 0.5, 0.4]]), labels=jnp.array([2]))
+    assert float(hit.compute()) == 1.0
     f2 = mnnx.Metric(FBeta, beta=2.0)  # the right name still works: F2 of 1 tp, 3 fn
     f2.update(logits=jnp.array([0.9, 0.1, 0.1, 0.1, 0.1]), labels=jnp.array([1, 1, 1, 1, 0]))
     assert float(f2.compute()) == pytest.approx(5 * 1 / (5 * 1 + 4 * 3 + 0))

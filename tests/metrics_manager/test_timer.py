@@ -17,7 +17,7 @@ import pytest
 import writers
 from metrics_manager import timer as timer_lib
 from metrics_manager.manager import MetricsManager, _ready_time
-from metrics_manager.metrics import StepsPerTime
+from metrics_manager.metrics import StepsPerTime, Sum
 from metrics_manager.timer import block_until_ready_or_deleted
 
 
@@ -102,19 +102,34 @@ def _per_thread_clock(caller: list[float], worker: list[float]):
     return lambda: (caller if threading.get_ident() == main else worker).pop(0)
 
 
-def test_a_device_scalar_the_worker_waited_for_ends_the_window_no_sooner(monkeypatch):
+@pytest.mark.parametrize("computing_at_the_call", [True, False])
+def test_a_device_scalar_the_worker_waited_for_ends_a_window_computing_at_the_call(
+    monkeypatch, computing_at_the_call
+):
     """`write_scalar(loss)` then the summary, the host ahead: the worker waits for the loss
     (ready at 9 s), then finds the same step's metrics ready. Ending at the summary call
-    (0.01 s) read 500 steps/s for 5/9."""
-    loss = jnp.float32(2.0)
+    (0.01 s) read 500 steps/s for 5/9. Metrics already ready at the call (the loss being a
+    later computation's, an eval's) end there, at 0.01 s."""
+    loss, total = jnp.float32(2.0), jnp.float32(5.0)
+    looks = {"total": 0}
     ready = type(loss).is_ready
-    monkeypatch.setattr(type(loss), "is_ready", lambda self: self is not loss and ready(self))
+
+    def is_ready(self):
+        if self is total:  # computing when the caller looks, ready when the worker does
+            looks["total"] += 1
+            return not computing_at_the_call or looks["total"] > 1
+        return self is not loss and ready(self)
+
+    monkeypatch.setattr(type(loss), "is_ready", is_ready)
     clock = _per_thread_clock(caller=[0.0, 0.01], worker=[9.0])
     with MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), clock=clock) as m:
         m.start_duration_timer(block_on=jnp.ones(2))
         m.write_scalar("loss", loss, 5)
-        summary = m.write_metrics_summary({"sps": StepsPerTime(steps=5)}, 5, 5).result()
-    assert float(summary["sps"].value) == pytest.approx(5 / 9.0)
+        metrics = {"sps": StepsPerTime(steps=5), "total": Sum(total)}
+        summary = m.write_metrics_summary(metrics, 5, 5).result()
+    expected = 5 / 9.0 if computing_at_the_call else 5 / 0.01
+    assert float(summary["sps"].value) == pytest.approx(expected)
+    assert float(summary["total"].value) == 5.0
 
 
 def test_the_next_window_counts_the_summary_calls_own_time(monkeypatch):
