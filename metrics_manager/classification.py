@@ -107,16 +107,19 @@ def _checked_labels_and_mask(
 
 
 _SETTINGS = ("threshold", "average", "beta", "k", "num_bins")
+_ALIASES = {"avg": "average", "top_k": "k", "topk": "k", "bins": "num_bins", "n_bins": "num_bins"}
 
 
 def _refuse_misspelled(cls: type, others: dict[str, Any], settings: tuple[str, ...]) -> None:
-    """Refuses a Python value under a keyword that looks like one of `settings` misspelled
-    (`Beta=2.0` made F1 silently); arrays and other keywords are model outputs a CLU
-    `Collection` passes to every metric (`betas`, a noise schedule)."""
+    """Refuses a Python or NumPy scalar or str under a keyword that looks like one of
+    `settings` misspelled or named otherwise (`Beta=2.0` made F1 silently, as `avg=`);
+    arrays, lists and other keywords are model outputs a CLU `Collection` passes to every
+    metric (`betas`, a noise schedule)."""
     for name, value in others.items():
-        if name in _SETTINGS or hasattr(value, "shape"):
+        if name in _SETTINGS or not isinstance(value, int | float | str | np.generic):
             continue  # another metric's setting or a model output, passed through a Collection
-        if close := difflib.get_close_matches(name.lower(), settings, n=1, cutoff=0.8):
+        close = [_ALIASES[name]] if _ALIASES.get(name) in settings else []
+        if close or (close := difflib.get_close_matches(name.lower(), settings, n=1, cutoff=0.8)):
             raise TypeError(
                 f"{cls.__name__}.from_model_output: unknown keyword {name!r}; did you mean "
                 f"{close[0]!r}? Its settings are {', '.join(settings)}"

@@ -109,8 +109,9 @@ class MetricsManager:
         values written after it by an earlier run are dropped (TensorBoard `purge_step`,
         JSONL rewrite).
       nonfinite: what a NaN or infinite scalar in a summary or `write_scalar(s)` does:
-        "ignore", "warn" (log once per key) or "stop" (the next call raises
-        `MetricsManagerError` naming the step and keys).
+        "ignore", "warn" (log once per key) or "stop" (a later call raises
+        `MetricsManagerError` naming the step and keys: the next one once the worker has
+        checked the values, at the latest `close()`).
       system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
         most once per `system_interval_s`: the mean and `/max` of samples taken every second.
       system_interval_s: least time between two `system/*` samples.
@@ -658,7 +659,9 @@ class MetricsManager:
 
         def read(job: Job) -> None:
             arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
-            waits = not all(map(_settled, arrays))
+            if not all(map(_settled, arrays)):  # ready just now: no later step's output sooner
+                timer.block_until_ready_or_deleted(arrays)  # the reads below are not waiting
+                self._seen_ready = self._clock()
             for key in deferred:
                 try:
                     with jax.transfer_guard_device_to_host("allow"):
@@ -666,8 +669,6 @@ class MetricsManager:
                 except Exception as err:  # noqa: BLE001  (costs that key, not the call)
                     del values[key]
                     self._failures.record(Failure(f"metric:{key}", step, (key,), err))
-            if waits:  # it became ready just now: no later step's output was ready before
-                self._seen_ready = self._clock()
             if arg == "scalars":
                 self._check_finite(step, values)
             checked = _checks.Checked(values) if arg == "scalars" else values

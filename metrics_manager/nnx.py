@@ -23,7 +23,6 @@ Synopsis:
 """
 
 import dataclasses
-import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -36,7 +35,7 @@ import numpy as np
 from flax import nnx
 
 from metrics_manager import metrics as _metrics
-from metrics_manager.classification import TopKAccuracy
+from metrics_manager.classification import Perplexity, TopKAccuracy
 from writers._checks import Problems, describe
 
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
@@ -60,8 +59,8 @@ class Metric(nnx.metrics.Metric):
 
     Raises:
         TypeError: `metric_type` is not a CLU metric type, or a setting is not hashable or
-            not an argument of its `from_model_output` (one that takes any keyword: a
-            setting that looks like one of its arguments misspelled).
+            not an argument of its `from_model_output` (unless that names none and takes any
+            keyword, as CLU's `from_fun` metrics do).
 
     Example:
         >>> import jax.numpy as jnp
@@ -96,8 +95,8 @@ class Metric(nnx.metrics.Metric):
             p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
         )
         unknown = sorted(set(settings) - set(named))
-        if any(p.kind is p.VAR_KEYWORD for p in parameters):  # takes any keyword (from_fun):
-            unknown = [k for k in unknown if difflib.get_close_matches(k.lower(), named, 1, 0.8)]
+        if not named:  # from_fun/from_output: any keyword may be the function's setting
+            unknown = []
         if unknown:
             raise TypeError(
                 f"Metric({metric_type.__name__}): unknown setting(s) {unknown}; settings are "
@@ -326,6 +325,27 @@ class MultiMetric(nnx.MultiMetric):
         super().__init__(**metrics)
 
 
+# Metric types whose state is scalars (a vector of them: one state per nnx.vmap member).
+_SCALAR_STATES = (
+    clu_metrics.Average,
+    clu_metrics.Std,
+    clu_metrics.LastValue,
+    _metrics.Sum,
+    _metrics.Step,
+    _metrics.MeanStd,
+    _metrics.Max,
+    _metrics.Min,
+    TopKAccuracy,
+    Perplexity,
+)
+
+
+def _name(value: Any) -> str:
+    if type(value) is Metric:
+        return f"Metric({value.metric_type.__name__})"
+    return type(value).__name__
+
+
 def _computes_as(value: Any, *types: type) -> bool:
     """Whether `value`'s `compute()` is one of `types`'; a subclass's own (`exp` of an
     `Average`: a perplexity) is written as it computes, not as the state's base metric."""
@@ -335,10 +355,13 @@ def _computes_as(value: Any, *types: type) -> bool:
 def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
     """Adds a metric or a `compute()` result under `key`: NNX metrics as CLU metrics where
     their state maps onto one, dicts and Statistics flattened."""
-    scalar_state = isinstance(value, Average | Accuracy | Welford | nnx.metrics.Average)
+    scalar_state = isinstance(value, Average | Accuracy | Welford | nnx.metrics.Average) or (
+        isinstance(value, nnx.metrics.Welford)
+        or (isinstance(value, Metric) and issubclass(value.metric_type, _SCALAR_STATES))
+    )
     if scalar_state and (shapes := {np.shape(x) for x in jax.tree.leaves(value)} - {()}):
         problems.value_problem(
-            f"{key!r}: {type(value).__name__} holds scalars, but this one holds arrays of "
+            f"{key!r}: {_name(value)} holds scalars, but this one holds arrays of "
             f"shape {sorted(shapes)[0]}: one state per member of an nnx.vmap? Write each "
             "member's compute() as its own key, or average them first"
         )

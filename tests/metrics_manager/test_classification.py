@@ -621,6 +621,7 @@ def test_counts_of_one_batch_past_2_24_are_exact():
     ("cls", "typo", "meant"),
     [
         (FBeta, "Beta", "beta"),
+        (FBeta, "avg", "average"),
         (Precision, "threshhold", "threshold"),
         (Recall, "averge", "average"),
         (TopKAccuracy, "K", "k"),
@@ -636,8 +637,11 @@ def test_a_misspelled_setting_is_refused_not_ignored(cls, typo, meant):
     extra = {"k": 1} if cls is TopKAccuracy else {}
     with pytest.raises(TypeError, match=rf"unknown keyword '{typo}'; did you mean '{meant}'"):
         cls.from_model_output(*args, **extra, **{typo: 1})
+    with pytest.raises(TypeError, match=rf"unknown keyword '{typo}'"):  # a NumPy scalar too
+        cls.from_model_output(*args, **extra, **{typo: np.float64(1.0)})
     # Arrays are model outputs a Collection passes to every metric, whatever their names.
     outputs = {"logits": scores, "weights": labels, "loss": 1.0, "betas": jnp.ones(3)}
+    outputs["thresholds"] = [0.3, 0.5]  # a list: another metric's, not a misspelled setting
     metric = cls.from_model_output(*args, **extra, **outputs, **{typo: jnp.ones(2)})
     assert float(metric.compute()) == float(cls.from_model_output(*args, **extra).compute())
 

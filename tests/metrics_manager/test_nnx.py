@@ -365,7 +365,12 @@ def test_a_subclass_computing_its_own_value_is_written_as_it_computes(tmp_path):
 def test_vmapped_metrics_are_refused_at_the_call_naming_the_key():
     @nnx.vmap(in_axes=0, out_axes=0)
     def make(_):
-        return nnx.MultiMetric(loss=nnx.metrics.Average(), mine=mnnx.Welford())
+        return nnx.MultiMetric(
+            loss=nnx.metrics.Average(),
+            mine=mnnx.Welford(),
+            theirs=nnx.metrics.Welford(),
+            top=mnnx.Metric(TopKAccuracy, k=1),
+        )
 
     ensemble = make(jnp.arange(4))
     with pytest.raises(ValueError) as info:
@@ -373,6 +378,8 @@ def test_vmapped_metrics_are_refused_at_the_call_naming_the_key():
     message = str(info.value)
     assert "'loss': Average holds scalars, but this one holds arrays of shape (4,)" in message
     assert "'mine': Welford holds scalars" in message and "nnx.vmap" in message
+    assert "'theirs': Welford holds scalars" in message
+    assert "'top': Metric(TopKAccuracy) holds scalars" in message
 
 
 def test_settings_that_from_model_output_does_not_take_are_refused():
@@ -380,6 +387,8 @@ def test_settings_that_from_model_output_does_not_take_are_refused():
         mnnx.Metric(FBeta, Beta=2.0)
     with pytest.raises(TypeError, match=r"unknown setting\(s\) \['K'\].*\['k', 'labels'"):
         mnnx.Metric(TopKAccuracy, K=3)
+    with pytest.raises(TypeError, match=r"Metric\(FBeta\): unknown setting\(s\) \['avg'\]"):
+        mnnx.Metric(FBeta, avg="macro")  # FBeta takes other keywords: its settings still count
     # A from_fun metric takes any keyword: its settings are the function's.
     top2 = clu_metrics.Average.from_fun(
         lambda logits, labels, k, **_: (
