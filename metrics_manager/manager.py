@@ -95,7 +95,8 @@ class MetricsManager:
         writer is isolated. Defaults to `writers.create_default_writer` (console +
         TensorBoard + JSONL). Use
         `gin_utils.configured(MetricsManager)` to apply gin bindings.
-      clock: returns seconds; times the windows (default `time.perf_counter`).
+      clock: returns seconds; times the windows (default `time.perf_counter`). A summary
+        call's own duration, which the next window counts, is read with `time.perf_counter`.
       max_pending: most jobs waiting behind the running one; a call blocks while the worker
         is this far behind (back-pressure: nothing is dropped).
       on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
