@@ -417,7 +417,7 @@ class MetricsManager:
         # Still computing at the call (one array: a step's outputs are ready together), so
         # a window the worker then finds ready ended after the call: no sooner than a
         # device value the worker waited for meanwhile (`write_scalar(loss)` of this step).
-        computing = not _settled(_first_array(metrics))
+        computing = not timer.settled(_first_array(metrics))
         if ready:  # a plain device value (the step's `loss`) ends the window too
             block_on = (block_on, [getattr(v, "value", None) for v in ready.values()])
 
@@ -660,7 +660,7 @@ class MetricsManager:
 
         def read(job: Job) -> None:
             arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
-            if not all(map(_settled, arrays)):  # ready just now: no later step's output sooner
+            if not all(map(timer.settled, arrays)):  # ready just now: no later step's output sooner
                 timer.block_until_ready_or_deleted(arrays)  # the reads below are not waiting
                 self._seen_ready = self._clock()
             for key in deferred:
@@ -781,17 +781,6 @@ class _Problems(Problems):
             self.value_problem(surrogates)
         if writer_problem:
             self.value_problem(writer_problem)
-
-
-def _settled(x: Any) -> bool:
-    """Whether `x` is no array still being computed (ready, donated, or no device array).
-    A donation between the checks makes `is_ready()` raise: settled too."""
-    if not isinstance(x, jax.Array):
-        return True
-    try:
-        return x.is_deleted() or x.is_ready()  # type: ignore[attr-defined, no-any-return]
-    except Exception:  # noqa: BLE001
-        return True
 
 
 def _first_array(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
@@ -953,7 +942,7 @@ def _ready_time(tree: Any, called: float, clock: timer.Clock, start: float | Non
     ran ahead) gives way to the worker's look, `clock()`.
     """
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
-    if all(x.is_deleted() or x.is_ready() for x in leaves):  # type: ignore[attr-defined]
+    if all(map(timer.settled, leaves)):
         return called if start is None or called > start else clock()
     timer.block_until_ready_or_deleted(leaves)
     return clock()

@@ -94,10 +94,8 @@ class Metric(nnx.metrics.Metric):
         named = sorted(
             p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
         )
-        unknown = sorted(set(settings) - set(named))
-        if not named:  # from_fun/from_output: any keyword may be the function's setting
-            unknown = []
-        if unknown:
+        # A from_fun/from_output metric names none: any keyword may be its function's.
+        if named and (unknown := sorted(set(settings) - set(named))):
             raise TypeError(
                 f"Metric({metric_type.__name__}): unknown setting(s) {unknown}; settings are "
                 f"keyword arguments of {metric_type.__name__}.from_model_output: {named}"
@@ -355,10 +353,9 @@ def _computes_as(value: Any, *types: type) -> bool:
 def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
     """Adds a metric or a `compute()` result under `key`: NNX metrics as CLU metrics where
     their state maps onto one, dicts and Statistics flattened."""
-    scalar_state = isinstance(value, Average | Accuracy | Welford | nnx.metrics.Average) or (
-        isinstance(value, nnx.metrics.Welford)
-        or (isinstance(value, Metric) and issubclass(value.metric_type, _SCALAR_STATES))
-    )
+    scalar_state = isinstance(value, nnx.metrics.Average | nnx.metrics.Welford) or (
+        isinstance(value, Metric) and issubclass(value.metric_type, _SCALAR_STATES)
+    )  # ours (Average, Accuracy, Welford) are Metrics of scalar-state types
     if scalar_state and (shapes := {np.shape(x) for x in jax.tree.leaves(value)} - {()}):
         problems.value_problem(
             f"{key!r}: {_name(value)} holds scalars, but this one holds arrays of "

@@ -43,3 +43,14 @@ def block_until_ready_or_deleted(tree: Any) -> None:
             except Exception:
                 if not leaf.is_deleted():
                     raise
+
+
+def settled(x: Any) -> bool:
+    """Whether `x` is no array still being computed: ready, donated, or no device array. A
+    donation between the checks makes `is_ready()` raise: settled too."""
+    if not isinstance(x, jax.Array):
+        return True
+    try:
+        return x.is_deleted() or x.is_ready()  # type: ignore[attr-defined, no-any-return]
+    except Exception:  # noqa: BLE001
+        return True

@@ -32,8 +32,8 @@ _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log")
 def log_file(path: str) -> str:
     """The log `path` names: `path` itself if it is a file (its name ends in `.jsonl`,
     `.ndjson`, `.json` or `.log`, or it exists and is no directory: `/dev/stdout`, a pipe),
-    else (a directory, whatever its name) `path/metrics.jsonl`, so `JsonlWriter(logdir)` writes where `read_jsonl(logdir)`,
-    TensorBoard and the plot command look."""
+    else (a directory, whatever its name) `path/metrics.jsonl`, so `JsonlWriter(logdir)`
+    writes where `read_jsonl(logdir)`, TensorBoard and the plot command look."""
     if not _storage.is_remote(path) and os.path.exists(path):
         return _storage.join(path, LOG_NAME) if os.path.isdir(path) else path
     return path if path.endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)

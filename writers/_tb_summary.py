@@ -124,10 +124,9 @@ def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
     buckets = num_buckets or _checks.DEFAULT_NUM_BUCKETS
     # Values near float64's limits: their sum of squares is inf (what TensorBoard stores).
     with np.errstate(over="ignore"):
-        if math.isinf(float(values.max()) - float(values.min())):  # no inf edges
-            histo = tbx_summary.make_histogram(values, _checks.bucketize(values, buckets)[1])
-            return Value(tag=key, histo=histo)
         try:
+            if math.isinf(float(values.max()) - float(values.min())):  # tensorboardX: inf edges
+                raise ValueError("the range overflows float64")
             histo = tbx_summary.make_histogram(values, buckets)
         except ValueError:  # a range float64 cannot split into `buckets` edges: `bucketize`'s
             histo = tbx_summary.make_histogram(values, _checks.bucketize(values, buckets)[1])
