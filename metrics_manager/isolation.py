@@ -205,8 +205,7 @@ class Fanout:
     def stuck(self, label: str, cap_s: float | None) -> None:
         """The worker abandoned `label`'s piece past its deadline (or `cap_s`, if lower)."""
         name = label.removeprefix("writer ").strip("'")
-        if name in self.states:
-            state = self.states[name]
+        if (state := self.states.get(name)) is not None:
             state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
             state.failures += 1
         limit = f"writer_deadline_s={self.deadline_s}"

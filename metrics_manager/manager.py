@@ -7,15 +7,13 @@
       state, running = train_step(state, running, batch)   # merge_metrics inside the step
     manager.write_metrics_summary(running, start + num_steps, num_steps)
 
-One linear host pipeline: the caller's thread checks every argument once (a bad input raises
-at the call, naming the key and the fix) and queues a job; one ordered worker thread
-(`writers._worker.OrderedWorker`) times the window, computes the summary
-(`summary.Summarizer`: one host copy, the values, the writers' calls) and hands it to each
-writer in turn. Writers are plain synchronous backends, isolated by the per-writer fan-out
-(`isolation.Fanout`), which keeps every failure in one collector (`isolation.Failures`).
-This module is the T5X-shaped facade over them, plus the signal handler. What each fault
-costs (a raising or hung writer, a failing metric, SIGTERM, SIGKILL) is in the README's
-"Failure modes".
+The caller's thread checks every argument once (a bad input raises at the call, naming the
+key and the fix) and queues a job; one ordered worker thread (`writers._worker.OrderedWorker`)
+times the window, computes the summary (`summary.Summarizer`) and hands it to each writer, a
+plain synchronous backend isolated by `isolation.Fanout`; every failure goes to one
+`isolation.Failures`. This module is the T5X-shaped facade over them, plus the signal handler.
+What each fault costs (a raising or hung writer, a failing metric, SIGTERM, SIGKILL) is in
+the README's "Failure modes".
 
 Host-side module: never import it from code traced by jit.
 """
@@ -88,13 +86,11 @@ class MetricsManager:
     Args:
       name: the run's name, e.g. "train" or "eval/glue"; summaries go to
         `<summary_dir>/<name>`. It must stay inside `summary_dir` (no `..`, not absolute).
-      summary_dir: root of the experiment's summaries, or None (or "", as in T5X) to write
-        no files.
+      summary_dir: root of the experiment's summaries; None (or "", as in T5X) writes no files.
       writer_factory: `writer_factory(logdir)` returns the writer(s); called once, on process
         0 only. A `writers.MultiWriter`, a list or a dict of writers is unpacked so each
         writer is isolated. Defaults to `writers.create_default_writer` (console +
-        TensorBoard + JSONL). Use
-        `gin_utils.configured(MetricsManager)` to apply gin bindings.
+        TensorBoard + JSONL). Use `gin_utils.configured(MetricsManager)` to apply gin bindings.
       clock: returns seconds; times the windows (default `time.perf_counter`). A summary
         call's own duration, which the next window counts, is read with `time.perf_counter`.
       max_pending: most jobs waiting behind the running one; a call blocks while the worker
@@ -106,9 +102,8 @@ class MetricsManager:
       max_writer_failures: a writer failing this many calls in a row is quarantined.
       quarantine_s: a quarantined writer is tried again after this long (a hung one, once its
         call has returned): a success ends the quarantine. None: it stays out for good.
-      resume_step: the step a restored checkpoint resumes from: passed to the writers so that
-        values written after it by an earlier run are dropped (TensorBoard `purge_step`,
-        JSONL rewrite).
+      resume_step: the step a restored checkpoint resumes from: the writers drop the values an
+        earlier run wrote after it (TensorBoard `purge_step`, JSONL rewrite).
       nonfinite: what a NaN or infinite scalar in a summary or `write_scalar(s)` does:
         "ignore", "warn" (log once per key) or "stop" (a later call raises
         `MetricsManagerError` naming the step and keys: the next one once the worker has
@@ -222,8 +217,7 @@ class MetricsManager:
         self._clock: timer.Clock = clock or time.perf_counter
         self._created = self._clock() if uptime else None
         self._failures = Failures(f"MetricsManager {name!r}", raise_all=on_error == "raise")
-        self._closed = False
-        self._close_queued = self._close_done = False
+        self._closed = self._close_queued = self._close_done = False
         self._close_lock = threading.Lock()
         self._window_open = False
         self._window_start: float | None = None  # worker-side state
@@ -244,10 +238,7 @@ class MetricsManager:
             self._dir = _claim_dir(name, self.summary_dir)
             try:
                 self._made, named = _make_writers(
-                    name,
-                    self.summary_dir,
-                    writer_factory or writers.create_default_writer,
-                    resume_step,
+                    name, self.summary_dir, writer_factory, resume_step
                 )
             except BaseException:
                 self._release_dir()
@@ -414,9 +405,8 @@ class MetricsManager:
         self._check_order(step)
         window, self._window_open = self._window_open, False
         block_on = metrics.buffers if isinstance(metrics, PackedMetrics) else metrics
-        # Still computing at the call (one array: a step's outputs are ready together), so
-        # a window the worker then finds ready ended after the call: no sooner than a
-        # device value the worker waited for meanwhile (`write_scalar(loss)` of this step).
+        # Computing at the call (one array: a step's outputs are ready together): the window
+        # ends after it, no sooner than a device value the worker waited for (a step's loss).
         computing = not timer.settled(_first_array(metrics))
         if ready:  # a plain device value (the step's `loss`) ends the window too
             block_on = (block_on, [getattr(v, "value", None) for v in ready.values()])
@@ -626,56 +616,48 @@ class MetricsManager:
                 f"{arg} must be a mapping such as {example}, got {type(values).__name__}"
             )
         values = dict(values) if isinstance(values, Mapping) else {}
-        call = "write_histograms" if arg == "arrays" else f"write_{arg}"
-        if arg != "hparams":  # checked once flat, below
-            problems.keys(values, self._key_problem(call, values))
+        if arg == "hparams":  # its keys are checked flat
+            values = _checks.flat_hparams(values, problems)
+        call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
+        problems.keys(values, self._key_problem(call, values))
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
             with jax.transfer_guard_device_to_host("allow"):
                 values = _checks.collect_numbers(values, problems, deferred)
-        elif arg == "hparams":
-            values = _checks.flat_hparams(values, problems)
-            problems.keys(values, self._key_problem(call, values))
         elif arg == "texts":
             values = _checks.collect_texts(values, problems)
-        else:  # images, histograms: shapes now, values on the worker
-            deferred = _check_arrays(arg, values, extra.get("num_buckets"), problems)
+        elif arg != "hparams":  # images, histograms: shapes now, values on the worker
+            _checks.check_buckets(extra.get("num_buckets"), problems)  # None: nothing to check
+            values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
+            deferred = list(values)
         problems.raise_if_any()
-        if self._fanout.states:
-            self._post_host_write(arg, step, values, deferred, extra)
-        self._failures.raise_fatal()  # after queueing: this call's values are still written
-
-    def _post_host_write(
-        self, arg: str, step: Any, values: dict[str, Any], deferred: list[str], extra: dict
-    ) -> None:
-        """Queues checked host values; `deferred` keys are device values the worker reads."""
-        call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
-        if not deferred:
+        if self._fanout.states and not deferred:
             checked = values if arg == "hparams" else _checks.Checked(values)
             pieces = self._fanout.pieces(step, [(call, {arg: checked})])
             if arg == "scalars" and self._nonfinite != "ignore":  # the policy, on the worker
                 pieces.insert(0, ("nonfinite", lambda _: self._check_finite(step, values), None))
             self._worker.post(pieces)
-            return
+        elif self._fanout.states:
 
-        def read(job: Job) -> None:
-            arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
-            if not all(map(timer.settled, arrays)):  # ready just now: no later step's output sooner
-                timer.block_until_ready_or_deleted(arrays)  # the reads below are not waiting
-                self._seen_ready = self._clock()
-            for key in deferred:
-                try:
-                    with jax.transfer_guard_device_to_host("allow"):
-                        values[key] = _read_value(arg, key, values[key])
-                except Exception as err:  # noqa: BLE001  (costs that key, not the call)
-                    del values[key]
-                    self._failures.record(Failure(f"metric:{key}", step, (key,), err))
-            if arg == "scalars":
-                self._check_finite(step, values)
-            checked = _checks.Checked(values) if arg == "scalars" else values
-            job.state["calls"] = [(call, {arg: checked, **extra})] if values else []
+            def read(job: Job) -> None:
+                arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
+                if not all(map(timer.settled, arrays)):  # ready just now: no later output sooner
+                    timer.block_until_ready_or_deleted(arrays)  # the reads below do not wait
+                    self._seen_ready = self._clock()
+                for key in deferred:
+                    try:
+                        with jax.transfer_guard_device_to_host("allow"):
+                            values[key] = _read_value(arg, key, values[key])
+                    except Exception as err:  # noqa: BLE001  (costs that key, not the call)
+                        del values[key]
+                        self._failures.record(Failure(f"metric:{key}", step, (key,), err))
+                if arg == "scalars":
+                    self._check_finite(step, values)
+                checked = _checks.Checked(values) if arg == "scalars" else values
+                job.state["calls"] = [(call, {arg: checked, **extra})] if values else []
 
-        self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
+            self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
+        self._failures.raise_fatal()  # after queueing: this call's values are still written
 
     def _key_problem(self, method: str, keys: Any) -> str | None:
         """Why a writer would refuse some of `keys` (reserved or, for MLflow, invalid names)."""
@@ -695,13 +677,6 @@ class MetricsManager:
                 f"MetricsManager {self.name!r}: {method}() not done in {timeout:.3g} s; "
                 f"{self._worker.backlog} job(s) (summaries, writes, the {method}) still queued"
             )
-
-
-def _check_arrays(arg: str, values: dict[str, Any], buckets: Any, problems: Problems) -> list[str]:
-    """Checks images or histograms by shape and dtype (reading no device array); their keys."""
-    _checks.check_buckets(buckets, problems)  # None (images): nothing to check
-    values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
-    return list(values)
 
 
 def _read_value(arg: str, key: str, value: Any) -> Any:
@@ -784,15 +759,11 @@ class _Problems(Problems):
 
 
 def _first_array(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
-    """The first device array of `metrics` (None if there is none), without a tree walk of
-    every metric."""
+    """The first device array of `metrics` (None if none), without walking every metric."""
     if isinstance(metrics, PackedMetrics):
         return metrics.buffers[0] if metrics.buffers else None
-    for metric in metrics.values():
-        for leaf in jax.tree.leaves(metric):
-            if isinstance(leaf, jax.Array):
-                return leaf
-    return None
+    arrays = (x for m in metrics.values() for x in jax.tree.leaves(m) if isinstance(x, jax.Array))
+    return next(arrays, None)
 
 
 def _first_shape(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
@@ -863,9 +834,10 @@ def _claim_dir(name: str, summary_dir: str | None) -> str | None:
 
 
 def _make_writers(
-    name: str, summary_dir: str | None, factory: WriterFactory, resume_step: int | None
+    name: str, summary_dir: str | None, factory: WriterFactory | None, resume_step: int | None
 ) -> tuple[Any, dict[str, Any]]:
     """What `factory` returned, and its writers by name (a `MultiWriter` unpacked), checked."""
+    factory = factory or writers.create_default_writer
     tracker = factory.func if isinstance(factory, functools.partial) else factory
     if isinstance(tracker, type) and issubclass(tracker, TrackerWriter):
         kind = tracker.__name__  # its first parameter is a project or experiment, not a dir
@@ -891,7 +863,7 @@ def _make_writers(
                 "writer_factory taking resume_step, such as writers.create_default_writer."
             )
         kwargs["resume_step"] = resume_step
-    made = factory(summary_dir, **kwargs)
+    made: Any = factory(summary_dir, **kwargs)
     context = f"MetricsManager({name!r}): writer_factory's writers"
     many = isinstance(made, list | tuple | Mapping)  # [JsonlWriter(d), TensorBoardWriter(d)]
     try:
@@ -915,8 +887,7 @@ def _make_writers(
 
 
 def _caller() -> str:
-    """`file:line` of the code that made the manager (the first frame outside this package
-    and gin)."""
+    """`file:line` of the first frame outside this package and gin: who made the manager."""
     frame = sys._getframe(1)
     while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
         "metrics_manager",
@@ -935,11 +906,9 @@ def _ready_time(tree: Any, called: float, clock: timer.Clock, start: float | Non
     """When `tree` became ready: `clock()` after waiting for it, or `called` if it already
     was ready (or donated) when the worker looked, so a busy worker never shifts a window.
 
-    For a window's start the manager passes as `called` the later of the call and the
-    previous summary's ready time: a donated state is that step's output, and with the host
-    steps ahead of the device it became ready after the call. For a window's end it passes
-    the window's `start`: an end cannot come before it, so a call time that does (the host
-    ran ahead) gives way to the worker's look, `clock()`.
+    For a window's start, `called` is the later of the call and the previous summary's ready
+    time (a donated state is that step's output, ready after the call when the host runs
+    ahead). For an end, `start` is given too: a `called` before it gives way to `clock()`.
     """
     leaves = [x for x in jax.tree.leaves(tree) if isinstance(x, jax.Array)]
     if all(map(timer.settled, leaves)):
@@ -969,21 +938,12 @@ def _open_managers() -> list[MetricsManager]:
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
-    _flush_on_signal(signum)
-    previous = _PREVIOUS_HANDLERS.get(signum)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)  # die as the default would: status 128 + signum
-        os.kill(os.getpid(), signum)
-
-
-def _flush_on_signal(signum: int) -> None:
-    managers = _open_managers()
+    """Flushes every open manager within the grace period, then runs the previous handler."""
     previous = _PREVIOUS_HANDLERS.get(signum)
     own = callable(previous) and previous is not signal.default_int_handler
     budget = _SIGNAL_FLUSH_BEFORE_OWN_S if own else _SIGNAL_FLUSH_S
     end = time.monotonic() + budget
+    managers = _open_managers()
     for manager in managers:  # a hung or slow writer must not hold the others' past a kill
         manager._worker.hurry(min(_SIGNAL_DEADLINE_S, budget))
         manager._fanout.hurry(min(_SIGNAL_DEADLINE_S, budget))
@@ -1003,3 +963,8 @@ def _flush_on_signal(signum: int) -> None:
             )
         manager._worker.hurry(None)
         manager._fanout.hurry(None)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)  # die as the default would: status 128 + signum
+        os.kill(os.getpid(), signum)

@@ -121,13 +121,10 @@ class Summarizer:
         return summary
 
     def _check_windows(self, host: Mapping[str, Any], step: int, num_steps: int) -> None:
-        """Warns once each when a `Step` metric's merged count per `num_steps`
-        * grew over three summaries in a row: a loop that does not donate and forgets
-          `running = None` after a summary writes cumulative windows (a per-step average then
-          grows with every summary);
-        * fell from one summary to the next: a run's last, shorter window written with the
-          usual `num_steps` (`total % period` steps merged, `period` passed) divides per-step
-          averages by too many steps and multiplies steps per second."""
+        """Warns once each when a `Step` metric's merged count per `num_steps` grew over three
+        summaries in a row (cumulative windows: `running = None` forgotten after a summary) or
+        fell from one to the next (a run's last, shorter window written with the usual
+        `num_steps`: per-step averages divided by too many steps)."""
         if self._windows is None:
             return
         if not _counts_steps(host.get(self._step_key)):  # a loop sends the same keys: find once
@@ -240,17 +237,13 @@ def _ready_on_host(
             fetch.append(key)
             continue
         del out[key]
-        failed(
-            key,
-            ValueError(
-                f"{key!r} is a device array that was deleted (donated to a later computation) "
-                "before the summary read it. Pass a copy, or do not donate it."
-            ),
+        message = (
+            f"{key!r} is a device array that was deleted (donated to a later computation) "
+            "before the summary read it. Pass a copy, or do not donate it."
         )
-    fetched = _fetch(tuple(ready[k].value for k in fetch))
-    out.update(
-        {k: dataclasses.replace(ready[k], value=x) for k, x in zip(fetch, fetched, strict=True)}
-    )
+        failed(key, ValueError(message))
+    for key, value in zip(fetch, _fetch(tuple(ready[k].value for k in fetch)), strict=True):
+        out[key] = dataclasses.replace(ready[key], value=value)
     return out
 
 
