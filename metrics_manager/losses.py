@@ -218,18 +218,8 @@ def _smoothing(label_smoothing: float, vocab_size: int) -> tuple[float, float, f
     return confidence, low, entropy
 
 
-def _token_losses(
-    logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
-) -> TokenLosses:
-    # Ids narrower than int32 (uint8 bytes, int16) would wrap the vocabulary size in the
-    # range checks below: 256 is 0 in uint8, so every target read as invalid and the loss as 0.
-    if jnp.iinfo(targets.dtype).bits < 32:
-        targets = targets.astype(jnp.int32)
-    return _custom_token_losses(logits, targets, label_smoothing, z_loss)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _custom_token_losses(
+def _token_losses(
     logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
 ) -> TokenLosses:
     return _token_losses_fwd(logits, targets, label_smoothing, z_loss)[0]
@@ -238,6 +228,10 @@ def _custom_token_losses(
 def _token_losses_fwd(
     logits: jax.Array, targets: jax.Array, label_smoothing: float, z_loss: float | jax.Array
 ) -> tuple[TokenLosses, tuple[Any, ...]]:
+    # Ids narrower than int32 (uint8 bytes, int16) would wrap the vocabulary size in the
+    # range checks below: 256 is 0 in uint8, so every target read as invalid and the loss as 0.
+    if jnp.iinfo(targets.dtype).bits < 32:
+        targets = targets.astype(jnp.int32)
     confidence, low, constant = _smoothing(label_smoothing, logits.shape[-1])
     z_coefficient, z_loss = z_loss, jnp.asarray(z_loss, jnp.float32)
     x = logits.astype(jnp.float32)
@@ -285,7 +279,7 @@ def _token_losses_bwd(
     return g_logits.astype(logits.dtype), None, g_z
 
 
-_custom_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
+_token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)
 
 
 def _weighted_sums(
@@ -296,9 +290,9 @@ def _weighted_sums(
         # `where`, not a product alone: a padding position's non-finite loss would be 0 * inf.
         w = weights.astype(jnp.float32)
         loss, z_loss = (jnp.where(w != 0, x * w, 0.0) for x in (loss, z_loss))
-    if factor is not None and jnp.ndim(factor) == 1:  # [B]: rank promotion is explicit
-        factor = jnp.reshape(factor, (-1,) + (1,) * (loss.ndim - 1))
     if factor is not None:
+        if jnp.ndim(factor) == 1:  # [B]: rank promotion is explicit
+            factor = jnp.reshape(factor, (-1,) + (1,) * (loss.ndim - 1))
         loss, z_loss = loss / jnp.float32(factor), z_loss / jnp.float32(factor)
     return jnp.sum(loss), jnp.sum(z_loss)
 
@@ -657,23 +651,6 @@ def compute_base_metrics(
         problems.array("z_loss", z_loss, jnp.floating, ndim=0)
     problems.metric_options(segment_ids, num_devices, _batch_size(targets))
     problems.raise_if_any()
-    return _base_metrics(
-        logits, targets, mask, loss, z_loss, segment_ids, token_losses, factor, num_devices
-    )
-
-
-def _base_metrics(
-    logits: jax.Array,
-    targets: jax.Array,
-    mask: jax.Array | None,
-    loss: jax.Array,
-    z_loss: jax.Array | None,
-    segment_ids: Mapping[str, jax.Array | None] | None,
-    token_losses: TokenLosses | None,
-    factor: float | jax.Array | None,
-    num_devices: int | None,
-) -> dict[str, clu_metrics.Metric]:
-    """`compute_base_metrics` on inputs its callers have already checked."""
     if num_devices is None:
         mesh = jax.sharding.get_abstract_mesh()
         if not mesh.empty:
@@ -792,5 +769,13 @@ def compute_loss_and_metrics(
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, factor)
     z = total_z_loss if _is_array(z_loss) or z_loss != 0.0 else None  # a z-loss in use
-    args = (logits, targets, weights, loss, z, segment_ids or None, token_losses, None, num_devices)
-    return loss, _base_metrics(*args)
+    return loss, compute_base_metrics(
+        logits,
+        targets,
+        weights,
+        loss,
+        z,
+        segment_ids,
+        token_losses=token_losses,
+        num_devices=num_devices,
+    )

@@ -157,10 +157,9 @@ def merge_metrics(
             A CLU `Collection` counts as the dict of its metrics, as `write_metrics_summary`
             reads it.
         pack: True returns a `PackedMetrics`, False a dict. None (the default) packs when `a`
-            is packed, and when `a` is None and `b` is traced (the first step of a window,
-            inside `jax.jit`), where packing costs the step nothing and saves it one output
-            buffer per metric leaf; so a jitted loop carries its window packed and an eager
-            merge stays a dict.
+            is packed, or is None while `b` is traced (a window's first step inside `jax.jit`,
+            where packing costs nothing and saves one output buffer per metric leaf): so a
+            jitted loop carries its window packed and an eager merge stays a dict.
 
     Returns:
         The merged metrics in `a`'s key order (`b` when `a` is None): a dict, or a
@@ -291,9 +290,8 @@ def _replicated_if_explicit(x: Any) -> Any:
 
 
 def _wide_floats(metrics: Metrics) -> dict[str, Any]:
-    """`metrics` with bfloat16, float16 and float8 leaves as float32 (exact): a window summed
-    in those formats loses its low bits (a CLU `Average` of 1,000 bfloat16 steps of 2.03 read
-    1.02, as its total stopped growing)."""
+    """`metrics` with sub-32-bit float leaves as float32 (exact): a window summed in bfloat16
+    stops growing (a CLU `Average` of 1,000 bfloat16 steps of 2.03 read 1.02)."""
     leaves, tree = jax.tree.flatten(metrics)
     if not any(map(_low_float, leaves)):  # the common case: nothing to rebuild
         return dict(metrics)
@@ -350,11 +348,10 @@ def _split_batch(batch: Any, num_microbatches: int) -> Any:
             x = x.reshape(new_shape)
         elif rows % math.prod(sharding.mesh.shape[a] for a in axes) == 0:
             # Each shard's rows split into whole groups of n: no data moves.
-            out_spec = jax.sharding.PartitionSpec(spec[0], None, *spec[1:])
-            x = jax.lax.reshape(x, new_shape, out_sharding=out_spec)
+            x = jax.lax.reshape(x, new_shape, out_sharding=jax.P(spec[0], None, *spec[1:]))
         else:
             # Too few rows per microbatch to keep the batch axis sharded: gather it.
-            x = jax.sharding.reshard(x, jax.sharding.PartitionSpec(None, *spec[1:]))
+            x = jax.sharding.reshard(x, jax.P(None, *spec[1:]))
             x = x.reshape(new_shape)
         return jnp.swapaxes(x, 0, 1)
 

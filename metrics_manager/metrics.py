@@ -59,11 +59,9 @@ __all__ = [
 ]
 
 ArrayLike = jax.typing.ArrayLike
-# Counts are float32: an int32 count (CLU's Average has one) wraps past 2**31, about 500 steps
-# of 4M tokens, and its metric reads NaN. A batch is counted in int32 (exact; a float32 sum or
-# scatter-add stops growing at 2**24) and cast once; a window's float32 count is exact to
-# 2**24, past which each merge rounds to 24 bits (6e-8 of the count at most: 3,000 merges of
-# 8,191 tokens read 4e-5 low).
+# Counts are float32: an int32 count (CLU's Average) wraps past 2**31 (500 steps of 4M tokens)
+# and reads NaN. A batch counts in int32 (a float32 sum or scatter-add stops growing at 2**24),
+# cast once; a window's count is exact to 2**24, then each merge rounds it by at most 6e-8.
 COUNT_DTYPE = jnp.float32
 
 
@@ -73,10 +71,8 @@ def exact_count(mask: jax.Array) -> jax.Array:
 
 
 def float_identity(value: float = 0.0) -> jax.Array:
-    """`empty()`'s value: float32, or float64 under `jax_enable_x64`, so a `lax.scan` carry
-    started from `empty()` traces there too (a float32 zero did not match float64 sums).
-    Strongly typed: a weak type would make a jitted step started from `empty()` compile
-    twice (the weak carry, then the merged one)."""
+    """`empty()`'s value in the default float dtype (float64 under x64, so a `lax.scan` carry
+    from `empty()` matches the sums), strongly typed (a weak one compiles a jitted step twice)."""
     return jnp.full((), value, jax.dtypes.canonicalize_dtype(jnp.float64))
 
 
@@ -573,8 +569,7 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
 
     Returns:
         name -> `clu.values.Value`: a `Collection` gives `key/<field>`, a `MeanStdScalar` `key`
-        and `key/std` (and `key/sem`). A mean of nothing seen (0/0) is NaN, with no numpy
-        warning.
+        and `key/std` (and `key/sem`). A mean of nothing seen (0/0) is NaN, no numpy warning.
 
     Raises:
         TypeError: a value is neither a metric nor a `Collection`.
@@ -598,9 +593,8 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
     return out
 
 
-# An empty window's mean is 0/0, which CLU defines as NaN (`Average`, `Accuracy`): it is a
-# value to write, reported by the manager's `nonfinite` policy, not numpy's RuntimeWarning
-# (under `-W error`, as in many test suites, that warning would drop the key).
+# An empty window's mean is 0/0, NaN as in CLU: a value to write (for the manager's `nonfinite`
+# policy), not numpy's RuntimeWarning, which under `-W error` would drop the key.
 def _nan_quietly() -> np.errstate:
     return np.errstate(divide="ignore", invalid="ignore", over="ignore")
 
@@ -629,8 +623,7 @@ def _compute_value(metric: Any) -> clu.values.Value:
 
 
 def collection_fields(obj: Any) -> Any:
-    """A CLU `Collection` as the dict of its metrics, named as its `compute()` names them;
-    anything else as it is."""
+    """A CLU `Collection` as the dict of its metrics (named as `compute()` names them)."""
     if isinstance(obj, clu_metrics.Collection):
         return {k: v for k, v in vars(obj).items() if k != "_reduction_counter"}
     return obj
@@ -682,11 +675,8 @@ def host_values(
     num_steps: int,
     failed: Callable[[str, Exception], None],
 ) -> dict[str, clu.values.Value]:
-    """The manager's trusted path: steps and duration set, then `compute_value()`, in one pass.
-
-    Takes metrics already checked (a dict of metrics with host leaves); a key whose
-    `compute_value()` raises is left out and handed to `failed(key, error)`.
-    """
+    """The manager's path for checked metrics (host leaves): steps and duration set, then
+    `compute_value()`, in one pass; a key that raises is left out and passed to `failed`."""
     out: dict[str, clu.values.Value] = {}
     with _nan_quietly():
         for key, metric in metrics.items():
