@@ -68,7 +68,8 @@ class BaseWriter(MetricWriter):
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         step = self._begin("write_audios", step, audios)
-        clips = _checks.check_audios(audios, sample_rate, self._name("write_audios"))
+        _checks.check_sample_rate(sample_rate, self._name("write_audios"))
+        clips = _checks.check_arrays(audios, self._name("write_audios"), "audio")
         self._audios(step, self._clipped("audio", clips), sample_rate)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
@@ -79,7 +80,9 @@ class BaseWriter(MetricWriter):
         self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         step = self._begin("write_histograms", step, arrays)
-        buckets = self._buckets(num_buckets)
+        problems = _checks.Problems(self._name("write_histograms"))
+        buckets = _checks.check_buckets(num_buckets, problems)
+        problems.raise_if_any()
         checked = _checks.check_arrays(arrays, self._name("write_histograms"), "histogram")
         self._histograms(step, checked, buckets)
 
@@ -123,9 +126,7 @@ class BaseWriter(MetricWriter):
     ) -> None: ...
 
     def _clipped(self, kind: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """`arrays`, after a warning (once per key) where this writer encodes them: floats
-        outside [0, 1] (pixels) or [-1, 1] (audio), or integer pixels outside [0, 255], would
-        be clipped silently."""
+        """`arrays`, after warning (once per key) of values this writer would clip silently."""
         if not self.encodes_media:
             return arrays
         low, fix = _RANGE_FIXES[kind]
@@ -159,12 +160,6 @@ class BaseWriter(MetricWriter):
             raise WriterClosedError(
                 f"{self._name(method)}: the writer is closed; create a new one to write more."
             )
-
-    def _buckets(self, num_buckets: Any) -> dict[str, int]:
-        problems = _checks.Problems(self._name("write_histograms"))
-        buckets = _checks.check_buckets(num_buckets, problems)
-        problems.raise_if_any()
-        return buckets
 
     def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
         """Why this backend would refuse some of `keys` in a `method` call, else None:
@@ -263,7 +258,7 @@ class ForwardingWriter(BaseWriter):
         self._forward("write_summaries", step=step, values=values, metadata=metadata)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        if problem := keys_problem(self._wrapped, "write_hparams", hparams, {}):
+        if problem := self.key_problem("write_hparams", hparams):
             raise ValueError(f"{self._name('write_hparams')}: {problem}")
         self._forward("write_hparams", hparams=hparams)
 
@@ -335,13 +330,8 @@ class TrackerWriter(BaseWriter):
     def _files(
         self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
     ) -> None:
-        """Stores `<kind>/<key>/step_<step 8 digits>[_<i>]<ext>` for each key's bytes (a list of
-        bytes: one `_<i>` each) through `_store`.
-
-        Raises:
-          ValueError: a key is not a relative path (an empty, `.` or `..` part) or has a
-            part over 255 bytes.
-        """
+        """`_store`s each key's bytes (or list of bytes) as `<kind>/<key>/step_<8 digits>[_<i>]`
+        plus `ext`; a ValueError for a key that is no relative path (`_path_problem`)."""
         if problem := _path_problem(kind, files):
             raise ValueError(f"{self._name(method)}: {problem}")
         paths = {}
@@ -396,9 +386,10 @@ def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:
 
 
 def close_at_exit(writer: Any, name: str) -> Callable[[], None]:
-    """Runs `writer.close()` (or a manager's) at exit, held weakly (no `__del__`); returns the
-    `atexit` hook. Not in a forked child: it has the writer's memory but not its threads, and
-    closing its copy would send the buffer twice (or end a tracker run the parent still uses)."""
+    """Registers `writer.close()` (held weakly) to run at exit; returns the `atexit` hook.
+
+    Not in a forked child: it has the writer's memory but not its threads, and closing its
+    copy would send the buffer twice (or end a tracker run the parent still uses)."""
     ref, pid = weakref.ref(writer), os.getpid()
 
     def close() -> None:
@@ -416,15 +407,12 @@ def close_at_exit(writer: Any, name: str) -> Callable[[], None]:
 def flush_every(
     writer: BaseWriter, seconds: float, name: str, last: Callable[[], None] | None = None
 ) -> Callable[..., bool]:
-    """Flushes `writer` every `seconds` on a daemon thread, and closes it at exit if the
-    program did not (`close_at_exit`, labelled `name`): what it buffers is not lost. Returns
-    the call for `close()` that stops both: `stop(timeout=None)` sets the thread to run `last`
-    (a final send) and waits up to `timeout`; it returns False if that time passed first and
-    raises what `last` raised. No thread starts then, which Python 3.12 refuses at exit.
+    """Flushes `writer` every `seconds` on a daemon thread and `close_at_exit`s it.
 
-    A failed flush (an upload while the network is down) is logged once per run of failures,
-    kept in `writer.flush_failure` (a manager's `health()` shows it) and retried at the next
-    tick; the writer's own `flush()` and `close()` still raise.
+    Returns `stop(timeout=None)` for `close()`: the thread runs `last` (a final send; no new
+    thread, which Python 3.12 refuses at exit) and is waited for up to `timeout`; False if
+    that passed first; raises what `last` raised. A failed timed flush is logged once per
+    run of failures, kept in `writer.flush_failure` (`health()` shows it) and retried.
     """
     stop = threading.Event()
     failed: list[BaseException] = []

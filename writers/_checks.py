@@ -162,8 +162,7 @@ def _utf8(key: str) -> bool:
 
 
 def surrogate_problem(keys: Iterable[Any]) -> str | None:
-    """The message for str keys UTF-8 cannot encode (lone surrogates, as `os.fsdecode`
-    gives for file names that are not UTF-8), which no writer can store, else None."""
+    """The message for str keys UTF-8 cannot encode (lone surrogates), else None."""
     bad = [k for k in keys if isinstance(k, str) and not k.isascii() and not _utf8(k)]
     if not bad:
         return None
@@ -175,10 +174,7 @@ def surrogate_problem(keys: Iterable[Any]) -> str | None:
 
 
 def reserved_problem(keys: Iterable[str], reserved: Mapping[str, str]) -> str | None:
-    """The message for keys that a writer keeps for itself (JSONL's line fields, W&B's row
-    fields), else None.
-
-    `reserved` maps each such key to the name of the writer that reserves it."""
+    """The message for keys a writer keeps for itself (`reserved`: key -> its name), else None."""
     if not reserved or reserved.keys().isdisjoint(keys):
         return None
     taken = {key: reserved[key] for key in keys if key in reserved}
@@ -191,8 +187,7 @@ def reserved_problem(keys: Iterable[str], reserved: Mapping[str, str]) -> str | 
 
 
 def check_metadata(metadata: Any, method: str) -> None:
-    """Raises unless `write_summaries`' metadata is None, a proto (anything with
-    `SerializeToString`), its bytes, or a mapping of key to one of these (CLU's form)."""
+    """Raises unless metadata is None, a proto, its bytes, or a mapping of key to one (CLU's)."""
     items = metadata.values() if isinstance(metadata, Mapping) else [metadata]
     if bad := [
         m
@@ -212,20 +207,16 @@ def as_mapping(hparams: Any) -> Any:
 
 
 def _config_items(value: Any) -> Any:
-    """The named entries of a nested config (anything with `.items()`, or a dataclass
-    instance), or None for a value."""
+    """The entries of a config (anything with `.items()`, a dataclass instance), else None."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)]
     return value.items() if callable(getattr(value, "items", None)) else None
 
 
 def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, Any]:
-    """Nested configs (mappings, ConfigDicts, dataclasses) as dotted names.
-
-    `{"opt": {"lr": 0.1}}` -> `{"opt.lr": 0.1}`, as CLU's TensorBoard writer names them
-    (lists stay one value, written as their `str()`; an empty config as "{}", so its name is
-    kept). A name given twice goes to `problems`.
-    """
+    """Nested configs as dotted names, as CLU names them: `{"opt": {"lr": 0.1}}` ->
+    `{"opt.lr": 0.1}` (a list stays one value, an empty config is "{}"); a name given twice
+    goes to `problems`."""
     flat: dict[str, Any] = {}
 
     def add(name: str, value: Any) -> None:
@@ -278,9 +269,8 @@ def check_writers(
     required: tuple[str, ...] = WRITER_METHODS,
     fix: str = "pass instances with CLU's MetricWriter methods, e.g. writers.JsonlWriter(path)",
 ) -> None:
-    """Raises a TypeError naming every object that lacks the `required` writer methods, or
-    whose writer methods cannot take CLU's parameter names (every caller passes them by
-    keyword, so `write_scalars(self, step, values)` would fail at each write)."""
+    """Raises a TypeError naming every object that lacks the `required` methods, or whose
+    methods cannot take CLU's parameter names by keyword, as every caller passes them."""
     problems = Problems(context)
     for name, writer in writers.items():
         if isinstance(writer, type):
@@ -381,9 +371,8 @@ def collect_numbers(
 ) -> dict[str, Any]:
     """`to_number` on every value; a bad one is added to `problems` and left out.
 
-    With `unready`, a device array still being computed (its `is_ready()` is False) is checked
-    by shape and dtype alone and kept unconverted, its key added to `unready`: reading it
-    would wait for the device.
+    With `unready`, a device array still being computed is checked by shape and dtype alone
+    and kept as it is (reading it would wait for the device), its key added to `unready`.
     """
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
@@ -409,8 +398,7 @@ def collect_numbers(
 
 
 def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str, np.ndarray]:
-    """Every value as a numpy array (bfloat16 and float8 as float32, which holds them
-    exactly); one ValueError lists every bad one (`array_problem`)."""
+    """Every value as a numpy array (ml_dtypes widened); one ValueError lists every bad one."""
     out = {key: _widened(np.asarray(value)) for key, value in arrays.items()}
     problems = Problems(method)
     for key, arr in out.items():
@@ -421,8 +409,7 @@ def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str,
 
 
 def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
-    """`num_buckets` as a dict of ints >= 1 (None, or None for a key: 30); adds a problem if
-    it is not one."""
+    """`num_buckets` as a dict of ints >= 1 (None for a key: the default), else a problem."""
     if num_buckets is None:
         return {}
     counts = None
@@ -442,8 +429,7 @@ def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
 
 
 def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> str | None:
-    """What is wrong with one array of `kind` (image, video, audio, histogram), or None;
-    `values=False` looks at its shape and dtype only (a device array still being computed)."""
+    """What is wrong with one array of `kind`, or None; `values=False`: shape and dtype only."""
     numeric = np.issubdtype(arr.dtype, np.number) or _ml_wider(arr.dtype) is not None
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         if arr.ndim in (3, 4) and arr.shape[-3] in (1, 3, 4):  # [C, H, W], as PyTorch has it
@@ -481,12 +467,6 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
         )
     return None
-
-
-def check_audios(audios: Mapping[str, Any], sample_rate: Any, method: str) -> dict[str, np.ndarray]:
-    """Every audio array is `[N, T, C]`, and `sample_rate` a positive int."""
-    check_sample_rate(sample_rate, method)
-    return check_arrays(audios, method, "audio")
 
 
 def check_sample_rate(sample_rate: Any, method: str) -> None:
@@ -544,9 +524,8 @@ def collect_texts(texts: Mapping[str, Any], problems: Problems) -> dict[str, str
 
 
 def plain_str(text: str) -> str:
-    """`text` as a plain str (a `StrEnum` member as its value, not its name) that UTF-8 can
-    encode: lone surrogates (`os.fsdecode` of a non-UTF-8 file name) as backslash escapes,
-    which every writer stores (TensorBoard's protobuf and MLflow's store refused them)."""
+    """`text` as a plain str (a `StrEnum` member as its value), lone surrogates as backslash
+    escapes: TensorBoard's protobuf and MLflow's store refuse them."""
     try:
         text.encode()
     except UnicodeEncodeError:

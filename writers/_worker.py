@@ -1,23 +1,20 @@
-"""`OrderedWorker`: the one background worker of this project (bounded, ordered, deadlines).
+"""`OrderedWorker`: the one background worker (bounded, ordered, deadlines) of this project.
 
-Both `writers.AsyncWriter` and `metrics_manager.MetricsManager` run their background work
-here. A job is a list of pieces, run in order on one thread, jobs in submission order:
+`writers.AsyncWriter` and `metrics_manager.MetricsManager` run their background work here. A
+job is a list of pieces, run in order on one thread, jobs in submission order:
 
 * **Back-pressure**: at most `max_pending` jobs wait behind the running one; `submit`
   blocks until one starts. Nothing is dropped.
-* **Deadlines**: a piece may carry a deadline in seconds. A piece that overruns it is
-  abandoned: its thread is left behind (a daemon, so the process can still exit), `on_stuck`
-  is told, and a fresh thread goes on with the job's next piece and the rest of the queue.
-  Overruns are noticed at the next `submit`/`post` (one clock read) or by whoever waits for
-  the worker (`drain`, a blocked `submit`): no watchdog thread.
-* **Errors**: an exception from a piece ends its job (later pieces are skipped) and fails the
-  job's future; callers that want isolation catch inside the piece. A future cancelled
-  before its job starts skips the job (as `concurrent.futures` executors do).
+* **Deadlines**: a piece that overruns its deadline (seconds) is abandoned to its thread (a
+  daemon, so the process can still exit), `on_stuck` is told, and a fresh thread goes on with
+  the job's next piece. Overruns are noticed at the next `submit`/`post` (one clock read) or
+  by a caller waiting for the worker: no watchdog thread.
+* **Errors**: an exception from a piece ends its job and fails its future; to isolate pieces,
+  catch inside them. A future cancelled before its job starts skips the job.
 
 A piece is `(label, fn, deadline_s)`; `fn(job)` may keep state in `job.state` and set
-`job.result`, which becomes the future's value. Only a piece with a deadline can be
-abandoned, so only such a piece publishes itself under the lock: the others cost no lock
-round (at a summary per step, those rounds were measurable).
+`job.result`, the future's value. Only a piece with a deadline (which alone can be abandoned)
+publishes itself under the lock: at a summary per step, lock rounds were measurable.
 """
 
 import collections
@@ -218,7 +215,7 @@ class OrderedWorker:
             pieces = job.pieces
             while job.index < len(pieces):
                 index = job.index
-                label, fn, deadline = pieces[index]
+                _, fn, deadline = pieces[index]
                 try:
                     fn(job)
                     failed = None
