@@ -69,12 +69,10 @@ def histogram(arr: np.ndarray, num_buckets: int | None) -> dict[str, Any]:
 
 def hparam(value: object) -> bool | int | float | str:
     """A hyperparameter as a bool, number or str (anything else becomes its `str()`)."""
-    if isinstance(value, bool):
-        return value
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
     if isinstance(value, str):  # numpy's str_ and enums too: W&B names a StrEnum by its name
         return _checks.plain_str(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
     if isinstance(value, np.ndarray) or _checks._looks_like_array(value):  # jax, 0-d numpy
         arr = np.asarray(value)
         if arr.dtype == np.bool_ and arr.size == 1:

@@ -30,10 +30,9 @@ _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log")
 
 
 def log_file(path: str) -> str:
-    """The log `path` names: `path` itself if it is a file (its name ends in `.jsonl`,
-    `.ndjson`, `.json` or `.log`, or it exists and is no directory: `/dev/stdout`, a pipe),
-    else (a directory, whatever its name) `path/metrics.jsonl`, so `JsonlWriter(logdir)`
-    writes where `read_jsonl(logdir)`, TensorBoard and the plot command look."""
+    """`path` if it names a file (ending in `.jsonl`, `.ndjson`, `.json` or `.log`, or an
+    existing non-directory: `/dev/stdout`, a pipe), else `path/metrics.jsonl`, where
+    `read_jsonl(logdir)`, TensorBoard and the plot command look."""
     if not _storage.is_remote(path) and os.path.exists(path):
         return _storage.join(path, LOG_NAME) if os.path.isdir(path) else path
     return path if path.endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)
@@ -80,10 +79,9 @@ class LocalLog:
         self._path = path
         self.last_step: int | None = None
         if (stream := _stream(path)) is not None:
-            # The program's own stream: written through a duplicate of its descriptor, which
-            # shares the stream's file position (`> out.txt`: reopened by path, the log's lines
-            # and the program's prints overwrote each other), and never locked, read back or
-            # cut (the file, if it is one, holds the program's other output too).
+            # The program's own stream, through a duplicate of its descriptor: it shares the
+            # file position (reopened by path, `> out.txt` had the lines and the prints
+            # overwrite each other). Never locked, read back or cut: it holds other output too.
             self._file: TextIO = os.fdopen(os.dup(stream), "w", buffering=1, encoding="utf-8")
             self._regular = False
         else:
@@ -247,11 +245,10 @@ class RemoteLog:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(f"{base}/{name}")
         self.last_step = last_step(tail[-65536:])
-        first = current[-1] + 1 if current else 0
         self._stream = _storage.PartStream(
             directory,
             functools.partial(_part_name, generation),
-            first_index=first,
+            first_index=current[-1] + 1 if current else 0,
             max_buffer_bytes=max_buffer_bytes,
         )
 

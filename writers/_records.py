@@ -77,8 +77,7 @@ class EventFile:
             raise
 
     def flush(self) -> None:
-        """Writes buffered records out: fsyncs a local file; uploads remote parts outside the
-        lock (`PartStream` has its own), so an upload never holds up a write."""
+        """Fsyncs a local file; uploads remote parts outside this lock, never holding up a write."""
         with self._lock if self._local else contextlib.nullcontext():
             self._file.flush()
             if self._local:

@@ -82,10 +82,9 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
 class PartStream:
     """Appends as parts `name(i)`, sorting in write order: one per flush.
 
-    A write only buffers; a flush uploads outside the buffer's lock, so a slow or failing
-    upload (the client retrying through an outage) never holds up a write, and a failed
-    upload keeps its bytes for the next flush. Past `max_buffer_bytes` a failed upload drops
-    the oldest writes, whole, so a long outage cannot use up the host's memory (`dropped`).
+    A write only buffers; a flush uploads outside the buffer's lock, so a slow or failing upload
+    (the client retrying through an outage) never holds up a write. A failed upload keeps its
+    bytes for the next flush, dropping the oldest writes (whole) past `max_buffer_bytes`.
     """
 
     def __init__(

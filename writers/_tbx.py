@@ -1,14 +1,12 @@
 """The parts of tensorboardX this package uses, imported without importing torch.
 
-tensorboardX's package `__init__` imports its `SummaryWriter` module, which imports torch
-wherever torch is installed, only to annotate argument types (its real uses of torch import
-it where they run). Writing TensorBoard files here would then load torch into a JAX program
-that never uses it: on an H100 machine with PyTorch 2.11, `import tensorboardX` took 3.3-5.7 s
-and 0.5 GiB (max RSS 497 MiB), the default writers' first write 0.4-0.5 s and 39 MiB with
-torch hidden. So the first import hides torch from tensorboardX; a program that imported
-torch or tensorboardX before keeps both exactly as they were. (Another thread importing
-torch for the first time during those 0.4 s would fail: a program using torch imports it
-at its start, before any writer exists.)
+tensorboardX's `__init__` imports torch wherever it is installed, only for type annotations,
+loading it into JAX programs that never use it (on an H100 machine with PyTorch 2.11,
+`import tensorboardX` took 3.3-5.7 s and 0.5 GiB; with torch hidden, the default writers'
+first write took 0.4-0.5 s and 39 MiB). So the first import hides torch from tensorboardX; a
+program that imported torch or tensorboardX before keeps both as they were. (Another thread
+importing torch for the first time during those 0.4 s would fail: a program using torch
+imports it at its start.)
 """
 
 import sys

@@ -109,12 +109,9 @@ class ConsoleWriter(BaseWriter):
 
     @contextlib.contextmanager
     def _broken_pipe(self, stream: IO[str]) -> Iterator[None]:
-        """Ends this writer's output once the reader of a pipe is gone (`train.py | head`).
-
-        The first `BrokenPipeError` is raised (a manager logs and counts it once); later calls
-        write nothing, since nobody can read them. As Python's docs advise, the stream's
-        descriptor then points at /dev/null: otherwise the interpreter's own flush of the
-        stream at exit fails too, and the process ends with status 120 instead of 0.
+        """Ends this writer's output once a pipe's reader is gone (`train.py | head`): raises
+        the first `BrokenPipeError`, then writes nothing. As Python's docs advise, the stream's
+        descriptor then points at /dev/null, or the flush at exit fails too (exit status 120).
         """
         try:
             yield
@@ -137,9 +134,8 @@ class ConsoleWriter(BaseWriter):
         self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
         now, total = self._clock(), self._total
-        # Rates count from the last scalars at the first step that had some (a summary, or
-        # `timing/compilation_seconds` after compiling): a config text written before the
-        # compilation, at step 0, made the first rates count the compilation.
+        # Rates count from the last scalars of the first step that had some (a summary, or
+        # `timing/compilation_seconds`), not from a config text written before compiling.
         if numbers is not None and (self._first is None or self._first[1] == step):
             self._first = (now, step)
         t0, s0 = self._first or (now, step)

@@ -3,10 +3,10 @@
 Each call appends `{"step": 10, "time": 1700000000.5, "collection": "train", "loss": 0.25}`
 (`time` in Unix seconds, `collection` null when unset). A local file is appended to and
 line-buffered (`tail -f` sees each line; `flush()` fsyncs); a pipe or device just gets the
-lines, and `/dev/stdout` (`/dev/stderr`, `/dev/fd/N`) is the program's own stream, shared
-with its prints (never locked, rewritten or cut, even when redirected to a file). A URL (`gs://b/run/m.jsonl`, any
-fsspec protocol) is written as numbered parts under `<path>.d/`, one per flush;
-`writers.read_jsonl(path)` reads either back. Every line is strict JSON:
+lines, and `/dev/stdout` (`/dev/stderr`, `/dev/fd/N`) is the program's own stream, shared with
+its prints (never locked, rewritten or cut, even when redirected to a file). A URL
+(`gs://b/run/m.jsonl`, any fsspec protocol) is written as numbered parts under `<path>.d/`, one
+per flush; `writers.read_jsonl(path)` reads either back. Every line is strict JSON:
 
 * NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)`
   turns them back); ints stay ints; texts are strings.

@@ -165,8 +165,7 @@ def load_series(
         )
     if keys is None:
         keys = [key for key in DEFAULT_KEYS if key in table] or list(table)[:MAX_DEFAULT_KEYS]
-    unknown = [key for key in keys if key not in table]
-    if unknown:
+    if unknown := [key for key in keys if key not in table]:
         raise ValueError(
             f"writers.plot: no run under {list(paths)} logged the key(s) {unknown}; "
             f"available: {sorted(table)}. Pick some of those with --keys."
@@ -218,15 +217,14 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
 def _read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
     """`(collection, step, key, value)` for every number in a JSONL log, in file order.
 
-    Lenient, as for a log still being written or written by hand: a line that is no JSON
-    object (torn by a crash, not UTF-8) is skipped, and so is a last line without a newline
-    unless it is a whole object (one being written is not yet)."""
+    Lenient, for a log still being written or written by hand: lines that are no JSON object
+    are skipped (a last line without a newline counts when it is a whole object)."""
     with open(path, encoding="utf-8-sig", errors="replace") as f:
         for line in f:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                continue  # a blank line, one torn by a crash, or one still being written
+                continue  # a blank line, one torn by a crash or not UTF-8, or still being written
             step = record.get("step") if isinstance(record, dict) else None
             if isinstance(step, float) and step.is_integer():  # 1.0 from pandas
                 step = int(step)
@@ -272,8 +270,7 @@ def _read_events(path: str) -> Iterator[tuple[str | None, int, str | None, float
         if event.session_log.status == event_pb2.SessionLog.START:
             yield None, int(event.step), None, math.nan
         for value in event.summary.value:  # empty in events without a summary
-            number = _scalar(value)
-            if number is not None:
+            if (number := _scalar(value)) is not None:
                 yield None, int(event.step), value.tag, number
 
 
@@ -428,15 +425,16 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
             signal.label(label)
             signal.lines()
             panel.draw(signal)
-        if lines:
-            low = int(min(x[0] for x, *_ in lines.values()))  # steps increase
-            high = int(max(x[-1] for x, *_ in lines.values()))
-            # Whole, round steps (5, 10, 15), not plotext's 4.2, 7.3, ...
-            ticks = _step_ticks(low, high, max(2, min(cols // 12, 8)))
-            panel.ruler("x").ticks(ticks, [str(t) for t in ticks])
-        if lines and small:
+        if not lines:
+            continue
+        low = int(min(x[0] for x, *_ in lines.values()))  # steps increase
+        high = int(max(x[-1] for x, *_ in lines.values()))
+        # Whole, round steps (5, 10, 15), not plotext's 4.2, 7.3, ...
+        ticks = _step_ticks(low, high, max(2, min(cols // 12, 8)))
+        panel.ruler("x").ticks(ticks, [str(t) for t in ticks])
+        if small:
             panel.legend(active=False)
-        elif lines:
+        else:
             x, y, ha, va = _legend_corner([(x, y) for x, y, _ in lines.values()], box, canvas)
             panel.legend(x=x, y=y, relative=True, ha=ha, va=va)
     return figure.build().string(colorless=not color)

@@ -115,11 +115,10 @@ class TensorBoardWriter(BaseWriter):
 
     def close(self) -> None:
         """Stops the flush timer, flushes and closes the event file; idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop_timer()
-        self._file.close()
+        if not self._closed:
+            self._closed = True
+            self._stop_timer()
+            self._file.close()
 
     def _emit(self, step: int, values: list[Any]) -> None:
         self._file.write(self._tb.event(step, values))
