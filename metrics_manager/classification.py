@@ -73,9 +73,7 @@ def _checked_labels_and_mask(
     shapes_fit: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """Integer labels and a mask that drops out-of-range ones; raises the call's problems.
-
-    Labels are checked against `num_classes` only where the predictions' shape fit: otherwise
-    the class count is unknown, and a range problem would only echo the shape problem."""
+    The range is checked only if `shapes_fit` (else `num_classes` is unknown)."""
     if labels.dtype == bool or (
         jnp.issubdtype(labels.dtype, jnp.integer) and jnp.iinfo(labels.dtype).bits < 32
     ):  # int8 or uint8 labels would wrap a class count of 128 or 256 in the checks below
@@ -88,12 +86,11 @@ def _checked_labels_and_mask(
         labels = jnp.zeros(labels.shape, jnp.int32)
         shapes_fit = False
     mask = _check_mask(mask, labels.shape, problems)
-    if shapes_fit and not isinstance(labels, jax.core.Tracer):
-        # Outside jit, the unmasked labels only (padding is often -100); with numpy, as
-        # labels that are a constant inside jit are concrete, but jnp ops on them trace.
-        traced = isinstance(mask, jax.core.Tracer)
-        unmasked = None if traced else np.asarray(labels)[np.asarray(mask)]
-        if unmasked is not None and unmasked.size:
+    # Outside jit, the unmasked labels only (padding is often -100); with numpy, as labels
+    # that are a constant inside jit are concrete, but jnp ops on them trace.
+    if shapes_fit and not any(isinstance(x, jax.core.Tracer) for x in (labels, mask)):
+        unmasked = np.asarray(labels)[np.asarray(mask)]
+        if unmasked.size:
             low, high = int(unmasked.min()), int(unmasked.max())
             if low < 0 or high >= num_classes:
                 problems.value_problem(
@@ -111,10 +108,9 @@ _ALIASES = {"avg": "average", "top_k": "k", "topk": "k", "bins": "num_bins", "n_
 
 
 def _refuse_misspelled(cls: type, others: dict[str, Any], settings: tuple[str, ...]) -> None:
-    """Refuses a Python or NumPy scalar or str under a keyword that looks like one of
-    `settings` misspelled or named otherwise (`Beta=2.0` made F1 silently, as `avg=`);
-    arrays, lists and other keywords are model outputs a CLU `Collection` passes to every
-    metric (`betas`, a noise schedule)."""
+    """Refuses a scalar or str under a misspelling or alias of one of `settings` (`Beta=2.0`
+    or `avg=` were silently ignored); arrays and lists are model outputs a CLU `Collection`
+    passes to every metric."""
     for name, value in others.items():
         if name in _SETTINGS or not isinstance(value, int | float | str | np.generic):
             continue  # another metric's setting or a model output, passed through a Collection

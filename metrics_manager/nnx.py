@@ -22,6 +22,7 @@ Synopsis:
     metrics.reset()
 """
 
+import collections
 import dataclasses
 import inspect
 from collections.abc import Mapping
@@ -90,10 +91,7 @@ class Metric(nnx.metrics.Metric):
                 f"Metric({metric_type.__name__}): settings must be hashable Python values "
                 f"(they are static under jit), got {settings!r}; pass arrays to update()"
             ) from err
-        parameters = inspect.signature(metric_type.from_model_output).parameters.values()
-        named = sorted(
-            p.name for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        )
+        named = sorted(_parameters(metric_type)[0])
         # A from_fun/from_output metric names none: any keyword may be its function's.
         if named and (unknown := sorted(set(settings) - set(named))):
             raise TypeError(
@@ -129,19 +127,16 @@ class Metric(nnx.metrics.Metric):
 
     def update(self, **kwargs: Any) -> None:
         """Merges `metric_type.from_model_output(**kwargs)` into the state."""
-        parameters = inspect.signature(self.metric_type.from_model_output).parameters.values()
-        named = {p.name: p for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+        named, var_keyword = _parameters(self.metric_type)
         renamed = dict(self.argnames)
         if "predictions" in named and "logits" not in named:
             renamed.setdefault("logits", "predictions")
-        var_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters)
         # A renamed argument wins over one of its new name, whatever the keyword order:
         # Average("loss") beside Average() in a MultiMetric gets loss=, not values=.
         call = {k: v for k, v in kwargs.items() if k not in renamed}
         call |= {renamed[k]: v for k, v in kwargs.items() if k in renamed}
         call = {k: v for k, v in call.items() if var_keyword or k in named} | dict(self.settings)
-        missing = sorted({n for n, p in named.items() if p.default is p.empty} - call.keys())
-        if missing:
+        if missing := sorted({n for n, p in named.items() if p.default is p.empty} - call.keys()):
             raise TypeError(
                 f"{type(self).__name__}({self.metric_type.__name__}).update: missing "
                 f"{', '.join(map(repr, missing))} among the arguments {sorted(kwargs)}; pass "
@@ -152,6 +147,13 @@ class Metric(nnx.metrics.Metric):
     def compute(self) -> Any:
         """`compute()` of the state."""
         return self.metric.compute()
+
+
+def _parameters(metric_type: type[clu_metrics.Metric]) -> tuple[dict[str, Any], bool]:
+    """`from_model_output`'s named parameters by name, and whether it takes any keyword."""
+    parameters = inspect.signature(metric_type.from_model_output).parameters.values()
+    named = {p.name: p for p in parameters if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return named, any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 class _ValuesMetric(Metric):
@@ -180,8 +182,7 @@ class _ValuesMetric(Metric):
 
 
 def _fits(mask: tuple[int, ...], values: tuple[int, ...]) -> bool:
-    """Whether a mask of shape `mask` covers values' leading dims (CLU's rule: the first
-    equal, the others equal or 1)."""
+    """Whether `mask` covers values' leading dims (CLU: the first equal, the others or 1)."""
     if not mask or len(mask) > len(values) or mask[0] != values[0]:
         return False
     return all(m in (1, v) for m, v in zip(mask[1:], values[1:], strict=False))
@@ -247,8 +248,7 @@ class Accuracy(Metric):
 
     def update(self, **kwargs: Any) -> None:  # type: ignore[override]
         if self.threshold is not None:
-            missing = sorted({"logits", "labels"} - kwargs.keys())
-            if missing:
+            if missing := sorted({"logits", "labels"} - kwargs.keys()):
                 raise TypeError(f"Accuracy.update: missing {missing}, got {sorted(kwargs)}")
             logits, labels = jnp.asarray(kwargs["logits"]), jnp.asarray(kwargs["labels"])
             if logits.shape != labels.shape:
@@ -338,53 +338,51 @@ _SCALAR_STATES = (
 )
 
 
-def _name(value: Any) -> str:
-    if type(value) is Metric:
-        return f"Metric({value.metric_type.__name__})"
-    return type(value).__name__
-
-
 def _computes_as(value: Any, *types: type) -> bool:
     """Whether `value`'s `compute()` is one of `types`'; a subclass's own (`exp` of an
     `Average`: a perplexity) is written as it computes, not as the state's base metric."""
     return any(type(value).compute is getattr(kind, "compute", None) for kind in types)
 
 
-def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
-    """Adds a metric or a `compute()` result under `key`: NNX metrics as CLU metrics where
-    their state maps onto one, dicts and Statistics flattened."""
+def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -> None:
+    """Appends a metric or a `compute()` result under `key` to `out`: NNX metrics as CLU
+    metrics where their state maps onto one, dicts and Statistics flattened."""
     scalar_state = isinstance(value, nnx.metrics.Average | nnx.metrics.Welford) or (
         isinstance(value, Metric) and issubclass(value.metric_type, _SCALAR_STATES)
     )  # ours (Average, Accuracy, Welford) are Metrics of scalar-state types
     if scalar_state and (shapes := {np.shape(x) for x in jax.tree.leaves(value)} - {()}):
+        name = type(value).__name__
+        if type(value) is Metric:
+            name = f"Metric({value.metric_type.__name__})"
         problems.value_problem(
-            f"{key!r}: {_name(value)} holds scalars, but this one holds arrays of "
+            f"{key!r}: {name} holds scalars, but this one holds arrays of "
             f"shape {sorted(shapes)[0]}: one state per member of an nnx.vmap? Write each "
             "member's compute() as its own key, or average them first"
         )
     elif isinstance(value, _CLU_TYPES):
-        out[key] = value
+        out.append((key, value))
     elif isinstance(value, Metric) and _computes_as(value, Metric, Welford):
-        out[key] = value.metric
+        out.append((key, value.metric))
     elif isinstance(value, nnx.MultiMetric):
         _add(key, {name: getattr(value, name) for name in value._metric_names}, out, problems)
     elif isinstance(wrapped := getattr(value, "clu_metric", None), clu_metrics.Metric):
-        out[key] = wrapped  # google-metrax's NnxWrapper
+        out.append((key, wrapped))  # google-metrax's NnxWrapper
     elif isinstance(value, nnx.metrics.Welford) and _computes_as(value, nnx.metrics.Welford):
-        out[key] = _metrics.Welford(
+        welford = _metrics.Welford(
             count=jnp.asarray(value.count[...]).astype(_metrics.COUNT_DTYPE),
             mean=jnp.asarray(value.mean[...]),
             m2=jnp.asarray(value.m2[...]),
         )
+        out.append((key, welford))
     elif isinstance(value, nnx.metrics.Average) and _computes_as(value, nnx.metrics.Average):
         # Flax's Accuracy too
-        out[key] = clu_metrics.Average(total=value.total[...], count=value.count[...])
+        out.append((key, clu_metrics.Average(total=value.total[...], count=value.count[...])))
     elif isinstance(value, nnx.metrics.Metric):
         _add(key, value.compute(), out, problems)
     elif isinstance(value, nnx.metrics.Statistics):
-        out[key] = clu.values.Scalar(value.mean)
-        out[f"{key}/sem"] = clu.values.Scalar(value.standard_error_of_mean)
-        out[f"{key}/std"] = clu.values.Scalar(value.standard_deviation)
+        out.append((key, clu.values.Scalar(value.mean)))
+        out.append((f"{key}/sem", clu.values.Scalar(value.standard_error_of_mean)))
+        out.append((f"{key}/std", clu.values.Scalar(value.standard_deviation)))
     elif isinstance(value, Mapping):
         for name, item in value.items():
             _add(f"{key}/{name}", item, out, problems)
@@ -401,7 +399,7 @@ def _add(key: str, value: Any, out: SummaryMetrics, problems: Problems) -> None:
             "or write it as a clu.values.Histogram"
         )
     else:
-        out[key] = clu.values.Scalar(value)
+        out.append((key, clu.values.Scalar(value)))
 
 
 def as_summary_metrics(obj: Any) -> SummaryMetrics:
@@ -433,7 +431,7 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
         {'loss': 2.5, 'stats': 2.5, 'stats/sem': 0.559017, 'stats/std': 1.118034}
     """
     problems = Problems()
-    out = _Once()
+    out: list[tuple[str, Any]] = []
     if isinstance(obj, nnx.MultiMetric):
         for name in obj._metric_names:
             _add(name, getattr(obj, name), out, problems)
@@ -448,23 +446,11 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
             f"expected an nnx.MultiMetric or the dict its compute() returns, got "
             f"{describe(obj)}; wrap single metrics in nnx.MultiMetric(name=metric)"
         )
-    if out.twice:
+    counts = collections.Counter(key for key, _ in out)
+    if twice := sorted(key for key, n in counts.items() if n > 1):
         problems.value_problem(
-            f"keys {sorted(set(out.twice))} are written twice (a Statistics 'x' writes 'x/std' "
+            f"keys {twice} are written twice (a Statistics 'x' writes 'x/std' "
             "and 'x/sem', a dict 'd' writes 'd/<key>'): one would replace the other; rename one"
         )
     problems.raise_if_any("as_summary_metrics")
     return dict(out)
-
-
-class _Once(dict):  # type: ignore[type-arg]
-    """A dict that notes each key set twice (`twice`) instead of silently replacing it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.twice: list[str] = []
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        if key in self:
-            self.twice.append(key)
-        super().__setitem__(key, value)

@@ -133,16 +133,14 @@ def _nvml_sensors() -> tuple[dict[str, SampleFn], Any]:
 
 def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn], Any]:
     """The host's sensors by name: memory always, the others where a first reading works."""
-    if devices is None:
-        devices = jax.local_devices()
     optional: dict[str, SampleFn] = {
-        f"memory_stats of {d}": functools.partial(_device_memory, d) for d in devices
+        f"memory_stats of {d}": functools.partial(_device_memory, d)
+        for d in (jax.local_devices() if devices is None else devices)
     }
     if hasattr(psutil, "sensors_temperatures"):  # Linux and FreeBSD only
         optional["cpu temperature"] = _cpu_temperature
     nvml_sensors, nvml = _nvml_sensors()
-    memory = functools.partial(_memory, psutil.Process())
-    sensors: dict[str, SampleFn] = {"memory": memory}
+    sensors: dict[str, SampleFn] = {"memory": functools.partial(_memory, psutil.Process())}
     try:  # a sandbox may deny /proc/stat: the other sensors still report
         sensors["cpu percent"] = _CpuPercent()
     except psutil.Error:

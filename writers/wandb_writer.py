@@ -102,8 +102,7 @@ class WandbWriter(_base.TrackerWriter):
         if run is None:
             if run_id is not None and collection:
                 run_id = f"{run_id}-{_RUN_ID_REFUSED.sub('-', collection)}"
-            if logdir is not None:
-                # W&B's service resolves a relative dir against its own working directory.
+            if logdir is not None:  # W&B's service resolves a relative dir against its own cwd
                 logdir = os.path.abspath(logdir)
                 os.makedirs(logdir, exist_ok=True)
             run = self._wandb.init(
