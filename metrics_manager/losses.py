@@ -651,6 +651,23 @@ def compute_base_metrics(
         problems.array("z_loss", z_loss, jnp.floating, ndim=0)
     problems.metric_options(segment_ids, num_devices, _batch_size(targets))
     problems.raise_if_any()
+    return _base_metrics(
+        logits, targets, mask, loss, z_loss, segment_ids, token_losses, factor, num_devices
+    )
+
+
+def _base_metrics(
+    logits: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array | None,
+    loss: jax.Array,
+    z_loss: jax.Array | None,
+    segment_ids: Mapping[str, jax.Array | None] | None,
+    token_losses: TokenLosses | None,
+    factor: float | jax.Array | None,
+    num_devices: int | None,
+) -> dict[str, clu_metrics.Metric]:
+    """`compute_base_metrics` on inputs its callers have already checked."""
     if num_devices is None:
         mesh = jax.sharding.get_abstract_mesh()
         if not mesh.empty:
@@ -769,13 +786,5 @@ def compute_loss_and_metrics(
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, factor)
     z = total_z_loss if _is_array(z_loss) or z_loss != 0.0 else None  # a z-loss in use
-    return loss, compute_base_metrics(
-        logits,
-        targets,
-        weights,
-        loss,
-        z,
-        segment_ids,
-        token_losses=token_losses,
-        num_devices=num_devices,
-    )
+    args = (logits, targets, weights, loss, z, segment_ids or None, token_losses, None, num_devices)
+    return loss, _base_metrics(*args)  # checked above: no second pass

@@ -61,7 +61,8 @@ __all__ = [
 ArrayLike = jax.typing.ArrayLike
 # Counts are float32: an int32 count (CLU's Average) wraps past 2**31 (500 steps of 4M tokens)
 # and reads NaN. A batch counts in int32 (a float32 sum or scatter-add stops growing at 2**24),
-# cast once; a window's count is exact to 2**24, then each merge rounds it by at most 6e-8.
+# cast once; a window's count is exact to 2**24, then each merge rounds it by at most 6e-8 of
+# the count.
 COUNT_DTYPE = jnp.float32
 
 

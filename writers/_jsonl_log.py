@@ -30,9 +30,10 @@ _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log")
 
 
 def log_file(path: str) -> str:
-    """`path` if it names a file (ending in `.jsonl`, `.ndjson`, `.json` or `.log`, or an
-    existing non-directory: `/dev/stdout`, a pipe), else `path/metrics.jsonl`, where
-    `read_jsonl(logdir)`, TensorBoard and the plot command look."""
+    """`path` if it names a file (an existing non-directory such as `/dev/stdout` or a pipe,
+    or a new path ending in `.jsonl`, `.ndjson`, `.json` or `.log`), else (an existing
+    directory, whatever its name) `path/metrics.jsonl`, where `read_jsonl(logdir)`,
+    TensorBoard and the plot command look."""
     if not _storage.is_remote(path) and os.path.exists(path):
         return _storage.join(path, LOG_NAME) if os.path.isdir(path) else path
     return path if path.endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)
