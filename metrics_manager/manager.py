@@ -382,6 +382,11 @@ class MetricsManager:
         ready: dict[str, Any] = {}
         if not isinstance(metrics, PackedMetrics):
             metrics, ready = _split_metrics(metrics, problems)
+            for key, value in ready.items():  # as write_scalars: a non-number refused now
+                if isinstance(value, clu.values.Scalar) and (
+                    err := _checks.scalar_problem(key, value.value)
+                ):
+                    problems.add(type(err), str(err))
         if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:
             ready = {**ready, _UPTIME: clu.values.Scalar(called - self._created)}
         step = problems.step("step", step)

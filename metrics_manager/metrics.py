@@ -485,18 +485,23 @@ def is_time_metric(obj: Any) -> bool:
     return isinstance(obj, Time)
 
 
-def _check_metrics_mapping(metrics: Any, function: str) -> None:
+def _as_mapping(metrics: Any, function: str) -> Mapping[str, Any]:
+    """`metrics`, or the dict a `PackedMetrics` (what `merge_metrics` returns) packs."""
+    if callable(getattr(metrics, "unpack", None)) and hasattr(metrics, "buffers"):
+        return metrics.unpack()  # type: ignore[no-any-return]
     if not isinstance(metrics, Mapping):
         raise TypeError(
             f"{function} expects a mapping from names to metrics, got {type(metrics).__name__}."
         )
+    return metrics
 
 
 def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
     """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
 
     Args:
-        metrics: name -> metric; other values pass through.
+        metrics: name -> metric (or what `merge_metrics` returns); other values pass
+            through.
         num_steps: the number of train steps the metrics cover, > 0.
 
     Returns:
@@ -510,7 +515,7 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
         >>> set_step_metrics_num_steps({"steps": Step(steps=16)}, 4)["steps"].compute()
         4
     """
-    _check_metrics_mapping(metrics, "set_step_metrics_num_steps")
+    metrics = _as_mapping(metrics, "set_step_metrics_num_steps")
     if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer):
         raise TypeError(
             f"set_step_metrics_num_steps: num_steps must be an int, got {num_steps!r} of type "
@@ -528,7 +533,8 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
     """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
 
     Args:
-        metrics: name -> metric; other values pass through.
+        metrics: name -> metric (or what `merge_metrics` returns); other values pass
+            through.
         duration: seconds in the summary window, a finite number >= 0.
 
     Returns:
@@ -543,7 +549,7 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
         >>> metrics["rate"].compute()
         1.5
     """
-    _check_metrics_mapping(metrics, "set_time_metrics_duration")
+    metrics = _as_mapping(metrics, "set_time_metrics_duration")
     if isinstance(duration, bool) or not isinstance(
         duration, int | float | np.integer | np.floating
     ):
@@ -566,7 +572,8 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
     """Host side: `compute_value()` of every metric, flattened for `writers.write_values`.
 
     Args:
-        metrics: name -> metric or `Collection`, with durations and steps set.
+        metrics: name -> metric or `Collection` (or what `merge_metrics` returns), with
+            durations and steps set.
 
     Returns:
         name -> `clu.values.Value`: a `Collection` gives `key/<field>`, a `MeanStdScalar` `key`
@@ -581,7 +588,7 @@ def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Va
         >>> sorted(values), float(values["x/std"].value)
         (['x', 'x/std'], 1.0)
     """
-    _check_metrics_mapping(metrics, "compute_metric_values")
+    metrics = _as_mapping(metrics, "compute_metric_values")
     if bad := {k: type(v).__name__ for k, v in metrics.items() if not is_metric_obj(v)}:
         raise TypeError(
             "compute_metric_values: expected clu Metric or Collection values, got "

@@ -102,7 +102,11 @@ class Summarizer:
                 failed(key, MetricsManagerError(message))
 
         ready = _ready_on_host(ready, failed)
-        summary = {**ready, **metrics_lib.host_values(host, duration, num_steps, failed)}
+        # A metric's compute() may run jnp ops on the host copies (MeanStd, AUROC): this
+        # thread's own work, let through a guard the loop sets for every thread.
+        with jax.transfer_guard("allow"):
+            computed = metrics_lib.host_values(host, duration, num_steps, failed)
+        summary = {**ready, **computed}
         extra = {}
         if self._perf is not None and duration is not None:
             extra = self._perf(num_steps, duration)

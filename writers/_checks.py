@@ -337,6 +337,17 @@ def _not_a_scalar(key: str, arr: Any) -> Exception | None:
     )
 
 
+def scalar_problem(key: str, value: Any) -> Exception | None:
+    """Why `value` cannot be scalar `key`; an array not on the host by shape and dtype alone."""
+    if _looks_like_array(value) and not isinstance(value, np.ndarray | np.generic):
+        return _not_a_scalar(key, value)  # a device array: reading it could wait
+    try:
+        to_number(key, value)
+    except (TypeError, ValueError) as err:
+        return err
+    return None
+
+
 def _unready(value: Any) -> bool:
     """Whether `value` is a device array still being computed (a jax array not `is_ready()`)."""
     if getattr(value, "is_deleted", bool)():

@@ -151,7 +151,7 @@ def unsupported_message(unsupported: Mapping[str, str]) -> str:
 
 def _describe(value: Any) -> str:
     prefix = ""
-    if type(value).__name__ == "Scalar" and getattr(value, "value", None) is not None:
+    if type(value).__name__ == "Scalar" and hasattr(value, "value"):
         prefix, value = "Scalar of ", value.value
     shape = getattr(value, "shape", None)
     return prefix + type(value).__name__ + ("" if shape is None else f" of shape {tuple(shape)}")

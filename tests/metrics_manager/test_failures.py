@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Any
 
+import clu.values
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -950,6 +951,16 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ValueError,
         r"'img' must have shape \[H, W, C\] .* got shape \(2, 3, 8, 8\)\. Move the channel "
         r"axis last \(np\.moveaxis\(x, -3, -1\)\)",
+    ),
+    "a summary's Scalar of None": (
+        lambda m: m.write_metrics_summary({"lr": clu.values.Scalar(None)}, 1, 1),
+        TypeError,
+        r"'lr' must be a number, got None of type NoneType\. Write strings with write_texts",
+    ),
+    "a summary's Scalar of a device vector": (
+        lambda m: m.write_metrics_summary({"lr": clu.values.Scalar(jnp.ones(3))}, 1, 1),
+        ValueError,
+        r"'lr' must hold exactly one number, got an array of shape \(3,\)\. Reduce it first",
     ),
     "metric named step": (
         lambda m: m.write_metrics_summary({"step": Sum(1.0)}, 1, 1),

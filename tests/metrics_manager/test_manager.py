@@ -25,6 +25,7 @@ import pytest
 
 import writers
 from metrics_manager import timer as timer_lib
+from metrics_manager.classification import AUROC
 from metrics_manager.manager import MetricsManager, MetricsManagerError
 from metrics_manager.merging import merge_metrics
 from metrics_manager.metrics import AveragePerStep, MeanStd, StepsPerTime, Sum, TimeRate
@@ -1001,6 +1002,30 @@ def test_a_loop_under_a_global_transfer_guard_writes_everything(tmp_path, transf
     ]
     assert {k: lines[2][k] for k in ("step", "loss", "sum")} == {"step": 2, "loss": 1.5, "sum": 2.5}
     assert float(summary["loss"].value) == 1.5
+
+
+def test_metrics_whose_compute_runs_jnp_ops_are_written_under_a_global_transfer_guard(
+    tmp_path, transfer_guard_disallow
+):
+    # MeanStd.compute() and AUROC's run jnp ops on the worker's host copies: the worker's own
+    # transfers, which the guard lost the keys to before.
+    with jax.transfer_guard("allow"):
+        x = jnp.array([1.0, 3.0])
+        scores, labels = jnp.array([0.1, 0.4, 0.35, 0.8]), jnp.array([0, 0, 1, 1])
+        metrics = {
+            "x": MeanStd.from_model_output(x),
+            "auc": AUROC.from_model_output(scores, labels),
+        }
+    with MetricsManager(
+        "train", summary_dir=str(tmp_path), writer_factory=writers.JsonlWriter
+    ) as m:
+        m.write_metrics_summary(metrics, 1, num_steps=1).result()
+        assert m.errors == []
+    (line,) = [
+        json.loads(x) for x in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert line["x"] == 2.0 and line["x/std"] == 1.0
+    assert line["auc"] == pytest.approx(0.75, abs=0.01)  # sklearn's roc_auc_score: 0.75
 
 
 def test_a_jitted_donating_loop_under_a_global_transfer_guard_writes_every_summary(

@@ -381,6 +381,28 @@ def test_compute_metric_values_of_nothing_seen_is_nan_without_a_warning():
     assert np.isnan(values["avg"].value) and values["rate"].value == np.inf
 
 
+def test_the_host_helpers_take_what_merge_metrics_returns_as_t5x_users_call_them():
+    from metrics_manager.merging import merge_metrics
+
+    @jax.jit
+    def two_steps(x):
+        window = {
+            "loss": AveragePerStep.from_model_output(x),
+            "rate": StepsPerTime.from_model_output(),
+        }
+        return merge_metrics(merge_metrics(None, window), window)
+
+    running = two_steps(jnp.float32(3.0))  # a PackedMetrics: steps 2, loss total 6
+    stepped = mm.set_step_metrics_num_steps(running, 2)
+    timed = mm.set_time_metrics_duration(stepped, 4.0)
+    assert {k: float(v.value) for k, v in mm.compute_metric_values(timed).items()} == {
+        "loss": 3.0,  # 6 / 2 steps
+        "rate": 0.5,  # 2 steps / 4 s
+    }
+    with pytest.raises(TypeError, match="expects a mapping from names to metrics, got list"):
+        mm.compute_metric_values([running])
+
+
 def test_compute_metric_values_rejects_non_metrics():
     with pytest.raises(TypeError, match=r"'a': float, 'b': NoneType"):
         mm.compute_metric_values({"a": 1.0, "b": None, "c": Sum(1.0)})
