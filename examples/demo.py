@@ -471,7 +471,7 @@ def watch_hints(model_dir: str) -> list[str]:
     train, hints = os.path.join(model_dir, "train"), []
     if os.path.exists(log := os.path.join(train, "metrics.jsonl")):
         query = '{step, loss, accuracy, lr: .["learning_rate/current"]}'
-        hints.append(f"  tail -f {log} | jq -c '{query}'")
+        hints.append(f"  tail -F {log} | jq -c '{query}'")
     if glob.glob(os.path.join(train, "events.out.tfevents.*")):
         hints.append(f"  tensorboard --logdir {model_dir}")
     return hints

@@ -942,6 +942,22 @@ def _open_managers() -> list[MetricsManager]:
     return [m for m in list(_OPEN) if m._pid == os.getpid()]
 
 
+def _previous_handlers_in_child() -> None:
+    """A forked child (a pool's or data loader's worker) gets the handlers it had before the
+    manager: its copy has nothing to flush, and a Python handler runs only when the main
+    thread runs Python, which a child blocked in a wait may never do again (it would then
+    outlive a group's SIGTERM that the default kills it with at once)."""
+    for signum, previous in _PREVIOUS_HANDLERS.items():
+        try:
+            if signal.getsignal(signum) is _on_signal:
+                signal.signal(signum, previous)
+        except ValueError:  # forked from a thread other than the main one: not its to set
+            return
+
+
+os.register_at_fork(after_in_child=_previous_handlers_in_child)
+
+
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     """Flushes every open manager within the grace period, then runs the previous handler."""
     previous = _PREVIOUS_HANDLERS.get(signum)

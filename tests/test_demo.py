@@ -217,7 +217,7 @@ def test_config_gin_and_config_text_summary(demo_run):
 
 def test_it_ends_by_saying_how_to_watch_the_run(demo_run):
     model_dir, stdout = demo_run
-    assert f"tail -f {model_dir}/train/metrics.jsonl | jq" in stdout
+    assert f"tail -F {model_dir}/train/metrics.jsonl | jq" in stdout
     assert f"tensorboard --logdir {model_dir}" in stdout
 
 

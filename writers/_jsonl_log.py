@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import glob
 import json
 import os
 import pathlib
@@ -100,6 +101,11 @@ class LocalLog:
                     "or no resume_step."
                 )
             return
+        # A rewrite (resume_step) killed mid-way left its copy; holding the lock, no rewrite runs.
+        pattern = f".{glob.escape(os.path.basename(path))}.*.tmp"
+        for stale in glob.glob(os.path.join(glob.escape(os.path.dirname(path) or "."), pattern)):
+            with contextlib.suppress(OSError):
+                os.unlink(stale)
         if resume_step is not None:
             with open(path, "rb") as old:
                 _storage.replace_file(path, kept_lines(old, resume_step))

@@ -23,6 +23,7 @@ knows what was issued before the signal.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -180,6 +181,7 @@ def forked_children(summary_dir: str) -> None:
     print(f"terminated in {time.monotonic() - start:.2f} s with {codes}", flush=True)
     start = time.monotonic()
     if (pid := os.fork()) == 0:
+        print(f"child's SIGTERM handler {signal.getsignal(signal.SIGTERM)!r}", flush=True)
         sys.exit(0)  # a normal exit: the interpreter runs the inherited atexit hooks
     _, status = os.waitpid(pid, 0)
     print(f"exited in {time.monotonic() - start:.2f} s with {status}", flush=True)
@@ -191,7 +193,6 @@ def forked_children(summary_dir: str) -> None:
 
 
 def preemption_sync_point(summary_dir: str) -> None:
-    import signal
 
     from jax.experimental import multihost_utils
 
@@ -223,7 +224,6 @@ class SlowWriter(writers.NoopWriter):
 
 
 def signal_during_close(summary_dir: str) -> None:
-    import signal
 
     factory = files_and(last={"slow": SlowWriter()})
     manager = MetricsManager("train", summary_dir, writer_factory=factory, max_pending=100)
@@ -239,7 +239,6 @@ def interrupted_close(summary_dir: str, how: str) -> None:
     """close() with 30 summaries of slow writes queued, interrupted 0.5 s in: by SIGTERM whose
     handler (the program's, set after the manager's) calls sys.exit(143), or by Ctrl-C with
     handle_signals=False (KeyboardInterrupt)."""
-    import signal
 
     factory = files_and(last={"slow": SlowWriter(0.1)})
     own = how == "exit"
@@ -260,7 +259,6 @@ def interrupted_close(summary_dir: str, how: str) -> None:
 def restored_handler(summary_dir: str) -> None:
     """Two runs in one process (a sweep); between them the program restores the SIGTERM
     handler it had: the second manager must install its own again."""
-    import signal
 
     saved = signal.getsignal(signal.SIGTERM)
     with MetricsManager("first", summary_dir, writer_factory=files_and()):
@@ -277,7 +275,6 @@ def restored_handler(summary_dir: str) -> None:
 
 
 def own_signal_handler(summary_dir: str) -> None:
-    import signal
 
     signalled: list[float] = []
     signal.signal(signal.SIGTERM, lambda *_: signalled.append(time.monotonic()))  # stop soon

@@ -565,6 +565,9 @@ def test_forked_children_neither_flush_nor_close_the_parents_manager(tmp_path):
     assert terminated < 5.0 and "with [-15, -15]" in out, out  # SIGTERM's usual status
     exited = float(out.split("exited in ")[1].split(" s")[0])
     assert exited < 5.0 and "s with 0" in out, out
+    # The handler it had before the manager: the default kills a child blocked in a wait at
+    # once, where a Python handler waits for the child to run Python again.
+    assert "child's SIGTERM handler <Handlers.SIG_DFL: 0>" in out, out
     assert "flush on signal failed" not in out
     parent = out.split("parent ")[1].split()[0]
     # Only the parent closed its writers: a child closing its copy would send buffers twice.

@@ -101,6 +101,23 @@ def test_resume_drops_an_incomplete_last_line_and_keeps_unreadable_complete_ones
     assert path.read_bytes() == b'{"step": 1, "a": 1}\n{"a": "no step"}\n'
 
 
+def test_the_copy_a_killed_rewrite_left_is_removed_by_the_next_writer(tmp_path):
+    # A resume SIGKILLed while it rewrote the log leaves `.metrics.jsonl.<hex>.tmp` (as big
+    # as the log); the next writer to hold the lock removes it, and only it.
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n')
+    (tmp_path / ".metrics.jsonl.0123456789ab.tmp").write_bytes(b'{"step": 1, "a": 1}\n')
+    (tmp_path / ".other.jsonl.0123456789ab.tmp").write_bytes(b"not this log's")
+    writer = writers.JsonlWriter(path)
+    writer.write_scalars(3, {"a": 3})
+    writer.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".other.jsonl.0123456789ab.tmp",
+        "metrics.jsonl",
+    ]
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+
+
 def test_steps_going_backwards_without_resume_warn_once(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     with writers.JsonlWriter(path) as w:
