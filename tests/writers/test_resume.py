@@ -108,10 +108,12 @@ def test_the_copy_a_killed_rewrite_left_is_removed_by_the_next_writer(tmp_path):
     path.write_bytes(b'{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n')
     (tmp_path / ".metrics.jsonl.0123456789ab.tmp").write_bytes(b'{"step": 1, "a": 1}\n')
     (tmp_path / ".other.jsonl.0123456789ab.tmp").write_bytes(b"not this log's")
+    (tmp_path / ".metrics.jsonl.old.0123456789ab.tmp").write_bytes(b"metrics.jsonl.old's")
     writer = writers.JsonlWriter(path)
     writer.write_scalars(3, {"a": 3})
     writer.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".metrics.jsonl.old.0123456789ab.tmp",
         ".other.jsonl.0123456789ab.tmp",
         "metrics.jsonl",
     ]
