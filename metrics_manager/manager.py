@@ -947,13 +947,13 @@ def _previous_handlers_in_child() -> None:
     manager: its copy has nothing to flush, and a Python handler runs only when the main
     thread runs Python, which a child blocked in a wait may never do again (it would then
     outlive a group's SIGTERM that the default kills it with at once)."""
-    try:
-        for signum, previous in _PREVIOUS_HANDLERS.items():
+    for signum, previous in list(_PREVIOUS_HANDLERS.items()):
+        try:
             if signal.getsignal(signum) is _on_signal:
                 signal.signal(signum, previous)
-    except ValueError:  # forked from a thread other than the main one: not its to set
-        return
-    _PREVIOUS_HANDLERS.clear()  # a manager the child makes installs the handler afresh
+                del _PREVIOUS_HANDLERS[signum]  # a manager the child makes installs its own
+        except ValueError:  # forked from a thread other than the main one: not its to set
+            return
 
 
 os.register_at_fork(after_in_child=_previous_handlers_in_child)

@@ -487,8 +487,10 @@ def is_time_metric(obj: Any) -> bool:
 
 def _as_mapping(metrics: Any, function: str) -> Mapping[str, Any]:
     """`metrics`, or the dict a `PackedMetrics` (what `merge_metrics` returns) packs."""
-    if callable(getattr(metrics, "unpack", None)) and hasattr(metrics, "buffers"):
-        return metrics.unpack()  # type: ignore[no-any-return]
+    from metrics_manager.packing import PackedMetrics  # noqa: PLC0415  (it imports this module)
+
+    if isinstance(metrics, PackedMetrics):
+        return metrics.unpack()
     if not isinstance(metrics, Mapping):
         raise TypeError(
             f"{function} expects a mapping from names to metrics, got {type(metrics).__name__}."

@@ -339,6 +339,8 @@ def _not_a_scalar(key: str, arr: Any) -> Exception | None:
 
 def scalar_problem(key: str, value: Any) -> Exception | None:
     """Why `value` cannot be scalar `key`; an array not on the host by shape and dtype alone."""
+    if type(value) in _CONVERTERS:  # the common case, without a conversion
+        return None
     if _looks_like_array(value) and not isinstance(value, np.ndarray | np.generic):
         return _not_a_scalar(key, value)  # a device array: reading it could wait
     try:

@@ -576,6 +576,51 @@ def test_forked_children_neither_flush_nor_close_the_parents_manager(tmp_path):
     assert tb_steps(str(tmp_path / "train")) == list(range(1, 11))
 
 
+_FORK_UNDER_HANDLERS = """
+import os, signal, sys, time
+import writers
+from metrics_manager import MetricsManager
+
+manager = MetricsManager("t", sys.argv[1], writer_factory=writers.JsonlWriter)
+if sys.argv[2] == "chaining":  # the program's own, set after the manager's and calling it
+    manager_handler = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: manager_handler(signum, frame))
+for child_makes_a_manager in (False, True):
+    if (pid := os.fork()) == 0:
+        if child_makes_a_manager:
+            own = MetricsManager("c", sys.argv[1], writer_factory=writers.JsonlWriter)
+            print(f"child's own manager handles it: {signal.getsignal(signal.SIGTERM).__name__}")
+            own.write_scalars(1, {"x": 1.0})
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        os._exit(0)  # survived the signal
+    print(f"child ended with {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}", flush=True)
+manager.close()
+"""
+
+
+@pytest.mark.parametrize("handlers", ["manager's", "chaining"])
+def test_a_forked_child_ends_on_sigterm_as_without_the_manager(tmp_path, handlers):
+    # A program's handler set after the manager's calls it: in the child it must still reach
+    # the default action. A manager the child makes flushes its own values on the signal
+    # (through the program's handler where there is one, as in the parent).
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_UNDER_HANDLERS, str(tmp_path), handlers],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    handler = "<lambda>" if handlers == "chaining" else "_on_signal"
+    assert proc.stdout.splitlines() == [
+        "child ended with -15",
+        f"child's own manager handles it: {handler}",
+        "child ended with -15",
+    ], proc.stderr
+    assert [line["x"] for line in read_jsonl(str(tmp_path / "c"))] == [1.0]
+
+
 def test_a_hanging_writer_is_abandoned_and_the_process_exits(tmp_path):
     start = time.monotonic()
     proc = run_loop("hang", str(tmp_path))
