@@ -227,8 +227,9 @@ class _ConfusionCounts(_Counts):
 
         Raises:
             TypeError: `labels` are not integers, or `threshold` is not a number.
-            ValueError: shapes or `average` do not fit, or (outside jit) a label is not in [0, C)
-                or a binary score is not in [0, 1] at the default threshold.
+            ValueError: shapes, `average` or a `threshold` for class scores do not fit, or
+                (outside jit) a label is not in [0, C) or a binary score is not in [0, 1] at
+                the default threshold.
         """
         _refuse_misspelled(cls, others, ("threshold", "average"))
         problems = Problems(f"{cls.__name__}.from_model_output")
@@ -249,6 +250,12 @@ class _ConfusionCounts(_Counts):
         elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
             num_classes = predictions.shape[-1]
             predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
+            if threshold is not None:  # ignored, it would give the same numbers at any value
+                problems.value_problem(
+                    f"threshold={threshold!r} applies to binary scores only, got "
+                    f"{num_classes}-class scores of shape {predictions.shape} (argmax wins); "
+                    "drop threshold, or pass one class's scores of the labels' shape"
+                )
         else:
             shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
@@ -438,8 +445,9 @@ class TopKAccuracy(_Counts):
 class AUROC(_Counts):
     """Area under the ROC curve of binary scores in [0, 1], over `num_bins` equal bins.
 
-    Counts labels per bin: exactly sklearn's `roc_auc_score` of the binned scores, within
-    about `1 / num_bins` of it on raw scores. A score outside [0, 1] (a logit passed as a
+    Counts labels per bin: exactly sklearn's `roc_auc_score` of the binned scores
+    (`floor(score * num_bins)`, a score of 1.0 in the last bin, with [1 - 1 / num_bins, 1)),
+    within about `1 / num_bins` of it on raw scores. A score outside [0, 1] (a logit passed as a
     probability, or NaN) is refused outside jit; inside it is counted, and the value is NaN,
     since binning such scores would give a plausible wrong area.
 

@@ -36,7 +36,7 @@ import numpy as np
 from flax import nnx
 
 from metrics_manager import metrics as _metrics
-from metrics_manager.classification import Perplexity, TopKAccuracy
+from metrics_manager.classification import AUROC, Perplexity, TopKAccuracy, _ConfusionCounts
 from writers._checks import Problems, describe
 
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
@@ -51,7 +51,8 @@ class Metric(nnx.metrics.Metric):
 
     `update(**kwargs)` passes `metric_type.from_model_output` the arguments it accepts (so a
     `MultiMetric` can pass all metrics the same ones), renamed by `argnames`, plus `settings`;
-    `logits=` becomes `predictions=` for a type that takes only the latter.
+    `logits=` becomes `predictions=` for a type that takes only the latter, unless another
+    argument (`predictions=`, or one that `argnames` maps to it) supplies them.
 
     Args:
         metric_type: a `clu.metrics.Metric` subclass, e.g. `metrics_manager.FBeta`.
@@ -123,13 +124,25 @@ class Metric(nnx.metrics.Metric):
             f.name for f in dataclasses.fields(empty) if not f.metadata.get("pytree_node", True)
         }
         fixed = {k: v for k, v in self.settings if k in static}
-        return empty.replace(**fixed) if fixed else empty
+        empty = empty.replace(**fixed) if fixed else empty
+        # Under jax_enable_x64 a batch's integer sums are int64: CLU's int32 empty counts
+        # would change a carry's dtype at its first merge (without x64, this is a no-op).
+        wide = jnp.asarray(0).dtype
+        return jax.tree.map(
+            lambda x: (
+                jnp.asarray(x, wide) if jnp.issubdtype(jnp.result_type(x), jnp.signedinteger) else x
+            ),
+            empty,
+        )
 
     def update(self, **kwargs: Any) -> None:
         """Merges `metric_type.from_model_output(**kwargs)` into the state."""
         named, var_keyword = _parameters(self.metric_type)
         renamed = dict(self.argnames)
-        if "predictions" in named and "logits" not in named:
+        # logits= stands for predictions= only where nothing else supplies them: beside
+        # AUROC's probabilities (predictions= or a mapped name) it is the others' argument.
+        supplied = {renamed.get(k, k) for k in kwargs if k != "logits"}
+        if "predictions" in named.keys() - supplied and "logits" not in named:
             renamed.setdefault("logits", "predictions")
         # A renamed argument wins over one of its new name, whatever the keyword order:
         # Average("loss") beside Average() in a MultiMetric gets loss=, not values=.
@@ -322,6 +335,22 @@ class MultiMetric(nnx.MultiMetric):
         problems.raise_if_any("MultiMetric")
         super().__init__(**metrics)
 
+    def update(self, **updates: Any) -> None:
+        """Flax's `update` (a `mask` dict gives each member its own), naming the member that
+        refuses its arguments."""
+        mask = updates.pop("mask", None)
+        for name in self._metric_names:
+            member = mask.get(name) if isinstance(mask, dict) else mask
+            try:
+                getattr(self, name).update(
+                    **updates, **({} if member is None else {"mask": member})
+                )
+            except (TypeError, ValueError) as err:
+                if type(err) not in (TypeError, ValueError):  # e.g. jax's tracer errors
+                    err.add_note(f"raised by MultiMetric member {name!r}")
+                    raise
+                raise type(err)(f"MultiMetric member {name!r}: {err}") from err
+
 
 # Metric types whose state is scalars (a vector of them: one state per nnx.vmap member).
 _SCALAR_STATES = (
@@ -350,12 +379,16 @@ def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -
     scalar_state = isinstance(value, nnx.metrics.Average | nnx.metrics.Welford) or (
         isinstance(value, Metric) and issubclass(value.metric_type, _SCALAR_STATES)
     )  # ours (Average, Accuracy, Welford) are Metrics of scalar-state types
-    if scalar_state and (shapes := {np.shape(x) for x in jax.tree.leaves(value)} - {()}):
+    scalars = jax.tree.leaves(value) if scalar_state else []
+    if isinstance(value, Metric) and issubclass(value.metric_type, _ConfusionCounts | AUROC):
+        scalars = [value.metric.outside]  # per class or bin counts, one scalar beside them
+    if shapes := {np.shape(x) for x in scalars} - {()}:
         name = type(value).__name__
         if type(value) is Metric:
             name = f"Metric({value.metric_type.__name__})"
         problems.value_problem(
-            f"{key!r}: {name} holds scalars, but this one holds arrays of "
+            f"{key!r}: {name} holds {'scalars' if scalar_state else 'one set of counts'}, "
+            "but this one holds arrays of "
             f"shape {sorted(shapes)[0]}: one state per member of an nnx.vmap? Write each "
             "member's compute() as its own key, or average them first"
         )

@@ -404,6 +404,13 @@ BAD_SETTINGS = {
         "Precision.from_model_output: threshold must be a Python number (it is static under "
         "jit), got str '0.5'; pass float(threshold)",
     ),
+    "threshold for class scores": (  # argmax wins: it was ignored at any value
+        lambda: Precision.from_model_output(np.eye(2), LABELS, average="macro", threshold=0.9),
+        ValueError,
+        "Precision.from_model_output: threshold=0.9 applies to binary scores only, got 2-class "
+        "scores of shape (2, 2) (argmax wins); drop threshold, or pass one class's scores of "
+        "the labels' shape",
+    ),
     "beta a str": (
         lambda: FBeta.from_model_output(SCORES, LABELS, beta="2"),
         TypeError,

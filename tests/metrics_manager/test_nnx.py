@@ -16,7 +16,7 @@ from metrax import nnx as metrax_nnx
 import metrics_manager
 import writers
 from metrics_manager import nnx as mnnx
-from metrics_manager.classification import FBeta, TopKAccuracy
+from metrics_manager.classification import AUROC, FBeta, Precision, TopKAccuracy
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
 from metrics_manager.metrics import compute_metric_values
 
@@ -107,6 +107,59 @@ def test_accuracy_is_carried_through_scan_and_fori_loop_fresh_or_reset():
     accuracy.update(logits=jnp.eye(2), labels=jnp.array([0, 0]))
     accuracy.reset()
     assert carried(accuracy) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("fresh", [mnnx.Average, lambda: mnnx.Accuracy(threshold=0.0)])
+def test_a_fresh_average_is_carried_by_fori_loop_and_scan_under_x64(fresh):
+    # CLU's empty() count is int32, a batch's int64 under x64: JAX refused the carry ("count
+    # has type int32[] but the corresponding output carry component has type int64[]").
+    values = jnp.arange(12.0).reshape(4, 3) - 4.0  # 0 is a positive at threshold 0.0: 8 of 12
+
+    def run(metric):
+        def body(i, metric):
+            metric.update(values=values[i], logits=values[i], labels=jnp.ones(3, jnp.int32))
+            return metric
+
+        scanned = nnx.scan(lambda m, i: (body(i, m), None), length=4)(metric, jnp.arange(4))
+        return nnx.fori_loop(0, 4, body, fresh()), scanned[0]
+
+    with jax.enable_x64(True):
+        results = [float(m.compute()) for m in nnx.jit(run)(fresh())]
+    assert results == [1.5, 1.5] if isinstance(fresh(), mnnx.Average) else [8 / 12, 8 / 12]
+
+
+@pytest.mark.parametrize("order", ["logits first", "logits last"])
+@pytest.mark.parametrize("argnames", [None, {"probs": "predictions"}])
+def test_predictions_given_beside_logits_are_the_ones_auroc_reads(order, argnames):
+    # logits= stood for predictions= even where predictions= (or a name mapped to it) came
+    # too: the later keyword won, and AUROC of the logits was NaN under jit (refused eagerly).
+    logits = jnp.array([-2.0, -0.5, 1.5, 0.8])
+    given = {"predictions" if argnames is None else "probs": jax.nn.sigmoid(logits)}
+    arguments = (
+        {"logits": logits, **given} if order == "logits first" else {**given, "logits": logits}
+    )
+    for run in (lambda m, a: m.update(**a), nnx.jit(lambda m, a: m.update(**a))):
+        metrics = mnnx.MultiMetric(
+            acc=mnnx.Accuracy(threshold=0.0), auroc=mnnx.Metric(AUROC, argnames=argnames)
+        )
+        run(metrics, {**arguments, "labels": jnp.array([0, 0, 1, 1])})
+        assert {k: float(v) for k, v in metrics.compute().items()} == {"acc": 1.0, "auroc": 1.0}
+
+
+def test_a_multimetric_member_refusing_its_arguments_is_named():
+    metrics = mnnx.MultiMetric(
+        f1_macro=mnnx.Metric(FBeta, average="macro"), f1=mnnx.Metric(FBeta), acc=mnnx.Accuracy()
+    )
+    with pytest.raises(ValueError, match="^MultiMetric member 'f1': FBeta.from_model_output: "):
+        metrics.update(logits=jnp.zeros((4, 3)), labels=jnp.array([0, 1, 2, 1]))
+    metrics = mnnx.MultiMetric(acc=mnnx.Accuracy())
+    with pytest.raises(TypeError, match="^MultiMetric member 'acc': .*labels.astype"):
+        metrics.update(logits=jnp.zeros((4, 3)), labels=jnp.zeros(4))
+    # Flax's per-member mask dict still reaches each member.
+    metrics = mnnx.MultiMetric(a=mnnx.Average(), b=mnnx.Average())
+    values = jnp.array([1.0, 3.0])
+    metrics.update(values=values, mask={"a": jnp.array([True, False])})
+    assert {k: float(v) for k, v in metrics.compute().items()} == {"a": 1.0, "b": 2.0}
 
 
 def _statistics(stats):
@@ -370,9 +423,18 @@ def test_vmapped_metrics_are_refused_at_the_call_naming_the_key():
             mine=mnnx.Welford(),
             theirs=nnx.metrics.Welford(),
             top=mnnx.Metric(TopKAccuracy, k=1),
+            precision=mnnx.Metric(Precision, average="macro"),
+            auroc=mnnx.Metric(AUROC),
         )
 
     ensemble = make(jnp.arange(4))
+
+    @nnx.vmap(in_axes=(0, None, None))
+    def update(metrics, logits, labels):
+        metrics.precision.update(logits=logits, labels=labels)
+        metrics.auroc.update(predictions=logits[:, 1], labels=labels)
+
+    update(ensemble, jnp.eye(2)[jnp.array([0, 1, 1])], jnp.array([0, 1, 0]))
     with pytest.raises(ValueError) as info:
         metrics_manager.as_summary_metrics(ensemble)
     message = str(info.value)
@@ -380,6 +442,9 @@ def test_vmapped_metrics_are_refused_at_the_call_naming_the_key():
     assert "'mine': Welford holds scalars" in message and "nnx.vmap" in message
     assert "'theirs': Welford holds scalars" in message
     assert "'top': Metric(TopKAccuracy) holds scalars" in message
+    # Per-class or per-bin counts: their one scalar (`outside`) shows the members.
+    assert "'precision': Metric(Precision) holds one set of counts, but this one holds " in message
+    assert "'auroc': Metric(AUROC) holds one set of counts, but this one holds arrays" in message
 
 
 def test_settings_that_from_model_output_does_not_take_are_refused():
