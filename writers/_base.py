@@ -7,6 +7,7 @@ the program did not (`close_at_exit`, which a manager uses too).
 
 import abc
 import atexit
+import collections
 import importlib
 import os
 import threading
@@ -273,6 +274,8 @@ class TrackerWriter(BaseWriter):
     encodes_media = True
     _owned = False  # close() ends the run: this writer started or resumed it
     _file_methods: frozenset[str] = frozenset({"write_summaries"})  # values stored as files
+    _files_step: int | None = None  # the step of the last files, and the writes of each key
+    _files_written: collections.Counter = collections.Counter()
 
     def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
         if method not in self._file_methods:
@@ -330,16 +333,22 @@ class TrackerWriter(BaseWriter):
     def _files(
         self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
     ) -> None:
-        """`_store`s each key's bytes (or list of bytes) as `<kind>/<key>/step_<8 digits>[_<i>]`
-        plus `ext`; a ValueError for a key that is no relative path (`_path_problem`)."""
+        """`_store`s each key's bytes (or list of bytes) as `<kind>/<key>/step_<8 digits>`,
+        `-<n>` for the n-th write of the key at that step, `_<i>` for the i-th of a list, and
+        `ext`; a ValueError for a key that is no relative path (`_path_problem`)."""
         if problem := _path_problem(kind, files):
             raise ValueError(f"{self._name(method)}: {problem}")
+        if step != self._files_step:  # a new dict: the class's empty one is never filled
+            self._files_step, self._files_written = step, collections.Counter()
         paths = {}
         for key, content in files.items():
+            self._files_written[kind, key] += 1
+            stem = f"{kind}/{key}/step_{step:08d}"
+            if (n := self._files_written[kind, key]) > 1:  # kept beside the first, not over it
+                stem += f"-{n}"
             many = isinstance(content, list)
             for i, data in enumerate(content if many else [content]):
-                name = f"step_{step:08d}_{i}{ext}" if many else f"step_{step:08d}{ext}"
-                paths[f"{kind}/{key}/{name}"] = data
+                paths[f"{stem}_{i}{ext}" if many else f"{stem}{ext}"] = data
         self._store(paths)
 
     def _store(self, paths: dict[str, bytes]) -> None: ...

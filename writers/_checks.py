@@ -443,7 +443,10 @@ def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
 
 def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> str | None:
     """What is wrong with one array of `kind`, or None; `values=False`: shape and dtype only."""
-    numeric = np.issubdtype(arr.dtype, np.number) or _ml_wider(arr.dtype) is not None
+    complex_ = np.issubdtype(arr.dtype, np.complexfloating)  # its imaginary part would be lost
+    numeric = (not complex_ and np.issubdtype(arr.dtype, np.number)) or _ml_wider(
+        arr.dtype
+    ) is not None
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         if arr.ndim in (3, 4) and arr.shape[-3] in (1, 3, 4):  # [C, H, W], as PyTorch has it
             fix = "Move the channel axis last (np.moveaxis(x, -3, -1))."
@@ -453,8 +456,9 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
             f"got shape {arr.shape}. {fix}"
         )
-    if kind == "image" and not (numeric or arr.dtype == np.bool_):
-        return f"image {key!r} must be numeric, got dtype {arr.dtype}."
+    fix = " Pass np.abs(x) or x.real." if complex_ else ""
+    if kind in ("image", "video") and not (numeric or arr.dtype == np.bool_):
+        return f"{kind} {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
     if kind == "video" and (arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4)):
         return (
             f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
@@ -470,7 +474,7 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
         empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
         return empty if arr.size == 0 else None
     if not numeric:
-        return f"histogram {key!r} must be numeric, got dtype {arr.dtype}."
+        return f"histogram {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
     if values and not np.all(np.isfinite(arr)):

@@ -1,6 +1,7 @@
 """Checked values as PNG, WAV (standard library only), `.npy`, filmstrips, histograms, hparams."""
 
 import io
+import math
 import struct
 import wave
 import zlib
@@ -61,10 +62,25 @@ def histogram(arr: np.ndarray, num_buckets: int | None) -> dict[str, Any]:
         "count": int(flat.size),
         "min": float(flat.min()),
         "max": float(flat.max()),
-        "mean": float(flat.mean()),
+        "mean": mean(flat),
         "edges": [float(e) for e in edges],
         "counts": [int(c) for c in counts],
     }
+
+
+def mean(flat: np.ndarray) -> float:
+    """The mean of finite float64 values, also where their sum overflows (near float64's limit)."""
+    with np.errstate(over="ignore"):
+        total = float(flat.sum())
+    return total / flat.size if math.isfinite(total) else float((flat / flat.size).sum())
+
+
+def as_float(number: int | float) -> float:
+    """`float(number)`, an int beyond float64's range as +-inf (what TensorBoard stores)."""
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf if number > 0 else -math.inf
 
 
 def hparam(value: object) -> bool | int | float | str:

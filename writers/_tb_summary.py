@@ -135,7 +135,7 @@ def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
 
 def hparams(values: Mapping[str, Any]) -> list[Any]:
     encoded = {k: _encode.hparam(v) for k, v in values.items()}
-    plain = {k: v if isinstance(v, bool | str) else float(v) for k, v in encoded.items()}
+    plain = {k: v if isinstance(v, bool | str) else _encode.as_float(v) for k, v in encoded.items()}
     # tensorboardX logs "NaN or Inf found in input tensor." per such value, naming no key:
     # it gets 0.0, and the value is set in the plugin data it built.
     nonfinite = {k: v for k, v in plain.items() if isinstance(v, float) and not math.isfinite(v)}

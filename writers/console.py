@@ -32,6 +32,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from writers import _encode
 from writers._base import BaseWriter
 
 
@@ -93,7 +94,7 @@ class ConsoleWriter(BaseWriter):
         lines = {}
         for key, arr in arrays.items():
             flat = arr.astype(np.float64).reshape(-1)
-            stats = (("min", flat.min()), ("mean", flat.mean()), ("max", flat.max()))
+            stats = (("min", flat.min()), ("mean", _encode.mean(flat)), ("max", flat.max()))
             parts = " ".join(f"{name}={_number(key, float(v))}" for name, v in stats)
             lines[key] = f"histogram n={flat.size:,} {parts}"
         self._block(step, lines)

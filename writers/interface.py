@@ -23,7 +23,8 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
   wrapper checks arrays by shape and dtype, without waiting for a device array; what needs
   their values (NaN in a histogram) each wrapped writer checks, and `MultiWriter` raises
   it as a `WriterError`, `AsyncWriter` on the next call.
-* A key written twice at one step is recorded twice; writers never merge or deduplicate.
+* A key written twice at one step is recorded twice; writers never merge or deduplicate
+  (`WandbWriter`, whose rows keep one value per key, refuses the second write).
 * Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.
 * `close()` is idempotent and leaves everything written on disk; `flush()` after it does
   nothing, a write after it raises `WriterClosedError`. Writers that buffer

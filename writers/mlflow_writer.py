@@ -17,7 +17,7 @@ NaN kept, infinities as the store keeps them: the SQL store clamps them to +-1.7
 hparams are params (100 per batch; MLflow params never change, so a different value for a
 key the run has is refused). Metric and param names MLflow would refuse are refused at the
 call. Texts, images, videos, audio, histograms and raw tensors are artifacts, all files of
-one send in one `log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[_<i>].<ext>`:
+one send in one `log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[-<n>][_<i>].<ext>`:
 `.txt`, `.png` per image, filmstrip `.png` `[H, T*W, C]` per video, 16-bit `.wav` per
 clip, histograms as `.json` (`count`, `min`, `max`, `mean`, `edges`, `counts`), raw tensors
 (`write_summaries`) as exact `.npy` files under `summaries/` (TensorBoard's metadata is not
@@ -27,7 +27,8 @@ Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_na
 MLflow's metric history is append-only, so the writer first reads each metric's last logged
 step and skips any (key, step) at or before it, with one absl warning: each step keeps
 exactly one point, the earlier run's where it had one. Artifacts of a re-logged step are
-replaced. Outside resume, repeated keys at one step are recorded as given.
+replaced. Outside resume, repeated keys at one step are recorded as given: a key's n-th
+file at one step (n > 1) is `step_<step>-<n>...`.
 
 Example:
   >>> import os, tempfile, writers
@@ -325,7 +326,7 @@ class MlflowWriter(_base.TrackerWriter):
                 )
             numbers = kept
         stamp = int(self._clock() * 1000)
-        metrics = [self._metric(k, float(v), stamp, step) for k, v in numbers.items()]
+        metrics = [self._metric(k, _encode.as_float(v), stamp, step) for k, v in numbers.items()]
         with self._lock:
             self._pending_metrics += metrics
 

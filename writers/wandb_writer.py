@@ -24,8 +24,9 @@ is `<run_id>-<collection>` (characters W&B refuses in an id, such as `/` and `:`
 Offline, W&B cannot tell a restarted writer the run's last step: with the same `run_id` and
 no `resume_step`, steps below the earlier run's are not refused here. Pass `resume_step`.
 
-Keys `_step`, `_runtime`, `_timestamp` and `_wandb` are W&B's own and refused; so is one key
-written as two kinds (a scalar and a text) at one step, which W&B would keep only once.
+Keys `_step`, `_runtime`, `_timestamp` and `_wandb` are W&B's own and refused; so is a key
+written twice at one step (a scalar and a text, or one scalar twice), which W&B would keep
+only once. A raw tensor written again at one step is a second file, `step_<step>-2.npy`.
 
 Example:
   >>> import tempfile, writers
@@ -39,6 +40,8 @@ import re
 import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from writers import _base, _checks, _encode
 
@@ -137,7 +140,14 @@ class WandbWriter(_base.TrackerWriter):
         self._log("write_scalars", step, numbers)
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
-        self._log(method, step, {k: [self._wandb.Image(i) for i in v] for k, v in images.items()})
+        self._log(method, step, {k: [self._image(i) for i in v] for k, v in images.items()})
+
+    def _image(self, image: np.ndarray) -> Any:
+        if image.shape[-1] == 1:  # wandb.Image squeezes an array: [1, W, 1] lost its height
+            from PIL import Image  # W&B's own dependency
+
+            return self._wandb.Image(Image.fromarray(np.ascontiguousarray(image[..., 0])))
+        return self._wandb.Image(image)
 
     def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
         if self._run is None:
@@ -181,7 +191,7 @@ class WandbWriter(_base.TrackerWriter):
         self._run.finish()
 
     def _log(self, method: str, step: int, values: dict[str, Any]) -> None:
-        if self._run is None:
+        if self._run is None or not values:  # an empty row would still advance the run's step
             return
         last = max(self._min_step, self._run.step or 0)  # also what others logged to the run
         if step < last:
@@ -195,12 +205,13 @@ class WandbWriter(_base.TrackerWriter):
             raise ValueError(f"WandbWriter.{method}: {problem}")
         if step != self._min_step:
             self._row = {}
-        # One row per step holds one value per key: a second kind would replace the first.
-        if clash := {k: self._row[k] for k in values if self._row.get(k, method) != method}:
+        # One row per step holds one value per key: a second write would replace the first.
+        if clash := {k: self._row[k] for k in values if k in self._row}:
             raise ValueError(
-                f"WandbWriter.{method}: keys {sorted(clash)} were written at step {step} by "
-                f"{sorted(set(clash.values()))}; W&B keeps one value per key and step, and "
-                "would replace it. Give each kind its own key, e.g. 'sample/text'."
+                f"WandbWriter.{method}: keys {sorted(clash)} were written at step {step} "
+                f"already (by {sorted(set(clash.values()))}); W&B keeps one value per key and "
+                "step, and would replace it. Write each key once per step, or give the second "
+                "value its own key, e.g. 'sample/text' or 'loss/2'."
             )
         self._min_step = step
         self._row.update(dict.fromkeys(values, method))

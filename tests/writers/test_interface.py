@@ -184,6 +184,13 @@ BAD_CALLS = [
         lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=8.5),
     ),
     ("NaN histogram", ValueError, lambda w: w.write_histograms(0, {"h": np.array([np.nan])})),
+    # Complex: the imaginary part was dropped (an all-imaginary histogram counted zeros).
+    ("complex histogram", ValueError, lambda w: w.write_histograms(0, {"h": np.array([1j])})),
+    (
+        "complex video",
+        ValueError,
+        lambda w: w.write_videos(0, {"v": np.ones((1, 1, 2, 2, 3), complex)}),
+    ),
     ("text not str", TypeError, lambda w: w.write_texts(0, {"t": b"x"})),
     ("int num_buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, 8)),
     ("0 buckets", ValueError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 0})),
@@ -202,6 +209,33 @@ def test_every_backend_rejects_the_same_bad_input(backend, tmp_path):
     w.close()
     with pytest.raises(WriterClosedError):
         w.write_scalars(1, {"a": 1.0})
+
+
+# TensorBoard's reader, compressing the histogram for its distributions view, overflows.
+@pytest.mark.filterwarnings("ignore:overflow encountered in scalar multiply:RuntimeWarning")
+def test_every_backend_writes_finite_values_near_float64s_limit(tmp_path):
+    """A histogram whose sum overflows (its mean does not) broke the JSONL line ("Out of range
+    float values are not JSON compliant") and gave the console "mean=inf"; an hparam int
+    beyond float64 raised OverflowError in TensorBoard."""
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    huge = np.array([1.7e308, 1.7e308, 1.0])
+    console = io.StringIO()
+    backends = {name: make(tmp_path) for name, make in BACKENDS.items() if name != "console"}
+    backends["console"] = writers.ConsoleWriter(console)
+    for w in backends.values():
+        w.write_histograms(1, {"h": huge})
+        w.write_hparams({"n": 10**400})
+        w.close()
+    (line, hparams) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert line["h"]["mean"] == pytest.approx(1.7e308 / 3 * 2, rel=1e-15)
+    assert (line["h"]["min"], line["h"]["max"], sum(line["h"]["counts"])) == (1.0, 1.7e308, 3)
+    assert hparams["hparams"] == {"n": 10**400}  # JSON keeps the int exactly
+    assert "mean=1.133e+308" in console.getvalue()
+    events = ea.EventAccumulator(str(tmp_path), size_guidance={ea.HISTOGRAMS: 0})
+    events.Reload()
+    (event,) = events.Histograms("h")
+    assert (event.histogram_value.min, event.histogram_value.max) == (1.0, 1.7e308)
 
 
 WRAPPERS = {

@@ -88,6 +88,41 @@ def test_nan_is_kept_and_ints_become_floats(store):
     assert np.isnan(metrics["nan"]) and metrics["n"] == 7.0 and metrics["ok"] == 1.0
 
 
+def test_ints_beyond_float64_are_infinities_and_do_not_lose_the_calls_other_keys(store):
+    w = _writer(store)
+    w.write_scalars(1, {"ok": 1, "big": 10**400, "small": -(10**400)})  # raised OverflowError
+    w.close()
+    metrics = MlflowClient(store["tracking_uri"]).get_run(w.run_id).data.metrics
+    assert metrics == {"ok": 1.0, "big": sys.float_info.max, "small": -sys.float_info.max}
+
+
+def test_a_key_written_twice_at_one_step_keeps_both_files(store, tmp_path):
+    # Both writes had the same artifact path: the second replaced the first.
+    w = _writer(store)
+    for text in ("first", "second", "third"):
+        w.write_texts(5, {"note": text})
+    w.write_images(5, {"img": np.zeros((2, 2, 1), np.uint8)})
+    w.write_images(5, {"img": np.full((2, 2, 1), 7, np.uint8)})
+    w.write_texts(6, {"note": "next step"})
+    w.close()
+    root = MlflowClient(store["tracking_uri"]).download_artifacts(w.run_id, "", str(tmp_path))
+    texts = {}
+    for name in sorted(os.listdir(os.path.join(root, "texts", "note"))):
+        with open(os.path.join(root, "texts", "note", name)) as f:
+            texts[name] = f.read()
+    assert texts == {
+        "step_00000005.txt": "first",
+        "step_00000005-2.txt": "second",
+        "step_00000005-3.txt": "third",
+        "step_00000006.txt": "next step",
+    }
+    pixels = {
+        name: int(np.asarray(Image.open(os.path.join(root, "images", "img", name))).max())
+        for name in os.listdir(os.path.join(root, "images", "img"))
+    }
+    assert pixels == {"step_00000005_0.png": 0, "step_00000005-2_0.png": 7}
+
+
 def test_hparams_become_params_in_batches_of_100(store):
     w = _writer(store)
     hparams = {f"p{i:03d}": i for i in range(150)}
