@@ -75,8 +75,8 @@ class Summarizer:
         """The summary: `ready` values and those of `metrics`, over a window of `duration` s."""
         owner = self._failures.owner
         near_limit: list[str] = []
-        host = to_host(metrics, near_limit)
-        if set(near_limit) - self._int32_warned:
+        host = to_host(metrics, near_limit, step)
+        if near_limit := sorted(set(near_limit) - self._int32_warned):  # once per key
             self._int32_warned.update(near_limit)
             _LOG.warning(
                 "%s: at step %d the int32 accumulators of %s are past 2**30 and "
@@ -84,7 +84,7 @@ class Summarizer:
                 "write summaries more often, or enable jax_enable_x64.",
                 owner,
                 step,
-                sorted(near_limit),
+                near_limit,
             )
         self._check_windows(host, step, num_steps)
 
@@ -190,15 +190,18 @@ class Summarizer:
                 "by nonfinite='stop'"
             )
             self._failures.record(Failure("nonfinite", step, tuple(bad), err), fatal=True)
-        elif set(bad) - self._nonfinite_warned:
-            self._nonfinite_warned.update(bad)
-            _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, bad)
+        elif new := sorted(set(bad) - self._nonfinite_warned):  # once per key
+            self._nonfinite_warned.update(new)
+            _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, new)
 
 
 def to_host(
-    metrics: Mapping[str, Any] | PackedMetrics, near_limit: list[str] | None = None
+    metrics: Mapping[str, Any] | PackedMetrics,
+    near_limit: list[str] | None = None,
+    step: int | None = None,
 ) -> dict[str, Any]:
-    """NumPy copies, in one transfer; keys with an int32 leaf past 2**30 go to `near_limit`."""
+    """NumPy copies, in one transfer; keys with an int32 leaf past 2**30 go to `near_limit`;
+    `step` names the summary in errors."""
     if not metrics:
         return {}
     if isinstance(metrics, PackedMetrics):
@@ -213,7 +216,9 @@ def to_host(
     ]
     if deleted:
         raise ValueError(
-            f"Cannot copy the metrics {packed.keys()} to the host: {', '.join(deleted)} was "
+            f"Cannot copy the metrics {packed.keys()}"
+            + ("" if step is None else f" of the summary at step {step}")
+            + f" to the host: {', '.join(deleted)} was "
             "deleted (donated to a later computation). A step that donates `running` needs "
             "`running = None` after each write_metrics_summary, so the next window starts "
             "afresh; otherwise do not donate the metrics you pass (or pass a copy)."

@@ -134,6 +134,8 @@ class ConsoleWriter(BaseWriter):
     def _block(
         self, step: int, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
+        if not lines:  # an empty call: nothing to show (JSONL writes no line either)
+            return
         now, total = self._clock(), self._total
         # Rates count from the last scalars of the first step that had some (a summary, or
         # `timing/compilation_seconds`), not from a config text written before compiling.

@@ -1328,17 +1328,21 @@ def test_an_empty_window_is_nan_reported_once_by_the_nonfinite_policy(tmp_path, 
         summary = manager.write_metrics_summary({**empty, "seen": Sum(np.int32(0))}, 1, 1)
         assert np.isnan(summary.result()["loss"].value)
         manager.write_metrics_summary({"loss": clu_metrics.Average.empty()}, 2, 1).result()
+        nan_too = {"loss": clu_metrics.Average.empty(), "q": Sum(np.float32(np.inf))}
+        manager.write_metrics_summary(nan_too, 3, 1).result()
     assert manager.errors == []
     lines = read_jsonl(str(tmp_path / "eval"))
     assert [(x["loss"], x.get("accuracy"), x.get("seen")) for x in lines] == [
         ("NaN", "NaN", 0),
         ("NaN", None, None),
+        ("NaN", None, None),
     ]
     events = read_tensorboard(str(tmp_path / "eval")).Scalars("loss")
-    assert [e.step for e in events] == [1, 2]
+    assert [e.step for e in events] == [1, 2, 3]
     assert all(np.isnan(e.value) for e in events)
     reports = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
-    assert len(reports) == 1 and "accuracy" in reports[0] and "loss" in reports[0]
+    assert len(reports) == 2 and "['accuracy', 'loss']" in reports[0]
+    assert reports[1].endswith("at step 3 for ['q']")  # once per key: not 'loss' again
 
 
 def test_a_second_process_on_the_same_directory_is_refused_until_the_first_dies(tmp_path):

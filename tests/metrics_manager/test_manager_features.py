@@ -189,10 +189,12 @@ def test_int32_accumulators_near_wrapping_are_warned_once_per_key(caplog):
         with MetricsManager("train", writer_factory=lambda d: writers.NoopWriter()) as m:
             first = m.write_metrics_summary(metrics, 1, 1).result()
             m.write_metrics_summary(metrics, 2, 1).result()
+            m.write_metrics_summary({**metrics, "new": big}, 3, 1).result()
     assert int(first["tokens"].value) == 2**30 + 5
     warnings = [r.getMessage() for r in caplog.records if "int32" in r.getMessage()]
-    assert len(warnings) == 1, warnings
+    assert len(warnings) == 2, warnings
     assert "['tokens', 'wrapped']" in warnings[0] and "at step 1" in warnings[0]
+    assert "of ['new'] are past" in warnings[1]  # the others were warned of at step 1
     assert "float32" in warnings[0] and "jax_enable_x64" in warnings[0]
 
 
