@@ -4,9 +4,13 @@
 metric's `compute_value()`, a whole summary); `Fanout` turns a write into one
 `OrderedWorker` piece per writer, each failing alone:
 
-* a failed call is logged at once (writer, step, keys) and kept in `Failures`;
-* `max_failures` failed calls in a row quarantine the writer; it is tried again every
-  `quarantine_s` until a call goes through, which ends the quarantine;
+* each writer gets its own copies of the dicts of a call, and the arrays (the manager's
+  copies) read-only: one that pops a key or changes an array changes nothing another gets;
+* a failed call is logged at once (writer, step, keys) and kept in `Failures`; the writer's
+  other calls of that write go on. A method raising `NotImplementedError` (CLU's writers do
+  for kinds they cannot store) is not called again on that writer (`health()`: unsupported);
+* `max_failures` writes in a row whose calls all failed quarantine the writer; it is tried
+  again every `quarantine_s` until a call goes through, which ends the quarantine;
 * a call past its deadline is abandoned by the worker (`stuck`): the writer is quarantined
   as hung and never called while that call is still inside it;
 * while a signal's flush races a kill (`hurry`), a writer whose calls have taken the flush's
@@ -25,6 +29,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
+from writers._checks import own_dicts
 from writers._worker import Job, Piece
 
 _LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
@@ -95,6 +102,20 @@ class _WriterState:
     skipped: int = 0  # write calls skipped while quarantined
     busy: bool = False  # a call is inside the writer (an abandoned one, after a deadline)
     hurried_s: float = 0.0  # seconds inside the writer since `Fanout.hurry` began
+    unsupported: set[str] = dataclasses.field(default_factory=set)  # NotImplementedError
+
+
+_ARRAY_CALLS = frozenset(
+    ("write_images", "write_videos", "write_audios", "write_histograms", "write_summaries")
+)
+
+
+def _read_only(kwargs: Mapping[str, Any]) -> None:
+    """Makes the NumPy arrays of a call read-only: the manager's copies, shared by writers."""
+    for value in kwargs.values():
+        for array in value.values() if isinstance(value, Mapping) else ():
+            if isinstance(array, np.ndarray):
+                array.flags.writeable = False
 
 
 class Fanout:
@@ -142,6 +163,7 @@ class Fanout:
                 "quarantined": s.quarantined,
                 "skipped": s.skipped,
                 "flush_failure": getattr(s.writer, "flush_failure", None),
+                "unsupported": sorted(s.unsupported),
             }
             for n, s in self.states.items()
         }
@@ -166,13 +188,19 @@ class Fanout:
                     state.skipped += writes
                     return
                 state.busy, started = True, time.monotonic()
+                failed = wrote = False  # a call of a kind it stores ends neither's count
                 try:
                     for method, kwargs in job.state.get("calls", ()) if calls is None else calls:
+                        if method in state.unsupported:
+                            continue
                         try:
+                            if method in _ARRAY_CALLS:  # ours: one writing in place fails alone
+                                _read_only(kwargs)
                             if method == "write_hparams" or step is None:
-                                getattr(state.writer, method)(**kwargs)
+                                getattr(state.writer, method)(**own_dicts(kwargs))
                             else:
-                                getattr(state.writer, method)(step=step, **kwargs)
+                                getattr(state.writer, method)(step=step, **own_dicts(kwargs))
+                            wrote = True
                         # BaseException too: SystemExit, KeyboardInterrupt or an asyncio
                         # CancelledError from a writer's own loop cannot end the process from
                         # this thread, only the job, and with it the writers after this one.
@@ -182,12 +210,28 @@ class Fanout:
                                 raise  # Ctrl-C reached a call run inline: the user's to handle
                             keys = [tuple(v) for v in kwargs.values() if isinstance(v, Mapping)]
                             failure = Failure(f"writer:{name}", step, keys[0] if keys else (), err)
-                            self._failed(name, state, failure, job)
-                            return
+                            self._failures.record(failure)
+                            state.failures += 1
+                            if self._fail_summary:
+                                job.state.setdefault("failure", failure)
+                            if isinstance(err, NotImplementedError):  # CLU: a kind it cannot store
+                                state.unsupported.add(method)
+                                _LOG.warning(
+                                    "%s: writer %r does not implement %s: its other calls go "
+                                    "on, and that method is not called again",
+                                    self._failures.owner,
+                                    name,
+                                    method,
+                                )
+                            else:
+                                failed = True
                 finally:
                     state.busy = False
                     if self._hurry_s is not None:
                         state.hurried_s += time.monotonic() - started
+                if failed and not wrote:
+                    self._failed(name, state)
+                    return
                 if state.quarantined and state.retry_at <= started:  # a retry went through
                     _LOG.warning(
                         "%s: writer %r is back (quarantined: %s; %d writes skipped)",
@@ -228,12 +272,9 @@ class Fanout:
         state.failures += 1
         self._failures.record(Failure(f"writer:{name}", None, (), err))
 
-    def _failed(self, name: str, state: _WriterState, failure: Failure, job: Job) -> None:
-        state.failures += 1
+    def _failed(self, name: str, state: _WriterState) -> None:
+        """A piece whose calls all failed: `max_failures` of them in a row quarantine."""
         state.in_a_row += 1
-        self._failures.record(failure)
-        if self._fail_summary:
-            job.state.setdefault("failure", failure)
         if state.in_a_row >= self._max_failures:
             state.retry_at = time.monotonic() + self._quarantine_s
             if not state.quarantined:

@@ -20,6 +20,7 @@ Host-side module: never import it from code traced by jit.
 
 import atexit
 import concurrent.futures
+import dataclasses
 import functools
 import inspect
 import logging
@@ -99,7 +100,8 @@ class MetricsManager:
         fails and the next call raises `MetricsManagerError`, after queueing its own work).
       writer_deadline_s: a writer call running longer is abandoned and its writer
         quarantined; None waits forever.
-      max_writer_failures: a writer failing this many calls in a row is quarantined.
+      max_writer_failures: a writer whose calls all fail in this many writes in a row is
+        quarantined (a method raising `NotImplementedError` is simply not called again).
       quarantine_s: a quarantined writer is tried again after this long (a hung one, once its
         call has returned): a success ends the quarantine. None: it stays out for good.
       resume_step: the step a restored checkpoint resumes from: the writers drop the values an
@@ -328,8 +330,9 @@ class MetricsManager:
 
     def health(self) -> dict[str, Any]:
         """Per writer: failures, why it is quarantined (or None), the writes skipped meanwhile,
-        and why its timed flush is failing (or None: an upload or tracker send retried while
-        storage is down, the values kept in memory); and the total failure count."""
+        why its timed flush is failing (or None: an upload or tracker send retried while
+        storage is down, the values kept in memory), and the methods it does not implement
+        (`NotImplementedError`: not called again); and the total failure count."""
         return {"failures": self._failures.count, "writers": self._fanout.health()}
 
     def start_duration_timer(self, block_on: Any = ()) -> None:
@@ -387,6 +390,8 @@ class MetricsManager:
                     err := _checks.scalar_problem(key, value.value)
                 ):
                     problems.add(type(err), str(err))
+                elif isinstance(array := getattr(value, "value", None), np.ndarray):
+                    ready[key] = dataclasses.replace(value, value=array.copy())  # as write_images
         if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:
             ready = {**ready, _UPTIME: clu.values.Scalar(called - self._created)}
         step = problems.step("step", step)
@@ -461,14 +466,16 @@ class MetricsManager:
 
     def write_images(self, step: int, images: Mapping[str, Any]) -> None:
         """Writes images (`[H, W, C]` or `[N, H, W, C]`, C in 1, 3, 4; floats in [0, 1]) at
-        `step`, in call order; shapes are checked now, device arrays read by the worker."""
+        `step`, in call order; shapes are checked now, device arrays read by the worker
+        (NumPy arrays are copied now: the caller may refill them)."""
         self._host_write("write_images", "images", step, images)
 
     def write_histograms(
         self, step: int, arrays: Mapping[str, Any], num_buckets: Mapping[str, int] | None = None
     ) -> None:
         """Writes the histogram of each array at `step` (`num_buckets` per key, 30 by
-        default), in call order; shapes are checked now, device arrays read by the worker."""
+        default), in call order; shapes are checked now, device arrays read by the worker
+        (NumPy arrays are copied now: the caller may refill them)."""
         self._host_write("write_histograms", "arrays", step, arrays, num_buckets=num_buckets)
 
     def flush(self, timeout: float | None = None) -> None:
@@ -634,6 +641,8 @@ class MetricsManager:
         elif arg != "hparams":  # images, histograms: shapes now, values on the worker
             _checks.check_buckets(extra.get("num_buckets"), problems)  # None: nothing to check
             values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
+            # Read on the worker: a loop may refill its NumPy buffer once this call returns.
+            values = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in values.items()}
             deferred = list(values)
         problems.raise_if_any()
         if self._fanout.states and not deferred:
@@ -853,10 +862,7 @@ def _make_writers(
             f"functools.partial(writers.{kind}, ...)), the default writers and it (gin: "
             f"configs/writers/{kind.removesuffix('Writer').lower()}.gin)"
         )
-    try:
-        parameters = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        parameters = {}  # type: ignore[assignment]
+    parameters = _checks.parameters(factory) or {}  # a gin-registered class: its __init__'s
     kwargs: dict[str, Any] = {}
     collection = parameters.get("collection")
     if collection is not None and collection.default is None:

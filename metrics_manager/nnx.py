@@ -125,15 +125,13 @@ class Metric(nnx.metrics.Metric):
         }
         fixed = {k: v for k, v in self.settings if k in static}
         empty = empty.replace(**fixed) if fixed else empty
-        # Under jax_enable_x64 a batch's integer sums are int64: CLU's int32 empty counts
-        # would change a carry's dtype at its first merge (without x64, this is a no-op).
-        wide = jnp.asarray(0).dtype
-        return jax.tree.map(
-            lambda x: (
-                jnp.asarray(x, wide) if jnp.issubdtype(jnp.result_type(x), jnp.signedinteger) else x
-            ),
-            empty,
-        )
+        # Under jax_enable_x64, CLU's Average and Std count a batch in int64 (a sum of int32
+        # ones), from an int32 empty count: a carry would change its dtype at the first merge.
+        if jax.dtypes.canonicalize_dtype(jnp.int64) == jnp.int64 and issubclass(
+            self.metric_type, clu_metrics.Average | clu_metrics.Std
+        ):
+            return empty.replace(count=jnp.asarray(empty.count, jnp.int64))
+        return empty
 
     def update(self, **kwargs: Any) -> None:
         """Merges `metric_type.from_model_output(**kwargs)` into the state."""

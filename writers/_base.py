@@ -334,8 +334,9 @@ class TrackerWriter(BaseWriter):
         self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
     ) -> None:
         """`_store`s each key's bytes (or list of bytes) as `<kind>/<key>/step_<8 digits>`,
-        `-<n>` for the n-th write of the key at that step, `_<i>` for the i-th of a list, and
-        `ext`; a ValueError for a key that is no relative path (`_path_problem`)."""
+        `-<n>` for the n-th write of the key at that step (counted until a write at another
+        step: a write back at an earlier step, as after a resume, replaces its files), `_<i>`
+        for the i-th of a list, and `ext`; a ValueError for a key that is no relative path."""
         if problem := _path_problem(kind, files):
             raise ValueError(f"{self._name(method)}: {problem}")
         if step != self._files_step:  # a new dict: the class's empty one is never filled

@@ -130,6 +130,22 @@ class Checked(dict):  # type: ignore[type-arg]
     __slots__ = ()
 
 
+def parameters(factory: Callable[..., Any]) -> Mapping[str, inspect.Parameter] | None:
+    """`factory`'s parameters (a class: its `__init__`'s, also under gin's wrapper, which
+    reports `(*args, **kwargs)`); None without a signature to read (a builtin)."""
+    target = inspect.unwrap(factory.__init__) if inspect.isclass(factory) else factory
+    try:
+        return inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return None
+
+
+def own_dicts(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """A call's arguments for one of several writers: its own copy of each dict (a `Checked`
+    stays one), so a writer that pops or changes a key changes nothing the others get."""
+    return {k: type(v)(v) if type(v) in (dict, Checked) else v for k, v in kwargs.items()}
+
+
 def check_keys(values: Any, method: str) -> None:
     """Raises unless `values` is a mapping whose keys are all non-empty strings."""
     if type(values) is not dict and not isinstance(values, Mapping):

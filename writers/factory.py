@@ -5,7 +5,6 @@ MLflow. Each builds one flat `MultiWriter`, so a failing backend (or tracker) st
 Gin: `configs/writers/*.gin`.
 """
 
-import inspect
 import os
 from collections.abc import Callable
 from typing import IO, Any
@@ -154,16 +153,6 @@ def create_default_writer(
     return MultiWriter(chosen)
 
 
-def _parameters(factory: Callable[..., Any]) -> Any:
-    """The parameter names of `factory` (a class: its `__init__`'s, under gin's wrapper, which
-    reports `(*args, **kwargs)`); without a signature to read (a builtin), `resume_step` alone."""
-    target = inspect.unwrap(factory.__init__) if inspect.isclass(factory) else factory
-    try:
-        return inspect.signature(target).parameters
-    except (TypeError, ValueError):
-        return ("resume_step",)
-
-
 def create_tracker_writer(
     logdir: str | os.PathLike[str] | None,
     *,
@@ -200,7 +189,10 @@ def create_tracker_writer(
       >>> w.close()
     """
     resuming = {} if resume_step is None else {"resume_step": resume_step}
-    takes = {"tracker": _parameters(tracker), "default_writer": _parameters(default_writer)}
+    takes = {  # without a signature to read (a builtin): resume_step is taken
+        role: ("resume_step",) if (names := _checks.parameters(f)) is None else names
+        for role, f in (("tracker", tracker), ("default_writer", default_writer))
+    }
     lacking = [role for role, names in takes.items() if "resume_step" not in names]
     if resume_step is not None and lacking:
         raise TypeError(

@@ -24,7 +24,7 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
   their values (NaN in a histogram) each wrapped writer checks, and `MultiWriter` raises
   it as a `WriterError`, `AsyncWriter` on the next call.
 * A key written twice at one step is recorded twice; writers never merge or deduplicate
-  (`WandbWriter`, whose rows keep one value per key, refuses the second write).
+  (but a W&B row keeps one value per key: `WandbWriter` keeps the last and warns).
 * Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.
 * `close()` is idempotent and leaves everything written on disk; `flush()` after it does
   nothing, a write after it raises `WriterClosedError`. Writers that buffer

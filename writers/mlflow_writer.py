@@ -28,7 +28,7 @@ MLflow's metric history is append-only, so the writer first reads each metric's 
 step and skips any (key, step) at or before it, with one absl warning: each step keeps
 exactly one point, the earlier run's where it had one. Artifacts of a re-logged step are
 replaced. Outside resume, repeated keys at one step are recorded as given: a key's n-th
-file at one step (n > 1) is `step_<step>-<n>...`.
+file at one step (n > 1, before a write at another step) is `step_<step>-<n>...`.
 
 Example:
   >>> import os, tempfile, writers

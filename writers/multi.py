@@ -1,6 +1,7 @@
 """`MultiWriter`: fans every call out to several writers; one failure stops none.
 
-Each call goes to every writer in order, even when an earlier one raised; the failures are
+Each call goes to every writer in order, with its own copy of each dict (a writer that pops
+a key changes nothing the others get), even when an earlier one raised; the failures are
 then raised together as one `WriterError` naming each failing writer. `close()` closes every
 writer even if some fail. Steps and keys are checked once, before fan-out, so a bad step or
 key raises a plain `TypeError` or `ValueError` and reaches no writer. Writers need not subclass
@@ -60,7 +61,7 @@ class MultiWriter(ForwardingWriter):
         failures: list[tuple[str, BaseException]] = []
         for name, writer in self._writers:
             try:
-                getattr(writer, method)(**kwargs)
+                getattr(writer, method)(**_checks.own_dicts(kwargs))
             except Exception as err:  # noqa: BLE001  (reported below, with the writer's name)
                 failures.append((name, err))
         if failures:

@@ -24,9 +24,10 @@ is `<run_id>-<collection>` (characters W&B refuses in an id, such as `/` and `:`
 Offline, W&B cannot tell a restarted writer the run's last step: with the same `run_id` and
 no `resume_step`, steps below the earlier run's are not refused here. Pass `resume_step`.
 
-Keys `_step`, `_runtime`, `_timestamp` and `_wandb` are W&B's own and refused; so is a key
-written twice at one step (a scalar and a text, or one scalar twice), which W&B would keep
-only once. A raw tensor written again at one step is a second file, `step_<step>-2.npy`.
+Keys `_step`, `_runtime`, `_timestamp` and `_wandb` are W&B's own and refused; so is one key
+written as two kinds (a scalar and a text) at one step, which W&B would keep only once. A key
+written again as the same kind at one step keeps its last value in W&B (warned once per key);
+a raw tensor written again at one step is a second file, `step_<step>-2.npy`.
 
 Example:
   >>> import tempfile, writers
@@ -42,6 +43,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from writers import _base, _checks, _encode
 
@@ -100,6 +102,7 @@ class WandbWriter(_base.TrackerWriter):
             )
         self._run: Any = None
         self._row: dict[str, str] = {}  # key -> write method, of the history row being filled
+        self._replaced: set[str] = set()  # keys warned of as written again at one step
         if not here:
             return
         if run is None:
@@ -140,14 +143,15 @@ class WandbWriter(_base.TrackerWriter):
         self._log("write_scalars", step, numbers)
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
-        self._log(method, step, {k: [self._image(i) for i in v] for k, v in images.items()})
+        from PIL import Image  # W&B's own dependency
 
-    def _image(self, image: np.ndarray) -> Any:
-        if image.shape[-1] == 1:  # wandb.Image squeezes an array: [1, W, 1] lost its height
-            from PIL import Image  # W&B's own dependency
+        def picture(image: np.ndarray) -> Any:  # uint8 [H, W, C], given as a PIL image:
+            # wandb.Image squeezes an array, so [1, W, C] lost its height.
+            return self._wandb.Image(
+                Image.fromarray(image[..., 0] if image.shape[-1] == 1 else image)
+            )
 
-            return self._wandb.Image(Image.fromarray(np.ascontiguousarray(image[..., 0])))
-        return self._wandb.Image(image)
+        self._log(method, step, {k: [picture(i) for i in v] for k, v in images.items()})
 
     def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
         if self._run is None:
@@ -205,13 +209,21 @@ class WandbWriter(_base.TrackerWriter):
             raise ValueError(f"WandbWriter.{method}: {problem}")
         if step != self._min_step:
             self._row = {}
-        # One row per step holds one value per key: a second write would replace the first.
-        if clash := {k: self._row[k] for k in values if k in self._row}:
+        # One row per step holds one value per key: a second kind would replace the first.
+        if clash := {k: self._row[k] for k in values if self._row.get(k, method) != method}:
             raise ValueError(
-                f"WandbWriter.{method}: keys {sorted(clash)} were written at step {step} "
-                f"already (by {sorted(set(clash.values()))}); W&B keeps one value per key and "
-                "step, and would replace it. Write each key once per step, or give the second "
-                "value its own key, e.g. 'sample/text' or 'loss/2'."
+                f"WandbWriter.{method}: keys {sorted(clash)} were written at step {step} by "
+                f"{sorted(set(clash.values()))}; W&B keeps one value per key and step, and "
+                "would replace it. Give each kind its own key, e.g. 'sample/text'."
+            )
+        if again := sorted(set(values) & self._row.keys() - self._replaced):
+            self._replaced.update(again)
+            logging.warning(
+                "WandbWriter.%s: %s written again at step %d: W&B keeps one value per key and "
+                "step, the last (warned once per key; the other writers keep both)",
+                method,
+                again,
+                step,
             )
         self._min_step = step
         self._row.update(dict.fromkeys(values, method))

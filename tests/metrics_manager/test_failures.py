@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import clu.values
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,6 +114,116 @@ def test_a_writer_that_raises_a_base_exception_fails_alone(tmp_path, error):
     assert manager.health()["writers"]["exiting"]["failures"] == 20
     assert "writer:exiting at step 1" in str(manager.errors[0])
     assert type(manager.errors[0].error) is error
+
+
+@flax.struct.dataclass
+class _TextMetric(Sum):
+    def compute_value(self):
+        return clu.values.Text(f"total {float(self.total)}")
+
+
+def test_a_kind_a_writer_does_not_implement_costs_it_nothing_else(tmp_path, caplog):
+    # CLU's writers raise NotImplementedError for kinds they cannot store (PyTorch's texts).
+    # Such a call skipped the writer's later calls of the summary (its scalars), and after
+    # 10 summaries quarantined it: the scalars of steps 11-15 were lost too.
+    class ScalarsOnly(writers.NoopWriter):
+        def __init__(self):
+            self.scalars, self.texts_tried = [], 0
+
+        def write_scalars(self, step, scalars):
+            self.scalars.append((step, dict(scalars)))
+
+        def write_texts(self, step, texts):
+            self.texts_tried += 1
+            raise NotImplementedError("ScalarsOnly does not support writing texts.")
+
+    only = ScalarsOnly()
+    factory = files_and(first={"only": only})
+    with MetricsManager("train", tmp_path, writer_factory=factory, uptime=False) as manager:
+        for step in range(1, 16):
+            metrics = {"note": _TextMetric(jnp.float32(step)), "loss": Sum(np.float32(step))}
+            manager.write_metrics_summary(metrics, step, 1)
+    assert only.scalars == [(s, {"loss": float(s)}) for s in range(1, 16)]
+    assert only.texts_tried == 1  # not called again
+    health = manager.health()["writers"]["only"]
+    assert (health["failures"], health["quarantined"], health["unsupported"]) == (
+        1,
+        None,
+        ["write_texts"],
+    )
+    assert [str(e) for e in manager.errors] == [
+        "writer:only at step 1 (keys note): NotImplementedError: ScalarsOnly does not support "
+        "writing texts."
+    ]
+    assert any("does not implement write_texts" in r.getMessage() for r in caplog.records)
+    by_step: dict[int, dict] = {}  # the other writers: both kinds, every step
+    for line in read_jsonl(str(tmp_path / "train")):
+        by_step.setdefault(line.pop("step"), {}).update(line)
+    assert {s: (x["loss"], x["note"]) for s, x in by_step.items()} == {
+        s: (float(s), f"total {float(s)}") for s in range(1, 16)
+    }
+
+
+def test_a_writer_failing_on_one_kind_keeps_writing_the_others_and_is_not_quarantined(tmp_path):
+    class NoTexts(RaisingWriter):  # a bug in its texts: each call raises
+        def __init__(self):
+            self.steps = []
+
+        def write_scalars(self, step, scalars):
+            self.steps.append(step)
+
+        def write_texts(self, step, texts):
+            raise OSError("cannot write texts")
+
+    writer = NoTexts()
+    with MetricsManager(
+        "t", writer_factory=lambda d: writer, max_writer_failures=3, uptime=False
+    ) as manager:
+        for step in range(1, 11):
+            metrics = {"note": _TextMetric(jnp.float32(step)), "loss": Sum(np.float32(step))}
+            manager.write_metrics_summary(metrics, step, 1)
+    assert writer.steps == list(range(1, 11))
+    health = manager.health()["writers"]["NoTexts"]
+    assert (health["failures"], health["quarantined"], health["skipped"]) == (10, None, 0)
+
+
+def test_a_writer_that_changes_what_it_is_given_changes_nothing_the_others_get(tmp_path):
+    # One dict (and the caller's own arrays) went to every writer: a writer dividing the
+    # scalars by 100 and popping `lr` before JSONL left JSONL with loss 0.4 and no lr.
+    class Meddling(writers.NoopWriter):
+        def write_scalars(self, step, scalars):
+            for key in scalars:
+                scalars[key] /= 100
+            scalars.pop("lr", None)
+
+        def write_images(self, step, images):
+            images.pop("extra")
+            images["img"] *= 0  # the manager's read-only copy: this call fails alone
+
+        def write_histograms(self, step, arrays, num_buckets=None):
+            num_buckets.clear()
+
+    image = np.full((2, 2, 1), 200, np.uint8)
+    factory = files_and(first={"meddling": Meddling()})
+    with MetricsManager("train", tmp_path, writer_factory=factory, uptime=False) as manager:
+        manager.write_scalars(1, {"loss": 40.0, "lr": 0.5})
+        manager.write_metrics_summary({"loss": Sum(np.float32(40.0))}, 2, 1)
+        manager.write_images(3, {"img": image, "extra": image})
+        image[:] = 7  # a loop refilling its buffer once the call returned
+        manager.write_histograms(3, {"h": np.arange(4.0)}, num_buckets={"h": 2})
+    assert [(x["step"], x.get("loss"), x.get("lr")) for x in read_jsonl(str(tmp_path / "train"))][
+        :2
+    ] == [(1, 40.0, 0.5), (2, 40.0, None)]
+    acc = read_tensorboard(str(tmp_path / "train"))
+    for key in ("img", "extra"):  # as at the call, from the manager's own copy
+        (event,) = acc.Tensors(key)
+        png = writers._encode.png(np.full((2, 2, 1), 200, np.uint8))
+        assert event.tensor_proto.string_val[2] == png
+    (histogram,) = acc.Histograms("h")
+    assert histogram.histogram_value.bucket == [0.0, 2.0, 2.0]  # 2 buckets: num_buckets kept
+    (failure,) = manager.errors
+    assert "writer:meddling at step 3 (keys img, extra)" in str(failure)
+    assert "read-only" in str(failure)
 
 
 def test_a_cancelled_summary_is_skipped_and_the_manager_goes_on(tmp_path):
@@ -278,6 +389,7 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
             "quarantined": "hung",
             "skipped": 1,  # the write at step 2
             "flush_failure": None,
+            "unsupported": [],
         }
         release.set()
         deadline = time.monotonic() + 10

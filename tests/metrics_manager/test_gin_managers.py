@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
+import metrics_manager
 import writers
 from metrics_manager import gin_utils
 from metrics_manager.manager import MetricsManager
@@ -138,6 +139,45 @@ def test_manager_binding_replaces_the_factory(tmp_path):
     )
     gin_utils.configured(MetricsManager)("train", tmp_path).close()
     assert made == [str(tmp_path / "train")]
+
+
+class TaggedWriter(writers.NoopWriter):
+    """A user's writer class, referenced from a gin file with dynamic registration."""
+
+    made: list[TaggedWriter] = []
+
+    def __init__(self, logdir, collection=None, resume_step=None, tag="none"):
+        self.logdir, self.collection, self.resume_step, self.tag = (
+            logdir,
+            collection,
+            resume_step,
+            tag,
+        )
+        TaggedWriter.made.append(self)
+
+
+def test_a_writer_class_registered_dynamically_gets_the_collection_and_resume_step(tmp_path):
+    # gin's wrapper of such a class reports (*args, **kwargs): the manager passed it no
+    # collection, and refused resume_step ("needs a writer_factory taking resume_step").
+    gin.parse_config(
+        f"""
+        from __gin__ import dynamic_registration
+        import metrics_manager
+        import {__name__}
+
+        metrics_manager.MetricsManager.writer_factory = @{__name__}.TaggedWriter
+        metrics_manager.MetricsManager.resume_step = 5
+        {__name__}.TaggedWriter.tag = "from gin"
+        """
+    )
+    gin_utils.configured(metrics_manager.MetricsManager)("train", tmp_path).close()
+    (made,) = TaggedWriter.made
+    assert (made.logdir, made.collection, made.resume_step, made.tag) == (
+        str(tmp_path / "train"),
+        "train",
+        5,
+        "from gin",
+    )
 
 
 def test_operative_config_goes_to_config_gin_and_tensorboard_text(tmp_path):

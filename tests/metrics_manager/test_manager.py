@@ -921,6 +921,7 @@ def test_under_warn_a_failing_writer_is_logged_at_once_and_training_goes_on(capl
         "quarantined": None,
         "skipped": 0,
         "flush_failure": None,
+        "unsupported": [],
     }
 
 

@@ -38,6 +38,24 @@ def test_a_writer_raising_oserror_does_not_stop_the_others(tmp_path):
     assert broken.calls == ["write_scalars"] * 3 + ["write_texts", "flush", "close"]
 
 
+def test_a_writer_that_pops_or_changes_keys_changes_nothing_the_next_one_gets():
+    class Meddling(writers.NoopWriter):
+        def write_scalars(self, step, scalars):
+            scalars["loss"] /= 100
+            scalars.pop("lr")
+
+        def write_histograms(self, step, arrays, num_buckets=None):
+            arrays.clear()
+            num_buckets.clear()
+
+    clu = CluInterfaceWriter()
+    multi = writers.MultiWriter({"meddling": Meddling(), "clu": clu})
+    multi.write_scalars(1, {"loss": 40.0, "lr": 0.5})
+    multi.write_histograms(2, {"h": np.arange(3)}, num_buckets={"h": 2})
+    assert clu.scalars == [(1, {"loss": 40.0, "lr": 0.5})]
+    assert list(clu.histograms[0][1]) == ["h"] and clu.histograms[0][2] == {"h": 2}
+
+
 def test_every_failure_is_reported():
     multi = writers.MultiWriter([BrokenDiskWriter(), BrokenDiskWriter(), writers.NoopWriter()])
     with pytest.raises(writers.WriterError) as info:

@@ -63,8 +63,13 @@ def test_nan_inf_texts_and_calls_at_one_step_fill_one_row(tmp_path):
 def test_images_videos_audio_histograms(tmp_path):
     w = _writer(tmp_path)
     image = np.arange(2 * 4 * 5 * 3, dtype=np.uint8).reshape(2, 4, 5, 3)
-    # wandb.Image squeezes an array: a [1, W, 1] image raised ("Un-supported shape").
-    thin = {"row": np.arange(5, dtype=np.uint8).reshape(1, 5, 1), "dot": np.full((1, 1, 1), 9)}
+    # wandb.Image squeezes an array: a [1, W, 1] image raised ("Un-supported shape"), and a
+    # [1, W, 3] one became a [W, 3] grayscale image.
+    thin = {
+        "row": np.arange(5, dtype=np.uint8).reshape(1, 5, 1),
+        "dot": np.full((1, 1, 1), 9),
+        "rgb": np.arange(6, dtype=np.uint8).reshape(2, 1, 3),
+    }
     w.write_images(3, {"img": image, "one": np.ones((4, 5, 1)), **thin})
     w.write_videos(3, {"vid": np.zeros((1, 3, 4, 5, 3))})
     w.write_audios(3, {"aud": np.linspace(-1, 1, 2 * 8).reshape(2, 8, 1)}, sample_rate=8000)
@@ -83,6 +88,7 @@ def test_images_videos_audio_histograms(tmp_path):
     np.testing.assert_array_equal(pixels(row["one"]["filenames"][0]), np.full((4, 5), 255))
     np.testing.assert_array_equal(pixels(row["row"]["filenames"][0]), [[0, 1, 2, 3, 4]])
     np.testing.assert_array_equal(pixels(row["dot"]["filenames"][0]), [[9]])
+    np.testing.assert_array_equal(pixels(row["rgb"]["filenames"][0]), thin["rgb"])
     (strip,) = row["vid"]["filenames"]  # one filmstrip [H, T*W, C] per video
     assert pixels(strip).shape == (4, 15, 3)
     for i in range(2):  # one clip per key (N > 1: `<key>/<i>`)
@@ -250,19 +256,23 @@ def test_a_relative_logdir_is_relative_to_the_callers_working_directory(tmp_path
         assert wandb_history(path) == {1: {"a": 1.0}}
 
 
-def test_w_and_b_row_fields_and_a_key_written_twice_at_one_step_are_refused(tmp_path):
+def test_w_and_b_row_fields_and_a_key_of_two_kinds_at_one_step_are_refused(tmp_path, caplog):
     w = _writer(tmp_path, run_id="r1", collection="eval:squad/v1")  # W&B refuses ':' and '/'
     with pytest.raises(ValueError, match=r"\['_step', '_runtime'\] are reserved by .*W&B"):
         w.write_scalars(7, {"_step": 123, "_runtime": 4.5, "loss": 1.0})
     w.write_scalars(7, {"sample": 0.5})
     with pytest.raises(
-        ValueError, match=r"\['sample'\] were written at step 7 already \(by \['write_scalars'\]\)"
+        ValueError, match=r"\['sample'\] were written at step 7 by \['write_scalars'\]"
     ):
         w.write_texts(7, {"sample": "the generated text"})
     w.write_texts(7, {"sample/text": "the generated text"})
-    # The same kind again: W&B replaced 0.5 in the row, while the interface records both.
-    with pytest.raises(ValueError, match=r"\['sample'\] were written at step 7 already"):
-        w.write_scalars(7, {"sample": 0.75})
+    # The same kind again: W&B's update of the row, warned once per key.
+    w.write_scalars(7, {"sample": 0.625, "other": 1.0})
+    w.write_scalars(7, {"sample": 0.75})
+    assert [r.getMessage() for r in caplog.records if "written again" in r.getMessage()] == [
+        "WandbWriter.write_scalars: ['sample'] written again at step 7: W&B keeps one value "
+        "per key and step, the last (warned once per key; the other writers keep both)"
+    ]
     w.write_scalars(10, {})  # nothing to log: W&B's step stays at 7
     w.write_texts(8, {"sample": "a text at the next step"})
     w.close()
@@ -270,6 +280,6 @@ def test_w_and_b_row_fields_and_a_key_written_twice_at_one_step_are_refused(tmp_
     assert wandb_run_record(path).run_id == "r1-eval-squad-v1"
     rows = wandb_history(path)
     assert rows == {
-        7: {"sample": 0.5, "sample/text": "the generated text"},
+        7: {"sample": 0.75, "other": 1.0, "sample/text": "the generated text"},
         8: {"sample": "a text at the next step"},
     }
