@@ -409,6 +409,7 @@ class MetricsManager:
             found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
             problems.keys(keys, "; ".join(found) or None)
             problems.one_window(metrics)
+            problems.not_pytrees(metrics)
             problems.written_twice(metrics, ready)
         problems.raise_if_any()
         self._keys_checked = seen
@@ -746,6 +747,17 @@ class _Problems(Problems):
                 "Sum and Average, not for Max, Min or MeanStd). Fields that are vectors "
                 "sharded over as many devices as they have rows look the same: replicate them "
                 "(jax.device_put(m, NamedSharding(mesh, P())))"
+            )
+
+    def not_pytrees(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:
+        """Refuses a metric JAX cannot flatten: it failed the whole summary on the worker."""
+        if isinstance(metrics, PackedMetrics):
+            return
+        is_leaf = jax.tree_util.all_leaves
+        if leaves := [f"{k!r} ({type(m).__name__})" for k, m in metrics.items() if is_leaf([m])]:
+            self.type_problem(
+                f"metrics {', '.join(leaves)} are not pytrees JAX can flatten: a subclass of a "
+                "CLU metric needs its own @flax.struct.dataclass decorator"
             )
 
     def written_twice(self, metrics: Mapping[str, Any] | PackedMetrics, ready: Mapping) -> None:

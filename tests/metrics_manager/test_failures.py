@@ -1087,7 +1087,16 @@ def _per_device(pack: bool) -> Any:
     return step(jnp.ones((jax.local_device_count(), 2)))
 
 
+class _Undecorated(Sum):  # a subclass without its own @flax.struct.dataclass: no pytree
+    pass
+
+
 BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
+    "metric subclass not a pytree": (  # the worker's copy failed, and the whole summary
+        lambda m: m.write_metrics_summary({"n": _Undecorated(jnp.float32(1))}, 1, 1),
+        TypeError,
+        r"metrics 'n' \(_Undecorated\) are not pytrees.*@flax.struct.dataclass",
+    ),
     "string scalar": (lambda m: m.write_scalar("x", "abc", 1), TypeError, "'x'.*must be a number"),
     "None scalar": (lambda m: m.write_scalar("x", None, 1), TypeError, "'x'.*number"),
     "vector scalar": (
