@@ -410,6 +410,7 @@ class MetricsManager:
             problems.keys(keys, "; ".join(found) or None)
             problems.one_window(metrics)
             problems.not_pytrees(metrics)
+            problems.across_processes(metrics)
             problems.written_twice(metrics, ready)
         problems.raise_if_any()
         self._keys_checked = seen
@@ -747,6 +748,26 @@ class _Problems(Problems):
                 "Sum and Average, not for Max, Min or MeanStd). Fields that are vectors "
                 "sharded over as many devices as they have rows look the same: replicate them "
                 "(jax.device_put(m, NamedSharding(mesh, P())))"
+            )
+
+    def across_processes(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:
+        """Refuses leaves sharded over processes: gathering them for the copy is a collective,
+        which on the worker raced the loop's own and deadlocked a job (a per-row vector)."""
+        if isinstance(metrics, PackedMetrics):
+            return  # packed in the step: gathered there, in the loop's order
+        sharded = sorted(
+            key
+            for key, metric in metrics.items()
+            for x in jax.tree.leaves(metric)
+            if not getattr(x, "is_fully_addressable", True) and not x.is_fully_replicated
+        )
+        if sharded:
+            self.value_problem(
+                f"metrics {sorted(set(sharded))} hold arrays sharded over processes, which "
+                "the manager would have to gather on its own thread (a collective out of the "
+                "loop's order can deadlock the job); pack them in the step, where the gather "
+                "runs with the step's own: running = merge_metrics(running, metrics) in the "
+                "jitted step (not pack=False), or reduce them to replicated values there"
             )
 
     def not_pytrees(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:

@@ -67,6 +67,7 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
 
     from metrics_manager import (
         MetricsManager,
+        Sum,
         accumulate_grads_microbatched,
         compute_loss_and_metrics,
         merge_metrics,
@@ -128,10 +129,26 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
             refused = str(err)
         gathered_tokens = multihost_utils.process_allgather(tokens, tiled=True)
         manager.write_histograms(STEPS, {"gathered_tokens": gathered_tokens})
+        # A metrics dict holding a leaf sharded over processes (a per-row vector): its copy
+        # would gather on the manager's thread, out of the loop's order: refused at the call.
+        per_row = jax.jit(lambda x: {"rows": Sum(x[:, 0].astype(jax.numpy.float32))})(tokens)
+        try:
+            manager.write_metrics_summary(per_row, STEPS, 1)
+            refused_rows = ""
+        except ValueError as err:
+            refused_rows = str(err)
         for step, future in futures:
             summaries[step] = {k: float(np.asarray(v.value)) for k, v in future.result().items()}
     with open(os.path.join(out_dir, f"result{process_id}.json"), "w") as f:
-        json.dump({"summaries": summaries, "writes": manager.writes, "refused": refused}, f)
+        json.dump(
+            {
+                "summaries": summaries,
+                "writes": manager.writes,
+                "refused": refused,
+                "refused_rows": refused_rows,
+            },
+            f,
+        )
     if num_processes > 1:
         jax.distributed.shutdown()
 

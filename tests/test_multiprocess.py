@@ -126,6 +126,14 @@ def test_two_processes_report_the_one_process_summaries(tmp_path):
             "over processes, and process 0, which writes, holds only its own shards; gather it "
             "on every process first: multihost_utils.process_allgather(x, tiled=True)"
         )
+    # A metrics dict with a leaf sharded over processes: refused in both (a gather on the
+    # worker deadlocked a probe's two processes); written in the 1-process run.
+    assert json.loads((one / "result0.json").read_text())["refused_rows"] == ""
+    for result in results:
+        assert result["refused_rows"].startswith(
+            "MetricsManager.write_metrics_summary: metrics ['rows'] hold arrays sharded over "
+            "processes"
+        )
     (hist,) = [line["gathered_tokens"] for line in lines if "gathered_tokens" in line]
     (direct,) = [
         line["tokens"] for line in writers.read_jsonl(one / "p0" / "train") if "tokens" in line

@@ -8,7 +8,7 @@ job is a list of pieces, run in order on one thread, jobs in submission order:
 * **Deadlines**: a piece that overruns its deadline (seconds) is abandoned to its thread (a
   daemon, so the process can still exit), `on_stuck` is told, and a fresh thread goes on with
   the job's next piece. Overruns are noticed at the next `submit`/`post` (one clock read) or
-  by a caller waiting for the worker: no watchdog thread.
+  by a caller waiting for the worker or a job's future: no watchdog thread.
 * **Errors**: an exception from a piece ends its job and fails its future; to isolate pieces,
   catch inside them. A future cancelled before its job starts skips the job.
 
@@ -31,14 +31,31 @@ _LOG = logging.getLogger(__name__)
 _POLL_S = 0.05  # how often a waiting caller looks for an overrun piece
 
 
+class _Future(Future):  # type: ignore[type-arg]
+    """A job's future: waiting on it abandons a piece past its deadline, as waiting for the
+    worker does (a loop reading a summary back while a writer hangs got no result)."""
+
+    def __init__(self, worker: "OrderedWorker") -> None:
+        super().__init__()
+        self._worker = worker
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._worker._wait_for(self, timeout)
+        return super().result(timeout=0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._worker._wait_for(self, timeout)
+        return super().exception(timeout=0)
+
+
 class Job:
     """One unit of ordered work: pieces, shared state, the result and its future."""
 
     __slots__ = ("pieces", "future", "index", "state", "result")
 
-    def __init__(self, pieces: Sequence[Piece], future: bool = True) -> None:
+    def __init__(self, pieces: Sequence[Piece], future: Future[Any] | None = None) -> None:
         self.pieces = list(pieces)
-        self.future: Future[Any] | None = Future() if future else None
+        self.future = future
         self.index = 0
         self.state: dict[str, Any] = {}
         self.result: Any = None
@@ -93,13 +110,11 @@ class OrderedWorker:
         Raises:
           RuntimeError: the worker is closed, or its own thread calls it while the queue is full.
         """
-        future = self._enqueue(Job(pieces)).future
-        assert future is not None
-        return future
+        return self._enqueue(Job(pieces, _Future(self))).future  # type: ignore[return-value]
 
     def post(self, pieces: Sequence[Piece]) -> None:
         """`submit` for a job nobody waits on: no future is made; an error ending it is logged."""
-        self._enqueue(Job(pieces, future=False))
+        self._enqueue(Job(pieces))
 
     def _enqueue(self, job: Job) -> Job:
         with self._cond:
@@ -152,8 +167,18 @@ class OrderedWorker:
             self._threads[-1].join(timeout)
         return drained
 
-    def _wait(self) -> None:
-        self._cond.wait(_POLL_S)
+    def _wait_for(self, future: Future[Any], timeout: float | None) -> None:
+        """Waits until `future` is done or `timeout` passed, abandoning overrun pieces."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not future.done():
+                left = _POLL_S if end is None else min(_POLL_S, end - time.monotonic())
+                if left <= 0:
+                    return
+                self._wait(left)
+
+    def _wait(self, timeout: float = _POLL_S) -> None:
+        self._cond.wait(timeout)
         if self._orphaned or not (self._stopping or self._threads[-1].is_alive()):
             if not self._orphaned:
                 # Killed by something outside the jobs (a profiler hook raising as the thread

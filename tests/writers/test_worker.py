@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -209,3 +210,27 @@ def test_an_overrun_is_noticed_at_the_next_post_without_a_waiting_caller():
     assert ran == ["rest", "early", "late"]
     release.set()
     assert worker.close(5)
+
+
+def test_waiting_on_a_future_abandons_an_overrun_piece_and_timeouts_hold():
+    # Only a submit, post or drain noticed an overrun: result() on the future waited forever.
+    release = threading.Event()
+    stuck: list[str] = []
+    worker = OrderedWorker("test", on_stuck=lambda label, job: stuck.append(label))
+
+    def result(job):
+        job.result = "computed"
+
+    future = worker.submit([("compute", result, None), ("hung", lambda job: release.wait(), 0.2)])
+    with pytest.raises(concurrent.futures.TimeoutError):  # before the deadline: still running
+        future.result(timeout=0.05)
+    with pytest.raises(concurrent.futures.TimeoutError):
+        future.exception(timeout=0.01)
+    started = time.monotonic()
+    assert future.result(timeout=10) == "computed"
+    assert time.monotonic() - started < 2 and stuck == ["hung"]
+    assert future.exception(timeout=0) is None
+    failing = worker.submit([("boom", lambda job: 1 / 0, None)])
+    assert isinstance(failing.exception(timeout=10), ZeroDivisionError)
+    release.set()
+    assert worker.close(10)
