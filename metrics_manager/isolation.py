@@ -10,7 +10,7 @@ metric's `compute_value()`, a whole summary); `Fanout` turns a write into one
   other calls of that write go on. A method raising `NotImplementedError` (CLU's writers do
   for kinds they cannot store) is not called again on that writer (`health()`: unsupported);
 * `max_failures` writes in a row whose calls all failed quarantine the writer; it is tried
-  again every `quarantine_s` until a call goes through, which ends the quarantine;
+  again every `quarantine_s` until a write goes through, which ends the quarantine;
 * a call past its deadline is abandoned by the worker (`stuck`): the writer is quarantined
   as hung and never called while that call is still inside it;
 * while a signal's flush races a kill (`hurry`), a writer whose calls have taken the flush's
@@ -188,7 +188,7 @@ class Fanout:
                     state.skipped += writes
                     return
                 state.busy, started = True, time.monotonic()
-                failed = wrote = False  # a call of a kind it stores ends neither's count
+                failed = wrote = False  # a call of a kind it does not store: neither
                 try:
                     for method, kwargs in job.state.get("calls", ()) if calls is None else calls:
                         if method in state.unsupported:
@@ -200,7 +200,7 @@ class Fanout:
                                 getattr(state.writer, method)(**own_dicts(kwargs))
                             else:
                                 getattr(state.writer, method)(step=step, **own_dicts(kwargs))
-                            wrote = True
+                            wrote = wrote or method.startswith("write")  # not a flush
                         # BaseException too: SystemExit, KeyboardInterrupt or an asyncio
                         # CancelledError from a writer's own loop cannot end the process from
                         # this thread, only the job, and with it the writers after this one.
@@ -231,6 +231,7 @@ class Fanout:
                         state.hurried_s += time.monotonic() - started
                 if failed and not wrote:
                     self._failed(name, state)
+                if not wrote:  # only unsupported kinds, or failures: no sign of life
                     return
                 if state.quarantined and state.retry_at <= started:  # a retry went through
                     _LOG.warning(

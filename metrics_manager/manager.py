@@ -103,7 +103,7 @@ class MetricsManager:
       max_writer_failures: a writer whose calls all fail in this many writes in a row is
         quarantined (a method raising `NotImplementedError` is simply not called again).
       quarantine_s: a quarantined writer is tried again after this long (a hung one, once its
-        call has returned): a success ends the quarantine. None: it stays out for good.
+        call has returned): a write that goes through ends the quarantine. None: for good.
       resume_step: the step a restored checkpoint resumes from: the writers drop the values an
         earlier run wrote after it (TensorBoard `purge_step`, JSONL rewrite).
       nonfinite: what a NaN or infinite scalar in a summary or `write_scalar(s)` does:
@@ -643,10 +643,11 @@ class MetricsManager:
         elif arg != "hparams":  # images, histograms: shapes now, values on the worker
             _checks.check_buckets(extra.get("num_buckets"), problems)  # None: nothing to check
             values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
-            # Read on the worker: a loop may refill its NumPy buffer once this call returns.
-            values = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in values.items()}
             deferred = list(values)
         problems.raise_if_any()
+        if arg in _ARRAY_KINDS and self._fanout.states:  # read on the worker: a loop may
+            # refill its NumPy buffer once this call returns
+            values = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in values.items()}
         if self._fanout.states and not deferred:
             checked = values if arg == "hparams" else _checks.Checked(values)
             pieces = self._fanout.pieces(step, [(call, {arg: checked})])

@@ -32,8 +32,9 @@ _POLL_S = 0.05  # how often a waiting caller looks for an overrun piece
 
 
 class _Future(Future):  # type: ignore[type-arg]
-    """A job's future: waiting on it abandons a piece past its deadline, as waiting for the
-    worker does (a loop reading a summary back while a writer hangs got no result)."""
+    """A job's future: `result()` and `exception()` abandon a piece past its deadline, as
+    waiting for the worker does (a loop reading a summary back while a writer hung got no
+    result); `concurrent.futures.wait` and callbacks do not."""
 
     def __init__(self, worker: "OrderedWorker") -> None:
         super().__init__()

@@ -187,6 +187,40 @@ def test_a_writer_failing_on_one_kind_keeps_writing_the_others_and_is_not_quaran
     assert (health["failures"], health["quarantined"], health["skipped"]) == (10, None, 0)
 
 
+def test_a_write_of_an_unsupported_kind_neither_ends_a_quarantine_nor_delays_one():
+    class Broken(writers.NoopWriter):  # a full disk, and no texts at all
+        def write_scalars(self, step, scalars):
+            raise OSError("No space left on device")
+
+        def write_texts(self, step, texts):
+            raise NotImplementedError("texts")
+
+    with MetricsManager(
+        "t", writer_factory=lambda d: {"broken": Broken()}, max_writer_failures=3, uptime=False
+    ) as manager:
+        for step in range(20):
+            manager.write_scalars(step, {"loss": 1.0})
+            manager.write_texts(step, {"note": "x"})  # skipped: reset the count, once
+        manager.flush()
+        health = manager.health()["writers"]["broken"]
+        assert (health["quarantined"], health["failures"]) == ("3 failures in a row", 4)
+    with MetricsManager(
+        "t2",
+        writer_factory=lambda d: {"broken": Broken()},
+        max_writer_failures=2,
+        quarantine_s=0.05,
+        uptime=False,
+    ) as manager:
+        manager.write_texts(0, {"note": "x"})  # unsupported from now on
+        manager.write_scalars(1, {"loss": 1.0})
+        manager.write_scalars(2, {"loss": 1.0})
+        manager.flush()
+        time.sleep(0.1)  # the retry is due
+        manager.write_texts(3, {"note": "x"})  # nothing written: not back
+        manager.flush()
+        assert manager.health()["writers"]["broken"]["quarantined"] == "2 failures in a row"
+
+
 def test_a_writer_that_changes_what_it_is_given_changes_nothing_the_others_get(tmp_path):
     # One dict (and the caller's own arrays) went to every writer: a writer dividing the
     # scalars by 100 and popping `lr` before JSONL left JSONL with loss 0.4 and no lr.
