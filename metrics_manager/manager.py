@@ -122,7 +122,8 @@ class MetricsManager:
         (default `jax.device_count()`).
       handle_signals: flush on SIGTERM/SIGINT (within 25 s, or 2 s before a handler of the
         program's own; a writer call running 10 s into it is abandoned, a writer whose calls
-        took 10 s of it is set aside) before the previous handler runs. Python installs
+        took 10 s of it is set aside) before the previous handler runs; close the writers
+        instead where that is the default, which ends the process. Python installs
         handlers only from the main thread: a manager made on another thread is flushed by
         one made on the main thread, else at `close()` and exit.
         SIGTERM is left to JAX's preemption service where `jax.distributed` runs one: the
@@ -1000,8 +1001,11 @@ os.register_at_fork(after_in_child=_previous_handlers_in_child)
 
 
 def _on_signal(signum: int, frame: types.FrameType | None) -> None:
-    """Flushes every open manager within the grace period, then runs the previous handler."""
+    """Flushes every open manager within the grace period, then runs the previous handler;
+    closes their writers instead where that is the default, which ends the process at once:
+    W&B, whose run file grows in 32 KiB blocks until its run finishes, lost every summary."""
     previous = _PREVIOUS_HANDLERS.get(signum)
+    ending = previous == signal.SIG_DFL
     own = callable(previous) and previous is not signal.default_int_handler
     budget = _SIGNAL_FLUSH_BEFORE_OWN_S if own else _SIGNAL_FLUSH_S
     end = time.monotonic() + budget
@@ -1013,7 +1017,7 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
         left = max(end - time.monotonic(), 0.0)
         try:
             if not manager._closed:
-                manager._to_all("flush", left)
+                manager._to_all("close" if ending else "flush", left)
             elif not manager._worker.drain(left):  # close() is running: let it end first
                 raise TimeoutError(f"close() not done in {left:.1f} s")
         except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)

@@ -29,11 +29,16 @@ def event(step: int, values: list[Any]) -> bytes:
 
 
 def first_events(purge_step: int | None) -> list[bytes]:
-    """The file version, then a restart at `purge_step`: TensorBoard drops older events from it."""
+    """The file version, then a restart at `purge_step`: TensorBoard drops older events from it.
+
+    Twice: TensorBoard's Python reader (the app's `--load_fast=false`) takes a run's first
+    START as the session's own, not a restart, so one START purged nothing on a first resume.
+    """
     events = [event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")]
     if purge_step is not None:
         start = event_pb2.SessionLog(status=event_pb2.SessionLog.START)
-        events.append(event_pb2.Event(step=purge_step, wall_time=time.time(), session_log=start))
+        restart = event_pb2.Event(step=purge_step, wall_time=time.time(), session_log=start)
+        events += [restart, restart]
     return [e.SerializeToString() for e in events]
 
 

@@ -12,7 +12,8 @@ children: data-loader workers terminated with SIGTERM, and one that exits normal
 `close_signal` (SIGTERM 0.5 s into a close() that still has 40 summaries to write),
 `own_handler` (the program's own SIGTERM handler sets a flag; a writer hangs),
 `close_exit`/`close_ctrl_c` (close() interrupted by a handler's sys.exit, or by Ctrl-C),
-`restored_handler` (a second run after the program restored its SIGTERM handler), `long_call`
+`restored_handler` (a second run after the program restored its SIGTERM handler), `wandb`
+(`every_step` with an offline W&B writer beside JSONL and TensorBoard), `long_call`
 (5 summaries, then the main thread waits in `block_until_ready` on a computation that never
 ends), `multiprocess` (see
 `test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
@@ -118,6 +119,11 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
     if mode == "slow_signal":
         first = {"slow": SlowWriter(3.0)}  # a tracker over a slow link: under every deadline
     factory = files_and(first=first)
+    if mode == "wandb":  # W&B offline beside the files (WANDB_MODE=offline from the test)
+
+        def factory(logdir, collection=None):
+            tracker = writers.WandbWriter("fault", logdir=logdir, process_index=0)
+            return files_and(last={"wandb": tracker})(logdir, collection)
 
     manager = MetricsManager("train", summary_dir, writer_factory=factory)
     x = jnp.zeros(4)

@@ -44,6 +44,7 @@ from metrics_manager import (
 from tests.metrics_manager.fault_loop import files_and
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
 from tests.writers.failing import GatedWriter
+from tests.writers.tracker_stores import wandb_history, wandb_run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -845,6 +846,19 @@ def test_sigterm_loses_no_issued_summary(tmp_path, mode):
         jsonl = [line["step"] for line in read_jsonl(logdir)]
         assert set(issued) <= set(jsonl), (issued, jsonl)
         assert set(issued) <= set(tb_steps(logdir))
+
+
+def test_sigterm_loses_no_issued_summary_in_w_and_b(tmp_path):
+    # W&B's offline run file grows in 32 KiB blocks until the run finishes, and a flush does
+    # not finish it: the run file held none of 60 summaries after a SIGTERM.
+    proc = run_loop("wandb", str(tmp_path), "0.2")
+    issued = wait_for_issued(proc, 30)
+    rest = signal_loop(proc, signal.SIGTERM, issued)
+    assert proc.returncode == -signal.SIGTERM, rest
+    logdir = str(tmp_path / "train")
+    (run_file,) = wandb_run_files(logdir)
+    assert set(issued) <= set(wandb_history(run_file)), (issued, rest)
+    assert set(issued) <= {line["step"] for line in read_jsonl(logdir)}
 
 
 def test_sigterm_while_the_main_thread_waits_on_the_device_flushes_at_once(tmp_path):

@@ -22,6 +22,8 @@ import time
 import fsspec
 import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
+from tensorboard.backend.event_processing import plugin_event_accumulator as pea
+from tensorboard.util import tensor_util
 
 import writers
 from metrics_manager.gin_utils import write_gin_config
@@ -53,6 +55,13 @@ def test_run_100_resume_at_50_run_to_100_gives_each_step_once(tmp_path):
     expected = [(s, float(s)) for s in range(1, 51)] + [(s, 1000.0 + s) for s in range(51, 101)]
 
     assert _tensorboard_loss(tmp_path) == expected
+    # The TensorBoard app's Python reader (--load_fast=false) took a run's first restart for
+    # the session's start: it showed steps 51..100 twice.
+    app = pea.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    app.Reload()
+    assert [
+        (e.step, float(tensor_util.make_ndarray(e.tensor_proto))) for e in app.Tensors("loss")
+    ] == (expected)
     with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
         lines = [json.loads(line) for line in f]
     assert lines[0]["step"] is None and lines[0]["hparams"] == {"lr": 0.1}  # kept: no step
