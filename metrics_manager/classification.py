@@ -30,6 +30,7 @@ Synopsis:
 
 import dataclasses
 import difflib
+import math
 from typing import Any, Literal, get_args
 
 import clu.metrics as clu_metrics
@@ -246,6 +247,9 @@ class _ConfusionCounts(_Counts):
                     f"{describe(threshold)}; pass float(threshold)"
                 )
                 threshold = None
+            elif threshold is not None and math.isnan(threshold):  # every score would be < it
+                problems.value_problem("threshold must be a number, got NaN")
+                threshold = None
             predicted = (predictions >= (0.5 if threshold is None else threshold)).astype(jnp.int32)
         elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
             num_classes = predictions.shape[-1]
@@ -370,9 +374,9 @@ class FBeta(_ConfusionCounts):
         """Counts one batch; as `Precision.from_model_output`, plus `beta` (> 0, static)."""
         _refuse_misspelled(cls, others, ("beta", "threshold", "average"))
         number = not isinstance(beta, bool) and isinstance(beta, int | float)
-        if not (number and beta > 0):
+        if not (number and 0 < beta < math.inf):  # inf: NaN, not recall
             raise (ValueError if number else TypeError)(
-                f"FBeta.from_model_output: beta must be a Python number > 0, got "
+                f"FBeta.from_model_output: beta must be a finite Python number > 0, got "
                 f"{describe(beta)}; use beta=1.0 for F1, 0.5 to favour precision, 2.0 recall"
             )
         counts = super().from_model_output(

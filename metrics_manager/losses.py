@@ -128,9 +128,10 @@ class _Checks(Problems):
                 "factors first with `with_loss_normalization` on the global batch."
             )
         elif _is_number(factor, (int, float, np.number)):
-            if not factor > 0:
+            if not 0 < factor < math.inf:  # inf: every loss 0; NaN: every loss NaN
                 self.value_problem(
-                    f"{name} must be positive; got {factor!r}. Use None for no normalization."
+                    f"{name} must be positive and finite; got {factor!r}. Use None for no "
+                    "normalization."
                 )
         elif factor is not None and not _is_array(factor):
             self.type_problem(
@@ -153,8 +154,8 @@ class _Checks(Problems):
             got = logits.shape[-1]
             self.value_problem(f"label smoothing needs at least 2 classes; logits have {got}.")
         if _is_number(z_loss):
-            if z_loss < 0:
-                self.value_problem(f"`z_loss` must be non-negative; got {z_loss!r}.")
+            if not 0 <= z_loss < math.inf:  # NaN or inf: a NaN or inf loss
+                self.value_problem(f"`z_loss` must be non-negative and finite; got {z_loss!r}.")
         elif _is_array(z_loss):
             self.array("z_loss", z_loss, None, ndim=0)
         else:

@@ -191,7 +191,11 @@ class MetricsManager:
             problems.integer("num_devices", num_devices, minimum=1)
         problems.choice("on_error", on_error, ("warn", "raise"))
         problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
-        for arg, flag in (("uptime", uptime), ("system_metrics", system_metrics)):
+        for arg, flag in (
+            ("uptime", uptime),
+            ("system_metrics", system_metrics),
+            ("handle_signals", handle_signals),
+        ):
             if not isinstance(flag, bool):
                 problems.type_problem(f"{arg} must be True or False, got {flag!r}")
         for arg, number in (

@@ -198,6 +198,12 @@ class AveragePerStep(Step):
         cls, values: ArrayLike, steps: ArrayLike = 1, mask: ArrayLike | None = None, **_: Any
     ) -> "AveragePerStep":
         """Sums `values` (where `mask` is true, if given) as one step's total."""
+        if isinstance(steps, str | bool) or np.ndim(steps) != 0:  # a mask given by position
+            raise TypeError(
+                f"{cls.__name__}.from_model_output: steps must be one number of steps (default "
+                f"1), got {type(steps).__name__} of shape {np.shape(steps)}; pass a mask by "
+                "keyword: from_model_output(values, mask=mask)"
+            )
         return cls(total=_masked_sum(values, mask, cls.__name__), steps=steps)
 
     def merge(self, other: "AveragePerStep") -> "AveragePerStep":  # type: ignore[override]

@@ -335,15 +335,17 @@ class MultiMetric(nnx.MultiMetric):
 
     def update(self, **updates: Any) -> None:
         """Flax's `update` (a `mask` dict gives each member its own), naming the member that
-        refuses its arguments."""
+        refuses its arguments; then no member keeps the batch (Flax's earlier members did)."""
         mask = updates.pop("mask", None)
+        before = jax.tree.map(lambda x: x, nnx.state(self))  # the values now, not the Variables
         for name in self._metric_names:
             member = mask.get(name) if isinstance(mask, dict) else mask
             try:
                 getattr(self, name).update(
                     **updates, **({} if member is None else {"mask": member})
                 )
-            except (TypeError, ValueError) as err:
+            except Exception as err:
+                nnx.update(self, before)
                 if type(err) not in (TypeError, ValueError):  # e.g. jax's tracer errors
                     err.add_note(f"raised by MultiMetric member {name!r}")
                     raise

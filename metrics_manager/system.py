@@ -220,16 +220,15 @@ class SystemMonitor:
         """Takes one sample now and adds it to the current window."""
         with self._lock:
             for name, read in list(self._sensors.items()):
-                try:
-                    values = read()
-                except Exception:  # noqa: BLE001  (a failing sensor must not stop the others)
+                try:  # a sensor that fails or gives no numbers must not stop the others
+                    values = {str(key): float(value) for key, value in read().items()}
+                except Exception:  # noqa: BLE001
                     _LOG.debug(
                         "SystemMonitor: dropping sensor %r after an error", name, exc_info=True
                     )
                     del self._sensors[name]
                     continue
                 for key, value in values.items():
-                    value = float(value)
                     count, total, top = self._window.get(key, (0.0, 0.0, value))
                     self._window[key] = (count + 1.0, total + value, max(top, value))
 

@@ -28,6 +28,7 @@ import glob
 import io
 import json
 import math
+import numbers
 import os
 import shutil
 import struct
@@ -96,6 +97,7 @@ def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
       >>> smooth([1.0, 0.0], 0.5).tolist()  # (0.5 * 0.5 + 0) / (1 - 0.25)
       [1.0, 0.3333333333333333]
     """
+    _problems(weight, {}).raise_if_any()  # 1.0 divided by zero; NaN gave NaN everywhere
     out = np.array(values, dtype=np.float64)  # a copy
     if weight == 0 or out.size == 0 or np.all(out == out[0]):
         return out
@@ -111,13 +113,17 @@ def smooth(values: Sequence[float] | np.ndarray, weight: float) -> np.ndarray:
 def _problems(smoothing: float, sizes: Mapping[str, Any], flag: str = "") -> Problems:
     """What is wrong with the options, each named `flag + name`."""
     problems = Problems("writers.plot")
-    if not 0 <= smoothing < 1:
+    if isinstance(smoothing, bool) or not isinstance(smoothing, numbers.Real):
+        problems.type_problem(f"{flag}smoothing must be a number in [0, 1), got {smoothing!r}")
+    elif not 0 <= smoothing < 1:
         problems.value_problem(
             f"{flag}smoothing must be in [0, 1) (TensorBoard's slider), got {smoothing!r}: 0 "
             "draws the raw values, 0.6 is TensorBoard's default"
         )
     for name, v in sizes.items():
-        if v is not None and not (int(v) == v and v >= 1):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+            problems.type_problem(f"{flag}{name} must be a positive integer, got {v!r}")
+        elif v is not None and not (float(v).is_integer() and float(v) >= 1):
             problems.value_problem(f"{flag}{name} must be a positive integer, got {v!r}")
     return problems
 

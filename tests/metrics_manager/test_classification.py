@@ -414,14 +414,25 @@ BAD_SETTINGS = {
     "beta a str": (
         lambda: FBeta.from_model_output(SCORES, LABELS, beta="2"),
         TypeError,
-        "FBeta.from_model_output: beta must be a Python number > 0, got str '2'; use beta=1.0 "
+        "FBeta.from_model_output: beta must be a finite Python number > 0, got str '2'; use beta=1.0 "
         "for F1, 0.5 to favour precision, 2.0 recall",
     ),
     "beta 0": (
         lambda: FBeta.from_model_output(SCORES, LABELS, beta=0),
         ValueError,
-        "FBeta.from_model_output: beta must be a Python number > 0, got int 0; use beta=1.0 "
+        "FBeta.from_model_output: beta must be a finite Python number > 0, got int 0; use beta=1.0 "
         "for F1, 0.5 to favour precision, 2.0 recall",
+    ),
+    "beta inf": (  # NaN, not recall
+        lambda: FBeta.from_model_output(SCORES, LABELS, beta=float("inf")),
+        ValueError,
+        "FBeta.from_model_output: beta must be a finite Python number > 0, got float inf; use "
+        "beta=1.0 for F1, 0.5 to favour precision, 2.0 recall",
+    ),
+    "threshold NaN": (  # every prediction negative: precision 0
+        lambda: Precision.from_model_output(SCORES, LABELS, threshold=float("nan")),
+        ValueError,
+        "Precision.from_model_output: threshold must be a number, got NaN",
     ),
     "k a str": (
         lambda: TopKAccuracy.from_model_output(np.eye(2), LABELS, k="1"),

@@ -1350,6 +1350,17 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         "system_metrics must be True or False, got 'False'",
     ),
+    "handle_signals a str": (  # truthy: the handlers were installed
+        lambda m: MetricsManager("x", handle_signals="no"),
+        TypeError,
+        "handle_signals must be True or False, got 'no'",
+    ),
+    "a mask as AveragePerStep's steps": (  # [6, inf, 6]: the mask divided the total
+        lambda m: AveragePerStep.from_model_output(jnp.ones(3), jnp.array([1, 0, 1])),
+        TypeError,
+        r"steps must be one number of steps \(default 1\), got ArrayImpl of shape \(3,\); "
+        r"pass a mask by keyword",
+    ),
 }
 
 

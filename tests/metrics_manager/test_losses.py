@@ -302,7 +302,20 @@ BAD_OPTIONS = {
     "negative z_loss": (
         lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, z_loss=-1.0),
         ValueError,
-        "`z_loss` must be non-negative; got -1.0.",
+        "`z_loss` must be non-negative and finite; got -1.0.",
+    ),
+    "NaN z_loss": (  # every loss NaN
+        lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, z_loss=float("nan")),
+        ValueError,
+        "`z_loss` must be non-negative and finite; got nan.",
+    ),
+    "infinite loss_normalizing_factor": (  # every loss 0
+        lambda: losses.compute_weighted_cross_entropy(
+            LOGITS, TARGETS, loss_normalizing_factor=float("inf")
+        ),
+        ValueError,
+        "`loss_normalizing_factor` must be positive and finite; got inf. Use None for no "
+        "normalization.",
     ),
     "z_loss a vector": (
         lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, z_loss=jnp.ones(2)),
@@ -364,7 +377,7 @@ def test_unknown_names_and_types_are_rejected():
         losses.convert_special_loss_normalizing_factor_to_enum("num_tokens")
     with pytest.raises(TypeError, match="got int 3"):
         losses.convert_special_loss_normalizing_factor_to_enum(3)
-    with pytest.raises(ValueError, match="must be positive; got -2.0"):
+    with pytest.raises(ValueError, match="must be positive and finite; got -2.0"):
         losses.get_loss_normalizing_factor_and_weights(-2.0, BATCH)
     with pytest.raises(ValueError, match=r"needs batch\['decoder_target_tokens'\].*\['inputs'\]"):
         losses.get_loss_normalizing_factor_and_weights("num_real_target_tokens", {"inputs": 1})

@@ -152,9 +152,10 @@ def test_a_multimetric_member_refusing_its_arguments_is_named():
     )
     with pytest.raises(ValueError, match="^MultiMetric member 'f1': FBeta.from_model_output: "):
         metrics.update(logits=jnp.zeros((4, 3)), labels=jnp.array([0, 1, 2, 1]))
-    metrics = mnnx.MultiMetric(acc=mnnx.Accuracy())
+    metrics = mnnx.MultiMetric(loss=mnnx.Average(), acc=mnnx.Accuracy())
     with pytest.raises(TypeError, match="^MultiMetric member 'acc': .*labels.astype"):
-        metrics.update(logits=jnp.zeros((4, 3)), labels=jnp.zeros(4))
+        metrics.update(values=jnp.ones(4), logits=jnp.zeros((4, 3)), labels=jnp.zeros(4))
+    assert np.isnan(float(metrics.loss.compute()))  # the refused batch: in no member
     # Flax's per-member mask dict still reaches each member.
     metrics = mnnx.MultiMetric(a=mnnx.Average(), b=mnnx.Average())
     values = jnp.array([1.0, 3.0])

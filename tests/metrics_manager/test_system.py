@@ -149,6 +149,16 @@ def test_a_sensor_that_starts_failing_is_logged_once_and_dropped(caplog):
     assert messages == ["SystemMonitor: dropping sensor 'sample_fn' after an error"]
 
 
+def test_a_sensor_giving_no_numbers_is_dropped_and_the_sampling_thread_lives_on():
+    # float("x") raised outside the sensor's guard: it ended the sampling thread, and every
+    # window_values() after it raised "could not convert string to float".
+    samples = iter([{"system/x": 1.0}, {"system/x": "x"}])
+    with mm.SystemMonitor(0.01, sample_fn=lambda: next(samples)) as monitor:
+        time.sleep(0.1)
+        assert monitor.window_values() == {"system/x": 1.0, "system/x/max": 1.0}
+        assert monitor._thread.is_alive()
+
+
 class _FakeDevice:
     def __init__(self, device_id, stats):
         self.id = device_id

@@ -394,6 +394,11 @@ def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
         load_series([str(tmp_path / "r")], ["loss", "nope"])
     with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\)"):
         load_series([str(tmp_path / "r")], smoothing=1.0)
+    # A str compared with 0 ("'<=' not supported"); 1.0 divided by zero in smooth().
+    with pytest.raises(TypeError, match=r"smoothing must be a number in \[0, 1\), got '0.5'"):
+        load_series([str(tmp_path / "r")], smoothing="0.5")
+    with pytest.raises(ValueError, match=r"smoothing must be in \[0, 1\).*got 1.0"):
+        smooth([1.0, 2.0], 1.0)
     result = _plot(str(tmp_path / "r"), "--keys", "nope", "--terminal")
     assert result.returncode == 2 and "available: ['acc', 'loss']" in result.stderr
     result = _plot(str(tmp_path / "r"), "--follow", "--smoothing", "1", "--width", "0")
