@@ -31,7 +31,7 @@ from writers import _checks
 from writers._base import ForwardingWriter, close_at_exit
 from writers._worker import OrderedWorker
 from writers.interface import WriterError
-from writers.multi import MultiWriter
+from writers.multi import MultiWriter, named_writers
 
 
 class AsyncWriter(ForwardingWriter):
@@ -145,8 +145,16 @@ class AsyncWriter(ForwardingWriter):
 class AsyncMultiWriter(MultiWriter):
     """CLU's `AsyncMultiWriter`: a `MultiWriter` of one `AsyncWriter` per writer."""
 
-    def __init__(self, writers: Sequence[Any], *, num_workers: int = 1):
-        super().__init__([AsyncWriter(w, num_workers=num_workers) for w in writers])
+    def __init__(self, writers: Sequence[Any] | Mapping[str, Any], *, num_workers: int = 1):
+        wrapped: dict[str, AsyncWriter] = {}
+        try:  # a writer refused: no worker thread of the others left running
+            for name, writer in named_writers(writers, "AsyncMultiWriter").items():
+                wrapped[name] = AsyncWriter(writer, name=name, num_workers=num_workers)
+        except Exception:
+            for done in wrapped.values():
+                done.close()
+            raise
+        super().__init__(wrapped)
 
 
 @contextlib.contextmanager

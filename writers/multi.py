@@ -14,7 +14,7 @@ Example:
   >>> w.close()
 """
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from writers import _checks
@@ -73,6 +73,11 @@ def named_writers(writers: Sequence[Any] | Mapping[str, Any], context: str) -> d
     if isinstance(writers, Mapping):
         _checks.check_keys(writers, context)
         return dict(writers)
+    if isinstance(writers, str) or not isinstance(writers, Iterable):
+        raise TypeError(
+            f"{context}: writers must be a dict of name -> writer or a list of writers, got "
+            f"{type(writers).__name__}; wrap a single writer in a list: [writer]"
+        )
     items = list(writers)
     names = [type(w).__name__ for w in items]
     return {

@@ -164,3 +164,23 @@ def _tags(path):
         for event in event_file_loader.EventFileLoader(str(path)).Load()
         for v in event.summary.value
     ]
+
+
+def test_one_writer_not_in_a_list_is_refused_with_the_fix():
+    # "'NoopWriter' object is not iterable", naming neither the argument nor the fix.
+    for make in (writers.MultiWriter, writers.AsyncMultiWriter):
+        with pytest.raises(TypeError, match=r"got NoopWriter; wrap a single writer in a list"):
+            make(writers.NoopWriter())
+
+
+def test_async_multi_writer_refusing_a_writer_leaves_no_thread_running():
+    import threading
+
+    before = threading.active_count()
+    for _ in range(3):
+        with pytest.raises(TypeError, match="'int' \\(int\\) lacks write_summaries"):
+            writers.AsyncMultiWriter([writers.NoopWriter(), 3])
+    assert threading.active_count() == before  # one AsyncWriter thread was left per call
+    multi = writers.AsyncMultiWriter({"a": writers.NoopWriter()})  # names kept
+    assert list(multi.writers) == ["a"]
+    multi.close()
