@@ -646,7 +646,7 @@ class MetricsManager:
         elif arg == "texts":
             values = _checks.collect_texts(values, problems)
         elif arg != "hparams":  # images, histograms: shapes now, values on the worker
-            _checks.check_buckets(extra.get("num_buckets"), problems)  # None: nothing to check
+            _checks.check_buckets(extra.get("num_buckets"), problems, values)  # None: nothing
             values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
             deferred = list(values)
         problems.raise_if_any()

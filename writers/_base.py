@@ -82,7 +82,7 @@ class BaseWriter(MetricWriter):
     ) -> None:
         step = self._begin("write_histograms", step, arrays)
         problems = _checks.Problems(self._name("write_histograms"))
-        buckets = _checks.check_buckets(num_buckets, problems)
+        buckets = _checks.check_buckets(num_buckets, problems, arrays)
         problems.raise_if_any()
         checked = _checks.check_arrays(arrays, self._name("write_histograms"), "histogram")
         self._histograms(step, checked, buckets)
@@ -240,7 +240,7 @@ class ForwardingWriter(BaseWriter):
     ) -> None:
         step = self._begin("write_histograms", step, arrays)
         problems = _checks.Problems(self._name("write_histograms"))
-        buckets = _checks.check_buckets(num_buckets, problems)
+        buckets = _checks.check_buckets(num_buckets, problems, arrays)
         arrays = _checks.check_shapes("histogram", arrays, problems)
         problems.raise_if_any()
         self._forward("write_histograms", step=step, arrays=arrays, num_buckets=buckets)

@@ -437,10 +437,18 @@ def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str,
     return out
 
 
-def check_buckets(num_buckets: Any, problems: Problems) -> dict[str, int]:
-    """`num_buckets` as a dict of ints >= 1 (None for a key: the default), else a problem."""
+def check_buckets(num_buckets: Any, problems: Problems, arrays: Any = None) -> dict[str, int]:
+    """`num_buckets` as a dict of ints >= 1 (None for a key: the default), else a problem;
+    also one for a key that names none of `arrays` (a typo's array got the default)."""
     if num_buckets is None:
         return {}
+    if isinstance(num_buckets, Mapping) and isinstance(arrays, Mapping):
+        if unknown := sorted(map(str, num_buckets.keys() - arrays.keys())):
+            problems.value_problem(
+                f"num_buckets names {unknown}, which no array of the call has (arrays "
+                f"{sorted(map(str, arrays))}); those arrays would get the default "
+                f"{DEFAULT_NUM_BUCKETS} buckets: match the arrays' keys"
+            )
     counts = None
     if isinstance(num_buckets, Mapping):  # a key's None: the default, as CLU's writers read it
         counts = {k: n for k, n in num_buckets.items() if n is not None}

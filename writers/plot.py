@@ -541,6 +541,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         problems.value_problem(f"--interval must be > 0 seconds, got {args.interval}")
     if args.max_redraws < 0:
         problems.value_problem(f"--max_redraws must be >= 0 (0: no limit), got {args.max_redraws}")
+    if args.out is not None:  # checked now: --follow would wait for it forever
+        try:
+            _image_format(args.out)
+        except ValueError as err:
+            problems.value_problem(str(err).removeprefix("writers.plot: "))
     if problems:
         parser.error(problems.message())
     if args.out is None and not args.terminal:

@@ -1350,6 +1350,11 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         "system_metrics must be True or False, got 'False'",
     ),
+    "num_buckets naming no array": (  # the typo's array got the default 30 buckets
+        lambda m: m.write_histograms(1, {"w": np.ones(4)}, num_buckets={"W": 8}),
+        ValueError,
+        r"num_buckets names \['W'\], which no array of the call has \(arrays \['w'\]\)",
+    ),
     "handle_signals a str": (  # truthy: the handlers were installed
         lambda m: MetricsManager("x", handle_signals="no"),
         TypeError,

@@ -194,6 +194,12 @@ BAD_CALLS = [
     ("text not str", TypeError, lambda w: w.write_texts(0, {"t": b"x"})),
     ("int num_buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, 8)),
     ("0 buckets", ValueError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 0})),
+    # A typo: 'h' got the default 30 buckets, silently.
+    (
+        "buckets of no array",
+        ValueError,
+        lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"hh": 3}),
+    ),
     ("float buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 2.5})),
 ]
 

@@ -368,10 +368,10 @@ def test_out_names_the_format_and_a_path_it_cannot_write_exits_2_naming_it(tmp_p
     _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 1.0}])
     plot_runs([run], out=str(tmp_path / "plot.svg"))
     assert (tmp_path / "plot.svg").read_text().lstrip().startswith("<?xml")  # not PNG bytes
-    result = _plot(run, "--out", str(tmp_path / "plot.txt"))
-    assert (
-        result.returncode == 2 and "name the file plot.png, plot.svg or plot.pdf" in result.stderr
-    )
+    for follow in ((), ("--follow",)):  # --follow polled forever, printing the error once
+        result = _plot(run, "--out", str(tmp_path / "plot.txt"), *follow)
+        assert result.returncode == 2
+        assert "name the file plot.png, plot.svg or plot.pdf" in result.stderr
     (tmp_path / "taken").mkdir()
     result = _plot(run, "--out", str(tmp_path / "taken"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
