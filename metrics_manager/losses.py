@@ -182,7 +182,14 @@ class _Checks(Problems):
                 f"`segment_ids` must map feature names to [B, L] arrays; got "
                 f"{type(segment_ids).__name__}."
             )
-        if num_devices is not None and not (_is_number(num_devices, (int,)) and num_devices >= 1):
+        if num_devices is None:
+            return
+        if not _is_number(num_devices, (int, np.integer)):
+            self.type_problem(
+                f"`num_devices` must be a Python int (static under jit); got "
+                f"{describe(num_devices)}. Pass int(jax.device_count()) or a constant."
+            )
+        elif num_devices < 1:
             self.value_problem(f"`num_devices` must be a positive int; got {num_devices!r}.")
 
 

@@ -242,6 +242,12 @@ def merge_windows(metrics: Metrics | PackedMetrics) -> Metrics | PackedMetrics:
         {'n': 4.0, 'top': 3.0}
     """
     metrics = collection_fields(metrics)
+    if not isinstance(metrics, Mapping | PackedMetrics) or not metrics:
+        raise TypeError(
+            f"merge_windows: metrics must be a non-empty dict of CLU metrics (or a "
+            f"PackedMetrics, a CLU Collection) stacked over windows, got {describe(metrics)}; "
+            "pass what the pmap/vmap step returned"
+        )
     leaves = jax.tree.leaves(metrics)
     rows = {np.shape(x)[0] if np.ndim(x) else 0 for x in leaves}
     if len(rows) != 1 or 0 in rows:

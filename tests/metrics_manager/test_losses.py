@@ -343,6 +343,12 @@ BAD_OPTIONS = {
         ValueError,
         "`num_devices` must be a positive int; got 0.",
     ),
+    "devices a str": (  # a ValueError before, and NumPy's ints were refused
+        lambda: _base(num_devices="2"),
+        TypeError,
+        "`num_devices` must be a Python int (static under jit); got str '2'. Pass "
+        "int(jax.device_count()) or a constant.",
+    ),
 }
 
 

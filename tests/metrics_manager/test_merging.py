@@ -552,3 +552,10 @@ def test_merge_windows_of_a_shard_map_on_either_kind_of_mesh(axis_types):
     for merged in (merging.merge_windows(windows), jax.jit(merging.merge_windows)(windows)):
         assert int(merged["loss"].steps) == 8 and float(merged["loss"].total) == 2016.0
         assert float(merged["top"].compute()) == 63.0
+
+
+@pytest.mark.parametrize("metrics", [None, {}, [1.0]])
+def test_merge_windows_of_no_metrics_names_what_it_takes(metrics):
+    # None and {} gave "leading sizes []", a list an error naming merge_metrics and a tracer.
+    with pytest.raises(TypeError, match="merge_windows: metrics must be a non-empty dict of CLU"):
+        merging.merge_windows(metrics)
