@@ -761,15 +761,16 @@ class _Problems(Problems):
         which on the worker raced the loop's own and deadlocked a job (a per-row vector)."""
         if isinstance(metrics, PackedMetrics):
             return  # packed in the step: gathered there, in the loop's order
-        sharded = sorted(
+        if sharded := sorted(
             key
             for key, metric in metrics.items()
-            for x in jax.tree.leaves(metric)
-            if not getattr(x, "is_fully_addressable", True) and not x.is_fully_replicated
-        )
-        if sharded:
+            if any(
+                not getattr(x, "is_fully_addressable", True) and not x.is_fully_replicated
+                for x in jax.tree.leaves(metric)
+            )
+        ):
             self.value_problem(
-                f"metrics {sorted(set(sharded))} hold arrays sharded over processes, which "
+                f"metrics {sharded} hold arrays sharded over processes, which "
                 "the manager would have to gather on its own thread (a collective out of the "
                 "loop's order can deadlock the job); pack them in the step, where the gather "
                 "runs with the step's own: running = merge_metrics(running, metrics) in the "
