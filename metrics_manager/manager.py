@@ -493,17 +493,15 @@ class MetricsManager:
 
         Raises:
           TimeoutError: `timeout` passed first (what is queued still gets written after).
+          TypeError: `timeout` is not a number; ValueError: it is negative or infinite.
           MetricsManagerError: under "raise", a background failure.
         """
         self._check_usable("flush")
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, numbers.Real)
-            or not 0 <= timeout < math.inf
-        ):
-            raise ValueError(
+        number = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
+        if timeout is not None and not (number and 0 <= timeout < math.inf):
+            raise (ValueError if number else TypeError)(
                 f"MetricsManager.flush: timeout must be a number of seconds >= 0 or None "
-                f"(wait for everything), got {timeout!r}"
+                f"(wait for everything), got {timeout!r} ({type(timeout).__name__})"
             )
         self._to_all("flush", timeout)
         self._failures.raise_fatal()

@@ -124,6 +124,57 @@ def buffer_bytes(mb: Any, where: str) -> float:
     return check_positive(mb, where, "max_buffer_mb", "MiB such as 256.0", fix) * 2**20
 
 
+def _count(v: Any) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _any(v: Any) -> bool:
+    return True
+
+
+# A writer constructor's setting: (its type is right, its value is right, what it takes).
+_OPTIONS: dict[str, tuple[Callable[[Any], bool], Callable[[Any], bool], str]] = {
+    "collection": (
+        lambda v: v is None or isinstance(v, str),
+        _any,
+        "a str such as 'train', or None",
+    ),
+    "clock": (callable, _any, "a function returning seconds, such as time.time"),
+    "stream": (
+        lambda v: v is None or callable(getattr(v, "write", None)),
+        _any,
+        "a text stream such as sys.stderr (with write()), or None for sys.stdout",
+    ),
+    "color": (lambda v: v is None or isinstance(v, bool | np.bool_), _any, "True, False or None"),
+    "total_steps": (
+        lambda v: v is None or _count(v),
+        lambda v: v is None or v >= 1,
+        "a positive int or None",
+    ),
+    "max_array_size": (_count, lambda v: v >= 0, "an int >= 0 (0: no tensor values in lines)"),
+    "filename_suffix": (
+        lambda v: isinstance(v, str),
+        lambda v: "/" not in v and os.sep not in v,
+        "a str without '/', such as '.train'",
+    ),
+}
+
+
+def check_options(where: str, **options: Any) -> None:
+    """A writer's constructor settings, refused at construction instead of at its first write."""
+    problems = Problems(where)
+    for name, value in options.items():
+        type_ok, value_ok, takes = _OPTIONS[name]
+        if not type_ok(value) or not value_ok(value):
+            kind = ValueError if type_ok(value) else TypeError
+            literal = name in ("color", "total_steps", "max_array_size") and isinstance(value, str)
+            hint = "; in gin write it without quotes" if literal else ""
+            problems.add(
+                kind, f"{name} must be {takes}, got {value!r} ({type(value).__name__}){hint}."
+            )
+    problems.raise_if_any()
+
+
 class Checked(dict):  # type: ignore[type-arg]
     """Values checked and converted at a public entry point; `BaseWriter` skips its checks."""
 

@@ -22,7 +22,6 @@ Example:
 import contextlib
 import functools
 import math
-import numbers
 import os
 import re
 import sys
@@ -32,7 +31,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from writers import _encode
+from writers import _checks, _encode
 from writers._base import BaseWriter
 
 
@@ -47,7 +46,9 @@ class ConsoleWriter(BaseWriter):
       clock: Monotonic seconds, for steps/s and the ETA (patch it in tests).
 
     Raises:
-      ValueError: `total_steps` is not a positive int.
+      TypeError: a setting of the wrong type (`total_steps` not an int, a `stream` without
+        `write()`, a `clock` that is not callable).
+      ValueError: `total_steps` below 1.
     """
 
     def __init__(
@@ -59,11 +60,8 @@ class ConsoleWriter(BaseWriter):
         color: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
-        is_int = isinstance(total_steps, numbers.Integral) and not isinstance(total_steps, bool)
-        if total_steps is not None and not (is_int and total_steps >= 1):
-            raise ValueError(
-                f"ConsoleWriter: total_steps must be a positive int or None, got {total_steps!r}."
-            )
+        options = dict(stream=stream, collection=collection, total_steps=total_steps)
+        _checks.check_options("ConsoleWriter", **options, color=color, clock=clock)
         self._stream = stream
         self._collection = collection
         self._total = total_steps

@@ -72,7 +72,8 @@ class JsonlWriter(BaseWriter):
         past it the oldest are dropped (logged). None: no bound.
 
     Raises:
-      TypeError: `resume_step` is not an integer.
+      TypeError: `resume_step` or `max_array_size` is not an integer, `collection` not a str,
+        or `clock` not callable.
       ValueError: `resume_step` is negative or given for a pipe, or `flush_secs` is not
         positive.
       ImportError: `path` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
@@ -95,6 +96,8 @@ class JsonlWriter(BaseWriter):
         self._path = _jsonl_log.log_file(_checks.check_path(path, "JsonlWriter", "path"))
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, "JsonlWriter(resume_step=...)")
+        options = dict(collection=collection, clock=clock, max_array_size=max_array_size)
+        _checks.check_options("JsonlWriter", **options)
         flush_secs = _checks.check_seconds(flush_secs, "JsonlWriter")
         limit = _checks.buffer_bytes(max_buffer_mb, "JsonlWriter")
         self._collection = collection

@@ -25,9 +25,13 @@ class LoggingWriter(BaseWriter):
 
     Args:
       collection: Shown as ` collection=<name>` on every line.
+
+    Raises:
+      TypeError: `collection` is neither a str nor None.
     """
 
     def __init__(self, collection: str | None = None):
+        _checks.check_options("LoggingWriter", collection=collection)
         self._prefix_tail = f" collection={collection}" if collection else ""
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:

@@ -95,6 +95,7 @@ class MlflowWriter(_base.TrackerWriter):
         clock: Callable[[], float] = time.time,
         process_index: int | None = None,
     ):
+        _checks.check_options("MlflowWriter", collection=collection, clock=clock)
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
         self._max = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
         self._close_timeout = None

@@ -42,8 +42,9 @@ class TensorBoardWriter(BaseWriter):
       filename_suffix: Appended to the event file name.
 
     Raises:
-      ValueError: `flush_secs` is not positive or `purge_step` is negative.
-      TypeError: `purge_step` is not an integer.
+      ValueError: `flush_secs` is not positive, `purge_step` is negative or
+        `filename_suffix` holds a '/'.
+      TypeError: `purge_step` is not an integer or `filename_suffix` not a str.
     """
 
     encodes_media = True
@@ -59,6 +60,7 @@ class TensorBoardWriter(BaseWriter):
     ):
         from writers import _records, _tb_summary  # here: `import writers` loads no tensorboardX
 
+        _checks.check_options("TensorBoardWriter", filename_suffix=filename_suffix)
         flush_secs = _checks.check_seconds(flush_secs, "TensorBoardWriter")
         if purge_step is not None:
             purge_step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")

@@ -94,6 +94,7 @@ class WandbWriter(_base.TrackerWriter):
         run: Any = None,
         process_index: int | None = None,
     ):
+        _checks.check_options("WandbWriter", collection=collection)
         self._wandb, resume_step, here = self._start("wandb", resume_step, process_index)
         if resume_step is not None and run_id is None and run is None:
             raise ValueError(

@@ -1279,6 +1279,37 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         r"max_queue must be an int >= 1, got '5' \(str\); in gin write 512, not '512'",
     ),
+    # Writer settings that failed only at the first write, on the worker: the writer was lost.
+    "a console writer's stream that is no stream": (
+        lambda m: writers.ConsoleWriter("stdout"),
+        TypeError,
+        r"ConsoleWriter: stream must be a text stream such as sys.stderr \(with write\(\)\)",
+    ),
+    "a console writer's clock that is no function": (
+        lambda m: writers.ConsoleWriter(clock=0.0),
+        TypeError,
+        r"ConsoleWriter: clock must be a function returning seconds, such as time.time, got 0.0",
+    ),
+    "a console writer's color as a str": (  # 'no' is true: colours were on
+        lambda m: writers.ConsoleWriter(color="no"),
+        TypeError,
+        r"ConsoleWriter: color must be True, False or None, got 'no' \(str\); in gin write it",
+    ),
+    "a collection that is not a str": (  # JSONL stored it as a number in every line
+        lambda m: writers.JsonlWriter(os.path.join(m.summary_dir, "o.jsonl"), collection=3),
+        TypeError,
+        r"JsonlWriter: collection must be a str such as 'train', or None, got 3 \(int\)",
+    ),
+    "a str max_array_size": (
+        lambda m: writers.JsonlWriter(os.path.join(m.summary_dir, "o.jsonl"), max_array_size="9"),
+        TypeError,
+        r"JsonlWriter: max_array_size must be an int >= 0 .*got '9' \(str\); in gin write it",
+    ),
+    "a TensorBoard filename_suffix that is a path": (
+        lambda m: writers.TensorBoardWriter(m.summary_dir, filename_suffix="/../x"),
+        ValueError,
+        r"TensorBoardWriter: filename_suffix must be a str without '/', such as '.train'",
+    ),
     "a console_stream that is no stream": (
         lambda m: writers.create_default_writer(None, console_stream="stdout"),
         TypeError,
@@ -1582,9 +1613,11 @@ def test_flush_with_a_timeout_says_what_is_still_queued_and_loses_none_of_it(tmp
         assert gated.entered.wait(10)
         with pytest.raises(TimeoutError, match=r"flush\(\) not done in 0.2 s; 4 job\(s\)"):
             m.flush(timeout=0.2)  # steps 1 (in the gated call), 2, 3 and the flush
-        for bad in (-1, float("nan"), "1", True):
-            with pytest.raises(ValueError, match=r"timeout must be a number of seconds >= 0"):
+        for bad, error in ((-1, ValueError), (float("nan"), ValueError), ("1", TypeError)):
+            with pytest.raises(error, match=r"timeout must be a number of seconds >= 0"):
                 m.flush(timeout=bad)
+        with pytest.raises(TypeError, match=r"or None \(wait for everything\), got True \(bool\)"):
+            m.flush(timeout=True)
         gated.gate.set()
         m.flush(timeout=10)
     assert [line["loss"] for line in read_jsonl(str(tmp_path / "train"))] == [1.0, 2.0, 3.0]

@@ -208,8 +208,11 @@ def test_number_and_duration_formatting():
 
 
 def test_bad_input_and_closed_writer():
-    for bad in (0, -5, 2.5, True):
+    for bad in (0, -5):
         with pytest.raises(ValueError, match="total_steps must be a positive int"):
+            writers.ConsoleWriter(io.StringIO(), total_steps=bad)
+    for bad in (2.5, True, "10"):
+        with pytest.raises(TypeError, match="total_steps must be a positive int"):
             writers.ConsoleWriter(io.StringIO(), total_steps=bad)
     out = io.StringIO()
     w = writers.ConsoleWriter(out)
