@@ -208,9 +208,14 @@ def perf_values(
     problems = Problems("perf_values")
     for arg, value, ok, expected in (  # each `ok` is also False for NaN
         ("flops_per_step", flops_per_step, lambda x: 0 <= x < math.inf, "finite, >= 0"),
-        ("num_steps", num_steps, lambda x: x >= 0, ">= 0"),
+        ("num_steps", num_steps, lambda x: x >= 0 and float(x).is_integer(), "a whole number >= 0"),
         ("duration_s", duration_s, lambda x: x > 0, "> 0 seconds"),
-        ("num_devices", num_devices, lambda x: x >= 1, ">= 1"),
+        (
+            "num_devices",
+            num_devices,
+            lambda x: x >= 1 and float(x).is_integer(),
+            "a whole number >= 1",
+        ),
         ("peak_flops_per_device", peak, lambda x: 0 < x < math.inf, "finite, > 0 FLOP/s or None"),
     ):
         if value is None and arg == "peak_flops_per_device":

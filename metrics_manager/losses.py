@@ -114,6 +114,11 @@ class _Checks(Problems):
             )
         elif targets.ndim < 1:
             self.value_problem("`targets` must have a batch axis; got a 0-d array.")
+        elif logits.shape[-1] == 0:  # every loss NaN, accuracy's argmax an error
+            self.value_problem(
+                f"`logits` must score a vocabulary of at least 1 (last axis); got shape "
+                f"{tuple(logits.shape)}. Check the model's output projection."
+            )
         elif targets_ok:
             self.array(name, weights, None, shape=tuple(targets.shape))
             self.factor(factor, targets.shape[0])
@@ -142,6 +147,14 @@ class _Checks(Problems):
                 self.value_problem(
                     f"{name} must be a scalar or a [batch] vector of shape ({batch_size},) (as "
                     f"`with_loss_normalization` stores it); got shape {tuple(factor.shape)}."
+                )
+        # A host array's values are known now (a device array's would cost a sync).
+        if isinstance(factor, np.ndarray) and factor.dtype.kind in "iuf" and factor.size:
+            if not np.all((factor > 0) & (factor < math.inf)):
+                self.value_problem(
+                    f"{name} must be positive and finite; got an array holding "
+                    f"{factor[~((factor > 0) & (factor < math.inf))].ravel()[0].item()!r}. Use None "
+                    "for no normalization."
                 )
 
     def loss_options(self, label_smoothing: Any, z_loss: Any, logits: Any) -> None:
@@ -687,7 +700,10 @@ def _base_metrics(
     num_tokens = jnp.float32(targets.size)
     real = jnp.ones(targets.shape, bool) if mask is None else mask != 0
     num_real = jnp.sum(real, dtype=jnp.float32)
-    num_seqs = jnp.sum(jnp.any(real.reshape(targets.shape[0], -1), axis=-1), dtype=jnp.float32)
+    num_seqs = jnp.sum(
+        jnp.any(real.reshape(targets.shape[0], math.prod(targets.shape[1:])), axis=-1),
+        dtype=jnp.float32,
+    )
     num_correct = jnp.sum((jnp.argmax(logits, axis=-1) == targets) & real, dtype=jnp.float32)
     loss = loss.astype(jnp.float32)
     if token_losses is not None:

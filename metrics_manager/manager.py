@@ -415,6 +415,7 @@ class MetricsManager:
             problems.keys(keys, "; ".join(found) or None)
             problems.one_window(metrics)
             problems.not_pytrees(metrics)
+            problems.not_scalars(metrics)
             problems.across_processes(metrics)
             problems.written_twice(metrics, ready)
         problems.raise_if_any()
@@ -784,6 +785,29 @@ class _Problems(Problems):
             self.type_problem(
                 f"metrics {', '.join(leaves)} are not pytrees JAX can flatten: a subclass of a "
                 "CLU metric needs its own @flax.struct.dataclass decorator"
+            )
+
+    def not_scalars(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:
+        """Refuses a metric written as a scalar whose compute() is not one (a T5X-style
+        `Sum(x.sum(axis=0))`): the worker dropped its key. compute() is traced, not run."""
+        if isinstance(metrics, PackedMetrics):
+            return
+        shapes = {}
+        for key, metric in metrics.items():
+            if type(metric).compute_value is not clu.metrics.Metric.compute_value:
+                continue  # its own compute_value: a Histogram, a MeanStdScalar, ...
+            try:
+                shape = getattr(jax.eval_shape(type(metric).compute, metric), "shape", None)
+            except Exception:  # noqa: BLE001 - a duration set later, host-side code: the worker says
+                continue
+            if shape is not None and math.prod(shape) != 1 and not _rows_per_device(metric):
+                shapes[key] = tuple(shape)
+        if shapes:
+            self.value_problem(
+                f"metrics {sorted(shapes)} compute arrays of shapes {list(shapes.values())}, "
+                "not scalars; reduce them in the step (Sum.from_model_output(x) sums every "
+                "element of x), or write an array with write_histograms or "
+                "clu.values.Histogram(x) among the metrics"
             )
 
     def written_twice(self, metrics: Mapping[str, Any] | PackedMetrics, ready: Mapping) -> None:

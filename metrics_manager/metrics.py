@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from writers._checks import describe
+
 __all__ = [
     "AveragePerStep",
     "Max",
@@ -81,7 +83,16 @@ def _values_and_mask(
     values: ArrayLike, mask: ArrayLike | None, metric: str
 ) -> tuple[jax.Array, jax.Array]:
     """`values` (at least 1-d) as floats, and a bool mask over its leading dims broadcast to it."""
-    values = jnp.atleast_1d(jnp.asarray(values))
+    try:
+        values = jnp.atleast_1d(jnp.asarray(values))
+    except (
+        TypeError,
+        ValueError,
+    ) as err:  # None from a missing output: JAX's error names no metric
+        raise TypeError(
+            f"{metric}.from_model_output: values must be an array or a number, got "
+            f"{describe(values)}; check the model output passed in."
+        ) from err
     if jnp.issubdtype(values.dtype, jnp.integer) or values.dtype == bool:
         # No int overflow; float64 under jax_enable_x64, where int64 counts pass 2**24.
         values = values.astype(jax.dtypes.canonicalize_dtype(jnp.float64))

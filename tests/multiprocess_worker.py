@@ -60,6 +60,8 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
             process_id=process_id,
             initialization_timeout=60,
         )
+    import clu.metrics
+    import flax
     import numpy as np
     from jax.experimental import multihost_utils
     from jax.sharding import Mesh, NamedSharding
@@ -67,12 +69,18 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
 
     from metrics_manager import (
         MetricsManager,
-        Sum,
         accumulate_grads_microbatched,
         compute_loss_and_metrics,
         merge_metrics,
         with_loss_normalization,
     )
+
+    @flax.struct.dataclass
+    class RowMean(clu.metrics.Metric):  # per-row values kept, their mean computed
+        rows: jax.Array
+
+        def compute(self) -> jax.Array:
+            return self.rows.mean()
 
     mesh = Mesh(np.array(jax.devices()), ("data",))
     data, replicated = NamedSharding(mesh, P("data")), NamedSharding(mesh, P())
@@ -131,7 +139,7 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
         manager.write_histograms(STEPS, {"gathered_tokens": gathered_tokens})
         # A metrics dict holding a leaf sharded over processes (a per-row vector): its copy
         # would gather on the manager's thread, out of the loop's order: refused at the call.
-        per_row = jax.jit(lambda x: {"rows": Sum(x[:, 0].astype(jax.numpy.float32))})(tokens)
+        per_row = jax.jit(lambda x: {"rows": RowMean(x[:, 0].astype(jax.numpy.float32))})(tokens)
         try:
             manager.write_metrics_summary(per_row, STEPS, 1)
             refused_rows = ""

@@ -18,6 +18,7 @@ from writers.interface import MetricWriter
 
 MAX_STEP = 2**63  # steps are int64 in TensorBoard's event proto; larger ones read back wrong
 DEFAULT_NUM_BUCKETS = 30
+MAX_BUCKETS = 2**20
 
 
 def describe(x: Any) -> str:
@@ -513,6 +514,12 @@ def check_buckets(num_buckets: Any, problems: Problems, arrays: Any = None) -> d
             f"or be None for {DEFAULT_NUM_BUCKETS} each; got {num_buckets!r}",
         )
         return {}
+    if huge := sorted(str(k) for k, n in counts.items() if n > MAX_BUCKETS):
+        problems.value_problem(
+            f"num_buckets for {huge} must be at most {MAX_BUCKETS:,}, got "
+            f"{max(counts.values()):,}: every writer builds and stores each bucket (a count "
+            "such as 10**12 ran out of memory); TensorBoard's default is 30"
+        )
     return {k: int(n) for k, n in counts.items()}
 
 

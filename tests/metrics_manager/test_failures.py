@@ -1168,6 +1168,24 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         r"metrics 'n' \(_Undecorated\) are not pytrees.*@flax.struct.dataclass",
     ),
     "string scalar": (lambda m: m.write_scalar("x", "abc", 1), TypeError, "'x'.*must be a number"),
+    "a T5X Sum built on a vector": (  # its key was dropped on the worker
+        lambda m: m.write_metrics_summary({"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, 1, 1),
+        ValueError,
+        r"metrics \['n'\] compute arrays of shapes \[\(3,\)\], not scalars; reduce them in "
+        r"the step \(Sum.from_model_output\(x\) sums every element of x\)",
+    ),
+    "a bucket count beyond memory": (  # a MemoryError on the worker
+        lambda m: m.write_histograms(1, {"w": np.ones(3)}, {"w": 10**12}),
+        ValueError,
+        r"num_buckets for \['w'\] must be at most 1,048,576, got 1,000,000,000,000: every "
+        r"writer builds and stores each bucket",
+    ),
+    "a missing model output": (  # JAX's "None is not a valid value for jnp.array"
+        lambda m: Sum.from_model_output(None),
+        TypeError,
+        r"Sum.from_model_output: values must be an array or a number, got NoneType None; "
+        r"check the model output",
+    ),
     "None scalar": (lambda m: m.write_scalar("x", None, 1), TypeError, "'x'.*number"),
     "vector scalar": (
         lambda m: m.write_scalars(1, {"v": np.ones(3)}),

@@ -191,14 +191,20 @@ def test_perf_values_lists_every_problem():
     message = str(info.value)
     for part in [
         "flops_per_step must be finite, >= 0, got nan",
-        "num_steps must be >= 0, got -1",
+        "num_steps must be a whole number >= 0, got -1",
         "duration_s must be > 0 seconds, got 0.0",
-        "num_devices must be >= 1, got 0",
+        "num_devices must be a whole number >= 1, got 0",
         "peak_flops_per_device must be finite, > 0 FLOP/s or None, got -5.0",
     ]:
         assert part in message
     with pytest.raises(ValueError, match="flops_per_step must be finite, >= 0, got inf"):
         mm.perf_values(float("inf"), 1, 1.0, num_devices=1)
+    with pytest.raises(ValueError) as info:  # counts: a fraction is a mistake, e.g. a mean
+        mm.perf_values(1e12, 2.5, 1.0, num_devices=1.5)
+    assert "2 problems" in str(info.value)
+    assert "num_steps must be a whole number >= 0, got 2.5" in str(info.value)
+    assert "num_devices must be a whole number >= 1, got 1.5" in str(info.value)
+    assert mm.perf_values(1e12, 2.0, 1.0, num_devices=1)["perf/tflops_per_second"] == 2.0
 
 
 def test_perf_values_refuses_what_is_no_number_and_takes_numpy_and_jax_scalars():

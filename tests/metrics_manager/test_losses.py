@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrics_manager import losses
+from metrics_manager import losses, merge_metrics
 from metrics_manager.losses import SpecialLossNormalizingFactor as LNF
 
 
@@ -317,6 +317,20 @@ BAD_OPTIONS = {
         "`loss_normalizing_factor` must be positive and finite; got inf. Use None for no "
         "normalization.",
     ),
+    "a vocabulary of 0": (  # every loss NaN; the metrics' argmax raised
+        lambda: losses.compute_weighted_cross_entropy(LOGITS[..., :0], TARGETS),
+        ValueError,
+        "`logits` must score a vocabulary of at least 1 (last axis); got shape (2, 2, 0). Check "
+        "the model's output projection.",
+    ),
+    "a host array factor holding 0": (  # every loss infinite
+        lambda: losses.compute_weighted_cross_entropy(
+            LOGITS, TARGETS, loss_normalizing_factor=np.array([1.0, 0.0])
+        ),
+        ValueError,
+        "`loss_normalizing_factor` must be positive and finite; got an array holding 0.0. Use "
+        "None for no normalization.",
+    ),
     "z_loss a vector": (
         lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, z_loss=jnp.ones(2)),
         ValueError,
@@ -497,6 +511,26 @@ def test_microbatch_losses_add_up_to_the_global_loss(factor):
         np.sum(weights * reference) / (1.0 if resolved is None else float(resolved)),
         rtol=1e-5,
     )
+
+
+def test_an_empty_microbatch_adds_nothing_to_the_metrics():
+    # Its per-row reshape divided by zero (ZeroDivisionError) before.
+    rng = np.random.default_rng(2)
+    targets = jnp.array([[1, 2, 3, 0], [4, 0, 0, 0]])
+    logits = jnp.asarray(rng.normal(size=(2, 4, 5)), jnp.float32)
+    loss, metrics = losses.compute_loss_and_metrics(
+        logits, {"decoder_target_tokens": targets}, num_devices=1
+    )
+    empty_loss, empty = losses.compute_loss_and_metrics(
+        logits[:0], {"decoder_target_tokens": targets[:0]}, num_devices=1
+    )
+    assert float(empty_loss) == 0.0
+    merged = merge_metrics(metrics, empty, pack=False)
+    for key in ("accuracy", "loss_per_nonpadding_target_token", "loss_per_all_target_tokens"):
+        assert float(merged[key].compute()) == float(metrics[key].compute()), key
+    # 4 real tokens of 8.
+    assert float(merged["non_padding_fraction/loss_weights"].compute()) == 0.5
+    assert float(merged["loss"].compute()) == float(loss) / 2  # AveragePerStep: two steps
 
 
 def test_count_packed_examples():

@@ -194,6 +194,11 @@ BAD_CALLS = [
     ("text not str", TypeError, lambda w: w.write_texts(0, {"t": b"x"})),
     ("int num_buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, 8)),
     ("0 buckets", ValueError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 0})),
+    (  # a MemoryError in the writer, after the call
+        "10**12 buckets",
+        ValueError,
+        lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 10**12}),
+    ),
     # A typo: 'h' got the default 30 buckets, silently.
     (
         "buckets of no array",
