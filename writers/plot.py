@@ -367,14 +367,17 @@ def _png(
     colors = {run: cycle[i % len(cycle)] for i, run in enumerate(runs)}
     for ax, key in zip(axes, keys, strict=False):
         for s in (s for s in series if s.key == key):
+            layers: list[tuple[np.ndarray, dict[str, Any]]] = []
             if raw:
-                ax.plot(s.steps, s.values, color=colors[s.run], alpha=0.25, linewidth=1)
-            # A point with no finite neighbour draws no line: a marker shows it (one eval).
-            finite = np.pad(np.isfinite(s.smoothed), 1)
-            alone = np.flatnonzero(finite[1:-1] & ~finite[:-2] & ~finite[2:]).tolist()
-            ax.plot(s.steps, s.smoothed, color=colors[s.run], linewidth=1.5, label=s.label)
-            if alone:
-                ax.plot(s.steps[alone], s.smoothed[alone], "o", color=colors[s.run], ms=4)
+                layers.append((s.values, {"alpha": 0.25, "linewidth": 1}))
+            layers.append((s.smoothed, {"alpha": 1.0, "linewidth": 1.5, "label": s.label}))
+            for values, style in layers:
+                ax.plot(s.steps, values, color=colors[s.run], **style)
+                # A point with no finite neighbour draws no line: a marker shows it (one eval).
+                finite = np.pad(np.isfinite(values), 1)
+                if alone := np.flatnonzero(finite[1:-1] & ~finite[:-2] & ~finite[2:]).tolist():
+                    dots = dict(color=colors[s.run], alpha=style["alpha"], ms=4)
+                    ax.plot(s.steps[alone], values[alone], "o", **dots)
         ax.set(title=key, xlabel="step")
         ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no tick at 2.5
         ax.grid(alpha=0.3)
@@ -454,7 +457,7 @@ def _legend_corner(
     plotext puts it top left, on the start of every falling loss curve."""
     xs = np.concatenate([x for x, _ in lines])
     ys = np.concatenate([y for _, y in lines])
-    (x0, x1), (y0, y1) = (xs.min(), xs.max()), (ys.min(), ys.max())
+    (x0, x1), (y0, y1) = (_axis(xs), _axis(ys))
     # Each line at 200 points, so a segment crossing the box counts; scaled to [0, 1].
     grids = [np.linspace(x[0], x[-1], 200) for x, _ in lines]
     u = (np.concatenate(grids) - x0) / max(x1 - x0, 1e-12)
@@ -470,6 +473,15 @@ def _legend_corner(
     }
     ha, va = min(hidden, key=hidden.__getitem__)  # the first of the emptiest, in the order above
     return (x1 if ha == "right" else x0), (y1 if va == "top" else y0), ha, va
+
+
+def _axis(values: np.ndarray) -> tuple[float, float]:
+    """The axis plotext draws `values` on: one value (a single eval) is widened by 1 on each
+    side (`plotext._correct.limits.expand`), which puts it in the middle, not in a corner."""
+    low, high = float(values.min()), float(values.max())
+    if abs(high - low) <= 1e-5 * abs(high + low) / 2:
+        return low - 1, high + 1
+    return low, high
 
 
 def _step_ticks(low: int, high: int, most: int) -> list[int]:

@@ -339,13 +339,35 @@ def test_a_point_with_no_finite_neighbour_is_drawn_as_a_marker(tmp_path, monkeyp
     plot_runs([str(tmp_path / "run")], ["loss", "acc"], out=str(tmp_path / "p.png"))
     [figure] = drawn
     markers = [
-        line.get_xydata().tolist()
+        (line.get_alpha(), line.get_xydata().tolist())
         for ax in figure.axes
         for line in ax.get_lines()
         if line.get_marker() == "o"
     ]
     isolated = [[5.0, 0.5], [7.0, pytest.approx(0.5625)], [9.0, pytest.approx(0.536 / 0.784)]]
-    assert markers == [[[5.0, 0.7]], isolated]  # smoothed (0.6): NaN between, so alone
+    assert markers == [  # raw values faint (their isolated points were not drawn), then smoothed
+        (0.25, [[5.0, 0.7]]),
+        (1.0, [[5.0, 0.7]]),
+        (0.25, [[5.0, 0.5], [7.0, 0.6], [9.0, 0.8]]),
+        (1.0, isolated),  # smoothed (0.6): NaN between, so alone
+    ]
+
+
+def test_a_single_point_in_the_terminal_is_not_hidden_by_the_legend(tmp_path):
+    # plotext draws one point mid-panel (its axis widened by 1 each side); the legend was
+    # anchored at the point itself, as if it sat in a corner, and covered it.
+    _write_jsonl(str(tmp_path / "e" / "run" / "metrics.jsonl"), [{"step": 100, "eval_loss": 2.5}])
+    text = plot_runs([str(tmp_path / "e")], ["eval_loss"], terminal=True, cols=80, rows=16).text
+    assert "e/run:eval_loss" not in text.splitlines()[0]  # a legend box, not in the title
+    glyphs = [
+        (row, col)
+        for row, line in enumerate(text.splitlines())
+        for col, c in enumerate(line)
+        if c in "▖▗▘▙▚▛▜▝▞▟▀▄▌▐█"
+    ]
+    (legend,) = [(r, c) for r, c in glyphs if "run:eval_loss" in text.splitlines()[r][c:]]
+    (point,) = set(glyphs) - {legend}  # hidden under the legend's frame before
+    assert 30 < point[1] < 50  # mid-panel
 
 
 def test_a_small_terminal_panel_names_its_runs_in_the_title_with_their_glyphs(tmp_path):
