@@ -794,8 +794,8 @@ class _Problems(Problems):
             return
         shapes = {}
         for key, metric in metrics.items():
-            if type(metric).compute_value is not clu.metrics.Metric.compute_value:
-                continue  # its own compute_value: a Histogram, a MeanStdScalar, ...
+            if getattr(type(metric), "compute_value", None) is not clu.metrics.Metric.compute_value:
+                continue  # its own: a Histogram, a MeanStdScalar, a Collection's values ...
             try:
                 shape = getattr(jax.eval_shape(type(metric).compute, metric), "shape", None)
             except Exception:  # noqa: BLE001 - a duration set later, host-side code: the worker says

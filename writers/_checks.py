@@ -146,13 +146,21 @@ _OPTIONS: dict[str, tuple[Callable[[Any], bool], Callable[[Any], bool], str]] = 
         _any,
         "a text stream such as sys.stderr (with write()), or None for sys.stdout",
     ),
-    "color": (lambda v: v is None or isinstance(v, bool | np.bool_), _any, "True, False or None"),
+    "color": (
+        lambda v: v is None or isinstance(v, np.bool_) or (_count(v) or isinstance(v, bool)),
+        lambda v: v is None or v in (0, 1),
+        "True, False or None",
+    ),
     "total_steps": (
         lambda v: v is None or _count(v),
         lambda v: v is None or v >= 1,
         "a positive int or None",
     ),
-    "max_array_size": (_count, lambda v: v >= 0, "an int >= 0 (0: no tensor values in lines)"),
+    "max_array_size": (
+        lambda v: isinstance(v, numbers.Real) and not isinstance(v, bool),
+        lambda v: v >= 0,
+        "a number of elements >= 0 (0: no tensor values in lines; math.inf: all)",
+    ),
     "filename_suffix": (
         lambda v: isinstance(v, str),
         lambda v: "/" not in v and os.sep not in v,

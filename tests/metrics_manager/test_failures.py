@@ -1321,7 +1321,7 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "a str max_array_size": (
         lambda m: writers.JsonlWriter(os.path.join(m.summary_dir, "o.jsonl"), max_array_size="9"),
         TypeError,
-        r"JsonlWriter: max_array_size must be an int >= 0 .*got '9' \(str\); in gin write it",
+        r"JsonlWriter: max_array_size must be a number of elements >= 0 .*got '9' \(str\); in gin write it",
     ),
     "a TensorBoard filename_suffix that is a path": (
         lambda m: writers.TensorBoardWriter(m.summary_dir, filename_suffix="/../x"),

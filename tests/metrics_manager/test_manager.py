@@ -317,6 +317,17 @@ def test_a_clu_collection_is_written_under_its_field_names():
         },
     )
     assert manager.errors == []
+    # In a dict beside other metrics, under its key (the call's scalar check raised on it).
+    recorder = RecordingWriter()
+    with make(recorder, clock=FakeClock(10.0, 12.0)) as manager:
+        manager.start_duration_timer()
+        metrics = {"train": running, "n": Sum(jnp.float32(4))}
+        summary = manager.write_metrics_summary(metrics, step=3, num_steps=3).result()
+    assert {k: float(v.value) for k, v in summary.items()} == pytest.approx(
+        {"train/loss": 3.0, "train/loss_std": np.std([1.0, 2.0, 6.0])}
+        | {"train/accuracy": 4 / 6, "train/steps_per_second": 1.5, "n": 4.0}
+    )
+    assert manager.errors == []
     replicated = jax.tree.map(lambda x: jnp.stack([x, x]), running)  # as pmap returns it
     with make() as manager, pytest.raises(ValueError, match=r"still replicated.*\.reduce\(\)"):
         manager.write_metrics_summary(replicated, step=3, num_steps=3)

@@ -96,6 +96,10 @@ def test_colour_only_on_a_tty(monkeypatch):
     forced = io.StringIO()
     writers.ConsoleWriter(forced, color=True).write_scalars(1, {"loss": 1.0})
     assert "\x1b[" in forced.getvalue()
+    for on, colored in ((1, True), (0, False), (np.True_, True)):  # as bool(color) reads
+        out = io.StringIO()
+        writers.ConsoleWriter(out, color=on).write_scalars(1, {"loss": 1.0})
+        assert ("\x1b[" in out.getvalue()) is colored, on
     monkeypatch.setenv("NO_COLOR", "1")
     no_color = FakeTty()
     writers.ConsoleWriter(no_color).write_scalars(1, {"loss": 1.0})

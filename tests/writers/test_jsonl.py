@@ -6,6 +6,7 @@ import enum
 import errno
 import glob
 import json
+import math
 import os
 import subprocess
 import sys
@@ -90,6 +91,10 @@ def test_non_scalar_values_are_summarized(writer, tmp_path):
         "counts": [1, 2, 1],
     }
     assert big["big"] == {"type": "tensor", "shape": [2000], "dtype": "int32"}
+    unbounded = writers.JsonlWriter(tmp_path / "all.jsonl", max_array_size=math.inf)
+    unbounded.write_summaries(2, {"big": np.arange(2000, dtype=np.int32)})
+    unbounded.close()
+    assert _strict_lines(tmp_path / "all.jsonl")[0]["big"]["values"] == list(range(2000))
 
 
 def test_hparams_line_has_null_step(writer):
