@@ -64,7 +64,8 @@ class JsonlWriter(BaseWriter):
         Either may be a URL any fsspec protocol can write (`gs://`, `s3://`, ...).
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).
-      max_array_size: Largest raw tensor (`write_summaries`) written element by element.
+      max_array_size: Largest raw tensor (`write_summaries`) written element by element
+        (`math.inf`: every one).
       resume_step: The step a resumed run restarts from (see the module docstring); None appends.
       flush_secs: Remote logs only: a background timer uploads the buffered lines this often
         (`flush()` uploads at once).
@@ -88,7 +89,7 @@ class JsonlWriter(BaseWriter):
         *,
         collection: str | None = None,
         clock: Callable[[], float] = time.time,
-        max_array_size: int = 1024,
+        max_array_size: float = 1024,
         resume_step: int | None = None,
         flush_secs: float = 10.0,
         max_buffer_mb: float | None = 256.0,
