@@ -402,15 +402,15 @@ def run(
     Args:
         gin_files: Gin files, parsed in order; relative paths are looked up in
             `gin_search_paths` (so `demo.gin` finds `configs/demo.gin`).
-        gin_bindings: Bindings applied after the files, e.g.
-            `"demo_model.TrainConfig.total_steps = 600"`.
+        gin_bindings: Bindings applied after the files, e.g. `"TOTAL_STEPS = 600"` (the
+            macro sets the console's progress line too).
         gin_search_paths: Directories for relative gin files and `include` lines.
 
     Returns:
         The train config used and the last summaries, as returned by `train`.
 
     Example:
-        >>> config, summaries = run(["demo.gin"], ["demo_model.TrainConfig.total_steps = 50"])  # doctest: +SKIP
+        >>> config, summaries = run(["demo.gin"], ["TOTAL_STEPS = 50"])  # doctest: +SKIP
     """
     # gin answers a missing file with a TypeError from its internals once search paths are set.
     if missing := [
@@ -427,8 +427,17 @@ def run(
         if path not in _SEARCH_PATHS:  # gin keeps them for the process, in order
             _SEARCH_PATHS.add(path)
             gin.add_config_file_search_path(path)
-    gin.parse_config_files_and_bindings(gin_files, gin_bindings)
+    try:
+        gin.parse_config_files_and_bindings(gin_files, gin_bindings)
+    except SyntaxError as err:  # gin's "Unable to parse value." gives no fix
+        where = f" in {err.filename}" if err.filename else ""
+        raise SyntaxError(
+            f"{err.msg} {(err.text or '').strip()!r}{where}: a str value needs gin's quotes "
+            "inside the shell's, e.g. --gin.MODEL_DIR=\"'/tmp/demo'\""
+        ) from err
     config = configured(demo_model.TrainConfig)()
+    if isinstance(config.model_dir, str):  # a quoted '~/runs' reaches here unexpanded
+        config = dataclasses.replace(config, model_dir=os.path.expanduser(config.model_dir))
     summaries = train(
         configured(demo_model.ModelConfig)(), configured(demo_model.DataConfig)(), config
     )

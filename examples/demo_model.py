@@ -171,6 +171,8 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
         hint = " In gin, numbers go without quotes (TOTAL_STEPS = 50, not '50')." if quoted else ""
         raise TypeError("Invalid demo config: " + "; ".join(types) + "." + hint)
     problems = []
+    if not train.model_dir:  # `--gin.MODEL_DIR="'$MODEL_DIR'"` with the variable unset
+        problems.append("TrainConfig.model_dir='' must name a directory (is $MODEL_DIR set?)")
     for name in (
         "total_steps",
         "summary_period",

@@ -243,10 +243,16 @@ def test_bad_config_names_every_problem():
             demo_model.ModelConfig(vocab_size=32),
             demo_model.DataConfig(vocab_size=16, batch_size=6),
             demo_model.TrainConfig(
-                num_microbatches=4, total_steps=10, warmup_steps=10, summary_period=4, eval_period=6
+                num_microbatches=4,
+                total_steps=10,
+                warmup_steps=10,
+                summary_period=4,
+                eval_period=6,
+                model_dir="",  # an unset shell variable: os.makedirs('') failed after compiling
             ),
         )
     message = str(error.value)
+    assert "TrainConfig.model_dir='' must name a directory (is $MODEL_DIR set?)" in message
     assert "DataConfig.vocab_size=16 must equal ModelConfig.vocab_size=32" in message
     assert "DataConfig.batch_size=6 must be divisible by TrainConfig.num_microbatches=4" in message
     assert "TrainConfig.warmup_steps=10 must be < TrainConfig.total_steps=10" in message
@@ -444,6 +450,34 @@ def test_a_second_demo_on_one_model_dir_is_refused_whatever_its_writers(tmp_path
                 pass
     with demo._one_demo_at_a_time(str(tmp_path)):  # the first has ended
         pass
+
+
+def test_a_model_dir_under_home_is_expanded(tmp_path, monkeypatch):
+    """A quoted '~/runs' made a directory named '~' in the working directory."""
+    from examples import demo
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(demo, "train", lambda model, data, config: {})  # the config it gets
+    try:
+        config, _ = demo.run(["demo.gin"], ["MODEL_DIR = '~/runs/x'"])
+    finally:
+        gin.clear_config()
+    assert config.model_dir == str(tmp_path / "runs" / "x")
+
+
+def test_an_unquoted_str_binding_is_named_with_the_quotes_it_needs():
+    from examples import demo
+
+    expected = (
+        "Unable to parse value. 'MODEL_DIR = /tmp/x': a str value needs gin's quotes inside "
+        "the shell's, e.g. --gin.MODEL_DIR=\"'/tmp/demo'\""
+    )
+    try:
+        with pytest.raises(SyntaxError) as error:
+            demo.run(["demo.gin"], ["MODEL_DIR = /tmp/x"])  # from --gin.MODEL_DIR=/tmp/x
+    finally:
+        gin.clear_config()
+    assert error.value.msg == expected
 
 
 def test_run_can_be_called_again_in_one_process():
