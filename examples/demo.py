@@ -368,12 +368,13 @@ def _previous_run_set_aside(config: demo_model.TrainConfig) -> Iterator[Callable
     try:
         yield writers_built
     finally:
-        if not built and old:
-            for path in _run_files(config):  # what the failed run made
+        if not built and "://" not in config.model_dir:
+            for path in _run_files(config):  # what the failed run made (a fresh dir too)
                 os.remove(path)
             for i, path in enumerate(old):
                 os.rename(os.path.join(aside, str(i)), path)
-            os.rmdir(aside)
+            if old:
+                os.rmdir(aside)
 
 
 def _refuse_if_written(log: str) -> None:

@@ -431,6 +431,15 @@ def test_writers_that_cannot_be_built_leave_the_earlier_run_as_it_was(tmp_path):
         ):
             writers_built()
     assert train.closed and _files(tmp_path) == before
+    fresh = demo_model.TrainConfig(model_dir=str(tmp_path / "fresh"), eval_name="synthetic")
+    with pytest.raises(TypeError, match="console must be True or False, got 'False'"):
+        with (
+            demo._previous_run_set_aside(fresh) as writers_built,
+            MetricsManager("train", fresh.model_dir),  # no empty log left behind either
+            MetricsManager("eval/synthetic", fresh.model_dir, writer_factory=bad),
+        ):
+            writers_built()
+    assert _files(tmp_path / "fresh") == {}
     with demo._previous_run_set_aside(config) as writers_built:
         with MetricsManager("train", tmp_path) as train:
             writers_built()
