@@ -208,9 +208,10 @@ class MetricsManager:
             if number is None:
                 continue
             if isinstance(number, bool) or not isinstance(number, numbers.Real):
+                hint = "; in gin write 30.0, not '30'" if isinstance(number, str) else ""
                 problems.type_problem(
                     f"{arg} must be a number of seconds or units, got {number!r} "
-                    f"({type(number).__name__}); in gin write 30.0, not '30'"
+                    f"({type(number).__name__}){hint}"
                 )
             elif not 0 < float(number) < math.inf:
                 never = "; None: never" if arg in ("writer_deadline_s", "quarantine_s") else ""

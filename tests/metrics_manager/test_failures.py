@@ -1180,6 +1180,17 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         r"num_buckets for \['w'\] must be at most 1,048,576, got 1,000,000,000,000: every "
         r"writer builds and stores each bucket",
     ),
+    "a str writer_deadline_s from gin": (
+        lambda m: MetricsManager("other", None, writer_deadline_s="30"),
+        TypeError,
+        r"writer_deadline_s must be a number of seconds or units, got '30' \(str\); in gin "
+        r"write 30.0, not '30'",
+    ),
+    "a list quarantine_s": (  # no gin quoting hint: a list is no quoted number
+        lambda m: MetricsManager("other", None, quarantine_s=[60]),
+        TypeError,
+        r"quarantine_s must be a number of seconds or units, got \[60\] \(list\)$",
+    ),
     "a missing model output": (  # JAX's "None is not a valid value for jnp.array"
         lambda m: Sum.from_model_output(None),
         TypeError,
