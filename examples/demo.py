@@ -430,12 +430,14 @@ def run(
             gin.add_config_file_search_path(path)
     try:
         gin.parse_config_files_and_bindings(gin_files, gin_bindings)
-    except SyntaxError as err:  # gin's "Unable to parse value." gives no fix
-        where = f" in {err.filename}" if err.filename else ""
-        raise SyntaxError(
-            f"{err.msg} {(err.text or '').strip()!r}{where}: a str value needs gin's quotes "
-            "inside the shell's, e.g. --gin.MODEL_DIR=\"'/tmp/demo'\""
-        ) from err
+    except SyntaxError as err:
+        if err.msg != "Unable to parse value.":  # gin's, which gives no fix
+            raise
+        hint = (
+            f"{err.msg} {(err.text or '').strip()!r}: a str value needs gin's quotes inside the "
+            "shell's, e.g. --gin.MODEL_DIR=\"'/tmp/demo'\""
+        )
+        raise SyntaxError(hint, (err.filename, err.lineno, err.offset, err.text)) from err
     config = configured(demo_model.TrainConfig)()
     if isinstance(config.model_dir, str):  # a quoted '~/runs' reaches here unexpanded
         config = dataclasses.replace(config, model_dir=os.path.expanduser(config.model_dir))

@@ -794,9 +794,16 @@ class _Problems(Problems):
         if isinstance(metrics, PackedMetrics):
             return
         shapes = {}
+        members = {}
         for key, metric in metrics.items():
+            if isinstance(metric, clu.metrics.Collection):  # its fields, under the keys written
+                fields = metrics_lib.collection_fields(metric).items()
+                members.update({f"{key}/{name}": m for name, m in fields})
+            else:
+                members[key] = metric
+        for key, metric in members.items():
             if getattr(type(metric), "compute_value", None) is not clu.metrics.Metric.compute_value:
-                continue  # its own: a Histogram, a MeanStdScalar, a Collection's values ...
+                continue  # its own: a Histogram, a MeanStdScalar, ...
             try:
                 shape = getattr(jax.eval_shape(type(metric).compute, metric), "shape", None)
             except Exception:  # noqa: BLE001 - a duration set later, host-side code: the worker says

@@ -484,9 +484,12 @@ def test_an_unquoted_str_binding_is_named_with_the_quotes_it_needs():
     try:
         with pytest.raises(SyntaxError) as error:
             demo.run(["demo.gin"], ["MODEL_DIR = /tmp/x"])  # from --gin.MODEL_DIR=/tmp/x
+        with pytest.raises(SyntaxError) as other:  # not about a value: gin's own error
+            demo.run(["demo.gin"], ["TOTAL_STEPS 50"])
     finally:
         gin.clear_config()
     assert error.value.msg == expected
+    assert other.value.msg == "Couldn't parse statement, expected ':' or '='."
 
 
 def test_run_can_be_called_again_in_one_process():

@@ -73,8 +73,8 @@ class JsonlWriter(BaseWriter):
         past it the oldest are dropped (logged). None: no bound.
 
     Raises:
-      TypeError: `resume_step` or `max_array_size` is not an integer, `collection` not a str,
-        or `clock` not callable.
+      TypeError: `resume_step` is not an integer, `max_array_size` not a number, `collection`
+        not a str, or `clock` not callable.
       ValueError: `resume_step` is negative or given for a pipe, or `flush_secs` is not
         positive.
       ImportError: `path` is a URL whose fsspec backend (gcsfs, s3fs) is missing.

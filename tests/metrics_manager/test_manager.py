@@ -328,6 +328,9 @@ def test_a_clu_collection_is_written_under_its_field_names():
         | {"train/accuracy": 4 / 6, "train/steps_per_second": 1.5, "n": 4.0}
     )
     assert manager.errors == []
+    vector = jax.tree.map(lambda x: jnp.stack([x, x]), running.loss)  # a field of 2 values
+    with make() as manager, pytest.raises(ValueError, match=r"metrics \['train/loss'\] compute"):
+        manager.write_metrics_summary({"train": running.replace(loss=vector)}, step=3, num_steps=3)
     replicated = jax.tree.map(lambda x: jnp.stack([x, x]), running)  # as pmap returns it
     with make() as manager, pytest.raises(ValueError, match=r"still replicated.*\.reduce\(\)"):
         manager.write_metrics_summary(replicated, step=3, num_steps=3)
