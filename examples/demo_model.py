@@ -173,6 +173,12 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
     problems = []
     if not train.model_dir:  # `--gin.MODEL_DIR="'$MODEL_DIR'"` with the variable unset
         problems.append("TrainConfig.model_dir='' must name a directory (is $MODEL_DIR set?)")
+    parts = train.eval_name.split("/")
+    if not all(parts) or ".." in parts:  # '../train' mixed the eval's files with train's
+        problems.append(
+            f"TrainConfig.eval_name={train.eval_name!r} must name a directory under "
+            "<model_dir>/eval, without '..' or empty parts"
+        )
     for name in (
         "total_steps",
         "summary_period",

@@ -249,9 +249,13 @@ def test_bad_config_names_every_problem():
                 summary_period=4,
                 eval_period=6,
                 model_dir="",  # an unset shell variable: os.makedirs('') failed after compiling
+                eval_name="../train",  # its files listed twice: the earlier run's were stranded
             ),
         )
     message = str(error.value)
+    assert (
+        "TrainConfig.eval_name='../train' must name a directory under <model_dir>/eval" in message
+    )
     assert "TrainConfig.model_dir='' must name a directory (is $MODEL_DIR set?)" in message
     assert "DataConfig.vocab_size=16 must equal ModelConfig.vocab_size=32" in message
     assert "DataConfig.batch_size=6 must be divisible by TrainConfig.num_microbatches=4" in message
