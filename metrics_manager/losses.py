@@ -149,12 +149,11 @@ class _Checks(Problems):
                     f"`with_loss_normalization` stores it); got shape {tuple(factor.shape)}."
                 )
         # A host array's values are known now (a device array's would cost a sync).
-        if isinstance(factor, np.ndarray) and factor.dtype.kind in "iuf" and factor.size:
-            if not np.all((factor > 0) & (factor < math.inf)):
+        if isinstance(factor, np.ndarray) and factor.dtype.kind in "iuf":
+            if (bad := factor[~((factor > 0) & (factor < math.inf))]).size:
                 self.value_problem(
                     f"{name} must be positive and finite; got an array holding "
-                    f"{factor[~((factor > 0) & (factor < math.inf))].ravel()[0].item()!r}. Use None "
-                    "for no normalization."
+                    f"{bad.ravel()[0].item()!r}. Use None for no normalization."
                 )
 
     def loss_options(self, label_smoothing: Any, z_loss: Any, logits: Any) -> None:

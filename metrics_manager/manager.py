@@ -793,7 +793,6 @@ class _Problems(Problems):
         `Sum(x.sum(axis=0))`): the worker dropped its key. compute() is traced, not run."""
         if isinstance(metrics, PackedMetrics):
             return
-        shapes = {}
         members = {}
         for key, metric in metrics.items():
             if isinstance(metric, clu.metrics.Collection):  # its fields, under the keys written
@@ -801,6 +800,7 @@ class _Problems(Problems):
                 members.update({f"{key}/{name}": m for name, m in fields})
             else:
                 members[key] = metric
+        shapes = {}
         for key, metric in members.items():
             if getattr(type(metric), "compute_value", None) is not clu.metrics.Metric.compute_value:
                 continue  # its own: a Histogram, a MeanStdScalar, ...

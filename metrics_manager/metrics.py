@@ -85,10 +85,8 @@ def _values_and_mask(
     """`values` (at least 1-d) as floats, and a bool mask over its leading dims broadcast to it."""
     try:
         values = jnp.atleast_1d(jnp.asarray(values))
-    except (
-        TypeError,
-        ValueError,
-    ) as err:  # None from a missing output: JAX's error names no metric
+    # None from a missing model output: JAX's own error names no metric.
+    except (TypeError, ValueError) as err:
         raise TypeError(
             f"{metric}.from_model_output: values must be an array or a number, got "
             f"{describe(values)}; check the model output passed in."

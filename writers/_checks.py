@@ -147,7 +147,7 @@ _OPTIONS: dict[str, tuple[Callable[[Any], bool], Callable[[Any], bool], str]] = 
         "a text stream such as sys.stderr (with write()), or None for sys.stdout",
     ),
     "color": (
-        lambda v: v is None or isinstance(v, np.bool_) or (_count(v) or isinstance(v, bool)),
+        lambda v: v is None or isinstance(v, np.bool_ | numbers.Integral),
         lambda v: v is None or v in (0, 1),
         "True, False or None",
     ),
