@@ -14,7 +14,8 @@ scores tie (on a tie the lower class index ranks first; sklearn's the higher),
 `precision_score`, `recall_score` and `fbeta_score` (`average` "binary", "micro" or "macro", 0/0
 read as 0), `roc_auc_score` of the scores rounded down to `num_bins` bins, and
 `exp(log_loss(...))` per token. `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have
-seen something (`AUROC`: both classes).
+seen something (`AUROC`: both classes), or once they have counted a NaN score (refused outside
+`jit`: argmax and thresholds would count it as a prediction of class 0).
 
 Synopsis:
 
@@ -154,6 +155,22 @@ def _outside_unit_interval(
     return outside
 
 
+def _nan_scores(scores: jax.Array, mask: jax.Array, problems: Problems) -> jax.Array:
+    """How many labels where `mask` is true have a NaN score (of any class, for [..., C]
+    scores): argmax, top_k and a threshold would count each as a prediction. Outside jit,
+    a count above 0 raises."""
+    nan = jnp.isnan(scores) if scores.shape == mask.shape else jnp.isnan(scores).any(axis=-1)
+    count = exact_count(mask & nan)
+    if not isinstance(count, jax.core.Tracer) and (n := int(count)):
+        problems.value_problem(
+            f"predictions are NaN for {n} of {mask.size} labels where the mask is true, which "
+            "would count as predictions of class 0; check the model for a divergence "
+            "or mask them out (under jit the value is NaN)"
+        )
+        problems.raise_if_any()
+    return count
+
+
 def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
     """`numerator / denominator` in float32, 0 where the denominator is 0 (sklearn's default)."""
     numerator, denominator = numerator.astype(jnp.float32), denominator.astype(jnp.float32)
@@ -168,6 +185,32 @@ class _Counts(clu_metrics.Metric):
     def empty(cls) -> Any:
         arrays = [f.name for f in dataclasses.fields(cls) if f.metadata.get("pytree_node", True)]
         return cls(**{name: jnp.zeros((), COUNT_DTYPE) for name in arrays})
+
+    @classmethod
+    def check_settings(cls, **settings: Any) -> None:
+        """Refuses settings no batch would accept (`nnx.Metric` checks them when it is made).
+
+        Raises:
+            TypeError: `k` or `num_bins` is not an int, `beta` or `threshold` not a number.
+            ValueError: `average` is not one of sklearn's, `k` or `num_bins` < 1, `beta` not
+                finite and > 0, or `threshold` NaN.
+        """
+        problems = Problems(cls.__name__)
+        for name, value in settings.items():
+            number = not isinstance(value, bool) and isinstance(value, int | float | np.number)
+            if name == "average" and value not in (None, *_AVERAGES):
+                problems.value_problem(f"average must be one of {_AVERAGES!r}, got {value!r}")
+            elif name in ("k", "num_bins") and not (number and isinstance(value, int | np.integer)):
+                problems.type_problem(f"{name} must be an int, got {describe(value)}")
+            elif name in ("k", "num_bins") and value < 1:
+                problems.value_problem(f"{name} must be at least 1, got {value}")
+            elif name in ("beta", "threshold") and not (number or value is None):
+                problems.type_problem(f"{name} must be a Python number, got {describe(value)}")
+            elif name == "beta" and not (value is not None and 0 < value < math.inf):
+                problems.value_problem(f"beta must be a finite number > 0, got {value}")
+            elif name == "threshold" and value is not None and math.isnan(value):
+                problems.value_problem("threshold must be a number, got NaN")
+        problems.raise_if_any()
 
     def merge(self, other: Any) -> Any:
         merged: dict[str, Any] = {}
@@ -201,7 +244,9 @@ class _ConfusionCounts(_Counts):
     true_positives: jax.Array
     false_positives: jax.Array
     false_negatives: jax.Array
-    outside: ArrayLike = 0  # binary scores outside [0, 1] at the default threshold: logits
+    # Scores that are NaN, or binary ones outside [0, 1] at the default threshold (logits):
+    # the value is then NaN.
+    outside: ArrayLike = 0
     average: Average | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
@@ -265,10 +310,11 @@ class _ConfusionCounts(_Counts):
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted, fits = jnp.zeros(labels.shape, jnp.int32), False
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
-        outside = jnp.zeros((), COUNT_DTYPE)
-        if binary and threshold is None:
+        if binary and threshold is None:  # NaN is outside [0, 1]
             fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
             outside = _outside_unit_interval(predictions, mask, problems, fix)
+        else:
+            outside = _nan_scores(predictions, mask, problems)
         average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
@@ -403,6 +449,7 @@ class TopKAccuracy(_Counts):
 
     correct: jax.Array
     count: jax.Array
+    outside: ArrayLike = 0  # labels with a NaN score seen: the value is then NaN
     k: int | None = flax.struct.field(pytree_node=False, default=None)
 
     @classmethod
@@ -431,18 +478,22 @@ class TopKAccuracy(_Counts):
             _add_shape_problem(problems, predictions, labels, expected)
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
             problems.type_problem(f"k must be an int, got {describe(k)}")
-        elif fits and not 1 <= k <= num_classes:
+        elif k < 1:
+            problems.value_problem(f"k={k} must be at least 1; k=1 is the argmax's accuracy")
+        elif fits and k > num_classes:
             problems.value_problem(
                 f"k={k} must lie in [1, {num_classes}] for {num_classes} classes (the last "
                 "axis of predictions); choose a smaller k or check the predictions' shape"
             )
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
+        outside = _nan_scores(predictions, mask, problems)
         top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1) & mask
-        return cls(correct=exact_count(hit), count=exact_count(mask), k=int(k))
+        return cls(correct=exact_count(hit), count=exact_count(mask), outside=outside, k=int(k))
 
     def compute(self) -> jax.Array:
-        return jnp.where(self.count > 0, _divide(self.correct, self.count), jnp.nan)
+        valid = (self.count > 0) & (self.outside == 0)
+        return jnp.where(valid, _divide(self.correct, self.count), jnp.nan)
 
 
 @flax.struct.dataclass(kw_only=True)

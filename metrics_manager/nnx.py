@@ -92,13 +92,26 @@ class Metric(nnx.metrics.Metric):
                 f"Metric({metric_type.__name__}): settings must be hashable Python values "
                 f"(they are static under jit), got {settings!r}; pass arrays to update()"
             ) from err
-        named = sorted(_parameters(metric_type)[0])
+        parameters = _parameters(metric_type)[0]
+        named = sorted(parameters)
         # A from_fun/from_output metric names none: any keyword may be its function's.
         if named and (unknown := sorted(set(settings) - set(named))):
             raise TypeError(
                 f"Metric({metric_type.__name__}): unknown setting(s) {unknown}; settings are "
                 f"keyword arguments of {metric_type.__name__}.from_model_output: {named}"
             )
+        # A required static field (TopKAccuracy's k) is a setting, not an update() argument.
+        static = {f.name for f in dataclasses.fields(metric_type) if not _is_array(f)}
+        required = [
+            n for n in named if n in static and parameters[n].default is inspect.Parameter.empty
+        ]
+        if missing := [n for n in required if n not in settings]:
+            raise TypeError(
+                f"Metric({metric_type.__name__}): missing setting(s) {missing}; pass them "
+                f"here, e.g. Metric({metric_type.__name__}, {missing[0]}=...)"
+            )
+        if check := getattr(metric_type, "check_settings", None):
+            check(**settings)  # bad values fail here, not at the first update under jit
         # Tuples, not dicts: static pytree attributes must be hashable for jit's cache.
         self.metric_type = metric_type
         self.argnames = tuple(sorted((argnames or {}).items()))
@@ -120,10 +133,11 @@ class Metric(nnx.metrics.Metric):
         # bin (Precision, Recall, FBeta, AUROC) take their shape, and `average` its value,
         # from the first batch: update those once before a loop carries them.
         empty = self.metric_type.empty()
-        static = {
-            f.name for f in dataclasses.fields(empty) if not f.metadata.get("pytree_node", True)
-        }
-        fixed = {k: v for k, v in self.settings if k in static}
+        static = {f.name for f in dataclasses.fields(empty) if not _is_array(f)}
+        # Defaults too: a fresh FBeta has from_model_output's beta=1.0, as an updated one.
+        parameters = _parameters(self.metric_type)[0].values()
+        defaults = {p.name: p.default for p in parameters if p.default not in (p.empty, None)}
+        fixed = {k: v for k, v in (defaults | dict(self.settings)).items() if k in static}
         empty = empty.replace(**fixed) if fixed else empty
         # Under jax_enable_x64, CLU's Average and Std count a batch in int64 (a sum of int32
         # ones), from an int32 empty count: a carry would change its dtype at the first merge.
@@ -148,16 +162,29 @@ class Metric(nnx.metrics.Metric):
         call |= {renamed[k]: v for k, v in kwargs.items() if k in renamed}
         call = {k: v for k, v in call.items() if var_keyword or k in named} | dict(self.settings)
         if missing := sorted({n for n, p in named.items() if p.default is p.empty} - call.keys()):
+            # Named as the caller would pass them: 'logits' or 'predictions'.
+            names = [
+                " or ".join([*(repr(k) for k in renamed if renamed[k] == n), repr(n)])
+                for n in missing
+            ]
             raise TypeError(
                 f"{type(self).__name__}({self.metric_type.__name__}).update: missing "
-                f"{', '.join(map(repr, missing))} among the arguments {sorted(kwargs)}; pass "
+                f"{', '.join(names)} among the arguments {sorted(kwargs)}; pass "
                 "them to update(), or map your names with argnames={'yours': 'theirs'}"
             )
         self.state.set_value(self.metric.merge(self.metric_type.from_model_output(**call)))
 
     def compute(self) -> Any:
-        """`compute()` of the state."""
-        return self.metric.compute()
+        """`compute()` of the state (CLU's `Std` with its formula: clu 0.0.12's crashes)."""
+        metric = self.metric
+        if type(metric).compute is clu_metrics.Std.compute:
+            mean = metric.total / metric.count
+            return jnp.sqrt(jnp.maximum(metric.sum_of_squares / metric.count - mean**2, 0.0))
+        return metric.compute()
+
+
+def _is_array(field: dataclasses.Field) -> bool:
+    return field.metadata.get("pytree_node", True)
 
 
 def _parameters(metric_type: type[clu_metrics.Metric]) -> tuple[dict[str, Any], bool]:
@@ -252,8 +279,8 @@ class Accuracy(Metric):
                 f"Accuracy: threshold must be a float or None, got {describe(threshold)}"
             )
         self.threshold = threshold
-        if threshold is None:
-            super().__init__(TopKAccuracy, k=1)
+        if threshold is None:  # logits=, as Flax's, even beside another metric's predictions=
+            super().__init__(TopKAccuracy, argnames={"logits": "predictions"}, k=1)
         else:
             super().__init__(clu_metrics.Average)
 

@@ -246,6 +246,40 @@ def test_binary_logits_at_the_default_threshold_are_refused_eagerly_and_nan_unde
     assert int(cls.from_model_output(np.eye(5) * 3 - 1, labels, average="micro").outside) == 0
 
 
+NAN_ROW = np.array([[np.nan, np.nan, np.nan], [0.0, 1.0, 2.0], [3.0, np.nan, 0.0]], np.float32)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        functools.partial(TopKAccuracy.from_model_output, NAN_ROW, k=1),
+        functools.partial(Recall.from_model_output, NAN_ROW, average="macro"),
+        functools.partial(Precision.from_model_output, NAN_ROW, average="micro"),
+        functools.partial(
+            lambda labels, **kw: FBeta.from_model_output(NAN_ROW[:, 1], labels // 2, **kw),
+            threshold=0.5,
+        ),
+    ],
+    ids=["top-1", "macro recall", "micro precision", "binary at a threshold"],
+)
+def test_nan_scores_are_refused_eagerly_and_nan_under_jit(call):
+    """argmax, top_k and `>=` count a NaN score as a prediction of class 0: an all-NaN row read
+    as a right prediction of label 0 (top-1 accuracy 1.0 from a diverged model)."""
+    labels = np.array([0, 2, 0])
+    with pytest.raises(
+        ValueError,
+        match=r"from_model_output: predictions are NaN for 2 of 3 labels where the mask is "
+        r"true, which would count as predictions of class 0; check the model for a divergence",
+    ):
+        call(labels=labels)
+    under_jit = jax.jit(lambda labels, mask: call(labels=labels, mask=mask))
+    bad = under_jit(labels, np.array([True, True, True]))
+    assert int(bad.outside) == 2 and np.isnan(bad.compute())
+    good = call(labels=labels, mask=np.array([False, True, False]))  # NaN rows masked out
+    assert int(good.outside) == 0 and float(good.compute()) == 1.0
+    assert np.isnan(good.merge(bad).compute())  # the window's value, not a plausible one
+
+
 @pytest.mark.parametrize("dtype,classes", [(np.int8, 128), (np.uint8, 256)])
 def test_narrow_integer_labels_count_as_int32_ones(dtype, classes):
     """The class count wrapped in the labels' dtype (256 is 0 in uint8): under jit every label
@@ -438,6 +472,11 @@ BAD_SETTINGS = {
         lambda: TopKAccuracy.from_model_output(np.eye(2), LABELS, k="1"),
         TypeError,
         "TopKAccuracy.from_model_output: k must be an int, got str '1'",
+    ),
+    "k 0": (
+        lambda: TopKAccuracy.from_model_output(SCORES[:, None] * np.ones(3), LABELS, k=0),
+        ValueError,
+        "TopKAccuracy.from_model_output: k=0 must be at least 1; k=1 is the argmax's accuracy",
     ),
     "num_bins a str": (
         lambda: AUROC.from_model_output(SCORES, LABELS, num_bins="3"),

@@ -146,6 +146,96 @@ def test_predictions_given_beside_logits_are_the_ones_auroc_reads(order, argname
         assert {k: float(v) for k, v in metrics.compute().items()} == {"acc": 1.0, "auroc": 1.0}
 
 
+def test_argmax_accuracy_reads_logits_beside_another_metrics_predictions():
+    # Accuracy() took AUROC's probabilities (predictions=) for its logits, and raised on
+    # their shape; Flax's Accuracy reads logits= always.
+    metrics = mnnx.MultiMetric(acc=mnnx.Accuracy(), auroc=mnnx.Metric(AUROC))
+    logits, labels = jnp.array([[2.0, 0.0], [0.0, 2.0], [0.0, 2.0]]), jnp.array([0, 1, 0])
+    for run in (lambda m, a: m.update(**a), nnx.jit(lambda m, a: m.update(**a))):
+        metrics.reset()
+        run(
+            metrics, {"logits": logits, "predictions": jnp.array([0.1, 0.9, 0.4]), "labels": labels}
+        )
+        assert {k: float(v) for k, v in metrics.compute().items()} == pytest.approx(
+            {"acc": 2 / 3, "auroc": 1.0}
+        )
+
+
+def test_bad_or_missing_settings_are_refused_when_the_metric_is_made():
+    """They failed at the first update(), possibly inside a compiled step; `k` missing read
+    "pass them to update()", and `k=0` "choose a smaller k"."""
+    cases = [
+        (
+            lambda: mnnx.Metric(TopKAccuracy),
+            TypeError,
+            r"^Metric\(TopKAccuracy\): missing setting\(s\) \['k'\]; pass them here, e.g. "
+            r"Metric\(TopKAccuracy, k=...\)$",
+        ),
+        (
+            lambda: mnnx.Metric(TopKAccuracy, k=0),
+            ValueError,
+            "^TopKAccuracy: k must be at least 1, got 0$",
+        ),
+        (
+            lambda: mnnx.Metric(TopKAccuracy, k=2.0),
+            TypeError,
+            "^TopKAccuracy: k must be an int, got float 2.0$",
+        ),
+        (
+            lambda: mnnx.Metric(Precision, average="weighted"),
+            ValueError,
+            r"^Precision: average must be one of \('binary', 'micro', 'macro'\), got 'weighted'$",
+        ),
+        (
+            lambda: mnnx.Metric(FBeta, beta=0),
+            ValueError,
+            "^FBeta: beta must be a finite number > 0, got 0$",
+        ),
+        (
+            lambda: mnnx.Metric(FBeta, beta="2"),
+            TypeError,
+            "^FBeta: beta must be a Python number, got str '2'$",
+        ),
+        (
+            lambda: mnnx.Metric(Precision, threshold=float("nan")),
+            ValueError,
+            "^Precision: threshold must be a number, got NaN$",
+        ),
+        (
+            lambda: mnnx.Metric(AUROC, num_bins=0),
+            ValueError,
+            "^AUROC: num_bins must be at least 1, got 0$",
+        ),
+    ]
+    for make, error, message in cases:
+        with pytest.raises(error, match=message):
+            make()
+    # Good settings still work, and a fresh FBeta carries from_model_output's beta=1.0, so
+    # its pytree structure (static fields) is that of an updated one: no carry mismatch.
+    fresh = mnnx.Metric(FBeta, average="macro")
+    before = jax.tree.structure(fresh.metric)
+    fresh.update(logits=jnp.eye(3), labels=jnp.array([0, 1, 1]))
+    assert jax.tree.structure(fresh.metric) == before and fresh.metric.beta == 1.0
+    assert float(fresh.compute()) == pytest.approx((1 + 2 / 3 + 0) / 3)
+
+
+def test_missing_arguments_are_named_as_the_caller_passes_them():
+    # The message said "missing 'predictions'" to a caller who passes logits=.
+    with pytest.raises(TypeError, match=r"member 'acc': .*missing 'logits' or 'predictions' "):
+        mnnx.MultiMetric(loss=mnnx.Average(), acc=mnnx.Accuracy()).update(
+            values=jnp.ones(2), labels=jnp.array([0, 1])
+        )
+    with pytest.raises(TypeError, match=r"missing 'labels', 'logits' or 'predictions' among"):
+        mnnx.Metric(TopKAccuracy, k=1).update(values=jnp.ones(2))
+
+
+def test_clu_std_computes_with_its_formula():
+    # clu 0.0.12's Std.compute() calls jnp.clip(a_min=...), which current JAX refuses.
+    std = mnnx.Metric(clu_metrics.Std)
+    std.update(values=jnp.array([1.0, 2.0, 3.0, 4.0]))
+    assert float(std.compute()) == pytest.approx(np.std([1.0, 2.0, 3.0, 4.0]), rel=1e-6)
+
+
 def test_a_multimetric_member_refusing_its_arguments_is_named():
     metrics = mnnx.MultiMetric(
         f1_macro=mnnx.Metric(FBeta, average="macro"), f1=mnnx.Metric(FBeta), acc=mnnx.Accuracy()
