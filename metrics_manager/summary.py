@@ -91,9 +91,9 @@ class Summarizer:
         def failed(key: str, err: Exception) -> None:
             self._failures.record(Failure(f"metric:{key}", step, (key,), err))
 
-        if duration is None and (timed := sorted(k for k, m in host.items() if _has_time(m))):
+        if duration is None and any(_has_time(m) for m in host.values()):
             # Only the timed keys are lost: a loop that never starts the timer keeps its loss.
-            host = {k: m for k, m in host.items() if k not in timed}
+            host, timed = _without_time(host)
             for key in timed:
                 message = (
                     f"metric {key!r} measures time, but no window was open: call "
@@ -276,6 +276,26 @@ def _near_int32_limit(array: Any) -> bool:
 
 def _counts_steps(metric: Any) -> bool:
     return isinstance(metric, metrics_lib.Step) and metric.steps is not None
+
+
+def _without_time(host: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """`host` without its time metrics, and their keys; a Collection's other fields are kept
+    under the keys they write (`c/loss`)."""
+    kept, timed = {}, []
+    for key, metric in host.items():
+        if not _has_time(metric):
+            kept[key] = metric
+        elif isinstance(metric, clu_metrics.Collection) and not metrics_lib.replicated_problem(
+            metric
+        ):
+            for name, field in metrics_lib.collection_fields(metric).items():
+                if _has_time(field):
+                    timed.append(f"{key}/{name}")
+                else:
+                    kept[f"{key}/{name}"] = field
+        else:
+            timed.append(key)
+    return kept, timed
 
 
 def _has_time(metric: Any) -> bool:

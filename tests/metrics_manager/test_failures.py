@@ -1442,6 +1442,29 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
     assert manager.errors == []
 
 
+def test_a_metric_changing_under_the_same_keys_is_checked_again(tmp_path):
+    # The checks ran again only when the keys or the first metric's first shape changed: a
+    # vector Sum, or an undecorated subclass, after a good summary with the same keys was
+    # accepted, then dropped on the worker (the subclass: the whole summary, loss included).
+    bad_ones = [
+        (Sum(jnp.ones(3)), ValueError, r"metrics \['n'\] compute arrays of shapes \[\(3,\)\]"),
+        (_Undecorated(jnp.float32(1)), TypeError, r"metrics 'n' \(_Undecorated\) are not pytrees"),
+    ]
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for step, (bad, error, match) in zip((20, 30), bad_ones, strict=True):
+            good = {"loss": Sum(np.float32(step)), "n": Sum(jnp.float32(1))}
+            manager.write_metrics_summary(good, step, 1)
+            with pytest.raises(error, match=match):
+                manager.write_metrics_summary({**good, "n": bad}, step + 1, 1)
+    logdir = str(tmp_path / "train")
+    assert [(x["step"], x["loss"], x["n"]) for x in read_jsonl(logdir)] == [
+        (20, 20.0, 1.0),
+        (30, 30.0, 1.0),
+    ]
+    assert tb_steps(logdir) == [20, 30]
+    assert manager.errors == []
+
+
 def test_a_window_per_device_merged_as_the_message_says_is_written(tmp_path):
     # The library's own base metrics hold a Time() with no arrays: CLU's reduce(), which
     # the message named before, raised "scan got no values" on it.

@@ -629,6 +629,23 @@ def test_time_metrics_without_a_started_timer_cost_their_keys_and_say_how_to_fix
     )
 
 
+def test_a_collection_in_a_dict_without_a_started_timer_keeps_its_other_fields():
+    # The whole Collection was left out (its loss too) when one of its fields measured time.
+    fields = {"loss": clu_metrics.Average.from_output("loss"), "rate": StepsPerTime}
+    # Made with type(): this module's annotations are strings (__future__), CLU's need types.
+    Train = flax.struct.dataclass(
+        type("Train", (clu_metrics.Collection,), {"__annotations__": fields})
+    )
+    train = Train.single_from_model_output(loss=jnp.float32(2.0)).replace(rate=StepsPerTime())
+    recorder = RecordingWriter()
+    with make(recorder) as manager:
+        summary = manager.write_metrics_summary({"train": train, "n": Sum(3.0)}, 2, 1).result()
+    assert {k: float(v.value) for k, v in summary.items()} == {"train/loss": 2.0, "n": 3.0}
+    assert [(e.source, e.step, e.keys) for e in manager.errors] == [
+        ("metric:train/rate", 2, ("train/rate",))
+    ]
+
+
 # -------------------------------------------------------------- lifecycle
 
 
