@@ -94,6 +94,7 @@ class BaseWriter(MetricWriter):
         problems = _checks.Problems(self._name("write_hparams"))
         flat = _checks.flat_hparams(hparams, problems)
         problems.raise_if_any()
+        _checks.check_keys(flat, self._name("write_hparams"))  # nested names too
         self._hparams(flat)
 
     def flush(self) -> None:

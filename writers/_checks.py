@@ -299,7 +299,14 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
         if (items := _config_items(value)) is not None:
             items = list(items)
             for key, item in items:
-                add(f"{name}.{key}", item)
+                if isinstance(key, str) and key.strip():
+                    add(f"{name}.{key}", item)
+                else:  # {"x": {"": 1}} was "x.", {"x": {1: 1}} "x.1"
+                    problems.add(
+                        ValueError if isinstance(key, str) else TypeError,
+                        f"hyperparameter {name!r} holds the key {key!r}; nested keys must be "
+                        "non-empty str names, as top-level ones",
+                    )
             if not items:
                 add(name, "{}")
         elif name in flat:

@@ -3,8 +3,9 @@
 A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`,
 little-endian; the CRC is tensorboardX's, fast with the `crc32c` package (a dependency).
 
-Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`,
-a counter added on a clash). On a URL each flush writes one new object holding the events
+Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`),
+with a later second than any event file already there: TensorBoard reads a directory's files
+in name order, so a writer made in the same second (a resumed run) reads after the earlier one. On a URL each flush writes one new object holding the events
 since the previous one (`_storage.PartStream`), named
 `events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`: TensorBoard reads
 a directory's event files in name order, so the parts read as one stream.
@@ -12,6 +13,7 @@ a directory's event files in name order, so the parts read as one stream.
 
 import contextlib
 import os
+import re
 import socket
 import struct
 import threading
@@ -20,6 +22,8 @@ from typing import Any
 
 from writers import _storage
 from writers._tbx import masked_crc32c
+
+_STAMP = re.compile(r"events\.out\.tfevents\.(\d+)\..*")
 
 
 class EventFile:
@@ -46,14 +50,20 @@ class EventFile:
             self.path = _storage.join(logdir, part(0))
             return
         os.makedirs(logdir, exist_ok=True)
-        base = os.path.join(logdir, name)
-        for attempt in range(1000):
-            self.path = base + (f".{attempt}" if attempt else "") + filename_suffix
+        # Not a counter after the host: "<host>.1.train" sorted before "<host>.train", so
+        # TensorBoard read a resumed run's events first and the stale ones after them.
+        stamps = [int(m[1]) for n in os.listdir(logdir) if (m := _STAMP.fullmatch(n))]
+        stamp = max([int(now), *(s + 1 for s in stamps)])
+        for _ in range(1000):
+            self.path = os.path.join(
+                logdir, f"events.out.tfevents.{stamp:010d}.{socket.gethostname()}{filename_suffix}"
+            )
             with contextlib.suppress(FileExistsError):
                 # Unbuffered, so a killed process loses no event written; flush() adds the fsync.
                 self._file = open(self.path, "xb", buffering=0)  # noqa: SIM115
                 return
-        raise FileExistsError(f"EventFile: could not create a new file next to {base}")
+            stamp += 1  # another writer took it since the listing
+        raise FileExistsError(f"EventFile: could not create a new file in {logdir}")
 
     def write(self, data: bytes) -> None:
         """Appends one serialized event as a record."""

@@ -9,7 +9,8 @@ its prints (never locked, rewritten or cut, even when redirected to a file). A U
 per flush; `writers.read_jsonl(path)` reads either back. Every line is strict JSON:
 
 * NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)`
-  turns them back); ints stay ints; texts are strings.
+  turns them back); ints stay ints; texts are strings (so a text that is exactly "NaN" or
+  "Infinity" reads back as a number to a reader that converts those strings).
 * Arrays are summarized: images, videos, audio as `{"type", "shape"}` (audio adds
   `sample_rate`); histograms as `{"type": "histogram", "count", "min", "max", "mean",
   "edges", "counts"}`; raw tensors as `{"type": "tensor", "shape", "dtype", "values"}`,

@@ -25,10 +25,13 @@ kept); keys must then be relative paths (no `..`, `.` or empty parts).
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
 MLflow's metric history is append-only, so the writer first reads each metric's last logged
-step and skips any (key, step) at or before it, with one absl warning: each step keeps
-exactly one point, the earlier run's where it had one. Artifacts of a re-logged step are
-replaced. Outside resume, repeated keys at one step are recorded as given: a key's n-th
-file at one step (n > 1, before a write at another step) is `step_<step>-<n>...`.
+step and skips any (key, step) at or before it, with one absl warning: each step keeps at
+most one point, the earlier run's up to that key's last logged step (so a step the earlier run
+did not log below it, with a key logged every 5 steps, keeps none). Artifacts of a re-logged
+step are replaced. Outside resume, repeated keys at one step are recorded as given (each
+`write_scalars` gets a later millisecond timestamp than the one before, since MLflow's store
+keeps one point per key, step, timestamp and value): a key's n-th file at one step (n > 1,
+before a write at another step) is `step_<step>-<n>...`.
 
 Example:
   >>> import os, tempfile, writers
@@ -119,6 +122,7 @@ class MlflowWriter(_base.TrackerWriter):
         self.run_id: str | None = None
         self._last_steps: dict[str, int] = {}
         self._warned_skip = False
+        self._stamp = -1  # ms of the last write_scalars: each later one's is greater
         self._valid_names: set[tuple[bool, str]] = set()  # (is a param, name) MLflow accepts
         self._params_logged: dict[str, str] = {}  # the run's params: they never change
         self._lock = threading.Lock()  # guards the buffer below
@@ -136,12 +140,7 @@ class MlflowWriter(_base.TrackerWriter):
             found = client.get_experiment_by_name(experiment_name or "Default")
             runs = []
             if found is not None and run_name:
-                runs = client.search_runs(
-                    [found.experiment_id],
-                    filter_string=f"tags.`mlflow.runName` = '{run_name}'",
-                    order_by=["attributes.start_time DESC"],
-                    max_results=1,
-                )
+                runs = _latest_run_named(client, found.experiment_id, run_name)
             if not runs:
                 raise ValueError(
                     f"MlflowWriter: resume_step={resume_step} found no run named {run_name!r} in "
@@ -326,10 +325,13 @@ class MlflowWriter(_base.TrackerWriter):
                     step,
                 )
             numbers = kept
-        stamp = int(self._clock() * 1000)
-        metrics = [self._metric(k, _encode.as_float(v), stamp, step) for k, v in numbers.items()]
         with self._lock:
-            self._pending_metrics += metrics
+            # MLflow's store keeps one point per key, step, timestamp and value: the same
+            # value written twice in a millisecond was one point. Later by 1 ms where needed.
+            self._stamp = stamp = max(int(self._clock() * 1000), self._stamp + 1)
+            self._pending_metrics += [
+                self._metric(k, _encode.as_float(v), stamp, step) for k, v in numbers.items()
+            ]
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
         files = {k: [_encode.png(i) for i in v] for k, v in images.items()}
@@ -382,3 +384,19 @@ class MlflowWriter(_base.TrackerWriter):
             return
         with self._lock:
             self._pending_files.update(paths)
+
+
+def _latest_run_named(client: Any, experiment_id: str, name: str) -> list[Any]:
+    """The latest run named `name` (a list of 0 or 1). MLflow's filter strings have no escape:
+    a quote of the other kind surrounds the name, and one holding both is matched here."""
+    order = ["attributes.start_time DESC"]
+    if quote := next((q for q in "'\"" if q not in name), None):
+        where = f"tags.`mlflow.runName` = {quote}{name}{quote}"
+        return client.search_runs([experiment_id], where, order_by=order, max_results=1)
+    token = None
+    while True:
+        page = client.search_runs([experiment_id], order_by=order, page_token=token)
+        if found := [run for run in page if run.info.run_name == name]:
+            return found[:1]
+        if not (token := page.token):
+            return []

@@ -171,6 +171,10 @@ def load_series(
         )
     if keys is None:
         keys = [key for key in DEFAULT_KEYS if key in table] or list(table)[:MAX_DEFAULT_KEYS]
+    elif not (keys := list(dict.fromkeys(keys))):  # a key given twice: one panel
+        raise ValueError(
+            f"writers.plot: no keys given; pass None for the defaults, or some of {sorted(table)}"
+        )
     if unknown := [key for key in keys if key not in table]:
         raise ValueError(
             f"writers.plot: no run under {list(paths)} logged the key(s) {unknown}; "
@@ -200,6 +204,8 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
         before = len(found)
         for directory, subdirs, _ in os.walk(root):
             subdirs.sort()
+            if any(directory == seen for _, seen, _ in found):  # a run and its parent given
+                continue
             jsonl = os.path.join(directory, _JSONL_NAME)
             pattern = os.path.join(glob.escape(directory), _EVENTS_GLOB)
             files = (jsonl,) if os.path.isfile(jsonl) else tuple(sorted(glob.glob(pattern)))
@@ -209,7 +215,9 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
             parent = os.path.dirname(root) if directory == root else root
             label = os.path.join(os.path.basename(parent), os.path.relpath(directory, parent))
             found.append((label.replace(os.sep, "/"), directory, files))
-        if len(found) == before:
+        if len(found) == before and not any(
+            os.path.commonpath([root, seen]) == root for _, seen, _ in found
+        ):
             problems.value_problem(
                 f"no {_JSONL_NAME} and no {_EVENTS_GLOB} files in {given!r} or any directory below it"
             )

@@ -127,14 +127,16 @@ def _clu_kind(cls: type, clu_values: Any) -> str | None:
 
 
 def _is_plain_scalar(value: Any) -> bool:
-    if isinstance(value, numbers.Number) and not isinstance(value, complex | np.complexfloating):
+    # numpy counts timedelta64 as an integer: write_scalars refuses it (units unknown).
+    if isinstance(value, numbers.Number) and not isinstance(
+        value, complex | np.complexfloating | np.timedelta64
+    ):
         return True
     if type(value) is np.ndarray and value.dtype.kind in "biuf":
         return value.size == 1
     if isinstance(value, np.ndarray) or _looks_like_array(value):
-        # numpy counts timedelta64 (kind "m") as an integer type.
         kind = np.dtype(value.dtype).kind
-        return int(np.prod(value.shape)) == 1 and (kind in "biufm" or _is_ml_float(value.dtype))
+        return int(np.prod(value.shape)) == 1 and (kind in "biuf" or _is_ml_float(value.dtype))
     return False
 
 
@@ -153,8 +155,11 @@ def _describe(value: Any) -> str:
     prefix = ""
     if type(value).__name__ == "Scalar" and hasattr(value, "value"):
         prefix, value = "Scalar of ", value.value
-    shape = getattr(value, "shape", None)
-    return prefix + type(value).__name__ + ("" if shape is None else f" of shape {tuple(shape)}")
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    described = prefix + type(value).__name__
+    if dtype is not None and np.dtype(dtype).kind not in "biuf":  # a timedelta, a str array
+        described += f" of dtype {dtype}"
+    return described + ("" if shape is None else f" of shape {tuple(shape)}")
 
 
 def _group_by_metadata(groups: list[tuple[Any, dict[str, Any]]], metadata: Any) -> dict[str, Any]:

@@ -315,6 +315,42 @@ def test_resume_keeps_one_point_per_step(store, caplog):
     assert client.get_run(first.run_id).info.status == "FINISHED"
 
 
+@pytest.mark.parametrize("name", ["bob's", 'say "hi"', "both ' and \"", "back\\slash"])
+def test_resume_finds_a_run_whose_name_holds_quotes(store, name):
+    # The name went into MLflow's filter string unquoted: "bob's" raised MlflowException.
+    _writer(store, run_name="other").close()
+    first = _writer(store, run_name=name)
+    first.write_scalars(1, {"loss": 1.0})
+    first.close()
+    _writer(store, run_name=name + "x").close()  # a later run of another name
+    again = _writer(store, run_name=name, resume_step=1)
+    again.write_scalars(2, {"loss": 2.0})
+    again.close()
+    assert again.run_id == first.run_id
+    client = MlflowClient(store["tracking_uri"])
+    assert _history(client, first.run_id, "loss") == [(1, 1.0), (2, 2.0)]
+
+
+def test_the_same_value_written_twice_at_one_step_is_two_points(store):
+    # MLflow's store keeps one point per key, step, timestamp and value: three identical
+    # writes within a millisecond were one point, though writers never deduplicate.
+    w = _writer(store, clock=lambda: 1000.0)
+    for _ in range(3):
+        w.write_scalars(1, {"loss": 0.5})
+    w.write_scalars(2, {"loss": 0.5, "acc": 1.0})
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    points = sorted(
+        (m.step, m.timestamp, m.value) for m in client.get_metric_history(w.run_id, "loss")
+    )
+    assert points == [
+        (1, 1_000_000, 0.5),
+        (1, 1_000_001, 0.5),
+        (1, 1_000_002, 0.5),
+        (2, 1_000_003, 0.5),
+    ]
+
+
 def test_resume_by_run_id_and_a_missing_run_is_an_error(store):
     first = _writer(store)
     first.write_scalars(4, {"loss": 1.0})

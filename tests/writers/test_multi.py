@@ -101,6 +101,30 @@ def test_bad_input_reaches_no_writer_and_close_is_idempotent():
     assert clu.closed
 
 
+def test_bad_nested_hparam_keys_reach_no_writer(tmp_path):
+    # Only top-level keys were checked before the dict was flattened: a lone surrogate
+    # reached every writer (each failed), "" became the name "x.", and 1 became "x.1".
+    jsonl = writers.JsonlWriter(tmp_path)
+    multi = writers.MultiWriter([jsonl, writers.TensorBoardWriter(tmp_path)])
+    with pytest.raises(ValueError, match=r"^MultiWriter.write_hparams: .*surrogate"):
+        multi.write_hparams({"x": {"bad\udcff": 1}})
+    with pytest.raises(TypeError) as info:
+        multi.write_hparams({"x": {"": 1, 1: 2, "ok": 3}, "y": {"z": {" ": 4}}})
+    assert str(info.value) == (
+        "MultiWriter.write_hparams: 3 problems:\n"
+        "  - hyperparameter 'x' holds the key 1; nested keys must be non-empty str names, as "
+        "top-level ones\n"
+        "  - hyperparameter 'x' holds the key ''; nested keys must be non-empty str names, as "
+        "top-level ones\n"
+        "  - hyperparameter 'y.z' holds the key ' '; nested keys must be non-empty str names, "
+        "as top-level ones"
+    )
+    multi.write_hparams({"x": {"ok": 3}})
+    multi.close()
+    lines = writers.read_jsonl(tmp_path / "metrics.jsonl")
+    assert [line.get("hparams") for line in lines] == [{"x.ok": 3}]
+
+
 def test_objects_that_are_not_writers_are_rejected_up_front():
     class HalfWriter:
         def write_scalars(self, step, scalars):

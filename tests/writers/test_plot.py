@@ -258,6 +258,20 @@ def test_runs_of_several_experiments_are_labelled_apart(tmp_path):
     ]
 
 
+def test_a_run_given_twice_a_key_given_twice_and_no_keys(tmp_path):
+    # A run and its parent both given plotted that run twice; --keys loss,loss drew the same
+    # panel twice; keys=[] raised matplotlib's "Number of rows must be a positive integer".
+    _write_jsonl(str(tmp_path / "exp" / "train" / "metrics.jsonl"),
+                 [{"step": 1, "time": 0.0, "collection": "train", "loss": 1.0, "acc": 0.5}])  # fmt: skip
+    run, exp = str(tmp_path / "exp" / "train"), str(tmp_path / "exp")
+    for paths in ([exp, run], [run, exp], [run, run]):
+        keys, series = load_series(paths, ["loss", "acc", "loss"])
+        assert keys == ["loss", "acc"]
+        assert [(s.key, s.values.tolist()) for s in series] == [("loss", [1.0]), ("acc", [0.5])]
+    with pytest.raises(ValueError, match=r"^writers.plot: no keys given; pass None for the "):
+        load_series([run], [])
+
+
 def test_event_files_are_read_when_there_is_no_jsonl_and_truncation_is_tolerated(tmp_path, caplog):
     logdir = str(tmp_path / "tb" / "train")
     w = writers.TensorBoardWriter(logdir)

@@ -29,7 +29,7 @@ from tensorboard.util import tensor_util
 
 import writers
 from tests.writers.test_jsonl import ODD_HPARAMS, ODD_VALUES
-from writers import _records
+from writers import _records, plot
 
 _ALL = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 0, ea.AUDIO: 0, ea.HISTOGRAMS: 0}
 
@@ -311,7 +311,7 @@ def test_purge_step_hides_stale_events_on_resume(tmp_path):
     for step in range(10):
         first.write_scalars(step, {"loss": float(step)})
     first.close()
-    # Event files are read in name order; names hold whole seconds, then the suffix,
+    # Event files are read in name order; a new file takes a later second than any there,
     # so the resumed file sorts after the first one even within the same second.
     resumed = writers.TensorBoardWriter(tmp_path, purge_step=5, filename_suffix=".resumed")
     for step in (5, 6):
@@ -319,6 +319,31 @@ def test_purge_step_hides_stale_events_on_resume(tmp_path):
     resumed.close()
     loss = [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")]
     assert loss == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0)]
+
+
+@pytest.mark.parametrize("suffix", ["", ".train"])
+def test_writers_made_in_the_same_second_read_in_the_order_they_were_made(tmp_path, suffix):
+    # A counter after the host ("<host>.1.train") sorted before the first file's
+    # "<host>.train", and ".10" before ".2": TensorBoard read the resumed run's events
+    # first, then the stale ones, and nothing was purged.
+    first = writers.TensorBoardWriter(tmp_path, filename_suffix=suffix)
+    for step in range(1, 11):
+        first.write_scalars(step, {"loss": float(step)})
+    first.close()
+    for resume in range(11):  # 11 more files, most of them in one second
+        w = writers.TensorBoardWriter(tmp_path, purge_step=6, filename_suffix=suffix)
+        for step in (6, 7, 8):
+            w.write_scalars(step, {"loss": 100.0 * (resume + 1) + step})
+        w.close()
+    names = sorted(os.listdir(tmp_path))
+    assert len(names) == 12 and all(n.endswith(suffix) for n in names)
+    assert [int(n.split(".")[3]) for n in names] == sorted({int(n.split(".")[3]) for n in names})
+    loss = [(s.step, s.value) for s in _accumulator(tmp_path).Scalars("loss")]
+    assert loss == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0)] + [
+        (step, 1100.0 + step) for step in (6, 7, 8)
+    ]
+    (series,) = plot.load_series([str(tmp_path)], ["loss"])[1]  # it reads in name order too
+    assert list(zip(series.steps.tolist(), series.values.tolist(), strict=True)) == loss
 
 
 def test_every_event_reaches_the_file_when_written_and_the_timer_fsyncs(tmp_path):

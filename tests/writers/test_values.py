@@ -85,6 +85,15 @@ def test_unsupported_values_raise_one_type_error_naming_every_key_and_writes_not
     assert "'big': Scalar of ndarray of shape (4,)" in message
     assert "'ok'" not in message
     assert rec.calls == []
+    # numpy counts timedelta64 as an integer: it passed as a scalar, a summary beside it was
+    # written, then write_scalars refused it.
+    for td in (np.timedelta64(3, "s"), np.array([3], dtype="timedelta64[s]")):
+        with pytest.raises(
+            TypeError,
+            match=r"^write_values: unsupported value types for 'td': \w+ of dtype timedelta64\[s\]",
+        ) as info:
+            writers.write_values(rec, 5, {"sum": values.Summary(np.zeros(3), None), "td": td})
+        assert "'sum'" not in str(info.value) and rec.calls == []
 
 
 def test_group_values_can_skip_unsupported_values_and_group_the_rest():
