@@ -28,8 +28,8 @@ import numpy as np
 
 from writers._checks import Problems, describe
 
-# Dense peak TFLOP/s per JAX device: (substring of `device_kind`, bf16, fp16), None: no such
-# unit; the first match wins ("L40S" before "L4"). From NVIDIA data sheets (sparse figures
+# Dense peak TFLOP/s per JAX device: (words in `device_kind`, bf16, fp16), None: no such
+# unit; the first match wins ("TPU v5 lite" before "TPU v5"). From NVIDIA data sheets (sparse figures
 # halved) and Google Cloud's TPU pages (v2 and v3: two JAX devices, so half a chip, each).
 _PEAK_TFLOPS: tuple[tuple[str, float | None, float | None], ...] = (
     ("TPU v2", 22.5, None),
@@ -77,6 +77,8 @@ def _flops(analysis: Any) -> float:
     if isinstance(analysis, (list, tuple)):  # one dict per program on some jax versions
         analysis = analysis[0] if len(analysis) == 1 else None
     flops = analysis.get("flops") if isinstance(analysis, Mapping) else None
+    if flops is None and isinstance(analysis, Mapping) and "bytes accessed" in analysis:
+        return 0.0  # analysed, and XLA leaves the entry out at 0 (a step that moves data)
     if flops is None:
         keys = sorted(analysis) if isinstance(analysis, Mapping) else analysis
         raise ValueError(
@@ -169,7 +171,8 @@ def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float |
     device = jax.devices()[0] if device is None else device
     kind = str(getattr(device, "device_kind", "")).lower()
     for name, bf16, fp16 in _PEAK_TFLOPS:
-        if name.lower() in kind:
+        # As a whole word: "RTX A1000" is no A100, "T400" no T4.
+        if re.search(rf"(?<![a-z0-9]){re.escape(name.lower())}(?![a-z0-9])", kind):
             tflops = bf16 if dtype == "bf16" else fp16
             return None if tflops is None else tflops * 1e12
     return None
@@ -209,7 +212,7 @@ def perf_values(
     for arg, value, ok, expected in (  # each `ok` is also False for NaN
         ("flops_per_step", flops_per_step, lambda x: 0 <= x < math.inf, "finite, >= 0"),
         ("num_steps", num_steps, lambda x: x >= 0 and float(x).is_integer(), "a whole number >= 0"),
-        ("duration_s", duration_s, lambda x: x > 0, "> 0 seconds"),
+        ("duration_s", duration_s, lambda x: 0 < x < math.inf, "finite, > 0 seconds"),
         (
             "num_devices",
             num_devices,

@@ -111,8 +111,9 @@ class MetricsManager:
         `MetricsManagerError` naming the step and keys: the next one once the worker has
         checked the values, at the latest `close()`).
       system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
-        most once per `system_interval_s`: the mean and `/max` of samples taken every second.
-      system_interval_s: least time between two `system/*` samples.
+        most once per `system_interval_s`: the mean and `/max` of samples taken every second
+        (or every `system_interval_s` where that is shorter, at least every 0.1 s).
+      system_interval_s: least time between two summaries that write `system/*`.
       uptime: add `timing/uptime` to each metrics summary, as T5X's trainer does: seconds from
         this manager's creation to the `write_metrics_summary` call (on `clock`).
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables

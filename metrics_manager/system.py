@@ -16,6 +16,7 @@ logged at debug level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DE
 
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -25,12 +26,14 @@ from typing import Any
 import jax
 import psutil
 
-from writers._checks import check_positive
+from writers._checks import check_positive, describe
 
 _LOG = logging.getLogger(__name__)
 _MIB = float(1 << 20)
 # CPU percentages come from 10 ms tick counters: a shorter span would read 0 or several 100 %.
 _MIN_RATE_SPAN_S = 0.1
+# A sample costs ~0.15 ms: every 10 ms is 1.5% of a core. A day is far below the wait's limit.
+_MIN_INTERVAL_S, _MAX_INTERVAL_S = 0.01, 86_400.0
 # Sensor groups that report the CPU package (Intel, AMD, ARM boards), best first.
 _CPU_SENSOR_GROUPS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
 
@@ -44,6 +47,7 @@ class _CpuPercent:
         self._process = psutil.Process()
         self._clock = clock
         self._last = self._times()
+        self.weight = 1.0  # the last reading's span: a window's mean weights readings by it
 
     def _times(self) -> tuple[float, float, float, float]:
         process = self._process.cpu_times()
@@ -60,6 +64,7 @@ class _CpuPercent:
         if span < _MIN_RATE_SPAN_S:
             return {}  # keep the old baseline: the next reading covers a longer span
         last, self._last = self._last, now
+        self.weight = span
         values = {"system/process_cpu_percent": 100.0 * (now[1] - last[1]) / span}
         host_total = now[2] - last[2]
         if host_total > 0:
@@ -107,10 +112,7 @@ def _nvml_sensors() -> tuple[dict[str, SampleFn], Any]:
     except Exception:  # noqa: BLE001
         pynvml.nvmlShutdown()
         return {}, None
-    indices: Iterable[int] = range(count)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
-    if all(item.strip().isdigit() for item in visible):
-        indices = [int(item) for item in visible if int(item) < count]
+    indices = _visible_indices(count, pynvml)
     readers: dict[str, Callable[[Any], float]] = {
         "utilization_percent": lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
         "temperature_c": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
@@ -131,11 +133,55 @@ def _nvml_sensors() -> tuple[dict[str, SampleFn], Any]:
     return sensors, pynvml
 
 
+def _visible_indices(count: int, pynvml: Any) -> list[int]:
+    """NVML indices of the GPUs `CUDA_VISIBLE_DEVICES` shows (all if unset), in its order. As
+    CUDA does, the list ends at the first entry naming no GPU: "" and "-1" hide them all. GPU
+    UUIDs (or unique prefixes) count; MIG instances have no NVML readings here."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return list(range(count))
+    uuids: list[str] = []
+    indices: list[int] = []
+    for item in (item.strip() for item in value.split(",")):
+        if item.isdigit() and int(item) < count:
+            indices.append(int(item))
+            continue
+        if item.startswith("GPU-"):
+            if not uuids:
+                try:
+                    uuids = [
+                        _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i)))
+                        for i in range(count)
+                    ]
+                except Exception:  # noqa: BLE001  (no UUIDs: no GPU can be named by one)
+                    break
+            if len(found := [i for i, uuid in enumerate(uuids) if uuid.startswith(item)]) == 1:
+                indices.append(found[0])
+                continue
+        break
+    return indices
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value  # bytes in older pynvml
+
+
 def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn], Any]:
     """The host's sensors by name: memory always, the others where a first reading works."""
+    devices = jax.local_devices() if devices is None else devices
+    if isinstance(devices, str | jax.Device) or not isinstance(devices, Iterable):
+        raise TypeError(
+            f"SystemMonitor: devices must be a list of JAX devices or None, got "
+            f"{describe(devices)}; e.g. devices=jax.local_devices()"
+        )
+    devices = list(devices)
+    if wrong := [d for d in devices if not callable(getattr(d, "memory_stats", None))]:
+        raise TypeError(
+            f"SystemMonitor: devices must be JAX devices (with memory_stats()), got "
+            f"{', '.join(map(describe, wrong))}; e.g. devices=jax.local_devices()"
+        )
     optional: dict[str, SampleFn] = {
-        f"memory_stats of {d}": functools.partial(_device_memory, d)
-        for d in (jax.local_devices() if devices is None else devices)
+        f"memory_stats of {d}": functools.partial(_device_memory, d) for d in devices
     }
     if hasattr(psutil, "sensors_temperatures"):  # Linux and FreeBSD only
         optional["cpu temperature"] = _cpu_temperature
@@ -166,8 +212,8 @@ class SystemMonitor:
       sample_fn: replaces every built-in sensor (tests, custom sensors): () -> {key: value}.
 
     Raises:
-      ValueError: `interval_s` is not positive.
-      TypeError: `sample_fn` is not callable.
+      ValueError: `interval_s` is not in [0.01, 86400] seconds.
+      TypeError: `sample_fn` is not callable, or `devices` are not JAX devices.
 
     Example:
       >>> samples = iter([{"system/x": 1.0}, {"system/x": 3.0}])
@@ -192,6 +238,12 @@ class SystemMonitor:
                 "seconds such as 1.0",
                 "None starts no thread",
             )
+            if not _MIN_INTERVAL_S <= interval_s <= _MAX_INTERVAL_S:
+                # Below: the thread takes a large share of a core; above: its wait overflows.
+                raise ValueError(
+                    f"SystemMonitor: interval_s must lie in [{_MIN_INTERVAL_S}, "
+                    f"{_MAX_INTERVAL_S:.0f}] seconds, got {interval_s}; None starts no thread"
+                )
         if sample_fn is not None and not callable(sample_fn):
             raise TypeError(
                 "SystemMonitor: sample_fn must be a callable returning {name: value}, got "
@@ -228,9 +280,13 @@ class SystemMonitor:
                     )
                     del self._sensors[name]
                     continue
+                # A rate over a span (CPU %) weighs as long as its span: a short reading at
+                # the window's end counted as much as a whole interval's.
+                weight = float(getattr(read, "weight", 1.0))
                 for key, value in values.items():
                     count, total, top = self._window.get(key, (0.0, 0.0, value))
-                    self._window[key] = (count + 1.0, total + value, max(top, value))
+                    top = value if math.isnan(value) else max(top, value)  # NaN in any order
+                    self._window[key] = (count + weight, total + value * weight, top)
 
     def window_values(self) -> dict[str, float]:
         """`<key>` -> mean and `<key>/max` -> max since the previous call (after a fresh sample

@@ -113,11 +113,19 @@ def test_cost_analysis_as_a_list_of_one_dict(monkeypatch):
 
 def test_no_flops_entry_names_the_keys_and_the_fix(monkeypatch):
     compiled = jax.jit(_matmul).lower(*_operands()).compile()
-    monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: {"bytes accessed": 1.0})
+    monkeypatch.setattr(jax.stages.Compiled, "cost_analysis", lambda self: {"optimal_seconds": 1.0})
     with pytest.raises(
-        ValueError, match=r"no 'flops' entry \(got \['bytes accessed'\]\).*perf_values"
+        ValueError, match=r"no 'flops' entry \(got \['optimal_seconds'\]\).*perf_values"
     ):
         mm.step_flops(compiled)
+
+
+def test_a_step_that_only_moves_data_has_0_flops():
+    # XLA leaves the 'flops' entry out when the count is 0: "this backend does not
+    # estimate FLOPs" was raised for a transpose.
+    assert mm.step_flops(lambda x: x.T.reshape(-1), jnp.ones((4, 4))) == 0.0
+    assert mm.step_flops(lambda x: x, jnp.ones((4, 4))) == 0.0
+    assert mm.step_flops(lambda x: x + 1, jnp.ones((4, 4))) == 16.0
 
 
 def test_wrong_arguments_are_type_errors():
@@ -147,6 +155,11 @@ def test_wrong_arguments_are_type_errors():
         ("Tesla V100-SXM2-16GB", None, 125e12),
         ("cpu", None, None),
         ("Some Future Chip", None, None),
+        # Whole words only: a substring gave the A100's peak and the T4's.
+        ("NVIDIA RTX A1000 6GB Laptop GPU", None, None),
+        ("NVIDIA T400", None, None),
+        ("NVIDIA A10G", 70e12, 70e12),
+        ("NVIDIA A10", 125e12, 125e12),
     ],
 )
 def test_peak_table(kind, bf16, fp16):
@@ -192,13 +205,15 @@ def test_perf_values_lists_every_problem():
     for part in [
         "flops_per_step must be finite, >= 0, got nan",
         "num_steps must be a whole number >= 0, got -1",
-        "duration_s must be > 0 seconds, got 0.0",
+        "duration_s must be finite, > 0 seconds, got 0.0",
         "num_devices must be a whole number >= 1, got 0",
         "peak_flops_per_device must be finite, > 0 FLOP/s or None, got -5.0",
     ]:
         assert part in message
     with pytest.raises(ValueError, match="flops_per_step must be finite, >= 0, got inf"):
         mm.perf_values(float("inf"), 1, 1.0, num_devices=1)
+    with pytest.raises(ValueError, match="duration_s must be finite, > 0 seconds, got inf"):
+        mm.perf_values(1e12, 10, float("inf"), num_devices=1)  # read 0 TFLOP/s
     with pytest.raises(ValueError) as info:  # counts: a fraction is a mistake, e.g. a mean
         mm.perf_values(1e12, 2.5, 1.0, num_devices=1.5)
     assert "2 problems" in str(info.value)

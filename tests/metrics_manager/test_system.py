@@ -88,6 +88,33 @@ def test_window_mean_and_max_then_a_new_window():
     monitor.close()
 
 
+def test_rates_weigh_by_their_span_and_nan_is_the_max_in_any_order():
+    # A short CPU reading at the window's end counted as much as a whole interval's: 1 s
+    # idle then 0.15 s busy read 50%, not 13%.
+    class Rate:
+        weight = 1.0
+
+        def __init__(self):
+            self.readings = iter([(1.0, 0.0), (0.15, 100.0), (1.0, float("nan")), (1.0, 3.0)])
+
+        def __call__(self):
+            self.weight, value = next(self.readings)
+            return {"system/cpu": value}
+
+    monitor = mm.SystemMonitor(None, sample_fn=Rate())
+    monitor.sample()
+    values = monitor.window_values()
+    assert values["system/cpu"] == pytest.approx(100.0 * 0.15 / 1.15)
+    assert values["system/cpu/max"] == 100.0
+    monitor.sample()  # NaN, then 3.0: the max was 3.0, and NaN with the order reversed
+    assert all(np.isnan(v) for v in monitor.window_values().values())
+    monitor.close()
+    now = [100.0]
+    reader = system._CpuPercent(clock=lambda: now[0])
+    now[0] += 2.5
+    assert reader() and reader.weight == 2.5  # the built-in CPU sensor weighs by its span
+
+
 def test_background_thread_samples_and_close_stops_it_quickly():
     calls = []
     three = threading.Event()
@@ -120,7 +147,7 @@ def test_close_is_bounded_when_a_sample_hangs():
         release.wait(10.0)
         return {}
 
-    monitor = mm.SystemMonitor(0.001, sample_fn=stuck)
+    monitor = mm.SystemMonitor(0.01, sample_fn=stuck)
     assert entered.wait(5.0)
     start = time.perf_counter()
     monitor.close(timeout_s=0.2)
@@ -248,6 +275,7 @@ def _fake_nvml(calls):
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=40 + h, memory=0),
         nvmlDeviceGetTemperature=lambda h, sensor: 60 + h,
         nvmlDeviceGetPowerUsage=power,
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h}aaaa-bbbb",
     )
 
 
@@ -267,13 +295,18 @@ def test_nvml_path_with_a_fake_library(monkeypatch):
     }
     assert calls == ["init", "shutdown"]
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    with mm.SystemMonitor(None, devices=()) as monitor:
-        values = monitor.window_values()
-    assert sorted(k for k in values if k.startswith("system/gpu") and not k.endswith("/max")) == [
-        "system/gpu1/temperature_c",
-        "system/gpu1/utilization_percent",
-    ]
+    def gpus(visible):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        with mm.SystemMonitor(None, devices=()) as monitor:
+            values = monitor.window_values()
+        return sorted({k.split("/")[1] for k in values if k.startswith("system/gpu")})
+
+    assert gpus("1") == ["gpu1"]
+    # As CUDA reads it: "" and "-1" hide every GPU (all were reported), the list ends at the
+    # first entry naming no GPU, and UUIDs or unique prefixes of them name GPUs.
+    assert gpus("") == gpus("-1") == gpus("-1,0") == gpus("5") == []
+    assert gpus("1,-1,0") == gpus("GPU-1aaaa-bbbb") == gpus("GPU-1,nope,0") == ["gpu1"]
+    assert gpus(" 0 , GPU-1a") == ["gpu0", "gpu1"]
 
 
 def _nvml_gpu_count() -> int:
@@ -343,6 +376,16 @@ def test_invalid_arguments():
         mm.SystemMonitor("1")  # a str from gin
     with pytest.raises(TypeError, match="sample_fn must be a callable .* got int: 3"):
         mm.SystemMonitor(None, sample_fn=3)
+    # Past threading's wait limit the thread died at once; far below, it took most of a core.
+    for interval in (1e10, 1e-6):
+        with pytest.raises(
+            ValueError, match=r"interval_s must lie in \[0.01, 86400\] seconds, got"
+        ):
+            mm.SystemMonitor(interval)
+    # Bad devices were taken silently (each device's first reading failed and was dropped).
+    for devices, got in (("cpu", "str 'cpu'"), (5, "int 5"), ([1, 2], "int 1, int 2")):
+        with pytest.raises(TypeError, match=rf"devices must be .*, got {got}; e.g. devices=jax"):
+            mm.SystemMonitor(None, devices=devices)
 
 
 def test_values_read_back_from_jsonl_and_tensorboard(tmp_path):
