@@ -175,7 +175,8 @@ class _Checks(Problems):
                 f"`z_loss` must be a non-negative float or a scalar array; got {describe(z_loss)}."
             )
 
-    def metric_options(self, segment_ids: Any, num_devices: Any, batch_size: Any) -> None:
+    def metric_options(self, segment_ids: Any, num_devices: Any, targets: Any) -> None:
+        batch_size = _batch_size(targets)
         if isinstance(segment_ids, Mapping):
             for feature, ids in segment_ids.items():
                 name = f"segment_ids[{feature!r}]"
@@ -188,6 +189,11 @@ class _Checks(Problems):
                         f"`{name}` must have one row per sequence of `targets`, "
                         f"[{batch_size}, L]; got shape {tuple(ids.shape)}. Pass the segment "
                         "ids of the same (micro)batch."
+                    )
+                elif feature == "decoder" and batch_size is not None and ids.shape != targets.shape:
+                    self.value_problem(  # its non-padding fraction counted the wrong positions
+                        f"`{name}` must have the shape of `targets`, {tuple(targets.shape)}; "
+                        f"got {tuple(ids.shape)}. Pass the decoder's segment ids of this batch."
                     )
         elif segment_ids is not None:
             self.type_problem(
@@ -308,8 +314,9 @@ def _weighted_sums(
     loss, z_loss = token_losses
     if weights is not None:
         # `where`, not a product alone: a padding position's non-finite loss would be 0 * inf.
+        # Only there: elsewhere d(loss)/d(weight) is the token's loss, at a weight of 0 too.
         w = weights.astype(jnp.float32)
-        loss, z_loss = (jnp.where(w != 0, x * w, 0.0) for x in (loss, z_loss))
+        loss, z_loss = (w * jnp.where((w != 0) | jnp.isfinite(x), x, 0.0) for x in (loss, z_loss))
     if factor is not None:
         if jnp.ndim(factor) == 1:  # [B]: rank promotion is explicit
             factor = jnp.reshape(factor, (-1,) + (1,) * (loss.ndim - 1))
@@ -669,7 +676,7 @@ def compute_base_metrics(
     problems.array("loss", loss, jnp.floating, ndim=0)
     if z_loss is not None:
         problems.array("z_loss", z_loss, jnp.floating, ndim=0)
-    problems.metric_options(segment_ids, num_devices, _batch_size(targets))
+    problems.metric_options(segment_ids, num_devices, targets)
     problems.raise_if_any()
     return _base_metrics(
         logits, targets, mask, loss, z_loss, segment_ids, token_losses, factor, num_devices
@@ -803,7 +810,7 @@ def compute_loss_and_metrics(
     problems = _Checks("compute_loss_and_metrics")
     problems.inputs(logits, targets, weights, factor, name=f"batch[{_WEIGHTS_KEY!r}]")
     problems.loss_options(label_smoothing, z_loss, logits)
-    problems.metric_options(segment_ids, num_devices, _batch_size(targets))
+    problems.metric_options(segment_ids, num_devices, targets)
     problems.raise_if_any()
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)

@@ -22,6 +22,7 @@ microbatch's metrics, so values do not depend on the number of microbatches.
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -412,6 +413,20 @@ def accumulate_grads_microbatched(
         problems.type_problem(f"num_microbatches must be an int or None, got {got}")
     elif num_microbatches < 1:
         problems.value_problem(f"num_microbatches must be >= 1 (or None), got {num_microbatches}")
+    arguments = ("params", "microbatch") + (() if rng is None else ("rng",))
+    try:  # Python's own error named neither rng= nor the fix
+        signature = inspect.signature(loss_fn)
+        signature.bind(*arguments)
+    except TypeError:
+        problems.type_problem(
+            f"loss_fn must be callable, got {describe(loss_fn)}"
+            if not callable(loss_fn)
+            else f"loss_fn is called as loss_fn({', '.join(arguments)}) "
+            + ("(no rng= was given)" if rng is None else "since rng= was given")
+            + f", but it takes {signature}"
+        )
+    except ValueError:
+        pass  # no signature to read (a builtin): the call will say
     problems.raise_if_any()
     num_microbatches = int(num_microbatches)
 

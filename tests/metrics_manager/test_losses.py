@@ -653,6 +653,21 @@ def test_padding_with_non_finite_logits_costs_neither_the_loss_nor_the_gradient(
     assert not bool(grad[:, 2].any())  # no gradient at padding
 
 
+def test_the_gradient_of_the_loss_in_the_weights_is_the_token_loss_at_a_weight_of_0_too():
+    # `where(w != 0, x * w, 0)` cut it to 0 there: a learned weight that reached 0 stayed.
+    logits = jax.random.normal(jax.random.key(5), (1, 3, 4))
+    targets = jnp.array([[1, 2, 3]])
+    token = losses.compute_token_losses(logits, targets).loss
+    grad = jax.grad(lambda w: losses.compute_weighted_cross_entropy(logits, targets, w)[0])
+    np.testing.assert_allclose(grad(jnp.array([[1.0, 0.0, 1.0]])), token, rtol=1e-6)
+    # A non-finite loss at a weight of 0 (padding) still gives 0, not NaN, in both gradients.
+    bad = logits.at[0, 1].set(jnp.inf)
+    in_weights = jax.grad(lambda w: losses.compute_weighted_cross_entropy(bad, targets, w)[0])(
+        jnp.array([[1.0, 0.0, 1.0]])
+    )
+    assert in_weights[0, 1] == 0.0 and bool(jnp.isfinite(in_weights).all())
+
+
 def test_one_hot_targets_and_segment_ids_of_another_batch_are_named():
     logits = jnp.zeros((2, 3, 5))
     with pytest.raises(ValueError, match=r"`targets` .*one-hot\? Pass `targets.argmax\(-1\)`"):
@@ -666,3 +681,21 @@ def test_one_hot_targets_and_segment_ids_of_another_batch_are_named():
         match=r"segment_ids\['decoder'\]` must have one row per .*\[2, L\]; got shape \(4, 7\)",
     ):
         losses.compute_loss_and_metrics(logits, batch, num_devices=1)
+    # The decoder's ids of another length: its non-padding fraction counted 8 positions, not 6.
+    batch["decoder_segment_ids"] = jnp.ones((2, 4), jnp.int32)
+    with pytest.raises(
+        ValueError,
+        match=r"^compute_loss_and_metrics: `segment_ids\['decoder'\]` must have the shape of "
+        r"`targets`, \(2, 3\); got \(2, 4\)",
+    ):
+        losses.compute_loss_and_metrics(logits, batch, num_devices=1)
+    other = {"encoder": jnp.ones((2, 7), jnp.int32)}  # another feature: its own length
+    values = losses.compute_base_metrics(
+        logits,
+        batch["decoder_target_tokens"],
+        None,
+        jnp.float32(0.0),
+        segment_ids=other,
+        num_devices=1,
+    )
+    assert float(values["non_padding_fraction/encoder"].compute()) == 1.0

@@ -478,6 +478,25 @@ def test_num_microbatches_is_checked(bad, error):
         accumulate_grads_microbatched(lambda w, b: (w, {}), jnp.float32(1.0), jnp.ones(4), bad)
 
 
+def test_a_loss_fn_that_does_not_take_the_rng_or_needs_one_is_named():
+    # Python's "<lambda>() takes 2 positional arguments but 3 were given" named no fix.
+    args = (jnp.ones(2), jnp.ones((4, 2)), 2)
+    with pytest.raises(
+        TypeError,
+        match=r"loss_fn is called as loss_fn\(params, microbatch, rng\) since rng= was given, "
+        r"but it takes \(w, b\)$",
+    ):
+        accumulate_grads_microbatched(
+            lambda w, b: (jnp.sum(b @ w), {}), *args, rng=jax.random.key(0)
+        )
+    with pytest.raises(TypeError, match=r"loss_fn\(params, microbatch\) \(no rng= was given\)"):
+        accumulate_grads_microbatched(lambda w, b, rng: (jnp.sum(b @ w), {}), *args)
+    with pytest.raises(TypeError, match=r"loss_fn must be callable, got int 3"):
+        accumulate_grads_microbatched(3, *args)
+    grads, _ = accumulate_grads_microbatched(lambda w, b, rng=None: (jnp.sum(b @ w), {}), *args)
+    assert grads.tolist() == [4.0, 4.0]
+
+
 def test_package_reexports_are_sorted_and_resolve():
     import metrics_manager
 
