@@ -104,6 +104,7 @@ class PartStream:
         self.dropped = Dropped(f"{directory}/", self._max)
         self._lock = threading.Lock()  # the buffer
         self._upload = threading.Lock()  # one upload at a time, so parts keep their order
+        self._failed, self._error = 0, repr(None)  # uploads that failed, the last one's error
 
     def write(self, data: bytes) -> None:
         with self._lock:
@@ -111,7 +112,16 @@ class PartStream:
             self._size += len(data)
 
     def flush(self) -> None:
+        failed = self._failed
         with self._upload:
+            if self._failed != failed:
+                # The upload this call waited for failed: storage is down now. A second try
+                # would double the wait (a flush in an outage took two client retry budgets,
+                # ~70 s on gcsfs, and its writer was taken for hung).
+                raise OSError(
+                    f"{self._dir}: the upload under way when this flush began failed "
+                    f"({self._error}); its data is kept for the next flush"
+                )
             with self._lock:
                 chunks, self._buffer, size, self._size = self._buffer, [], self._size, 0
             if not chunks:
@@ -122,6 +132,7 @@ class PartStream:
                 with self._lock:
                     self._buffer[:0], self._size = chunks, self._size + size
                     self._trim(err)
+                self._failed, self._error = self._failed + 1, repr(err)
                 raise
             self._index += 1
             self.dropped.outage = False

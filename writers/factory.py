@@ -164,6 +164,10 @@ def create_tracker_writer(
 ) -> MultiWriter:
     """Builds `default_writer`'s writers plus `tracker`'s, in one `MultiWriter`.
 
+    The tracker is made first, so one that refuses its settings or cannot reach its server
+    leaves the local logs as they were (a resumed default set rewrites them when made); if
+    the default writers then fail (a second run on `logdir`), the tracker is closed.
+
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
       collection: Passed to both factories (e.g. `train`).
@@ -200,20 +204,23 @@ def create_tracker_writer(
             "taking resume_step (writers.WandbWriter, writers.MlflowWriter, "
             "writers.create_default_writer): without it, what was logged after the step stays"
         )
-    base = default_writer(logdir, collection=collection, **resuming)
+    kwargs: dict[str, Any] = {"collection": collection, **resuming}
+    if "logdir" in takes["tracker"]:
+        kwargs["logdir"] = logdir
+    # The tracker first: a resumed default set rewrites the local log and purges TensorBoard
+    # at once, which a tracker refusing its settings afterwards could not undo.
+    made = tracker(**kwargs)
+    try:
+        base = default_writer(logdir, collection=collection, **resuming)
+    except Exception:
+        made.close()  # no half-built set with open runs and threads
+        raise
     chosen = dict(base.writers)
     if name in chosen:
         base.close()
+        made.close()
         raise ValueError(
             f"create_tracker_writer: name={name!r} is taken by a default writer "
             f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
         )
-    kwargs: dict[str, Any] = {"collection": collection, **resuming}
-    if "logdir" in takes["tracker"]:
-        kwargs["logdir"] = logdir
-    try:
-        chosen[name] = tracker(**kwargs)
-    except Exception:
-        base.close()  # no half-built set with open files and threads
-        raise
-    return MultiWriter(chosen)
+    return MultiWriter({**chosen, name: made})

@@ -24,8 +24,9 @@ is `<run_id>-<collection>` (characters W&B refuses in an id, such as `/` and `:`
 Offline, W&B cannot tell a restarted writer the run's last step: with the same `run_id` and
 no `resume_step`, steps below the earlier run's are not refused here. Pass `resume_step`.
 
-Keys `_step`, `_runtime`, `_timestamp` and `_wandb` are W&B's own and refused; so is one key
-written as two kinds (a scalar and a text) at one step, which W&B would keep only once. A key
+Keys `_step`, `_runtime`, `_timestamp` and `_wandb` (and the hyperparameter `_wandb`) are
+W&B's own and refused; so is one key written as two kinds (a scalar and a text) at one step,
+which W&B would keep only once. A key
 written again as the same kind at one step keeps its last value in W&B (warned once per key);
 a raw tensor written again at one step is a second file, `step_<step>-2.npy`.
 
@@ -39,7 +40,7 @@ Example:
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -188,7 +189,17 @@ class WandbWriter(_base.TrackerWriter):
         for file in _base.write_tree(self._run.dir, paths):  # the run's files: synced with it
             self._run.save(file, base_path=self._run.dir, policy="now", glob=False)
 
+    def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
+        if method == "write_hparams" and "_wandb" in keys:
+            return (
+                "the hyperparameter name '_wandb' is W&B's own config entry, which it would "
+                "replace; rename it, e.g. 'wandb'"
+            )
+        return super().key_problem(method, keys)
+
     def _params(self, hparams: dict[str, Any]) -> None:
+        if problem := self.key_problem("write_hparams", hparams):
+            raise ValueError(f"WandbWriter.write_hparams: {problem}")
         if self._run is not None:  # a value written again replaces the earlier one
             self._run.config.update(hparams, allow_val_change=True)
 

@@ -625,6 +625,49 @@ def test_a_long_storage_outage_drops_the_oldest_writes_past_max_buffer_mb(tmp_pa
     assert len(warned) == 2  # once per writer for the outage
 
 
+def test_a_flush_that_waited_on_a_failing_upload_fails_with_it_and_does_not_try_again(tmp_path):
+    # In a gs:// outage a flush waited for the timer's retrying upload (~34 s on gcsfs), then
+    # made its own attempt (~34 s more): past writer_deadline_s, its writer was quarantined as
+    # hung and lost what came after. Of two overlapping flushes, one uploads; the other fails
+    # when that upload fails, and the data stays buffered for the next flush.
+    from tests import storage_servers
+
+    server = storage_servers.S3Server()
+    gate = storage_servers.Gate(server.port)
+    config = server.fsspec_config()
+    config["client_kwargs"]["endpoint_url"] = gate.url
+    config["config_kwargs"] = {"retries": {"max_attempts": 2}}  # a failed upload: ~1.5 s
+    run = f"s3://{storage_servers.BUCKET}/overlap"
+    errors: list[str] = []
+
+    def flush(writer: writers.TensorBoardWriter) -> None:
+        try:
+            writer.flush()
+        except Exception as err:  # noqa: BLE001
+            errors.append(str(err))
+
+    with storage_servers.serving(server, "s3", config):
+        tb = writers.TensorBoardWriter(run, flush_secs=3600)
+        tb.write_scalars(1, {"loss": 1.0})
+        tb.flush()
+        gate.cut()
+        tb.write_scalars(2, {"loss": 2.0})
+        threads = [threading.Thread(target=flush, args=(tb,)) for _ in range(2)]
+        threads[0].start()
+        time.sleep(0.3)  # the first upload is retrying
+        threads[1].start()
+        for thread in threads:
+            thread.join()
+        gate.restore()
+        tb.write_scalars(3, {"loss": 3.0})
+        tb.close()
+        storage_servers.copy_event_files(run, str(tmp_path))
+    server.stop()
+    waited = [e for e in errors if "the upload under way when this flush began failed" in e]
+    assert len(errors) == 2 and len(waited) == 1, errors
+    assert tb_steps(str(tmp_path)) == [1, 2, 3]
+
+
 def test_a_long_mlflow_outage_drops_the_oldest_values_past_max_buffer_mb(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 

@@ -9,8 +9,10 @@ import clu.values
 import gin
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
 
 import writers
+from tests.writers.recording import RecordingWriter
 from tests.writers.tracker_stores import wandb_history, wandb_run_files
 
 
@@ -52,7 +54,10 @@ def test_a_gin_configured_tracker_class_gets_logdir_too(tmp_path):
 def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
     with pytest.raises(ValueError, match="name='jsonl' is taken"):
         writers.create_tracker_writer(
-            tmp_path, tracker=writers.NoopWriter, name="jsonl", default_writer=_files_only
+            tmp_path,
+            tracker=lambda collection: writers.NoopWriter(),
+            name="jsonl",
+            default_writer=_files_only,
         )
 
     def broken(collection):
@@ -60,6 +65,37 @@ def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
 
     with pytest.raises(OSError, match="tracker down"):
         writers.create_tracker_writer(tmp_path, tracker=broken, default_writer=_files_only)
+
+
+def test_a_tracker_refusing_its_settings_leaves_the_logs_of_the_run_it_resumes(tmp_path):
+    # The default writers were made first: resumed, they cut the JSONL log at the step and
+    # purged TensorBoard after it; then the tracker refused (resume_step without run_id).
+    first = writers.create_default_writer(tmp_path, console=False)
+    for step in range(1, 11):
+        first.write_scalars(step, {"loss": float(step)})
+    first.close()
+    with pytest.raises(ValueError, match=r"resume_step=2 needs the run to resume; pass run_id"):
+        writers.create_tracker_writer(
+            tmp_path,
+            tracker=functools.partial(writers.WandbWriter, "tests", process_index=0),
+            name="wandb",
+            default_writer=functools.partial(writers.create_default_writer, console=False),
+            resume_step=2,
+        )
+    assert [line["loss"] for line in writers.read_jsonl(tmp_path)] == [*map(float, range(1, 11))]
+    accumulator = event_accumulator.EventAccumulator(str(tmp_path))
+    accumulator.Reload()
+    assert [e.step for e in accumulator.Scalars("loss")] == list(range(1, 11))
+    # Default writers failing after the tracker was made (a second run on logdir) close it.
+    made: list[RecordingWriter] = []
+
+    def tracker(collection):
+        made.append(RecordingWriter())
+        return made[-1]
+
+    with writers.JsonlWriter(tmp_path), pytest.raises(ValueError, match="metrics.jsonl"):
+        writers.create_tracker_writer(tmp_path, tracker=tracker, default_writer=_files_only)
+    assert [call[0] for call in made[0].calls] == ["close"]
 
 
 def test_resume_step_needs_a_tracker_that_takes_one(tmp_path):

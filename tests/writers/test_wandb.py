@@ -105,9 +105,17 @@ def test_hparams_are_the_run_config(tmp_path):
     w = _writer(tmp_path, config={"seed": 1})
     w.write_hparams({"lr": np.float32(0.5), "name": "adam", "shape": (2, 3), "opt": {"b1": 0.9}})
     w.write_hparams({"lr": 0.25})  # W&B config values may change
+    # '_wandb' is W&B's own config entry: it was replaced, alone or beside a MultiWriter's JSONL.
+    with pytest.raises(ValueError, match=r"^WandbWriter.write_hparams: the hyperparameter name "):
+        w.write_hparams({"_wandb": 1, "lr": 0.125})
+    jsonl = writers.JsonlWriter(tmp_path / "log")
+    with pytest.raises(ValueError, match=r"^MultiWriter.write_hparams: w: the hyperparameter"):
+        writers.MultiWriter({"j": jsonl, "w": w}).write_hparams({"_wandb": 1})
+    jsonl.close()
     w.close()
     config = wandb_config(wandb_run_files(str(tmp_path))[0])
     assert config == {"seed": 1, "lr": 0.25, "name": "adam", "shape": "(2, 3)", "opt.b1": 0.9}
+    assert writers.read_jsonl(tmp_path / "log" / "metrics.jsonl") == []
 
 
 def test_enum_hparams_are_their_values_as_in_every_other_writer(tmp_path):
