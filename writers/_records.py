@@ -5,8 +5,9 @@ little-endian; the CRC is tensorboardX's, fast with the `crc32c` package (a depe
 
 Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`),
 with a later second than any event file already there: TensorBoard reads a directory's files
-in name order, so a writer made in the same second (a resumed run) reads after the earlier one. On a URL each flush writes one new object holding the events
-since the previous one (`_storage.PartStream`), named
+in name order, so a writer made in the same second (a resumed run) reads after the earlier
+one. On a URL each flush writes one new object holding the events since the previous one
+(`_storage.PartStream`), named
 `events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`: TensorBoard reads
 a directory's event files in name order, so the parts read as one stream.
 """
