@@ -793,7 +793,7 @@ class _Problems(Problems):
         """Refuses a metric written as a scalar whose compute() is not one (a T5X-style
         `Sum(x.sum(axis=0))`): the worker dropped its key. compute() is traced, not run."""
         if isinstance(metrics, PackedMetrics):
-            return
+            metrics = metrics.abstract()  # the same checks, from the layout
         members = {}
         for key, metric in metrics.items():
             if isinstance(metric, clu.metrics.Collection):  # its fields, under the keys written
@@ -822,7 +822,7 @@ class _Problems(Problems):
     def written_twice(self, metrics: Mapping[str, Any] | PackedMetrics, ready: Mapping) -> None:
         """Refuses two metrics that write one key (a Welford 'x' writes 'x/std' too)."""
         if isinstance(metrics, PackedMetrics):
-            return  # its types are known on the worker, which drops such a key
+            metrics = metrics.abstract()  # the types, from the layout
         written = [k for key, m in metrics.items() for k in metrics_lib.written_keys(key, m)]
         written += list(ready)
         if len(set(written)) < len(written):

@@ -249,6 +249,11 @@ def merge_windows(metrics: Metrics | PackedMetrics) -> Metrics | PackedMetrics:
             f"PackedMetrics, a CLU Collection) stacked over windows, got {describe(metrics)}; "
             "pass what the pmap/vmap step returned"
         )
+    if isinstance(metrics, PackedMetrics) and metrics.mapped_axis_problem() is None:
+        raise ValueError(  # unpacking it said "merge them with merge_windows(packed)"
+            "merge_windows: this PackedMetrics holds one window (its buffers have the shapes "
+            "it was packed with, no leading axis of windows); write it as it is"
+        )
     leaves = jax.tree.leaves(metrics)
     rows = {np.shape(x)[0] if np.ndim(x) else 0 for x in leaves}
     if len(rows) != 1 or 0 in rows:

@@ -167,6 +167,16 @@ class PackedMetrics:
         """
         return _unpack_jitted(self)
 
+    def abstract(self) -> dict[str, Any]:
+        """The dict of metrics with `jax.ShapeDtypeStruct` leaves, from the static layout
+        alone (no device work): what the manager checks at the call."""
+        specs = self._layout.specs
+        leaves = [
+            jax.ShapeDtypeStruct(shape, specs[buffer][0], weak_type=weak_type)
+            for buffer, _, _, shape, weak_type in self._layout.leaves
+        ]
+        return jax.tree.unflatten(self._layout.treedef, leaves)
+
     def mapped_axis_problem(self) -> str | None:
         """Why the buffers are no single window (a leading axis from `jax.vmap` or `jax.pmap`),
         or None. Reads static shapes only: no device work."""

@@ -32,6 +32,7 @@ import writers
 from metrics_manager import (
     AveragePerStep,
     Max,
+    MeanStd,
     MetricsManager,
     MetricsManagerError,
     Sum,
@@ -1216,6 +1217,26 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ValueError,
         r"metrics \['n'\] compute arrays of shapes \[\(3,\)\], not scalars; reduce them in "
         r"the step \(Sum.from_model_output\(x\) sums every element of x\)",
+    ),
+    "a T5X Sum built on a vector, packed": (  # the README loop's window: dropped on the worker
+        lambda m: m.write_metrics_summary(
+            merge_metrics(None, {"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, pack=True), 1, 1
+        ),
+        ValueError,
+        r"metrics \['n'\] compute arrays of shapes \[\(3,\)\], not scalars",
+    ),
+    "a key a packed MeanStd writes too": (  # the worker dropped the user's own 'x/std'
+        lambda m: m.write_metrics_summary(
+            merge_metrics(
+                None,
+                {"x": MeanStd.from_model_output(jnp.ones(3)), "x/std": Sum(jnp.ones(()))},
+                pack=True,
+            ),
+            1,
+            1,
+        ),
+        ValueError,
+        r"keys \['x/std'\] would be written twice",
     ),
     "a bucket count beyond memory": (  # a MemoryError on the worker
         lambda m: m.write_histograms(1, {"w": np.ones(3)}, {"w": 10**12}),

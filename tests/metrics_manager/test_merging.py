@@ -578,3 +578,14 @@ def test_merge_windows_of_no_metrics_names_what_it_takes(metrics):
     # None and {} gave "leading sizes []", a list an error naming merge_metrics and a tracer.
     with pytest.raises(TypeError, match="merge_windows: metrics must be a non-empty dict of CLU"):
         merging.merge_windows(metrics)
+
+
+def test_merge_windows_of_one_packed_window_says_to_write_it_as_it_is():
+    # Buffers of equal sizes passed the leading-axis check; unpacking then said "merge them
+    # with merge_windows(packed)", the call just made.
+    one = PackedMetrics.pack({"a": Sum(jnp.float32(1)), "b": Sum(jnp.float32(2))})
+    with pytest.raises(ValueError, match=r"^merge_windows: this PackedMetrics holds one window"):
+        merging.merge_windows(one)
+    two = jax.tree.map(lambda b: jnp.stack([b, b]), one)  # a window per device, as pmap gives
+    merged = merging.merge_windows(two).unpack()
+    assert {k: float(m.compute()) for k, m in merged.items()} == {"a": 2.0, "b": 4.0}
