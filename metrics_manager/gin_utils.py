@@ -30,7 +30,7 @@ CONFIG_SUMMARY_KEY = "config"
 
 def config_dir() -> str:
     """The directory of this project's gin files (`default.gin`, `writers/*.gin`): the source
-    tree's `configs/`, or where pip installed them (`<prefix>/share/jax-metrics-manager/`).
+    tree's `configs/`, or where pip installed them (`<prefix>/share/jax-metrics-manager/configs/`).
 
     Raises:
       FileNotFoundError: neither holds them (naming where it looked).
