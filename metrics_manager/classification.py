@@ -15,7 +15,7 @@ scores tie (on a tie the lower class index ranks first; sklearn's the higher),
 read as 0), `roc_auc_score` of the scores rounded down to `num_bins` bins, and
 `exp(log_loss(...))` per token. `TopKAccuracy`, `AUROC` and `Perplexity` are NaN until they have
 seen something (`AUROC`: both classes), or once they have counted a NaN score (refused outside
-`jit`: argmax and thresholds would count it as a prediction of class 0).
+`jit`: argmax, top_k and thresholds would count it as a prediction).
 
 Synopsis:
 
@@ -157,15 +157,17 @@ def _outside_unit_interval(
 
 def _nan_scores(scores: jax.Array, mask: jax.Array, problems: Problems) -> jax.Array:
     """How many labels where `mask` is true have a NaN score (of any class, for [..., C]
-    scores): argmax, top_k and a threshold would count each as a prediction. Outside jit,
-    a count above 0 raises."""
+    scores: pass the argmax's, which is NaN if any is): argmax and top_k rank NaN first, a
+    threshold reads it as negative, each a plausible prediction. Outside jit, a count above
+    0 raises."""
     nan = jnp.isnan(scores) if scores.shape == mask.shape else jnp.isnan(scores).any(axis=-1)
     count = exact_count(mask & nan)
     if not isinstance(count, jax.core.Tracer) and (n := int(count)):
         problems.value_problem(
             f"predictions are NaN for {n} of {mask.size} labels where the mask is true, which "
-            "would count as predictions of class 0; check the model for a divergence "
-            "or mask them out (under jit the value is NaN)"
+            "would count as predictions (argmax and top_k rank NaN first, a threshold reads "
+            "it as negative); check the model for a divergence or mask them out (under jit "
+            "the value is NaN)"
         )
         problems.raise_if_any()
     return count
@@ -313,8 +315,11 @@ class _ConfusionCounts(_Counts):
         if binary and threshold is None:  # NaN is outside [0, 1]
             fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
             outside = _outside_unit_interval(predictions, mask, problems, fix)
-        else:
+        elif binary:
             outside = _nan_scores(predictions, mask, problems)
+        else:  # jnp.argmax picks a NaN: its score is NaN if any of the row's is, one read
+            picked = jnp.take_along_axis(predictions, predicted[..., None], axis=-1)[..., 0]
+            outside = _nan_scores(picked, mask, problems)
         average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"

@@ -263,13 +263,14 @@ NAN_ROW = np.array([[np.nan, np.nan, np.nan], [0.0, 1.0, 2.0], [3.0, np.nan, 0.0
     ids=["top-1", "macro recall", "micro precision", "binary at a threshold"],
 )
 def test_nan_scores_are_refused_eagerly_and_nan_under_jit(call):
-    """argmax, top_k and `>=` count a NaN score as a prediction of class 0: an all-NaN row read
-    as a right prediction of label 0 (top-1 accuracy 1.0 from a diverged model)."""
+    """argmax, top_k and `>=` count a NaN score as a prediction: an all-NaN row read as a
+    right prediction of label 0 (top-1 accuracy 1.0 from a diverged model)."""
     labels = np.array([0, 2, 0])
     with pytest.raises(
         ValueError,
         match=r"from_model_output: predictions are NaN for 2 of 3 labels where the mask is "
-        r"true, which would count as predictions of class 0; check the model for a divergence",
+        r"true, which would count as predictions \(argmax and top_k rank NaN first, a "
+        r"threshold reads it as negative\); check the model for a divergence",
     ):
         call(labels=labels)
     under_jit = jax.jit(lambda labels, mask: call(labels=labels, mask=mask))
