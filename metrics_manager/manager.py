@@ -750,11 +750,11 @@ class _Problems(Problems):
                 f"metrics {sorted(rows)} hold one window per device ({max(rows.values())} "
                 "rows, one on each device, as jax.pmap or a shard_map with out_specs=P(axis) "
                 "returns them); merge the devices' windows first: "
-                "metrics_manager.merge_windows(metrics) (each metric's merge, right for every "
-                "metric; a lax.psum of the fields in the step is right only for sums such as "
-                "Sum and Average, not for Max, Min or MeanStd). Fields that are vectors "
-                "sharded over as many devices as they have rows look the same: replicate them "
-                "(jax.device_put(m, NamedSharding(mesh, P())))"
+                "metrics_manager.merge_windows(metrics) (as pieces of the same steps, right "
+                "for every metric; a lax.psum of the fields in the step is right only for "
+                "sums such as Sum and Average, not for Max, Min or MeanStd). Fields that are "
+                "vectors sharded over as many devices as they have rows look the same: "
+                "replicate them (jax.device_put(m, NamedSharding(mesh, P())))"
             )
 
     def across_processes(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:

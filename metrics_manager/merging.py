@@ -146,7 +146,11 @@ def validate_metrics(
 
 
 def merge_metrics(
-    a: Metrics | PackedMetrics | None, b: Metrics | PackedMetrics, *, pack: bool | None = None
+    a: Metrics | PackedMetrics | None,
+    b: Metrics | PackedMetrics,
+    *,
+    pack: bool | None = None,
+    _pieces: bool = False,
 ) -> dict[str, Any] | PackedMetrics:
     """Merges two dicts of metrics key by key (`a[k].merge(b[k])`), in or outside `jax.jit`.
 
@@ -206,7 +210,9 @@ def merge_metrics(
     if a is None:
         merged = b
     else:
-        merged = {key: _merged(key, metric, b[key]) for key, metric in _wide_floats(a).items()}
+        merged = {
+            key: _merged(key, metric, b[key], _pieces) for key, metric in _wide_floats(a).items()
+        }
     if not pack:
         return merged
     packed = PackedMetrics.pack(merged)
@@ -218,12 +224,15 @@ def merge_metrics(
 
 
 def merge_windows(metrics: Metrics | PackedMetrics) -> Metrics | PackedMetrics:
-    """Merges windows stacked along the leading axis of every field into one, each metric
-    with its own `merge`: what a `jax.pmap` step (a window per device), a `shard_map` with
-    `out_specs=P(axis)` or a `jax.vmap` (a window per member) returns.
+    """Merges windows stacked along the leading axis of every field into one: what a
+    `jax.pmap` step (a window per device), a `shard_map` with `out_specs=P(axis)` or a
+    `jax.vmap` (a window per member) returns.
 
-    Right for every metric (`Max`, `MeanStd` too), unlike a `lax.psum` of the fields; and,
-    unlike CLU's `reduce()`, for metrics without array fields (`Time`) and a `PackedMetrics`.
+    The windows are pieces of the same steps, merged as CLU's `reduce()` merges them (each
+    metric's `_reduce_merge`: a `Step` counts the steps once, not once per device, and a
+    `LastValue` averages the devices'), right for every metric (`Max`, `MeanStd` too), unlike
+    a `lax.psum` of the fields; and, unlike `reduce()`, for metrics without array fields
+    (`Time`) and a `PackedMetrics`.
 
     Args:
         metrics: a dict of metrics or a `PackedMetrics` whose every array has `n` windows in
@@ -272,13 +281,14 @@ def _merge_windows(metrics: Any, n: int) -> Any:
     metrics = jax.tree.map(_replicated_if_explicit, metrics)
     merged = None
     for i in range(n):
-        merged = merge_metrics(merged, jax.tree.map(lambda x, i=i: x[i], metrics), pack=pack)
+        window = jax.tree.map(lambda x, i=i: x[i], metrics)
+        merged = merge_metrics(merged, window, pack=pack, _pieces=True)
     return merged
 
 
-def _merged(key: str, a: Any, b: Any) -> Any:
+def _merged(key: str, a: Any, b: Any, pieces: bool = False) -> Any:
     try:
-        return a.merge(b)
+        return a._reduce_merge(b) if pieces else a.merge(b)
     except NotImplementedError as err:  # CLU's base Metric.merge: metrax's FBetaScore
         raise TypeError(
             f"merge_metrics: [{key!r}] ({type(a).__qualname__}) cannot merge ({err}), so it "

@@ -569,7 +569,8 @@ def test_merge_windows_of_a_shard_map_on_either_kind_of_mesh(axis_types):
         jax.shard_map(per_device, mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d"))
     )(x)
     for merged in (merging.merge_windows(windows), jax.jit(merging.merge_windows)(windows)):
-        assert int(merged["loss"].steps) == 8 and float(merged["loss"].total) == 2016.0
+        # One step's pieces on 8 devices: the step counts once (each window's merge made 8).
+        assert int(merged["loss"].steps) == 1 and float(merged["loss"].total) == 2016.0
         assert float(merged["top"].compute()) == 63.0
 
 
@@ -589,3 +590,25 @@ def test_merge_windows_of_one_packed_window_says_to_write_it_as_it_is():
     two = jax.tree.map(lambda b: jnp.stack([b, b]), one)  # a window per device, as pmap gives
     merged = merging.merge_windows(two).unpack()
     assert {k: float(m.compute()) for k, m in merged.items()} == {"a": 2.0, "b": 4.0}
+
+
+def test_merge_windows_counts_the_steps_once_and_averages_last_values_as_clus_reduce():
+    # Each window's own merge counted a Step once per device (an AveragePerStep of one step
+    # on 2 devices read half its value) and kept the last device's LastValue.
+    def window(total, last):
+        return {
+            "per_step": AveragePerStep(total=jnp.float32(total), steps=jnp.int32(1)),
+            "last": clu_metrics.LastValue.from_model_output(jnp.float32(last)),
+            "n": Sum(jnp.float32(total)),
+        }
+
+    stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), window(6.0, 2.0), window(10.0, 4.0))
+    packed = jax.tree.map(
+        lambda a, b: jnp.stack([a, b]),
+        PackedMetrics.pack(window(6.0, 2.0)),
+        PackedMetrics.pack(window(10.0, 4.0)),
+    )
+    for merged in (merging.merge_windows(stacked), merging.merge_windows(packed).unpack()):
+        values = {k: float(m.compute()) for k, m in merged.items()}
+        assert values == {"per_step": 16.0, "last": 3.0, "n": 16.0}
+        assert int(merged["per_step"].steps) == 1
