@@ -297,7 +297,8 @@ class SystemMonitor:
             window, self._window = self._window, {}
         values = {}
         for key, (count, total, maximum) in sorted(window.items()):
-            values[key] = total / count
+            mean = total / count  # weighted: equal readings may round above their max
+            values[key] = maximum if mean > maximum else mean
             values[f"{key}/max"] = maximum
         return values
 

@@ -106,6 +106,18 @@ def test_rates_weigh_by_their_span_and_nan_is_the_max_in_any_order():
     values = monitor.window_values()
     assert values["system/cpu"] == pytest.approx(100.0 * 0.15 / 1.15)
     assert values["system/cpu/max"] == 100.0
+    # Equal readings of unequal spans: the weighted mean rounded above the max (a 2-core host
+    # busy at 50% read mean 49.999999999772633 over max 49.999999999772626).
+    value, spans = 47.65969541523558, [1.2084258749645593, 1.8254144818711369, 1.0589050260530415]
+    assert sum(value * w for w in spans) / sum(spans) > value
+    monitor.close()
+    rate = Rate()
+    rate.readings = iter([(w, value) for w in spans])
+    monitor = mm.SystemMonitor(None, sample_fn=rate)
+    monitor.sample()
+    monitor.sample()
+    assert monitor.window_values() == {"system/cpu": value, "system/cpu/max": value}
+    rate.readings = iter([(1.0, float("nan")), (1.0, 3.0)])
     monitor.sample()  # NaN, then 3.0: the max was 3.0, and NaN with the order reversed
     assert all(np.isnan(v) for v in monitor.window_values().values())
     monitor.close()
