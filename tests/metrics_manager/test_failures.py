@@ -491,16 +491,25 @@ def write_through_an_outage(
     return step, during, worst
 
 
-def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, caplog):
-    # A real outage between the writers and S3 (moto's server): a proxy resets every
-    # connection for a few seconds, long enough for both writers' timed uploads to fail.
+def _s3_behind_a_gate(max_attempts: int) -> tuple[Any, Any, dict[str, Any]]:
+    """A real S3 server (moto's), a proxy in front of it that can cut the network, and the
+    fsspec config reaching it through the proxy with `max_attempts` tries per request."""
     from tests import storage_servers
 
     server = storage_servers.S3Server()
     gate = storage_servers.Gate(server.port)
     config = server.fsspec_config()
     config["client_kwargs"]["endpoint_url"] = gate.url
-    config["config_kwargs"] = {"retries": {"max_attempts": 2}}  # a failed upload: ~1.5 s
+    config["config_kwargs"] = {"retries": {"max_attempts": max_attempts}}
+    return server, gate, config
+
+
+def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, caplog):
+    # A real outage between the writers and S3 (moto's server): a proxy resets every
+    # connection for a few seconds, long enough for both writers' timed uploads to fail.
+    from tests import storage_servers
+
+    server, gate, config = _s3_behind_a_gate(max_attempts=2)  # a failed upload: ~1.5 s
     run = f"s3://{storage_servers.BUCKET}/outage"
 
     def failed_timers() -> set[str]:
@@ -586,11 +595,7 @@ def test_a_long_storage_outage_drops_the_oldest_writes_past_max_buffer_mb(tmp_pa
     # accumulate against a 4 KiB bound: each failed flush drops the oldest writes, whole.
     from tests import storage_servers
 
-    server = storage_servers.S3Server()
-    gate = storage_servers.Gate(server.port)
-    config = server.fsspec_config()
-    config["client_kwargs"]["endpoint_url"] = gate.url
-    config["config_kwargs"] = {"retries": {"max_attempts": 1}}
+    server, gate, config = _s3_behind_a_gate(max_attempts=1)
     run = f"s3://{storage_servers.BUCKET}/long-outage"
     bound = 4096 / 2**20
     with storage_servers.serving(server, "s3", config):
@@ -633,11 +638,7 @@ def test_a_flush_that_waited_on_a_failing_upload_fails_with_it_and_does_not_try_
     # when that upload fails, and the data stays buffered for the next flush.
     from tests import storage_servers
 
-    server = storage_servers.S3Server()
-    gate = storage_servers.Gate(server.port)
-    config = server.fsspec_config()
-    config["client_kwargs"]["endpoint_url"] = gate.url
-    config["config_kwargs"] = {"retries": {"max_attempts": 2}}  # a failed upload: ~1.5 s
+    server, gate, config = _s3_behind_a_gate(max_attempts=2)  # a failed upload: ~1.5 s
     run = f"s3://{storage_servers.BUCKET}/overlap"
     errors: list[str] = []
 
