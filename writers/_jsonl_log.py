@@ -1,6 +1,7 @@
 """The file layer of `JsonlWriter`: a local file or remote parts, resume, and reading back."""
 
 import contextlib
+import errno
 import functools
 import glob
 import json
@@ -80,6 +81,7 @@ class LocalLog:
     def __init__(self, path: str, resume_step: int | None):
         self._path = path
         self.last_step: int | None = None
+        self._pending = b""  # what a regular file has not taken yet (a full disk)
         if (stream := _stream(path)) is not None:
             # The program's own stream, through a duplicate of its descriptor: it shares the
             # file position (reopened by path, `> out.txt` had the lines and the prints
@@ -127,14 +129,30 @@ class LocalLog:
     def write(self, text: str) -> None:
         if self.forked:
             self._refuse()
-        self._file.write(text)
+        if not self._regular:
+            self._file.write(text)
+            return
+        self._pending += text.encode("utf-8")
+        self._drain()
+
+    def _drain(self) -> None:
+        # Written past Python's buffer: it drops the rest of a line over 8 KiB that the disk
+        # took only part of, and the next line was glued onto the fragment. The rest waits
+        # here, ahead of later lines, until there is space.
+        while self._pending:
+            written = os.write(self._file.fileno(), self._pending)
+            if written == 0:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._path)
+            self._pending = self._pending[written:]
 
     def flush(self) -> None:
         if self.forked:
             self._refuse()
-        self._file.flush()
-        if self._regular:
-            os.fsync(self._file.fileno())
+        if not self._regular:
+            self._file.flush()
+            return
+        self._drain()
+        os.fsync(self._file.fileno())
 
     def close(self) -> None:
         with self._file:  # closed even if the flush fails

@@ -275,13 +275,14 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not deat
 tb = writers.TensorBoardWriter(sys.argv[1])
 jsonl = writers.JsonlWriter(os.path.join(sys.argv[1], "metrics.jsonl"))
 _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+extra = {f"layer_{i:04d}/grad_norm": 0.25 for i in range(int(sys.argv[2]))}
 for step in range(1, 11):
     for w in (tb, jsonl):
         if step == 6:  # the disk fills: the kernel takes 20 bytes of the next write, then none
             limit = os.path.getsize(w.path) + 20
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
         try:
-            w.write_scalars(step, {"loss": float(step), "accuracy": 0.5})
+            w.write_scalars(step, {"loss": float(step), "accuracy": 0.5, **extra})
         except OSError as err:
             print(type(w).__name__, step, err.errno)
         resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space again
@@ -290,10 +291,13 @@ jsonl.close()
 """
 
 
-def test_a_write_the_disk_takes_only_part_of_leaves_no_torn_record(tmp_path):
+# 1,000 more keys make a JSONL line of about 30 KB, past Python's 8 KiB buffer: the disk's
+# short write of it lost the rest of the line, and the next line was glued onto the fragment.
+@pytest.mark.parametrize("extra_keys", [0, 1000])
+def test_a_write_the_disk_takes_only_part_of_leaves_no_torn_record(tmp_path, extra_keys):
     # A torn record makes TensorBoard's reader drop every later event of the file.
     out = subprocess.run(
-        [sys.executable, "-c", _SHORT_WRITE, str(tmp_path)],
+        [sys.executable, "-c", _SHORT_WRITE, str(tmp_path), str(extra_keys)],
         capture_output=True,
         text=True,
         check=True,
@@ -304,6 +308,8 @@ def test_a_write_the_disk_takes_only_part_of_leaves_no_torn_record(tmp_path):
     # JSONL's buffered file writes the rest of the line once there is space again.
     jsonl = writers.read_jsonl(tmp_path / "metrics.jsonl")
     assert [line["step"] for line in jsonl] == list(range(1, 11))
+    assert [len(line) for line in jsonl] == [3 + 2 + extra_keys] * 10  # step, time, values
+    assert [line["loss"] for line in jsonl] == [float(step) for step in range(1, 11)]
 
 
 def test_purge_step_hides_stale_events_on_resume(tmp_path):
