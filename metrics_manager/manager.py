@@ -265,6 +265,16 @@ class MetricsManager:
             fail_summary=on_error == "raise",
         )
         self._reserved = {k: n for n, w in named.items() for k in getattr(w, "reserved_keys", ())}
+        # The manager's own keys in each summary: a metric of the loop's under them would be
+        # replaced, or replace them, in some summaries and not others.
+        self._own_prefixes = {
+            prefix: setting
+            for prefix, setting, on in (
+                ("perf/", "flops_per_step", flops_per_step is not None),
+                ("system/", "system_metrics=True", bool(system_metrics)),
+            )
+            if on
+        }
         self._named = named
         perf = None
         if flops_per_step is not None:
@@ -420,6 +430,7 @@ class MetricsManager:
             problems.not_scalars(metrics)
             problems.across_processes(metrics)
             problems.written_twice(metrics, ready)
+            problems.own_keys(keys, self._own_prefixes)
         problems.raise_if_any()
         self._keys_checked = seen
         self._check_order(step)
@@ -832,6 +843,14 @@ class _Problems(Problems):
                 "writes 'x/std', a Welford 'x/sem', a Collection 'c' writes 'c/<name>'): one "
                 "would replace the other; rename one"
             )
+
+    def own_keys(self, keys: Any, prefixes: Mapping[str, str]) -> None:
+        for prefix, setting in prefixes.items():
+            if mine := [k for k in keys if isinstance(k, str) and k.startswith(prefix)]:
+                self.value_problem(
+                    f"keys {mine} are under '{prefix}', which the manager writes itself with "
+                    f"{setting}: one would replace the other; rename yours, or drop {setting}"
+                )
 
     def keys(self, keys: Any, writer_problem: str | None) -> None:
         if bad := [k for k in keys if not isinstance(k, str) or not k.strip()]:

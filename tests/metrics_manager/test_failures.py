@@ -1507,6 +1507,28 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
     assert manager.errors == []
 
 
+@pytest.mark.parametrize(
+    ("key", "setting"),
+    [("perf/mfu", "flops_per_step"), ("system/host_cpu_percent", "system_metrics=True")],
+)
+def test_a_metric_under_the_managers_own_keys_is_refused(tmp_path, key, setting):
+    # The manager's perf/* replaced the loop's own perf/mfu with no word; system/* only in
+    # the summaries where the monitor had a window.
+    settings = {"flops_per_step": 1e9, "peak_flops_per_device": 1e12, "num_devices": 1}
+    with MetricsManager(
+        "train", tmp_path, writer_factory=files_and(), system_metrics=True, **settings
+    ) as manager:
+        manager.start_duration_timer()
+        with pytest.raises(ValueError, match=rf"keys \['{key}'\] are under .*{setting}.*rename"):
+            manager.write_metrics_summary({"loss": Sum(np.float32(2.0)), key: Sum(0.5)}, 5, 1)
+        manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 6, 1)
+    (line,) = read_jsonl(str(tmp_path / "train"))
+    assert (line["step"], line["loss"], line["perf/flops_per_step"]) == (6, 2.0, 1e9)
+    # One device of peak 1e12 FLOP/s: the fraction of the peak is the TFLOP/s.
+    assert 0 < line["perf/mfu"] == pytest.approx(line["perf/tflops_per_second"])
+    assert manager.errors == []
+
+
 def test_a_metric_changing_under_the_same_keys_is_checked_again(tmp_path):
     # The checks ran again only when the keys or the first metric's first shape changed: a
     # vector Sum, or an undecorated subclass, after a good summary with the same keys was
