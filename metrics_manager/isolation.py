@@ -229,7 +229,7 @@ class Fanout:
                     state.busy = False
                     if self._hurry_s is not None:
                         state.hurried_s += time.monotonic() - started
-                if failed and not wrote:
+                if failed and not wrote and writes:  # a failing flush: its writes count
                     self._failed(name, state)
                 if not wrote:  # only unsupported kinds, or failures: no sign of life
                     return

@@ -377,6 +377,36 @@ def test_a_writer_quarantined_after_failures_in_a_row_is_not_called_again(tmp_pa
     assert m.health()["writers"]["Counting"]["quarantined"] == "3 failures in a row"
 
 
+def test_a_loop_flushing_after_each_summary_quarantines_after_max_writer_failures_summaries():
+    # A full disk fails the write and the flush: each summary counted twice, so the writer
+    # was quarantined after 5 summaries, not the documented 10.
+    class Full(writers.NoopWriter):
+        def write_scalars(self, step, scalars):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    kept = []
+
+    class Kept(writers.NoopWriter):
+        def write_scalars(self, step, scalars):
+            kept.append(step)
+
+    def factory(logdir):
+        return writers.MultiWriter({"full": Full(), "kept": Kept()})
+
+    with MetricsManager("train", None, writer_factory=factory) as manager:
+        for step in range(1, 13):
+            manager.write_scalars(step, {"loss": 1.0})
+            manager.flush()
+        health = manager.health()["writers"]["full"]
+        steps_failed = [e.step for e in manager.errors if e.step is not None]
+    assert steps_failed == list(range(1, 11))  # 10 summaries tried, then quarantined
+    assert (health["quarantined"], health["skipped"]) == ("10 failures in a row", 2)
+    assert kept == list(range(1, 13))
+
+
 def test_a_quarantined_writer_is_tried_again_after_quarantine_s_and_comes_back(tmp_path, caplog):
     class Tracker(writers.NoopWriter):  # a tracker server that is down, then back
         down, calls, steps = True, 0, []
