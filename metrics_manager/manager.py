@@ -94,6 +94,7 @@ class MetricsManager:
         TensorBoard + JSONL). Use `gin_utils.configured(MetricsManager)` to apply gin bindings.
       clock: returns seconds; times the windows (default `time.perf_counter`). A summary
         call's own duration, which the next window counts, is read with `time.perf_counter`.
+        A window over which it does not advance (or goes back) takes 0 s: its rates are inf.
       max_pending: most jobs waiting behind the running one; a call blocks while the worker
         is this far behind (back-pressure: nothing is dropped).
       on_error: "warn" (log, count, keep training) or "raise" (T5X: the summary's future
@@ -447,7 +448,9 @@ class MetricsManager:
             try:
                 earliest = max(called, self._seen_ready) if computing else called
                 end = self._window_end = _ready_time(block_on, earliest, self._clock, start)
-                duration = None if not window or start is None else max(end - start, 1e-9)
+                # A clock that did not advance (coarse, or stepped back): a 0 s window, whose
+                # rates are inf (NaN for 0 steps), not the 1e9 steps/s of a made-up 1 ns.
+                duration = None if not window or start is None else max(end - start, 0.0)
                 failed = self._failures.count
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration)
                 job.result, job.state["calls"] = summary, self._summarizer.calls(step, summary)

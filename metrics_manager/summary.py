@@ -108,15 +108,17 @@ class Summarizer:
             computed = metrics_lib.host_values(host, duration, num_steps, failed)
         summary = {**ready, **computed}
         extra = {}
-        if self._perf is not None and duration is not None:
+        if self._perf is not None and duration:
             extra = self._perf(num_steps, duration)
         elif self._perf is not None and not self._warned_perf:
             self._warned_perf = True
             _LOG.warning(
-                "%s: perf/* needs the window's duration, but no window was open at step %d: "
-                "call manager.start_duration_timer(block_on=state) at the start of every window.",
+                "%s: perf/* needs the window's duration, but %s at step %d: call "
+                "manager.start_duration_timer(block_on=state) at the start of every window%s.",
                 owner,
+                "no window was open" if duration is None else "the window took 0 s",
                 step,
+                "" if duration is None else ", and give the manager a clock that advances",
             )
         if self._monitor is not None and time.monotonic() >= self._system_next:
             self._system_next = time.monotonic() + self._system_interval

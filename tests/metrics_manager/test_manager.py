@@ -28,7 +28,7 @@ from metrics_manager import timer as timer_lib
 from metrics_manager.classification import AUROC
 from metrics_manager.manager import MetricsManager, MetricsManagerError
 from metrics_manager.merging import merge_metrics
-from metrics_manager.metrics import AveragePerStep, MeanStd, StepsPerTime, Sum, TimeRate
+from metrics_manager.metrics import AveragePerStep, MeanStd, StepsPerTime, Sum, Time, TimeRate
 from metrics_manager.packing import PackedMetrics
 from tests.writers.recording import RecordingWriter
 
@@ -1133,3 +1133,27 @@ def test_a_key_two_metrics_write_is_reported_not_silently_replaced():
                     manager.write_metrics_summary(window, 3, 1)
         assert written(recorder) == [("close",)]
         assert manager.errors == []
+
+
+@pytest.mark.parametrize("times", [(5.0, 5.0), (5.0, 4.0)], ids=["still", "stepped_back"])
+def test_a_window_of_0_s_gives_infinite_rates_not_a_made_up_nanosecond(caplog, times):
+    # A coarse clock, or one stepped back: the window was taken as 1 ns, so 1e9 steps/s,
+    # finite, and never warned about; and perf/mfu 1e6, past its range of 0 to 1.
+    recorder = RecordingWriter()
+    metrics = {
+        "steps_per_second": StepsPerTime(),
+        "tokens_per_second": TimeRate(numerator=jnp.float32(4096.0)),
+        "seconds": Time(),
+    }
+    settings = {"flops_per_step": 1e12, "peak_flops_per_device": 1e15, "num_devices": 1}
+    now = [times[0]]
+    with caplog.at_level(logging.WARNING), make(recorder, clock=lambda: now[0], **settings) as m:
+        m.start_duration_timer()
+        now[0] = times[1]
+        summary = m.write_metrics_summary(metrics, step=1, num_steps=1).result()
+    values = {k: float(v.value) for k, v in summary.items()}
+    assert values == {"steps_per_second": np.inf, "tokens_per_second": np.inf, "seconds": 0.0}
+    assert written(recorder)[0] == ("write_scalars", 1, values)  # no perf/* of a 0 s window
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("the window took 0 s at step 1" in msg for msg in messages), messages
+    assert any("non-finite values at step 1" in msg for msg in messages), messages
