@@ -238,6 +238,7 @@ class MetricsManager:
         self._summary_cost = 0.0  # caller-side: the last write_metrics_summary call's own time
         self._last_step: int | None = None
         self._warned_order = False
+        self._resume_step = resume_step if jax.process_index() == 0 else None  # until warned
         self._keys_checked: tuple[Any, ...] = ()
         self._dir: str | None = None
         self._made: Any = None
@@ -620,6 +621,7 @@ class MetricsManager:
             )
 
     def _check_order(self, step: int) -> None:
+        self._check_resumed(step)
         last, self._last_step = self._last_step, step
         if last is not None and step < last and not self._warned_order:
             self._warned_order = True
@@ -629,6 +631,23 @@ class MetricsManager:
                 self.name,
                 step,
                 last,
+            )
+
+    def _check_resumed(self, step: int | None) -> None:
+        resumed = self._resume_step
+        if resumed is not None and step is not None and step <= resumed:
+            self._resume_step = None  # once
+            _LOG.warning(
+                "MetricsManager %r: step %d is at or before resume_step=%d, whose values the "
+                "writers keep from the run before, so readers see step %d twice. If the resumed "
+                "run writes step %d again (an eval or config at the restored step), %s so "
+                "that the new values replace the old.",
+                self.name,
+                step,
+                resumed,
+                step,
+                resumed,
+                f"pass resume_step={resumed - 1}" if resumed else "start it in a new summary_dir",
             )
 
     def _result(self, job: Job) -> None:
@@ -642,6 +661,8 @@ class MetricsManager:
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
         step = None if arg == "hparams" else problems.step("step", step)
+        if isinstance(step, int):
+            self._check_resumed(step)
         if arg == "hparams":
             values = _checks.as_mapping(values)
         if not isinstance(values, Mapping):

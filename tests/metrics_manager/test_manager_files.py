@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any
@@ -171,3 +172,37 @@ def test_images_and_histograms_reach_every_writer_and_bad_ones_are_refused_at_th
     assert acc.Tensors("samples")[0].tensor_proto.string_val[:2] == [b"3", b"2"]  # width, height
     assert [h.histogram_value.num for h in acc.Histograms("w")] == [64 * 64]
     assert [(h.step, h.histogram_value.num) for h in acc.Histograms("ok")] == [(12, 4)]
+
+
+def test_writing_the_resume_step_again_warns_once_and_its_fix_gives_every_step_once(
+    tmp_path, caplog
+):
+    # A resumed run that evaluates at its restored step put that step in the logs twice
+    # (the writers keep steps <= resume_step), with no word.
+    def run(start: int, resume_step: int | None) -> None:
+        with MetricsManager("eval", tmp_path, resume_step=resume_step) as manager:
+            for step in range(start, 101, 25):  # an eval every 25 steps, the start's too
+                manager.write_scalars(step, {"accuracy": (resume_step or 0) + step / 1000})
+
+    def steps() -> tuple[list[int], list[int]]:
+        jsonl = [line["step"] for line in writers.read_jsonl(tmp_path / "eval")]
+        return jsonl, [e.step for e in read_tensorboard(str(tmp_path / "eval")).Scalars("accuracy")]
+
+    run(0, None)
+    with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
+        run(50, 50)
+    warned = [r.getMessage() for r in caplog.records if "resume_step" in r.getMessage()]
+    assert warned == [
+        "MetricsManager 'eval': step 50 is at or before resume_step=50, whose values the "
+        "writers keep from the run before, so readers see step 50 twice. If the resumed run "
+        "writes step 50 again (an eval or config at the restored step), pass resume_step=49 "
+        "so that the new values replace the old."
+    ]
+    assert steps() == ([0, 25, 50, 50, 75, 100], [0, 25, 50, 50, 75, 100])
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
+        run(50, 49)  # as the message says
+    assert [r for r in caplog.records if "resume_step" in r.getMessage()] == []
+    assert steps() == ([0, 25, 50, 75, 100], [0, 25, 50, 75, 100])
+    accuracy = [line["accuracy"] for line in writers.read_jsonl(tmp_path / "eval")]
+    assert accuracy == [0.0, 0.025, 49.05, 49.075, 49.1]  # the new run's from step 50 on
