@@ -245,12 +245,13 @@ class MetricsManager:
         self._monitor: Any = None
         named: dict[str, Any] = {}
         self._pid = os.getpid()  # a forked child (a data-loader worker) has no worker thread
+        # Checked on every process, so a refusal stops each alike (process 1 went on to wait
+        # in its next collective for the one that stopped).
+        factory, factory_kwargs = _factory_and_kwargs(name, writer_factory, resume_step)
+        self._dir = _claim_dir(name, self.summary_dir)
         if jax.process_index() == 0:
-            self._dir = _claim_dir(name, self.summary_dir)
             try:
-                self._made, named = _make_writers(
-                    name, self.summary_dir, writer_factory, resume_step
-                )
+                self._made, named = _make_writers(name, self.summary_dir, factory, factory_kwargs)
             except BaseException:
                 self._release_dir()
                 raise
@@ -959,10 +960,10 @@ def _claim_dir(name: str, summary_dir: str | None) -> str | None:
     return path
 
 
-def _make_writers(
-    name: str, summary_dir: str | None, factory: WriterFactory | None, resume_step: int | None
-) -> tuple[Any, dict[str, Any]]:
-    """What `factory` returned, and its writers by name (a `MultiWriter` unpacked), checked."""
+def _factory_and_kwargs(
+    name: str, factory: WriterFactory | None, resume_step: int | None
+) -> tuple[WriterFactory, dict[str, Any]]:
+    """The writer factory and the arguments it is called with besides the directory."""
     factory = factory or writers.create_default_writer
     tracker = factory.func if isinstance(factory, functools.partial) else factory
     if isinstance(tracker, type) and issubclass(tracker, TrackerWriter):
@@ -986,6 +987,13 @@ def _make_writers(
                 "writer_factory taking resume_step, such as writers.create_default_writer."
             )
         kwargs["resume_step"] = resume_step
+    return factory, kwargs
+
+
+def _make_writers(
+    name: str, summary_dir: str | None, factory: WriterFactory, kwargs: dict[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """What `factory` returned, and its writers by name (a `MultiWriter` unpacked), checked."""
     made: Any = factory(summary_dir, **kwargs)
     context = f"MetricsManager({name!r}): writer_factory's writers"
     many = isinstance(made, list | tuple | Mapping)  # [JsonlWriter(d), TensorBoardWriter(d)]

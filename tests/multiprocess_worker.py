@@ -110,6 +110,21 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
     summaries = {}
     futures = []
     with MetricsManager("train", os.path.join(out_dir, f"p{process_id}")) as manager:
+        # Refused when the manager is made, on every process alike (process 1 took them, then
+        # waited in its next collective for process 0, which had stopped).
+        constructions = {
+            "same directory": lambda: MetricsManager("train", os.path.dirname(manager.summary_dir)),
+            "resume_step": lambda: MetricsManager(
+                "eval", None, resume_step=3, writer_factory=lambda logdir: None
+            ),
+        }
+        refused_made = {}
+        for what, make in constructions.items():
+            try:
+                make().close()
+                refused_made[what] = ""
+            except (TypeError, ValueError) as err:
+                refused_made[what] = f"{type(err).__name__}: {err}".split(";")[0]
         running = None
         manager.start_duration_timer(block_on=params)
         for step in range(1, STEPS + 1):
@@ -154,6 +169,7 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
                 "writes": manager.writes,
                 "refused": refused,
                 "refused_rows": refused_rows,
+                "refused_made": refused_made,
             },
             f,
         )

@@ -134,6 +134,18 @@ def test_two_processes_report_the_one_process_summaries(tmp_path):
             "MetricsManager.write_metrics_summary: metrics ['rows'] hold arrays sharded over "
             "processes"
         )
+    # Bad constructions: refused on every process with the same error, as in one process.
+    refused_made = json.loads((one / "result0.json").read_text())["refused_made"]
+    assert refused_made["same directory"].startswith("ValueError: MetricsManager('train'): ")
+    assert refused_made["resume_step"] == (
+        "TypeError: MetricsManager('eval'): resume_step=3 needs a writer_factory taking "
+        "resume_step, such as writers.create_default_writer."
+    )
+    assert [r["refused_made"]["resume_step"] for r in results] == [refused_made["resume_step"]] * 2
+    for i, result in enumerate(results):
+        assert result["refused_made"]["same directory"] == refused_made["same directory"].replace(
+            str(one / "p0"), str(two / f"p{i}")
+        )
     (hist,) = [line["gathered_tokens"] for line in lines if "gathered_tokens" in line]
     (direct,) = [
         line["tokens"] for line in writers.read_jsonl(one / "p0" / "train") if "tokens" in line
