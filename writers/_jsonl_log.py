@@ -153,6 +153,9 @@ class LocalLog:
             return
         self._drain()
         os.fsync(self._file.fileno())
+        if _storage.restore_if_deleted(self._file.fileno(), self._path, "JsonlWriter"):
+            previous, self._file = self._file, _open_locked(self._path)
+            previous.close()
 
     def close(self) -> None:
         with self._file:  # closed even if the flush fails

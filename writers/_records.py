@@ -93,6 +93,9 @@ class EventFile:
             self._file.flush()
             if self._local:
                 os.fsync(self._file.fileno())
+                if _storage.restore_if_deleted(self._file.fileno(), self.path, "EventFile"):
+                    previous, self._file = self._file, open(self.path, "ab", buffering=0)  # noqa: SIM115
+                    previous.close()
 
     def close(self) -> None:
         """Flushes and closes the file (`TensorBoardWriter.close` calls it once)."""

@@ -53,6 +53,25 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, path.rstrip("/")
 
 
+def restore_if_deleted(fd: int, path: str, owner: str) -> bool:
+    """Writes local file `path`, open at `fd`, back to `path` if it was deleted while open
+    (the run's directory removed by mistake: every later write reached no reader, with no
+    error); True if it was. The caller then reopens `path` to append."""
+    if os.fstat(fd).st_nlink:
+        return False
+    with open(f"/proc/self/fd/{fd}", "rb") as deleted:  # Linux: the unlinked file's own bytes
+        contents = deleted.read()
+    replace_file(path, [contents])
+    logging.warning(
+        "%s: %s was deleted while open; its %d bytes are written there again, and later "
+        "writes go there",
+        owner,
+        path,
+        len(contents),
+    )
+    return True
+
+
 def replace_file(path: str, chunks: Iterable[bytes]) -> None:
     """Replaces `path` (a file or URL) with the bytes of `chunks`, atomically for any reader."""
     if is_remote(path):

@@ -13,6 +13,7 @@ import functools
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -375,6 +376,30 @@ def test_a_writer_quarantined_after_failures_in_a_row_is_not_called_again(tmp_pa
             m.write_scalar("x", 1.0, step)
     assert calls == [1, 2, 3]
     assert m.health()["writers"]["Counting"]["quarantined"] == "3 failures in a row"
+
+
+@pytest.mark.parametrize("deleted", ["run directory", "log file"])
+def test_files_deleted_while_open_are_written_again_at_the_next_flush(tmp_path, caplog, deleted):
+    # Every later write went to the unlinked files: nothing reached a reader, with no error.
+    logdir = tmp_path / "train"
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for step in range(1, 21):
+            if step == 11:
+                manager.flush()
+                if deleted == "run directory":
+                    shutil.rmtree(tmp_path)
+                else:
+                    os.unlink(logdir / "metrics.jsonl")
+            manager.write_scalars(step, {"loss": float(step)})
+        manager.flush()
+        manager.write_scalars(21, {"loss": 21.0})  # after the files are back
+    assert [line["step"] for line in read_jsonl(str(logdir))] == list(range(1, 22))
+    assert tb_steps(str(logdir)) == list(range(1, 22))
+    assert manager.errors == []
+    restored = sorted(r.getMessage().split(":")[0] for r in caplog.records if "deleted" in r.msg)
+    assert restored == (
+        ["EventFile", "JsonlWriter"] if deleted == "run directory" else ["JsonlWriter"]
+    )
 
 
 def test_a_loop_flushing_after_each_summary_quarantines_after_max_writer_failures_summaries():
