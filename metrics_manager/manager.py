@@ -176,9 +176,10 @@ class MetricsManager:
                 f"name must be a non-empty run name such as 'train' or 'eval/<task>', got {name!r}"
             )
         elif os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+            kind = "absolute" if os.path.isabs(name) else "a path through '..'"
             problems.value_problem(
-                f"name {name!r} would write outside summary_dir; use a relative name such as "
-                "'eval/my_task'"
+                f"name {name!r} is {kind}, which can write outside summary_dir; use a relative "
+                "name without '..', such as 'eval/my_task'"
             )
         if summary_dir is not None and not isinstance(summary_dir, str | os.PathLike):
             problems.type_problem(f"summary_dir must be a path or None, got {summary_dir!r}")
@@ -994,7 +995,14 @@ def _make_writers(
     name: str, summary_dir: str | None, factory: WriterFactory, kwargs: dict[str, Any]
 ) -> tuple[Any, dict[str, Any]]:
     """What `factory` returned, and its writers by name (a `MultiWriter` unpacked), checked."""
-    made: Any = factory(summary_dir, **kwargs)
+    try:
+        made: Any = factory(summary_dir, **kwargs)
+    except OSError as err:  # a full disk said only "[Errno 28] No space left on device"
+        err.add_note(
+            f"MetricsManager({name!r}): the writer factory failed making its writers in "
+            f"{summary_dir}; free space there, or give another summary_dir"
+        )
+        raise
     context = f"MetricsManager({name!r}): writer_factory's writers"
     many = isinstance(made, list | tuple | Mapping)  # [JsonlWriter(d), TensorBoardWriter(d)]
     try:

@@ -378,6 +378,32 @@ def test_a_writer_quarantined_after_failures_in_a_row_is_not_called_again(tmp_pa
     assert m.health()["writers"]["Counting"]["quarantined"] == "3 failures in a row"
 
 
+_FULL_AT_START = """
+import resource, signal, sys
+from metrics_manager import MetricsManager
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not death
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+MetricsManager("train", sys.argv[1])
+"""
+
+
+def test_a_disk_full_when_the_manager_is_made_names_the_manager_and_the_directory(tmp_path):
+    # The bare "[Errno 27] File too large" named neither.
+    run = subprocess.run(
+        [sys.executable, "-c", _FULL_AT_START, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    )
+    assert run.returncode == 1
+    assert f"OSError: [Errno {errno.EFBIG}] File too large" in run.stderr
+    assert (
+        f"MetricsManager('train'): the writer factory failed making its writers in "
+        f"{tmp_path / 'train'}; free space there, or give another summary_dir"
+    ) in run.stderr
+
+
 @pytest.mark.parametrize("deleted", ["run directory", "log file"])
 def test_files_deleted_while_open_are_written_again_at_the_next_flush(tmp_path, caplog, deleted):
     # Every later write went to the unlinked files: nothing reached a reader, with no error.
@@ -1477,9 +1503,18 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "name escaping summary_dir": (
         lambda m: MetricsManager("../..", "runs"),
         ValueError,
-        "outside summary_dir",
+        r"name '../..' is a path through '..', which can write outside summary_dir; use a rel",
     ),
-    "absolute name": (lambda m: MetricsManager("/etc", "runs"), ValueError, "outside"),
+    "a name through '..' back inside summary_dir": (  # said it would write outside
+        lambda m: MetricsManager("eval/../train", "runs"),
+        ValueError,
+        r"name 'eval/../train' is a path through '..', which can write outside summary_dir",
+    ),
+    "absolute name": (
+        lambda m: MetricsManager("/etc", "runs"),
+        ValueError,
+        "name '/etc' is absolute, which can write outside summary_dir",
+    ),
     "second manager on the dir": (
         lambda m: MetricsManager("train", os.path.dirname(m.summary_dir)),
         ValueError,
