@@ -71,6 +71,14 @@ class BaseWriter(MetricWriter):
         step = self._begin("write_audios", step, audios)
         _checks.check_sample_rate(sample_rate, self._name("write_audios"))
         clips = _checks.check_arrays(audios, self._name("write_audios"), "audio")
+        # A batch of N > 1 clips is tagged 'key/0'...'key/N-1' (TensorBoard, W&B): a key of
+        # that name in the same call went under the same tag.
+        tags = [k if len(c) == 1 else f"{k}/{i}" for k, c in clips.items() for i in range(len(c))]
+        if twice := sorted({t for t in tags if tags.count(t) > 1}):
+            raise ValueError(
+                f"{self._name('write_audios')}: clips would be tagged {twice} twice (a batch "
+                "of N > 1 clips under 'key' is tagged 'key/0' to 'key/N-1'); rename one key"
+            )
         self._audios(step, self._clipped("audio", clips), sample_rate)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:

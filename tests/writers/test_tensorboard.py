@@ -142,6 +142,22 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     assert video[:2] == [b"15", b"4"]  # filmstrip: 3 frames of width 5 side by side
 
 
+def test_a_key_named_as_another_keys_clip_tag_is_refused_and_nothing_of_the_call_written(
+    tmp_path,
+):
+    # A 2-clip 'sample' is tagged sample/0 and sample/1: a 1-clip 'sample/0' went under the
+    # same tag at the same step, mixed with no error.
+    w = writers.TensorBoardWriter(tmp_path)
+    clips = {"sample": np.full((2, 800, 1), 0.1), "sample/0": np.full((1, 800, 1), 0.9)}
+    with pytest.raises(ValueError, match=r"clips would be tagged \['sample/0'\] twice"):
+        w.write_audios(1, clips, sample_rate=8000)
+    w.write_audios(2, {"sample": clips["sample"], "other": clips["sample/0"]}, sample_rate=8000)
+    w.close()
+    acc = _accumulator(tmp_path)
+    tags = {t: [e.step for e in acc.Audio(t)] for t in acc.Tags()["audio"]}
+    assert tags == {"sample/0": [2], "sample/1": [2], "other": [2]}
+
+
 def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_path):
     """A mixed-precision model's outputs: bfloat16 holds exactly in float32."""
     gray = jnp.array([[0.0, 0.5], [1.0, 0.25]], jnp.bfloat16)[..., None]
