@@ -60,8 +60,11 @@ class EventFile:
                 logdir, f"events.out.tfevents.{stamp:010d}.{socket.gethostname()}{filename_suffix}"
             )
             with contextlib.suppress(FileExistsError):
-                # Unbuffered, so a killed process loses no event written; flush() adds the fsync.
-                self._file = open(self.path, "xb", buffering=0)  # noqa: SIM115
+                # Appending: a file another program cut gets the next events at its new end (at
+                # the old offset, a run of zero bytes hid them from every reader). Unbuffered, so
+                # a killed process loses no event written; flush() adds the fsync.
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+                self._file = open(os.open(self.path, flags, 0o666), "ab", buffering=0)  # noqa: SIM115
                 return
             stamp += 1  # another writer took it since the listing
         raise FileExistsError(f"EventFile: could not create a new file in {logdir}")

@@ -404,6 +404,22 @@ def test_a_disk_full_when_the_manager_is_made_names_the_manager_and_the_director
     ) in run.stderr
 
 
+def test_files_another_program_cuts_get_later_writes_at_their_new_end(tmp_path):
+    # The event file was written at its old offset: a run of zero bytes at its start, after
+    # which TensorBoard's reader saw nothing of the rest of the run.
+    logdir = tmp_path / "train"
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for step in range(1, 21):
+            if step == 11:
+                manager.flush()
+                for path in logdir.iterdir():
+                    os.truncate(path, 0)  # a log cleaner, `> file`
+            manager.write_scalars(step, {"loss": float(step)})
+    assert [line["step"] for line in read_jsonl(str(logdir))] == list(range(11, 21))
+    assert tb_steps(str(logdir)) == list(range(11, 21))
+    assert manager.errors == []
+
+
 @pytest.mark.parametrize("deleted", ["run directory", "log file"])
 def test_files_deleted_while_open_are_written_again_at_the_next_flush(tmp_path, caplog, deleted):
     # Every later write went to the unlinked files: nothing reached a reader, with no error.
