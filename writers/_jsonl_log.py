@@ -158,8 +158,10 @@ class LocalLog:
             previous.close()
 
     def close(self) -> None:
-        with self._file:  # closed even if the flush fails
+        try:
             self.flush()
+        finally:  # the file open now: a flush that restored a deleted log opened a new one
+            self._file.close()
 
     def _refuse(self) -> None:
         raise RuntimeError(

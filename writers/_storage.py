@@ -53,15 +53,36 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, path.rstrip("/")
 
 
+_KEPT_DELETED: set[tuple[int, int]] = set()  # (device, inode) of deleted files written on
+
+
 def restore_if_deleted(fd: int, path: str, owner: str) -> bool:
     """Writes local file `path`, open at `fd`, back to `path` if it was deleted while open
     (the run's directory removed by mistake: every later write reached no reader, with no
-    error); True if it was. The caller then reopens `path` to append."""
-    if os.fstat(fd).st_nlink:
+    error); True if it was. The caller then reopens `path` to append.
+
+    Never replaces a file that is at `path` now (a new run's log: two processes would each
+    replace the other's at every flush), and never raises where the deleted file's bytes
+    cannot be read (no /proc): it warns once and writes on to the deleted file."""
+    stat = os.fstat(fd)
+    if stat.st_nlink or (stat.st_dev, stat.st_ino) in _KEPT_DELETED:
         return False
-    with open(f"/proc/self/fd/{fd}", "rb") as deleted:  # Linux: the unlinked file's own bytes
-        contents = deleted.read()
-    replace_file(path, [contents])
+    try:
+        with open(f"/proc/self/fd/{fd}", "rb") as deleted:  # Linux: the unlinked file's bytes
+            contents = deleted.read()
+        problem = None if _create_file(path, contents) else "a new file is there now, left as it is"
+    except OSError as err:
+        problem = f"it cannot be written there again ({err})"
+    if problem:
+        _KEPT_DELETED.add((stat.st_dev, stat.st_ino))
+        logging.warning(
+            "%s: %s was deleted while open, and %s; later writes go to the deleted file, "
+            "which no reader sees",
+            owner,
+            path,
+            problem,
+        )
+        return False
     logging.warning(
         "%s: %s was deleted while open; its %d bytes are written there again, and later "
         "writes go there",
@@ -69,6 +90,25 @@ def restore_if_deleted(fd: int, path: str, owner: str) -> bool:
         path,
         len(contents),
     )
+    return True
+
+
+def _create_file(path: str, contents: bytes) -> bool:
+    """Creates local file `path` holding `contents`, whole for any reader; False, leaving it
+    as it is, if a file is there (a hard link never replaces one, as a rename would)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    with open(tmp, "xb") as f:
+        try:
+            f.write(contents)
+            f.flush()
+            os.fsync(f.fileno())
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp)
     return True
 
 

@@ -444,6 +444,71 @@ def test_files_deleted_while_open_are_written_again_at_the_next_flush(tmp_path, 
     )
 
 
+def test_a_deleted_log_is_not_written_over_the_log_a_new_run_made_at_its_path(tmp_path, caplog):
+    # The run directory removed while the run lived, and a new run started there: each flush
+    # of each replaced the other's log, and the new run's lines were lost.
+    logdir = str(tmp_path / "train")
+    old = writers.JsonlWriter(logdir)
+    old.write_scalars(1, {"loss": 1.0})
+    old.flush()
+    shutil.rmtree(logdir)
+    new = writers.JsonlWriter(logdir)
+    for step in range(1, 5):
+        new.write_scalars(step, {"loss": 10.0 + step})
+        new.flush()
+        old.write_scalars(step + 1, {"loss": step + 1.0})
+        old.flush()
+    old.close()
+    new.close()
+    assert [(line["step"], line["loss"]) for line in read_jsonl(logdir)] == [
+        (step, 10.0 + step) for step in range(1, 5)
+    ]
+    warned = [r.getMessage() for r in caplog.records if "deleted" in r.getMessage()]
+    assert warned == [
+        f"JsonlWriter: {logdir}/metrics.jsonl was deleted while open, and a new file is there "
+        "now, left as it is; later writes go to the deleted file, which no reader sees"
+    ]
+
+
+def test_a_deleted_log_that_cannot_be_written_back_is_warned_about_once(tmp_path, caplog):
+    # A file where the run directory was (or no /proc to read the deleted bytes from): every
+    # flush raised, and the writer was quarantined.
+    logdir = tmp_path / "train"
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        manager.write_scalars(1, {"loss": 1.0})
+        manager.flush()
+        shutil.rmtree(logdir)
+        logdir.write_text("not a directory")
+        for step in range(2, 12):
+            manager.write_scalars(step, {"loss": float(step)})
+            manager.flush()
+    assert manager.errors == []
+    assert logdir.read_text() == "not a directory"
+    warned = sorted(r.getMessage() for r in caplog.records if "deleted" in r.getMessage())
+    assert [m.split(":")[0] for m in warned] == ["EventFile", "JsonlWriter"]
+    assert all("cannot be written there again" in m for m in warned), warned
+
+
+def test_closing_a_restored_log_releases_it_for_the_next_writer(tmp_path):
+    # close() closed the file it began with; the one a restoring flush opened stayed open and
+    # locked, so a resumed writer on the same path in this process was refused.
+    logdir = str(tmp_path / "train")
+    writer = writers.JsonlWriter(logdir)
+    for step in range(1, 4):
+        writer.write_scalars(step, {"loss": float(step)})
+    writer.flush()
+    os.unlink(tmp_path / "train" / "metrics.jsonl")
+    writer.close()
+    resumed = writers.JsonlWriter(logdir, resume_step=2)
+    resumed.write_scalars(3, {"loss": 30.0})
+    resumed.close()
+    assert [(line["step"], line["loss"]) for line in read_jsonl(logdir)] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 30.0),
+    ]
+
+
 def test_a_loop_flushing_after_each_summary_quarantines_after_max_writer_failures_summaries():
     # A full disk fails the write and the flush: each summary counted twice, so the writer
     # was quarantined after 5 summaries, not the documented 10.
