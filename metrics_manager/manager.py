@@ -433,8 +433,9 @@ class MetricsManager:
             problems.not_pytrees(metrics)
             problems.not_scalars(metrics)
             problems.across_processes(metrics)
-            problems.written_twice(metrics, ready)
-            problems.own_keys(keys, self._own_prefixes)
+            written = _written_keys(metrics, ready)
+            problems.written_twice(written)
+            problems.own_keys(written, self._own_prefixes)
         problems.raise_if_any()
         self._keys_checked = seen
         self._check_order(step)
@@ -856,12 +857,8 @@ class _Problems(Problems):
                 "clu.values.Histogram(x) among the metrics"
             )
 
-    def written_twice(self, metrics: Mapping[str, Any] | PackedMetrics, ready: Mapping) -> None:
+    def written_twice(self, written: list[str]) -> None:
         """Refuses two metrics that write one key (a Welford 'x' writes 'x/std' too)."""
-        if isinstance(metrics, PackedMetrics):
-            metrics = metrics.abstract()  # the types, from the layout
-        written = [k for key, m in metrics.items() for k in metrics_lib.written_keys(key, m)]
-        written += list(ready)
         if len(set(written)) < len(written):
             twice = sorted({k for k in written if written.count(k) > 1})
             self.value_problem(
@@ -886,6 +883,14 @@ class _Problems(Problems):
             self.value_problem(surrogates)
         if writer_problem:
             self.value_problem(writer_problem)
+
+
+def _written_keys(metrics: Mapping[str, Any] | PackedMetrics, ready: Mapping) -> list[str]:
+    """The keys a summary of `metrics` and `ready` writes, known from the types."""
+    if isinstance(metrics, PackedMetrics):
+        metrics = metrics.abstract()  # the types, from the layout
+    written = [k for key, m in metrics.items() for k in metrics_lib.written_keys(key, m)]
+    return written + list(ready)
 
 
 def _first_array(metrics: Mapping[str, Any] | PackedMetrics) -> Any:

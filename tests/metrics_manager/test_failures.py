@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from clu import metrics as clu_metrics
 
 import writers
 from metrics_manager import (
@@ -1679,19 +1680,28 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
 
 
 @pytest.mark.parametrize(
-    ("key", "setting"),
-    [("perf/mfu", "flops_per_step"), ("system/host_cpu_percent", "system_metrics=True")],
+    ("key", "setting", "metric"),
+    [
+        ("perf/mfu", "flops_per_step", Sum(0.5)),
+        ("system/host_cpu_percent", "system_metrics=True", Sum(0.5)),
+        # A Collection 'perf' writes 'perf/mfu': the check read the top-level keys only.
+        ("perf", "flops_per_step", clu_metrics.Collection.create_collection(mfu=Sum(0.5))),
+    ],
+    ids=["perf", "system", "collection"],
 )
-def test_a_metric_under_the_managers_own_keys_is_refused(tmp_path, key, setting):
+def test_a_metric_under_the_managers_own_keys_is_refused(tmp_path, key, setting, metric):
     # The manager's perf/* replaced the loop's own perf/mfu with no word; system/* only in
     # the summaries where the monitor had a window.
+    refused = "perf/mfu" if key == "perf" else key
     settings = {"flops_per_step": 1e9, "peak_flops_per_device": 1e12, "num_devices": 1}
     with MetricsManager(
         "train", tmp_path, writer_factory=files_and(), system_metrics=True, **settings
     ) as manager:
         manager.start_duration_timer()
-        with pytest.raises(ValueError, match=rf"keys \['{key}'\] are under .*{setting}.*rename"):
-            manager.write_metrics_summary({"loss": Sum(np.float32(2.0)), key: Sum(0.5)}, 5, 1)
+        with pytest.raises(
+            ValueError, match=rf"keys \['{refused}'\] are under .*{setting}.*rename"
+        ):
+            manager.write_metrics_summary({"loss": Sum(np.float32(2.0)), key: metric}, 5, 1)
         manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 6, 1)
     (line,) = read_jsonl(str(tmp_path / "train"))
     assert (line["step"], line["loss"], line["perf/flops_per_step"]) == (6, 2.0, 1e9)
