@@ -62,6 +62,8 @@ class Summarizer:
         self._windows: list[tuple[float, int]] | None = []
         self._warned_short = False
         self._warned_perf = False
+        self._warned_zero = False
+        self._zero_window: set[str] = set()  # the time keys of a 0 s window: not checked
         self._step_key = ""  # the key of a `Step` metric, for that count
 
     def values(
@@ -101,6 +103,22 @@ class Summarizer:
                 )
                 failed(key, MetricsManagerError(message))
 
+        # A window over which the clock did not advance: its rates are inf, written as they are
+        # but left out of the `nonfinite` policy (a coarse clock must not stop a run).
+        self._zero_window = set()
+        if duration == 0.0 and any(_has_time(m) for m in host.values()):
+            self._zero_window = set(_without_time(host)[1])
+            if not self._warned_zero:
+                self._warned_zero = True
+                _LOG.warning(
+                    "%s: the window ending at step %d took 0 s (the clock did not advance, or "
+                    "went back): %s measure time over it, and their rates are written as inf (NaN "
+                    "for 0 steps), not taken as non-finite values; give the manager a clock "
+                    "that advances.",
+                    owner,
+                    step,
+                    sorted(self._zero_window),
+                )
         ready = _ready_on_host(ready, failed)
         # A metric's compute() may run jnp ops on the host copies (MeanStd, AUROC): this
         # thread's own work, let through a guard the loop sets for every thread.
@@ -178,6 +196,8 @@ class Summarizer:
             if method == "write_scalars":
                 scalars = _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
                 kwargs["scalars"] = _checks.Checked(scalars)
+                if self._zero_window:
+                    scalars = {k: v for k, v in scalars.items() if k not in self._zero_window}
                 self.check_finite(step, scalars, "in the summary window ending at")
         return calls
 

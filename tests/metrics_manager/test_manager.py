@@ -1135,10 +1135,12 @@ def test_a_key_two_metrics_write_is_reported_not_silently_replaced():
         assert manager.errors == []
 
 
+@pytest.mark.parametrize("nonfinite", ["warn", "stop"])
 @pytest.mark.parametrize("times", [(5.0, 5.0), (5.0, 4.0)], ids=["still", "stepped_back"])
-def test_a_window_of_0_s_gives_infinite_rates_not_a_made_up_nanosecond(caplog, times):
+def test_a_window_of_0_s_gives_infinite_rates_not_a_made_up_nanosecond(caplog, times, nonfinite):
     # A coarse clock, or one stepped back: the window was taken as 1 ns, so 1e9 steps/s,
-    # finite, and never warned about; and perf/mfu 1e6, past its range of 0 to 1.
+    # finite, and never warned about; and perf/mfu 1e6, past its range of 0 to 1. Its inf
+    # rates are no non-finite values of the loop's: nonfinite="stop" stopped the run.
     recorder = RecordingWriter()
     metrics = {
         "steps_per_second": StepsPerTime(),
@@ -1147,13 +1149,28 @@ def test_a_window_of_0_s_gives_infinite_rates_not_a_made_up_nanosecond(caplog, t
     }
     settings = {"flops_per_step": 1e12, "peak_flops_per_device": 1e15, "num_devices": 1}
     now = [times[0]]
-    with caplog.at_level(logging.WARNING), make(recorder, clock=lambda: now[0], **settings) as m:
+    with (
+        caplog.at_level(logging.WARNING),
+        make(recorder, clock=lambda: now[0], nonfinite=nonfinite, **settings) as m,
+    ):
         m.start_duration_timer()
         now[0] = times[1]
         summary = m.write_metrics_summary(metrics, step=1, num_steps=1).result()
+        m.start_duration_timer()
+        now[0] += 1.0
+        later = m.write_metrics_summary({"loss": Sum(jnp.float32(2.0)), **metrics}, 2, 1).result()
     values = {k: float(v.value) for k, v in summary.items()}
     assert values == {"steps_per_second": np.inf, "tokens_per_second": np.inf, "seconds": 0.0}
     assert written(recorder)[0] == ("write_scalars", 1, values)  # no perf/* of a 0 s window
+    assert float(later["steps_per_second"].value) == 1.0
+    assert float(later["loss"].value) == 2.0
+    assert "perf/mfu" in later
+    assert m.errors == []
     messages = [r.getMessage() for r in caplog.records]
     assert any("the window took 0 s at step 1" in msg for msg in messages), messages
-    assert any("non-finite values at step 1" in msg for msg in messages), messages
+    assert any(
+        "the window ending at step 1 took 0 s (the clock did not advance, or went back): "
+        "['seconds', 'steps_per_second', 'tokens_per_second'] measure time" in msg
+        for msg in messages
+    ), messages
+    assert not any("non-finite values at step" in msg for msg in messages), messages
