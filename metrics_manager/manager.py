@@ -638,19 +638,22 @@ class MetricsManager:
 
     def _check_resumed(self, step: int | None) -> None:
         resumed = self._resume_step
-        if resumed is not None and step is not None and step <= resumed:
+        if resumed is not None and step == resumed:
             self._resume_step = None  # once
+            fix = (
+                f"pass resume_step={resumed - 1} so that the new values replace the old"
+                if resumed
+                else "remove the run's old summaries first (resume_step=0 keeps only step 0's)"
+            )
             _LOG.warning(
-                "MetricsManager %r: step %d is at or before resume_step=%d, whose values the "
-                "writers keep from the run before, so readers see step %d twice. If the resumed "
-                "run writes step %d again (an eval or config at the restored step), %s so "
-                "that the new values replace the old.",
+                "MetricsManager %r: step %d is resume_step, whose values the writers keep from "
+                "the run before, so readers see step %d twice. If the resumed run writes step "
+                "%d again (an eval or config at the restored step), %s.",
                 self.name,
                 step,
-                resumed,
                 step,
-                resumed,
-                f"pass resume_step={resumed - 1}" if resumed else "start it in a new summary_dir",
+                step,
+                fix,
             )
 
     def _result(self, job: Job) -> None:
@@ -664,8 +667,6 @@ class MetricsManager:
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
         step = None if arg == "hparams" else problems.step("step", step)
-        if isinstance(step, int):
-            self._check_resumed(step)
         if arg == "hparams":
             values = _checks.as_mapping(values)
         if not isinstance(values, Mapping):
@@ -689,6 +690,7 @@ class MetricsManager:
             values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
             deferred = list(values)
         problems.raise_if_any()
+        self._check_resumed(step)
         if arg in _ARRAY_KINDS and self._fanout.states:  # read on the worker: a loop may
             # refill its NumPy buffer once this call returns
             values = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in values.items()}

@@ -193,10 +193,10 @@ def test_writing_the_resume_step_again_warns_once_and_its_fix_gives_every_step_o
         run(50, 50)
     warned = [r.getMessage() for r in caplog.records if "resume_step" in r.getMessage()]
     assert warned == [
-        "MetricsManager 'eval': step 50 is at or before resume_step=50, whose values the "
-        "writers keep from the run before, so readers see step 50 twice. If the resumed run "
-        "writes step 50 again (an eval or config at the restored step), pass resume_step=49 "
-        "so that the new values replace the old."
+        "MetricsManager 'eval': step 50 is resume_step, whose values the writers keep from "
+        "the run before, so readers see step 50 twice. If the resumed run writes step 50 again "
+        "(an eval or config at the restored step), pass resume_step=49 so that the new values "
+        "replace the old."
     ]
     assert steps() == ([0, 25, 50, 50, 75, 100], [0, 25, 50, 50, 75, 100])
     caplog.clear()
@@ -206,3 +206,41 @@ def test_writing_the_resume_step_again_warns_once_and_its_fix_gives_every_step_o
     assert steps() == ([0, 25, 50, 75, 100], [0, 25, 50, 75, 100])
     accuracy = [line["accuracy"] for line in writers.read_jsonl(tmp_path / "eval")]
     assert accuracy == [0.0, 0.025, 49.05, 49.075, 49.1]  # the new run's from step 50 on
+
+
+def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_call(
+    tmp_path, caplog
+):
+    # A config written at step 0 of a run resumed at 50, even in a new directory, was warned
+    # about with advice for step 50; a refused call at step 50 used the one warning up.
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "is resume_step" in r.getMessage()]
+
+    with (
+        caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
+        MetricsManager("eval", tmp_path, resume_step=50) as manager,
+    ):
+        manager.write_texts(0, {"config": "lr = 0.1"})
+        manager.write_scalars(0, {"accuracy": 0.5})
+        assert warned() == []
+        with pytest.raises(TypeError, match="accuracy"):
+            manager.write_scalars(50, {"accuracy": "high"})
+        assert warned() == []
+        manager.write_scalars(50, {"accuracy": 0.75})
+        manager.write_scalars(50, {"loss": 0.25})
+        assert len(warned()) == 1
+        assert "pass resume_step=49" in warned()[0]
+    caplog.clear()
+    with (
+        caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
+        MetricsManager("zero", tmp_path, resume_step=0) as manager,
+    ):
+        manager.write_scalars(0, {"accuracy": 0.5})
+    assert warned() == [
+        "MetricsManager 'zero': step 0 is resume_step, whose values the writers keep from "
+        "the run before, so readers see step 0 twice. If the resumed run writes step 0 again "
+        "(an eval or config at the restored step), remove the run's old summaries first "
+        "(resume_step=0 keeps only step 0's)."
+    ]
+    lines = writers.read_jsonl(tmp_path / "eval")
+    assert [(x["step"], x["accuracy"]) for x in lines if "accuracy" in x] == [(0, 0.5), (50, 0.75)]
