@@ -82,6 +82,7 @@ class LocalLog:
         self._path = path
         self.last_step: int | None = None
         self._pending = b""  # what a regular file has not taken yet (a full disk)
+        self._deleted_kept = False  # deleted while open, and could not be written back
         if (stream := _stream(path)) is not None:
             # The program's own stream, through a duplicate of its descriptor: it shares the
             # file position (reopened by path, `> out.txt` had the lines and the prints
@@ -153,7 +154,11 @@ class LocalLog:
             return
         self._drain()
         os.fsync(self._file.fileno())
-        if _storage.restore_if_deleted(self._file.fileno(), self._path, "JsonlWriter"):
+        if self._deleted_kept:
+            return
+        restored = _storage.restore_if_deleted(self._file.fileno(), self._path, "JsonlWriter")
+        self._deleted_kept = restored is False
+        if restored:
             previous, self._file = self._file, _open_locked(self._path)
             previous.close()
 

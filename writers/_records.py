@@ -39,6 +39,7 @@ class EventFile:
         name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}"
         self._lock = threading.Lock()  # TensorBoardWriter's flush timer is a second thread
         self._local = not _storage.is_remote(logdir)
+        self._deleted_kept = False  # deleted while open, and could not be written back
         self._file: Any
         if not self._local:
             # Microseconds keep a later writer's parts after an earlier one's within a second.
@@ -96,7 +97,11 @@ class EventFile:
             self._file.flush()
             if self._local:
                 os.fsync(self._file.fileno())
-                if _storage.restore_if_deleted(self._file.fileno(), self.path, "EventFile"):
+                if self._deleted_kept:
+                    return
+                restored = _storage.restore_if_deleted(self._file.fileno(), self.path, "EventFile")
+                self._deleted_kept = restored is False
+                if restored:
                     previous, self._file = self._file, open(self.path, "ab", buffering=0)  # noqa: SIM115
                     previous.close()
 

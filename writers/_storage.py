@@ -53,20 +53,17 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, path.rstrip("/")
 
 
-_KEPT_DELETED: set[tuple[int, int]] = set()  # (device, inode) of deleted files written on
-
-
-def restore_if_deleted(fd: int, path: str, owner: str) -> bool:
+def restore_if_deleted(fd: int, path: str, owner: str) -> bool | None:
     """Writes local file `path`, open at `fd`, back to `path` if it was deleted while open
     (the run's directory removed by mistake: every later write reached no reader, with no
-    error); True if it was. The caller then reopens `path` to append.
+    error). None: it was not deleted; True: written back, and the caller reopens `path` to
+    append; False: left deleted, warned about, and the caller stops asking.
 
     Never replaces a file that is at `path` now (a new run's log: two processes would each
     replace the other's at every flush), and never raises where the deleted file's bytes
-    cannot be read (no /proc): it warns once and writes on to the deleted file."""
-    stat = os.fstat(fd)
-    if stat.st_nlink or (stat.st_dev, stat.st_ino) in _KEPT_DELETED:
-        return False
+    cannot be read (no /proc): it warns and writes on to the deleted file."""
+    if os.fstat(fd).st_nlink:
+        return None
     try:
         with open(f"/proc/self/fd/{fd}", "rb") as deleted:  # Linux: the unlinked file's bytes
             contents = deleted.read()
@@ -75,7 +72,6 @@ def restore_if_deleted(fd: int, path: str, owner: str) -> bool:
     except OSError as err:
         problem = f"it cannot be written there again ({err})"
     if problem:
-        _KEPT_DELETED.add((stat.st_dev, stat.st_ino))
         logging.warning(
             "%s: %s was deleted while open, and %s; later writes go to the deleted file, "
             "which no reader sees",
@@ -99,17 +95,24 @@ def _create_file(path: str, contents: bytes) -> bool:
     as it is, if a file is there (a hard link never replaces one, as a rename would)."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-    with open(tmp, "xb") as f:
-        try:
-            f.write(contents)
-            f.flush()
-            os.fsync(f.fileno())
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            os.unlink(tmp)
+    # Unnamed until linked, so a process killed meanwhile leaves nothing behind (a named copy
+    # of an event file would be read by TensorBoard as a second one).
+    fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o666)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        written = 0
+        while written < len(contents):
+            written += os.write(fd, contents[written:])
+        os.fsync(fd)
+        # linkat(2) following /proc's link to the unnamed file (a dir_fd makes Python use it)
+        name = os.path.basename(path)
+        os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+        os.fsync(dir_fd)  # the link itself survives a power loss
+    except FileExistsError:
+        return False
+    finally:
+        os.close(fd)
+        os.close(dir_fd)
     return True
 
 

@@ -115,6 +115,9 @@ class JsonlWriter(BaseWriter):
         # The highest step in the log so far: a lower one warns.
         self._max_step = -1 if self._log.last_step is None else self._log.last_step
         self._warned_backwards = False
+        # A resumed run's steps up to resume_step (a config at step 0) are no sign of a resume
+        # without it: not warned about.
+        self._resumed = -1 if resume_step is None else resume_step
 
     @property
     def path(self) -> str:
@@ -174,7 +177,7 @@ class JsonlWriter(BaseWriter):
         record = {"step": step, "time": self._clock(), "collection": self._collection, **values}
         self._log.write(_ENCODER.encode(record) + "\n")
         if step is not None:
-            if step < self._max_step and not self._warned_backwards:
+            if step < self._max_step and not self._warned_backwards and step > self._resumed:
                 self._warned_backwards = True
                 logging.warning(
                     "JsonlWriter(%s): step %d comes after step %d: the log's steps go "

@@ -490,6 +490,76 @@ def test_a_deleted_log_that_cannot_be_written_back_is_warned_about_once(tmp_path
     assert all("cannot be written there again" in m for m in warned), warned
 
 
+def test_a_log_deleted_after_another_writer_kept_its_deleted_file_is_still_written_back(
+    tmp_path, caplog
+):
+    # Files kept deleted were remembered by inode for the whole process: a later writer's
+    # file, given the inode again once the first was closed, was never written back.
+    first = writers.JsonlWriter(str(tmp_path / "a"))
+    first.write_scalars(1, {"x": 1.0})
+    shutil.rmtree(tmp_path / "a")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "metrics.jsonl").write_text("")  # something new at its path
+    first.close()
+    for run in range(5):  # each run's log likely takes the inode just freed
+        logdir = str(tmp_path / f"b{run}")
+        writer = writers.JsonlWriter(logdir)
+        for step in range(1, 4):
+            writer.write_scalars(step, {"y": float(step)})
+        shutil.rmtree(logdir)
+        writer.close()
+        assert [line["step"] for line in read_jsonl(logdir)] == [1, 2, 3]
+    kept = [r for r in caplog.records if "a new file is there now" in r.getMessage()]
+    assert len(kept) == 1
+
+
+_KILLED_RESTORING = """
+import os, shutil, sys, time
+import writers
+
+logdir = sys.argv[1]
+writer = writers.TensorBoardWriter(logdir, flush_secs=3600)
+for step in range(1, 101):
+    writer.write_scalars(step, {"loss": float(step)})
+writer.flush()
+shutil.rmtree(logdir)
+fsync, calls = os.fsync, []
+
+def slow_fsync(fd):  # the copy's fsync: wide enough a window to be killed in
+    calls.append(fd)
+    if len(calls) == 2:
+        print("restoring", flush=True)
+        time.sleep(60)
+    fsync(fd)
+
+os.fsync = slow_fsync
+writer.flush()
+"""
+
+
+def test_a_process_killed_while_writing_a_deleted_event_file_back_leaves_no_copy(tmp_path):
+    # The copy had a name with "tfevents" in it until linked: killed meanwhile (preemption's
+    # SIGKILL), it stayed, and TensorBoard read it as a second event file of the run.
+    logdir = tmp_path / "train"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_RESTORING, str(logdir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    with child:
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline() == "restoring\n"
+        finally:
+            child.kill()
+    assert sorted(os.listdir(logdir)) == []
+    writer = writers.TensorBoardWriter(str(logdir))
+    writer.write_scalars(200, {"loss": 2.0})
+    writer.close()
+    assert tb_steps(str(logdir)) == [200]
+
+
 def test_closing_a_restored_log_releases_it_for_the_next_writer(tmp_path):
     # close() closed the file it began with; the one a restoring flush opened stayed open and
     # locked, so a resumed writer on the same path in this process was refused.

@@ -216,8 +216,11 @@ def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_
     def warned() -> list[str]:
         return [r.getMessage() for r in caplog.records if "is resume_step" in r.getMessage()]
 
+    with MetricsManager("eval", tmp_path) as manager:  # the run before, to step 75
+        for step in (0, 25, 50, 75):
+            manager.write_scalars(step, {"accuracy": step / 100})
     with (
-        caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
+        caplog.at_level(logging.WARNING),
         MetricsManager("eval", tmp_path, resume_step=50) as manager,
     ):
         manager.write_texts(0, {"config": "lr = 0.1"})
@@ -230,6 +233,8 @@ def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_
         manager.write_scalars(50, {"loss": 0.25})
         assert len(warned()) == 1
         assert "pass resume_step=49" in warned()[0]
+    # Nor does the JSONL writer take step 0 after the kept step 50 for a missing resume_step.
+    assert not [r for r in caplog.records if "go backwards" in r.getMessage()]
     caplog.clear()
     with (
         caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
@@ -243,4 +248,10 @@ def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_
         "(resume_step=0 keeps only step 0's)."
     ]
     lines = writers.read_jsonl(tmp_path / "eval")
-    assert [(x["step"], x["accuracy"]) for x in lines if "accuracy" in x] == [(0, 0.5), (50, 0.75)]
+    assert [(x["step"], x["accuracy"]) for x in lines if "accuracy" in x] == [
+        (0, 0.0),
+        (25, 0.25),
+        (50, 0.5),
+        (0, 0.5),
+        (50, 0.75),
+    ]
