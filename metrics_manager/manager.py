@@ -518,6 +518,7 @@ class MetricsManager:
           MetricsManagerError: under "raise", a background failure.
         """
         self._check_usable("flush")
+        self._worker.refuse_own_thread("MetricsManager.flush()")
         number = isinstance(timeout, numbers.Real) and not isinstance(timeout, bool)
         if timeout is not None and not (number and 0 <= timeout < math.inf):
             raise (ValueError if number else TypeError)(
@@ -537,14 +538,16 @@ class MetricsManager:
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.
         """
-        if self._close_done:
-            return
+        if self._close_done or self._pid != os.getpid():
+            return  # a forked child's copy: the parent closes its writers
+        self._worker.refuse_own_thread("MetricsManager.close()")
         self._closed = True  # no new work from here on
         # An exception while waiting (a signal handler's SystemExit, Ctrl-C) leaves the exit
         # hook registered: at exit, close() goes on draining what is queued.
         with self._close_lock:  # two threads closing: one close job
             if not self._close_queued:
-                self._worker.post(self._fanout.pieces(None, [("close", {})], closing=True))
+                pieces = self._fanout.pieces(None, [("close", {})], closing=True)
+                self._worker.post(pieces, last=True)  # a call racing this one: refused
                 self._close_queued = True
         self._worker.drain()
         self._close_done = True
@@ -612,6 +615,14 @@ class MetricsManager:
             self._dir = None
 
     def _check_usable(self, method: str) -> None:
+        if self._pid != os.getpid():
+            raise RuntimeError(
+                f"MetricsManager {self.name!r}: {method}() was called in a forked child of the "
+                f"process that made it ({self._pid}), which alone writes through it (its "
+                "worker thread is not in the child, and the child's values would reach the "
+                "parent's files or be lost). Make a manager in the child, on a summary_dir of "
+                "its own, or send the values to the parent."
+            )
         if self._closed:
             raise RuntimeError(
                 f"MetricsManager {self.name!r} is closed; {method}() needs an open manager."

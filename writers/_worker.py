@@ -90,6 +90,7 @@ class OrderedWorker:
         self._queued = 0  # jobs queued so far; they end in that order
         self._ended = 0
         self._stopping = False
+        self._sealed = False  # the last job is queued (or the worker stopped): no more jobs
         self._threads: list[threading.Thread] = []
         self._orphaned = False  # no thread could be started: waiting callers run the queue
         self._spawn()
@@ -113,24 +114,33 @@ class OrderedWorker:
         """
         return self._enqueue(Job(pieces, _Future(self))).future  # type: ignore[return-value]
 
-    def post(self, pieces: Sequence[Piece]) -> None:
-        """`submit` for a job nobody waits on: no future is made; an error ending it is logged."""
-        self._enqueue(Job(pieces))
+    def post(self, pieces: Sequence[Piece], *, last: bool = False) -> None:
+        """`submit` for a job nobody waits on: no future is made; an error ending it is logged.
+        `last`: the job that closes what the pieces write; later jobs are refused, as after
+        `close()` (a call queued behind it reached closed writers, and was lost)."""
+        self._enqueue(Job(pieces), last)
 
-    def _enqueue(self, job: Job) -> Job:
+    def refuse_own_thread(self, what: str) -> None:
+        """Raises if the worker's own thread (a piece, a future's callback) would wait for
+        itself in `what`: it would wait forever, or until a deadline abandoned it."""
+        if self._threads and threading.current_thread() is self._threads[-1]:
+            raise RuntimeError(
+                f"{self.name}: {what} was called from its own worker thread (inside a writer, "
+                "or a future's callback), where it would wait for itself forever. Call it from "
+                "the training loop."
+            )
+
+    def _enqueue(self, job: Job, last: bool = False) -> Job:
         with self._cond:
             self._abandon_overrun()
-            while len(self._queue) >= self._max and not self._stopping:
-                if self._threads and threading.current_thread() is self._threads[-1]:
-                    raise RuntimeError(
-                        f"{self.name}: called from its own worker thread with {self._max} jobs "
-                        "pending, so it would wait forever. Call it from the training loop."
-                    )
+            while len(self._queue) >= self._max and not self._sealed:
+                self.refuse_own_thread(f"queueing with {self._max} jobs pending")
                 self._wait()
-            if self._stopping:
+            if self._sealed:
                 raise RuntimeError(f"{self.name} is closed; create a new one.")
             self._queue.append(job)
             self._queued += 1
+            self._sealed = last
             self._cond.notify_all()
         return job
 
@@ -140,6 +150,8 @@ class OrderedWorker:
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._queued
+            if self._ended < target:
+                self.refuse_own_thread("waiting for the queue")
             while self._ended < target:
                 if end is not None and time.monotonic() >= end:
                     return False
@@ -162,7 +174,7 @@ class OrderedWorker:
         """Runs what is queued, then stops the thread; False if `timeout` passed first."""
         drained = self.drain(timeout)
         with self._cond:
-            self._stopping = True
+            self._stopping = self._sealed = True
             self._cond.notify_all()
         if drained and not self._orphaned:
             self._threads[-1].join(timeout)
@@ -172,6 +184,8 @@ class OrderedWorker:
         """Waits until `future` is done or `timeout` passed, abandoning overrun pieces."""
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
+            if not future.done():
+                self.refuse_own_thread("waiting for a job's result")
             while not future.done():
                 left = _POLL_S if end is None else min(_POLL_S, end - time.monotonic())
                 if left <= 0:

@@ -188,6 +188,11 @@ def forked_children(summary_dir: str) -> None:
     start = time.monotonic()
     if (pid := os.fork()) == 0:
         print(f"child's SIGTERM handler {signal.getsignal(signal.SIGTERM)!r}", flush=True)
+        try:  # a loader worker logging through the parent's manager: refused, not lost
+            manager.write_scalars(100, {"loss": 100.0})
+        except RuntimeError as err:
+            print(f"child's write: {err}", flush=True)
+        manager.close()  # the parent's to close: nothing happens
         sys.exit(0)  # a normal exit: the interpreter runs the inherited atexit hooks
     _, status = os.waitpid(pid, 0)
     print(f"exited in {time.monotonic() - start:.2f} s with {status}", flush=True)

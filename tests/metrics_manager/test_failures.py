@@ -1015,6 +1015,12 @@ def test_forked_children_neither_flush_nor_close_the_parents_manager(tmp_path):
     # The handler it had before the manager: the default kills a child blocked in a wait at
     # once, where a Python handler waits for the child to run Python again.
     assert "child's SIGTERM handler <Handlers.SIG_DFL: 0>" in out, out
+    # Its write was queued where no thread runs (or, the queue full, run by a thread started
+    # in the child into the parent's files): now refused, naming the fix.
+    assert (
+        "child's write: MetricsManager 'train': write_scalars() was called in a forked child of "
+        "the process that made it"
+    ) in out, out
     assert "flush on signal failed" not in out
     parent = out.split("parent ")[1].split()[0]
     # Only the parent closed its writers: a child closing its copy would send buffers twice.
@@ -1066,6 +1072,90 @@ def test_a_forked_child_ends_on_sigterm_as_without_the_manager(tmp_path, handler
         "child ended with -15",
     ], proc.stderr
     assert [line["x"] for line in read_jsonl(str(tmp_path / "c"))] == [1.0]
+
+
+def test_a_write_racing_close_is_either_written_or_refused(tmp_path):
+    # A call that passed the closed check could queue behind close()'s job: it returned as
+    # accepted, and its values reached closed writers (WriterClosedError), in 2 of 5 trials.
+    for trial in range(10):
+        logdir = tmp_path / f"run{trial}"
+        manager = MetricsManager(f"run{trial}", tmp_path, writer_factory=files_and())
+        accepted: list[int] = []
+        refused: list[BaseException] = []
+
+        def evaluate(
+            manager: MetricsManager = manager,
+            accepted: list[int] = accepted,
+            refused: list[BaseException] = refused,
+        ) -> None:
+            for step in range(1, 100_000):
+                try:
+                    manager.write_scalars(step, {"accuracy": step / 10})
+                except RuntimeError as err:
+                    refused.append(err)
+                    return
+                accepted.append(step)
+
+        thread = threading.Thread(target=evaluate)
+        thread.start()
+        time.sleep(0.05 + trial * 0.01)
+        manager.close()
+        thread.join(timeout=30)
+        assert len(refused) == 1 and "is closed" in str(refused[0]), refused
+        assert manager.errors == [], (trial, manager.errors)
+        assert [line["step"] for line in read_jsonl(str(logdir))] == accepted
+        assert tb_steps(str(logdir), "accuracy") == accepted
+
+
+def test_flush_or_close_from_the_managers_own_thread_raises_at_once(tmp_path):
+    # From inside a writer, flush() waited for its own thread: 60 s, then the writer was
+    # quarantined as hung; with no deadline, forever. From a summary's done-callback, which
+    # runs outside any deadline, close() and the process exit hung.
+    manager: MetricsManager
+    seen: list[str] = []
+
+    added = threading.Event()  # the callback is added before the summary ends
+
+    class Flushing(writers.NoopWriter):
+        def write_scalars(self, step: int, scalars: Any) -> None:
+            if step == 3:
+                added.wait(10)
+            for call in (manager.flush, manager.close):
+                try:
+                    call()
+                except RuntimeError as err:
+                    seen.append(f"writer: {err}")
+
+    def callback(future: Any) -> None:
+        try:
+            manager.flush()
+        except RuntimeError as err:
+            seen.append(f"callback: {err}")
+
+    start = time.monotonic()
+    with MetricsManager(
+        "train", tmp_path, writer_factory=files_and(last={"flushing": Flushing()})
+    ) as manager:
+        for step in range(1, 4):
+            manager.write_scalars(step, {"loss": float(step)})
+        future = manager.write_metrics_summary({"loss": Sum(np.float32(4.0))}, 4, 1)
+        future.add_done_callback(callback)
+        added.set()
+        manager.flush()
+    assert time.monotonic() - start < 10
+    own = (
+        "was called from its own worker thread (inside a writer, or a future's callback), "
+        "where it would wait for itself forever. Call it from the training loop."
+    )
+    assert seen[:8] == [
+        f"writer: MetricsManager[train]: MetricsManager.{call}() {own}"
+        for _ in range(4)
+        for call in ("flush", "close")
+    ]
+    assert seen[8:] == [f"callback: MetricsManager[train]: MetricsManager.flush() {own}"]
+    assert [line["step"] for line in read_jsonl(str(tmp_path / "train"))] == [1, 2, 3, 4]
+    assert tb_steps(str(tmp_path / "train")) == [1, 2, 3, 4]
+    assert manager.errors == []
 
 
 def test_a_hanging_writer_is_abandoned_and_the_process_exits(tmp_path):
