@@ -139,6 +139,21 @@ def _add_shape_problem(
     )
 
 
+def _arrays(cls: type, method: str = "from_model_output", **arrays: Any) -> list[jax.Array]:
+    """`arrays` as JAX arrays; a missing model output (None) or text is refused by name (JAX's
+    own error names neither the metric nor the argument)."""
+    out = []
+    for name, value in arrays.items():
+        try:
+            out.append(jnp.asarray(value))
+        except (TypeError, ValueError) as err:
+            raise TypeError(
+                f"{cls.__name__}.{method}: {name} must be an array of numbers, got "
+                f"{describe(value)}; check the model output passed in."
+            ) from err
+    return out
+
+
 def _outside_unit_interval(
     scores: jax.Array, mask: jax.Array, problems: Problems, fix: str
 ) -> jax.Array:
@@ -147,9 +162,15 @@ def _outside_unit_interval(
     scores = scores.astype(jnp.result_type(scores, jnp.float32))
     outside = exact_count(mask & ~((scores >= 0) & (scores <= 1)))
     if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
+        counted = jnp.where(mask, scores, jnp.nan)  # masked-out padding is no problem
+        low, high = np.asarray(jnp.nanmin(counted)), np.asarray(jnp.nanmax(counted))
+        span = (
+            "all NaN" if np.isnan(low) else f"from {low!s} to {high!s}, or NaN"
+        )  # 0.3, not 0.300..1
         problems.value_problem(
-            f"predictions must be probabilities in [0, 1]; {n} of {scores.size} are not "
-            f"(from {float(jnp.nanmin(scores))} to {float(jnp.nanmax(scores))}, or NaN): {fix}"
+            f"predictions must be probabilities in [0, 1]; {n} of "
+            f"{int(exact_count(jnp.broadcast_to(mask, counted.shape)))} unmasked are not "
+            f"({span}): {fix}"
         )
         problems.raise_if_any()
     return outside
@@ -281,7 +302,7 @@ class _ConfusionCounts(_Counts):
         """
         _refuse_misspelled(cls, others, ("threshold", "average"))
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
+        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         num_classes, binary, fits = 2, predictions.shape == labels.shape, True
         if binary:
             if isinstance(threshold, np.floating | np.integer) and np.ndim(threshold) == 0:
@@ -297,7 +318,9 @@ class _ConfusionCounts(_Counts):
             elif threshold is not None and math.isnan(threshold):  # every score would be < it
                 problems.value_problem("threshold must be a number, got NaN")
                 threshold = None
-            predicted = (predictions >= (0.5 if threshold is None else threshold)).astype(jnp.int32)
+            # In float32 at least: a bf16 score compared to 0.7 rounded it to 0.69921875 first.
+            scores = predictions.astype(jnp.result_type(predictions, jnp.float32))
+            predicted = (scores >= (0.5 if threshold is None else threshold)).astype(jnp.int32)
         elif predictions.shape[:-1] == labels.shape and predictions.shape[-1] >= 2:
             num_classes = predictions.shape[-1]
             predicted = jnp.argmax(predictions, axis=-1).astype(jnp.int32)
@@ -424,6 +447,8 @@ class FBeta(_ConfusionCounts):
     ) -> "FBeta":
         """Counts one batch; as `Precision.from_model_output`, plus `beta` (> 0, static)."""
         _refuse_misspelled(cls, others, ("beta", "threshold", "average"))
+        if isinstance(beta, np.floating | np.integer) and np.ndim(beta) == 0:
+            beta = beta.item()  # a NumPy scalar, as `check_settings` takes it
         number = not isinstance(beta, bool) and isinstance(beta, int | float)
         if not (number and 0 < beta < math.inf):  # inf: NaN, not recall
             raise (ValueError if number else TypeError)(
@@ -475,7 +500,7 @@ class TopKAccuracy(_Counts):
         """
         _refuse_misspelled(cls, others, ("k",))
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
+        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
@@ -541,7 +566,7 @@ class AUROC(_Counts):
         """
         _refuse_misspelled(cls, others, ("num_bins",))
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
+        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         if predictions.shape != labels.shape:
             expected = f"{labels.shape}, one score of the positive class per label"
             _add_shape_problem(problems, predictions, labels, expected)
@@ -610,7 +635,7 @@ class Perplexity(_Counts):
             ValueError: the shapes do not fit or (outside jit) a label is outside `[0, V)`.
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = jnp.asarray(predictions), jnp.asarray(labels)
+        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
             expected = f"logits of shape {labels.shape + ('V',)}"
@@ -635,7 +660,7 @@ class Perplexity(_Counts):
             >>> float(metric.compute())
             2.0
         """
-        log_likelihood = jnp.asarray(log_likelihood)
+        (log_likelihood,) = _arrays(cls, "from_log_likelihood", log_likelihood=log_likelihood)
         problems = Problems("Perplexity.from_log_likelihood")
         mask = _check_mask(mask, log_likelihood.shape, problems, of="log-likelihoods")
         traced = isinstance(log_likelihood, jax.core.Tracer) or isinstance(mask, jax.core.Tracer)

@@ -200,10 +200,10 @@ def test_auroc_of_scores_outside_0_1_is_refused_eagerly_and_nan_under_jit():
     with pytest.raises(
         ValueError,
         match=r"^AUROC.from_model_output: predictions must be probabilities in \[0, 1\]; 4 of 4 "
-        r"are not \(from 1.5 to 4.0, or NaN\): pass jax.nn.sigmoid\(logits\), not the logits$",
+        r"unmasked are not \(from 1.5 to 4.0, or NaN\): pass jax.nn.sigmoid\(logits\), not the logits$",
     ):
         AUROC.from_model_output(logits, labels)
-    with pytest.raises(ValueError, match="1 of 2 are not"):
+    with pytest.raises(ValueError, match="1 of 2 unmasked are not"):
         AUROC.from_model_output(np.array([0.5, np.nan], np.float32), np.array([0, 1]))
     jitted = jax.jit(AUROC.from_model_output)
     bad, good = jitted(logits, labels), jitted(jax.nn.sigmoid(logits), labels)
@@ -225,7 +225,7 @@ def test_binary_logits_at_the_default_threshold_are_refused_eagerly_and_nan_unde
     with pytest.raises(
         ValueError,
         match=rf"^{cls.__name__}.from_model_output: predictions must be probabilities in "
-        r"\[0, 1\]; 2 of 5 are not \(from -1.5 to 2.0, or NaN\): pass "
+        r"\[0, 1\]; 2 of 4 unmasked are not \(from -1.5 to 2.0, or NaN\): pass "
         r"jax.nn.sigmoid\(logits\), or threshold=0.0 to threshold the logits$",
     ):
         cls.from_model_output(logits, labels, mask)
@@ -714,3 +714,63 @@ def test_messages_for_numpy_thresholds_log_likelihood_masks_and_binary_2_class_s
         Perplexity.from_log_likelihood(-jnp.ones(4), mask=jnp.ones(3, bool))
     with pytest.raises(ValueError, match=r"2-class scores.*jax.nn.softmax\(logits\)\[\.\.\., 1\]"):
         Precision.from_model_output(jnp.zeros((2, 2)), labels, average="binary")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "threshold", "below"),
+    [(jnp.bfloat16, 0.7, 0.69921875), (jnp.float16, 0.1, 0.0999755859375)],
+    ids=["bfloat16", "float16"],
+)
+@pytest.mark.parametrize("cls", [Precision, Recall, FBeta])
+def test_a_threshold_is_not_rounded_to_half_precision_scores(cls, dtype, threshold, below):
+    """A bf16 score of 0.69921875 (< 0.7) was compared with 0.7 rounded to bf16, 0.69921875:
+    counted positive, unlike the same score in float32."""
+    scores = jnp.array([below, 0.9, 0.05, below], dtype)  # a negative's and a positive's
+    labels = np.array([0, 1, 0, 1])
+    score = getattr(skm, {"FBeta": "f1_score"}.get(cls.__name__, cls.__name__.lower() + "_score"))
+    expected = score(labels, np.asarray(scores, np.float64) >= threshold)
+    for metric in (
+        cls.from_model_output(scores, labels, threshold=threshold),
+        jax.jit(functools.partial(cls.from_model_output, threshold=threshold))(scores, labels),
+    ):
+        assert float(metric.compute()) == pytest.approx(expected)
+
+
+def test_missing_model_outputs_and_numpy_betas():
+    """None (a missing model output) got JAX's own message, naming no metric or argument; a
+    NumPy float32 beta, which `nnx.Metric(FBeta, beta=...)` accepts, failed at the update."""
+    scores, labels = np.array([0.2, 0.9]), np.array([0, 1])
+    for make, args, owner, name in [
+        (Precision.from_model_output, (scores, None), "Precision", "labels"),
+        (Recall.from_model_output, (None, labels), "Recall", "predictions"),
+        (
+            functools.partial(TopKAccuracy.from_model_output, k=1),
+            (np.eye(2), None),
+            "TopKAccuracy",
+            "labels",
+        ),
+        (AUROC.from_model_output, (np.array(["a", "b"]), labels), "AUROC", "predictions"),
+    ]:
+        with pytest.raises(
+            TypeError,
+            match=rf"^{owner}.from_model_output: {name} must be an array of numbers, got .*; "
+            r"check the model output passed in.$",
+        ):
+            make(*args)
+    with pytest.raises(TypeError, match=r"^Perplexity.from_log_likelihood: log_likelihood must"):
+        Perplexity.from_log_likelihood(None, labels)
+    for beta in (np.float32(2.0), np.int64(2)):
+        fbeta = FBeta.from_model_output(scores, labels, beta=beta)
+        assert float(fbeta.compute()) == pytest.approx(
+            skm.fbeta_score(labels, scores > 0.5, beta=2)
+        )
+
+
+def test_the_range_of_scores_outside_0_1_leaves_masked_ones_out():
+    """A masked-out padding score of -1e9 was shown as the range's low end, and counted."""
+    with pytest.raises(ValueError, match=r"; 1 of 3 unmasked are not \(from 0.3 to 2.0, or NaN\)"):
+        AUROC.from_model_output(
+            np.array([0.5, 2.0, -1e9, 0.3]), np.array([1, 0, 0, 1]), np.array([1, 1, 0, 1], bool)
+        )
+    with pytest.raises(ValueError, match=r"; 2 of 2 unmasked are not \(all NaN\)"):
+        AUROC.from_model_output(np.array([np.nan, np.nan]), np.array([1, 0]))
