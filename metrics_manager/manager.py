@@ -66,6 +66,11 @@ writers; it also gets `collection=<name>` if it has that keyword defaulting to N
 _LOG = logging.getLogger(__name__)
 _UPTIME = "timing/uptime"  # T5X's key
 _ARRAY_KINDS = {"images": "image", "arrays": "histogram"}  # `_host_write`'s arg -> its checks
+_READY_KINDS = {  # a value given ready to write_metrics_summary -> its checks
+    clu.values.Image: "image",
+    clu.values.Histogram: "histogram",
+    clu.values.Audio: "audio",
+}
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
 _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (this process)
@@ -411,7 +416,12 @@ class MetricsManager:
                     err := _checks.scalar_problem(key, value.value)
                 ):
                     problems.add(type(err), str(err))
-                elif isinstance(array := getattr(value, "value", None), np.ndarray):
+                    continue
+                if isinstance(value, clu.values.Text):
+                    _checks.collect_texts({key: value.value}, problems)
+                elif kind := _READY_KINDS.get(type(value)):  # as write_images checks it
+                    _checks.check_shapes(kind, {key: value.value}, problems)
+                if isinstance(array := getattr(value, "value", None), np.ndarray):
                     ready[key] = dataclasses.replace(value, value=array.copy())  # as write_images
         if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:
             ready = {**ready, _UPTIME: clu.values.Scalar(called - self._created)}

@@ -192,6 +192,7 @@ class Summarizer:
         for key, what in skipped.items():  # that key is lost, not the summary
             unwritable = TypeError(values_lib.unsupported_message({key: what}))
             self._failures.record(Failure(f"metric:{key}", step, (key,), unwritable))
+        calls = [call for call in calls if self._checked(step, *call)]
         for method, kwargs in calls:
             if method == "write_scalars":
                 scalars = _checks.check_numbers(kwargs["scalars"], "write_metrics_summary")
@@ -200,6 +201,36 @@ class Summarizer:
                     scalars = {k: v for k, v in scalars.items() if k not in self._zero_window}
                 self.check_finite(step, scalars, "in the summary window ending at")
         return calls
+
+    def _checked(self, step: int, method: str, kwargs: dict[str, Any]) -> bool:
+        """Drops, as failed metrics, the keys of an image, histogram, audio or text call that
+        no writer would take (a NaN histogram, an [H, W] image): each writer refused the whole
+        call, the good keys too, and counted a failure toward its quarantine. False: none left."""
+        if (spec := _KINDS.get(method)) is None:
+            return True
+        arg, kind = spec
+        values = kwargs[arg]
+        bad: dict[str, Exception] = {}
+        with jax.transfer_guard("allow"):  # a ready value may still be a device array
+            for key, value in values.items():
+                problems = _checks.Problems("write_metrics_summary")
+                if kind == "text":
+                    _checks.collect_texts({key: value}, problems)
+                elif message := _checks.array_problem(kind, key, np.asarray(value)):
+                    problems.value_problem(message)
+                if problems:
+                    kind_of = TypeError if problems.type_errors else ValueError
+                    bad[key] = kind_of(problems.message())
+        if kind == "audio":
+            try:
+                _checks.check_sample_rate(kwargs["sample_rate"], "write_metrics_summary")
+            except (TypeError, ValueError) as rate_error:
+                bad = dict.fromkeys(values, rate_error)
+        for key, error in bad.items():
+            del values[key]
+            kwargs.get("num_buckets", {}).pop(key, None)  # naming a key not in the call: refused
+            self._failures.record(Failure(f"metric:{key}", step, (key,), error))
+        return bool(values)
 
     def check_finite(self, step: int, scalars: Mapping[str, Any], where: str) -> None:
         """Applies the `nonfinite` policy to checked numbers `scalars` (written `where` step)."""
@@ -215,6 +246,14 @@ class Summarizer:
         elif new := sorted(set(bad) - self._nonfinite_warned):  # once per key
             self._nonfinite_warned.update(new)
             _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, new)
+
+
+_KINDS = {  # the calls whose values are checked per key: method -> (argument, kind)
+    "write_images": ("images", "image"),
+    "write_histograms": ("arrays", "histogram"),
+    "write_audios": ("audios", "audio"),
+    "write_texts": ("texts", "text"),
+}
 
 
 def to_host(

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from clu import metrics as clu_metrics
+from tensorboard.backend.event_processing import event_accumulator
 
 import writers
 from metrics_manager import (
@@ -1155,6 +1156,92 @@ def test_flush_or_close_from_the_managers_own_thread_raises_at_once(tmp_path):
     assert seen[8:] == [f"callback: MetricsManager[train]: MetricsManager.flush() {own}"]
     assert [line["step"] for line in read_jsonl(str(tmp_path / "train"))] == [1, 2, 3, 4]
     assert tb_steps(str(tmp_path / "train")) == [1, 2, 3, 4]
+    assert manager.errors == []
+
+
+_KEEP_ALL = ("tensors", "scalars", "histograms")
+
+
+@flax.struct.dataclass
+class _Computed(clu_metrics.Metric):
+    """A metric computing an image or a histogram (`kind`), as a sample grid or weights."""
+
+    array: jax.Array
+    kind: str = flax.struct.field(pytree_node=False, default="image")
+
+    def merge(self, other: _Computed) -> _Computed:
+        return other
+
+    def compute(self) -> jax.Array:
+        return self.array
+
+    def compute_value(self) -> Any:
+        array = np.asarray(self.array)
+        if self.kind == "image":
+            return clu.values.Image(array)
+        return clu.values.Histogram(array, None)
+
+
+def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
+    # An [H, W] image or a NaN histogram from compute_value() reached every writer, which
+    # refused the whole call: the good images and histograms of the summary were lost too,
+    # and after 10 summaries every writer was quarantined, later scalars lost with them.
+    grid = np.linspace(0, 1, 4 * 5 * 3, dtype=np.float32).reshape(4, 5, 3)
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for step in range(1, 13):
+            metrics = {
+                "loss": Sum(np.float32(step)),
+                "samples": _Computed(jnp.asarray(grid)),
+                "gray": _Computed(jnp.zeros((4, 5))),  # no channel axis
+                "bias": _Computed(jnp.arange(3.0), kind="histogram"),
+                "weights": _Computed(jnp.array([jnp.nan, 1.0]), kind="histogram"),  # diverged
+            }
+            manager.write_metrics_summary(metrics, step, 1)
+        manager.write_scalars(13, {"accuracy": 0.5})
+    logdir = str(tmp_path / "train")
+    keys: dict[int, set[str]] = {}
+    for line in read_jsonl(logdir):
+        keys.setdefault(line["step"], set()).update(set(line) - {"step", "time", "collection"})
+    assert keys == {
+        **{step: {"bias", "loss", "samples"} for step in range(1, 13)},
+        13: {"accuracy"},
+    }
+    acc = event_accumulator.EventAccumulator(logdir, size_guidance=dict.fromkeys(_KEEP_ALL, 0))
+    acc.Reload()
+    assert [e.step for e in acc.Tensors("samples")] == list(range(1, 13))
+    assert [e.step for e in acc.Histograms("bias")] == list(range(1, 13))
+    assert {e.histogram_value.num for e in acc.Histograms("bias")} == {3}
+    assert "gray" not in acc.Tags()["tensors"] and "weights" not in acc.Tags()["histograms"]
+    assert tb_steps(logdir, "accuracy") == [13]
+    health = manager.health()["writers"]
+    assert {name: state["failures"] for name, state in health.items()} == {
+        "tensorboard": 0,
+        "jsonl": 0,
+    }
+    failed = sorted({(f.source, str(f.error).split(": ", 1)[1][:40]) for f in manager.errors})
+    assert failed == [
+        ("metric:gray", "image 'gray' must have shape [H, W, C] o"),
+        ("metric:weights", "histogram 'weights' has 1 NaN/Inf entrie"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "match"),
+    [
+        (clu.values.Image(np.zeros((4, 5))), ValueError, r"image 'v' must have shape \[H, W, C\]"),
+        (clu.values.Histogram(np.array([]), None), ValueError, r"histogram 'v'"),
+        (clu.values.Text(5), TypeError, r"text 'v' must be a str, got int"),
+        (clu.values.Audio(np.zeros((100, 1)), 16000), ValueError, r"audio 'v' must be a float"),
+    ],
+    ids=["image", "histogram", "text", "audio"],
+)
+def test_a_ready_value_no_writer_takes_is_refused_at_the_call(tmp_path, value, error, match):
+    # Accepted, then refused by every writer on the worker, with the call's other values.
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        with pytest.raises(error, match=match):
+            manager.write_metrics_summary({"loss": Sum(np.float32(1.0)), "v": value}, 1, 1)
+        manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 2, 1)
+    assert [(x["step"], x["loss"]) for x in read_jsonl(str(tmp_path / "train"))] == [(2, 2.0)]
     assert manager.errors == []
 
 
