@@ -545,13 +545,19 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
         arr.dtype
     ) is not None
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
-        if arr.ndim in (3, 4) and arr.shape[-3] in (1, 3, 4):  # [C, H, W], as PyTorch has it
-            fix = "Move the channel axis last (np.moveaxis(x, -3, -1))."
+        if arr.ndim in (3, 4) and arr.shape[-3] in (1, 3, 4) and arr.shape[-1] > 4:
+            fix = " Move the channel axis last (np.moveaxis(x, -3, -1))."  # [C, H, W]: PyTorch's
+        elif arr.ndim == 2:
+            fix = " Add a channel axis for grayscale (x[..., None])."
+        elif arr.ndim in (3, 4) and arr.shape[-1] == 2:
+            fix = " Drop the alpha channel of a gray + alpha image (x[..., :1])."
+        elif arr.ndim == 5:
+            fix = " Write a video of shape [N, T, H, W, C] with write_videos."
         else:
-            fix = "Add a channel axis for grayscale (x[..., None])."
+            fix = ""
         return (
             f"image {key!r} must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
-            f"got shape {arr.shape}. {fix}"
+            f"got shape {arr.shape}.{fix}"
         )
     fix = " Pass np.abs(x) or x.real." if complex_ else ""
     if kind in ("image", "video") and not (numeric or arr.dtype == np.bool_):
@@ -562,10 +568,17 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             f"shape {arr.shape}."
         )
     if kind == "audio" and (arr.ndim != 3 or not _is_float(arr.dtype)):
+        if not _is_float(arr.dtype):
+            fix = " Scale PCM samples first: x / 32768 for int16."
+        elif arr.ndim == 2:
+            fix = " Add a batch axis for one clip of shape [T, C] (x[None])."
+        elif arr.ndim == 1:
+            fix = " Add batch and channel axes for one mono clip (x[None, :, None])."
+        else:
+            fix = ""
         return (
             f"audio {key!r} must be a float array of shape [N, T, C] with values in "
-            f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}. Scale PCM samples "
-            "first: x / 32768 for int16."
+            f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}.{fix}"
         )
     if kind != "histogram":
         empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
@@ -590,8 +603,11 @@ def check_sample_rate(sample_rate: Any, method: str) -> None:
             f"{method}: sample_rate must be an integer number of samples per second, got "
             f"{sample_rate!r} of type {type(sample_rate).__name__}."
         )
-    if sample_rate <= 0:
-        raise ValueError(f"{method}: sample_rate must be positive, got {sample_rate}.")
+    if not 0 < int(sample_rate) < 2**32:  # a WAV header holds 32 bits
+        raise ValueError(
+            f"{method}: sample_rate must be a positive number of samples per second below "
+            f"2**32 (a WAV header's 32 bits), got {sample_rate}."
+        )
 
 
 def check_shapes(kind: str, arrays: Mapping[str, Any], problems: Problems) -> dict[str, Any]:

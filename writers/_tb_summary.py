@@ -94,6 +94,9 @@ def _varint(n: int) -> bytes:
 def text(key: str, text: str) -> Any:
     (value,) = tbx_summary.text(key, text).value
     value.tag = key  # CLU's tag; tensorboardX would add "/text_summary".
+    # A scalar string, as tf.summary.text writes it: tensorboardX's shape [1] is shown as a
+    # one-cell table instead of the markdown itself.
+    value.tensor.tensor_shape.Clear()
     return value
 
 

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+from absl import logging
 
 from writers import _checks, _encode
 from writers._base import BaseWriter, flush_every
@@ -70,6 +71,8 @@ class TensorBoardWriter(BaseWriter):
         self._file = _records.EventFile(self._logdir, filename_suffix, limit)
         for data in _tb_summary.first_events(purge_step):
             self._file.write(data)
+        self._hparams_shown: dict[str, str] | None = None  # the first write_hparams', as repr
+        self._hparams_warned = False
         self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")
 
     @property
@@ -110,6 +113,25 @@ class TensorBoardWriter(BaseWriter):
         self._emit(step, [self._tb.histogram(k, v, buckets.get(k)) for k, v in arrays.items()])
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
+        # TensorBoard's HParams tab shows a run's first session alone: a later call's keys
+        # are warned about, and an empty one, which would hide every later one, is not written.
+        if not hparams:
+            return
+        shown = {key: repr(value) for key, value in hparams.items()}  # arrays compare as text
+        if self._hparams_shown is None:
+            self._hparams_shown = shown
+            self._emit(0, self._tb.hparams(hparams))
+            return
+        hidden = sorted(k for k, v in shown.items() if self._hparams_shown.get(k) != v)
+        if hidden and not self._hparams_warned:
+            self._hparams_warned = True
+            logging.warning(
+                "TensorBoardWriter(%s): TensorBoard's HParams tab shows the first write_hparams "
+                "of a run alone; %s of a later one are not shown there (the other writers have "
+                "them). Write every hyperparameter in one call. Warned once.",
+                self._logdir,
+                hidden,
+            )
         self._emit(0, self._tb.hparams(hparams))
 
     def _flush(self) -> None:

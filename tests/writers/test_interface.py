@@ -178,6 +178,11 @@ BAD_CALLS = [
         ValueError,
         lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=0),
     ),
+    (  # wave's struct.error in TensorBoard's encoder, taken by the others
+        "rate past a WAV header",
+        ValueError,
+        lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=2**32),
+    ),
     (
         "float rate",
         TypeError,
@@ -220,6 +225,48 @@ def test_every_backend_rejects_the_same_bad_input(backend, tmp_path):
     w.close()
     with pytest.raises(WriterClosedError):
         w.write_scalars(1, {"a": 1.0})
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "kind", "fix"),
+    [
+        ((4, 5), np.float32, "image", "Add a channel axis for grayscale (x[..., None])."),
+        ((2, 3, 8, 8), np.float32, "image", "Move the channel axis last (np.moveaxis(x, -3, -1))."),
+        # Gray + alpha: "move the channel axis" made it a (5, 2, 4) image, wrongly accepted.
+        (
+            (4, 5, 2),
+            np.float32,
+            "image",
+            "Drop the alpha channel of a gray + alpha image (x[..., :1]).",
+        ),
+        (
+            (1, 2, 4, 4, 3),
+            np.float32,
+            "image",
+            "Write a video of shape [N, T, H, W, C] with write_videos.",
+        ),
+        # A float clip of the wrong shape was told to scale PCM samples.
+        ((100, 2), np.float32, "audio", "Add a batch axis for one clip of shape [T, C] (x[None])."),
+        (
+            (100,),
+            np.float32,
+            "audio",
+            "Add batch and channel axes for one mono clip (x[None, :, None]).",
+        ),
+        ((1, 100, 1), np.int16, "audio", "Scale PCM samples first: x / 32768 for int16."),
+    ],
+)
+def test_a_bad_shape_gets_the_fix_for_its_own_mistake(tmp_path, shape, dtype, kind, fix):
+    w = writers.JsonlWriter(tmp_path / "m.jsonl")
+    call = {
+        "image": lambda x: w.write_images(0, {"x": x}),
+        "audio": lambda x: w.write_audios(0, {"x": x}, sample_rate=8000),
+    }[kind]
+    with pytest.raises(ValueError) as raised:
+        call(np.zeros(shape, dtype))
+    assert f"shape {shape}." in str(raised.value)
+    assert str(raised.value).endswith(fix)
+    w.close()
 
 
 # TensorBoard's reader, compressing the histogram for its distributions view, overflows.

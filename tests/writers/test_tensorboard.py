@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 import wave
 import zlib
 
@@ -98,6 +99,12 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
 
     (text,) = acc.Tensors("config")  # CLU's tag; tensorboardX add_text would add /text_summary
     assert text.step == 3 and text.tensor_proto.string_val == [b"# Config\n`lr = 0.1`"]
+    # A scalar string, as tf.summary.text writes it: shape [1] was shown as a one-cell table.
+    with warnings.catch_warnings():  # html5lib's own DeprecationWarning, on import
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from tensorboard.plugins.text import text_plugin
+    shown = text_plugin.text_array_to_html(tensor_util.make_ndarray(text.tensor_proto), True)
+    assert shown == "<h1>Config</h1>\n<p><code>lr = 0.1</code></p>"
 
     rgb = acc.Tensors("rgb")[0].tensor_proto.string_val
     assert rgb[:2] == [b"7", b"5"] and len(rgb) == 4  # width, height, 2 PNGs
@@ -269,6 +276,30 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     assert hp["adam.b1"].number_value == 0.9 and hp["adam.eps.value"].number_value == 1e-8
     assert hp["bias"].WhichOneof("kind") == "bool_value" and hp["bias"].bool_value is False
     assert hp["warmup"].number_value == 100.0 and hp["wd"].number_value == 0.25
+
+
+def test_hparams_tensorboard_cannot_show_are_warned_about_and_an_empty_call_hides_none(
+    tmp_path, caplog
+):
+    # The HParams tab shows a run's first session alone: later calls' keys vanished with no
+    # word, and write_hparams({}) hid every later call.
+    w = writers.TensorBoardWriter(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        w.write_hparams({})
+        w.write_hparams({"lr": 0.1, "warmup": jnp.int32(100), "shape": np.zeros(2)})
+        w.write_hparams({"lr": 0.1, "warmup": jnp.int32(100), "shape": np.zeros(2)})  # the same
+        w.write_hparams({"batch": 32, "lr": 0.2})
+        w.write_hparams({"seed": 1})
+    w.close()
+    content = _accumulator(tmp_path).PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    assert sorted(data.session_start_info.hparams) == ["lr", "shape", "warmup"]
+    warned = [r.getMessage() for r in caplog.records if "HParams tab" in r.getMessage()]
+    assert warned == [
+        f"TensorBoardWriter({tmp_path}): TensorBoard's HParams tab shows the first "
+        "write_hparams of a run alone; ['batch', 'lr'] of a later one are not shown there (the "
+        "other writers have them). Write every hyperparameter in one call. Warned once."
+    ]
 
 
 def test_nonfinite_hparams_are_kept_without_tensorboardx_s_keyless_warning(tmp_path, caplog):
