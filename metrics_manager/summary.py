@@ -93,6 +93,18 @@ class Summarizer:
         def failed(key: str, err: Exception) -> None:
             self._failures.record(Failure(f"metric:{key}", step, (key,), err))
 
+        wrapped = {k: count for k, m in host.items() if (count := _wrapped_count(m)) is not None}
+        for key, count in wrapped.items():
+            # A CLU Average's int32 count past 2**31 reads negative, and its value is wrong
+            # (0.75 read -1.06), but was written as if right.
+            del host[key]
+            message = (
+                f"metric {key!r}: its int32 count wrapped past 2**31 (it reads {count}) over "
+                f"the window ending at step {step}; write summaries more often, or enable "
+                "jax_enable_x64"
+            )
+            failed(key, OverflowError(message))
+
         if duration is None and any(_has_time(m) for m in host.values()):
             # Only the timed keys are lost: a loop that never starts the timer keeps its loss.
             host, timed = _without_time(host)
@@ -333,6 +345,19 @@ def _near_int32_limit(array: Any) -> bool:
         and array.size > 0
         and (array.max() >= _INT32_NEAR or array.min() <= -_INT32_NEAR)
     )
+
+
+def _wrapped_count(metric: Any) -> int | None:
+    """The lowest `count` of `metric` (a Collection's fields too) if an int one is below 0:
+    wrapped past int32's range (CLU's `Average`, `Accuracy`, `Std` count in int32)."""
+    if isinstance(metric, clu_metrics.Collection):
+        counts = [_wrapped_count(m) for m in vars(metric).values()]
+        return min((c for c in counts if c is not None), default=None)
+    count = getattr(metric, "count", None)
+    if isinstance(count, np.ndarray | np.integer) and np.issubdtype(count.dtype, np.integer):
+        if count.size and (low := int(np.min(count))) < 0:
+            return low
+    return None
 
 
 def _counts_steps(metric: Any) -> bool:

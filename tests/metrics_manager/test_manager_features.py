@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import psutil
 import pytest
+from clu import metrics as clu_metrics
 from flax import nnx
 
 import writers
@@ -196,6 +197,36 @@ def test_int32_accumulators_near_wrapping_are_warned_once_per_key(caplog):
     assert "['tokens', 'wrapped']" in warnings[0] and "at step 1" in warnings[0]
     assert "of ['new'] are past" in warnings[1]  # the others were warned of at step 1
     assert "float32" in warnings[0] and "jax_enable_x64" in warnings[0]
+
+
+def test_a_clu_average_whose_int32_count_wrapped_is_not_written(tmp_path):
+    # 600 steps of 4M tokens: the count passed 2**31 and read negative, so an accuracy of
+    # 0.75 was written as -1.06, with only the "near wrapping" warning.
+    tokens = 4 * 2**20
+    step = clu_metrics.Accuracy(total=jnp.float32(0.75 * tokens), count=jnp.int32(tokens))
+    accuracy = jax.jit(lambda s: jax.lax.fori_loop(1, 600, lambda _, w: w.merge(s), s))(step)
+    expected_count = (600 * tokens + 2**31) % 2**32 - 2**31  # int32's wrap of 2,516,582,400
+    assert int(accuracy.count) == expected_count < 0
+    metrics = {
+        "accuracy": accuracy,
+        "eval": clu_metrics.Collection.create_collection(accuracy=accuracy),
+        "short": step,  # one step's: right
+        "loss": Sum(jnp.float32(2.0)),
+    }
+    with MetricsManager("train", tmp_path) as m:
+        summary = m.write_metrics_summary(metrics, 600, 600).result()
+    assert {k: float(v.value) for k, v in summary.items()} == {
+        "short": 0.75,
+        "loss": 2.0,
+    }
+    (line,) = read_jsonl(str(tmp_path / "train"))
+    assert sorted(set(line) - {"step", "time", "collection"}) == ["loss", "short"]
+    assert sorted(f.source for f in m.errors) == ["metric:accuracy", "metric:eval"]
+    assert str(m.errors[0].error) == (
+        f"metric 'accuracy': its int32 count wrapped past 2**31 (it reads {expected_count}) "
+        "over the window ending at step 600; write summaries more often, or enable "
+        "jax_enable_x64"
+    )
 
 
 def test_an_ml_collections_config_is_written_as_hparams(tmp_path):
