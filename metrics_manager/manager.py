@@ -873,11 +873,18 @@ class _Problems(Problems):
             if shape is not None and math.prod(shape) != 1 and not _rows_per_device(metric):
                 shapes[key] = tuple(shape)
         if shapes:
+            leading = {shape[0] if shape else 0 for shape in shapes.values()}
+            windows = (
+                " If they are windows stacked by the step (a shard_map with out_specs=P(axis), "
+                "a vmap), merge them first: merge_windows(metrics)."
+                if len(shapes) == len(members) and len(leading) == 1 and 0 not in leading
+                else ""
+            )
             self.value_problem(
                 f"metrics {sorted(shapes)} compute arrays of shapes {list(shapes.values())}, "
                 "not scalars; reduce them in the step (Sum.from_model_output(x) sums every "
                 "element of x), or write an array with write_histograms or "
-                "clu.values.Histogram(x) among the metrics"
+                f"clu.values.Histogram(x) among the metrics.{windows}"
             )
 
     def written_twice(self, written: list[str]) -> None:

@@ -259,6 +259,12 @@ def merge_windows(metrics: Metrics | PackedMetrics) -> Metrics | PackedMetrics:
             "pass what the pmap/vmap step returned"
         )
     if isinstance(metrics, PackedMetrics) and metrics.mapped_axis_problem() is None:
+        # Packed from windows the step stacked itself (a shard_map with out_specs=P(axis),
+        # merge_metrics' default pack=True): merged from its metrics, then packed again.
+        unpacked = metrics.unpack()
+        rows = {np.shape(x)[0] if np.ndim(x) else 0 for x in jax.tree.leaves(unpacked)}
+        if len(rows) == 1 and 0 not in rows:
+            return PackedMetrics.pack(_merge_windows(unpacked, rows.pop()))
         raise ValueError(  # unpacking it said "merge them with merge_windows(packed)"
             "merge_windows: this PackedMetrics holds one window (its buffers have the shapes "
             "it was packed with, no leading axis of windows); write it as it is"

@@ -117,8 +117,10 @@ class PackedMetrics:
             sizes[dtype] = start + math.prod(shape)
             leaves.append((list(sizes).index(dtype), start, sizes[dtype], shape, aval.weak_type))
             if any(axis is not None for axis in getattr(aval.sharding, "spec", ())):
-                # Explicitly sharded leaves are gathered, so they can be concatenated.
-                array = jax.sharding.reshard(array, jax.sharding.PartitionSpec())
+                # Explicitly sharded leaves are gathered, so they can be concatenated (on their
+                # own mesh: a bare PartitionSpec needs a `jax.set_mesh` context around the step).
+                replicated = jax.sharding.NamedSharding(aval.sharding.mesh, jax.P())
+                array = jax.sharding.reshard(array, replicated)
             # Strongly typed in the buffer; weak types come back in unpack().
             flat = jax.lax.convert_element_type(array, aval.dtype).reshape(-1)
             parts.setdefault(dtype, []).append(flat)

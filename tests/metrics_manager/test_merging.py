@@ -10,7 +10,7 @@ import metrax
 import numpy as np
 import pytest
 
-from metrics_manager import merging
+from metrics_manager import MetricsManager, merging
 from metrics_manager.classification import Precision
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics, validate_metrics
 from metrics_manager.metrics import AveragePerStep, Max, MeanStd, Min, StepsPerTime, Sum, TimeRate
@@ -572,6 +572,37 @@ def test_merge_windows_of_a_shard_map_on_either_kind_of_mesh(axis_types):
         # One step's pieces on 8 devices: the step counts once (each window's merge made 8).
         assert int(merged["loss"].steps) == 1 and float(merged["loss"].total) == 2016.0
         assert float(merged["top"].compute()) == 63.0
+
+
+@pytest.mark.parametrize("axis_type", [_EXPLICIT, _AUTO], ids=["explicit", "auto"])
+def test_shard_map_windows_packed_by_merge_metrics_merge_and_the_refusal_says_so(
+    tmp_path, axis_type
+):
+    """merge_metrics' default pack=True packed the shard_map's windows as one: the summary
+    said "reduce them in the step" and merge_windows "write it as it is", each sending the
+    user to the other; over an explicit axis, packing them raised outside `jax.set_mesh`."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(axis_type,))
+    x = jax.device_put(jnp.arange(32.0), jax.sharding.NamedSharding(mesh, jax.P("d")))
+
+    @jax.jit
+    def step(running, x):
+        def per_device(x):
+            window = {"sum": Sum.from_model_output(x), "top": Max.from_model_output(x)}
+            return jax.tree.map(lambda a: a[None], window)
+
+        windows = jax.shard_map(per_device, mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d"))
+        return merge_metrics(running, windows(x))
+
+    running = step(step(None, x), x)
+    assert isinstance(running, PackedMetrics)
+    with MetricsManager("train", tmp_path) as manager:
+        with pytest.raises(ValueError, match=r"stacked by the step .* merge_windows\(metrics\)"):
+            manager.write_metrics_summary(running, 2, 2)
+        merged = merging.merge_windows(running)
+        assert isinstance(merged, PackedMetrics)
+        summary = manager.write_metrics_summary(merged, 2, 2).result()
+    # 2 steps of sum(0..31) = 496; the top over every device and step: 31.
+    assert {k: float(v.value) for k, v in summary.items()} == {"sum": 992.0, "top": 31.0}
 
 
 @pytest.mark.parametrize("metrics", [None, {}, [1.0]])
