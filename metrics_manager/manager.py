@@ -421,6 +421,12 @@ class MetricsManager:
                     _checks.collect_texts({key: value.value}, problems)
                 elif kind := _READY_KINDS.get(type(value)):  # as write_images checks it
                     _checks.check_shapes(kind, {key: value.value}, problems)
+                    if kind == "histogram":
+                        _checks.check_buckets({key: value.num_buckets}, problems, {key: 0})
+                    elif kind == "audio" and (
+                        err := _checks.sample_rate_problem(value.sample_rate)
+                    ):
+                        problems.add(type(err), f"audio {key!r}: {err}")
                 if isinstance(array := getattr(value, "value", None), np.ndarray):
                     ready[key] = dataclasses.replace(value, value=array.copy())  # as write_images
         if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:
@@ -1144,9 +1150,16 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     for manager in managers:
         left = max(end - time.monotonic(), 0.0)
         try:
-            if not manager._closed:
-                manager._to_all("close" if ending else "flush", left)
-            elif not manager._worker.drain(left):  # close() is running: let it end first
+            closing = manager._closed
+            if not closing:
+                try:
+                    manager._to_all("close" if ending else "flush", left)
+                except RuntimeError:
+                    if not manager._closed:
+                        raise
+                    closing = True  # another thread's close() sealed the queue meanwhile
+            left = max(end - time.monotonic(), 0.0)
+            if closing and not manager._worker.drain(left):  # let close() end first
                 raise TimeoutError(f"close() not done in {left:.1f} s")
         except Exception as err:  # noqa: BLE001  (the process is going down: log and go on)
             level, rest = (

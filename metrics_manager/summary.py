@@ -230,6 +230,9 @@ class Summarizer:
                     _checks.collect_texts({key: value}, problems)
                 elif message := _checks.array_problem(kind, key, np.asarray(value)):
                     problems.value_problem(message)
+                elif kind == "histogram":
+                    buckets = {key: kwargs["num_buckets"].get(key)}
+                    _checks.check_buckets(buckets, problems, {key: value})
                 if problems:
                     kind_of = TypeError if problems.type_errors else ValueError
                     bad[key] = kind_of(problems.message())

@@ -597,17 +597,24 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
 
 
 def check_sample_rate(sample_rate: Any, method: str) -> None:
-    """Raises unless `sample_rate` is a positive int."""
+    """Raises unless `sample_rate` is a positive int below 2**32."""
+    if err := sample_rate_problem(sample_rate):
+        raise type(err)(f"{method}: {err}")
+
+
+def sample_rate_problem(sample_rate: Any) -> TypeError | ValueError | None:
+    """What is wrong with `sample_rate` (not a positive int below 2**32), or None."""
     if isinstance(sample_rate, bool) or not isinstance(sample_rate, numbers.Integral):
-        raise TypeError(
-            f"{method}: sample_rate must be an integer number of samples per second, got "
+        return TypeError(
+            f"sample_rate must be an integer number of samples per second, got "
             f"{sample_rate!r} of type {type(sample_rate).__name__}."
         )
     if not 0 < int(sample_rate) < 2**32:  # a WAV header holds 32 bits
-        raise ValueError(
-            f"{method}: sample_rate must be a positive number of samples per second below "
-            f"2**32 (a WAV header's 32 bits), got {sample_rate}."
+        return ValueError(
+            "sample_rate must be a positive number of samples per second below 2**32 (a WAV "
+            f"header's 32 bits), got {sample_rate}."
         )
+    return None
 
 
 def check_shapes(kind: str, arrays: Mapping[str, Any], problems: Problems) -> dict[str, Any]:

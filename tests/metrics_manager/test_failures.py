@@ -1168,6 +1168,7 @@ class _Computed(clu_metrics.Metric):
 
     array: jax.Array
     kind: str = flax.struct.field(pytree_node=False, default="image")
+    buckets: int | None = flax.struct.field(pytree_node=False, default=None)
 
     def merge(self, other: _Computed) -> _Computed:
         return other
@@ -1179,7 +1180,7 @@ class _Computed(clu_metrics.Metric):
         array = np.asarray(self.array)
         if self.kind == "image":
             return clu.values.Image(array)
-        return clu.values.Histogram(array, None)
+        return clu.values.Histogram(array, self.buckets)
 
 
 def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
@@ -1195,6 +1196,7 @@ def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
                 "gray": _Computed(jnp.zeros((4, 5))),  # no channel axis
                 "bias": _Computed(jnp.arange(3.0), kind="histogram"),
                 "weights": _Computed(jnp.array([jnp.nan, 1.0]), kind="histogram"),  # diverged
+                "coarse": _Computed(jnp.arange(3.0), kind="histogram", buckets=0),
             }
             manager.write_metrics_summary(metrics, step, 1)
         manager.write_scalars(13, {"accuracy": 0.5})
@@ -1220,6 +1222,7 @@ def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
     }
     failed = sorted({(f.source, str(f.error).split(": ", 1)[1][:40]) for f in manager.errors})
     assert failed == [
+        ("metric:coarse", "num_buckets must map keys to bucket coun"),
         ("metric:gray", "image 'gray' must have shape [H, W, C] o"),
         ("metric:weights", "histogram 'weights' has 1 NaN/Inf entrie"),
     ]
@@ -1232,8 +1235,10 @@ def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
         (clu.values.Histogram(np.array([]), None), ValueError, r"histogram 'v'"),
         (clu.values.Text(5), TypeError, r"text 'v' must be a str, got int"),
         (clu.values.Audio(np.zeros((100, 1)), 16000), ValueError, r"audio 'v' must be a float"),
+        (clu.values.Histogram(np.arange(3.0), 0), ValueError, r"num_buckets .* got \{'v': 0\}"),
+        (clu.values.Audio(np.zeros((1, 100, 1)), 0), ValueError, r"audio 'v': sample_rate must"),
     ],
-    ids=["image", "histogram", "text", "audio"],
+    ids=["image", "histogram", "text", "audio", "buckets", "sample rate"],
 )
 def test_a_ready_value_no_writer_takes_is_refused_at_the_call(tmp_path, value, error, match):
     # Accepted, then refused by every writer on the worker, with the call's other values.
@@ -1243,6 +1248,53 @@ def test_a_ready_value_no_writer_takes_is_refused_at_the_call(tmp_path, value, e
         manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 2, 1)
     assert [(x["step"], x["loss"]) for x in read_jsonl(str(tmp_path / "train"))] == [(2, 2.0)]
     assert manager.errors == []
+
+
+_SIGNAL_DURING_CLOSE = """
+import os, signal, sys, threading, time
+import writers
+from metrics_manager import MetricsManager
+
+out = sys.argv[1]
+
+
+class SlowClose(writers.NoopWriter):  # a tracker finishing its run
+    def close(self):
+        time.sleep(1.0)
+        open(os.path.join(out, "closed"), "w").write("closed")
+
+
+manager = MetricsManager("train", None, writer_factory=lambda logdir: SlowClose())
+manager.write_scalars(1, {"loss": 1.0})
+pieces = manager._fanout.pieces
+
+
+def widened(step, calls, **kwargs):  # the handler between its closed check and its post
+    if calls[0][0] == "close" and threading.current_thread() is threading.main_thread():
+        threading.Thread(target=manager.close).start()
+        time.sleep(0.3)
+    return pieces(step, calls, **kwargs)
+
+
+manager._fanout.pieces = widened
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(10)
+"""
+
+
+def test_sigterm_while_another_thread_closes_waits_for_that_close(tmp_path):
+    # The handler checked `closed`, then another thread's close() sealed the queue: the
+    # handler's own close was refused, and the default action killed the process while the
+    # writers were still closing (a W&B run never finished).
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_DURING_CLOSE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+    assert (tmp_path / "closed").read_text() == "closed"
+    assert "flush on signal failed" not in proc.stderr
 
 
 def test_a_hanging_writer_is_abandoned_and_the_process_exits(tmp_path):
