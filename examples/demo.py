@@ -35,6 +35,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import difflib
 import fcntl
 import functools
 import glob
@@ -50,6 +51,7 @@ from typing import Any, cast
 import clu.metrics
 import clu.values
 import gin
+import gin.config_parser
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -79,7 +81,9 @@ DEFAULT_CONFIGS_DIR = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"
 )
 
-_GIN_FILE = flags.DEFINE_multi_string("gin_file", None, "Gin files to parse, in order.")
+_GIN_FILE = flags.DEFINE_multi_string(
+    "gin_file", ["demo.gin"], "Gin files to parse, in order (default: configs/demo.gin)."
+)
 _GIN_BINDINGS = flags.DEFINE_multi_string(
     "gin_bindings", [], "Gin bindings applied after the files."
 )
@@ -216,7 +220,7 @@ def train(
     with (
         _one_demo_at_a_time(config.model_dir),
         _previous_run_set_aside(config) as writers_built,
-        make_manager("train", config.model_dir, uptime=True) as train_manager,
+        _train_manager(config.model_dir) as train_manager,
         make_manager(f"eval/{config.eval_name}", config.model_dir) as eval_manager,
     ):
         writers_built()  # the earlier run's files go only now
@@ -419,9 +423,18 @@ def run(
         for f in gin_files
         if not any(os.path.isfile(os.path.join(d, f)) for d in ("", *gin_search_paths))
     ]:
+        searched = [os.path.abspath(d) for d in gin_search_paths]
+        shipped = sorted(
+            os.path.relpath(path, DEFAULT_CONFIGS_DIR)
+            for path in glob.glob(os.path.join(DEFAULT_CONFIGS_DIR, "**", "*.gin"), recursive=True)
+        )
         raise FileNotFoundError(
-            f"gin file(s) {missing} not found in the working directory or in "
-            f"{list(gin_search_paths)}; pass a path, or a file under configs/ such as demo.gin."
+            f"gin file(s) {missing} not found in the working directory or in {searched}; "
+            + (
+                f"pass a path, or one of {shipped}."
+                if os.path.abspath(DEFAULT_CONFIGS_DIR) in searched
+                else f"pass a path, or add {DEFAULT_CONFIGS_DIR} to --gin_search_paths."
+            )
         )
     gin.clear_config()  # a second run() in one process (a notebook) starts from its own config
     for path in gin_search_paths:
@@ -438,6 +451,8 @@ def run(
             "shell's, e.g. --gin.MODEL_DIR=\"'/tmp/demo'\""
         )
         raise SyntaxError(hint, (err.filename, err.lineno, err.offset, err.text)) from err
+    if unused := sorted(_unused_macros() & _macros_set_by(gin_bindings)):
+        raise ValueError(_unused_macros_message(unused))
     config = configured(demo_model.TrainConfig)()
     if isinstance(config.model_dir, str):  # a quoted '~/runs' reaches here unexpanded
         config = dataclasses.replace(config, model_dir=os.path.expanduser(config.model_dir))
@@ -445,6 +460,53 @@ def run(
         configured(demo_model.ModelConfig)(), configured(demo_model.DataConfig)(), config
     )
     return config, summaries
+
+
+def _unused_macros() -> set[str]:
+    """The gin macros the parsed config sets and nothing in it refers to (`%NAME`)."""
+    config = gin.config._CONFIG  # gin has no public view of the parsed, unbuilt config
+    macros = {scope for scope, selector in config if selector == "gin.macro"}
+    used = {
+        ref.scoped_selector.rsplit("/", 1)[0]
+        for ref in gin.config.iterate_references(config)
+        if ref.selector == "gin.macro"
+    }
+    return macros - used
+
+
+def _macros_set_by(bindings: Sequence[str]) -> set[str]:
+    """The macros `bindings` set (`TOTAL_STEPS = 600`, not `a.b = 1`)."""
+    delegate = gin.config.ParserDelegate(skip_unknown=True)
+    statements = gin.config_parser.ConfigParser("\n".join(bindings), delegate)
+    return {
+        s.selector
+        for s in statements
+        if isinstance(s, gin.config_parser.BindingStatement) and not s.arg_name
+    }
+
+
+def _unused_macros_message(unused: Sequence[str]) -> str:
+    """Why a binding like `--gin.TOTAL_STEP=10` is refused, and the names it could mean."""
+    config = gin.config._CONFIG
+    known = sorted({s for s, sel in config if sel == "gin.macro"} - set(unused))
+    hints = [
+        f"{close[0]} for {name}?"
+        for name in unused
+        if (close := difflib.get_close_matches(name, known, n=1))
+    ]
+    return (
+        f"--gin_bindings set the macro(s) {', '.join(unused)}, which nothing in the config "
+        f"refers to (as %{unused[0]}): the run would ignore them. "
+        + (f"Did you mean {' '.join(hints)} " if hints else "")
+        + f"The config's macros: {', '.join(known) or 'none'}."
+    )
+
+
+def _train_manager(model_dir: str) -> MetricsManager:
+    """The train manager, built in gin's `train` scope: demo.gin's
+    `train/metrics_manager.MetricsManager.uptime = True` adds T5X's timing/uptime."""
+    with gin.config_scope("train"):
+        return configured(MetricsManager)("train", model_dir)
 
 
 def _skip_gin_search_misses(record: std_logging.LogRecord) -> bool:
@@ -465,7 +527,7 @@ def main(argv: Sequence[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
         logging.get_absl_handler().addFilter(_warnings_and_log_writer_lines)
     std_logging.getLogger().addFilter(_skip_gin_search_misses)
-    config, _ = run(_GIN_FILE.value or [], _GIN_BINDINGS.value, _GIN_SEARCH_PATHS.value)
+    config, _ = run(_GIN_FILE.value, _GIN_BINDINGS.value, _GIN_SEARCH_PATHS.value)
     hints = watch_hints(config.model_dir)
     try:
         if hints:

@@ -207,6 +207,9 @@ def test_config_gin_and_config_text_summary(demo_run):
     with open(os.path.join(model_dir, "config.gin")) as f:
         config = f.read()
     assert f"TOTAL_STEPS = {TOTAL_STEPS}" in config  # from --gin.TOTAL_STEPS
+    # What the managers were built with: uptime for train alone (it said False, for both).
+    assert "\ntrain/metrics_manager.MetricsManager.uptime = True\n" in config
+    assert "\nmetrics_manager.MetricsManager.uptime = False\n" in config
     train = _accumulator(os.path.join(model_dir, "train"))
     assert train.SummaryMetadata("config").plugin_data.plugin_name == "text"
     (event,) = train.Tensors("config")
@@ -307,6 +310,13 @@ def test_a_missing_gin_file_is_named_with_where_it_was_looked_for(tmp_path):
         run(["demo.gin", "nope.gin"], gin_search_paths=(DEFAULT_CONFIGS_DIR, str(tmp_path)))
     message = str(error.value)
     assert "['nope.gin'] not found" in message and str(tmp_path) in message
+    assert "or one of ['console.gin', 'default.gin', 'demo.gin'," in message
+    # configs/ not searched: naming its files would send the user to a name that fails too
+    with pytest.raises(FileNotFoundError) as error:
+        run(["demo.gin"], gin_search_paths=(str(tmp_path),))
+    assert str(error.value).endswith(
+        f"pass a path, or add {DEFAULT_CONFIGS_DIR} to --gin_search_paths."
+    )
 
 
 def test_piped_into_a_reader_that_stops_early_it_exits_0_and_writes_every_summary(tmp_path):
@@ -506,3 +516,38 @@ def test_run_can_be_called_again_in_one_process():
                 demo.run(["demo.gin"], ["TOTAL_STEPS = 20"])
     finally:
         gin.clear_config()
+
+
+def test_a_macro_binding_nothing_uses_is_refused_with_the_names_it_could_mean():
+    """`--gin.TOTAL_STEP=10` (one letter short) set a macro no binding refers to: the run
+    went on with 300 steps."""
+    from examples import demo
+
+    try:
+        with pytest.raises(ValueError) as error:
+            demo.run(["demo.gin"], ["TOTAL_STEP = 10", "MODEL_DIR = '/tmp/x'", "SEDE = 1"])
+    finally:
+        gin.clear_config()
+    assert str(error.value) == (
+        "--gin_bindings set the macro(s) SEDE, TOTAL_STEP, which nothing in the config refers "
+        "to (as %SEDE): the run would ignore them. Did you mean TOTAL_STEPS for TOTAL_STEP? "
+        "The config's macros: MAX_LENGTH, MODEL_DIR, TOTAL_STEPS, VOCAB_SIZE."
+    )
+
+
+def test_without_gin_file_it_runs_demo_gin(tmp_path):
+    """`python -m examples.demo --gin.MODEL_DIR=...` parsed no file: the binding was ignored
+    and the run trained into (after deleting) ./runs/demo."""
+    model_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "examples.demo", f"--gin.MODEL_DIR='{model_dir}'"]
+        + ["--gin.TOTAL_STEPS=20"],  # fewer than demo.gin's warm-up steps: refused at once
+        cwd=REPO,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "warmup_steps=30 must be < TrainConfig.total_steps=20" in result.stderr
+    assert not model_dir.exists()

@@ -197,7 +197,14 @@ def test_an_installed_wheel_finds_its_configs_from_any_directory(tmp_path):
     env = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", env], check=True)
     [wheel] = tmp_path.glob("jax_metrics_manager-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--prefix", env, wheel], check=True)
+    # --ignore-installed: with --prefix alone, pip uninstalls the project from the test's
+    # own environment first (the editable install `make` made), which then lacks it.
+    installed = subprocess.run([*pip, "show", "jax-metrics-manager"], capture_output=True)
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--ignore-installed", "--prefix", env, wheel], check=True
+    )
+    after = subprocess.run([*pip, "show", "jax-metrics-manager"], capture_output=True)
+    assert (after.returncode, after.stdout) == (installed.returncode, installed.stdout)
     lib = next(env.glob("lib/python3*/site-packages"))
     # The dependencies come from this environment; the project from the wheel alone.
     (lib / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
@@ -221,3 +228,30 @@ def test_an_installed_wheel_finds_its_configs_from_any_directory(tmp_path):
     assert result.stdout.split() == [str(env / "share" / "jax-metrics-manager" / "configs"), "0.5"]
     shipped = sorted(p.relative_to(env / "share").as_posix() for p in env.glob("share/**/*.gin"))
     assert "jax-metrics-manager/configs/writers/wandb.gin" in shipped and len(shipped) == 10
+
+
+TOP_LEVEL = sorted(p.name for p in CONFIGS.glob("*.gin") if p.name != "demo.gin")
+WRITER_SETS = ["writers/console.gin", "writers/jsonl.gin", "writers/tensorboard.gin"]
+WRITER_SETS += ["writers/cluster.gin", "writers/default.gin"]
+
+
+@pytest.mark.parametrize("top", TOP_LEVEL)
+@pytest.mark.parametrize("writer_set", WRITER_SETS)
+def test_a_writer_set_given_after_a_top_level_config_keeps_its_synchronous_writers(
+    top, writer_set, tmp_path
+):
+    """`--gin_file=default.gin --gin_file=writers/console.gin`, as the README picks writers:
+    the set picks the writers, and the manager's writers stay plain backends (a set that
+    bound asynchronous = True put an AsyncWriter under the manager's own workers, so a
+    failure failed a later summary's future)."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    gin.parse_config_files_and_bindings([top, writer_set], [])
+    manager = configured(metrics_manager.MetricsManager)("train", str(tmp_path))
+    try:
+        inner = manager.writer.writers
+        assert set(inner) == _expected_writers() and inner
+        assert not [n for n, w in inner.items() if isinstance(w, writers.AsyncWriter)], inner
+    finally:
+        manager.close()

@@ -9,6 +9,7 @@ import abc
 import atexit
 import collections
 import importlib
+import importlib.util
 import os
 import threading
 import weakref
@@ -277,6 +278,15 @@ class ForwardingWriter(BaseWriter):
         """Runs `method(**kwargs)` on the wrapped writer(s)."""
 
 
+def _origin(module: str) -> str:
+    """Where `module` is found on `sys.path`, for an import error's message."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    return str(spec.origin) if spec and spec.origin else "sys.path"
+
+
 class TrackerWriter(BaseWriter):
     """Base of `WandbWriter` and `MlflowWriter`: optional import, process 0 logs, files by path."""
 
@@ -295,13 +305,24 @@ class TrackerWriter(BaseWriter):
         self, module: str, resume_step: int | None, process_index: int | None
     ) -> tuple[ModuleType, int | None, bool]:
         """Imports `module`, checks `resume_step`; returns them and whether this is process 0."""
+        install = f"pip install 'jax-metrics-manager[{module}]'"
         try:
             library = importlib.import_module(module)
         except ImportError as err:
+            if err.name != module:  # it is there, but its own imports fail (or a file shadows it)
+                raise ImportError(
+                    f"{self._where()} could not import {module!r} from {_origin(module)}: {err}. "
+                    f"Reinstall it ({install}), or rename a file of that name that shadows it."
+                ) from err
             raise ImportError(
                 f"{self._where()} needs the {module!r} package, which is not installed ({err}). "
-                f"Install the extra: pip install 'jax-metrics-manager[{module}]'."
+                f"Install the extra: {install}."
             ) from err
+        if not hasattr(library, "__path__"):  # a module, e.g. ./mlflow.py in the working dir
+            raise ImportError(
+                f"{self._where()} needs the {module!r} package, but {module!r} is "
+                f"{library.__file__}, which shadows it: rename that file."
+            )
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, f"{self._where()}(resume_step=...)")
         if process_index is None:

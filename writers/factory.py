@@ -97,7 +97,7 @@ def create_default_writer(
             f"({type(max_queue).__name__})"
             + ("; in gin write 512, not '512'." if isinstance(max_queue, str) else ".")
         )
-    if asynchronous and max_queue < 1:
+    if max_queue < 1:  # also when synchronous: a config that fails only when made async
         raise ValueError(f"create_default_writer: max_queue must be >= 1, got {max_queue}.")
     if console_stream is not None and not callable(getattr(console_stream, "write", None)):
         raise TypeError(

@@ -97,8 +97,9 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
     before = {t.name for t in threading.enumerate()}
     with pytest.raises(ValueError, match="flush_secs must be positive"):
         writers.create_default_writer(tmp_path, flush_secs=0)
-    with pytest.raises(ValueError, match="max_queue must be >= 1"):
-        writers.create_default_writer(tmp_path, asynchronous=True, max_queue=0)
+    for asynchronous in (True, False):  # as documented, whether or not it is used
+        with pytest.raises(ValueError, match="max_queue must be >= 1, got 0"):
+            writers.create_default_writer(tmp_path, asynchronous=asynchronous, max_queue=0)
     assert list(tmp_path.iterdir()) == []
     # JSONL cannot open its file (a directory named metrics.jsonl holds the log)
     (tmp_path / "run" / "metrics.jsonl" / "metrics.jsonl").mkdir(parents=True)

@@ -165,3 +165,71 @@ def test_names_a_tracker_refuses_are_refused_at_the_call_before_any_writer_write
         w.write_scalars(1, {"top@1": 0.5})
     w.close()
     assert (tmp_path / "multi" / "metrics.jsonl").read_text() == ""
+
+
+SHADOW_SCRIPT = """
+import sys
+import writers
+for make in (lambda: writers.MlflowWriter("logs"), lambda: writers.WandbWriter("logs")):
+    try:
+        make()
+    except ImportError as err:
+        print(err)
+"""
+
+
+@pytest.mark.parametrize(
+    "shadow, expected",
+    [
+        (
+            "x = 1\n",  # a module of the same name: mlflow said "'mlflow' is not a package"
+            [
+                "MlflowWriter needs the 'mlflow' package, but 'mlflow' is {d}/mlflow.py, which "
+                "shadows it: rename that file.",
+                "WandbWriter needs the 'wandb' package, but 'wandb' is {d}/wandb.py, which "
+                "shadows it: rename that file.",
+            ],
+        ),
+        (
+            "import no_such_module\n",  # it was said not to be installed
+            [
+                "MlflowWriter could not import 'mlflow' from {d}/mlflow.py: No module named "
+                "'no_such_module'. Reinstall it (pip install 'jax-metrics-manager[mlflow]'), "
+                "or rename a file of that name that shadows it.",
+                "WandbWriter could not import 'wandb' from {d}/wandb.py: No module named "
+                "'no_such_module'. Reinstall it (pip install 'jax-metrics-manager[wandb]'), "
+                "or rename a file of that name that shadows it.",
+            ],
+        ),
+    ],
+    ids=["a-module", "failing-imports"],
+)
+def test_a_file_shadowing_a_tracker_package_is_named(tmp_path, shadow, expected):
+    import os
+    import pathlib
+    import subprocess
+    import sys
+
+    for name in ("mlflow", "wandb"):
+        (tmp_path / f"{name}.py").write_text(shadow)
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, "-c", SHADOW_SCRIPT],
+        cwd=tmp_path,  # "" heads sys.path under -c: the working directory's files come first
+        env=dict(os.environ, PYTHONPATH=str(repo)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines() == [line.format(d=tmp_path) for line in expected]
+
+
+def test_a_tracker_not_installed_is_named_with_its_extra(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # how Python marks a module missing
+    with pytest.raises(ImportError) as error:
+        writers.MlflowWriter("logs")
+    assert str(error.value).startswith("MlflowWriter needs the 'mlflow' package, which is not ")
+    assert str(error.value).endswith("pip install 'jax-metrics-manager[mlflow]'.")
