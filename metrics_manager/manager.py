@@ -33,7 +33,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import clu.metrics
@@ -443,8 +443,7 @@ class MetricsManager:
             calls: dict[str, list[str]] = {"write_scalars": list(metrics)}
             for call, kwargs in writers.group_values(ready, skipped={}):  # write_values' routing
                 calls.setdefault(call, []).extend(next(iter(kwargs.values())))  # the values
-            found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
-            problems.keys(keys, "; ".join(found) or None)
+            problems.keys(keys, self._keys_refused(step, calls))
             problems.one_window(metrics)
             problems.not_pytrees(metrics)
             problems.not_scalars(metrics)
@@ -705,7 +704,9 @@ class MetricsManager:
         if arg == "hparams":  # its keys are checked flat
             values = _checks.flat_hparams(values, problems)
         call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
-        problems.keys(values, self._key_problem(call, values))
+        problems.keys(values, self._keys_refused(step, {call: list(values)}))
+        if refused := self._summarizer.refused.keys() & values.keys():
+            values = {k: v for k, v in values.items() if k not in refused}
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
             with jax.transfer_guard_device_to_host("allow"):
@@ -748,6 +749,32 @@ class MetricsManager:
 
             self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
         self._failures.raise_fatal()  # after queueing: this call's values are still written
+
+    def _keys_refused(self, step: int | None, calls: Mapping[str, Sequence[Any]]) -> str | None:
+        """Why a writer would refuse some keys of `calls` (method -> keys), for the call to
+        raise. With several processes the keys are left out of the writes instead, and each
+        recorded as a failure once: only process 0 has writers, and its error alone left the
+        others waiting in their next collective."""
+        found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
+        if not found or jax.process_count() == 1:
+            return "; ".join(found) or None
+        refused = self._summarizer.refused
+        for call, keys in calls.items():
+            for key in keys:
+                if key not in refused and (problem := self._key_problem(call, [key])):
+                    problem = problem.replace("nothing was written; ", "").rstrip(".")
+                    refused[key] = ValueError(
+                        f"{problem}. With several processes the key is left out of every "
+                        "write instead: process 0 alone raising left the others waiting."
+                    )
+                    failure = Failure(f"metric:{key}", step or 0, (key,), refused[key])
+                    self._failures.record(failure)
+        found = [  # what no single key explains is still refused at the call
+            p
+            for call, ks in calls.items()
+            if (p := self._key_problem(call, [k for k in ks if k not in refused]))
+        ]
+        return "; ".join(found) or None
 
     def _key_problem(self, method: str, keys: Any) -> str | None:
         """Why a writer would refuse some of `keys` (reserved or, for MLflow, invalid names)."""

@@ -65,6 +65,9 @@ class Summarizer:
         self._warned_zero = False
         self._zero_window: set[str] = set()  # the time keys of a 0 s window: not checked
         self._step_key = ""  # the key of a `Step` metric, for that count
+        # Keys a writer refuses, left out of the writes (set by the manager with several
+        # processes, where refusing at the call on process 0 alone would hang the others).
+        self.refused: dict[str, Exception] = {}
 
     def values(
         self,
@@ -200,6 +203,8 @@ class Summarizer:
     def calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
         """The writers' `(method, kwargs)` calls for `summary`, scalars checked once for all."""
         skipped: dict[str, str] = {}
+        if self.refused:
+            summary = {k: v for k, v in summary.items() if k not in self.refused}
         calls = writers.group_values(summary, skipped)
         for key, what in skipped.items():  # that key is lost, not the summary
             unwritable = TypeError(values_lib.unsupported_message({key: what}))

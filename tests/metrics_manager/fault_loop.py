@@ -16,7 +16,8 @@ children: data-loader workers terminated with SIGTERM, and one that exits normal
 (`every_step` with an offline W&B writer beside JSONL and TensorBoard), `long_call`
 (5 summaries, then the main thread waits in `block_until_ready` on a computation that never
 ends), `multiprocess` (see
-`test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`).
+`test_failures.test_a_writer_failing_on_process_0_does_not_hang_process_1`),
+`multiprocess_refused` (the same loop writing keys JSONL reserves, no failing writer).
 After each `write_metrics_summary` returns it prints `issued <step>` (flushed), so the test
 knows what was issued before the signal.
 """
@@ -76,8 +77,8 @@ class CloseRecorder(writers.NoopWriter):
 
 
 def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
-    if mode == "multiprocess":
-        return multiprocess(summary_dir, int(period))
+    if mode in ("multiprocess", "multiprocess_refused"):
+        return multiprocess(summary_dir, int(period), refused=mode == "multiprocess_refused")
     if mode == "fork":
         return forked_children(summary_dir)
     if mode == "preemption":
@@ -304,7 +305,7 @@ def own_signal_handler(summary_dir: str) -> None:
     print(f"closed at {time.monotonic()}", flush=True)
 
 
-def multiprocess(summary_dir: str, process_id: int) -> None:
+def multiprocess(summary_dir: str, process_id: int, refused: bool = False) -> None:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
         coordinator_address=os.environ["COORDINATOR"], num_processes=2, process_id=process_id
@@ -318,16 +319,22 @@ def multiprocess(summary_dir: str, process_id: int) -> None:
         writer_factory=lambda d: writers.MultiWriter(
             {
                 "jsonl": writers.JsonlWriter(os.path.join(d, "metrics.jsonl")),
-                "failing": FailingWriter(),
+                **({"tensorboard": writers.TensorBoardWriter(d)} if refused else {}),
+                **({} if refused else {"failing": FailingWriter()}),
             }
         ),
     )
     local = np.ones((jax.local_device_count(),), np.float32)
     x = jax.make_array_from_process_local_data(sharding, local)
-    total = jax.jit(lambda v: {"loss": Sum(jnp.sum(v))})
+    if refused:  # `step` and `time` are JSONL's own fields: only process 0 has the writer
+        total = jax.jit(lambda v: {"loss": Sum(jnp.sum(v)), "step": Sum(100 * jnp.max(v))})
+    else:
+        total = jax.jit(lambda v: {"loss": Sum(jnp.sum(v))})
     for step in range(1, 11):
         metrics = total(x)  # a cross-process reduction every step: a hang would stop here
         summary = manager.write_metrics_summary(metrics, step, 1).result()
+        if refused:
+            manager.write_scalars(step, {"time": 1.0, "lr": 0.1})
         x = x + 1.0
     manager.close()
     print(

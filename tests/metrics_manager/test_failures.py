@@ -1625,7 +1625,8 @@ def test_a_manager_never_closed_writes_every_summary_and_the_process_exits_0(tmp
     assert tb_steps(logdir) == list(range(1, 51))
 
 
-def test_a_writer_failing_on_process_0_does_not_hang_process_1(tmp_path):
+def _two_processes(tmp_path, mode: str) -> list[str]:
+    """Runs `mode` of fault_loop as two `jax.distributed` processes; their outputs."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -1634,7 +1635,7 @@ def test_a_writer_failing_on_process_0_does_not_hang_process_1(tmp_path):
         "COORDINATOR": f"127.0.0.1:{port}",
         "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
     }
-    procs = [run_loop("multiprocess", str(tmp_path), str(i), env=env) for i in range(2)]
+    procs = [run_loop(mode, str(tmp_path), str(i), env=env) for i in range(2)]
     outs = []
     deadline = time.monotonic() + 90
     for proc in procs:
@@ -1643,14 +1644,45 @@ def test_a_writer_failing_on_process_0_does_not_hang_process_1(tmp_path):
         except subprocess.TimeoutExpired:
             for p in procs:
                 p.kill()
+                p.communicate()
             pytest.fail("a process hung")
     assert [p.returncode for p in procs] == [0, 0], outs
+    return outs
+
+
+def test_a_writer_failing_on_process_0_does_not_hang_process_1(tmp_path):
+    outs = _two_processes(tmp_path, "multiprocess")
     # 4 devices hold 1 each: step s sums 4 * s; process 0 logged 10 failures, process 1 none.
     assert "process 0 done loss=40.0 errors=10" in outs[0]
     assert "process 1 done loss=40.0 errors=0" in outs[1]
     assert [line["loss"] for line in read_jsonl(str(tmp_path / "train"))] == [
         4.0 * s for s in range(1, 11)
     ]
+
+
+def test_a_key_a_writer_reserves_is_left_out_on_every_process_alike(tmp_path):
+    """Two processes write `step` (a metric) and `time` (a scalar), which JSONL keeps for its
+    own fields. Refused at the call on process 0 alone (the only one with writers), process 0
+    stopped and process 1 waited in its next collective."""
+    outs = _two_processes(tmp_path, "multiprocess_refused")
+    assert "process 0 done loss=40.0 errors=2" in outs[0]  # one failure per key, not per call
+    assert "process 1 done loss=40.0 errors=0" in outs[1]
+    for key, writer in (("step", "jsonl"), ("time", "jsonl")):
+        assert f"keys ['{key}'] are reserved by writer(s) ['{writer}']" in outs[0]
+    assert "With several processes the key is left out of every write instead" in outs[0]
+    logdir = str(tmp_path / "train")
+    lines = read_jsonl(logdir)
+    summaries = [line for line in lines if "loss" in line]
+    # The line's own step, not the metric's 100 * s.
+    assert [(line["step"], line["loss"]) for line in summaries] == [
+        (s, 4.0 * s) for s in range(1, 11)
+    ]
+    scalars = [line for line in lines if "lr" in line]
+    assert [(line["step"], line["lr"]) for line in scalars] == [(s, 0.1) for s in range(1, 11)]
+    assert all(line["time"] > 1e9 for line in lines)  # JSONL's wall time, not the 1.0 written
+    tags = read_tensorboard(logdir).Tags()
+    assert "step" not in tags["tensors"] + tags["scalars"]  # left out of every writer alike
+    assert tb_steps(logdir, "lr") == list(range(1, 11))
 
 
 # --------------------------------------------------------------- bad input at the call
