@@ -110,8 +110,9 @@ class MetricsManager:
         quarantined (a method raising `NotImplementedError` is simply not called again).
       quarantine_s: a quarantined writer is tried again after this long (a hung one, once its
         call has returned): a write that goes through ends the quarantine. None: for good.
-      resume_step: the step a restored checkpoint resumes from: the writers drop the values an
-        earlier run wrote after it (TensorBoard `purge_step`, JSONL rewrite).
+      resume_step: the step a restored checkpoint resumes from (an int, or the restored
+        scalar `state.step`): the writers drop the values an earlier run wrote after it
+        (TensorBoard `purge_step`, JSONL rewrite).
       nonfinite: what a NaN or infinite scalar in a summary or `write_scalar(s)` does:
         "ignore", "warn" (log once per key) or "stop" (a later call raises
         `MetricsManagerError` naming the step and keys: the next one once the worker has
@@ -193,6 +194,9 @@ class MetricsManager:
                 problems.type_problem(f"{arg} must be callable, got {value!r}")
         problems.integer("max_pending", max_pending, minimum=1)
         problems.integer("max_writer_failures", max_writer_failures, minimum=1)
+        if isinstance(resume_step, jax.Array) and resume_step.shape == ():
+            if resume_step.dtype.kind in "iu":  # a restored state.step: read once, here
+                resume_step = int(resume_step)
         if resume_step is not None:
             problems.integer("resume_step", resume_step, minimum=0)
         if num_devices is not None:
@@ -718,7 +722,8 @@ class MetricsManager:
             values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
             deferred = list(values)
         problems.raise_if_any()
-        self._check_resumed(step)
+        if step is not None:  # hparams have none
+            self._check_order(step)
         if arg in _ARRAY_KINDS and self._fanout.states:  # read on the worker: a loop may
             # refill its NumPy buffer once this call returns
             values = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in values.items()}

@@ -18,7 +18,8 @@ records reach the run file; readers should wait for its `exit` record).
 
 Resume: `run_id` with `resume_step=R` rewinds the run to step R (`resume_from="<id>?_step=R"`,
 a W&B private preview: W&B support enables it per entity):
-history after R is replaced and steps up to R raise. Offline, the new run directory holds only
+history after R is replaced, and writes at steps up to R (a config at step 0), which W&B
+would refuse, are left out with one warning: the run keeps the earlier run's values there. Offline, the new run directory holds only
 steps after R and names the rewind point for `wandb sync`. With `collection` set, the run id
 is `<run_id>-<collection>` (characters W&B refuses in an id, such as `/` and `:`, become `-`).
 Offline, W&B cannot tell a restarted writer the run's last step: with the same `run_id` and
@@ -103,6 +104,8 @@ class WandbWriter(_base.TrackerWriter):
                 "run_id='<the W&B run id>' (shown in the run's URL and its local folder)."
             )
         self._run: Any = None
+        self._resumed_at = resume_step  # W&B keeps the run's history up to it
+        self._warned_resumed = False
         self._row: dict[str, str] = {}  # key -> write method, of the history row being filled
         self._replaced: set[str] = set()  # keys warned of as written again at one step
         if not here:
@@ -208,6 +211,22 @@ class WandbWriter(_base.TrackerWriter):
 
     def _log(self, method: str, step: int, values: dict[str, Any]) -> None:
         if self._run is None or not values:  # an empty row would still advance the run's step
+            return
+        if self._resumed_at is not None and step <= self._resumed_at:
+            if not self._warned_resumed:  # a config or compile time at step 0, as T5X writes
+                self._warned_resumed = True
+                logging.warning(
+                    "WandbWriter.%s: step %d (keys %s) is at or before resume_step=%d, where "
+                    "run %s keeps the history of the run before, which W&B does not let a "
+                    "resumed run write: left out of W&B (the other writers have it). Warned "
+                    "once; later writes up to step %d are left out silently.",
+                    method,
+                    step,
+                    sorted(values),
+                    self._resumed_at,
+                    self._run.id,
+                    self._resumed_at,
+                )
             return
         last = max(self._min_step, self._run.step or 0)  # also what others logged to the run
         if step < last:

@@ -2157,6 +2157,22 @@ def test_a_step_going_backwards_warns_once(caplog):
     assert len(warnings) == 1 and "resume_step" in warnings[0].getMessage()
 
 
+@pytest.mark.parametrize("call", ["write_scalars", "write_texts", "write_images"])
+def test_a_step_going_backwards_in_a_host_write_warns_once_too(tmp_path, caplog, call):
+    """A TensorBoard-only set held step 20 twice with no word: only summaries were checked."""
+    value = {"write_scalars": 1.0, "write_texts": "a", "write_images": np.zeros((2, 2, 3))}[call]
+    tb = functools.partial(writers.create_default_writer, console=False, jsonl=False)
+    with MetricsManager("t", tmp_path, writer_factory=tb) as manager:
+        manager.write_hparams({"lr": 0.1})  # no step: nothing to compare
+        for step in (10, 20, 30, 20, 40, 5):
+            getattr(manager, call)(step, {"x": value})
+    warnings = [r.getMessage() for r in caplog.records if "comes after step" in r.getMessage()]
+    assert warnings == [
+        "MetricsManager 't': step 20 comes after step 30. If the run resumed from a "
+        "checkpoint, pass resume_step so earlier values after it are dropped."
+    ]
+
+
 def test_nonfinite_stop_names_the_window_and_key():
     with MetricsManager(
         "t", writer_factory=lambda d: writers.NoopWriter(), nonfinite="stop"

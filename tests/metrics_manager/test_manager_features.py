@@ -25,8 +25,13 @@ def files_only(d, collection=None, resume_step=None):
     )
 
 
-def test_resume_step_keeps_each_step_once_in_tensorboard_and_jsonl(tmp_path):
+@pytest.mark.parametrize("restored", [int, jnp.int32], ids=["int", "state.step"])
+def test_resume_step_keeps_each_step_once_in_tensorboard_and_jsonl(tmp_path, restored):
+    """`resume_step=state.step`, a restored checkpoint's scalar, was refused with advice
+    for the hot path ("int(jax.Array) blocks the loop")."""
     for first, last, resume_step, offset in ((1, 100, None, 0.0), (51, 100, 50, 1000.0)):
+        if resume_step is not None:
+            resume_step = restored(resume_step)
         with MetricsManager(
             "train", tmp_path, writer_factory=files_only, resume_step=resume_step
         ) as manager:
