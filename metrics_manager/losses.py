@@ -156,10 +156,16 @@ class _Checks(Problems):
                     f"{bad.ravel()[0].item()!r}. Use None for no normalization."
                 )
 
-    def loss_options(self, label_smoothing: Any, z_loss: Any, logits: Any) -> None:
+    def loss_options(self, label_smoothing: Any, z_loss: Any, logits: Any) -> Any:
+        """Checks the options; returns `label_smoothing` as a Python float where it is a NumPy
+        scalar (it is fixed at trace time, so it must be hashable and not an array)."""
+        if isinstance(label_smoothing, np.floating | np.integer):
+            label_smoothing = float(label_smoothing)  # a value read from a NumPy config
         if not _is_number(label_smoothing):
             got = describe(label_smoothing)
-            self.type_problem(f"`label_smoothing` must be a Python float in [0, 1); got {got}.")
+            self.type_problem(
+                f"`label_smoothing` must be a float in [0, 1), fixed at trace time; got {got}."
+            )
         elif not 0.0 <= label_smoothing < 1.0:
             self.value_problem(f"`label_smoothing` must be in [0, 1); got {label_smoothing!r}.")
         if _is_array(logits) and logits.ndim >= 1 and logits.shape[-1] < 2 and label_smoothing:
@@ -174,12 +180,18 @@ class _Checks(Problems):
             self.type_problem(
                 f"`z_loss` must be a non-negative float or a scalar array; got {describe(z_loss)}."
             )
+        return label_smoothing
 
-    def metric_options(self, segment_ids: Any, num_devices: Any, targets: Any) -> None:
+    def metric_options(
+        self, segment_ids: Any, num_devices: Any, targets: Any, *, in_batch: bool = False
+    ) -> None:
+        """`in_batch`: the ids came as `batch['<feature>_segment_ids']`, and are named so."""
         batch_size = _batch_size(targets)
         if isinstance(segment_ids, Mapping):
             for feature, ids in segment_ids.items():
                 name = f"segment_ids[{feature!r}]"
+                if in_batch:
+                    name = f"batch[{feature + _SEGMENT_IDS_SUFFIX!r}]"
                 if ids is None or not self.array(
                     name, ids, jnp.integer, ndim=2, fix="0 marks padding."
                 ):
@@ -359,7 +371,7 @@ def compute_token_losses(
     """
     problems = _Checks("compute_token_losses")
     problems.inputs(logits, targets, None, None)
-    problems.loss_options(label_smoothing, z_loss, logits)
+    label_smoothing = problems.loss_options(label_smoothing, z_loss, logits)
     problems.raise_if_any()
     return _token_losses(logits, targets, label_smoothing, z_loss)
 
@@ -396,7 +408,7 @@ def compute_weighted_cross_entropy(
     """
     problems = _Checks("compute_weighted_cross_entropy")
     problems.inputs(logits, targets, weights, loss_normalizing_factor)
-    problems.loss_options(label_smoothing, z_loss, logits)
+    label_smoothing = problems.loss_options(label_smoothing, z_loss, logits)
     problems.raise_if_any()
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, loss_normalizing_factor)
@@ -809,8 +821,8 @@ def compute_loss_and_metrics(
     segment_ids = {k[:-suffix]: v for k, v in batch.items() if k.endswith(_SEGMENT_IDS_SUFFIX)}
     problems = _Checks("compute_loss_and_metrics")
     problems.inputs(logits, targets, weights, factor, name=f"batch[{_WEIGHTS_KEY!r}]")
-    problems.loss_options(label_smoothing, z_loss, logits)
-    problems.metric_options(segment_ids, num_devices, targets)
+    label_smoothing = problems.loss_options(label_smoothing, z_loss, logits)
+    problems.metric_options(segment_ids, num_devices, targets, in_batch=True)
     problems.raise_if_any()
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)

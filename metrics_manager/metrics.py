@@ -100,10 +100,14 @@ def _values_and_mask(
         return values, jnp.ones(values.shape, bool)
     mask = jnp.atleast_1d(jnp.asarray(mask))
     if mask.shape != values.shape[: mask.ndim]:
+        expected = (
+            f"{values.shape[:1]} (per example) or {values.shape} (per element)"
+            if values.ndim > 1
+            else f"{values.shape}, one per value"
+        )
         raise ValueError(
             f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "
-            f"dimensions of values of shape {values.shape}; expected a mask of shape "
-            f"{values.shape[:1]} (per example) or {values.shape} (per element)."
+            f"dimensions of values of shape {values.shape}; expected a mask of shape {expected}."
         )
     mask = mask.astype(bool).reshape(mask.shape + (1,) * (values.ndim - mask.ndim))
     return values, jnp.broadcast_to(mask, values.shape)

@@ -290,7 +290,7 @@ BAD_OPTIONS = {
     "label_smoothing a str": (
         lambda: losses.compute_weighted_cross_entropy(LOGITS, TARGETS, label_smoothing="0.1"),
         TypeError,
-        "`label_smoothing` must be a Python float in [0, 1); got str '0.1'.",
+        "`label_smoothing` must be a float in [0, 1), fixed at trace time; got str '0.1'.",
     ),
     "label smoothing of one class": (
         lambda: losses.compute_weighted_cross_entropy(
@@ -618,6 +618,33 @@ def test_batch_shape_problems_are_listed_together():
     assert "batch['decoder_segment_ids']` must have the shape of `targets` (2, 4)" in message
 
 
+def test_segment_ids_of_the_batch_are_named_by_their_batch_key():
+    """compute_loss_and_metrics named them `segment_ids['decoder']`, a name the user never
+    wrote, where the weights were named by their batch key."""
+    batch = {
+        "decoder_target_tokens": jnp.ones((4, 5), jnp.int32),
+        "decoder_segment_ids": jnp.ones((4, 6), jnp.int32),
+    }
+    with pytest.raises(ValueError) as info:
+        losses.compute_loss_and_metrics(jnp.zeros((4, 5, 6)), batch)
+    assert str(info.value) == (
+        "compute_loss_and_metrics: `batch['decoder_segment_ids']` must have the shape of "
+        "`targets`, (4, 5); got (4, 6). Pass the decoder's segment ids of this batch."
+    )
+
+
+@pytest.mark.parametrize("smoothing", [np.float32(0.1), np.float64(0.1)])
+def test_a_numpy_label_smoothing_is_taken_as_its_float(smoothing):
+    """np.float32 was refused ("must be a Python float"), unlike every other option."""
+    logits = jax.random.normal(jax.random.key(0), (2, 3, 5))
+    targets = jnp.array([[1, 2, 3], [0, 4, 2]])
+    expected = losses.compute_weighted_cross_entropy(
+        logits, targets, label_smoothing=float(smoothing)
+    )
+    got = losses.compute_weighted_cross_entropy(logits, targets, label_smoothing=smoothing)
+    np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(expected[0]))
+
+
 def test_a_scheduled_z_loss_coefficient_gets_its_gradient():
     logits = jax.random.normal(jax.random.key(0), (2, 3, 5))
     targets = jnp.array([[1, 2, 3], [0, 4, -100]])
@@ -678,14 +705,14 @@ def test_one_hot_targets_and_segment_ids_of_another_batch_are_named():
     }
     with pytest.raises(
         ValueError,
-        match=r"segment_ids\['decoder'\]` must have one row per .*\[2, L\]; got shape \(4, 7\)",
+        match=r"batch\['decoder_segment_ids'\]` must have one row .*\[2, L\]; got shape \(4, 7\)",
     ):
         losses.compute_loss_and_metrics(logits, batch, num_devices=1)
     # The decoder's ids of another length: its non-padding fraction counted 8 positions, not 6.
     batch["decoder_segment_ids"] = jnp.ones((2, 4), jnp.int32)
     with pytest.raises(
         ValueError,
-        match=r"^compute_loss_and_metrics: `segment_ids\['decoder'\]` must have the shape of "
+        match=r"^compute_loss_and_metrics: `batch\['decoder_segment_ids'\]` must have the shape of "
         r"`targets`, \(2, 3\); got \(2, 4\)",
     ):
         losses.compute_loss_and_metrics(logits, batch, num_devices=1)

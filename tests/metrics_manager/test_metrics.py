@@ -244,8 +244,17 @@ def test_metrics_work_inside_jit():
 
 
 def test_mask_shape_mismatch_names_shapes():
-    with pytest.raises(ValueError, match=r"mask of shape \(3,\).*values of shape \(2, 4\)"):
+    with pytest.raises(ValueError) as error:
         Max.from_model_output(jnp.zeros((2, 4)), mask=jnp.ones(3))
+    assert str(error.value) == (
+        "Max.from_model_output: mask of shape (3,) does not match the leading dimensions of "
+        "values of shape (2, 4); expected a mask of shape (2,) (per example) or (2, 4) (per "
+        "element)."
+    )
+    # 1-D values: one shape, once (it read "(3,) (per example) or (3,) (per element)")
+    with pytest.raises(ValueError) as error:
+        Sum.from_model_output(jnp.ones(3), mask=jnp.ones((3, 2)))
+    assert str(error.value).endswith("expected a mask of shape (3,), one per value.")
 
 
 # --- unset steps / duration, keyword-only construction -----------------------------------
