@@ -82,6 +82,7 @@ class LocalLog:
         self._path = path
         self.last_step: int | None = None
         self._pending = b""  # what a regular file has not taken yet (a full disk)
+        self._newline_first = False  # the file ends in a line without its newline
         self._deleted_kept = False  # deleted while open, and could not be written back
         if (stream := _stream(path)) is not None:
             # The program's own stream, through a duplicate of its descriptor: it shares the
@@ -118,7 +119,10 @@ class LocalLog:
             size, complete = f.seek(0, os.SEEK_END), _complete_size(f)
             f.seek(max(0, complete - 65536))
             self.last_step = last_step(f.read(complete - f.tell()))
-        if complete < size:  # a process ended mid-line: the next line would be glued onto it
+            tail = f.read(size - complete)  # a last line without its newline
+        if not tail:
+            return
+        if _torn(tail):  # a process ended mid-line: the next line would be glued onto it
             logging.warning(
                 "JsonlWriter(%s): dropping a partial last line (%d bytes) left by a process "
                 "that ended while writing it",
@@ -126,6 +130,8 @@ class LocalLog:
                 size - complete,
             )
             os.truncate(path, complete)
+        else:  # a file of another program's, or a whole line without its newline: kept
+            self._newline_first = True  # before the first line written, not now
 
     def write(self, text: str) -> None:
         if self.forked:
@@ -133,6 +139,8 @@ class LocalLog:
         if not self._regular:
             self._file.write(text)
             return
+        if self._newline_first:
+            self._newline_first, text = False, "\n" + text
         self._pending += text.encode("utf-8")
         self._drain()
 
@@ -174,6 +182,19 @@ class LocalLog:
             "log, which alone writes it (lines from both would interleave, and the lock is "
             "the parent's). Open a JsonlWriter of this process's own, on another path."
         )
+
+
+def _torn(tail: bytes) -> bool:
+    """Whether `tail`, a file's last line without a newline, is the start of a JSON line a
+    killed writer left (every line starts with `{`). Another program's last line, or a whole
+    object whose newline was lost, is not: dropping it lost that program's data."""
+    if not tail.startswith(b"{"):
+        return False
+    try:
+        json.loads(tail)
+    except ValueError:
+        return True
+    return False
 
 
 def _complete_size(f: Any) -> int:

@@ -141,7 +141,11 @@ class ConsoleWriter(BaseWriter):
             self._first = (now, step)
         t0, s0 = self._first or (now, step)
         head = f"step {step:,}"
-        parts = [head if total is None else f"{head}/{total:,} ({100.0 * step / total:.1f}%)"]
+        parts = [
+            head
+            if total is None
+            else f"{head}/{total:,} ({math.floor(1000 * step / total) / 10:.1f}%)"
+        ]
         if step > s0 and now > t0:
             rate = (step - s0) / (now - t0)
             parts.append(f"{_number('steps_per_second', rate)} steps/s")
@@ -183,7 +187,10 @@ class ConsoleWriter(BaseWriter):
 
 
 _KEY_COLUMNS = 48  # the value column; a longer key is followed by two spaces only
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # all but tab and newline
+# Control characters, and the bidi controls that reorder what follows them on a terminal.
+_BIDI = "\u202a-\u202e\u2066-\u2069"
+_CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")  # all but tab, newline
+_KEY_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")  # a key is one line: all
 
 
 def _escaped(match: re.Match[str]) -> str:
@@ -194,7 +201,7 @@ def _escaped(match: re.Match[str]) -> str:
 def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
     """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded to
     the same width on screen (a CJK character takes two columns), at most `_KEY_COLUMNS`."""
-    shown = {k: _CONTROL.sub(_escaped, k) for k in keys}  # escapes in a key are shown, not run
+    shown = {k: _KEY_CONTROL.sub(_escaped, k) for k in keys}  # escapes in a key: shown, not run
     width = min(max(map(_cells, shown.values()), default=0), _KEY_COLUMNS)
     return [
         (k, shown[k] + " " * (width - _cells(shown[k])))

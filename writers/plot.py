@@ -24,6 +24,7 @@ Example:
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import glob
 import io
 import json
@@ -46,6 +47,7 @@ from writers.jsonl import _json_array
 
 DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
+_MIN_PANEL_ROWS, _MIN_COLS = 3, 20  # a terminal panel's smallest plotting area
 _EXTRA = "pip install 'jax-metrics-manager[plot]'"
 _JSONL_NAME = "metrics.jsonl"
 _EVENTS_GLOB = "events.out.tfevents.*"
@@ -173,12 +175,15 @@ def load_series(
         keys = [key for key in DEFAULT_KEYS if key in table] or list(table)[:MAX_DEFAULT_KEYS]
     elif not (keys := list(dict.fromkeys(keys))):  # a key given twice: one panel
         raise ValueError(
-            f"writers.plot: no keys given; pass None for the defaults, or some of {sorted(table)}"
+            f"writers.plot: no keys given; pass None for the defaults, or some of "
+            f"{_some(sorted(table))}"
         )
     if unknown := [key for key in keys if key not in table]:
+        close = [m for key in unknown for m in difflib.get_close_matches(key, table, n=3)]
         raise ValueError(
             f"writers.plot: no run under {list(paths)} logged the key(s) {unknown}; "
-            f"available: {sorted(table)}. Pick some of those with --keys."
+            + (f"close: {close}; " if close else "")
+            + f"available: {_some(sorted(table))}. Pick some of those with --keys."
         )
     series = []
     for key in keys:
@@ -187,6 +192,13 @@ def load_series(
             values = np.array([points[step] for step in steps.tolist()], dtype=np.float64)
             series.append(Series(label, key, steps, values, smooth(values, smoothing)))
     return list(keys), series
+
+
+def _some(keys: list[str], shown: int = 40) -> str:
+    """`keys`, the first `shown` of them when there are more (a run can log thousands)."""
+    if len(keys) <= shown:
+        return str(keys)
+    return f"{str(keys[:shown])[:-1]}, ... and {len(keys) - shown:,} more]"
 
 
 def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
@@ -386,7 +398,8 @@ def _png(
                 if alone := np.flatnonzero(finite[1:-1] & ~finite[:-2] & ~finite[2:]).tolist():
                     dots = dict(color=colors[s.run], alpha=style["alpha"], ms=4)
                     ax.plot(s.steps[alone], values[alone], "o", **dots)
-        ax.set(title=key, xlabel="step")
+        finite = any(np.isfinite(s.values).any() for s in series if s.key == key)
+        ax.set(title=key if finite else f"{key}: no finite values", xlabel="step")
         ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no tick at 2.5
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
@@ -401,6 +414,11 @@ def _image_format(path: str) -> str:
     """The format `path`'s suffix names (`plot.svg`, `plot.pdf`; PNG without one)."""
     from matplotlib.backend_bases import FigureCanvasBase  # noqa: PLC0415
 
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise ValueError(
+            f"writers.plot: cannot write {path!r}: it names a directory; name the image in it, "
+            f"e.g. {os.path.join(path, 'plot.png')!r}"
+        )
     suffix = os.path.splitext(path)[1].lstrip(".").lower() or "png"
     formats = FigureCanvasBase.get_supported_filetypes()
     if suffix not in formats:
@@ -417,8 +435,16 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
         import plotext  # noqa: PLC0415
     except ImportError as err:
         raise ImportError(f"writers.plot: a terminal plot needs plotext; {_EXTRA}") from err
+    if (each := rows // len(keys) - 4) < _MIN_PANEL_ROWS or cols < _MIN_COLS:
+        raise ValueError(
+            f"writers.plot: {len(keys)} panel(s) in {cols} x {rows} characters leave each "
+            f"{cols} x {max(each, 0)} to draw in; a plot needs {_MIN_COLS} x {_MIN_PANEL_ROWS}. "
+            f"Pass --rows {len(keys) * (_MIN_PANEL_ROWS + 4)} or more (output that is not a "
+            "terminal gets 80 x 24), or fewer --keys."
+        )
     figure = plotext.figure  # plotext draws on one module-wide figure: reset it first
     figure.clear.all()
+    plotext.terminal.limit(False, False)  # `cols` x `rows` as asked: plotext cut them to 80x24
     figure.plot_size(cols, rows)
     if len(keys) > 1:
         figure.subplots(len(keys), 1)
@@ -443,6 +469,7 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
             signal.lines()
             panel.draw(signal)
         if not lines:
+            panel.title(f"{key}: no finite values")
             continue
         low = int(min(x[0] for x, *_ in lines.values()))  # steps increase
         high = int(max(x[-1] for x, *_ in lines.values()))

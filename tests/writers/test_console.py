@@ -180,6 +180,23 @@ def test_terminal_escapes_in_a_key_are_shown_not_run(stream):
         assert text == "step 1\n  a\\x1b[2Jb  1\n  loss       2\n"
 
 
+def test_a_newline_tab_or_bidi_control_in_a_key_is_shown_escaped_in_its_row():
+    """A newline split the key over two lines, its value in the key column; a tab counted
+    as 0 columns; U+202E reversed the rest of the line on a terminal."""
+    out = io.StringIO()
+    writers.ConsoleWriter(out).write_scalars(1, {"a\nb": 6, "a\tb": 1.0, "x\u202ey": 2.0})
+    assert out.getvalue() == ("step 1\n  a\\tb      1\n  a\\nb      6\n  x\\u202ey  2\n")
+
+
+def test_the_progress_line_reads_100_percent_only_at_the_last_step():
+    out, clock = io.StringIO(), FakeClock()
+    w = writers.ConsoleWriter(out, total_steps=10_000, clock=clock)
+    w.write_scalars(9_996, {"loss": 1.0})  # 99.96%: it read 100.0%
+    w.write_scalars(10_000, {"loss": 1.0})
+    headers = [line.split(" |")[0] for line in out.getvalue().splitlines() if "step" in line]
+    assert headers == ["step 9,996/10,000 (99.9%)", "step 10,000/10,000 (100.0%)"]
+
+
 def test_other_kinds_have_readable_lines():
     out = io.StringIO()
     w = writers.ConsoleWriter(out)

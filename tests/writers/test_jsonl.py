@@ -408,6 +408,27 @@ def test_a_line_torn_by_a_crash_is_dropped_so_the_next_run_appends_whole_lines(
     assert not [r for r in caplog.records if "comes after step" in r.getMessage()]
 
 
+@pytest.mark.parametrize(
+    "name, before",
+    [
+        ("results.json", '{\n  "lr": 0.1\n}'),  # pretty-printed JSON: its closing brace
+        ("app.log", "line 1\nprogress 99%"),  # a progress bar's last line
+        ("metrics.jsonl", '{"step": 1, "time": 1.0, "a": 1.0}'),  # a whole line, its \n lost
+    ],
+)
+def test_a_last_line_no_killed_writer_left_is_kept(tmp_path, caplog, name, before):
+    """Any last line without a newline was taken for a killed writer's and cut off, even when
+    nothing was written: another program's data, lost."""
+    path = tmp_path / name
+    path.write_text(before)
+    writers.JsonlWriter(path).close()
+    assert path.read_text() == before  # nothing written: the file is as it was
+    with writers.JsonlWriter(path, clock=lambda: 2.0) as w:
+        w.write_scalars(2, {"a": 2.0})
+    assert path.read_text() == before + '\n{"step": 2, "time": 2.0, "collection": null, "a": 2.0}\n'
+    assert not [r for r in caplog.records if "partial last line" in r.getMessage()]
+
+
 def test_read_jsonl_names_the_line_that_is_no_json_and_skips_one_being_written(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_bytes(b'{"step": 1, "a": 1.0}\n{"step": 2, "a": 2.0}\n{"step": 3, "a"')

@@ -443,6 +443,65 @@ def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
     assert "--width must be a positive integer, got 0" in result.stderr
 
 
+def test_an_out_naming_a_directory_is_refused_before_anything_is_read(tmp_path):
+    """`--out realdir` failed after reading every log, naming an internal temporary file;
+    `--out newdir/` made the directory, then failed the same way."""
+    run = str(tmp_path / "run")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 1.0}])
+    (tmp_path / "realdir").mkdir()
+    for out in (str(tmp_path / "realdir"), str(tmp_path / "newdir") + "/"):
+        result = _plot(run, "--out", out)
+        assert result.returncode == 2 and ".tmp" not in result.stderr
+        assert f"cannot write {out!r}: it names a directory" in result.stderr
+    assert not (tmp_path / "newdir").exists()
+    with pytest.raises(ValueError, match="it names a directory"):
+        plot_runs([run], out=str(tmp_path / "realdir"))
+
+
+def test_a_missing_key_among_thousands_names_some_and_the_close_ones(tmp_path):
+    """The message listed all 3,000 keys (about 40 KB)."""
+    line = {"step": 1, **{f"layer_{i:04d}/norm": 1.0 for i in range(3000)}}
+    _write_jsonl(str(tmp_path / "r" / "metrics.jsonl"), [line])
+    with pytest.raises(ValueError) as error:
+        load_series([str(tmp_path / "r")], ["layer_0001/nrom"])
+    message = str(error.value)
+    assert "close: ['layer_0001/norm'" in message
+    assert "'layer_0039/norm', ... and 2,960 more]. Pick some" in message
+    assert len(message) < 1500
+
+
+def test_terminal_panels_too_small_to_draw_in_are_refused_with_the_rows_they_need(tmp_path):
+    """Six keys in 24 rows drew six titled frames with no data, exit status 0."""
+    line = {"step": 1, **{k: 1.0 for k in "abcdef"}}
+    _write_jsonl(str(tmp_path / "r" / "metrics.jsonl"), [line, {**line, "step": 2}])
+    with pytest.raises(ValueError) as error:
+        plot_runs([str(tmp_path / "r")], list("abcdef"), terminal=True, cols=80, rows=24)
+    assert str(error.value) == (
+        "writers.plot: 6 panel(s) in 80 x 24 characters leave each 80 x 0 to draw in; a plot "
+        "needs 20 x 3. Pass --rows 42 or more (output that is not a terminal gets 80 x 24), "
+        "or fewer --keys."
+    )
+    # As asked, not cut to 80 x 24 by plotext when output is no terminal: 3 rows a panel.
+    text = plot_runs([str(tmp_path / "r")], list("abcdef"), terminal=True, cols=80, rows=42).text
+    assert len(text.splitlines()) == 42
+    assert sum("┤" in row for row in text.splitlines()) == 6 * 3
+
+
+def test_a_key_with_no_finite_value_says_so(tmp_path, monkeypatch):
+    _write_jsonl(
+        str(tmp_path / "r" / "metrics.jsonl"),
+        [{"step": s, "loss": 1.0 / s, "grad": "NaN"} for s in (1, 2)],
+    )
+    text = plot_runs([str(tmp_path / "r")], ["loss", "grad"], terminal=True, cols=80, rows=30)
+    assert "grad: no finite values" in text.text
+    titles = []
+    monkeypatch.setattr(
+        "matplotlib.axes.Axes.set", lambda self, **kw: titles.append(kw.get("title"))
+    )
+    plot_runs([str(tmp_path / "r")], ["loss", "grad"], out=str(tmp_path / "p.png"))
+    assert titles == ["loss", "grad: no finite values"]
+
+
 # --- --follow ----------------------------------------------------------------------------
 
 
