@@ -398,8 +398,8 @@ def _png(
                 if alone := np.flatnonzero(finite[1:-1] & ~finite[:-2] & ~finite[2:]).tolist():
                     dots = dict(color=colors[s.run], alpha=style["alpha"], ms=4)
                     ax.plot(s.steps[alone], values[alone], "o", **dots)
-        finite = any(np.isfinite(s.values).any() for s in series if s.key == key)
-        ax.set(title=key if finite else f"{key}: no finite values", xlabel="step")
+        drawn = any(np.isfinite(s.values).any() for s in series if s.key == key)
+        ax.set(title=key if drawn else f"{key}: no finite values", xlabel="step")
         ax.xaxis.get_major_locator().set_params(integer=True)  # steps: no tick at 2.5
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
