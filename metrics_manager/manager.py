@@ -260,11 +260,23 @@ class MetricsManager:
         factory, factory_kwargs = _factory_and_kwargs(name, writer_factory, resume_step)
         self._dir = _claim_dir(name, self.summary_dir)
         if jax.process_index() == 0:
+            log = _log_state(self._dir, resume_step)
             try:
                 self._made, named = _make_writers(name, self.summary_dir, factory, factory_kwargs)
             except BaseException:
                 self._release_dir()
                 raise
+            if log is not None and _log_state(self._dir, resume_step) == log:
+                _LOG.warning(
+                    "MetricsManager %r: resume_step=%d, but no writer of this set rewrote "
+                    "%s/metrics.jsonl, which keeps the earlier run's steps after %d (and "
+                    "writers.plot reads it before the event files). Remove it, or keep the "
+                    "JSONL writer in the set.",
+                    name,
+                    resume_step,
+                    self._dir,
+                    resume_step,
+                )
             if system_metrics:
                 # Sampled between summaries: each system/* write is the mean and max of its
                 # interval's samples, not of one.
@@ -1015,6 +1027,18 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
             return {}, {}
     metrics = {k: v for k, v in obj.items() if metrics_lib.is_metric_obj(v)}
     return metrics, {k: v for k, v in obj.items() if k not in metrics}
+
+
+def _log_state(directory: str | None, resume_step: int | None) -> tuple[int, int] | None:
+    """(inode, mtime) of the JSONL log in `directory` when resuming, else None: a resumed
+    JSONL writer rewrites it, so the same state after the writers are made means none did."""
+    if resume_step is None or directory is None or "://" in directory:
+        return None
+    try:
+        stat = os.stat(os.path.join(directory, "metrics.jsonl"))
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
 
 
 def _claim_dir(name: str, summary_dir: str | None) -> str | None:

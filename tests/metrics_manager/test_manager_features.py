@@ -48,6 +48,34 @@ def test_resume_step_keeps_each_step_once_in_tensorboard_and_jsonl(tmp_path, res
     assert events[-1].value == 1100.0
 
 
+def test_resuming_with_a_set_without_jsonl_warns_of_the_log_it_leaves_stale(tmp_path, caplog):
+    """The earlier run's metrics.jsonl kept its steps after resume_step, with no word, and
+    writers.plot, which reads it first, plotted them."""
+
+    def tensorboard_only(d, collection=None, resume_step=None):
+        return writers.create_default_writer(
+            d, console=False, jsonl=False, collection=collection, resume_step=resume_step
+        )
+
+    runs = [(files_only, None, range(10, 51, 10)), (files_only, 30, range(40, 61, 10))]
+    runs.append((tensorboard_only, 40, range(50, 61, 10)))
+    for factory, resume_step, steps in runs:
+        with MetricsManager(
+            "train", tmp_path, writer_factory=factory, resume_step=resume_step
+        ) as manager:
+            for step in steps:
+                manager.write_scalars(step, {"loss": float(step)})
+    # The second run replaced steps 40 and 50; the third wrote 50 and 60 to TensorBoard only.
+    assert [x["step"] for x in read_jsonl(str(tmp_path / "train"))] == [10, 20, 30, 40, 50, 60]
+    warned = [r.getMessage() for r in caplog.records if "no writer of this set" in r.getMessage()]
+    assert warned == [
+        f"MetricsManager 'train': resume_step=40, but no writer of this set rewrote "
+        f"{tmp_path / 'train'}/metrics.jsonl, which keeps the earlier run's steps after 40 (and "
+        "writers.plot reads it before the event files). Remove it, or keep the JSONL writer in "
+        "the set."
+    ]
+
+
 def test_resume_step_needs_a_factory_that_takes_it():
     with pytest.raises(TypeError, match="resume_step=5 needs a writer_factory"):
         MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), resume_step=5)
