@@ -67,17 +67,21 @@ class Failures:
     def __init__(self, owner: str, raise_all: bool) -> None:
         self.owner = owner
         self._raise_all = raise_all
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal's close() may run inside `record`
         self._recent: collections.deque[Failure] = collections.deque(maxlen=1000)
         self.count = 0
         self.fatal: Failure | None = None  # to raise at the next call, once
+        self._also: list[Failure] = []  # fatal ones recorded while `fatal` waited: named with it
 
     def record(self, failure: Failure, *, fatal: bool = False) -> None:
         with self._lock:
             self._recent.append(failure)
             self.count += 1
-            if (fatal or self._raise_all) and self.fatal is None:
-                self.fatal = failure
+            if fatal or self._raise_all:
+                if self.fatal is None:
+                    self.fatal = failure
+                else:
+                    self._also.append(failure)
         _LOG.error("%s: %s", self.owner, failure)
 
     def recent(self) -> list[Failure]:
@@ -85,11 +89,19 @@ class Failures:
             return list(self._recent)
 
     def raise_fatal(self) -> None:
-        """Raises `MetricsManagerError` for the fatal failure, once (`recent` keeps it)."""
-        fatal = self.fatal
-        if fatal is not None:  # cleared only then: `record` may set it meanwhile, unlocked here
-            self.fatal = None
-            raise MetricsManagerError(f"{self.owner}: background failure: {fatal}") from fatal.error
+        """Raises `MetricsManagerError` for the fatal failure and names those recorded after
+        it, once (`recent` keeps them): a second failure before the next call is not lost."""
+        with self._lock:
+            fatal, also = self.fatal, self._also
+            self.fatal, self._also = None, []
+        if fatal is not None:
+            more = ""
+            if also:
+                listed = "; ".join(map(str, also[:3])) + ("; ..." if len(also) > 3 else "")
+                more = f" (and {len(also)} more since, in `errors`: {listed})"
+            raise MetricsManagerError(
+                f"{self.owner}: background failure: {fatal}{more}"
+            ) from fatal.error
 
 
 @dataclasses.dataclass(slots=True)

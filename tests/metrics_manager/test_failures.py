@@ -306,6 +306,29 @@ def test_a_raising_writer_stops_the_loop_with_a_clear_error_under_raise(tmp_path
     assert tb_steps(str(tmp_path / "train")) == written
 
 
+def test_a_failure_recorded_before_the_last_one_was_raised_is_named_under_raise(tmp_path):
+    """Steps 1 and 2 both fail before the loop's next call: the error names both, not the first
+    alone (step 2's was dropped, and close() returned as if nothing else had failed)."""
+    manager = MetricsManager("train", tmp_path, writer_factory=isolated_factory, on_error="raise")
+    futures = [manager.write_metrics_summary({"loss": Sum(np.float32(s))}, s, 1) for s in (1, 2)]
+    for future in futures:  # both writes failed ("raise" fails the summary's future)
+        with pytest.raises(
+            MetricsManagerError, match=r"writer:broken at step \d \(keys loss\): OSError"
+        ):
+            future.result()
+    with pytest.raises(MetricsManagerError) as raised:
+        manager.flush()
+    message = str(raised.value)
+    assert "writer:broken at step 1 (keys loss): OSError: disk error at step 1" in message
+    assert "and 1 more since, in `errors`: writer:broken at step 2 (keys loss)" in message
+    manager.close()  # both were raised: nothing is left to raise
+    assert [(e.source, e.step) for e in manager.errors] == [
+        ("writer:broken", 1),
+        ("writer:broken", 2),
+    ]
+    assert [line["step"] for line in read_jsonl(str(tmp_path / "train"))] == [1, 2]
+
+
 def test_the_error_policies_are_fixed_at_construction(tmp_path):
     """Setting one later would change nothing (the worker holds it): it is refused instead."""
     with MetricsManager("train", tmp_path, writer_factory=isolated_factory) as manager:
