@@ -9,6 +9,7 @@ import inspect
 import math
 import numbers
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -396,7 +397,15 @@ def to_number(key: str, value: Any) -> int | float:
             raise err
         return float(arr.reshape(())) if _is_float(arr.dtype) else int(arr.reshape(()))
     if isinstance(value, numbers.Integral):  # bool, IntEnum, ...
-        return int(value)
+        value = int(value)
+        if value.bit_length() < 2000 or _as_text(value):
+            return value
+        raise ValueError(
+            f"scalar {key!r} is an int of more than {sys.get_int_max_str_digits()} digits, which "
+            "Python refuses to write as text (JSONL, the console and the log write it so). "
+            "Pass float(value) (inf past 1.8e308, as TensorBoard stores it), or raise "
+            "sys.set_int_max_str_digits()."
+        )
     if isinstance(value, numbers.Real):
         return float(value)
     raise TypeError(
@@ -422,7 +431,7 @@ def _not_a_scalar(key: str, arr: Any) -> Exception | None:
 
 def scalar_problem(key: str, value: Any) -> Exception | None:
     """Why `value` cannot be scalar `key`; an array not on the host by shape and dtype alone."""
-    if type(value) in _CONVERTERS:  # the common case, without a conversion
+    if type(value) in _CONVERTERS and type(value) is not int:  # the common case, no conversion
         return None
     if _looks_like_array(value) and not isinstance(value, np.ndarray | np.generic):
         return _not_a_scalar(key, value)  # a device array: reading it could wait
@@ -444,10 +453,27 @@ def _is_float(dtype: Any) -> bool:
     return np.issubdtype(dtype, np.floating) or _is_ml_float(dtype)
 
 
+def _as_text(value: int) -> bool:
+    """Whether `str(value)` works: past `sys.get_int_max_str_digits()` digits it raises."""
+    try:
+        str(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _int(value: int) -> int:
+    """A Python int as it is, if it can be written as text: `collect_numbers` names others."""
+    if value.bit_length() < 2000 or _as_text(value):  # 602 digits: below any limit (640)
+        return value
+    raise ValueError(value)
+
+
 # `to_number` by exact type, skipping isinstance checks against numpy's ABCs.
 _CONVERTERS: dict[type, Callable[[Any], int | float]] = {
     **{t: float for t in (float, np.float16, np.float32, np.float64, np.longdouble)},
-    **{t: int for t in (int, bool, np.bool_, np.int8, np.int16, np.int32, np.int64)},
+    int: _int,
+    **{t: int for t in (bool, np.bool_, np.int8, np.int16, np.int32, np.int64)},
     **{t: int for t in (np.uint8, np.uint16, np.uint32, np.uint64)},
 }
 
@@ -473,13 +499,13 @@ def collect_numbers(
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
         return {key: converters[type(value)](value) for key, value in scalars.items()}
-    except KeyError:
+    except (KeyError, ValueError):  # ValueError: an int past float64 (`_int`)
         pass
     out: dict[str, int | float] = {}
     for key, value in scalars.items():
         convert = converters.get(type(value))
         try:
-            if convert is not None:
+            if convert is not None and convert is not _int:
                 out[key] = convert(value)
             elif unready is not None and _unready(value):
                 if err := _not_a_scalar(key, value):

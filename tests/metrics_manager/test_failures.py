@@ -1730,6 +1730,19 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         r"metrics 'n' \(_Undecorated\) are not pytrees.*@flax.struct.dataclass",
     ),
     "string scalar": (lambda m: m.write_scalar("x", "abc", 1), TypeError, "'x'.*must be a number"),
+    "a ready int of 5,000 digits": (
+        lambda m: m.write_metrics_summary({"n": clu.values.Scalar(-(10**5000))}, 1, 1),
+        ValueError,
+        r"scalar 'n' is an int of more than 4300 digits",
+    ),
+    # Each text writer failed in the background with CPython's int-to-str limit, naming
+    # no key (an int of 400 digits is written: exact in JSONL, inf in TensorBoard).
+    "an int of 5,000 digits": (
+        lambda m: m.write_scalars(1, {"x": 10**5000}),
+        ValueError,
+        r"scalar 'x' is an int of more than 4300 digits, which Python refuses to write as "
+        r"text .* Pass float\(value\) \(inf past 1.8e308",
+    ),
     "a T5X Sum built on a vector": (  # its key was dropped on the worker
         lambda m: m.write_metrics_summary({"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, 1, 1),
         ValueError,
