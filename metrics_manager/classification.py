@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager.metrics import COUNT_DTYPE, exact_count, float_identity
+from metrics_manager.metrics import COUNT_DTYPE, exact_count, explicit_mesh, float_identity
 from writers._checks import Problems, describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
@@ -127,7 +127,11 @@ def _refuse_misspelled(cls: type, others: dict[str, Any], settings: tuple[str, .
 def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
     """How many true `where` fall on each index in [0, length), in int32: a float32
     scatter-add stops growing at 2**24, which one 64x512x512 batch of pixels reaches."""
-    return jnp.zeros(length, jnp.int32).at[indices].add(where.astype(jnp.int32), mode="drop")
+    counts = jnp.zeros(length, jnp.int32).at[indices]
+    if (mesh := explicit_mesh(indices)) is None:
+        return counts.add(where.astype(jnp.int32), mode="drop")
+    replicated = jax.sharding.NamedSharding(mesh, jax.P())  # each device's partial counts, summed
+    return counts.add(where.astype(jnp.int32), mode="drop", out_sharding=replicated)
 
 
 def _add_shape_problem(

@@ -32,7 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager.metrics import collection_fields, is_metric_obj, is_time_metric
+from metrics_manager.metrics import (
+    collection_fields,
+    explicit_mesh,
+    is_metric_obj,
+    is_time_metric,
+)
 from metrics_manager.packing import PackedMetrics, _check_dict
 from writers._checks import Problems, describe
 
@@ -305,16 +310,9 @@ def _merged(key: str, a: Any, b: Any, pieces: bool = False) -> Any:
 
 
 def _replicated_if_explicit(x: Any) -> Any:
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    if sharding is None or not any(sharding.spec):
+    if (mesh := explicit_mesh(x)) is None:
         return x
-    kinds = dict(zip(sharding.mesh.axis_names, sharding.mesh.axis_types, strict=True))
-    used = [
-        a for part in sharding.spec if part for a in ((part,) if isinstance(part, str) else part)
-    ]
-    if all(kinds.get(axis) != jax.sharding.AxisType.Explicit for axis in used):
-        return x
-    return jax.sharding.reshard(x, jax.sharding.NamedSharding(sharding.mesh, jax.P()))
+    return jax.sharding.reshard(x, jax.sharding.NamedSharding(mesh, jax.P()))
 
 
 def _wide_floats(metrics: Metrics) -> dict[str, Any]:

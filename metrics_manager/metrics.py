@@ -73,6 +73,22 @@ def exact_count(mask: jax.Array) -> jax.Array:
     return mask.sum(dtype=jnp.int32).astype(COUNT_DTYPE)
 
 
+def explicit_mesh(x: Any) -> Any:
+    """The mesh of `x` if an axis it is sharded on is `Explicit` (`jax.make_mesh`'s default),
+    else None: such an array's sharding is part of its type, so a gather or scatter-add over
+    its sharded dimension needs an output sharding."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    if sharding is None or not any(sharding.spec):
+        return None
+    kinds = dict(zip(sharding.mesh.axis_names, sharding.mesh.axis_types, strict=True))
+    used = [
+        a for part in sharding.spec if part for a in ((part,) if isinstance(part, str) else part)
+    ]
+    if all(kinds.get(axis) != jax.sharding.AxisType.Explicit for axis in used):
+        return None
+    return sharding.mesh
+
+
 def float_identity(value: float = 0.0) -> jax.Array:
     """`empty()`'s value in the default float dtype (float64 under x64, so a `lax.scan` carry
     from `empty()` matches the sums), strongly typed (a weak one compiles a jitted step twice)."""
