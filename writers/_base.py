@@ -293,13 +293,15 @@ class TrackerWriter(BaseWriter):
     encodes_media = True
     _owned = False  # close() ends the run: this writer started or resumed it
     _file_methods: frozenset[str] = frozenset({"write_summaries"})  # values stored as files
+    _url_paths = False  # artifact paths go into URLs unquoted (MLflow)
     _files_step: int | None = None  # the step of the last files, and the writes of each key
     _files_written: collections.Counter = collections.Counter()
 
     def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
         if method not in self._file_methods:
             return None
-        return _path_problem({"write_audios": "audio"}.get(method, method[6:]), keys)
+        kind = {"write_audios": "audio"}.get(method, method[6:])
+        return _path_problem(kind, keys, self._url_paths)
 
     def _start(
         self, module: str, resume_step: int | None, process_index: int | None
@@ -367,7 +369,7 @@ class TrackerWriter(BaseWriter):
         `-<n>` for the n-th write of the key at that step (counted until a write at another
         step: a write back at an earlier step, as after a resume, replaces its files), `_<i>`
         for the i-th of a list, and `ext`; a ValueError for a key that is no relative path."""
-        if problem := _path_problem(kind, files):
+        if problem := _path_problem(kind, files, self._url_paths):
             raise ValueError(f"{self._name(method)}: {problem}")
         if step != self._files_step:  # a new dict: the class's empty one is never filled
             self._files_step, self._files_written = step, collections.Counter()
@@ -388,17 +390,25 @@ class TrackerWriter(BaseWriter):
     def _end_run(self) -> None: ...
 
 
-def _path_problem(kind: str, keys: Iterable[str]) -> str | None:
-    # A file system refuses a name part over 255 bytes: one such key would fail every later
-    # send of the files buffered with it.
+def _path_problem(kind: str, keys: Iterable[str], url_safe: bool = False) -> str | None:
+    # A file system refuses a name part over 255 bytes, or a path past PATH_MAX (4,096 with
+    # the store's root): one such key would fail every later send of the files buffered
+    # with it. `url_safe`: MLflow's client puts the path in a URL unquoted, so a server read
+    # 'a#1' as 'a' (two keys, one file) and 'a%41' as 'aA'.
     bad = [
-        k for k in keys if any(p in ("", ".", "..") or len(p.encode()) > 255 for p in k.split("/"))
+        k
+        for k in keys
+        if len(k.encode()) > 1024
+        or any(p in ("", ".", "..") or len(p.encode()) > 255 for p in k.split("/"))
+        or (url_safe and any(c in k for c in "#?%"))
     ]
     if not bad:
         return None
+    url = ", without '#', '?' or '%' (a tracking server's URL syntax)" if url_safe else ""
     return (
         f"keys {bad} become artifact paths {kind}/<key>/... and must be relative, without "
-        "'', '.' or '..' parts, each part at most 255 bytes; rename them, e.g. 'eval/sample'."
+        f"'', '.' or '..' parts, each part at most 255 bytes and the key 1,024{url}; rename "
+        "them, e.g. 'eval/sample'."
     )
 
 

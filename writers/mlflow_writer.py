@@ -21,7 +21,8 @@ one send in one `log_artifacts`, at `<kind>/<key>/step_<step 8 digits>[-<n>][_<i
 `.txt`, `.png` per image, filmstrip `.png` `[H, T*W, C]` per video, 16-bit `.wav` per
 clip, histograms as `.json` (`count`, `min`, `max`, `mean`, `edges`, `counts`), raw tensors
 (`write_summaries`) as exact `.npy` files under `summaries/` (TensorBoard's metadata is not
-kept); keys must then be relative paths (no `..`, `.` or empty parts).
+kept); keys must then be relative paths (no `..`, `.` or empty parts, parts of at most 255
+bytes, 1,024 in all) without `#`, `?` or `%`, which a tracking server reads as URL syntax.
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
 MLflow's metric history is append-only, so the writer first reads each metric's last logged
@@ -80,6 +81,8 @@ class MlflowWriter(_base.TrackerWriter):
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
       ValueError: `resume_step` finds no run to resume, or is negative.
     """
+
+    _url_paths = True
 
     def __init__(
         self,

@@ -439,6 +439,13 @@ def test_against_a_real_mlflow_server(tmp_path):
         for step in range(20):
             w.write_scalars(step, {f"m{i}": _value(step, i) for i in range(20)})
         w.write_texts(19, {"note": "served"})
+        # The client puts artifact paths in URLs unquoted: the server stored 'sample#1' and
+        # 'sample#2' as one file 'texts/sample' holding 'two', and 'pct%41' at 'texts/pctA/'.
+        # A key longer than a path may be: it failed every later send: nothing reached the run.
+        for bad in ("sample#1", "q?x", "pct%41", "/".join(["x" * 250] * 20)):
+            with pytest.raises(ValueError, match=r"become artifact paths texts/.*1,024, without "):
+                w.write_texts(19, {bad: "refused", "note 2": "not written"})
+        w.write_texts(19, {"sample 1": "one", "eval/sample-2": "two"})
         w.write_hparams({"lr": 0.1})
         w.close()
         client = MlflowClient(uri)
@@ -448,3 +455,7 @@ def test_against_a_real_mlflow_server(tmp_path):
         path = client.download_artifacts(w.run_id, "texts/note", str(tmp_path / "down"))
         with open(os.path.join(path, "step_00000019.txt")) as f:
             assert f.read() == "served"
+        stored = {
+            a.path for d in ("texts", "texts/eval") for a in client.list_artifacts(w.run_id, d)
+        }
+        assert stored == {"texts/note", "texts/sample 1", "texts/eval", "texts/eval/sample-2"}
