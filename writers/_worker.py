@@ -19,6 +19,7 @@ publishes itself under the lock: at a summary per step, lock rounds were measura
 
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -93,7 +94,21 @@ class OrderedWorker:
         self._sealed = False  # the last job is queued (or the worker stopped): no more jobs
         self._threads: list[threading.Thread] = []
         self._orphaned = False  # no thread could be started: waiting callers run the queue
+        self._pid = os.getpid()
         self._spawn()
+
+    @property
+    def forked(self) -> bool:
+        """This is a forked child's copy: its queue and thread are the parent's."""
+        return os.getpid() != self._pid
+
+    def _refuse_fork(self) -> None:
+        if self.forked:  # a new thread here would run the parent's queue into its files again
+            raise RuntimeError(
+                f"{self.name} was made in process {self._pid} and is used in a forked child "
+                f"({os.getpid()}), where its queue, the parent's, would be written a second "
+                "time. Make a new writer in the child, or start it with 'spawn'."
+            )
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -131,6 +146,7 @@ class OrderedWorker:
             )
 
     def _enqueue(self, job: Job, last: bool = False) -> Job:
+        self._refuse_fork()
         with self._cond:
             self._abandon_overrun()
             while len(self._queue) >= self._max and not self._sealed:
@@ -147,6 +163,7 @@ class OrderedWorker:
     def drain(self, timeout: float | None = None) -> bool:
         """Waits until every job queued before this call has ended; False if `timeout` passed
         first. Jobs queued meanwhile (by a loop on another thread) are not waited for."""
+        self._refuse_fork()
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             target = self._queued
@@ -182,6 +199,7 @@ class OrderedWorker:
 
     def _wait_for(self, future: Future[Any], timeout: float | None) -> None:
         """Waits until `future` is done or `timeout` passed, abandoning overrun pieces."""
+        self._refuse_fork()
         end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             if not future.done():

@@ -12,6 +12,8 @@ included, are read by the worker), so the training loop does not wait on disks o
   its own work is queued), on `flush()` and on `close()`, as a `WriterError` naming the
   writer, the method and the step. Later calls still run: a failed write loses only itself.
 * `flush()` and `close()` wait for every queued call; a writer never closed is closed at exit.
+* In a forked child, calls raise `RuntimeError` and `close()` does nothing: the queue is the
+  parent's (a child's flush wrote each queued call a second time).
 * Mappings are copied, arrays are not: do not change an array in place until `flush()`.
 
 Example:
@@ -97,11 +99,14 @@ class AsyncWriter(ForwardingWriter):
         self._raise_errors("flush")
 
     def close(self) -> None:
-        """Runs every queued call, closes the writer and joins the thread; idempotent.
+        """Runs every queued call, closes the writer and joins the thread; idempotent. In a
+        forked child it does nothing: the parent closes its writer.
 
         Raises:
           WriterError: every failed call not yet reported.
         """
+        if self._worker.forked:
+            return
         with self._close_lock:
             with self._post_lock:
                 if self._closed:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+from tensorboard.backend.event_processing import event_accumulator
 
 import writers
 from tests.writers.failing import BrokenDiskWriter, CluInterfaceWriter, GatedWriter
@@ -253,3 +255,59 @@ def test_clus_async_names_work_as_in_clu(tmp_path):
     for workers in (2, None, True):
         with pytest.raises(ValueError, match=rf"num_workers must be 1 .*got {workers!r}"):
             writers.AsyncWriter(writers.NoopWriter(), num_workers=workers)
+
+
+_FORK_CHILD_FLUSHES = """
+import os, sys, threading
+import writers
+
+gate = threading.Event()
+
+
+class Slow(writers.TensorBoardWriter):
+    def write_scalars(self, step, scalars):
+        gate.wait()  # the parent's calls wait in the queue when the child forks
+        super().write_scalars(step, scalars)
+
+
+w = writers.AsyncWriter(Slow(sys.argv[1]))
+for step in range(5):
+    w.write_scalars(step, {"loss": float(step)})
+if (pid := os.fork()) == 0:  # a fork-started data-loader worker that flushes, writes, closes
+    gate.set()
+    for call in (w.flush, lambda: w.write_scalars(100, {"loss": 100.0})):
+        try:
+            call()
+        except RuntimeError as err:
+            print("child:", err, flush=True)
+    w.close()  # the parent's to close: nothing happens
+    os._exit(0)
+print("child ended with", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+gate.set()
+w.close()
+"""
+
+
+def test_a_forked_child_cannot_write_the_parents_queue_again(tmp_path):
+    """A child's flush started a new thread on its copy of the queue: each of the parent's
+    queued calls reached the event file twice (200 events for 100 steps), and the child's
+    own values went into the parent's file."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _FORK_CHILD_FLUSHES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    refused = (
+        r"child: AsyncWriter\(Slow\) was made in process \d+ and is used in a forked child "
+        r"\(\d+\), where its queue, the parent's, would be written a second time. Make a new "
+        r"writer in the child, or start it with 'spawn'."
+    )
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 and all(re.fullmatch(refused, line) for line in lines[:2]), lines
+    assert lines[2] == "child ended with 0"
+    events = event_accumulator.EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    steps = [e.step for e in events.Scalars("loss")]
+    assert steps == [0, 1, 2, 3, 4]

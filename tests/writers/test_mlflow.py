@@ -441,7 +441,7 @@ def test_against_a_real_mlflow_server(tmp_path):
         w.write_texts(19, {"note": "served"})
         # The client puts artifact paths in URLs unquoted: the server stored 'sample#1' and
         # 'sample#2' as one file 'texts/sample' holding 'two', and 'pct%41' at 'texts/pctA/'.
-        # A key longer than a path may be: it failed every later send: nothing reached the run.
+        # A key too long for a path failed every later send: nothing reached the run.
         for bad in ("sample#1", "q?x", "pct%41", "/".join(["x" * 250] * 20)):
             with pytest.raises(ValueError, match=r"become artifact paths texts/.*1,024, without "):
                 w.write_texts(19, {bad: "refused", "note 2": "not written"})
