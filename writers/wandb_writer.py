@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from writers import _base, _checks, _encode
+from writers import _base, _checks, _encode, _storage
 
 MAX_HISTOGRAM_BUCKETS = 512  # wandb.Histogram's limit
 _RESERVED = dict.fromkeys(("_runtime", "_step", "_timestamp", "_wandb"), "W&B")
@@ -59,7 +59,8 @@ class WandbWriter(_base.TrackerWriter):
 
     Args:
       project: W&B project (None: W&B's default, e.g. `WANDB_PROJECT`).
-      logdir: Directory for W&B's local files (`<logdir>/wandb/...`).
+      logdir: Directory for W&B's local files (`<logdir>/wandb/...`); a URL (`gs://`, a
+        remote model dir) puts them where W&B's default would (`$WANDB_DIR/wandb`, else `./wandb`).
       collection: What is logged (`train`, `eval/task`): default name; run id `<run_id>-<it>`.
       run_id: Attach to (or create) the run with this id (`resume="allow"`).
       resume_step: Rewind run `run_id` to this step (`resume_from`): later steps are replaced.
@@ -113,6 +114,16 @@ class WandbWriter(_base.TrackerWriter):
         if run is None:
             if run_id is not None and collection:
                 run_id = f"{run_id}-{_RUN_ID_REFUSED.sub('-', collection)}"
+            if logdir is not None and _storage.is_remote(os.fspath(logdir)):
+                # W&B's files are local: os.path.abspath made './gs:/bucket/...' in the cwd.
+                local = os.environ.get("WANDB_DIR") or "."
+                logging.info(
+                    "WandbWriter: logdir %s is a URL; W&B's local files go to %s/wandb "
+                    "(WANDB_DIR, else the working directory, as W&B's default)",
+                    logdir,
+                    os.path.abspath(local),
+                )
+                logdir = local
             if logdir is not None:  # W&B's service resolves a relative dir against its own cwd
                 logdir = os.path.abspath(logdir)
                 os.makedirs(logdir, exist_ok=True)

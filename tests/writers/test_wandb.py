@@ -301,3 +301,16 @@ def test_w_and_b_row_fields_and_a_key_of_two_kinds_at_one_step_are_refused(tmp_p
         7: {"sample": 0.75, "other": 1.0, "sample/text": "the generated text"},
         8: {"sample": "a text at the next step"},
     }
+
+
+def test_a_url_logdir_leaves_the_local_files_in_wandbs_default_directory(tmp_path, monkeypatch):
+    # A gs:// model dir went through os.path.abspath: W&B wrote './gs:/bucket/run/train/wandb'.
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
+    w = writers.WandbWriter("tests", logdir="gs://bucket/run/train", process_index=0)
+    w.write_scalars(1, {"a": 1.0})
+    w.close()
+    assert os.listdir(tmp_path / "cwd") == []
+    (path,) = wandb_run_files(str(tmp_path / "wandb_dir"))
+    assert wandb_history(path) == {1: {"a": 1.0}}
