@@ -24,7 +24,8 @@ clip, histograms as `.json` (`count`, `min`, `max`, `mean`, `edges`, `counts`), 
 kept); keys must then be relative paths (no `..`, `.` or empty parts, parts of at most 255
 bytes, 1,024 in all) without `#`, `?` or `%`, which a tracking server reads as URL syntax.
 
-Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name`.
+Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name` (none
+yet, as for an eval the preempted run never reached: a new run, with a warning).
 MLflow's metric history is append-only, so the writer first reads each metric's last logged
 step and skips any (key, step) at or before it, with one absl warning: each step keeps at
 most one point, the earlier run's up to that key's last logged step (so a step the earlier run
@@ -79,7 +80,7 @@ class MlflowWriter(_base.TrackerWriter):
 
     Raises:
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
-      ValueError: `resume_step` finds no run to resume, or is negative.
+      ValueError: `resume_step` is negative.
     """
 
     _url_paths = True
@@ -144,13 +145,18 @@ class MlflowWriter(_base.TrackerWriter):
             runs = []
             if found is not None and run_name:
                 runs = _latest_run_named(client, found.experiment_id, run_name)
-            if not runs:
-                raise ValueError(
-                    f"MlflowWriter: resume_step={resume_step} found no run named {run_name!r} in "
-                    f"experiment {experiment_name!r}. Pass run_id=, or the run_name the run was "
-                    "created with (it defaults to the collection)."
+            if runs:
+                run_id = runs[0].info.run_id
+            else:  # an eval whose first summary the preempted run never reached
+                logging.warning(
+                    "MlflowWriter: resume_step=%d found no run named %r in experiment %r, so "
+                    "a new run starts (nothing to rewind). If one exists, pass run_id=, or the "
+                    "run_name it was created with (it defaults to the collection).",
+                    resume_step,
+                    run_name,
+                    experiment_name,
                 )
-            run_id = runs[0].info.run_id
+                resume_step = None
         if run_id is None:
             if experiment_name is None:
                 experiment_id = "0"  # MLflow's "Default" experiment

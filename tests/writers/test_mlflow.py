@@ -351,7 +351,7 @@ def test_the_same_value_written_twice_at_one_step_is_two_points(store):
     ]
 
 
-def test_resume_by_run_id_and_a_missing_run_is_an_error(store):
+def test_resume_by_run_id_and_by_a_name_no_run_has_yet(store, caplog):
     first = _writer(store)
     first.write_scalars(4, {"loss": 1.0})
     first.close()
@@ -361,8 +361,18 @@ def test_resume_by_run_id_and_a_missing_run_is_an_error(store):
     again.close()
     client = MlflowClient(store["tracking_uri"])
     assert _history(client, first.run_id, "loss") == [(4, 1.0), (5, 3.0)]
-    with pytest.raises(ValueError, match="found no run named 'nope'"):
-        _writer(store, run_name="nope", resume_step=3)
+    # An eval the preempted run never reached has no run to resume: the restart raised
+    # ValueError building its manager, so the run could not go on.
+    with caplog.at_level("WARNING"):
+        new = _writer(store, run_name="eval/task", resume_step=3)
+    assert "resume_step=3 found no run named 'eval/task' in experiment 'exp', so a new run " in (
+        caplog.text
+    )
+    new.write_scalars(1, {"acc": 0.5})
+    new.close()
+    run = client.get_run(new.run_id)
+    assert (run.info.run_name, run.info.status) == ("eval/task", "FINISHED")
+    assert new.run_id != first.run_id and _history(client, new.run_id, "acc") == [(1, 0.5)]
 
 
 def test_attaching_by_run_id_leaves_the_run_running(store):
