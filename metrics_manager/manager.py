@@ -239,7 +239,8 @@ class MetricsManager:
         self._failures = Failures(f"MetricsManager {name!r}", raise_all=on_error == "raise")
         self._closed = self._close_queued = self._close_done = False
         self._close_lock = threading.Lock()
-        self._window_open = False
+        self._window_open: str | None = None  # the name of the thread that opened it
+        self._window_taken: tuple[str, str] | None = None  # (opener, summary's thread) differing
         self._window_start: float | None = None  # worker-side state
         self._window_end = -math.inf  # worker-side: when the last summary's metrics were ready
         # Worker-side: when the last device value the worker waited for became ready (a
@@ -389,7 +390,7 @@ class MetricsManager:
         self._check_usable("start_duration_timer")
         called = self._clock()
         cost, self._summary_cost = self._summary_cost, 0.0
-        self._window_open = True
+        self._window_open = threading.current_thread().name
 
         def start(_: Job) -> None:  # see _ready_time: no earlier than the summary before
             earliest = max(called - cost, self._window_end, self._seen_ready)
@@ -470,7 +471,16 @@ class MetricsManager:
         problems.raise_if_any()
         self._keys_checked = seen
         self._check_order(step)
-        window, self._window_open = self._window_open, False
+        window, self._window_open = self._window_open, None
+        no_window, thread = "", threading.current_thread().name
+        if window is not None:
+            self._window_taken = (window, thread) if window != thread else None
+        elif self._window_taken and self._window_taken[0] == thread:
+            no_window = (
+                f"; the window thread {thread!r} opened last was ended by a summary from "
+                f"thread {self._window_taken[1]!r} (a manager has one window, as in T5X): give "
+                "that thread a MetricsManager of its own"
+            )
         block_on = metrics.buffers if isinstance(metrics, PackedMetrics) else metrics
         # Computing at the call (one array: a step's outputs are ready together): the window
         # ends after it, no sooner than a device value the worker waited for (a step's loss).
@@ -485,9 +495,11 @@ class MetricsManager:
                 end = self._window_end = _ready_time(block_on, earliest, self._clock, start)
                 # A clock that did not advance (coarse, or stepped back): a 0 s window, whose
                 # rates are inf (NaN for 0 steps), not the 1e9 steps/s of a made-up 1 ns.
-                duration = None if not window or start is None else max(end - start, 0.0)
+                duration = None if window is None or start is None else max(end - start, 0.0)
                 failed = self._failures.count
-                summary = self._summarizer.values(metrics, ready, step, num_steps, duration)
+                summary = self._summarizer.values(
+                    metrics, ready, step, num_steps, duration, no_window
+                )
                 job.result, job.state["calls"] = summary, self._summarizer.calls(step, summary)
                 if self._on_error == "raise" and self._failures.count > failed:
                     job.state["failure"] = self._failures.recent()[-1]  # a metric's: T5X's fails

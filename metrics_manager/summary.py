@@ -76,8 +76,10 @@ class Summarizer:
         step: int,
         num_steps: int,
         duration: float | None,
+        no_window: str = "",
     ) -> dict[str, clu.values.Value]:
-        """The summary: `ready` values and those of `metrics`, over a window of `duration` s."""
+        """The summary: `ready` values and those of `metrics`, over a window of `duration` s
+        (None: no window was open, `no_window` saying why when the manager knows)."""
         owner = self._failures.owner
         near_limit: list[str] = []
         host = to_host(metrics, near_limit, step)
@@ -114,7 +116,8 @@ class Summarizer:
             for key in timed:
                 message = (
                     f"metric {key!r} measures time, but no window was open: call "
-                    "manager.start_duration_timer(block_on=state) at the start of every window"
+                    "manager.start_duration_timer(block_on=state) at the start of every "
+                    f"window{no_window}"
                 )
                 failed(key, MetricsManagerError(message))
 
@@ -151,7 +154,7 @@ class Summarizer:
                 owner,
                 "no window was open" if duration is None else "the window took 0 s",
                 step,
-                "" if duration is None else ", and give the manager a clock that advances",
+                no_window if duration is None else ", and give the manager a clock that advances",
             )
         if self._monitor is not None and time.monotonic() >= self._system_next:
             self._system_next = time.monotonic() + self._system_interval

@@ -629,6 +629,39 @@ def test_time_metrics_without_a_started_timer_cost_their_keys_and_say_how_to_fix
     )
 
 
+def test_a_window_ended_by_another_threads_summary_is_named_in_the_failure():
+    """An eval thread's summary on the loop's manager ends the loop's window (one timer per
+    manager, as in T5X): the loop's timed keys fail, and the failure said only to call
+    start_duration_timer, which the loop did."""
+    recorder = RecordingWriter()
+    with make(recorder, clock=time.perf_counter) as manager:
+        rate = {"steps_per_second": StepsPerTime.from_model_output(), "loss": Sum(1.0)}
+        manager.start_duration_timer()
+        manager.write_metrics_summary(rate, 10, 10).result()  # the loop's own window: timed
+        manager.start_duration_timer()
+        thread = threading.Thread(
+            target=lambda: manager.write_metrics_summary({"eval/acc": Sum(0.5)}, 10, 1).result(),
+            name="eval",
+        )
+        thread.start()
+        thread.join()
+        assert "steps_per_second" not in manager.write_metrics_summary(rate, 20, 10).result()
+        manager.start_duration_timer()  # its own window again: timed, and no stale blame
+        assert "steps_per_second" in manager.write_metrics_summary(rate, 30, 10).result()
+        manager.write_metrics_summary(rate, 40, 10).result()  # no timer started: its own slip
+    assert [(e.source, e.step) for e in manager.errors] == [
+        ("metric:steps_per_second", 20),
+        ("metric:steps_per_second", 40),
+    ]
+    fix = "call manager.start_duration_timer(block_on=state) at the start of every window"
+    assert str(manager.errors[0].error) == (
+        f"metric 'steps_per_second' measures time, but no window was open: {fix}; the window "
+        "thread 'MainThread' opened last was ended by a summary from thread 'eval' (a manager "
+        "has one window, as in T5X): give that thread a MetricsManager of its own"
+    )
+    assert str(manager.errors[1].error).endswith(fix)
+
+
 def test_a_collection_in_a_dict_without_a_started_timer_keeps_its_other_fields():
     # The whole Collection was left out (its loss too) when one of its fields measured time.
     fields = {"loss": clu_metrics.Average.from_output("loss"), "rate": StepsPerTime}
