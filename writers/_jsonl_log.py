@@ -295,7 +295,11 @@ class RemoteLog:
             stale += [_part_name(generation, i) for i in current]
             generation, current = generation + 1, [0]
         else:
-            tail = _read_parts(fs, base, generation, current[-1:])
+            tail = b""
+            for index in reversed(current):  # the last part may hold step-less lines alone
+                tail = _read_parts(fs, base, generation, [index])
+                if last_step(tail[-65536:]) is not None:
+                    break
         # The new generation is in place: readers ignore the old one already.
         for name in stale:
             with contextlib.suppress(FileNotFoundError):

@@ -16,7 +16,7 @@ from flax import nnx
 
 import writers
 from metrics_manager import MetricsManager, StepsPerTime, Sum, merge_metrics, step_flops
-from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
+from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard, stale_log_warning
 
 
 def files_only(d, collection=None, resume_step=None):
@@ -68,12 +68,7 @@ def test_resuming_with_a_set_without_jsonl_warns_of_the_log_it_leaves_stale(tmp_
     # The second run replaced steps 40 and 50; the third wrote 50 and 60 to TensorBoard only.
     assert [x["step"] for x in read_jsonl(str(tmp_path / "train"))] == [10, 20, 30, 40, 50, 60]
     warned = [r.getMessage() for r in caplog.records if "no writer of this set" in r.getMessage()]
-    assert warned == [
-        f"MetricsManager 'train': resume_step=40, but no writer of this set rewrote "
-        f"{tmp_path / 'train'}/metrics.jsonl, which keeps the earlier run's steps after 40 (and "
-        "writers.plot reads it before the event files). Remove it, or keep the JSONL writer in "
-        "the set."
-    ]
+    assert warned == [stale_log_warning(str(tmp_path / "train"), 40)]
 
 
 def test_resume_step_needs_a_factory_that_takes_it():

@@ -39,6 +39,16 @@ def read_tensorboard(logdir: str) -> event_accumulator.EventAccumulator:
     return acc
 
 
+def stale_log_warning(logdir: str, resume_step: int) -> str:
+    """The manager's warning when a resumed writer set leaves `logdir`'s metrics.jsonl as it was."""
+    return (
+        f"MetricsManager 'train': resume_step={resume_step}, but no writer of this set rewrote "
+        f"{logdir}/metrics.jsonl, which keeps the earlier run's steps after {resume_step} (and "
+        "writers.plot reads it before the event files). Remove it, or keep the JSONL writer in "
+        "the set."
+    )
+
+
 def read_jsonl(logdir: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(logdir, "metrics.jsonl").read_text().splitlines()]
 

@@ -10,6 +10,7 @@ whole-file re-upload per flush, as tensorboardX's GCS writer does, would be ~500
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -21,8 +22,10 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator as ea
 
 import writers
+from metrics_manager import MetricsManager
 from metrics_manager.gin_utils import write_gin_config
 from tests import storage_servers
+from tests.metrics_manager.test_manager_files import stale_log_warning
 
 # T5X's base metrics: the keys of a realistic train summary.
 KEYS = [
@@ -128,6 +131,35 @@ def test_resume_on_cloud_storage_keeps_each_step_once(server, tmp_path):
     acc = ea.EventAccumulator(run)
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == expected
+
+
+def test_remote_logs_warn_as_local_ones_do(server, caplog):
+    """On a URL, a log whose last part held only an hparams line read as having no step, so
+    steps going backwards gave no warning; a resumed set without JSONL left the earlier log
+    with its later steps, also without the warning a local directory gives."""
+    caplog.set_level(logging.WARNING)
+    run = f"{server.scheme}://{storage_servers.BUCKET}/warn-{uuid.uuid4().hex[:8]}"
+    w = writers.JsonlWriter(f"{run}/train")
+    for step in range(1, 21):
+        w.write_scalars(step, {"loss": float(step)})
+    w.flush()
+    w.write_hparams({"lr": 0.1})  # the last part: this line alone
+    w.close()
+    with writers.JsonlWriter(f"{run}/train") as w:  # restarted at step 5, no resume_step
+        w.write_scalars(5, {"loss": 5.0})
+    backwards = [r.getMessage() for r in caplog.records if "comes after step" in r.getMessage()]
+    assert len(backwards) == 1 and "step 5 comes after step 20" in backwards[0]
+
+    def tensorboard_only(d, collection=None, resume_step=None):
+        return writers.create_default_writer(
+            d, console=False, jsonl=False, collection=collection, resume_step=resume_step
+        )
+
+    with MetricsManager("train", run, writer_factory=tensorboard_only, resume_step=10) as m:
+        m.write_scalars(11, {"loss": 11.0})
+    stale = [r.getMessage() for r in caplog.records if "no writer of this set" in r.getMessage()]
+    assert stale == [stale_log_warning(f"{run}/train", 10)]
+    assert [x["step"] for x in writers.read_jsonl(f"{run}/train")][-3:] == [20, None, 5]
 
 
 def test_a_remote_jsonl_log_never_closed_is_uploaded_at_exit():
