@@ -16,6 +16,7 @@ from flax import nnx
 
 import writers
 from metrics_manager import MetricsManager, StepsPerTime, Sum, merge_metrics, step_flops
+from metrics_manager import system as system_lib
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard, stale_log_warning
 
 
@@ -107,6 +108,24 @@ def test_system_metrics_land_in_jsonl_and_tensorboard(tmp_path):
         assert 0.0 <= line["system/process_cpu_percent"] <= 100.0 * os.cpu_count()
     tags = read_tensorboard(str(tmp_path / "train")).Tags()["scalars"]
     assert "system/process_rss_mib" in tags and "system/host_memory_percent/max" in tags
+
+
+def test_cpu_percent_missing_from_an_early_summary_comes_with_the_next(tmp_path, monkeypatch):
+    """CPU % needs a span of CPU times: a summary right after the manager was made (a step-0
+    eval) had none, and the CPU keys came only `system_interval_s` (10 s) later."""
+    monkeypatch.setattr(system_lib, "_MIN_RATE_SPAN_S", 0.5)  # 0.1 s: too short to be sure
+    with MetricsManager(
+        "train", tmp_path, writer_factory=files_only, system_metrics=True
+    ) as manager:
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 0, 1).result()
+        time.sleep(0.6)
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 1, 1).result()
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 2, 1).result()
+    first, second, third = read_jsonl(str(tmp_path / "train"))
+    assert "system/process_cpu_percent" not in first and "system/process_rss_mib" in first
+    assert 0.0 <= second["system/process_cpu_percent"] <= 100.0 * os.cpu_count()
+    assert 0.0 <= second["system/host_cpu_percent"] <= 100.0
+    assert not any(k.startswith("system/") for k in third)  # then every system_interval_s
 
 
 def test_perf_keys_from_the_compiled_steps_flops():
