@@ -9,7 +9,14 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
+# Python >= 3.11 is checked before the venv is made: a venv of an older one stayed, and
+# `make PYTHON=python3.11` reused its interpreter.
+NEWER := import sys; sys.exit(sys.version_info < (3, 11))
+
 $(STAMP): setup.cfg pyproject.toml
+	@$(PYTHON) -c '$(NEWER)' || { echo "jax-metrics-manager needs Python >= 3.11, and \
+	$(PYTHON) is older or missing: run make PYTHON=python3.11 (or a newer one)"; exit 1; }
+	@if [ -e $(PY) ] && ! $(PY) -c '$(NEWER)' 2>/dev/null; then rm -rf $(VENV); fi
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 	$(PY) -m pip install --quiet -e '.[demo,plot,test,dev]'

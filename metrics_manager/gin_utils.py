@@ -36,8 +36,13 @@ def config_dir() -> str:
       FileNotFoundError: neither holds them (naming where it looked).
     """
     installed = os.path.join("share", "jax-metrics-manager", "configs")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # or site-packages
+    # The install's prefix is not always the interpreter's: `pip install --prefix` or
+    # `--target` on PYTHONPATH, a venv with --system-site-packages over the install.
     places = [
-        os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs"),
+        os.path.join(root, "configs"),
+        os.path.join(root, installed),  # pip install --target
+        os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(root))), installed),
         os.path.join(sysconfig.get_path("data"), installed),
         os.path.join(site.getuserbase(), installed),  # pip install --user
     ]

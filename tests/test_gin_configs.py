@@ -21,6 +21,7 @@ is parsed on top of that file, so a renamed or misspelled parameter in a comment
 from __future__ import annotations
 
 import inspect
+import os
 import pathlib
 import re
 from typing import Any
@@ -228,6 +229,26 @@ def test_an_installed_wheel_finds_its_configs_from_any_directory(tmp_path):
     assert result.stdout.split() == [str(env / "share" / "jax-metrics-manager" / "configs"), "0.5"]
     shipped = sorted(p.relative_to(env / "share").as_posix() for p in env.glob("share/**/*.gin"))
     assert "jax-metrics-manager/configs/writers/wandb.gin" in shipped and len(shipped) == 10
+    # PEP 561 markers: without them a user's mypy skips both packages as untyped.
+    assert (lib / "metrics_manager" / "py.typed").is_file() and (
+        lib / "writers" / "py.typed"
+    ).is_file()
+    # Installed where the interpreter's prefix is not (--target, --prefix on PYTHONPATH, a
+    # --system-site-packages venv): config_dir() looked under the interpreter's prefix only.
+    target = tmp_path / "target"
+    subprocess.run([*pip, "install", "--no-deps", "--target", target, wheel], check=True)
+    script = script.replace(repr(str(lib)), repr(str(target)))
+    (tmp_path / "other").mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path / "other",
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    configs = target / "share" / "jax-metrics-manager" / "configs"
+    assert result.stdout.split() == [str(configs), "0.5"]
 
 
 TOP_LEVEL = sorted(p.name for p in CONFIGS.glob("*.gin") if p.name != "demo.gin")
