@@ -784,7 +784,8 @@ def compute_loss_and_metrics(
 
     Reads `decoder_target_tokens`, `decoder_loss_weights` (default `targets > 0`),
     `loss_normalizing_factor` (absent: none) and every `<feature>_segment_ids`. The z-loss
-    keys are present when `z_loss` is nonzero or an array. The `loss_per_*` keys average the
+    and `cross_ent_loss*` keys are always there (0 and the loss without a z-loss), as T5X's
+    models pass their z-loss, 0.0 by default, every step. The `loss_per_*` keys average the
     unweighted token losses over tokens of nonzero weight (see `compute_base_metrics`).
 
     Args:
@@ -827,6 +828,14 @@ def compute_loss_and_metrics(
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
     loss, total_z_loss = _weighted_sums(token_losses, weights, factor)
-    z = total_z_loss if _is_array(z_loss) or z_loss != 0.0 else None  # a z-loss in use
-    args = (logits, targets, weights, loss, z, segment_ids or None, token_losses, None, num_devices)
-    return loss, _base_metrics(*args)  # checked above: no second pass
+    return loss, _base_metrics(  # checked above: no second pass
+        logits,
+        targets,
+        weights,
+        loss,
+        total_z_loss,
+        segment_ids or None,
+        token_losses,
+        None,
+        num_devices,
+    )

@@ -168,8 +168,14 @@ def test_batch_segment_ids_become_features():
         "decoder_segment_ids": jnp.array([[1, 1, 2, 0], [1, 1, 0, 0]]),
     }
     _, metrics = _loss_and_metrics(jnp.zeros((2, 4, 5)), batch, num_devices=1)
-    assert _values(metrics)["effective_batch_size/decoder"] == 3.0
-    assert "z_loss" not in metrics  # z-loss keys only when a z-loss is used
+    values = _values(metrics)
+    assert values["effective_batch_size/decoder"] == 3.0
+    # T5X's models pass their z-loss (0.0 by default) every step: its keys were left out.
+    assert values["z_loss"] == values["z_loss_per_all_target_tokens"] == 0.0
+    assert (
+        values["cross_ent_loss"] == values["loss"] == pytest.approx(5 * np.log(5))
+    )  # 5 real tokens
+    assert values["cross_ent_loss_per_all_target_tokens"] == pytest.approx(5 * np.log(5) / 8)
 
 
 # ----------------------------------------------------------------------------- T5X's errors, fixed
