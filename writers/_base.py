@@ -399,6 +399,7 @@ def _path_problem(kind: str, keys: Iterable[str], url_safe: bool = False) -> str
         k
         for k in keys
         if len(k.encode()) > 1024
+        or "\0" in k  # no file system takes it: every later send failed on it
         or any(p in ("", ".", "..") or len(p.encode()) > 255 for p in k.split("/"))
         or (url_safe and any(c in k for c in "#?%"))
     ]
@@ -407,7 +408,7 @@ def _path_problem(kind: str, keys: Iterable[str], url_safe: bool = False) -> str
     url = ", without '#', '?' or '%' (a tracking server's URL syntax)" if url_safe else ""
     return (
         f"keys {bad} become artifact paths {kind}/<key>/... and must be relative, without "
-        f"'', '.' or '..' parts, each part at most 255 bytes and the key 1,024{url}; rename "
+        f"'', '.' or '..' parts or NUL, each part at most 255 bytes and the key 1,024{url}; rename "
         "them, e.g. 'eval/sample'."
     )
 

@@ -43,6 +43,7 @@ Example:
   >>> w.close()  # sends the buffer (one log_batch here) and ends the run
 """
 
+import errno
 import json
 import math
 import tempfile
@@ -277,7 +278,16 @@ class MlflowWriter(_base.TrackerWriter):
         try:
             if kind == "artifacts":
                 with tempfile.TemporaryDirectory() as tmp:
-                    _base.write_tree(tmp, batch)
+                    unwritable = []
+                    for path, data in batch.items():
+                        try:
+                            _base.write_tree(tmp, {path: data})
+                        except (OSError, ValueError) as err:
+                            if getattr(err, "errno", None) in (errno.ENOSPC, errno.EDQUOT):
+                                raise  # a full disk passes: the files wait for the next send
+                            unwritable.append(f"{path!r}: {err}")  # would fail every send
+                    if unwritable:
+                        refused.append(f"{len(unwritable)} files ({'; '.join(unwritable[:3])})")
                     self._client.log_artifacts(self.run_id, tmp)
             else:
                 self._client.log_batch(self.run_id, **{kind: batch})

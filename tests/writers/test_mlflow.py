@@ -436,6 +436,28 @@ def test_what_mlflow_cannot_store_raises(store):
         w.write_scalars(1, {"a": 1.0})
 
 
+def test_a_file_that_cannot_be_written_is_dropped_not_retried_forever(store, tmp_path):
+    """A key's file under another key's file (texts/a/step_00000001.txt as a directory) or a
+    NUL in a key failed writing the send's files: each later send failed the same way, every
+    other artifact with it, and close() raised."""
+    w = _writer(store)
+    with pytest.raises(ValueError, match=r"\['a\\x00b'\] become artifact paths .* or NUL"):
+        w.write_texts(1, {"a\0b": "refused at the call"})
+    w.write_texts(1, {"a": "kept"})
+    w.write_texts(1, {"a/step_00000001.txt": "no path for it"})
+    with pytest.raises(ValueError, match=r"refused 1 files \('texts/a/step_00000001.txt/step_"):
+        w.flush()
+    w.write_texts(2, {"b": "later"})
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    root = client.download_artifacts(w.run_id, "texts", str(tmp_path / "down"))
+    with open(os.path.join(root, "a", "step_00000001.txt")) as f:
+        assert f.read() == "kept"
+    with open(os.path.join(root, "b", "step_00000002.txt")) as f:
+        assert f.read() == "later"
+    assert client.get_run(w.run_id).info.status == "FINISHED"
+
+
 def test_missing_mlflow_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     with pytest.raises(ImportError, match=r"pip install 'jax-metrics-manager\[mlflow\]'"):
