@@ -499,7 +499,7 @@ def collect_numbers(
     converters = _CONVERTERS
     try:  # the common case: every value's type has a converter (one C-level pass)
         return {key: converters[type(value)](value) for key, value in scalars.items()}
-    except (KeyError, ValueError):  # ValueError: an int past float64 (`_int`)
+    except (KeyError, ValueError):  # ValueError: an int too long for str() (`_int`)
         pass
     out: dict[str, int | float] = {}
     for key, value in scalars.items():
