@@ -56,6 +56,7 @@ class Summarizer:
         self._monitor = monitor
         self._system_interval = system_interval_s
         self._system_next = -math.inf  # when the next system/* sample is due
+        self._system_first = math.inf  # when the first was taken
         self._nonfinite_warned: set[str] = set()
         self._int32_warned: set[str] = set()
         # (steps merged, num_steps) of the last 3 summaries; None once warned.
@@ -159,9 +160,12 @@ class Summarizer:
         if self._monitor is not None and time.monotonic() >= self._system_next:
             system = self._monitor.window_values()
             # CPU % needs 0.1 s of CPU times: a summary just after the manager was made (a
-            # step-0 eval) has none yet, and the next one brings it, not one 10 s later.
-            if "system/process_cpu_percent" in system:
-                self._system_next = time.monotonic() + self._system_interval
+            # step-0 eval) has none yet, and the next one brings it, not one 10 s later (a
+            # host without it is given 1 s before the interval applies anyway).
+            now = time.monotonic()
+            self._system_first = min(self._system_first, now)
+            if "system/process_cpu_percent" in system or now - self._system_first >= 1.0:
+                self._system_next = now + self._system_interval
             extra |= system
         summary.update((key, clu.values.Scalar(value)) for key, value in extra.items())
         return summary
