@@ -774,7 +774,10 @@ class MetricsManager:
                 if arg == "scalars":
                     self._check_finite(step, values)
                 checked = _checks.Checked(values) if arg == "scalars" else values
-                job.state["calls"] = [(call, {arg: checked, **extra})] if values else []
+                kwargs = dict(extra)
+                if isinstance(buckets := kwargs.get("num_buckets"), Mapping):  # not a key left out
+                    kwargs["num_buckets"] = {k: n for k, n in buckets.items() if k in values}
+                job.state["calls"] = [(call, {arg: checked, **kwargs})] if values else []
 
             self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
         self._failures.raise_fatal()  # after queueing: this call's values are still written

@@ -334,3 +334,19 @@ def test_a_dataclass_config_is_written_as_hparams(tmp_path):
     w.write_hparams(TrainConfig())
     w.close()
     assert writers.read_jsonl(str(tmp_path / "direct.jsonl"))[0]["hparams"]["opt.name"] == "adam"
+
+
+def test_a_histogram_left_out_costs_the_call_no_other_key(tmp_path):
+    """A NaN histogram left out of `write_histograms` stayed in its `num_buckets`: each writer
+    refused the whole call ("num_buckets names ['bad']"), losing 'good' and counting failures."""
+    with MetricsManager("train", tmp_path, writer_factory=files_only) as manager:
+        for step, xp in ((1, np), (2, jnp)):
+            arrays = {"good": xp.arange(10.0), "bad": xp.array([np.nan, 1.0])}
+            manager.write_histograms(step, arrays, num_buckets={"good": 5, "bad": 5})
+    assert [(e.source, e.step) for e in manager.errors] == [("metric:bad", 1), ("metric:bad", 2)]
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(x["step"], sum(x["good"]["counts"]), len(x["good"]["counts"])) for x in lines] == [
+        (1, 10, 5),
+        (2, 10, 5),
+    ]
+    assert all("bad" not in x for x in lines)
