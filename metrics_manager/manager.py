@@ -84,6 +84,7 @@ _SIGNAL_DEADLINE_S = 10.0
 # Before a handler of the program's own (set a flag, save a checkpoint, exit), the flush
 # takes at most this long, leaving that handler the grace period; `close()` writes the rest.
 _SIGNAL_FLUSH_BEFORE_OWN_S = 2.0
+_signal_end: float | None = None  # while `_on_signal` flushes: when its flush must end
 
 
 class MetricsManager:
@@ -131,9 +132,11 @@ class MetricsManager:
       handle_signals: flush on SIGTERM/SIGINT (within 25 s, or 2 s before a handler of the
         program's own; a writer call running 10 s into it is abandoned, a writer whose calls
         took 10 s of it is set aside) before the previous handler runs; close the writers
-        instead where that is the default, which ends the process. Python installs
-        handlers only from the main thread: a manager made on another thread is flushed by
-        one made on the main thread, else at `close()` and exit.
+        instead where that is the default, which ends the process. A repeated signal keeps
+        the first one's bounds. Python installs handlers only from the main thread: a
+        manager made on another thread is flushed by one made on the main thread, else at
+        `close()` and exit. False: neither installs a handler nor is flushed by another
+        manager's.
         SIGTERM is left to JAX's preemption service where `jax.distributed` runs one: the
         loop stops at `reached_preemption_sync_point`, and `close()` writes every summary.
 
@@ -317,6 +320,7 @@ class MetricsManager:
             monitor=self._monitor,
             system_interval_s=system_interval_s,
         )
+        self._handles_signals = bool(handle_signals)  # False: not flushed by another's handler
         self._worker = OrderedWorker(
             f"MetricsManager[{name}]",
             max_pending=max_pending,
@@ -553,7 +557,7 @@ class MetricsManager:
         """Waits for every queued summary and write, then flushes every writer.
 
         Args:
-          timeout: seconds to wait at most (None: until done).
+          timeout: seconds to wait at most, for a slot in a full queue too (None: until done).
 
         Raises:
           TimeoutError: `timeout` passed first (what is queued still gets written after).
@@ -819,12 +823,18 @@ class MetricsManager:
 
     def _to_all(self, method: str, timeout: float | None) -> None:
         end = None if timeout is None else time.monotonic() + timeout
-        # Queueing waits while the queue is full: it counts against `timeout` too.
-        self._worker.post(self._fanout.pieces(None, [(method, {})]))
-        if not self._worker.drain(None if end is None else max(end - time.monotonic(), 0.0)):
+        queued = False
+        try:  # queueing waits while the queue is full: it counts against `timeout` too
+            self._worker.post(self._fanout.pieces(None, [(method, {})]), timeout=timeout)
+            queued = True
+            done = self._worker.drain(None if end is None else max(end - time.monotonic(), 0.0))
+        except TimeoutError:
+            done = False
+        if not done:
+            what = f"summaries, writes, the {method}" if queued else "summaries, writes"
             raise TimeoutError(
                 f"MetricsManager {self.name!r}: {method}() not done in {timeout:.3g} s; "
-                f"{self._worker.backlog} job(s) (summaries, writes, the {method}) still queued"
+                f"{self._worker.backlog} job(s) ({what}) still queued"
             )
 
 
@@ -1217,15 +1227,39 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     """Flushes every open manager within the grace period, then runs the previous handler;
     closes their writers instead where that is the default, which ends the process at once:
     W&B, whose run file grows in 32 KiB blocks until its run finishes, lost every summary."""
+    global _signal_end
     previous = _PREVIOUS_HANDLERS.get(signum)
     ending = previous == signal.SIG_DFL
     own = callable(previous) and previous is not signal.default_int_handler
     budget = _SIGNAL_FLUSH_BEFORE_OWN_S if own else _SIGNAL_FLUSH_S
     end = time.monotonic() + budget
-    managers = _open_managers()
-    for manager in managers:  # a hung or slow writer must not hold the others' past a kill
-        manager._worker.hurry(min(_SIGNAL_DEADLINE_S, budget))
-        manager._fanout.hurry(min(_SIGNAL_DEADLINE_S, budget))
+    managers = [m for m in _open_managers() if m._handles_signals]
+    outer = _signal_end is None
+    if _signal_end is None:
+        for manager in managers:  # a hung or slow writer must not hold the others' past a kill
+            manager._worker.hurry(min(_SIGNAL_DEADLINE_S, budget))
+            manager._fanout.hurry(min(_SIGNAL_DEADLINE_S, budget))
+    else:  # a repeat inside the first one's flush (a scheduler resending): its bounds hold
+        end = min(end, _signal_end)
+    _signal_end = end
+    try:
+        _flush_on_signal(managers, end, ending, own)
+    finally:
+        if outer:
+            _signal_end = None
+            for manager in managers:
+                manager._worker.hurry(None)
+                manager._fanout.hurry(None)
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_DFL:
+        signal.signal(signum, signal.SIG_DFL)  # die as the default would: status 128 + signum
+        os.kill(os.getpid(), signum)
+
+
+def _flush_on_signal(managers: list[MetricsManager], end: float, ending: bool, own: bool) -> None:
+    """`_on_signal`'s flush (`close` where the signal ends the process) of each of `managers`
+    until `end` (monotonic)."""
     for manager in managers:
         left = max(end - time.monotonic(), 0.0)
         try:
@@ -1247,10 +1281,3 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
             _LOG.log(
                 level, "MetricsManager %r: flush on signal failed: %s%s", manager.name, err, rest
             )
-        manager._worker.hurry(None)
-        manager._fanout.hurry(None)
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)  # die as the default would: status 128 + signum
-        os.kill(os.getpid(), signum)

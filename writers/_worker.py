@@ -13,8 +13,9 @@ job is a list of pieces, run in order on one thread, jobs in submission order:
   catch inside them. A future cancelled before its job starts skips the job.
 
 A piece is `(label, fn, deadline_s)`; `fn(job)` may keep state in `job.state` and set
-`job.result`, the future's value. Only a piece with a deadline (which alone can be abandoned)
-publishes itself under the lock: at a summary per step, lock rounds were measurable.
+`job.result`, the future's value. Only a piece with a deadline, or any while `hurry` bounds
+them (which alone can be abandoned), publishes itself under the lock: at a summary per step,
+lock rounds were measurable.
 """
 
 import collections
@@ -129,11 +130,17 @@ class OrderedWorker:
         """
         return self._enqueue(Job(pieces, _Future(self))).future  # type: ignore[return-value]
 
-    def post(self, pieces: Sequence[Piece], *, last: bool = False) -> None:
+    def post(
+        self, pieces: Sequence[Piece], *, last: bool = False, timeout: float | None = None
+    ) -> None:
         """`submit` for a job nobody waits on: no future is made; an error ending it is logged.
         `last`: the job that closes what the pieces write; later jobs are refused, as after
-        `close()` (a call queued behind it reached closed writers, and was lost)."""
-        self._enqueue(Job(pieces), last)
+        `close()` (a call queued behind it reached closed writers, and was lost).
+
+        Raises:
+          TimeoutError: the queue stayed full for `timeout` seconds (the job is not queued).
+        """
+        self._enqueue(Job(pieces), last, timeout)
 
     def refuse_own_thread(self, what: str) -> None:
         """Raises if the worker's own thread (a piece, a future's callback) would wait for
@@ -145,13 +152,20 @@ class OrderedWorker:
                 "the training loop."
             )
 
-    def _enqueue(self, job: Job, last: bool = False) -> Job:
+    def _enqueue(self, job: Job, last: bool = False, timeout: float | None = None) -> Job:
         self._refuse_fork()
+        end = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._abandon_overrun()
             while len(self._queue) >= self._max and not self._sealed:
                 self.refuse_own_thread(f"queueing with {self._max} jobs pending")
-                self._wait()
+                left = _POLL_S if end is None else min(_POLL_S, end - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(
+                        f"{self.name}: its queue stayed full ({self._max} jobs pending) for "
+                        f"{timeout:.3g} s"
+                    )
+                self._wait(left)
             if self._sealed:
                 raise RuntimeError(f"{self.name} is closed; create a new one.")
             self._queue.append(job)
@@ -176,16 +190,23 @@ class OrderedWorker:
         return True
 
     def hurry(self, cap_s: float | None) -> None:
-        """Bounds every deadline by `cap_s` (the running piece's: `cap_s` from now); None undoes it.
+        """Bounds every piece's time by `cap_s`, a piece with no deadline too (the running
+        piece's: `cap_s` from now); None undoes it for the pieces that start later.
 
         For a flush racing a kill (SIGTERM's grace period): a hung piece is abandoned in time
         for the pieces queued behind it to run.
         """
         with self._cond:
             self.cap = cap_s
-            if cap_s is not None and self._piece is not None:
-                label, end = self._piece
-                self._piece = (label, min(end, time.monotonic() + cap_s))
+            if cap_s is None:
+                return
+            end = time.monotonic() + cap_s
+            job = self._current
+            if self._piece is not None:
+                label, own = self._piece
+                self._piece = (label, min(own, end))
+            elif job is not None and job.index < len(job.pieces):  # running with no deadline
+                self._piece = (job.pieces[job.index][0], end)
 
     def close(self, timeout: float | None = None) -> bool:
         """Runs what is queued, then stops the thread; False if `timeout` passed first."""
@@ -279,7 +300,14 @@ class OrderedWorker:
                     failed = None
                 except BaseException as err:  # noqa: BLE001  (fails this job's future)
                     failed = err
-                if deadline is None and failed is None:
+                # Unarmed and still this thread's (`hurry` arms a piece with no deadline, and
+                # an abandoned thread must not go on with the job): no lock round.
+                if (
+                    deadline is None
+                    and failed is None
+                    and self._piece is None
+                    and generation == self._generation
+                ):
                     job.index = index + 1
                     if job.index < len(pieces) and pieces[job.index][2] is not None:
                         with cond:
@@ -299,8 +327,8 @@ class OrderedWorker:
     def _arm(self, job: Job) -> None:
         index, pieces = job.index, job.pieces
         label, _, deadline = pieces[index] if index < len(pieces) else ("", None, None)
-        if deadline is not None and self.cap is not None:
-            deadline = min(deadline, self.cap)
+        if self.cap is not None and index < len(pieces):
+            deadline = self.cap if deadline is None else min(deadline, self.cap)
         self._piece = None if deadline is None else (label, time.monotonic() + deadline)
 
     def _finish(self, job: Job, generation: int) -> None:

@@ -4,8 +4,9 @@
 
 MODE: `every_step` (one summary per step), `periodic` (one every PERIOD_S seconds), `hang`
 (a writer that never returns, next to JSONL), `hang_signal` (one every step with a writer
-that never returns first, the default deadline, JSONL and TensorBoard), `slow_signal` (the
-same with a writer taking 3 s a write instead), `unclosed` (50
+that never returns first, the default deadline, JSONL and TensorBoard), `hang_no_deadline`
+(the same with `writer_deadline_s=None`), `slow_signal` (the same with a writer taking 3 s a
+write instead), `unclosed` (50
 summaries queued, then the program ends without closing the manager), `fork` (forked
 children: data-loader workers terminated with SIGTERM, and one that exits normally),
 `preemption` (one `jax.distributed` process that stops at JAX's preemption sync point),
@@ -116,7 +117,8 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
         print("errors:", *[str(f) for f in manager.errors], sep="\n", flush=True)
         return None
 
-    first = {"stuck": HangingWriter()} if mode == "hang_signal" else {}
+    hangs = mode in ("hang_signal", "hang_no_deadline")
+    first = {"stuck": HangingWriter()} if hangs else {}
     if mode == "slow_signal":
         first = {"slow": SlowWriter(3.0)}  # a tracker over a slow link: under every deadline
     factory = files_and(first=first)
@@ -126,7 +128,8 @@ def main(mode: str, summary_dir: str, period: float = 0.2) -> None:
             tracker = writers.WandbWriter("fault", logdir=logdir, process_index=0)
             return files_and(last={"wandb": tracker})(logdir, collection)
 
-    manager = MetricsManager("train", summary_dir, writer_factory=factory)
+    deadline = {"writer_deadline_s": None} if mode == "hang_no_deadline" else {}
+    manager = MetricsManager("train", summary_dir, writer_factory=factory, **deadline)
     x = jnp.zeros(4)
     if mode == "unclosed":
         for step in range(1, 51):

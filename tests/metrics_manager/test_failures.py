@@ -1495,6 +1495,18 @@ if sys.argv[1] == "ignored":  # Ctrl-C ignored while a second manager is made, t
         print("interrupted", flush=True)
     manager.close()
     first.close()
+elif sys.argv[1] == "opted_out":  # a manager with handle_signals=False after one without
+    MetricsManager("first", run_dir, writer_factory=files_and()).close()
+    slow = files_and(last={"slow": SlowWriter(0.2)})  # 6 s of writes queued
+    manager = MetricsManager(
+        "train", run_dir, writer_factory=slow, max_pending=100, handle_signals=False
+    )
+    for step in range(1, 31):
+        manager.write_scalars(step, {"loss": float(step)})
+    print(time.time(), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+    print("survived", flush=True)
 else:  # the program's handler calls the one it replaced (the first manager's)
     MetricsManager("first", run_dir, writer_factory=files_and()).close()
     saved = signal.getsignal(signal.SIGTERM)
@@ -1509,11 +1521,12 @@ else:  # the program's handler calls the one it replaced (the first manager's)
 """
 
 
-@pytest.mark.parametrize("case", ["ignored", "chained"])
+@pytest.mark.parametrize("case", ["ignored", "chained", "opted_out"])
 def test_handlers_the_program_sets_around_managers_still_end_it(tmp_path, case):
     # A manager made while Ctrl-C was ignored took SIG_IGN as the handler to chain to, and
     # Ctrl-C was swallowed for good; a program's handler calling the one it saved cut the
-    # signal's flush short (19 of 30 summaries).
+    # signal's flush short (19 of 30 summaries). A manager made with handle_signals=False
+    # was flushed anyway (6 s here) by the handler an earlier manager left installed.
     proc = subprocess.run(
         [sys.executable, "-c", _HANDLER_SCRIPT, case, str(tmp_path)],
         cwd=ROOT,
@@ -1523,6 +1536,10 @@ def test_handlers_the_program_sets_around_managers_still_end_it(tmp_path, case):
     )
     if case == "ignored":
         assert proc.returncode == 0 and proc.stdout == "interrupted\n", proc.stderr
+        return
+    if case == "opted_out":
+        assert proc.returncode == -signal.SIGTERM and "survived" not in proc.stdout, proc.stderr
+        assert time.time() - float(proc.stdout) < 2.0, proc.stderr  # the default's exit
         return
     assert proc.returncode == -signal.SIGTERM and "survived" not in proc.stdout, proc.stderr
     logdir = str(tmp_path / "train")
@@ -1596,26 +1613,49 @@ def test_sigterm_on_cloud_storage_loses_no_issued_summary(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "mode, seconds, message",
+    "mode, seconds, message, repeats",
     [
         # The hung writer is first in every job, so every other write waits behind it; its
         # deadline (60 s) is past the usual 30 s grace period, so the signal's flush bounds it.
-        ("hang_signal", (10.0, 20.0), "writer 'stuck' ran past 10.0 s, the bound while flushing"),
+        (
+            "hang_signal",
+            (10.0, 20.0),
+            "writer 'stuck' ran past 10.0 s, the bound while flushing",
+            1,
+        ),
+        # With no deadline at all the same: the process never ended, its queue full behind the
+        # hung call, and the handler's own flush waiting for a slot in it.
+        (
+            "hang_no_deadline",
+            (10.0, 20.0),
+            "writer 'stuck' ran past 10.0 s, the bound while flushing",
+            1,
+        ),
         # No call of the 3 s writer reaches that bound, yet its 17 queued calls take 51 s: it
         # held 8 of 17 summaries from the others past the 25 s flush. It is now set aside once
         # its calls have taken 10 s of the flush (4 of 3 s), then the queue drains at once.
-        ("slow_signal", (9.0, 16.0), "bound 10 s a writer): its remaining calls are skipped"),
+        ("slow_signal", (9.0, 16.0), "bound 10 s a writer): its remaining calls are skipped", 1),
+        # A scheduler repeating SIGTERM (every 4 s here) keeps the first one's bounds: each
+        # repeat restarted both, and the process ended past 20 s, after a 30 s grace's kill.
+        ("slow_signal", (9.0, 16.0), "bound 10 s a writer): its remaining calls are skipped", 3),
     ],
 )
 def test_sigterm_with_a_hung_or_slow_writer_writes_every_issued_summary_to_the_others(
-    tmp_path, mode, seconds, message
+    tmp_path, mode, seconds, message, repeats
 ):
     proc = run_loop(mode, str(tmp_path))
     issued = wait_for_issued(proc, 17)  # 1 running + max_pending (16): the loop now blocks
     time.sleep(0.5)
     signalled = time.monotonic()
-    proc.send_signal(signal.SIGTERM)
-    rest, _ = proc.communicate(timeout=60)
+    for repeat in range(repeats):
+        time.sleep(4.0 if repeat else 0.0)
+        proc.send_signal(signal.SIGTERM)
+    try:
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()  # it never ended: leave no loop running after the test
+            proc.communicate()
     waited = time.monotonic() - signalled
     issued += _issued(rest)
     assert proc.returncode == -signal.SIGTERM, rest
@@ -2323,4 +2363,23 @@ def test_flush_with_a_timeout_says_what_is_still_queued_and_loses_none_of_it(tmp
             m.flush(timeout=True)
         gated.gate.set()
         m.flush(timeout=10)
+    assert [line["loss"] for line in read_jsonl(str(tmp_path / "train"))] == [1.0, 2.0, 3.0]
+
+
+def test_flush_with_a_timeout_returns_in_time_while_the_queue_is_full(tmp_path):
+    # The queue full behind a writer's long call: flush(timeout=0.2) waited for a slot first,
+    # as long as the call took (here 3 s, until the gate opens; forever behind a hung call).
+    gated = GatedWriter()
+    factory = files_and(first={"gated": gated})
+    with MetricsManager("train", tmp_path, writer_factory=factory, max_pending=2) as m:
+        for step in (1, 2, 3):  # 1 in the gated call, 2 and 3 fill the queue
+            m.write_scalar("loss", float(step), step)
+        assert gated.entered.wait(10)
+        opener = threading.Timer(3.0, gated.gate.set)
+        opener.start()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"0.2 s; 3 job\(s\) \(summaries, writes\) still"):
+            m.flush(timeout=0.2)
+        assert time.monotonic() - start < 1.5
+        opener.join()
     assert [line["loss"] for line in read_jsonl(str(tmp_path / "train"))] == [1.0, 2.0, 3.0]

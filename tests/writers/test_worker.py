@@ -85,13 +85,48 @@ def test_hurry_bounds_the_running_and_later_deadlines_until_undone():
     time.sleep(0.1)  # "running" has started with its 60 s deadline
     start = time.monotonic()
     worker.hurry(0.3)
-    assert not worker.drain(3.0)  # "free" has no deadline, so it is never abandoned
-    assert [label for label, _ in stuck] == ["running", "later"]
+    # "free" has no deadline: bounded too (a writer_deadline_s=None manager never exited)
+    assert worker.drain(3.0)
+    assert [label for label, _ in stuck] == ["running", "later", "free"]
     assert 0.3 <= stuck[0][1] < 1.2 and 0.6 <= stuck[1][1] < 2.4  # 0.3 s each, not 60 s
+    assert 0.9 <= stuck[2][1] < 3.0
     worker.hurry(None)
     assert worker.cap is None
+    worker.post([("unbounded", lambda job: hang.wait(), None)])
+    assert not worker.drain(1.0)  # undone: a piece with no deadline is not abandoned again
     hang.set()
     assert worker.drain(5) and worker.close(5)
+
+
+@pytest.mark.parametrize("undone", [False, True])
+def test_hurry_abandons_a_running_piece_with_no_deadline_and_nothing_runs_twice(undone):
+    # Such a piece takes no lock round when it ends; once abandoned, its thread must not go
+    # on with its job's next pieces beside the new thread, also where `hurry` was undone
+    # before the abandoned piece returned.
+    ran: list[str] = []
+    release = threading.Event()
+    started = threading.Event()
+
+    def stuck_piece(job):
+        started.set()
+        release.wait()
+        ran.append("stuck")
+
+    worker = OrderedWorker("free")
+    job = worker.submit(
+        [("stuck", stuck_piece, None)] + [(n, lambda job, n=n: ran.append(n), None) for n in "ab"]
+    )
+    assert started.wait(5)
+    worker.hurry(0.2)
+    if undone:
+        worker.hurry(None)  # the running piece keeps the bound it got
+    assert job.result(5) is None
+    assert ran == ["a", "b"] and len(worker.threads) == 2
+    release.set()
+    worker.threads[0].join(5)
+    assert not worker.threads[0].is_alive()
+    assert ran == ["a", "b", "stuck"]  # the old thread ended with its piece
+    assert worker.close(5)
 
 
 def test_drain_waits_for_the_jobs_queued_before_it_not_those_queued_meanwhile():
