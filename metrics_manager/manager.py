@@ -440,6 +440,13 @@ class MetricsManager:
                     continue
                 if isinstance(value, clu.values.Text):
                     _checks.collect_texts({key: value.value}, problems)
+                elif isinstance(value, clu.values.HyperParam):  # as write_hparams checks it
+                    _checks.flat_hparams({key: value.value}, problems)
+                elif isinstance(value, clu.values.Summary):  # as write_summaries checks it
+                    try:
+                        _checks.check_metadata(value.metadata, f"summary {key!r}")
+                    except TypeError as err:
+                        problems.add(TypeError, str(err))
                 elif kind := _READY_KINDS.get(type(value)):  # as write_images checks it
                     _checks.check_shapes(kind, {key: value.value}, problems)
                     if kind == "histogram":

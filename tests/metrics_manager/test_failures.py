@@ -1260,8 +1260,29 @@ def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
         (clu.values.Audio(np.zeros((100, 1)), 16000), ValueError, r"audio 'v' must be a float"),
         (clu.values.Histogram(np.arange(3.0), 0), ValueError, r"num_buckets .* got \{'v': 0\}"),
         (clu.values.Audio(np.zeros((1, 100, 1)), 0), ValueError, r"audio 'v': sample_rate must"),
+        (clu.values.HyperParam({"a": {1: 2}}), TypeError, r"'v.a' holds the key 1; nested keys"),
+        (
+            clu.values.HyperParam({"a.b": 1, "a": {"b": 2}}),
+            ValueError,
+            r"hyperparameter 'v.a.b' is given twice",
+        ),
+        (
+            clu.values.Summary(np.ones(3, np.float32), "pr_curve"),
+            TypeError,
+            r"summary 'v': metadata must be a SummaryMetadata proto.*got str 'pr_curve'",
+        ),
     ],
-    ids=["image", "histogram", "text", "audio", "buckets", "sample rate"],
+    ids=[
+        "image",
+        "histogram",
+        "text",
+        "audio",
+        "buckets",
+        "sample rate",
+        "hparam key",
+        "hparam twice",
+        "summary metadata",
+    ],
 )
 def test_a_ready_value_no_writer_takes_is_refused_at_the_call(tmp_path, value, error, match):
     # Accepted, then refused by every writer on the worker, with the call's other values.
