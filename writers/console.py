@@ -98,7 +98,9 @@ class ConsoleWriter(BaseWriter):
         self._block(step, lines)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        self._print("hyperparameters", {k: str(v) for k, v in hparams.items()})
+        # As texts: escapes shown, not run; lone surrogates (undecodable file names) escaped.
+        shown = {k: _CONTROL.sub(_escaped, _checks.plain_str(str(v))) for k, v in hparams.items()}
+        self._print("hyperparameters", shown)
 
     def _flush(self) -> None:
         if not self._reader_gone:

@@ -281,3 +281,22 @@ def test_terminal_escapes_in_a_text_are_shown_not_run(stream):
     text = out.getvalue()
     assert "\x1b[2J" not in text and "\r" not in text and "\x07" not in text
     assert "ok\\x1b[2J\\rgone\\x07" in text and "end" in text and "next" in text  # rich: tab
+
+
+@pytest.mark.parametrize("stream", [io.StringIO, FakeTty])
+def test_terminal_escapes_and_lone_surrogates_in_a_hyperparameter_are_shown_not_run(stream):
+    # A config value (a run name from a file, a prompt) was printed raw: the terminal ran its
+    # escapes, and a lone surrogate (a file name undecodable as UTF-8) reached the stream as is.
+    class Config:
+        def __str__(self):
+            return "cfg\x1b[31m"
+
+    out = stream()
+    writers.ConsoleWriter(out).write_hparams(
+        {"name": "run\x1b[2J\rgone", "file": "a\udce9b", "config": Config(), "lr": 0.1}
+    )
+    text = out.getvalue()
+    assert "\x1b[2J" not in text and "\x1b[31m" not in text and "\r" not in text
+    assert "run\\x1b[2J\\rgone" in text and "cfg\\x1b[31m" in text and "0.1" in text
+    assert "a\\udce9b" in text and "\udce9" not in text
+    text.encode()  # every character of it can be written to a UTF-8 stream
