@@ -12,7 +12,9 @@ metric's `compute_value()`, a whole summary); `Fanout` turns a write into one
 * `max_failures` writes in a row whose calls all failed quarantine the writer; it is tried
   again every `quarantine_s` until a write goes through, which ends the quarantine;
 * a call past its deadline is abandoned by the worker (`stuck`): the writer is quarantined
-  as hung and never called while that call is still inside it;
+  as hung and never called while that call is still inside it, unless it declares
+  `takes_overlapping_calls = True` (its writes only buffer, as `MlflowWriter`'s: a flush
+  stuck in a client's retries then costs none of the writes after it);
 * while a signal's flush races a kill (`hurry`), a writer whose calls have taken the flush's
   per-writer bound in all is set aside, so a slow writer (no call hung) cannot hold the
   others' queued summaries past the kill.
@@ -113,6 +115,7 @@ class _WriterState:
     retry_at: float = 0.0  # monotonic time when a quarantined writer is tried again
     skipped: int = 0  # write calls skipped while quarantined
     busy: bool = False  # a call is inside the writer (an abandoned one, after a deadline)
+    overlap: bool = False  # it takes calls while one is inside it (`takes_overlapping_calls`)
     hurried_s: float = 0.0  # seconds inside the writer since `Fanout.hurry` began
     unsupported: set[str] = dataclasses.field(default_factory=set)  # NotImplementedError
 
@@ -152,7 +155,10 @@ class Fanout:
         quarantine_s: float,
         fail_summary: bool,
     ) -> None:
-        self.states = {n: _WriterState(w) for n, w in writers.items()}
+        self.states = {
+            n: _WriterState(w, overlap=getattr(w, "takes_overlapping_calls", False) is True)
+            for n, w in writers.items()
+        }
         self._failures = failures
         self.deadline_s = deadline_s
         self._max_failures = max_failures
@@ -262,13 +268,17 @@ class Fanout:
     def stuck(self, label: str, cap_s: float | None) -> None:
         """The worker abandoned `label`'s piece past its deadline (or `cap_s`, if lower)."""
         name = label.removeprefix("writer ").strip("'")
+        outcome = "quarantined"
         if (state := self.states.get(name)) is not None:
-            state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
             state.failures += 1
+            if state.overlap:  # its writes only buffer: skipping them would lose them
+                outcome = "left to end on its own; its later calls go on"
+            else:
+                state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
         limit = f"writer_deadline_s={self.deadline_s}"
         if cap_s is not None and cap_s < (self.deadline_s or math.inf):
             limit = f"{cap_s} s, the bound while flushing on a signal"
-        err = TimeoutError(f"{label} ran past {limit}: quarantined")
+        err = TimeoutError(f"{label} ran past {limit}: {outcome}")
         self._failures.record(Failure(f"writer:{name}", None, (), err))
 
     def _set_aside(self, name: str, state: _WriterState, hurry_s: float) -> None:

@@ -445,8 +445,8 @@ class MetricsManager:
                 elif isinstance(value, clu.values.Summary):  # as write_summaries checks it
                     try:
                         _checks.check_metadata(value.metadata, f"summary {key!r}")
-                    except TypeError as err:
-                        problems.add(TypeError, str(err))
+                    except TypeError as refused:
+                        problems.add(TypeError, str(refused))
                 elif kind := _READY_KINDS.get(type(value)):  # as write_images checks it
                     _checks.check_shapes(kind, {key: value.value}, problems)
                     if kind == "histogram":

@@ -11,6 +11,7 @@ import collections
 import importlib
 import importlib.util
 import os
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -390,22 +391,32 @@ class TrackerWriter(BaseWriter):
     def _end_run(self) -> None: ...
 
 
+_URL_UNSAFE = re.compile("[#?%\x00-\x1f\x7f]")
+
+
 def _path_problem(kind: str, keys: Iterable[str], url_safe: bool = False) -> str | None:
     # A file system refuses a name part over 255 bytes, or a path past PATH_MAX (4,096 with
     # the store's root): one such key would fail every later send of the files buffered
     # with it. `url_safe`: MLflow's client puts the path in a URL unquoted, so a server read
-    # 'a#1' as 'a' (two keys, one file) and 'a%41' as 'aA'.
+    # 'a#1' as 'a' (two keys, one file) and 'a%41' as 'aA'; it dropped a tab or CR ('a\tb'
+    # overwrote 'ab'), answered 404 to a newline (every later send failed), and a part's
+    # edge spaces hid its files from listing.
     bad = [
         k
         for k in keys
         if len(k.encode()) > 1024
         or "\0" in k  # no file system takes it: every later send failed on it
         or any(p in ("", ".", "..") or len(p.encode()) > 255 for p in k.split("/"))
-        or (url_safe and any(c in k for c in "#?%"))
+        or (url_safe and (_URL_UNSAFE.search(k) or any(p != p.strip() for p in k.split("/"))))
     ]
     if not bad:
         return None
-    url = ", without '#', '?' or '%' (a tracking server's URL syntax)" if url_safe else ""
+    url = (
+        ", without '#', '?', '%' or control characters (a tracking server's URL syntax), no "
+        "part starting or ending with whitespace"
+        if url_safe
+        else ""
+    )
     return (
         f"keys {bad} become artifact paths {kind}/<key>/... and must be relative, without "
         f"'', '.' or '..' parts or NUL, each part at most 255 bytes and the key 1,024{url}; rename "

@@ -223,10 +223,13 @@ class Dropped:
         if count and not self.outage:
             self.outage = True
             logging.warning(
-                "%s: unreachable for longer than the buffer's %.0f MiB hold: dropping the "
+                "%s: unreachable for longer than the buffer's %s hold: dropping the "
                 "oldest writes until an upload or send goes through",
                 self._where,
-                self._limit / 2**20,
+                # a bound under 1 MiB read "0 MiB"
+                f"{self._limit / 2**20:g} MiB"
+                if self._limit >= 2**20
+                else f"{self._limit / 2**10:g} KiB",
             )
         if self.count:
             err.add_note(f"{self.count} oldest writes dropped so far: the buffer is full")

@@ -85,6 +85,10 @@ class MlflowWriter(_base.TrackerWriter):
     """
 
     _url_paths = True
+    # Write calls only buffer under a lock, and sends are one at a time: a manager whose
+    # flush() was abandoned in the client's retries goes on calling it (skipping its writes
+    # while that flush was inside lost every value written in `quarantine_s`).
+    takes_overlapping_calls = True
 
     def __init__(
         self,
@@ -136,6 +140,7 @@ class MlflowWriter(_base.TrackerWriter):
         self._pending_metrics: list[Any] = []
         self._pending_files: dict[str, bytes] = {}
         self._in_flight = 0  # metrics and files taken out of the buffer by a send under way
+        self._close_state: str | None = None  # "done", or "failed": a later close() sends
         if not here:
             return
         self._client = client = mlflow.MlflowClient(tracking_uri)
@@ -192,20 +197,32 @@ class MlflowWriter(_base.TrackerWriter):
 
     def close(self) -> None:
         """Stops the timer, sends the buffer and ends the run if this writer started or
-        resumed it; idempotent. Raises as `flush()` does (the run is then left running).
+        resumed it; idempotent once it went through. Raises as `flush()` does (the run is
+        then left running, and what failed stays buffered: a later `close()` tries again).
 
         Raises:
           TimeoutError: the server did not answer within `close_timeout_s` (MLflow's client
             retries a request for about 4 minutes by default); what was not sent is named, and is still
-            sent if the server answers before the process ends.
+            sent if the server answers before the process ends (or a later `close()` waits again).
         """
-        if self._closed:
+        if self._closed and self._close_state == "done":
             return
         self._closed = True
         if self._client is None:
             return
+        if self._close_state == "failed":  # the timer's thread ended: send from this one
+            self._last_send()
+            self._close_state = "done"
+            return
         # The timer's thread sends and ends the run: it may be in the client's retries.
-        if not self._stop_timer(self._close_timeout):
+        try:
+            stopped = self._stop_timer(self._close_timeout)
+        except BaseException:
+            self._close_state = "failed"
+            raise
+        if stopped:
+            self._close_state = "done"
+        else:
             with self._lock:
                 waiting = self._in_flight + len(self._pending_metrics) + len(self._pending_files)
             raise TimeoutError(

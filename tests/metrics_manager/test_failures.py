@@ -794,6 +794,17 @@ def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, 
     assert tb_steps(str(tmp_path)) == list(range(1, step + 1))
 
 
+def _jsonl_and_mlflow(made: dict[str, Any], url: Any, name: str, flush_secs: float) -> Any:
+    """A writer_factory: JSONL and an MlflowWriter at `url()`, kept in `made["mlflow"]`."""
+
+    def factory(logdir):
+        made["mlflow"] = writers.MlflowWriter(name, tracking_uri=url(), flush_secs=flush_secs)
+        jsonl = writers.JsonlWriter(f"{logdir}/metrics.jsonl")
+        return writers.MultiWriter({"jsonl": jsonl, "mlflow": made["mlflow"]})
+
+    return factory
+
+
 def test_an_mlflow_server_outage_neither_blocks_the_loop_nor_loses_a_summary(
     tmp_path, caplog, monkeypatch
 ):
@@ -806,12 +817,8 @@ def test_an_mlflow_server_outage_neither_blocks_the_loop_nor_loses_a_summary(
     from tests.writers.tracker_stores import mlflow_server
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    made = {}
-
-    def factory(logdir):
-        made["mlflow"] = writers.MlflowWriter("outage", tracking_uri=gate.url, flush_secs=0.2)
-        jsonl = writers.JsonlWriter(f"{logdir}/metrics.jsonl")
-        return writers.MultiWriter({"jsonl": jsonl, "mlflow": made["mlflow"]})
+    made: dict[str, Any] = {}
+    factory = _jsonl_and_mlflow(made, lambda: gate.url, "outage", flush_secs=0.2)
 
     def failed_sends() -> int:
         return sum("a timed flush failed" in r.getMessage() for r in caplog.records)
@@ -845,6 +852,50 @@ def test_an_mlflow_server_outage_neither_blocks_the_loop_nor_loses_a_summary(
             (s, float(s)) for s in range(1, step + 1)
         ]
         assert client.get_run(made["mlflow"].run_id).info.status == "FINISHED"
+
+
+def test_a_flush_stuck_in_mlflows_retries_costs_none_of_the_later_writes(tmp_path, monkeypatch):
+    # A flush() during the outage waited in the client's retries past writer_deadline_s: the
+    # writer was quarantined as hung and every write of the next quarantine_s (300 s) was
+    # skipped, also those after the server was back. Its writes only buffer: they go on.
+    from mlflow import MlflowClient
+
+    from tests import storage_servers
+    from tests.writers.tracker_stores import mlflow_server
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # about 3 s of retries
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    made: dict[str, Any] = {}
+    factory = _jsonl_and_mlflow(made, lambda: gate.url, "stuck", flush_secs=3600)
+
+    with mlflow_server(str(tmp_path)) as port:
+        gate = storage_servers.Gate(port)
+        manager = MetricsManager("train", tmp_path, writer_factory=factory, writer_deadline_s=1.0)
+        for step in range(1, 41):
+            if step == 11:
+                manager.flush()
+                gate.cut()
+            if step == 16:
+                manager.flush()  # abandoned after 1 s, still inside the client's retries
+            if step == 26:
+                gate.restore()
+                with made["mlflow"]._sending:  # the abandoned send has failed by now
+                    pass
+            manager.write_scalars(step, {"loss": step / 4})
+        manager.close()
+        [error] = [str(f.error) for f in manager.errors]
+        assert (
+            "writer 'mlflow' ran past writer_deadline_s=1.0: left to end on its own; its "
+            "later calls go on" in error
+        )
+        assert manager.health()["writers"]["mlflow"]["quarantined"] is None
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        history = client.get_metric_history(made["mlflow"].run_id, "loss")
+        assert sorted((m.step, m.value) for m in history) == [(s, s / 4) for s in range(1, 41)]
+        assert client.get_run(made["mlflow"].run_id).info.status == "FINISHED"
+    assert [line["loss"] for line in read_jsonl(str(tmp_path / "train"))] == [
+        s / 4 for s in range(1, 41)
+    ]
 
 
 def test_a_long_storage_outage_drops_the_oldest_writes_past_max_buffer_mb(tmp_path, caplog):
@@ -886,6 +937,7 @@ def test_a_long_storage_outage_drops_the_oldest_writes_past_max_buffer_mb(tmp_pa
     assert tb_steps(str(tmp_path)) == [*range(1, 11), *range(11 + events, 211)]
     warned = [r.getMessage() for r in caplog.records if "dropping the oldest" in r.getMessage()]
     assert len(warned) == 2  # once per writer for the outage
+    assert all("the buffer's 4 KiB hold" in message for message in warned)  # not "0 MiB"
 
 
 def test_a_flush_that_waited_on_a_failing_upload_fails_with_it_and_does_not_try_again(tmp_path):

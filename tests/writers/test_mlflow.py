@@ -473,8 +473,23 @@ def test_against_a_real_mlflow_server(tmp_path):
         w.write_texts(19, {"note": "served"})
         # The client puts artifact paths in URLs unquoted: the server stored 'sample#1' and
         # 'sample#2' as one file 'texts/sample' holding 'two', and 'pct%41' at 'texts/pctA/'.
-        # A key too long for a path failed every later send: nothing reached the run.
-        for bad in ("sample#1", "q?x", "pct%41", "/".join(["x" * 250] * 20)):
+        # A key too long for a path failed every later send: nothing reached the run. The
+        # server dropped a tab or CR ('loss\tcurve' overwrote 'losscurve'), answered 404 to a
+        # newline (every later send of files failed, the run left RUNNING), and a part with
+        # an edge space was stored where listing the run never showed it.
+        for bad in (
+            "sample#1",
+            "q?x",
+            "pct%41",
+            "/".join(["x" * 250] * 20),
+            "loss\tcurve",
+            "eval\r",
+            "sample\nline2",
+            "bell\x7f",
+            " lead",
+            "x/ y",
+            "trail /z",
+        ):
             with pytest.raises(ValueError, match=r"become artifact paths texts/.*1,024, without "):
                 w.write_texts(19, {bad: "refused", "note 2": "not written"})
         w.write_texts(19, {"sample 1": "one", "eval/sample-2": "two"})

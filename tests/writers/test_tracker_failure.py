@@ -72,6 +72,30 @@ def test_a_read_only_mlflow_store_mid_run_loses_nothing_once_it_is_back(tmp_path
     assert client.get_run(mlflow_writer.run_id).info.status == "FINISHED"
 
 
+def test_a_close_that_failed_sends_everything_when_called_again(tmp_path):
+    # The store refused the close's send: a second close() returned at once, what was
+    # buffered was never sent and the run stayed RUNNING.
+    uri = sqlite_store(str(tmp_path / "store"))
+    w = writers.MlflowWriter("exp", tracking_uri=uri, process_index=0, flush_secs=3600)
+    engine = w._client._tracking_client.store.engine
+    for step in range(10):
+        w.write_scalars(step, {"loss": step / 4})
+    writable = _read_only(engine)
+    with pytest.raises(Exception, match="attempt to write a readonly database"):
+        w.close()
+    with pytest.raises(Exception, match="attempt to write a readonly database"):
+        w.close()  # still refused: kept again
+    with pytest.raises(writers.WriterClosedError):
+        w.write_scalars(10, {"loss": 1.0})
+    writable()
+    w.close()
+    w.close()  # done: idempotent
+    client = MlflowClient(uri)
+    history = client.get_metric_history(w.run_id, "loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, s / 4) for s in range(10)]
+    assert client.get_run(w.run_id).info.status == "FINISHED"
+
+
 def test_a_read_only_mlflow_store_under_a_manager_is_isolated(tmp_path):
     """The same fault inside a MetricsManager: the flush during the fault is logged and
     counted, JSONL gets 100%, and MLflow too once the store is back."""
