@@ -11,6 +11,7 @@ each read one `packed.unpack()` on the device), or without device work as
 `packed.unpack_host(jax.device_get(packed.buffers))` (numpy).
 """
 
+import dataclasses
 import math
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from typing import Any, NamedTuple
@@ -55,6 +56,10 @@ class _Layout(NamedTuple):
     leaves: tuple[tuple[int, int, int, tuple[int, ...], bool], ...]
     specs: tuple[tuple[np.dtype, tuple[int]], ...]  # per buffer: (dtype, shape)
     keys: tuple[str, ...]
+    # Every metric's class, in flattening order: JAX's treedefs of two flax dataclasses with
+    # the same fields compare equal (Max and Min, Precision and Recall), so jit's cache
+    # unpacked a Min as the Max it saw first, which then merged as a max.
+    classes: tuple[type, ...]
 
 
 @jax.tree_util.register_pytree_node_class
@@ -98,7 +103,10 @@ class PackedMetrics:
         problems = Problems("PackedMetrics.pack")
         _check_dict(metrics, "metrics", problems)
         problems.raise_if_any()
-        paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(dict(metrics))
+        classes: list[type] = []
+        paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(
+            dict(metrics), is_leaf=lambda node: _note_class(node, classes)
+        )
         parts: dict[np.dtype, list[jax.Array]] = {}  # flat leaves, in order of appearance
         sizes: dict[np.dtype, int] = {}
         leaves = []
@@ -127,7 +135,8 @@ class PackedMetrics:
         problems.raise_if_any()
         buffers = [p[0] if len(p) == 1 else jnp.concatenate(p) for p in parts.values()]
         specs = tuple((dtype, (size,)) for dtype, size in sizes.items())
-        return cls(buffers, _Layout(treedef, tuple(leaves), specs, tuple(sorted(metrics))))
+        layout = _Layout(treedef, tuple(leaves), specs, tuple(sorted(metrics)), tuple(classes))
+        return cls(buffers, layout)
 
     @property
     def buffers(self) -> tuple[Any, ...]:
@@ -258,6 +267,14 @@ class PackedMetrics:
     def __repr__(self) -> str:
         buffers = ", ".join(f"{dtype.name}[{size}]" for dtype, (size,) in self._layout.specs)
         return f"PackedMetrics(keys={self.keys()}, buffers=({buffers}))"
+
+
+def _note_class(node: Any, classes: list[type]) -> bool:
+    """`is_leaf` for flattening metrics: notes the class of each dataclass node (a metric,
+    a `Collection`); no node is a leaf by it."""
+    if dataclasses.is_dataclass(node) and not isinstance(node, type):
+        classes.append(type(node))
+    return False
 
 
 _unpack_jitted = jax.jit(PackedMetrics._unpack_traced)

@@ -314,3 +314,30 @@ def test_packing_leaves_sharded_over_an_explicit_mesh():
 def test_exported_from_the_package():
     assert metrics_manager.PackedMetrics is PackedMetrics
     assert "PackedMetrics" in metrics_manager.__all__
+
+
+def test_metrics_of_different_classes_with_the_same_fields_keep_their_classes():
+    # JAX's treedefs of two flax dataclasses with the same fields compare equal, and unpack()
+    # is one jit: a Recall packed after a Precision was unpacked was read back as that
+    # Precision (1/3, not 1/2), and windows of Min packed after a Max merged as a max.
+    scores, labels = jnp.array([0.9, 0.8, 0.7, 0.2]), jnp.array([1, 0, 0, 1])  # tp 1 fp 2 fn 1
+    precision = {"score": metrics_manager.Precision.from_model_output(scores, labels)}
+    recall = {"score": metrics_manager.Recall.from_model_output(scores, labels)}
+    assert float(PackedMetrics.pack(precision).unpack()["score"].compute()) == pytest.approx(1 / 3)
+    unpacked = PackedMetrics.pack(recall).unpack()["score"]
+    assert type(unpacked) is metrics_manager.Recall
+    assert float(unpacked.compute()) == pytest.approx(1 / 2)
+
+    @jax.jit
+    def step_max(v):
+        return metrics_manager.merge_metrics(None, {"x": metrics_manager.Max.from_model_output(v)})
+
+    @jax.jit
+    def step_min(v):
+        return metrics_manager.merge_metrics(None, {"x": metrics_manager.Min.from_model_output(v)})
+
+    assert float(step_max(jnp.ones(3))["x"].compute()) == 1.0
+    windows = jax.vmap(step_min)(jnp.array([[3.0, 5.0], [-2.0, 4.0]]))
+    merged = metrics_manager.merge_windows(windows)
+    assert float(metrics_manager.compute_metric_values(merged)["x"].value) == -2.0  # min of all
+    assert PackedMetrics.pack(precision)._layout != PackedMetrics.pack(recall)._layout
