@@ -20,6 +20,7 @@ Host-side module: never import it from code traced by jit.
 
 import atexit
 import concurrent.futures
+import copy
 import dataclasses
 import functools
 import inspect
@@ -254,6 +255,7 @@ class MetricsManager:
         self._warned_order = False
         self._resume_step = resume_step if jax.process_index() == 0 else None  # until warned
         self._keys_checked: tuple[Any, ...] = ()
+        self._host_fields = False  # the checked metrics have NumPy fields
         self._dir: str | None = None
         self._made: Any = None
         self._monitor: Any = None
@@ -410,7 +412,8 @@ class MetricsManager:
 
         Args:
           metrics: name -> CLU metric (merged on the device), a `PackedMetrics`, a CLU
-            `Collection` (its fields are the names), or NNX metrics.
+            `Collection` (its fields are the names), or NNX metrics. Device fields are
+            read by the worker; NumPy fields are copied now (the loop may reset them).
           step: the step to write at (0 <= step < 2**63).
           num_steps: train steps in the window (>= 1).
 
@@ -479,8 +482,13 @@ class MetricsManager:
             written = _written_keys(metrics, ready)
             problems.written_twice(written)
             problems.own_keys(written, self._own_prefixes)
+            # NumPy fields (an eval summed on the host) are read on the worker, and a loop
+            # resets them in place after the call: copied now, as write_images copies.
+            self._host_fields = any(issubclass(kind, np.ndarray) for kind, _, _ in seen[1][1])
         problems.raise_if_any()
         self._keys_checked = seen
+        if self._host_fields:
+            metrics = jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, metrics)
         self._check_order(step)
         window, self._window_open = self._window_open, None
         no_window, thread = "", threading.current_thread().name
@@ -543,7 +551,8 @@ class MetricsManager:
         self._host_write("write_texts", "texts", step, texts)
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
-        """Writes the run's hyperparameters (no step), in call order."""
+        """Writes the run's hyperparameters (no step), in call order; values are copied now
+        (the program may change its config after the call)."""
         self._host_write("write_hparams", "hparams", None, hparams)
 
     def write_images(self, step: int, images: Mapping[str, Any]) -> None:
@@ -740,8 +749,8 @@ class MetricsManager:
                 f"{arg} must be a mapping such as {example}, got {type(values).__name__}"
             )
         values = dict(values) if isinstance(values, Mapping) else {}
-        if arg == "hparams":  # its keys are checked flat
-            values = _checks.flat_hparams(values, problems)
+        if arg == "hparams":  # its keys are checked flat; values copied: read on the worker
+            values = {k: _copied(v) for k, v in _checks.flat_hparams(values, problems).items()}
         call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
         problems.keys(values, self._keys_refused(step, {call: list(values)}))
         if refused := self._summarizer.refused.keys() & values.keys():
@@ -843,6 +852,15 @@ class MetricsManager:
                 f"MetricsManager {self.name!r}: {method}() not done in {timeout:.3g} s; "
                 f"{self._worker.backlog} job(s) ({what}) still queued"
             )
+
+
+def _copied(value: Any) -> Any:
+    """A deep copy of a hyperparameter (a list the program appends to after the call), or
+    the value itself where it has none (a lock, a module): the writers only show it."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001
+        return value
 
 
 def _read_value(arg: str, key: str, value: Any) -> Any:

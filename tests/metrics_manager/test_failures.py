@@ -265,6 +265,48 @@ def test_a_writer_that_changes_what_it_is_given_changes_nothing_the_others_get(t
     assert "read-only" in str(failure)
 
 
+def test_metrics_with_numpy_fields_are_written_as_at_the_call(tmp_path):
+    # An eval summed on the host into NumPy accumulators, reset in place once the call
+    # returned: the worker read them late, and wrote 0 (or 0/0) instead of every value.
+    gated = GatedWriter()
+    total, count = np.array(30.0, np.float32), np.array(10, np.int32)
+    factory = files_and(first={"gated": gated})
+    with MetricsManager("eval", tmp_path, writer_factory=factory, uptime=False) as manager:
+        manager.write_scalars(0, {"warm": 1.0})  # holds the worker in the gated call
+        assert gated.entered.wait(10)
+        futures = []
+        for step in (1, 2):
+            metrics = {"loss": clu_metrics.Average(total=total, count=count), "sum": Sum(total)}
+            futures.append(manager.write_metrics_summary(metrics, step, 1))
+            total[...], count[...] = 0.0, 1  # the next window starts
+            total += 40.0 * step
+            count += 1
+        gated.gate.set()
+        values = [{k: float(v.value) for k, v in f.result(10).items()} for f in futures]
+    assert values == [{"loss": 3.0, "sum": 30.0}, {"loss": 20.0, "sum": 40.0}]
+    lines = read_jsonl(str(tmp_path / "eval"))[1:]
+    assert [(x["step"], x["loss"], x["sum"]) for x in lines] == [(1, 3.0, 30.0), (2, 20.0, 40.0)]
+
+
+def test_hyperparameters_are_written_as_at_the_call(tmp_path):
+    # The worker read them late: a list the program appended to after the call, or an array
+    # it changed, was written changed.
+    gated = GatedWriter()
+    layers, scale = [64, 64], np.array([1.0, 2.0])
+    factory = files_and(first={"gated": gated})
+    with MetricsManager("train", tmp_path, writer_factory=factory, uptime=False) as manager:
+        manager.write_scalars(0, {"warm": 1.0})  # holds the worker in the gated call
+        assert gated.entered.wait(10)
+        manager.write_hparams({"layers": layers, "opt": {"scale": scale}, "lock": threading.Lock()})
+        layers.append(128)
+        scale[0] = 99.0
+        gated.gate.set()
+    [line] = [x for x in read_jsonl(str(tmp_path / "train")) if "hparams" in x]
+    assert line["hparams"]["layers"] == "[64, 64]"
+    assert line["hparams"]["opt.scale"] == "[1. 2.]"
+    assert line["hparams"]["lock"].startswith("<unlocked _thread.lock object")  # no copy
+
+
 def test_a_cancelled_summary_is_skipped_and_the_manager_goes_on(tmp_path):
     # concurrent.futures' contract (T5X's futures come from a ThreadPoolExecutor): a future
     # cancelled before its summary starts skips it. Before, setting its result killed the
