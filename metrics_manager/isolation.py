@@ -197,6 +197,7 @@ class Fanout:
         for writer_name, state in self.states.items():
 
             def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
+                job.state["step"] = step  # for `stuck`
                 hurry_s = self._hurry_s
                 if hurry_s is not None and state.hurried_s >= hurry_s:
                     self._set_aside(name, state, hurry_s)
@@ -265,8 +266,9 @@ class Fanout:
             pieces.append((f"writer {writer_name!r}", call, self.deadline_s))
         return pieces
 
-    def stuck(self, label: str, cap_s: float | None) -> None:
-        """The worker abandoned `label`'s piece past its deadline (or `cap_s`, if lower)."""
+    def stuck(self, label: str, cap_s: float | None, job: Job) -> None:
+        """The worker abandoned `label`'s piece of `job` past its deadline (or `cap_s`, if
+        lower)."""
         name = label.removeprefix("writer ").strip("'")
         outcome = "quarantined"
         if (state := self.states.get(name)) is not None:
@@ -279,7 +281,10 @@ class Fanout:
         if cap_s is not None and cap_s < (self.deadline_s or math.inf):
             limit = f"{cap_s} s, the bound while flushing on a signal"
         err = TimeoutError(f"{label} ran past {limit}: {outcome}")
-        self._failures.record(Failure(f"writer:{name}", None, (), err))
+        failure = Failure(f"writer:{name}", job.state.get("step"), (), err)
+        self._failures.record(failure)
+        if self._fail_summary:  # as a raising writer's: the summary's future fails
+            job.state.setdefault("failure", failure)
 
     def _set_aside(self, name: str, state: _WriterState, hurry_s: float) -> None:
         """Quarantines a writer that took its share of a signal's flush, once per flush."""

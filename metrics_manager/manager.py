@@ -326,7 +326,7 @@ class MetricsManager:
         self._worker = OrderedWorker(
             f"MetricsManager[{name}]",
             max_pending=max_pending,
-            on_stuck=lambda label, _: self._fanout.stuck(label, self._worker.cap),
+            on_stuck=lambda label, job: self._fanout.stuck(label, self._worker.cap, job),
         )
         _OPEN.add(self)
         # Registered after the writers' own hooks, so it runs first (atexit is LIFO): a manager

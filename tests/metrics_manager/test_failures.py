@@ -408,21 +408,44 @@ def test_a_full_disk_under_one_writer_costs_the_others_nothing(tmp_path):
     assert all(getattr(f.error, "errno", None) == errno.ENOSPC for f in failures)
 
 
-def test_a_summarys_future_resolves_past_a_hung_writers_deadline_with_no_other_call(tmp_path):
+@pytest.mark.parametrize("on_error", ["warn", "raise"])
+def test_a_summarys_future_resolves_past_a_hung_writers_deadline_with_no_other_call(
+    tmp_path, on_error
+):
     # Overruns were noticed only at the next manager call: a loop reading the summary back
     # (a T5X-style eval, then a collective) waited forever, and so did every other process.
+    # Under "raise" the future fails, as for a writer that raises (it succeeded, naming no step).
     hung = GatedWriter()
     factory = files_and(first={"hung": hung})
     with MetricsManager(
-        "train", tmp_path, writer_factory=factory, writer_deadline_s=1.0, uptime=False
+        "train",
+        tmp_path,
+        writer_factory=factory,
+        writer_deadline_s=1.0,
+        uptime=False,
+        on_error=on_error,
     ) as manager:
         started = time.monotonic()
         future = manager.write_metrics_summary({"loss": Sum(np.float32(3.0))}, 1, 1)
-        assert float(future.result(timeout=30)["loss"].value) == 3.0
+        if on_error == "warn":
+            assert float(future.result(timeout=30)["loss"].value) == 3.0
+        else:
+            with pytest.raises(
+                MetricsManagerError,
+                match=r"summary at step 1: writer:hung at step 1: TimeoutError: writer 'hung' "
+                r"ran past writer_deadline_s=1.0: quarantined",
+            ):
+                future.result(timeout=30)
         waited = time.monotonic() - started
         assert 1.0 <= waited < 5.0, waited
-        assert "writer_deadline_s=1.0" in str(manager.errors[0])
-        manager.write_metrics_summary({"loss": Sum(np.float32(4.0))}, 2, 1).result(5)
+        assert "at step 1: TimeoutError: writer 'hung' ran past writer_deadline_s=1.0" in str(
+            manager.errors[0]
+        )
+        if on_error == "raise":
+            with pytest.raises(MetricsManagerError):  # once more at the next call, queued first
+                manager.write_metrics_summary({"loss": Sum(np.float32(4.0))}, 2, 1)
+        else:
+            manager.write_metrics_summary({"loss": Sum(np.float32(4.0))}, 2, 1).result(5)
         hung.gate.set()
     assert [(x["step"], x["loss"]) for x in read_jsonl(str(tmp_path / "train"))] == [
         (1, 3.0),
