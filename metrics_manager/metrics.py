@@ -239,7 +239,15 @@ class AveragePerStep(Step):
         return type(self)(total=self.total + other.total, steps=self._merged_steps(other))
 
     def compute(self) -> ArrayLike:
-        return self.total / super().compute()
+        return _divide(self.total, super().compute())
+
+
+def _divide(a: Any, b: Any) -> Any:
+    """`a / b`; for Python and NumPy numbers inf (by `a`'s sign) or NaN where `b` is 0, as
+    arrays divide: a 0 s window's rate, not a ZeroDivisionError (nor NumPy's warning)."""
+    if isinstance(b, numbers.Real) and isinstance(a, numbers.Real) and b == 0:
+        return math.copysign(math.inf, a) if a else math.nan
+    return a / b
 
 
 def _check_durations_unset(a: "Time", b: "Time") -> None:
@@ -313,7 +321,7 @@ class TimeRate(Time):
         return type(self)(numerator=self.numerator + other.numerator)
 
     def compute(self) -> Any:
-        return self.numerator / super().compute()
+        return _divide(self.numerator, super().compute())
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -332,10 +340,7 @@ class StepsPerTime(Step, Time):
         return type(self)(steps=self._merged_steps(other))
 
     def compute(self) -> Any:
-        steps, duration = Step.compute(self), Time.compute(self)
-        if isinstance(duration, numbers.Real) and duration == 0:  # as TimeRate's division
-            return math.inf if steps else math.nan
-        return steps / duration
+        return _divide(Step.compute(self), Time.compute(self))
 
 
 @flax.struct.dataclass

@@ -54,6 +54,26 @@ def test_t5x_steps_per_time():
     assert zero["a"].compute() == math.inf and math.isnan(zero["b"].compute())
 
 
+@pytest.mark.parametrize("number", [int, float, np.float32, np.float64])
+def test_a_zero_denominator_of_host_numbers_gives_inf_or_nan_not_an_error(number):
+    # TimeRate and AveragePerStep divided Python numbers: a 0 s window or 0 steps raised
+    # ZeroDivisionError on the host (NumPy numbers: a RuntimeWarning), where arrays give inf.
+    rates = mm.set_time_metrics_duration(
+        {
+            "up": TimeRate(numerator=number(3)),
+            "down": TimeRate(numerator=number(-3)),
+            "none": TimeRate(numerator=number(0)),
+        },
+        number(0),
+    )
+    assert [rates[k].compute() for k in ("up", "down")] == [math.inf, -math.inf]
+    assert math.isnan(rates["none"].compute())
+    assert AveragePerStep(total=number(6), steps=0).compute() == math.inf
+    assert math.isnan(AveragePerStep(total=number(0), steps=0).compute())
+    assert AveragePerStep(total=number(6), steps=3).compute() == 2.0
+    assert rates["up"].replace(duration=number(2)).compute() == 1.5
+
+
 def test_t5x_average_per_step():
     metric = AveragePerStep.from_model_output(jnp.array([1.0, 2.0, 3.0]))
     metrics = mm.set_step_metrics_num_steps({"avg": metric}, 5)
