@@ -4,6 +4,7 @@ import contextlib
 import errno
 import functools
 import glob
+import io
 import json
 import os
 import pathlib
@@ -11,7 +12,7 @@ import re
 import stat
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 from absl import logging
 
@@ -64,12 +65,23 @@ def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
             yield line
 
 
-def last_step(tail: bytes) -> int | None:
-    """The step of the last complete line with a step in `tail` (the end of a log)."""
-    for line in reversed(tail.split(b"\n")[:-1]):
-        step = line_step(line)
-        if step is not None:
-            return step
+def last_step(f: BinaryIO, end: int) -> int | None:
+    """The step of the last line with a step in binary file `f` before `end` (a line's end).
+
+    Reads back in chunks doubling from 64 KiB, so a long line (5,000 scalars: ~150 KB) is
+    read whole; past 16 MiB it stops, rather than read all of another program's large file.
+    """
+    size = 65536
+    while end > 0 and size <= 1 << 24:
+        start = max(0, end - size)
+        f.seek(start)
+        lines = f.read(end - start).split(b"\n")[:-1]
+        for line in reversed(lines[1:] if start else lines):  # the first may be cut
+            if (step := line_step(line)) is not None:
+                return step
+        if not start:
+            return None
+        end, size = start + len(lines[0]) + 1, size * 2  # the rest, the cut line included
     return None
 
 
@@ -117,8 +129,8 @@ class LocalLog:
             previous.close()
         with open(path, "rb") as f:
             size, complete = f.seek(0, os.SEEK_END), _complete_size(f)
-            f.seek(max(0, complete - 65536))
-            self.last_step = last_step(f.read(complete - f.tell()))
+            self.last_step = last_step(f, complete)
+            f.seek(complete)
             tail = f.read(size - complete)  # a last line without its newline
         if not tail:
             return
@@ -294,17 +306,18 @@ class RemoteLog:
             _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [tail])
             stale += [_part_name(generation, i) for i in current]
             generation, current = generation + 1, [0]
+            self.last_step = last_step(io.BytesIO(tail), len(tail))
         else:
-            tail = b""
+            self.last_step = None
             for index in reversed(current):  # the last part may hold step-less lines alone
-                tail = _read_parts(fs, base, generation, [index])
-                if last_step(tail[-65536:]) is not None:
+                part = _read_parts(fs, base, generation, [index])
+                if (step := last_step(io.BytesIO(part), part.rfind(b"\n") + 1)) is not None:
+                    self.last_step = step
                     break
         # The new generation is in place: readers ignore the old one already.
         for name in stale:
             with contextlib.suppress(FileNotFoundError):
                 fs.rm_file(f"{base}/{name}")
-        self.last_step = last_step(tail[-65536:])
         self._stream = _storage.PartStream(
             directory,
             functools.partial(_part_name, generation),

@@ -408,6 +408,25 @@ def test_a_line_torn_by_a_crash_is_dropped_so_the_next_run_appends_whole_lines(
     assert not [r for r in caplog.records if "comes after step" in r.getMessage()]
 
 
+@pytest.mark.parametrize("url", [None, "memory://jl-long/metrics.jsonl"])
+def test_a_step_below_one_on_a_last_line_over_64_kib_is_warned_about(tmp_path, caplog, url):
+    """Only the log's last 64 KiB was read back: a longer last line was a fragment without its
+    step, and a run logging lower steps onto the log went unwarned."""
+    path = url or tmp_path / "metrics.jsonl"
+    with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+        w.write_scalars(100, {f"key_{i:05d}": i / 7 for i in range(5000)})  # ~150 KB
+        w.write_hparams({"lr": 0.1})  # a last line without a step: the one before counts
+    with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+        w.write_scalars(1, {"loss": 1.0})
+    assert [line["step"] for line in writers.read_jsonl(path)] == [100, None, 1]
+    (warned,) = [r.getMessage() for r in caplog.records if "comes after step" in r.getMessage()]
+    assert "step 1 comes after step 100" in warned
+    if url:
+        import fsspec
+
+        fsspec.filesystem("memory").rm("/jl-long", recursive=True)
+
+
 @pytest.mark.parametrize(
     "name, before",
     [
