@@ -131,18 +131,21 @@ class LocalLog:
             size, complete = f.seek(0, os.SEEK_END), _complete_size(f)
             self.last_step = last_step(f, complete)
             f.seek(complete)
-            tail = f.read(size - complete)  # a last line without its newline
-        if not tail:
+            # A last line without its newline, less the NUL bytes of blocks a machine crash
+            # left zero-filled (they never reached the disk): no writer's data.
+            tail = f.read(size - complete).rstrip(b"\0")
+        if size == complete:
             return
-        if _torn(tail):  # a process ended mid-line: the next line would be glued onto it
+        if not tail or _torn(tail):  # a process ended mid-line: the next line would be glued
             logging.warning(
                 "JsonlWriter(%s): dropping a partial last line (%d bytes) left by a process "
-                "that ended while writing it",
+                "that ended, or a machine that crashed, while writing it",
                 path,
                 size - complete,
             )
             os.truncate(path, complete)
         else:  # a file of another program's, or a whole line without its newline: kept
+            os.truncate(path, complete + len(tail))  # without NUL bytes after it
             self._newline_first = True  # before the first line written, not now
 
     def write(self, text: str) -> None:
@@ -359,7 +362,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         or a directory such as a manager's `summary_dir`, which holds `metrics.jsonl`).
 
     Returns:
-      The lines in write order (a last line still being written is left out).
+      The lines in write order (a last line still being written, and lines of NUL bytes
+      alone, a crash's zero fill, are left out: the latter with a warning).
 
     Raises:
       FileNotFoundError: no log at `path`.
@@ -378,6 +382,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     lines = [line for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
     records = []
     for number, line in enumerate(lines, 1):
+        if set(line.rstrip(b"\r\n")) == {0}:  # blocks a crash left zero-filled: no data
+            logging.warning("read_jsonl: skipping line %d of %s: NUL bytes only", number, path)
+            continue
         try:
             records.append(json.loads(line))
         except ValueError as err:  # JSONDecodeError, UnicodeDecodeError: say where

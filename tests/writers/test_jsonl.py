@@ -427,6 +427,36 @@ def test_a_step_below_one_on_a_last_line_over_64_kib_is_warned_about(tmp_path, c
         fsspec.filesystem("memory").rm("/jl-long", recursive=True)
 
 
+@pytest.mark.parametrize("before", [b"", b'{"step": 4, "time": 1.0, "a": 4.'])
+def test_nul_bytes_a_crash_left_at_the_end_are_dropped_and_every_line_kept(
+    tmp_path, caplog, before
+):
+    """A crash can leave a file's last blocks zero-filled. The NUL bytes were kept as another
+    program's last line, and the next line written after them made the log unreadable."""
+    path = tmp_path / "metrics.jsonl"
+    with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+        for step in (1, 2, 3):
+            w.write_scalars(step, {"a": float(step)})
+    with open(path, "ab") as f:
+        f.write(before + b"\0" * 100)
+    with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+        w.write_scalars(4, {"a": 4.0})
+    assert [(line["step"], line["a"]) for line in writers.read_jsonl(path)] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 3.0),
+        (4, 4.0),
+    ]
+    (dropped,) = [r.getMessage() for r in caplog.records if "partial last line" in r.getMessage()]
+    assert f"({len(before) + 100} bytes)" in dropped
+    # A whole line before the NUL bytes is kept; a log already holding a line of them reads.
+    path.write_bytes(b'{"step": 1}\n' + b"\0" * 10 + b"\n" + b'{"step": 2}' + b"\0" * 10)
+    with writers.JsonlWriter(path, clock=lambda: 1.0) as w:
+        w.write_scalars(3, {"a": 3.0})
+    assert [line["step"] for line in writers.read_jsonl(path)] == [1, 2, 3]
+    assert [r for r in caplog.records if "line 2 of" in r.getMessage() and "NUL" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     "name, before",
     [
