@@ -100,7 +100,8 @@ class ConsoleWriter(BaseWriter):
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         # As texts: escapes shown, not run; lone surrogates (undecodable file names) escaped.
         shown = {k: _CONTROL.sub(_escaped, _checks.plain_str(str(v))) for k, v in hparams.items()}
-        self._print("hyperparameters", shown)
+        if shown:  # an empty call: nothing to show, as for every other kind
+            self._print("hyperparameters", shown)
 
     def _flush(self) -> None:
         if not self._reader_gone:

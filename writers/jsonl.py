@@ -17,6 +17,7 @@ per flush; `writers.read_jsonl(path)` reads either back. Every line is strict JS
   `values` only up to `max_array_size` elements.
 * Hyperparameters are one line with `"step": null` and `"hparams": {...}` (nested mappings
   as dotted names, `"opt.lr"`; values other than bool, number and str as their `str()`).
+  An empty write, of hyperparameters or anything else, writes no line.
 * `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S
   (and lines without one). Without it the log is appended to, and a step below one already
   logged is warned about once.
@@ -151,8 +152,9 @@ class JsonlWriter(BaseWriter):
         self._write_line(step, {k: {"type": "histogram", **h} for k, h in hists.items()})
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        encoded = {k: _json_number(_encode.hparam(v)) for k, v in hparams.items()}
-        self._write_line(None, {"hparams": encoded})
+        if hparams:  # an empty call writes no line, as every empty write
+            encoded = {k: _json_number(_encode.hparam(v)) for k, v in hparams.items()}
+            self._write_line(None, {"hparams": encoded})
 
     def _flush(self) -> None:
         self._log.flush()  # an fsync locally, an upload remotely

@@ -209,6 +209,7 @@ def test_other_kinds_have_readable_lines():
     w.write_hparams({"lr": 0.1, "opt": "adam"})
     w.write_scalars(2, {})  # printed a bare "step 2" header
     w.write_texts(2, {})
+    w.write_hparams({})  # printed a bare "hyperparameters" header
     assert out.getvalue() == (
         "step 1\n  config  a = 1\n          b = 2\n"
         "step 1\n  img  image [2, 4, 4, 3]\n"

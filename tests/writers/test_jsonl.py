@@ -98,6 +98,7 @@ def test_non_scalar_values_are_summarized(writer, tmp_path):
 
 
 def test_hparams_line_has_null_step(writer):
+    writer.write_hparams({})  # wrote a line of `"hparams": {}`: empty writes write none
     writer.write_hparams(
         {"lr": 0.1, "opt": "adam", "layers": [1, 2], "n": np.int32(4), "b": False}
         | {"nb": np.bool_(True), "ns": np.str_("sgd"), "adam": {"b1": 0.9, "eps": {"v": 1e-8}}}
