@@ -56,7 +56,8 @@ class LoggingWriter(BaseWriter):
             self._log(step, "Histogram for %r = {%s}", key, _histogram_text(counts, edges))
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        logging.info("[Hyperparameters]%s %s", self._prefix_tail, dict(hparams))
+        if hparams:  # an empty call logs no line, as every empty write
+            logging.info("[Hyperparameters]%s %s", self._prefix_tail, dict(hparams))
 
     def _flush(self) -> None:
         logging.flush()

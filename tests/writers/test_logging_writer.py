@@ -49,6 +49,7 @@ def test_other_kinds_are_logged_like_clu(log_lines):
     w.write_images(1, {"img": np.zeros((2, 4, 4, 3))})
     w.write_histograms(1, {"w": np.array([0.0, 1.0, 1.0, 2.0])}, num_buckets={"w": 2})
     w.write_histograms(1, {"c": np.full(3, 5.0)})
+    w.write_hparams({})  # an empty call: no line, as for every kind (it logged "{}")
     w.write_hparams({"lr": 0.1})
     w.write_summaries(1, {"raw": np.zeros((2, 3))})
     w.write_audios(1, {"a": np.zeros((1, 10, 2))}, sample_rate=8000)
