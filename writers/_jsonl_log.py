@@ -363,7 +363,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
 
     Returns:
       The lines in write order (a last line still being written, and lines of NUL bytes
-      alone, a crash's zero fill, are left out: the latter with a warning).
+      alone, a crash's zero fill, or blank ones are left out: the latter with a warning).
 
     Raises:
       FileNotFoundError: no log at `path`.
@@ -382,8 +382,9 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     lines = [line for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
     records = []
     for number, line in enumerate(lines, 1):
-        if set(line.rstrip(b"\r\n")) == {0}:  # blocks a crash left zero-filled: no data
-            logging.warning("read_jsonl: skipping line %d of %s: NUL bytes only", number, path)
+        # Blocks a crash left zero-filled, or a blank line a person or script added: no data.
+        if not line.strip(b"\0 \t\r\n"):
+            logging.warning("read_jsonl: skipping line %d of %s: NUL bytes or blank", number, path)
             continue
         try:
             records.append(json.loads(line))

@@ -456,6 +456,10 @@ def test_nul_bytes_a_crash_left_at_the_end_are_dropped_and_every_line_kept(
         w.write_scalars(3, {"a": 3.0})
     assert [line["step"] for line in writers.read_jsonl(path)] == [1, 2, 3]
     assert [r for r in caplog.records if "line 2 of" in r.getMessage() and "NUL" in r.getMessage()]
+    # A blank line (`echo >> metrics.jsonl`) failed the whole read too: skipped likewise.
+    path.write_bytes(b'{"step": 1}\n\n  \r\n{"step": 2}\n')
+    assert [line["step"] for line in writers.read_jsonl(path)] == [1, 2]
+    assert [r for r in caplog.records if "line 3 of" in r.getMessage()]
 
 
 @pytest.mark.parametrize(
