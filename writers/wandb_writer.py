@@ -223,6 +223,18 @@ class WandbWriter(_base.TrackerWriter):
     def _log(self, method: str, step: int, values: dict[str, Any]) -> None:
         if self._run is None or not values:  # an empty row would still advance the run's step
             return
+        try:
+            self._log_row(method, step, values)
+        except Exception as err:
+            if type(err).__name__ == "MailboxClosedError":  # its message is empty
+                err.add_note(
+                    f"WandbWriter: W&B's service process (wandb-core) of run {self._run.id} is "
+                    "gone (killed, or out of memory): no later value reaches W&B in this "
+                    "process; the other writers keep theirs"
+                )
+            raise
+
+    def _log_row(self, method: str, step: int, values: dict[str, Any]) -> None:
         if self._resumed_at is not None and step <= self._resumed_at:
             if not self._warned_resumed:  # a config or compile time at step 0, as T5X writes
                 self._warned_resumed = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -314,3 +315,39 @@ def test_a_url_logdir_leaves_the_local_files_in_wandbs_default_directory(tmp_pat
     assert os.listdir(tmp_path / "cwd") == []
     (path,) = wandb_run_files(str(tmp_path / "wandb_dir"))
     assert wandb_history(path) == {1: {"a": 1.0}}
+
+
+_SERVICE_DIES = """
+import os, signal, sys, time
+import writers
+w = writers.WandbWriter("dies", logdir=sys.argv[1], process_index=0)
+w.write_scalars(0, {"x": 0.0})
+for pid in filter(str.isdigit, os.listdir("/proc")):  # W&B's service: a child process
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        continue
+    if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and "wandb" in stat:
+        os.kill(int(pid), signal.SIGKILL)
+time.sleep(1)
+try:
+    w.write_scalars(1, {"x": 1.0})
+except Exception as err:
+    print(type(err).__name__, "|", err, "|", *getattr(err, "__notes__", ()))
+"""
+
+
+def test_a_write_after_wandbs_service_died_says_so(tmp_path):
+    # MailboxClosedError's message is empty: every failure after the kill said nothing.
+    out = subprocess.run(
+        [sys.executable, "-c", _SERVICE_DIES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+        # its own service, not this process's (which W&B names to child processes)
+        env={k: v for k, v in os.environ.items() if k != "WANDB_SERVICE"},
+    ).stdout
+    assert out.startswith("MailboxClosedError |  | WandbWriter: W&B's service process (wandb-core)")
+    assert "gone (killed, or out of memory): no later value reaches W&B" in out
