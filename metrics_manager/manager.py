@@ -443,8 +443,9 @@ class MetricsManager:
                     continue
                 if isinstance(value, clu.values.Text):
                     _checks.collect_texts({key: value.value}, problems)
-                elif isinstance(value, clu.values.HyperParam):  # as write_hparams checks it
+                elif isinstance(value, clu.values.HyperParam):  # as write_hparams takes it
                     _checks.flat_hparams({key: value.value}, problems)
+                    ready[key] = dataclasses.replace(value, value=_copied(value.value))
                 elif isinstance(value, clu.values.Summary):  # as write_summaries checks it
                     try:
                         _checks.check_metadata(value.metadata, f"summary {key!r}")

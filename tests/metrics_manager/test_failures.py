@@ -298,10 +298,13 @@ def test_hyperparameters_are_written_as_at_the_call(tmp_path):
         manager.write_scalars(0, {"warm": 1.0})  # holds the worker in the gated call
         assert gated.entered.wait(10)
         manager.write_hparams({"layers": layers, "opt": {"scale": scale}, "lock": threading.Lock()})
+        ready = {"loss": Sum(np.float32(1.0)), "heads": clu.values.HyperParam(layers)}
+        manager.write_metrics_summary(ready, 1, 1)
         layers.append(128)
         scale[0] = 99.0
         gated.gate.set()
-    [line] = [x for x in read_jsonl(str(tmp_path / "train")) if "hparams" in x]
+    line, summary = [x for x in read_jsonl(str(tmp_path / "train")) if "hparams" in x]
+    assert summary["hparams"] == {"heads": "[64, 64]"}
     assert line["hparams"]["layers"] == "[64, 64]"
     assert line["hparams"]["opt.scale"] == "[1. 2.]"
     assert line["hparams"]["lock"].startswith("<unlocked _thread.lock object")  # no copy
