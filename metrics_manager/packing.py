@@ -11,7 +11,6 @@ each read one `packed.unpack()` on the device), or without device work as
 `packed.unpack_host(jax.device_get(packed.buffers))` (numpy).
 """
 
-import dataclasses
 import math
 from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from typing import Any, NamedTuple
@@ -56,9 +55,9 @@ class _Layout(NamedTuple):
     leaves: tuple[tuple[int, int, int, tuple[int, ...], bool], ...]
     specs: tuple[tuple[np.dtype, tuple[int]], ...]  # per buffer: (dtype, shape)
     keys: tuple[str, ...]
-    # Every metric's class, in flattening order: JAX's treedefs of two flax dataclasses with
-    # the same fields compare equal (Max and Min, Precision and Recall), so jit's cache
-    # unpacked a Min as the Max it saw first, which then merged as a max.
+    # Each metric's class, by key: JAX's treedefs of two flax dataclasses with the same
+    # fields compare equal (Max and Min, Precision and Recall), so jit's cache unpacked a
+    # Min as the Max it saw first, which then merged as a max.
     classes: tuple[type, ...]
 
 
@@ -103,10 +102,7 @@ class PackedMetrics:
         problems = Problems("PackedMetrics.pack")
         _check_dict(metrics, "metrics", problems)
         problems.raise_if_any()
-        classes: list[type] = []
-        paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(
-            dict(metrics), is_leaf=lambda node: _note_class(node, classes)
-        )
+        paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(dict(metrics))
         parts: dict[np.dtype, list[jax.Array]] = {}  # flat leaves, in order of appearance
         sizes: dict[np.dtype, int] = {}
         leaves = []
@@ -135,8 +131,9 @@ class PackedMetrics:
         problems.raise_if_any()
         buffers = [p[0] if len(p) == 1 else jnp.concatenate(p) for p in parts.values()]
         specs = tuple((dtype, (size,)) for dtype, size in sizes.items())
-        layout = _Layout(treedef, tuple(leaves), specs, tuple(sorted(metrics)), tuple(classes))
-        return cls(buffers, layout)
+        keys = tuple(sorted(metrics))
+        classes = tuple(type(metrics[k]) for k in keys)
+        return cls(buffers, _Layout(treedef, tuple(leaves), specs, keys, classes))
 
     @property
     def buffers(self) -> tuple[Any, ...]:
@@ -267,14 +264,6 @@ class PackedMetrics:
     def __repr__(self) -> str:
         buffers = ", ".join(f"{dtype.name}[{size}]" for dtype, (size,) in self._layout.specs)
         return f"PackedMetrics(keys={self.keys()}, buffers=({buffers}))"
-
-
-def _note_class(node: Any, classes: list[type]) -> bool:
-    """`is_leaf` for flattening metrics: notes the class of each dataclass node (a metric,
-    a `Collection`); no node is a leaf by it."""
-    if dataclasses.is_dataclass(node) and not isinstance(node, type):
-        classes.append(type(node))
-    return False
 
 
 _unpack_jitted = jax.jit(PackedMetrics._unpack_traced)
