@@ -40,7 +40,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from metrics_manager.metrics import COUNT_DTYPE, exact_count, explicit_mesh, float_identity
+from metrics_manager.metrics import (
+    COUNT_DTYPE,
+    exact_count,
+    explicit_mesh,
+    float_identity,
+    take_last,
+    vocab_sharding,
+)
 from writers._checks import Problems, describe
 
 __all__ = ["AUROC", "FBeta", "Perplexity", "Precision", "Recall", "TopKAccuracy"]
@@ -345,7 +352,7 @@ class _ConfusionCounts(_Counts):
         elif binary:
             outside = _nan_scores(predictions, mask, problems)
         else:  # jnp.argmax picks a NaN: its score is NaN if any of the row's is, one read
-            picked = jnp.take_along_axis(predictions, predicted[..., None], axis=-1)[..., 0]
+            picked = take_last(predictions, predicted)
             outside = _nan_scores(picked, mask, problems)
         average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
@@ -521,6 +528,10 @@ class TopKAccuracy(_Counts):
             )
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
         outside = _nan_scores(predictions, mask, problems)
+        if (sharding := vocab_sharding(predictions)) is not None:
+            # top_k refuses a sharded axis; an Auto mesh all-gathers it the same way.
+            whole = sharding.update(spec=jax.P(*sharding.spec[:-1], None))
+            predictions = jax.sharding.reshard(predictions, whole)
         top = jax.lax.top_k(predictions, int(k))[1]
         hit = (top == labels[..., None]).any(axis=-1) & mask
         return cls(correct=exact_count(hit), count=exact_count(mask), outside=outside, k=int(k))
@@ -647,8 +658,8 @@ class Perplexity(_Counts):
         vocab = predictions.shape[-1] if predictions.ndim else 1
         labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, fits)
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
-        picked = jnp.take_along_axis(log_probs, jnp.clip(labels, 0, vocab - 1)[..., None], -1)
-        return cls.from_log_likelihood(picked[..., 0], mask)
+        picked = take_last(log_probs, jnp.clip(labels, 0, vocab - 1))
+        return cls.from_log_likelihood(picked, mask)
 
     @classmethod
     def from_log_likelihood(

@@ -277,7 +277,7 @@ def _token_losses_fwd(
     # A target outside [0, V) (an ignore index such as -100) has an all-zero one-hot in T5X:
     # no target term, and none in the gradient below. A gather would read NaN or wrap.
     valid = (targets >= 0) & (targets < x.shape[-1])
-    picked = jnp.take_along_axis(x, jnp.where(valid, targets, 0)[..., None], axis=-1)[..., 0]
+    picked = metrics_lib.take_last(x, jnp.where(valid, targets, 0))
     target_log_prob = jnp.where(valid, picked - log_z, 0.0)
     # -sum_v q_v log p_v with q = low + (confidence - low) * onehot(targets), without
     # materializing the [.., V] soft targets.

@@ -89,6 +89,34 @@ def explicit_mesh(x: Any) -> Any:
     return sharding.mesh
 
 
+def vocab_sharding(x: Any) -> Any:
+    """The sharding of `x` if its last axis is sharded over an `Explicit` mesh axis (logits
+    sharded over the vocabulary), else None. Only `Explicit` axes are part of an array's type,
+    so `Auto` meshes and batch-only sharding get None and keep their compiled code."""
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    if sharding is None or not sharding.spec or sharding.spec[-1] is None:
+        return None
+    return sharding
+
+
+def take_last(x: jax.Array, indices: jax.Array) -> jax.Array:
+    """`x[..., indices]`: one entry of `x`'s last axis per position of `indices`.
+
+    Over a vocabulary sharded on an `Explicit` axis JAX refuses the gather without an output
+    sharding. Given one, `.at[].get(out_sharding=)` all-gathered the indices and all-reduced
+    the whole output; under `auto_axes` the gather compiles as on an `Auto` mesh instead: each
+    device reads its slice, then one all-reduce over the vocabulary's axis.
+    """
+
+    def take(x: jax.Array, indices: jax.Array) -> jax.Array:
+        return jnp.take_along_axis(x, indices[..., None], axis=-1)[..., 0]
+
+    if (sharding := vocab_sharding(x)) is None:
+        return take(x, indices)
+    out = sharding.update(spec=jax.P(*sharding.spec[:-1]))
+    return jax.sharding.auto_axes(take, out_sharding=out)(x, indices)
+
+
 def float_identity(value: float = 0.0) -> jax.Array:
     """`empty()`'s value in the default float dtype (float64 under x64, so a `lax.scan` carry
     from `empty()` matches the sums), strongly typed (a weak one compiles a jitted step twice)."""

@@ -158,6 +158,38 @@ def test_values_on_8_devices_equal_one_device(one_batch, axis_type):
         np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
 
 
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+def test_scores_sharded_over_their_classes_equal_one_device(axis_type):
+    """Vocabulary-parallel logits: on an Explicit axis the gathers of Perplexity and of the
+    class scores' NaN check raised a ShardingTypeError, and top_k refused the sharded axis."""
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((16, 3, 8)).astype(np.float32)
+    labels = rng.integers(0, 8, (16, 3)).astype(np.int32)
+    mask = rng.random((16, 3)) < 0.8
+
+    def metrics(logits, labels, mask):
+        return {
+            "precision/macro": Precision.from_model_output(logits, labels, mask, average="macro"),
+            "recall/micro": Recall.from_model_output(logits, labels, mask, average="micro"),
+            "f1/macro": FBeta.from_model_output(logits, labels, mask, average="macro"),
+            "top1": TopKAccuracy.from_model_output(logits, labels, mask, k=1),
+            "top3": TopKAccuracy.from_model_output(logits, labels, mask, k=3),
+            "perplexity": Perplexity.from_model_output(logits, labels, mask),
+        }
+
+    whole = computed(jax.jit(metrics)(logits, labels, mask))
+    kind = getattr(jax.sharding.AxisType, axis_type)
+    mesh = jax.make_mesh(
+        (2, 4), ("data", "vocab"), axis_types=(kind, kind), devices=jax.devices()[:8]
+    )
+    sharded = jax.device_put(logits, NamedSharding(mesh, P("data", None, "vocab")))
+    with jax.set_mesh(mesh):
+        got = computed(jax.jit(metrics)(sharded, *jax.device_put((labels, mask), P("data"))))
+    assert set(got) == set(whole)
+    for key, value in whole.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
+
+
 def test_steps_merge_like_one_batch_of_their_union():
     first, second = make_batch(1), make_batch(2)
     merged = {k: m.merge(step_metrics(1)(second)[k]) for k, m in step_metrics(1)(first).items()}

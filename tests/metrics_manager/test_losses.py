@@ -513,6 +513,44 @@ def test_microbatch_losses_add_up_to_the_global_loss(factor):
     )
 
 
+@pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
+def test_logits_sharded_over_the_vocabulary_give_one_devices_loss_and_gradients(axis_type):
+    """On an Explicit axis (`jax.make_mesh`'s default) the target logit's gather raised a
+    ShardingTypeError: the loss, its gradient and `compute_loss_and_metrics` all failed."""
+    rng = np.random.default_rng(3)
+    logits = (3 * rng.normal(size=(4, 3, 8))).astype(np.float32)
+    targets = rng.integers(0, 8, (4, 3)).astype(np.int32)
+    targets[0, 0], targets[1, 2] = -100, 0  # an ignore index; padding for the metrics
+    weights = (targets > 0).astype(np.float32)
+
+    def step(logits, targets, weights):
+        def loss(logits, z):
+            return losses.compute_weighted_cross_entropy(
+                logits, targets, weights, label_smoothing=0.1, z_loss=z
+            )[0]
+
+        token = losses.compute_token_losses(logits, targets, label_smoothing=0.2, z_loss=1e-2)
+        _, metrics = losses.compute_loss_and_metrics(
+            logits, {"decoder_target_tokens": targets}, z_loss=1e-3, num_devices=1
+        )
+        values = {k: m.compute() for k, m in metrics.items() if not k.startswith("timing")}
+        return loss(logits, 1e-3), token, jax.grad(loss, (0, 1))(logits, 1e-3), values
+
+    whole = jax.jit(step)(logits, targets, weights)
+    kind = getattr(jax.sharding.AxisType, axis_type)
+    mesh = jax.make_mesh(
+        (2, 4), ("data", "vocab"), axis_types=(kind, kind), devices=jax.devices()[:8]
+    )
+    data = jax.sharding.NamedSharding(mesh, jax.P("data"))
+    sharded = jax.device_put(logits, jax.sharding.NamedSharding(mesh, jax.P("data", None, "vocab")))
+    with jax.set_mesh(mesh):
+        got = jax.jit(step)(sharded, *jax.device_put((targets, weights), data))
+    assert len(got[2][0].sharding.device_set) == 8
+    assert jax.tree.structure(got) == jax.tree.structure(whole)
+    for value, expected in zip(jax.tree.leaves(got), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-7)
+
+
 def test_an_empty_microbatch_adds_nothing_to_the_metrics():
     # Its per-row reshape divided by zero (ZeroDivisionError) before.
     rng = np.random.default_rng(2)
