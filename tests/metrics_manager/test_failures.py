@@ -354,8 +354,11 @@ def test_a_raising_writer_stops_the_loop_with_a_clear_error_under_raise(tmp_path
 def test_a_failure_recorded_before_the_last_one_was_raised_is_named_under_raise(tmp_path):
     """Steps 1 and 2 both fail before the loop's next call: the error names both, not the first
     alone (step 2's was dropped, and close() returned as if nothing else had failed)."""
-    manager = MetricsManager("train", tmp_path, writer_factory=isolated_factory, on_error="raise")
+    gated = GatedWriter()  # holds step 1 until step 2 is queued: neither fails before
+    factory = files_and(first={"gated": gated}, last={"broken": RaisingWriter()})
+    manager = MetricsManager("train", tmp_path, writer_factory=factory, on_error="raise")
     futures = [manager.write_metrics_summary({"loss": Sum(np.float32(s))}, s, 1) for s in (1, 2)]
+    gated.gate.set()
     for future in futures:  # both writes failed ("raise" fails the summary's future)
         with pytest.raises(
             MetricsManagerError, match=r"writer:broken at step \d \(keys loss\): OSError"
