@@ -934,20 +934,21 @@ def test_a_flush_stuck_in_mlflows_retries_costs_none_of_the_later_writes(tmp_pat
     from tests import storage_servers
     from tests.writers.tracker_stores import mlflow_server
 
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")  # about 3 s of retries
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")  # 6-9 s of retries
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     made: dict[str, Any] = {}
     factory = _jsonl_and_mlflow(made, lambda: gate.url, "stuck", flush_secs=3600)
 
     with mlflow_server(str(tmp_path)) as port:
         gate = storage_servers.Gate(port)
-        manager = MetricsManager("train", tmp_path, writer_factory=factory, writer_deadline_s=1.0)
+        # a send to the server takes well under 3 s, on a loaded machine too
+        manager = MetricsManager("train", tmp_path, writer_factory=factory, writer_deadline_s=3.0)
         for step in range(1, 41):
             if step == 11:
                 manager.flush()
                 gate.cut()
             if step == 16:
-                manager.flush()  # abandoned after 1 s, still inside the client's retries
+                manager.flush()  # abandoned after 3 s, still inside the client's retries
             if step == 26:
                 gate.restore()
                 with made["mlflow"]._sending:  # the abandoned send has failed by now
@@ -956,7 +957,7 @@ def test_a_flush_stuck_in_mlflows_retries_costs_none_of_the_later_writes(tmp_pat
         manager.close()
         [error] = [str(f.error) for f in manager.errors]
         assert (
-            "writer 'mlflow' ran past writer_deadline_s=1.0: left to end on its own; its "
+            "writer 'mlflow' ran past writer_deadline_s=3.0: left to end on its own; its "
             "later calls go on" in error
         )
         assert manager.health()["writers"]["mlflow"]["quarantined"] is None
