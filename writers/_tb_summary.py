@@ -170,7 +170,8 @@ def metadata(raw: Any, method: str) -> Any:
 def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
     arr = _checks._widened(arr)  # bfloat16, float8: exact in float32, as in JSONL and .npy
     if arr.dtype.name in _DTYPES:
-        data = np.ascontiguousarray(arr).tobytes()
+        # tensor_content is little-endian: a big-endian array's bytes read back as other numbers.
+        data = np.ascontiguousarray(arr, arr.dtype.newbyteorder("<")).tobytes()
         content = dict(dtype=_DTYPES[arr.dtype.name], tensor_content=data)
     else:  # strings and objects: one string per element
         items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]

@@ -149,6 +149,19 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     assert video[:2] == [b"15", b"4"]  # filmstrip: 3 frames of width 5 side by side
 
 
+def test_big_endian_tensors_read_back_as_the_same_numbers(tmp_path):
+    # Arrays from a file in network byte order: their bytes went out as they were, and
+    # TensorBoard read [1.0, 2.0] as [4.6e-41, 9.0e-44], [1, 258] as [16777216, 33619968].
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_summaries(1, {"f": np.array([1.0, 2.0], ">f4"), "i": np.array([1, 258], ">i4")})
+    w.close()
+    acc = _accumulator(tmp_path)
+    f = tensor_util.make_ndarray(acc.Tensors("f")[0].tensor_proto)
+    i = tensor_util.make_ndarray(acc.Tensors("i")[0].tensor_proto)
+    assert (f.dtype, f.tolist()) == (np.float32, [1.0, 2.0])
+    assert (i.dtype, i.tolist()) == (np.int32, [1, 258])
+
+
 def test_a_key_named_as_another_keys_clip_tag_is_refused_and_nothing_of_the_call_written(
     tmp_path,
 ):
