@@ -462,7 +462,9 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
         # A legend taller or wider than half the panel would hide most lines: in the title.
         small = 2 * box[1] > canvas[1] or 2 * box[0] > canvas[0]
         names = [f"{glyph} {label}" if glyph else label for label, (*_, glyph) in lines.items()]
-        panel.title(f"{key}: {', '.join(names)}" if small and lines else key)
+        title = f"{key}: {', '.join(names)}" if small and lines else key
+        # plotext drops a title wider than the plot: the key and the run names went with it.
+        panel.title(title if len(title) <= cols else title[: cols - 1] + "…")
         for label, (x, y, glyph) in lines.items():
             signal = panel.signal(x.tolist(), y.tolist(), marker=glyph)
             signal.label(label)

@@ -396,6 +396,19 @@ def test_a_small_terminal_panel_names_its_runs_in_the_title_with_their_glyphs(tm
     assert any("•" in row for row in rows) and any("x" in row for row in rows)
 
 
+def test_a_terminal_title_wider_than_the_plot_is_cut_not_dropped(tmp_path):
+    # Runs named in the title (their legend would cover the panel) made it 71 characters in
+    # 60 columns: plotext drew no title at all, neither the key nor which glyph is which run.
+    for run in ("a-long-experiment-name", "b-long-experiment-name"):
+        lines = [{"step": s, "loss": 1.0 / s} for s in range(1, 11)]
+        _write_jsonl(str(tmp_path / run / "train" / "metrics.jsonl"), lines)
+    paths = [str(tmp_path / "a-long-experiment-name"), str(tmp_path / "b-long-experiment-name")]
+    text = plot_runs(paths, ["loss"], terminal=True, cols=60, rows=16).text
+    title = text.splitlines()[0]
+    assert title.strip() == "loss: • a-long-experiment-name/train:loss, x b-long-experim…"
+    assert len(title) == 60
+
+
 # --- errors ----------------------------------------------------------------------------
 
 
