@@ -169,6 +169,8 @@ def metadata(raw: Any, method: str) -> Any:
 
 def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
     arr = _checks._widened(arr)  # bfloat16, float8: exact in float32, as in JSONL and .npy
+    if arr.dtype.kind in "fc" and arr.dtype.name not in _DTYPES:  # longdouble: TF has none
+        arr = arr.astype(np.float64 if arr.dtype.kind == "f" else np.complex128)
     if arr.dtype.name in _DTYPES:
         # tensor_content is little-endian: a big-endian array's bytes read back as other numbers.
         data = np.ascontiguousarray(arr, arr.dtype.newbyteorder("<")).tobytes()

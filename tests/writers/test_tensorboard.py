@@ -162,6 +162,19 @@ def test_big_endian_tensors_read_back_as_the_same_numbers(tmp_path):
     assert (i.dtype, i.tolist()) == (np.int32, [1, 258])
 
 
+def test_longdouble_tensors_are_written_as_float64_numbers_as_jsonl_writes_them(tmp_path):
+    # TensorFlow has no 80-bit float: they became a string tensor [b'1.5', b'0.25'].
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_summaries(1, {"x": np.array([1.5, 0.25], np.longdouble)})
+    w.write_summaries(1, {"z": np.array([1 + 0.5j], np.clongdouble)})
+    w.close()
+    acc = _accumulator(tmp_path)
+    x = tensor_util.make_ndarray(acc.Tensors("x")[0].tensor_proto)
+    z = tensor_util.make_ndarray(acc.Tensors("z")[0].tensor_proto)
+    assert (x.dtype, x.tolist()) == (np.float64, [1.5, 0.25])
+    assert (z.dtype, z.tolist()) == (np.complex128, [1 + 0.5j])
+
+
 def test_a_key_named_as_another_keys_clip_tag_is_refused_and_nothing_of_the_call_written(
     tmp_path,
 ):
