@@ -207,16 +207,21 @@ def own_dicts(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: type(v)(v) if type(v) in (dict, Checked) else v for k, v in kwargs.items()}
 
 
-def check_keys(values: Any, method: str) -> None:
-    """Raises unless `values` is a mapping whose keys are all non-empty strings."""
+def check_keys(values: Any, method: str, found: Problems | None = None) -> None:
+    """Raises unless `values` is a mapping whose keys are all non-empty strings; with
+    `found`, adds the problems there instead."""
     if type(values) is not dict and not isinstance(values, Mapping):
-        raise TypeError(
-            f"{method}: expected a mapping from name to value, got "
-            f"{type(values).__name__}. Wrap the value, e.g. {{'loss': value}}."
+        message = (
+            f"expected a mapping from name to value, got {type(values).__name__}. Wrap the "
+            "value, e.g. {'loss': value}."
         )
+        if found is None:
+            raise TypeError(f"{method}: {message}")
+        found.type_problem(message)
+        return
     if all(type(k) is str and k and not k.isspace() and (k.isascii() or _utf8(k)) for k in values):
         return  # the common case, in one pass
-    problems = Problems(method)
+    problems = Problems(method) if found is None else found
     if surrogates := surrogate_problem(values):
         problems.value_problem(surrogates)
     if bad_types := [k for k in values if not isinstance(k, str)]:
@@ -227,7 +232,8 @@ def check_keys(values: Any, method: str) -> None:
             f"keys must be non-empty names, got {empty!r}. Give each value a name such "
             "as 'loss' or 'eval/accuracy'."
         )
-    problems.raise_if_any()
+    if found is None:
+        problems.raise_if_any()
 
 
 def _utf8(key: str) -> bool:
@@ -331,10 +337,7 @@ def check_call(method: str, step: Any, values: Any) -> int:
         checked = check_step(step, method)
     except (TypeError, ValueError) as err:
         problems.add(type(err), str(err).removeprefix(f"{method}: "))
-    try:
-        check_keys(values, method)
-    except (TypeError, ValueError) as err:
-        problems.add(type(err), str(err).removeprefix(f"{method}: "))
+    check_keys(values, method, problems)
     problems.raise_if_any()
     return checked
 

@@ -76,8 +76,15 @@ def test_check_step_accepts_integers_and_rejects_the_rest():
 def test_check_call_lists_step_and_key_problems_in_one_error():
     with pytest.raises(TypeError) as info:
         check_call("W.write_scalars", -2, {3: 1.0, "": 2.0})
-    message = str(info.value)
-    assert "got -2" in message and "3 (int)" in message and "2 problems" in message
+    # Each problem once, counted: the keys' two came nested as one ("  - 2 problems:").
+    assert str(info.value) == (
+        "W.write_scalars: 3 problems:\n"
+        "  - every key must be a str, got 3 (int). Convert keys with str().\n"
+        "  - step must be a non-negative integer, got -2 (steps are int64 in TensorBoard and "
+        "JSONL, so below 2**63). Check the step counter you pass in.\n"
+        "  - keys must be non-empty names, got ['']. Give each value a name such as 'loss' or "
+        "'eval/accuracy'."
+    )
     with pytest.raises(ValueError, match=r"non-empty names, got \[' '\]"):
         check_call("W.write_scalars", 0, {" ": 1.0})
     with pytest.raises(TypeError) as info:
