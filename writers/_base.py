@@ -71,8 +71,11 @@ class BaseWriter(MetricWriter):
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:
         step = self._begin("write_audios", step, audios)
-        _checks.check_sample_rate(sample_rate, self._name("write_audios"))
-        clips = _checks.check_arrays(audios, self._name("write_audios"), "audio")
+        problems = _checks.Problems(self._name("write_audios"))
+        if err := _checks.sample_rate_problem(sample_rate):
+            problems.add(type(err), str(err))
+        clips = _checks.check_arrays(audios, problems.context, "audio", problems)
+        problems.raise_if_any()
         # A batch of N > 1 clips is tagged 'key/0'...'key/N-1' (TensorBoard, W&B): a key of
         # that name in the same call went under the same tag.
         tags = [k if len(c) == 1 else f"{k}/{i}" for k, c in clips.items() for i in range(len(c))]
@@ -93,8 +96,8 @@ class BaseWriter(MetricWriter):
         step = self._begin("write_histograms", step, arrays)
         problems = _checks.Problems(self._name("write_histograms"))
         buckets = _checks.check_buckets(num_buckets, problems, arrays)
+        checked = _checks.check_arrays(arrays, problems.context, "histogram", problems)
         problems.raise_if_any()
-        checked = _checks.check_arrays(arrays, self._name("write_histograms"), "histogram")
         self._histograms(step, checked, buckets)
 
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:

@@ -522,14 +522,18 @@ def collect_numbers(
     return out
 
 
-def check_arrays(arrays: Mapping[str, Any], method: str, kind: str) -> dict[str, np.ndarray]:
-    """Every value as a numpy array (ml_dtypes widened); one ValueError lists every bad one."""
+def check_arrays(
+    arrays: Mapping[str, Any], method: str, kind: str, found: Problems | None = None
+) -> dict[str, np.ndarray]:
+    """Every value as a numpy array (ml_dtypes widened); one ValueError lists every bad one
+    (with `found`, they are added there instead)."""
     out = {key: _widened(np.asarray(value)) for key, value in arrays.items()}
-    problems = Problems(method)
+    problems = Problems(method) if found is None else found
     for key, arr in out.items():
         if msg := array_problem(kind, key, arr):
             problems.value_problem(msg)
-    problems.raise_if_any()
+    if found is None:
+        problems.raise_if_any()
     return out
 
 

@@ -234,6 +234,22 @@ def test_every_backend_rejects_the_same_bad_input(backend, tmp_path):
         w.write_scalars(1, {"a": 1.0})
 
 
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_one_error_names_bad_buckets_or_sample_rate_and_bad_arrays_together(backend, tmp_path):
+    # The bucket counts or sample rate were raised alone: fixing them only revealed the NaN
+    # histogram or int16 clip of the same call (MultiWriter and AsyncWriter named both).
+    w = BACKENDS[backend](tmp_path)
+    with pytest.raises(ValueError) as info:
+        w.write_histograms(0, {"h": np.array([np.nan, 1.0])}, {"h": 0})
+    assert str(info.value).startswith(f"{type(w).__name__}.write_histograms: 2 problems:")
+    assert "num_buckets must map keys" in str(info.value) and "1 NaN/Inf" in str(info.value)
+    with pytest.raises(TypeError) as info:
+        w.write_audios(0, {"a": np.zeros((1, 4, 1), np.int16)}, sample_rate=1.5)
+    assert str(info.value).startswith(f"{type(w).__name__}.write_audios: 2 problems:")
+    assert "got 1.5 of type float" in str(info.value) and "x / 32768" in str(info.value)
+    w.close()
+
+
 @pytest.mark.parametrize(
     ("shape", "dtype", "kind", "fix"),
     [
