@@ -139,12 +139,13 @@ class Metric(nnx.metrics.Metric):
         defaults = {p.name: p.default for p in parameters if p.default not in (p.empty, None)}
         fixed = {k: v for k, v in (defaults | dict(self.settings)).items() if k in static}
         empty = empty.replace(**fixed) if fixed else empty
-        # Under jax_enable_x64, CLU's Average and Std count a batch in int64 (a sum of int32
-        # ones), from an int32 empty count: a carry would change its dtype at the first merge.
-        if jax.dtypes.canonicalize_dtype(jnp.int64) == jnp.int64 and issubclass(
-            self.metric_type, clu_metrics.Average | clu_metrics.Std
-        ):
-            return empty.replace(count=jnp.asarray(empty.count, jnp.int64))
+        # CLU's Average and Std count in int32, which wrapped past 2**31 (600 steps of 4M
+        # tokens): the window counts in float32 (each batch exactly, in int32; see
+        # `COUNT_DTYPE`), in int64 under x64, where a batch counts in int64. Either way a
+        # carry keeps its dtype at every merge.
+        if issubclass(self.metric_type, clu_metrics.Average | clu_metrics.Std):
+            x64 = jax.dtypes.canonicalize_dtype(jnp.int64) == jnp.int64
+            return empty.replace(count=jnp.zeros((), jnp.int64 if x64 else _metrics.COUNT_DTYPE))
         return empty
 
     def update(self, **kwargs: Any) -> None:

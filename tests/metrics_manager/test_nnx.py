@@ -128,6 +128,23 @@ def test_a_fresh_average_is_carried_by_fori_loop_and_scan_under_x64(fresh):
     assert results == [1.5, 1.5] if isinstance(fresh(), mnnx.Average) else [8 / 12, 8 / 12]
 
 
+@pytest.mark.parametrize("fresh", [mnnx.Average, lambda: mnnx.Metric(clu_metrics.Std)])
+def test_a_window_of_more_than_2_31_values_does_not_wrap_the_count(fresh):
+    # CLU's Average and Std count in int32: 600 steps of 4M tokens wrapped it, and an average
+    # of ones read -1.0 (count -2**31 + 3). Each batch still counts in int32, as update() does.
+    metric = fresh()
+    metric.update(values=jnp.ones(4))
+    batch = metric.metric_type.from_model_output(jnp.ones(4)).replace(
+        total=jnp.float32(2**31 - 1), count=jnp.int32(2**31 - 1)
+    )
+    if metric.metric_type is clu_metrics.Std:
+        batch = batch.replace(sum_of_squares=jnp.float32(2**31 - 1))
+    metric.state.set_value(metric.metric.merge(batch))
+    assert metric.metric.count.dtype == jnp.float32
+    assert float(metric.metric.count) == 2.0**31  # 2**31 + 3, rounded to float32
+    assert float(metric.compute()) == (1.0 if isinstance(metric, mnnx.Average) else 0.0)
+
+
 @pytest.mark.parametrize("order", ["logits first", "logits last"])
 @pytest.mark.parametrize("argnames", [None, {"probs": "predictions"}])
 def test_predictions_given_beside_logits_are_the_ones_auroc_reads(order, argnames):
