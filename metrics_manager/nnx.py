@@ -295,7 +295,9 @@ class Accuracy(Metric):
                     f"Accuracy.update: with a threshold, logits (shape {logits.shape}) and labels "
                     f"(shape {labels.shape}) must have the same shape"
                 )
-            correct = ((logits >= self.threshold) == (labels > 0)).astype(jnp.float32)
+            # In float32 at least: bfloat16 rounded a threshold of 0.7 to 0.69921875 first.
+            scores = logits.astype(jnp.result_type(logits, jnp.float32))
+            correct = ((scores >= self.threshold) == (labels > 0)).astype(jnp.float32)
             kwargs = {"values": correct, "mask": kwargs.get("mask")}
         super().update(**kwargs)
 

@@ -324,6 +324,14 @@ def test_accuracy_equals_flax_accuracy_on_random_logits():
     assert float(binary.compute()) == float(flax_binary.compute())
 
 
+def test_a_threshold_compares_bfloat16_scores_in_float32():
+    # 0.7 compared with bfloat16 scores rounded to 0.69921875 first: that score, below 0.7,
+    # counted as a positive (accuracy 0.5 where Precision's threshold reads it as negative).
+    accuracy = mnnx.Accuracy(threshold=0.7)
+    accuracy.update(logits=jnp.array([0.69921875, 0.75], jnp.bfloat16), labels=jnp.array([0, 1]))
+    assert float(accuracy.compute()) == 1.0
+
+
 def make_multi():
     return mnnx.MultiMetric(
         loss=mnnx.Average(),
