@@ -711,7 +711,8 @@ def written_keys(key: str, metric: Any) -> list[str]:
     """The keys a summary writes for `metric` under `key` (a MeanStd's `/std`, a Welford's
     `/sem` and `/std`, a Collection's fields), known from its type: no device work."""
     if isinstance(metric, clu_metrics.Collection):
-        return [f"{key}/{name}" for name in collection_fields(metric)]
+        fields = collection_fields(metric).items()
+        return [k for name, m in fields for k in written_keys(f"{key}/{name}", m)]
     if isinstance(metric, MeanStd):
         return [key, f"{key}/std", *([f"{key}/sem"] if isinstance(metric, Welford) else [])]
     return [key]

@@ -2189,6 +2189,20 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ValueError,
         r"keys \['w/std'\] would be written twice \(a MeanStd or Welford 'x' also writes",
     ),
+    "a Collection's MeanStd x/std beside a metric named c/x/std": (  # dropped on the worker
+        lambda m: m.write_metrics_summary(
+            {
+                "c": clu_metrics.Collection.create_collection(
+                    x=MeanStd.from_model_output(jnp.arange(4.0))
+                ),
+                "c/x/std": Sum(np.float32(1.0)),
+            },
+            1,
+            1,
+        ),
+        ValueError,
+        r"keys \['c/x/std'\] would be written twice",
+    ),
     "a key UTF-8 cannot encode (os.fsdecode of a Latin-1 name)": (
         lambda m: m.write_scalars(1, {"eval/caf\udce9": 1.0}),
         ValueError,
