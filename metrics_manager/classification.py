@@ -113,7 +113,15 @@ def _checked_labels_and_mask(
 
 
 _SETTINGS = ("threshold", "average", "beta", "k", "num_bins")
-_ALIASES = {"avg": "average", "top_k": "k", "topk": "k", "bins": "num_bins", "n_bins": "num_bins"}
+# num_thresholds: metrax's AUCROC's name (200 of them were read as 1,000 bins).
+_ALIASES = {
+    "avg": "average",
+    "top_k": "k",
+    "topk": "k",
+    "bins": "num_bins",
+    "n_bins": "num_bins",
+    "num_thresholds": "num_bins",
+}
 
 
 def _refuse_misspelled(cls: type, others: dict[str, Any], settings: tuple[str, ...]) -> None:

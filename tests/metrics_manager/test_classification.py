@@ -721,6 +721,7 @@ def test_counts_of_one_batch_past_2_24_are_exact():
         (Recall, "averge", "average"),
         (TopKAccuracy, "K", "k"),
         (AUROC, "num_bin", "num_bins"),
+        (AUROC, "num_thresholds", "num_bins"),  # metrax's AUCROC: 200 read as 1,000 bins
     ],
 )
 def test_a_misspelled_setting_is_refused_not_ignored(cls, typo, meant):
