@@ -70,13 +70,14 @@ class EventFile:
             stamp += 1  # another writer took it since the listing
         raise FileExistsError(f"EventFile: could not create a new file in {logdir}")
 
-    def write(self, data: bytes) -> None:
-        """Appends one serialized event as a record."""
+    def write(self, data: bytes, keep: bool = False) -> None:
+        """Appends one serialized event as a record; `keep`: the file's first events (version,
+        purge), kept through any outage at a URL."""
         header = struct.pack("<Q", len(data))
         header += struct.pack("<I", masked_crc32c(header))
         record = header + data + struct.pack("<I", masked_crc32c(data))
         with self._lock:
-            written = self._file.write(record)
+            written = self._file.write(record) if self._local else self._file.write(record, keep)
             if self._local and written < len(record):  # the disk took only part of it
                 self._complete(record, written)
 

@@ -147,7 +147,8 @@ class PartStream:
 
     A write only buffers; a flush uploads outside the buffer's lock, so a slow or failing upload
     (the client retrying through an outage) never holds up a write. A failed upload keeps its
-    bytes for the next flush, dropping the oldest writes (whole) past `max_buffer_bytes`.
+    bytes for the next flush, dropping the oldest writes (whole) past `max_buffer_bytes`, but
+    never the first writes made with `keep=True` (a file's header) until they have gone up.
     """
 
     def __init__(
@@ -164,13 +165,16 @@ class PartStream:
         self._max = max_buffer_bytes
         self._buffer: list[bytes] = []
         self._size = 0  # bytes in the buffer
+        self._header = 0  # writes at the buffer's start that are never dropped
         self.dropped = Dropped(f"{directory}/", self._max)
         self._lock = threading.Lock()  # the buffer
         self._upload = threading.Lock()  # one upload at a time, so parts keep their order
         self._failed, self._error = 0, repr(None)  # uploads that failed, the last one's error
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, keep: bool = False) -> None:
+        """Buffers `data`; `keep` (only before any other write): never dropped."""
         with self._lock:
+            self._header += keep
             self._buffer.append(data)
             self._size += len(data)
 
@@ -198,16 +202,19 @@ class PartStream:
                 self._failed, self._error = self._failed + 1, repr(err)
                 raise
             self._index += 1
+            self._header = 0
             self.dropped.outage = False
 
     def _trim(self, err: BaseException) -> None:
-        """Under the buffer's lock: drops the oldest writes past the bound (the newest stays)."""
-        cut = 0
+        """Under the buffer's lock: drops the oldest writes past the bound, but not the header
+        (a TensorBoard file's version and purge_step: without them the stale steps of an
+        earlier run showed again) and not the newest."""
+        cut = self._header
         while self._size > self._max and cut < len(self._buffer) - 1:
             self._size -= len(self._buffer[cut])
             cut += 1
-        del self._buffer[:cut]
-        self.dropped.add(cut, err)
+        del self._buffer[self._header : cut]
+        self.dropped.add(cut - self._header, err)
 
 
 class Dropped:

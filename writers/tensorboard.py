@@ -39,7 +39,8 @@ class TensorBoardWriter(BaseWriter):
       purge_step: Hide earlier runs' events at or after this step (resumed from step S: S + 1).
       flush_secs: A background timer flushes pending events this often.
       max_buffer_mb: URL logdir only: the most events kept in memory while uploads fail;
-        past it the oldest are dropped (logged). None: no bound.
+        past it the oldest are dropped (logged), never the first events, which hold
+        `purge_step`. None: no bound.
       filename_suffix: Appended to the event file name.
 
     Raises:
@@ -70,7 +71,7 @@ class TensorBoardWriter(BaseWriter):
         limit = _checks.buffer_bytes(max_buffer_mb, "TensorBoardWriter")
         self._file = _records.EventFile(self._logdir, filename_suffix, limit)
         for data in _tb_summary.first_events(purge_step):
-            self._file.write(data)
+            self._file.write(data, keep=True)
         self._hparams_shown: dict[str, str] | None = None  # the first write_hparams', as repr
         self._hparams_warned = False
         self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")

@@ -199,3 +199,43 @@ def test_a_file_url_makes_its_directories_like_a_local_path(tmp_path):
     acc = ea.EventAccumulator(str(tmp_path / "run" / "train"), size_guidance={ea.SCALARS: 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 1.0), (2, 2.0), (3, 3.0)]
+
+
+def test_a_long_outage_before_the_first_upload_keeps_the_purge(tmp_path):
+    # A resumed run (purge_step=5) whose storage is down from the start: a 1 KiB buffer
+    # dropped its oldest writes, the file version and both START records first, so the
+    # uploaded file purged nothing and the earlier run's steps 5 to 10 showed again.
+    server = storage_servers.S3Server()
+    gate = storage_servers.Gate(server.port)
+    config = server.fsspec_config()
+    config["client_kwargs"]["endpoint_url"] = gate.url
+    config["config_kwargs"] = {"retries": {"max_attempts": 1}}  # a failed upload: at once
+    run = f"s3://{storage_servers.BUCKET}/purge-{uuid.uuid4().hex[:8]}"
+    try:
+        with storage_servers.serving(server, "s3", config):
+            with writers.TensorBoardWriter(run) as first:
+                for step in range(1, 11):
+                    first.write_scalars(step, {"loss": float(step)})
+            resumed = writers.TensorBoardWriter(
+                run, purge_step=5, flush_secs=3600, max_buffer_mb=0.001
+            )
+            gate.cut()
+            for step in range(5, 45):
+                resumed.write_scalars(step, {"loss": 100.0 + step})
+            with pytest.raises(Exception) as failed:  # noqa: PT011  (botocore's, varying)
+                resumed.flush()
+            assert "oldest writes dropped" in "".join(failed.value.__notes__)
+            gate.restore()
+            resumed.close()
+            storage_servers.copy_event_files(run, str(tmp_path))
+    finally:
+        server.stop()
+    dropped = resumed._file._file.dropped.count
+    assert 10 < dropped < 40
+    acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    kept = range(5 + dropped, 45)
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [
+        *((s, float(s)) for s in range(1, 5)),
+        *((s, 100.0 + s) for s in kept),
+    ]
