@@ -53,7 +53,9 @@ class BaseWriter(MetricWriter):
     def write_summaries(
         self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
     ) -> None:
-        self._summaries(self._begin("write_summaries", step, values), values, metadata)
+        step = self._begin("write_summaries", step, values)
+        _checks.check_metadata(metadata, self._name("write_summaries"))  # every backend alike
+        self._summaries(step, values, metadata)
 
     def write_scalars(self, step: int, scalars: Mapping[str, Scalar]) -> None:
         step = self._begin("write_scalars", step, scalars)
@@ -269,7 +271,6 @@ class ForwardingWriter(BaseWriter):
 
     # `BaseWriter` passes summaries and hparams to these hooks unconverted.
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
-        _checks.check_metadata(metadata, self._name("write_summaries"))
         self._forward("write_summaries", step=step, values=values, metadata=metadata)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:

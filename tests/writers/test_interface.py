@@ -218,6 +218,8 @@ BAD_CALLS = [
         lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"hh": 3}),
     ),
     ("float buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 2.5})),
+    # TensorBoard and the wrappers refused it; JSONL, console and logging wrote the values.
+    ("str metadata", TypeError, lambda w: w.write_summaries(0, {"s": np.ones(2)}, "foo")),
 ]
 
 
