@@ -616,7 +616,7 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
     if kind != "histogram":
         empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
         return empty if arr.size == 0 else None
-    if not numeric:
+    if not (numeric or arr.dtype == np.bool_):  # bools: 0 and 1, as np.histogram bins them
         return f"histogram {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."

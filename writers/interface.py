@@ -14,7 +14,8 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
   [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]` alike; audio `[N, T, C]` floats in
   [-1, 1] (integer PCM is refused) with an integer `sample_rate`; none of them empty. Values
   outside their range are clipped, and the writers that encode them warn once per key.
-  Histogram inputs are any finite numeric array that is not empty, with `num_buckets` per
+  Histogram inputs are any finite numeric array that is not empty (bools count as 0 and 1,
+  as in `np.histogram`), with `num_buckets` per
   key (a missing key or None: 30). JAX's bfloat16, float8 and int4 values are written as float32 and int8 (exactly).
 * Texts and hyperparameters are plain strs: a `StrEnum` member is its value, a lone
   surrogate (a non-UTF-8 file name from `os.fsdecode`) a backslash escape.

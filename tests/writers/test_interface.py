@@ -321,6 +321,26 @@ def test_every_backend_writes_finite_values_near_float64s_limit(tmp_path):
     assert (event.histogram_value.min, event.histogram_value.max) == (1.0, 1.7e308)
 
 
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_every_backend_bins_a_bool_histogram_as_zeros_and_ones(backend, tmp_path):
+    # "must be real numbers, got dtype bool", though bool images were taken as 0 and 1.
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    w = BACKENDS[backend](tmp_path)
+    w.write_histograms(1, {"h": np.array([True, False, True, True])}, {"h": 2})
+    w.close()
+    if backend == "jsonl":
+        (line,) = writers.read_jsonl(tmp_path / "m.jsonl")
+        assert line["h"]["edges"] == [0.0, 0.5, 1.0] and line["h"]["counts"] == [1, 3]
+        assert (line["h"]["count"], line["h"]["mean"]) == (4, 0.75)
+    if backend == "tensorboard":
+        events = ea.EventAccumulator(str(tmp_path))
+        events.Reload()
+        (event,) = events.Histograms("h")
+        assert (event.histogram_value.num, event.histogram_value.sum) == (4.0, 3.0)
+        assert list(event.histogram_value.bucket) == [0.0, 1.0, 3.0]
+
+
 WRAPPERS = {
     "multi": lambda tmp: writers.MultiWriter(
         {"jsonl": writers.JsonlWriter(tmp / "metrics.jsonl"), "tb": writers.TensorBoardWriter(tmp)}
