@@ -105,9 +105,9 @@ class BaseWriter(MetricWriter):
     def write_hparams(self, hparams: Mapping[str, Any]) -> None:
         self._check_open("write_hparams")
         hparams = _checks.as_mapping(hparams)
-        _checks.check_keys(hparams, self._name("write_hparams"))
         problems = _checks.Problems(self._name("write_hparams"))
-        flat = _checks.flat_hparams(hparams, problems)
+        _checks.check_keys(hparams, problems.context, problems)  # one error with the nested keys
+        flat = _checks.flat_hparams(hparams, problems) if isinstance(hparams, Mapping) else {}
         problems.raise_if_any()
         _checks.check_keys(flat, self._name("write_hparams"))  # nested names too
         self._hparams(flat)

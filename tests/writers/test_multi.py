@@ -119,6 +119,15 @@ def test_bad_nested_hparam_keys_reach_no_writer(tmp_path):
         "  - hyperparameter 'y.z' holds the key ' '; nested keys must be non-empty str names, "
         "as top-level ones"
     )
+    # A bad top-level key was raised alone; the nested one came up only once it was fixed.
+    with pytest.raises(TypeError) as info:
+        multi.write_hparams({3: 4, "a": {"": 1}})
+    assert str(info.value) == (
+        "MultiWriter.write_hparams: 2 problems:\n"
+        "  - every key must be a str, got 3 (int). Convert keys with str().\n"
+        "  - hyperparameter 'a' holds the key ''; nested keys must be non-empty str names, as "
+        "top-level ones"
+    )
     multi.write_hparams({"x": {"ok": 3}})
     multi.close()
     lines = writers.read_jsonl(tmp_path / "metrics.jsonl")
