@@ -55,11 +55,14 @@ def line_step(line: bytes) -> int | None:
 
 
 def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
-    """Lines a run resumed at `resume_step` keeps: no later step, and a newline at the end."""
+    """Lines a run resumed at `resume_step` keeps: no later step, and a newline at the end
+    (a last line without one gets it, as an appending writer adds it, unless it is torn)."""
     for line in lines:
         if not line.endswith(b"\n"):
-            logging.warning("JsonlWriter: dropping an incomplete last line %r", line[:80])
-            continue
+            if not (line := line.rstrip(b"\0")) or _torn(line):  # NUL fill: no data
+                logging.warning("JsonlWriter: dropping an incomplete last line %r", line[:80])
+                continue
+            line += b"\n"
         step = line_step(line)
         if step is None or step <= resume_step:
             yield line

@@ -110,6 +110,25 @@ def test_resume_drops_an_incomplete_last_line_and_keeps_unreadable_complete_ones
     assert path.read_bytes() == b'{"step": 1, "a": 1}\n{"a": "no step"}\n'
 
 
+def test_resume_keeps_a_whole_last_line_without_its_newline_as_appending_does(tmp_path):
+    # Step 3 lacks only its newline: an appending writer keeps it, a resume at 5 dropped it.
+    path = tmp_path / "metrics.jsonl"
+    for resume_step in (None, 5):
+        path.write_bytes(b'{"step": 1, "a": 1}\n{"step": 3, "a": 3}')
+        with writers.JsonlWriter(path, resume_step=resume_step, clock=lambda: 0.0) as w:
+            w.write_scalars(6, {"a": 6})
+        assert path.read_bytes() == (
+            b'{"step": 1, "a": 1}\n{"step": 3, "a": 3}\n'
+            b'{"step": 6, "time": 0.0, "collection": null, "a": 6}\n'
+        )
+    path.write_bytes(b'{"step": 1, "a": 1}\n{"step": 3, "a": 3}\0\0\0')  # a crash's zero fill
+    writers.JsonlWriter(path, resume_step=5).close()
+    assert path.read_bytes() == b'{"step": 1, "a": 1}\n{"step": 3, "a": 3}\n'
+    path.write_bytes(b'{"step": 1, "a": 1}\n\0\0\0')
+    writers.JsonlWriter(path, resume_step=5).close()
+    assert path.read_bytes() == b'{"step": 1, "a": 1}\n'
+
+
 def test_the_copy_a_killed_rewrite_left_is_removed_by_the_next_writer(tmp_path):
     # A resume SIGKILLed while it rewrote the log leaves `.metrics.jsonl.<hex>.tmp` (as big
     # as the log); the next writer to hold the lock removes it, and only it.
