@@ -8,7 +8,8 @@ metric's `compute_value()`, a whole summary); `Fanout` turns a write into one
   copies) read-only: one that pops a key or changes an array changes nothing another gets;
 * a failed call is logged at once (writer, step, keys) and kept in `Failures`; the writer's
   other calls of that write go on. A method raising `NotImplementedError` (CLU's writers do
-  for kinds they cannot store) is not called again on that writer (`health()`: unsupported);
+  for kinds they cannot store), or missing, is not called again on that writer (`health()`:
+  unsupported);
 * `max_failures` writes in a row whose calls all failed quarantine the writer; it is tried
   again every `quarantine_s` until a write goes through, which ends the quarantine;
 * a call past its deadline is abandoned by the worker (`stuck`): the writer is quarantined
@@ -215,10 +216,17 @@ class Fanout:
                         try:
                             if method in _ARRAY_CALLS:  # ours: one writing in place fails alone
                                 _read_only(kwargs)
+                            if (write := getattr(state.writer, method, None)) is None:
+                                # An optional one (write_images, ...): a kind it cannot store,
+                                # as for CLU's NotImplementedError (AttributeErrors counted
+                                # toward its quarantine, and its scalars were lost too).
+                                raise NotImplementedError(
+                                    f"{type(state.writer).__name__} has no {method} method"
+                                )
                             if method == "write_hparams" or step is None:
-                                getattr(state.writer, method)(**own_dicts(kwargs))
+                                write(**own_dicts(kwargs))
                             else:
-                                getattr(state.writer, method)(step=step, **own_dicts(kwargs))
+                                write(step=step, **own_dicts(kwargs))
                             wrote = wrote or method.startswith("write")  # not a flush
                         # BaseException too: SystemExit, KeyboardInterrupt or an asyncio
                         # CancelledError from a writer's own loop cannot end the process from

@@ -169,6 +169,41 @@ def test_a_kind_a_writer_does_not_implement_costs_it_nothing_else(tmp_path, capl
     }
 
 
+def test_a_writer_without_an_optional_method_is_not_quarantined_for_it():
+    # Only write_scalars, write_texts, write_hparams, flush and close are required: a writer
+    # without write_images raised AttributeError at each image write, was quarantined after
+    # 3 of them, and lost the scalars of step 6.
+    class Minimal:
+        def __init__(self):
+            self.scalars = []
+
+        def write_scalars(self, step, scalars):
+            self.scalars.append((step, dict(scalars)))
+
+        def write_texts(self, step, texts): ...
+        def write_hparams(self, hparams): ...
+        def flush(self): ...
+        def close(self): ...
+
+    writer = Minimal()
+    with MetricsManager(
+        "t", writer_factory=lambda d: {"mini": writer}, max_writer_failures=3, uptime=False
+    ) as manager:
+        for step in range(1, 6):
+            manager.write_images(step, {"img": np.zeros((4, 4, 3), np.float32)})
+        manager.write_scalars(6, {"loss": 0.5})
+    assert writer.scalars == [(6, {"loss": 0.5})]
+    health = manager.health()["writers"]["mini"]
+    assert (health["failures"], health["quarantined"], health["unsupported"]) == (
+        1,
+        None,
+        ["write_images"],
+    )
+    assert [str(e) for e in manager.errors] == [
+        "writer:mini at step 1 (keys img): NotImplementedError: Minimal has no write_images method"
+    ]
+
+
 def test_a_writer_failing_on_one_kind_keeps_writing_the_others_and_is_not_quarantined(tmp_path):
     class NoTexts(RaisingWriter):  # a bug in its texts: each call raises
         def __init__(self):
