@@ -44,6 +44,7 @@ Example:
 """
 
 import abc
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -133,8 +134,20 @@ class MetricWriter(abc.ABC):
     def __enter__(self) -> "MetricWriter":
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: types.TracebackType | None,
+    ) -> None:
+        try:
+            self.close()
+        except Exception as close_err:
+            if exc is None:
+                raise
+            # The loop's own error stays the one raised (an AsyncWriter's close replaced it
+            # with the WriterError of an earlier write, which `except KeyError` missed).
+            exc.add_note(f"While closing {type(self).__name__}: {close_err}")
 
 
 class NoopWriter(MetricWriter):

@@ -93,6 +93,23 @@ def test_errors_are_raised_on_the_next_call_with_the_writer_name():
     w.close()  # idempotent, errors already reported
 
 
+def test_with_keeps_the_loops_error_and_notes_the_close_error():
+    # The close's WriterError (of an earlier write) replaced the loop's KeyError, which the
+    # program's `except KeyError` then missed.
+    broken = BrokenDiskWriter()
+    with pytest.raises(KeyError, match="loop") as info:
+        with writers.AsyncWriter(broken, name="tensorboard") as w:
+            w.write_scalars(5, {"a": 1.0})
+            raise KeyError("loop")
+    [note] = info.value.__notes__
+    assert note.startswith("While closing AsyncWriter: AsyncWriter(tensorboard), reported on close")
+    assert "tensorboard.write_scalars(step=5): OSError" in note
+    assert broken.calls[-1] == "close" and w.closed
+    with pytest.raises(writers.WriterError, match=r"write_scalars\(step=5\)"):  # no loop error
+        with writers.AsyncWriter(BrokenDiskWriter(), name="tensorboard") as w:
+            w.write_scalars(5, {"a": 1.0})
+
+
 def test_a_writer_calling_sys_exit_is_reported_like_any_error():
     class Exiting(writers.NoopWriter):
         def write_scalars(self, step, scalars):
