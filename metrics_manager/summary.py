@@ -296,32 +296,56 @@ def to_host(
     `step` names the summary in errors."""
     if not metrics:
         return {}
-    if isinstance(metrics, PackedMetrics):
-        packed = metrics
-    else:  # host numbers among the leaves go to the device: the worker's own transfer
-        with jax.transfer_guard_host_to_device("allow"):
-            packed = _pack(metrics)
-    deleted = [
-        f"buffer {i} ({b.dtype}[{b.size}])"
-        for i, b in enumerate(packed.buffers)
-        if isinstance(b, jax.Array) and b.is_deleted()
-    ]
-    if deleted:
-        raise ValueError(
-            f"Cannot copy the metrics {packed.keys()}"
-            + ("" if step is None else f" of the summary at step {step}")
-            + f" to the host: {', '.join(deleted)} was "
-            "deleted (donated to a later computation). A step that donates `running` needs "
-            "`running = None` after each write_metrics_summary, so the next window starts "
-            "afresh; otherwise do not donate the metrics you pass (or pass a copy)."
-        )
-    host_buffers = _fetch(packed.buffers)
+    try:
+        if isinstance(metrics, PackedMetrics):
+            packed = metrics
+        else:  # host numbers among the leaves go to the device: the worker's own transfer
+            with jax.transfer_guard_host_to_device("allow"):
+                packed = _pack(metrics)
+        host_buffers = _fetch(packed.buffers)
+    except Exception as err:  # JAX's bare "Array has been deleted", for a dict too
+        if deleted := _deleted_problem(metrics, step):
+            raise deleted from err
+        raise
     host = packed.unpack_host(host_buffers)
     if near_limit is not None and any(_near_int32_limit(b) for b in host_buffers):
         near_limit += [
             k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
         ]
     return host
+
+
+def _deleted_problem(
+    metrics: Mapping[str, Any] | PackedMetrics, step: int | None
+) -> ValueError | None:
+    """The error naming the metrics' donated arrays and the fix; None if none was donated."""
+    packed = isinstance(metrics, PackedMetrics)
+    parts: dict[Any, Any]
+    if isinstance(metrics, PackedMetrics):
+        keys, parts = metrics.keys(), dict(enumerate(metrics.buffers))
+    else:
+        keys, parts = list(metrics), dict(metrics)
+    deleted = [
+        f"buffer {name} ({part.dtype}[{part.size}])" if packed else repr(name)
+        for name, part in parts.items()
+        if any(isinstance(x, jax.Array) and x.is_deleted() for x in jax.tree.leaves(part))
+    ]
+    if not deleted:
+        return None
+    what = ", ".join(deleted)
+    what = (
+        f"{what} {'was' if len(deleted) == 1 else 'were'}"
+        if packed
+        else f"the arrays of {what} were"
+    )
+    return ValueError(
+        f"Cannot copy the metrics {keys}"
+        + ("" if step is None else f" of the summary at step {step}")
+        + f" to the host: {what} "
+        "deleted (donated to a later computation). A step that donates `running` needs "
+        "`running = None` after each write_metrics_summary, so the next window starts "
+        "afresh; otherwise do not donate the metrics you pass (or pass a copy)."
+    )
 
 
 def _ready_on_host(

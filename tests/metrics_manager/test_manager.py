@@ -188,6 +188,24 @@ def test_donated_packed_metrics_say_what_happened():
     assert "`running = None` after each write_metrics_summary" in str(manager.errors[0])
 
 
+def test_donated_metrics_of_a_dict_say_what_happened_too():
+    # merge_metrics(..., pack=False): packing them on the worker raised JAX's bare
+    # "RuntimeError: Array has been deleted with shape=int32[]", with no word of the fix.
+    metrics = {"loss": AveragePerStep.from_model_output(jnp.float32(1.0)), "n": Sum(jnp.ones(()))}
+    metrics["n"].total.delete()
+    manager = make(clock=lambda: 0.0)
+    future = manager.write_metrics_summary(metrics, step=3, num_steps=1)
+    with pytest.raises(ValueError) as info:
+        future.result()
+    manager.close()
+    assert str(info.value) == (
+        "Cannot copy the metrics ['loss', 'n'] of the summary at step 3 to the host: the "
+        "arrays of 'n' were deleted (donated to a later computation). A step that donates "
+        "`running` needs `running = None` after each write_metrics_summary, so the next "
+        "window starts afresh; otherwise do not donate the metrics you pass (or pass a copy)."
+    )
+
+
 def _window_warnings(
     caplog: Any, merges_per_step: int, windows: list[int], reset: bool, num_steps: Any = None
 ) -> list:
