@@ -479,8 +479,12 @@ def test_a_device_value_donated_before_the_worker_reads_it_costs_only_its_key(tm
         matrix = still_computing()
         corner = matrix[0, 0]
         manager.write_scalars(2, {"corner": corner, "lr": 0.5})  # set aside: not ready
+        row = matrix[0]
+        manager.write_histograms(2, {"row": row})
+        manager.write_images(2, {"map": row[:16].reshape(4, 4, 1)})
         donate(corner)  # before the worker could read it
-        assert corner.is_deleted()
+        donate(row)  # the histogram's and, through the reshape's input, not the image's
+        assert corner.is_deleted() and row.is_deleted()
         worker_free.set()
         manager.write_scalar("after", 1.0, 3)
         worker_free.clear()
@@ -496,12 +500,14 @@ def test_a_device_value_donated_before_the_worker_reads_it_costs_only_its_key(tm
     ] == [
         {"step": 1},
         {"step": 2, "lr": 0.5},
+        {"step": 2, "map": {"type": "image", "shape": [4, 4, 1]}},
         {"step": 3, "after": 1.0},
         {"step": 4},
         {"step": 5, "total": 5.0},
     ]
     assert [(f.source, f.step, f.keys) for f in manager.errors] == [
         ("metric:corner", 2, ("corner",)),
+        ("metric:row", 2, ("row",)),
         ("metric:loss", 5, ("loss",)),
     ]
     for failure in manager.errors:
