@@ -20,7 +20,6 @@ Host-side module: never import it from code traced by jit.
 
 import atexit
 import concurrent.futures
-import copy
 import dataclasses
 import functools
 import inspect
@@ -445,7 +444,7 @@ class MetricsManager:
                     _checks.collect_texts({key: value.value}, problems)
                 elif isinstance(value, clu.values.HyperParam):  # as write_hparams takes it
                     _checks.flat_hparams({key: value.value}, problems)
-                    ready[key] = dataclasses.replace(value, value=_copied(value.value))
+                    ready[key] = dataclasses.replace(value, value=_checks.copied(value.value))
                 elif isinstance(value, clu.values.Summary):  # as write_summaries checks it
                     try:
                         _checks.check_metadata(value.metadata, f"summary {key!r}")
@@ -751,7 +750,9 @@ class MetricsManager:
             )
         values = dict(values) if isinstance(values, Mapping) else {}
         if arg == "hparams":  # its keys are checked flat; values copied: read on the worker
-            values = {k: _copied(v) for k, v in _checks.flat_hparams(values, problems).items()}
+            values = {
+                k: _checks.copied(v) for k, v in _checks.flat_hparams(values, problems).items()
+            }
         call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
         problems.keys(values, self._keys_refused(step, {call: list(values)}))
         if refused := self._summarizer.refused.keys() & values.keys():
@@ -853,15 +854,6 @@ class MetricsManager:
                 f"MetricsManager {self.name!r}: {method}() not done in {timeout:.3g} s; "
                 f"{self._worker.backlog} job(s) ({what}) still queued"
             )
-
-
-def _copied(value: Any) -> Any:
-    """A deep copy of a hyperparameter (a list the program appends to after the call), or
-    the value itself where it has none (a lock, a module): the writers only show it."""
-    try:
-        return copy.deepcopy(value)
-    except Exception:  # noqa: BLE001
-        return value
 
 
 def _read_value(arg: str, key: str, value: Any) -> Any:

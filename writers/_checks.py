@@ -4,6 +4,7 @@ Each looks at every key of a call before raising, so one error lists every probl
 also `metrics_manager`'s error collector: `writers` never imports `metrics_manager`).
 """
 
+import copy
 import dataclasses
 import inspect
 import math
@@ -199,6 +200,15 @@ def parameters(factory: Callable[..., Any]) -> Mapping[str, inspect.Parameter] |
         return inspect.signature(target).parameters
     except (TypeError, ValueError):
         return None
+
+
+def copied(value: Any) -> Any:
+    """A deep copy of a hyperparameter (a list the program appends to after the call), or
+    the value itself where it has none (a lock, a module): the writers only show it."""
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # noqa: BLE001
+        return value
 
 
 def own_dicts(kwargs: Mapping[str, Any]) -> dict[str, Any]:

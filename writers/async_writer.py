@@ -14,7 +14,8 @@ included, are read by the worker), so the training loop does not wait on disks o
 * `flush()` and `close()` wait for every queued call; a writer never closed is closed at exit.
 * In a forked child, calls raise `RuntimeError` and `close()` does nothing: the queue is the
   parent's (a child's flush wrote each queued call a second time).
-* Mappings are copied, arrays are not: do not change an array in place until `flush()`.
+* Mappings and hyperparameters are copied, arrays are not: do not change an array in place
+  until `flush()`.
 
 Example:
   >>> import writers
@@ -122,6 +123,8 @@ class AsyncWriter(ForwardingWriter):
 
     def _forward(self, method: str, **kwargs: Any) -> None:
         kwargs = {k: dict(v) if isinstance(v, Mapping) else v for k, v in kwargs.items()}
+        if method == "write_hparams":  # read by the worker: a config changed after the call
+            kwargs["hparams"] = {k: _checks.copied(v) for k, v in kwargs["hparams"].items()}
         with self._post_lock:
             self._check_open(method)  # again: another thread may have closed it since _begin
             self._post(method, kwargs)

@@ -110,6 +110,22 @@ def test_with_keeps_the_loops_error_and_notes_the_close_error():
             w.write_scalars(5, {"a": 1.0})
 
 
+def test_hparams_are_written_as_they_were_at_the_call():
+    # The worker read the caller's lists: a config changed after write_hparams was written
+    # changed ([64, 64, 128]), as the manager's had been before it copied them.
+    inner = GatedWriter()
+    w = writers.AsyncWriter(inner)
+    w.write_scalars(0, {"a": 0})  # the worker blocks on the gate
+    assert inner.entered.wait(30)
+    config = {"layers": [64, 64], "opt": {"betas": [0.9, 0.99]}}
+    w.write_hparams(config)
+    config["layers"].append(128)
+    config["opt"]["betas"][0] = 0.5
+    inner.gate.set()
+    w.close()
+    assert inner.hparams == [{"layers": [64, 64], "opt.betas": [0.9, 0.99]}]
+
+
 def test_a_writer_calling_sys_exit_is_reported_like_any_error():
     class Exiting(writers.NoopWriter):
         def write_scalars(self, step, scalars):
