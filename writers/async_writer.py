@@ -169,6 +169,9 @@ class AsyncMultiWriter(MultiWriter):
 def ensure_flushes(*writers: Any) -> Iterator[Any]:
     """CLU's context manager that flushes every writer on exit; yields the first.
 
+    Every writer is flushed even if one fails (a `WriterError` then names each failure), and
+    an error raised inside the block stays the one raised, the flush's failures noted on it.
+
     Example:
       >>> import writers
       >>> with writers.ensure_flushes(writers.AsyncWriter(writers.NoopWriter())) as w:
@@ -176,6 +179,21 @@ def ensure_flushes(*writers: Any) -> Iterator[Any]:
     """
     try:
         yield writers[0]
-    finally:
-        for writer in writers:
+    except BaseException as err:
+        if failed := _flush_each(writers):
+            err.add_note(f"While flushing: {WriterError('ensure_flushes', failed)}")
+        raise
+    if failed := _flush_each(writers):
+        raise WriterError("ensure_flushes", failed) from failed[0][1]
+
+
+def _flush_each(writers: Sequence[Any]) -> list[tuple[str, BaseException]]:
+    """Flushes every writer; the failures by writer name. (CLU's loop stopped at the first,
+    leaving the writers after it unflushed, and replaced the block's own error.)"""
+    failed: list[tuple[str, BaseException]] = []
+    for name, writer in named_writers(writers, "ensure_flushes").items():
+        try:
             writer.flush()
+        except Exception as err:  # noqa: BLE001  (reported with the writer's name)
+            failed.append((name, err))
+    return failed

@@ -290,6 +290,26 @@ def test_clus_async_names_work_as_in_clu(tmp_path):
             writers.AsyncWriter(writers.NoopWriter(), num_workers=workers)
 
 
+def test_ensure_flushes_flushes_every_writer_and_keeps_the_blocks_error(tmp_path):
+    # A failing first writer left the second unflushed, and its error replaced the block's.
+    path = tmp_path / "m.jsonl"
+    jsonl = writers.AsyncWriter(writers.JsonlWriter(path, clock=lambda: 0.0))
+    with pytest.raises(KeyError, match="loop") as info:
+        with writers.ensure_flushes(BrokenDiskWriter(), jsonl):
+            jsonl.write_scalars(3, {"loss": 0.5})
+            raise KeyError("loop")
+    assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [0.5]
+    assert info.value.__notes__ == [
+        "While flushing: ensure_flushes: 1 writer failed: BrokenDiskWriter: OSError: "
+        "[Errno 28] No space left on device"
+    ]
+    with pytest.raises(writers.WriterError, match=r"1 writer failed: BrokenDiskWriter: OSError"):
+        with writers.ensure_flushes(BrokenDiskWriter(), jsonl):
+            jsonl.write_scalars(4, {"loss": 0.25})
+    assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [0.5, 0.25]
+    jsonl.close()
+
+
 _FORK_CHILD_FLUSHES = """
 import os, sys, threading
 import writers
