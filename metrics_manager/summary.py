@@ -367,7 +367,13 @@ def _ready_on_host(
             "before the summary read it. Pass a copy, or do not donate it."
         )
         failed(key, ValueError(message))
-    for key, value in zip(fetch, _fetch(tuple(ready[k].value for k in fetch)), strict=True):
+    try:
+        fetched = _fetch(tuple(ready[k].value for k in fetch))
+    except Exception:  # JAX's bare "Array has been deleted": the whole summary was lost
+        if not any(ready[k].value.is_deleted() for k in fetch):
+            raise
+        return _ready_on_host(out, failed)  # donated since the look: that key alone is lost
+    for key, value in zip(fetch, fetched, strict=True):
         out[key] = dataclasses.replace(ready[key], value=value)
     return out
 

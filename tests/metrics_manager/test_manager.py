@@ -206,6 +206,31 @@ def test_donated_metrics_of_a_dict_say_what_happened_too():
     )
 
 
+def test_a_plain_value_donated_while_the_worker_copies_it_costs_only_its_key(monkeypatch):
+    # The loop's next step donated `loss` between the worker's look and its copy: JAX's bare
+    # "Array has been deleted" failed the whole summary, `total` and `acc` too.
+    from metrics_manager import summary as summary_lib
+
+    fetch, racing = summary_lib._fetch, []
+
+    def donated_meanwhile(buffers):
+        if racing and any(b is racing[0] for b in buffers):  # after the look, before the copy
+            racing.pop().delete()
+        return fetch(buffers)
+
+    monkeypatch.setattr(summary_lib, "_fetch", donated_meanwhile)
+    loss, acc = jnp.asarray(2.0) + 1.0, jnp.asarray(0.5) + 0.25
+    recorder = RecordingWriter()
+    with make(recorder, clock=lambda: 0.0) as manager:
+        racing.append(loss)
+        metrics = {"loss": loss, "acc": acc, "total": Sum(np.float32(5.0))}
+        summary = manager.write_metrics_summary(metrics, 7, 1).result()
+    assert {k: float(v.value) for k, v in summary.items()} == {"acc": 0.75, "total": 5.0}
+    assert written(recorder)[:1] == [("write_scalars", 7, {"acc": 0.75, "total": 5.0})]
+    assert [(f.source, f.step) for f in manager.errors] == [("metric:loss", 7)]
+    assert "was deleted (donated to a later computation)" in str(manager.errors[0])
+
+
 def _window_warnings(
     caplog: Any, merges_per_step: int, windows: list[int], reset: bool, num_steps: Any = None
 ) -> list:
