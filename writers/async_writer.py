@@ -47,7 +47,7 @@ class AsyncWriter(ForwardingWriter):
       num_workers: CLU's argument; only its default, 1, is taken: calls run in order.
 
     Raises:
-      TypeError: `writer` lacks CLU's writer methods.
+      TypeError: `writer` lacks CLU's writer methods, or `max_queue` is not an int.
       ValueError: `max_queue` is below 1, or `num_workers` is not 1.
     """
 
@@ -56,6 +56,11 @@ class AsyncWriter(ForwardingWriter):
     ):
         self._label = name or type(writer).__name__
         _checks.check_writers({self._label: writer}, "AsyncWriter")
+        if isinstance(max_queue, bool) or not hasattr(max_queue, "__index__"):  # ints, NumPy's
+            raise TypeError(  # a str or None raised "'<' not supported between ..."
+                f"{self._where()}: max_queue must be an int >= 1, got {max_queue!r} "
+                f"({type(max_queue).__name__}); 128 suits most loops."
+            )
         if max_queue < 1:
             raise ValueError(
                 f"{self._where()}: max_queue must be >= 1, got {max_queue}; 128 suits most loops."

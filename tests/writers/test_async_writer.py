@@ -180,6 +180,13 @@ def test_bad_input_raises_at_the_call_site_and_after_close():
         w.write_histograms(0, {"h": np.ones(3)}, num_buckets=8)
     with pytest.raises(ValueError, match="max_queue must be >= 1"):
         writers.AsyncWriter(clu, max_queue=0)
+    for bad in ("128", None, 2.5, True):  # a str raised "'<' not supported"; 2.5 was taken
+        with pytest.raises(TypeError) as info:
+            writers.AsyncWriter(clu, max_queue=bad)
+        assert str(info.value) == (
+            f"AsyncWriter(CluInterfaceWriter): max_queue must be an int >= 1, got {bad!r} "
+            f"({type(bad).__name__}); 128 suits most loops."
+        )
     w.close()
     with pytest.raises(writers.WriterClosedError, match=r"AsyncWriter\(clu\)"):
         w.write_scalars(0, {"a": 1.0})
