@@ -341,8 +341,8 @@ def plot_runs(
       width: PNG width in pixels.
       height: PNG height in pixels.
       dpi: PNG resolution (fonts scale with it).
-      cols: Text plot width (None: the terminal's).
-      rows: Text plot height (None: the terminal's, less two).
+      cols: Text plot width (None: the terminal's; 80 where output is no terminal).
+      rows: Text plot height (None: the terminal's, less two; 24 where output is no terminal).
       color: ANSI colors in the text plot.
 
     Returns:
@@ -359,7 +359,7 @@ def plot_runs(
     if out is not None:
         _png(keys, series, out, width=width, height=height, dpi=dpi, raw=smoothing > 0)
     if terminal:
-        size = shutil.get_terminal_size((100, 32))
+        size = shutil.get_terminal_size((80, 26))  # no terminal (a pipe, a file): 80 x 24
         text = _text(keys, series, cols or size.columns, rows or max(size.lines - 2, 8), color)
     return PlotData(keys, series, out, text)
 

@@ -500,6 +500,23 @@ def test_terminal_panels_too_small_to_draw_in_are_refused_with_the_rows_they_nee
     assert sum("┤" in row for row in text.splitlines()) == 6 * 3
 
 
+def test_output_that_is_no_terminal_gets_80_by_24(tmp_path, monkeypatch):
+    """A pipe got 100 x 30 (shutil's fallback), where the refusal above says 80 x 24."""
+
+    def no_terminal(fd=1):
+        raise OSError("not a terminal")
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("LINES", raising=False)
+    monkeypatch.setattr("os.get_terminal_size", no_terminal)
+    lines = [{"step": s, **{k: 1.0 / s for k in "abcdef"}} for s in (1, 2)]
+    _write_jsonl(str(tmp_path / "r" / "metrics.jsonl"), lines)
+    rows = plot_runs([str(tmp_path / "r")], ["a"], terminal=True).text.splitlines()
+    assert (len(rows), max(len(row) for row in rows)) == (24, 80)
+    with pytest.raises(ValueError, match=r"6 panel\(s\) in 80 x 24 characters"):
+        plot_runs([str(tmp_path / "r")], list("abcdef"), terminal=True)
+
+
 def test_a_key_with_no_finite_value_says_so(tmp_path, monkeypatch):
     _write_jsonl(
         str(tmp_path / "r" / "metrics.jsonl"),
