@@ -1138,7 +1138,8 @@ def _factory_and_kwargs(
     if collection is not None and collection.default is None:
         kwargs["collection"] = name
     if resume_step is not None:
-        if "resume_step" not in parameters:
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        if "resume_step" not in parameters and not takes_any:  # **kwargs: passed on
             raise TypeError(
                 f"MetricsManager({name!r}): resume_step={resume_step} needs a "
                 "writer_factory taking resume_step, such as writers.create_default_writer."

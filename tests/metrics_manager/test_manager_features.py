@@ -77,6 +77,26 @@ def test_resume_step_needs_a_factory_that_takes_it():
         MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), resume_step=5)
 
 
+def test_a_factory_taking_keyword_arguments_gets_the_resume_step(tmp_path):
+    # lambda logdir, **kw: ... was refused as taking no resume_step, and the earlier run's
+    # steps after 2 stayed in metrics.jsonl.
+    made = []
+
+    def factory(logdir, **kwargs):
+        made.append(kwargs)
+        return writers.create_default_writer(logdir, console=False, tensorboard=False, **kwargs)
+
+    for resume_step, steps in ((None, (1, 2, 3, 4)), (2, (3,))):
+        with MetricsManager(
+            "t", tmp_path, writer_factory=factory, resume_step=resume_step
+        ) as manager:
+            for step in steps:
+                manager.write_scalars(step, {"x": float(10 * step + len(made))})
+    assert made == [{}, {"resume_step": 2}]
+    rows = writers.read_jsonl(tmp_path / "t")
+    assert [(r["step"], r["x"]) for r in rows] == [(1, 11.0), (2, 21.0), (3, 32.0)]
+
+
 def test_an_nnx_multimetric_is_written(tmp_path):
     multi = nnx.MultiMetric(loss=nnx.metrics.Average("loss"), accuracy=nnx.metrics.Accuracy())
     multi.update(
