@@ -367,6 +367,12 @@ class MetricsManager:
         return self._made
 
     @property
+    def summary_writer(self) -> Any:
+        """T5X's name for `writer`. Calls on it bypass the manager's worker and isolation (and
+        race its thread): prefer the manager's own `write_*` methods."""
+        return self._made
+
+    @property
     def closed(self) -> bool:
         """Whether `close()` has been called."""
         return self._closed

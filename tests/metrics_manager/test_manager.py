@@ -627,6 +627,17 @@ def test_donated_train_state_counts_as_ready(monkeypatch):
     assert float(summary["sps"].value) == pytest.approx(2 / 6.0)
 
 
+def test_t5x_summary_writer_is_the_factorys_writer(tmp_path):
+    # T5X code passes manager.summary_writer to its own writes (summarize_gin_config): it
+    # raised AttributeError here.
+    factory = functools.partial(writers.create_default_writer, console=False, tensorboard=False)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        assert manager.summary_writer is manager.writer
+        manager.summary_writer.write_texts(0, {"config": "lr = 0.1"})
+    ((line,),) = [writers.read_jsonl(tmp_path / "train")]
+    assert (line["step"], line["collection"], line["config"]) == (0, "train", "lr = 0.1")
+
+
 def test_other_processes_compute_but_write_nothing(monkeypatch, tmp_path):
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     factory_calls = []
@@ -638,7 +649,7 @@ def test_other_processes_compute_but_write_nothing(monkeypatch, tmp_path):
         clock=FakeClock(0.0, 40.0),
     )
     assert manager.summary_dir == str(root / "train")
-    assert not manager.writes and manager.writer is None
+    assert not manager.writes and manager.writer is None and manager.summary_writer is None
     manager.start_duration_timer()
     summary = manager.write_metrics_summary(t5x_metrics(), 4, 2).result()
     manager.write_scalar("x", 1.0, 4)
