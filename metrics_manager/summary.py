@@ -111,9 +111,10 @@ class Summarizer:
             )
             failed(key, OverflowError(message))
 
-        if duration is None and any(_has_time(m) for m in host.values()):
-            # Only the timed keys are lost: a loop that never starts the timer keeps its loss.
-            host, timed = _without_time(host)
+        if duration is None and any(_has_time(m, unset=True) for m in host.values()):
+            # Only the timed keys are lost: a loop that never starts the timer keeps its loss,
+            # and a duration the loop set itself (set_time_metrics_duration) is kept.
+            host, timed = _without_time(host, unset=True)
             for key in timed:
                 message = (
                     f"metric {key!r} measures time, but no window was open: call "
@@ -413,18 +414,20 @@ def _counts_steps(metric: Any) -> bool:
     return isinstance(metric, metrics_lib.Step) and metric.steps is not None
 
 
-def _without_time(host: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """`host` without its time metrics, and their keys; a Collection's other fields are kept
-    under the keys they write (`c/loss`)."""
+def _without_time(
+    host: dict[str, Any], unset: bool = False
+) -> tuple[dict[str, Any], list[str]]:
+    """`host` without its time metrics (`unset`: those with no duration), and their keys; a
+    Collection's other fields are kept under the keys they write (`c/loss`)."""
     kept, timed = {}, []
     for key, metric in host.items():
-        if not _has_time(metric):
+        if not _has_time(metric, unset):
             kept[key] = metric
         elif isinstance(metric, clu_metrics.Collection) and not metrics_lib.replicated_problem(
             metric
         ):
             for name, field in metrics_lib.collection_fields(metric).items():
-                if _has_time(field):
+                if _has_time(field, unset):
                     timed.append(f"{key}/{name}")
                 else:
                     kept[f"{key}/{name}"] = field
@@ -433,7 +436,7 @@ def _without_time(host: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     return kept, timed
 
 
-def _has_time(metric: Any) -> bool:
+def _has_time(metric: Any, unset: bool = False) -> bool:
     if isinstance(metric, clu_metrics.Collection):
-        return any(_has_time(m) for m in vars(metric).values())
-    return metrics_lib.is_time_metric(metric)
+        return any(_has_time(m, unset) for m in vars(metric).values())
+    return metrics_lib.is_time_metric(metric) and not (unset and metric.duration is not None)

@@ -28,7 +28,15 @@ from metrics_manager import timer as timer_lib
 from metrics_manager.classification import AUROC
 from metrics_manager.manager import MetricsManager, MetricsManagerError
 from metrics_manager.merging import merge_metrics
-from metrics_manager.metrics import AveragePerStep, MeanStd, StepsPerTime, Sum, Time, TimeRate
+from metrics_manager.metrics import (
+    AveragePerStep,
+    MeanStd,
+    StepsPerTime,
+    Sum,
+    Time,
+    TimeRate,
+    set_time_metrics_duration,
+)
 from metrics_manager.packing import PackedMetrics
 from tests.writers.recording import RecordingWriter
 
@@ -687,6 +695,20 @@ def test_time_metrics_without_a_started_timer_cost_their_keys_and_say_how_to_fix
         "metric 'steps_per_second' measures time, but no window was open: call "
         "manager.start_duration_timer(block_on=state) at the start of every window"
     )
+
+
+def test_a_duration_the_loop_set_itself_is_kept_without_a_window():
+    # set_time_metrics_duration before the summary, no start_duration_timer: the key was
+    # dropped as "no window was open" though its duration was given.
+    recorder = RecordingWriter()
+    with make(recorder) as manager:
+        timed = set_time_metrics_duration({"sps": StepsPerTime.from_model_output()}, 2.0)
+        summary = manager.write_metrics_summary(
+            {**timed, "rate": TimeRate(numerator=1.0)}, 10, 10
+        ).result()
+        assert float(summary["sps"].value) == 10 / 2.0
+        assert sorted(summary) == ["sps"]
+    assert [(e.source, e.step) for e in manager.errors] == [("metric:rate", 10)]
 
 
 def test_a_window_ended_by_another_threads_summary_is_named_in_the_failure():
