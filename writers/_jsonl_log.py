@@ -10,6 +10,7 @@ import os
 import pathlib
 import re
 import stat
+import uuid
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO, TextIO
@@ -24,8 +25,14 @@ except ImportError:  # not POSIX: logs are opened without the cross-process chec
 from writers import _storage
 
 _STEP = re.compile(rb'^\{"step": (null|\d+)[,}]')
-_PART = re.compile(r"^(\d{6})-(\d{8})\.jsonl$")
-_part_name = "{:06d}-{:08d}.jsonl".format  # (generation, index) -> the part's file name
+_PART = re.compile(r"^(\d{6})-(\d{8})(?:-([0-9a-f]{8}))?\.jsonl$")
+
+
+def _part_name(generation: int, index: int, writer: str = "") -> str:
+    """A part's file name; `writer`, a token of the writer that uploads it, keeps two writers
+    of one log (a preempted run still flushing as its replacement starts) from replacing
+    each other's parts, which share an index."""
+    return f"{generation:06d}-{index:08d}{'-' * bool(writer)}{writer}.jsonl"
 
 
 LOG_NAME = "metrics.jsonl"
@@ -296,7 +303,8 @@ def _open_locked(path: str) -> TextIO:
 
 
 class RemoteLog:
-    """A remote log: objects cannot be appended to, so parts `<path>.d/<generation>-<index>.jsonl`.
+    """A remote log: objects cannot be appended to, so parts
+    `<path>.d/<generation>-<index>-<writer>.jsonl`, read in (index, writer) order.
 
     Readers use the highest generation only. Resuming writes the kept lines as part 0 of the
     next generation, then deletes the old one (stale parts left by a crash are ignored).
@@ -307,16 +315,17 @@ class RemoteLog:
         fs, base = _storage.filesystem(directory)
         generation, current, stale = _latest(fs, base)
         if resume_step is not None and current:
-            old = _read_parts(fs, base, generation, current)
+            old = _read_parts(fs, base, current)
             tail = b"".join(kept_lines(old.splitlines(keepends=True), resume_step))
+            # No writer token: two runs resuming at once write the same kept lines once.
             _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [tail])
-            stale += [_part_name(generation, i) for i in current]
-            generation, current = generation + 1, [0]
+            stale += current
+            generation, current = generation + 1, [_part_name(generation + 1, 0)]
             self.last_step = last_step(io.BytesIO(tail), len(tail))
         else:
             self.last_step = None
-            for index in reversed(current):  # the last part may hold step-less lines alone
-                part = _read_parts(fs, base, generation, [index])
+            for name in reversed(current):  # the last part may hold step-less lines alone
+                part = _read_parts(fs, base, [name])
                 if (step := last_step(io.BytesIO(part), part.rfind(b"\n") + 1)) is not None:
                     self.last_step = step
                     break
@@ -326,8 +335,8 @@ class RemoteLog:
                 fs.rm_file(f"{base}/{name}")
         self._stream = _storage.PartStream(
             directory,
-            functools.partial(_part_name, generation),
-            first_index=current[-1] + 1 if current else 0,
+            functools.partial(_part_name, generation, writer=uuid.uuid4().hex[:8]),
+            first_index=_part_key(current[-1])[0] + 1 if current else 0,
             max_buffer_bytes=max_buffer_bytes,
         )
 
@@ -340,21 +349,27 @@ class RemoteLog:
     close = flush
 
 
-def _latest(fs: Any, base: str) -> tuple[int, list[int], list[str]]:
-    """The newest generation of parts in `base`, its part indices, older parts' names."""
+def _part_key(name: str) -> tuple[int, str]:
+    """The read order of a part's name (one `_PART` matches): index, then writer."""
+    _, index, writer = _PART.match(name).groups()  # type: ignore[union-attr]
+    return int(index), writer or ""
+
+
+def _latest(fs: Any, base: str) -> tuple[int, list[str], list[str]]:
+    """The newest generation of parts in `base`, its parts' names in read order, older parts'."""
     fs.invalidate_cache(base)  # another process (an earlier run) may have written
     try:
         names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(base, detail=False)]
     except FileNotFoundError:
         names = []
-    parts = [(int(m.group(1)), int(m.group(2))) for m in map(_PART.match, names) if m]
+    parts = [(int(m.group(1)), name) for name in names if (m := _PART.match(name))]
     generation = max((g for g, _ in parts), default=0)
-    stale = [_part_name(g, i) for g, i in parts if g < generation]
-    return generation, sorted(i for g, i in parts if g == generation), stale
+    stale = [name for g, name in parts if g < generation]
+    return generation, sorted((n for g, n in parts if g == generation), key=_part_key), stale
 
 
-def _read_parts(fs: Any, base: str, generation: int, indices: list[int]) -> bytes:
-    return b"".join(fs.cat_file(f"{base}/{_part_name(generation, i)}") for i in indices)
+def _read_parts(fs: Any, base: str, names: list[str]) -> bytes:
+    return b"".join(fs.cat_file(f"{base}/{name}") for name in names)
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -404,11 +419,11 @@ def _read_remote(path: str) -> bytes:
     directory = path.rstrip("/") + ".d"
     fs, base = _storage.filesystem(directory)
     for _ in range(5):  # a resume may delete the generation being read: list again
-        generation, current, _ = _latest(fs, base)
+        _, current, _ = _latest(fs, base)
         if not current:
             break
         with contextlib.suppress(FileNotFoundError):
-            return _read_parts(fs, base, generation, current)
+            return _read_parts(fs, base, current)
     raise FileNotFoundError(
         f"read_jsonl: no JSONL log at {path!r} (expected parts under {directory}/, "
         "written by JsonlWriter). Check the URL and the run's summary_dir."

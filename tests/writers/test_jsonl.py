@@ -8,6 +8,7 @@ import glob
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -144,10 +145,9 @@ def test_url_logs_are_parts_uploaded_per_flush_and_read_back_in_order(tmp_path, 
     w.flush()
     w.write_scalars(3, {"a": 3})
     w.close()
-    assert sorted(fs.ls("/jl-bucket/run/metrics.jsonl.d", detail=False)) == [
-        "/jl-bucket/run/metrics.jsonl.d/000000-00000000.jsonl",
-        "/jl-bucket/run/metrics.jsonl.d/000000-00000001.jsonl",
-    ]
+    first, second = sorted(fs.ls("/jl-bucket/run/metrics.jsonl.d", detail=False))
+    assert re.fullmatch(r"/jl-bucket/run/metrics.jsonl.d/000000-00000000-[0-9a-f]{8}.jsonl", first)
+    assert second == first.replace("-00000000-", "-00000001-")  # the writer's token
     again = writers.JsonlWriter("memory://jl-bucket/run/metrics.jsonl", clock=lambda: 1.0)
     again.write_scalars(4, {"a": 4})
     again.close()  # a new writer continues with the next part
@@ -157,6 +157,35 @@ def test_url_logs_are_parts_uploaded_per_flush_and_read_back_in_order(tmp_path, 
     fs.rm("/jl-bucket", recursive=True)
     with pytest.raises(FileNotFoundError, match="no JSONL log at 'memory://jl-bucket/run"):
         writers.read_jsonl("memory://jl-bucket/run/metrics.jsonl")
+
+
+def test_two_writers_of_one_url_keep_each_others_parts():
+    # A preempted run still flushing as its replacement starts: both uploaded part
+    # 000000-00000001.jsonl, and the later upload replaced the other's lines.
+    import fsspec
+
+    fs, url = fsspec.filesystem("memory"), "memory://jl-two/run/metrics.jsonl"
+    try:
+        # A part named as before writers had tokens: read first, and continued after.
+        fs.pipe_file("/jl-two/run/metrics.jsonl.d/000000-00000000.jsonl", b'{"step": 1}\n')
+        old = writers.JsonlWriter(url, clock=lambda: 1.0)
+        new = writers.JsonlWriter(url, clock=lambda: 2.0)
+        old.write_scalars(2, {"a": 2})
+        new.write_scalars(3, {"b": 3})
+        old.flush()
+        new.flush()
+        new.write_scalars(4, {"b": 4})
+        new.close()
+        old.write_scalars(5, {"a": 5})
+        old.close()
+        assert len(fs.ls("/jl-two/run/metrics.jsonl.d", detail=False)) == 5
+        lines = [(line["step"], line.get("time")) for line in writers.read_jsonl(url)]
+        # In part order: both writers' part 1 (in the order of their tokens), then part 2.
+        assert lines[0] == (1, None)
+        assert sorted(lines[1:3]) == [(2, 1.0), (3, 2.0)]
+        assert sorted(lines[3:]) == [(4, 2.0), (5, 1.0)]
+    finally:
+        fs.rm("/jl-two", recursive=True)
 
 
 def test_bfloat16_tensors_are_numbers_and_bfloat16_images_are_accepted(writer):
