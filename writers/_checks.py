@@ -10,6 +10,7 @@ import inspect
 import math
 import numbers
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -104,13 +105,38 @@ def check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> fl
 
 
 def check_path(path: Any, where: str, what: str) -> str:
-    """`os.fspath(path)` for a str or `os.PathLike`; anything else is a TypeError naming it."""
+    """`os.fspath(path)` for a str or `os.PathLike`; anything else is a TypeError naming it,
+    and a path that was a URL before `pathlib` collapsed its `//` a ValueError."""
     if not isinstance(path, str | os.PathLike) or isinstance(fspath := os.fspath(path), bytes):
         raise TypeError(
             f"{where}: {what} must be a directory, file or URL (a str or os.PathLike), got "
             f"{path!r} ({type(path).__name__})."
         )
+    if problem := collapsed_url(path, what):
+        raise ValueError(f"{where}: {problem}.")
     return fspath
+
+
+_COLLAPSED_URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]+):/(?!/)")
+
+
+def collapsed_url(path: Any, what: str) -> str | None:
+    """The problem with a path object whose string is a URL with `//` made `/` (`Path("gs://b")`
+    is `gs:/b`, a local directory: the run's files went there, not to the bucket), else None."""
+    if isinstance(path, str | bytes) or not isinstance(path, os.PathLike):
+        return None
+    fspath = os.fspath(path)
+    if not isinstance(fspath, str) or not (match := _COLLAPSED_URL.match(fspath)):
+        return None
+    import fsspec  # a declared dependency; only for a path that looks like one
+
+    if match.group(1) not in fsspec.available_protocols():
+        return None
+    url = fspath.replace(":/", "://", 1)
+    return (
+        f"{what} {path!r} is the URL {url!r} with its '//' collapsed to '/' by pathlib, so it "
+        f"names the local path {fspath!r}; pass the URL as a str, {what}={url!r}"
+    )
 
 
 def check_seconds(seconds: Any, where: str) -> float:

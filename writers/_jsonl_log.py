@@ -22,7 +22,7 @@ try:
 except ImportError:  # not POSIX: logs are opened without the cross-process check
     fcntl = None  # type: ignore[assignment]
 
-from writers import _storage
+from writers import _checks, _storage
 
 _STEP = re.compile(rb'^\{"step": (null|\d+)[,}]')
 _PART = re.compile(r"^(\d{6})-(\d{8})(?:-([0-9a-f]{8}))?\.jsonl$")
@@ -395,7 +395,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       >>> writers.read_jsonl(path)
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
-    path = log_file(os.fspath(path))
+    path = log_file(_checks.check_path(path, "read_jsonl", "path"))
     data = _read_remote(path) if _storage.is_remote(path) else pathlib.Path(path).read_bytes()
     lines = [line for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
     records = []

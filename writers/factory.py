@@ -71,7 +71,8 @@ def create_default_writer(
     Raises:
       TypeError: a flag (`console`, `jsonl`, ...) is not a bool, `max_queue` is not an int,
         or `console_stream` has no `write()`.
-      ValueError: `max_queue` is below 1, or `purge_step` and `resume_step` disagree.
+      ValueError: `max_queue` is below 1, `purge_step` and `resume_step` disagree, or
+        `logdir` is a `pathlib.Path` of a URL.
 
     Example:
       >>> import writers

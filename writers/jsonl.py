@@ -77,8 +77,8 @@ class JsonlWriter(BaseWriter):
     Raises:
       TypeError: `resume_step` is not an integer, `max_array_size` not a number, `collection`
         not a str, or `clock` not callable.
-      ValueError: `resume_step` is negative or given for a pipe, or `flush_secs` is not
-        positive.
+      ValueError: `resume_step` is negative or given for a pipe, `flush_secs` is not
+        positive, or `path` is a `pathlib.Path` of a URL (`gs:/b`: pass `"gs://b"`).
       ImportError: `path` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 

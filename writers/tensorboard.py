@@ -44,8 +44,8 @@ class TensorBoardWriter(BaseWriter):
       filename_suffix: Appended to the event file name.
 
     Raises:
-      ValueError: `flush_secs` is not positive, `purge_step` is negative or
-        `filename_suffix` holds a '/'.
+      ValueError: `flush_secs` is not positive, `purge_step` is negative,
+        `filename_suffix` holds a '/', or `logdir` is a `pathlib.Path` of a URL.
       TypeError: `purge_step` is not an integer or `filename_suffix` not a str.
     """
 

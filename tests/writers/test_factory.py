@@ -6,6 +6,8 @@ import io
 import json
 import logging as py_logging
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -121,6 +123,51 @@ def test_a_logdir_that_is_no_path_is_refused_naming_the_argument(make):
     # A bare "expected str, bytes or os.PathLike object, not int" named neither.
     with pytest.raises(TypeError, match=r"^\w+: (logdir|path) must be a directory, file or URL"):
         make()
+
+
+def _gin(model_dir):
+    from metrics_manager.gin_utils import write_gin_config
+
+    write_gin_config(model_dir, config_str="a.b = 1\n")
+
+
+def _manager(summary_dir):
+    from metrics_manager import MetricsManager
+
+    MetricsManager("train", summary_dir).close()
+
+
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (writers.create_default_writer, "logdir"),
+        (writers.JsonlWriter, "path"),
+        (writers.TensorBoardWriter, "logdir"),
+        (writers.read_jsonl, "path"),
+        (_gin, "model_dir"),
+        (_manager, "summary_dir"),
+    ],
+    ids=[
+        "create_default_writer",
+        "JsonlWriter",
+        "TensorBoardWriter",
+        "read_jsonl",
+        "gin",
+        "manager",
+    ],
+)
+def test_a_path_object_of_a_url_is_refused_before_it_writes_a_local_directory(
+    make, what, tmp_path, monkeypatch
+):
+    # pathlib makes "gs://b/run" "gs:/b/run": the run's files went to ./gs:/b/run, not the bucket.
+    monkeypatch.chdir(tmp_path)
+    for url in ("gs://b/run", "s3://b/run", "memory://b/run/m.jsonl"):
+        fixed = re.escape(f"pass the URL as a str, {what}={url!r}")
+        with pytest.raises(ValueError, match=rf"{what} Posix.*'//' collapsed.*{fixed}"):
+            make(pathlib.Path(url))
+    assert list(tmp_path.iterdir()) == []
+    writers.JsonlWriter(pathlib.Path("run:/x.jsonl")).close()  # no fsspec protocol: a local path
+    assert os.path.exists("run:/x.jsonl")
 
 
 @pytest.mark.parametrize("flag", ["console", "tensorboard", "jsonl", "log", "asynchronous"])
