@@ -2454,6 +2454,22 @@ def test_nonfinite_stop_names_the_window_and_key():
             manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 38, 1)
 
 
+def test_nonfinite_stop_checks_summaries_on_every_process_and_write_scalars_on_process_0(
+    monkeypatch,
+):
+    # As the README's "Many hosts" says: process 1 has no writers, so a NaN passed to
+    # write_scalar there is dropped unchecked, but a summary's NaN stops it as process 0.
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    with MetricsManager("t", nonfinite="stop") as manager:
+        assert not manager.writes
+        manager.write_scalar("host", float("nan"), 1)
+        manager.flush()
+        manager.write_scalar("host", 2.0, 2)  # no error
+        manager.write_metrics_summary({"loss": Sum(np.float32(np.nan))}, 3, 1).exception()
+        with pytest.raises(MetricsManagerError, match=r"summary window ending at step 3.*'loss'"):
+            manager.write_scalar("host", 4.0, 4)
+
+
 def test_nonfinite_stop_covers_write_scalars_and_the_raising_call_is_still_written(tmp_path):
     # write_scalar passed NaN and infinities through under "stop", unchecked; and the call
     # that raised lost its own summary.
