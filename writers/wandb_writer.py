@@ -98,6 +98,8 @@ class WandbWriter(_base.TrackerWriter):
         process_index: int | None = None,
     ):
         _checks.check_options("WandbWriter", collection=collection)
+        if logdir is not None:  # Path("gs://b") made the local './gs:/b/wandb'
+            logdir = _checks.check_path(logdir, "WandbWriter", "logdir")
         self._wandb, resume_step, here = self._start("wandb", resume_step, process_index)
         if resume_step is not None and run_id is None and run is None:
             raise ValueError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -48,6 +49,13 @@ def test_200_summaries_x_20_keys_one_log_each_all_read_back(tmp_path, monkeypatc
         step: {f"train/m{i:02d}": _value(step, i) for i in range(20)} for step in range(200)
     }
     assert sum(len(row) for row in history.values()) == 200 * 20
+
+
+def test_a_path_object_of_a_url_is_refused_before_it_makes_a_local_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"logdir Posix.*'//' collapsed.*logdir='gs://b/run'"):
+        writers.WandbWriter("tests", logdir=pathlib.Path("gs://b/run"), process_index=0)
+    assert os.listdir(tmp_path) == []
 
 
 def test_nan_inf_texts_and_calls_at_one_step_fill_one_row(tmp_path):
