@@ -414,9 +414,7 @@ def _counts_steps(metric: Any) -> bool:
     return isinstance(metric, metrics_lib.Step) and metric.steps is not None
 
 
-def _without_time(
-    host: dict[str, Any], unset: bool = False
-) -> tuple[dict[str, Any], list[str]]:
+def _without_time(host: dict[str, Any], unset: bool = False) -> tuple[dict[str, Any], list[str]]:
     """`host` without its time metrics (`unset`: those with no duration), and their keys; a
     Collection's other fields are kept under the keys they write (`c/loss`)."""
     kept, timed = {}, []
