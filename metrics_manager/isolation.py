@@ -48,7 +48,7 @@ class MetricsManagerError(RuntimeError):
 class Failure:
     """One background failure: where (`source`), at which step, for which keys, and why."""
 
-    source: str  # "writer:<name>", "metric:<key>", "summary" or "nonfinite"
+    source: str  # "writer:<name>", "metric:<key>", "summary", "nonfinite" or a job's piece
     step: int | None
     keys: tuple[str, ...]
     error: BaseException

@@ -329,6 +329,11 @@ class MetricsManager:
             f"MetricsManager[{name}]",
             max_pending=max_pending,
             on_stuck=lambda label, job: self._fanout.stuck(label, self._worker.cap, job),
+            # A posted job's failure (a state that start_duration_timer waits on whose
+            # computation failed) was only logged: not in `errors`, not raised under "raise".
+            on_error=lambda label, job, err: self._failures.record(
+                Failure(label, job.state.get("step"), (), err)
+            ),
         )
         _OPEN.add(self)
         # Registered after the writers' own hooks, so it runs first (atexit is LIFO): a manager
@@ -792,11 +797,17 @@ class MetricsManager:
 
             def read(job: Job) -> None:
                 arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
+                failed = False
                 if not all(map(timer.settled, arrays)):  # ready just now: no later output sooner
-                    timer.block_until_ready_or_deleted(arrays)  # the reads below do not wait
+                    try:
+                        timer.block_until_ready_or_deleted(arrays)  # the reads below do not wait
+                    except Exception:  # noqa: BLE001  (a computation failed: each key waits below)
+                        failed = True
                     self._seen_ready = self._clock()
                 for key in deferred:
                     try:
+                        if failed:  # its own wait: a failed computation costs its key alone
+                            timer.block_until_ready_or_deleted(values[key])
                         with jax.transfer_guard_device_to_host("allow"):
                             values[key] = _read_value(arg, key, values[key])
                     except Exception as err:  # noqa: BLE001  (costs that key, not the call)

@@ -71,6 +71,8 @@ class OrderedWorker:
       name: thread name, also used in error messages.
       max_pending: most jobs waiting at once behind the running one.
       on_stuck: `on_stuck(label, job)` when a piece is abandoned (runs under the lock: be short).
+      on_error: `on_error(label, job, error)` when a piece of a job nobody waits on (`post`)
+        fails, in place of logging it.
     """
 
     def __init__(
@@ -79,10 +81,12 @@ class OrderedWorker:
         *,
         max_pending: int = 16,
         on_stuck: Callable[[str, Job], None] | None = None,
+        on_error: Callable[[str, Job, BaseException], None] | None = None,
     ) -> None:
         self.name = name
         self._max = max_pending
         self._on_stuck = on_stuck
+        self._on_error = on_error
         self._cond = threading.Condition(threading.RLock())  # re-entrant for signal handlers
         self._queue: collections.deque[Job] = collections.deque()
         self._current: Job | None = None
@@ -320,7 +324,7 @@ class OrderedWorker:
                         job.index = index + 1
                     else:
                         job.index = len(pieces)
-                        job.state["error"] = failed
+                        job.state["error"], job.state["failed_in"] = failed, pieces[index][0]
                     self._arm(job)
             self._finish(job, generation)
 
@@ -334,7 +338,9 @@ class OrderedWorker:
     def _finish(self, job: Job, generation: int) -> None:
         error = job.state.get("error")
         if job.future is None:
-            if error is not None:
+            if error is not None and self._on_error is not None:
+                self._on_error(job.state["failed_in"], job, error)
+            elif error is not None:
                 _LOG.error("%s: a background job failed: %r", self.name, error)
         elif job.future.cancelled():
             pass  # skipped before it started (`_run`): nobody waits for its result

@@ -548,6 +548,44 @@ def test_a_device_value_donated_before_the_worker_reads_it_costs_only_its_key(tm
         assert "Pass a copy" in str(failure)
 
 
+def test_a_device_computation_that_failed_is_recorded_and_raised_under_raise(monkeypatch):
+    # An XLA runtime error surfaces when the worker waits for the computation's output: the
+    # state start_duration_timer waits on, a scalar or an image still being computed. Each
+    # was only logged as 'a background job failed': not in `errors`, not raised under
+    # on_error="raise", and the other keys of the write were lost with it.
+    state, loss, image = jnp.zeros(2), jnp.float32(3.0), jnp.zeros((2, 2, 1))
+    failed = lambda x: any(x is f for f in (state, loss, image))  # noqa: E731
+    real_wait = timer_lib.block_until_ready_or_deleted
+
+    def wait(tree: Any) -> None:
+        if any(map(failed, jax.tree.leaves(tree))):
+            raise RuntimeError("INTERNAL: the computation failed")
+        real_wait(tree)
+
+    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", wait)
+    monkeypatch.setattr(timer_lib, "settled", lambda x: not failed(x))
+    monkeypatch.setattr(writers._checks, "_unready", failed)
+    recorder = RecordingWriter()
+    manager = make(recorder, on_error="raise", clock=time.perf_counter)
+    manager.start_duration_timer(block_on=state)
+    manager._worker.drain()
+    with pytest.raises(MetricsManagerError, match="start_duration_timer: RuntimeError: INTERNAL"):
+        manager.write_scalars(1, {"loss": loss, "lr": 0.5})
+    manager._worker.drain()
+    with pytest.raises(MetricsManagerError, match="metric:loss at step 1 .keys loss.: Runtime"):
+        manager.write_images(2, {"map": image, "ok": np.zeros((2, 2, 1))})
+    with pytest.raises(MetricsManagerError, match="metric:map at step 2 .keys map.: Runtime"):
+        manager.close()
+    calls = written(recorder)  # the other keys of each write are written
+    assert [c[:2] for c in calls] == [("write_scalars", 1), ("write_images", 2), ("close",)]
+    assert calls[0][2] == {"lr": 0.5} and list(calls[1][2]) == ["ok"]
+    assert [(f.source, f.step, f.keys) for f in manager.errors] == [
+        ("start_duration_timer", None, ()),
+        ("metric:loss", 1, ("loss",)),
+        ("metric:map", 2, ("map",)),
+    ]
+
+
 def test_a_plain_device_value_in_a_summary_ends_the_window_and_is_copied_with_the_rest(
     tmp_path,
 ):
