@@ -423,6 +423,29 @@ def check_writers(
     problems.raise_if_any()
 
 
+def named_if_donated(method: str, kwargs: Mapping[str, Any], err: BaseException) -> BaseException:
+    """`err`, or where device arrays of the call were deleted before the writer read them
+    (JAX's bare 'Array has been deleted with shape=...'), a ValueError naming their keys and
+    the fix, as the manager names them."""
+    keys = [
+        repr(key)
+        for value in kwargs.values()
+        if isinstance(value, Mapping)
+        for key, array in value.items()
+        if getattr(array, "is_deleted", bool)()
+    ]
+    if not keys or not isinstance(err, RuntimeError):  # an OSError of the writer's: its own
+        return err
+    kind = method.removeprefix("write_").removesuffix("s")
+    named = ValueError(
+        f"{kind} {', '.join(keys)}: {'a device array' if len(keys) == 1 else 'device arrays'} "
+        "deleted (donated to a later computation) before the writer read it. Pass a copy, or "
+        "do not donate it."
+    )
+    named.__cause__ = err
+    return named
+
+
 def to_number(key: str, value: Any) -> int | float:
     """A number or one-element array as a Python int or float (NaN, inf kept; bfloat16 widens)."""
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):

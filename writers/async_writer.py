@@ -141,8 +141,9 @@ class AsyncWriter(ForwardingWriter):
                 getattr(self._writer, method)(**kwargs)
             except (Exception, SystemExit) as err:  # noqa: BLE001  (re-raised on the caller's thread)
                 step = f"step={kwargs['step']}" if "step" in kwargs else ""
+                named = _checks.named_if_donated(method, kwargs, err)  # not JAX's bare words
                 with self._errors_lock:
-                    self._errors.append((f"{self._label}.{method}({step})", err))
+                    self._errors.append((f"{self._label}.{method}({step})", named))
 
         self._worker.post([(method, call, None)])  # blocks while the queue is full
 

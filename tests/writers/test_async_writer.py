@@ -218,6 +218,41 @@ def test_scalars_that_are_no_numbers_are_refused_at_the_call_arrays_read_by_the_
     assert ArrayLike.read_on and threading.main_thread().name not in ArrayLike.read_on
 
 
+def test_a_device_array_donated_before_the_worker_reads_it_is_named_with_the_fix(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    gate = threading.Event()
+
+    class GatedJsonl(writers.JsonlWriter):
+        def write_scalars(self, step, scalars):
+            assert gate.wait(timeout=30)
+            super().write_scalars(step, scalars)
+
+    w = writers.AsyncWriter(GatedJsonl(tmp_path / "m.jsonl"), name="async")
+    w.write_scalars(1, {"loss": 1.0})  # the worker waits here
+    image = jnp.zeros((4, 4, 1)) + 0.5
+    w.write_images(1, {"map": image})
+    w.write_histograms(1, {"w": image})
+    jax.jit(lambda x: x + 1.0, donate_argnums=0)(image)
+    assert image.is_deleted()
+    gate.set()
+    with pytest.raises(writers.WriterError) as info:
+        w.close()
+    message = str(info.value)
+    # It was JAX's bare "RuntimeError: Array has been deleted with shape=float32[4,4,1]".
+    assert "2 calls failed" in message and "Array has been deleted" not in message
+    for call, named in (("write_images", "image 'map'"), ("write_histograms", "histogram 'w'")):
+        assert (
+            f"async.{call}(step=1): ValueError: {named}: a device array deleted (donated to a "
+            "later computation) before the writer read it. Pass a copy, or do not donate it."
+        ) in message
+    lines = writers.read_jsonl(tmp_path / "m.jsonl")
+    assert [{k: v for k, v in x.items() if k not in ("time", "collection")} for x in lines] == [
+        {"step": 1, "loss": 1.0}
+    ]
+
+
 def test_a_writer_never_closed_is_drained_at_interpreter_exit(tmp_path):
     import subprocess
     import sys
