@@ -328,11 +328,11 @@ class MetricsManager:
         self._worker = OrderedWorker(
             f"MetricsManager[{name}]",
             max_pending=max_pending,
-            on_stuck=lambda label, job: self._fanout.stuck(label, self._worker.cap, job),
+            on_stuck=self._stuck,
             # A posted job's failure (a state that start_duration_timer waits on whose
             # computation failed) was only logged: not in `errors`, not raised under "raise".
             on_error=lambda label, job, err: self._failures.record(
-                Failure(label, job.state.get("step"), (), err)
+                Failure(label, job.state.get("step"), job.state.get("keys", ()), err)
             ),
         )
         _OPEN.add(self)
@@ -522,6 +522,7 @@ class MetricsManager:
             block_on = (block_on, [getattr(v, "value", None) for v in ready.values()])
 
         def prepare(job: Job) -> None:
+            job.state["step"], job.state["keys"] = step, keys  # for `_stuck`
             start, self._window_start = self._window_start, None
             try:
                 earliest = max(called, self._seen_ready) if computing else called
@@ -533,7 +534,9 @@ class MetricsManager:
                 summary = self._summarizer.values(
                     metrics, ready, step, num_steps, duration, no_window
                 )
-                job.result, job.state["calls"] = summary, self._summarizer.calls(step, summary)
+                calls = self._summarizer.calls(step, summary)
+                if "abandoned" not in job.state:  # past a signal's bound the job went on
+                    job.result, job.state["calls"] = summary, calls
                 if self._on_error == "raise" and self._failures.count > failed:
                     job.state["failure"] = self._failures.recent()[-1]  # a metric's: T5X's fails
             except Exception as err:
@@ -744,6 +747,24 @@ class MetricsManager:
                 fix,
             )
 
+    def _stuck(self, label: str, job: Job) -> None:
+        """The worker abandoned `label`'s piece of `job` (under its lock): a writer's call past
+        its deadline, or, past a signal's bound, the summary's computation or a wait for device
+        values, whose writers then get nothing and whose future fails (it resolved to None,
+        recorded as a writer 'summary' quarantined)."""
+        cap = self._worker.cap
+        if label.startswith("writer "):
+            self._fanout.stuck(label, cap, job)
+            return
+        bound = "" if cap is None else f"{cap:g} s, "
+        err = TimeoutError(
+            f"{label} ran past {bound}the bound while flushing on a signal: abandoned, and the "
+            "writers get none of its values"
+        )
+        failure = Failure(label, job.state.get("step"), job.state.get("keys", ()), err)
+        job.state["abandoned"] = job.state["failure"] = failure
+        self._failures.record(failure)
+
     def _result(self, job: Job) -> None:
         failure = job.state.get("failure")
         if failure is not None:
@@ -796,6 +817,7 @@ class MetricsManager:
         elif self._fanout.states:
 
             def read(job: Job) -> None:
+                job.state["step"], job.state["keys"] = step, tuple(deferred)  # for `_stuck`
                 arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
                 failed = False
                 if not all(map(timer.settled, arrays)):  # ready just now: no later output sooner
@@ -819,7 +841,8 @@ class MetricsManager:
                 kwargs = dict(extra)
                 if isinstance(buckets := kwargs.get("num_buckets"), Mapping):  # not a key left out
                     kwargs["num_buckets"] = {k: n for k, n in buckets.items() if k in values}
-                job.state["calls"] = [(call, {arg: checked, **kwargs})] if values else []
+                if values and "abandoned" not in job.state:  # past a signal's bound: none
+                    job.state["calls"] = [(call, {arg: checked, **kwargs})]
 
             self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
         self._failures.raise_fatal()  # after queueing: this call's values are still written

@@ -1485,6 +1485,46 @@ time.sleep(10)
 """
 
 
+def test_a_summary_abandoned_at_a_signals_bound_fails_its_future_and_writes_nothing(monkeypatch):
+    # A summary whose computation outlived the signal's flush bound resolved to None, its
+    # writer steps ran with no values, and it was recorded as a writer 'summary' quarantined.
+    from metrics_manager import manager as manager_lib
+    from tests.writers.recording import RecordingWriter
+
+    gate = threading.Event()
+
+    @flax.struct.dataclass
+    class Blocking(Sum):
+        def compute_value(self):
+            assert gate.wait(timeout=30)
+            return clu.values.Scalar(float(self.total))
+
+    monkeypatch.setattr(manager_lib, "_SIGNAL_DEADLINE_S", 0.3)
+    recorder = RecordingWriter()
+    manager = MetricsManager("train", writer_factory=lambda _: recorder)
+    chained: list[int] = []  # the program's own handler: the flush before it takes <= 2 s
+    monkeypatch.setitem(
+        manager_lib._PREVIOUS_HANDLERS, signal.SIGTERM, lambda s, _: chained.append(s)
+    )
+    stuck = manager.write_metrics_summary({"x": Blocking(np.float32(1.0))}, 1, 1)
+    after = manager.write_metrics_summary({"y": Sum(np.float32(2.0))}, 2, 1)
+    manager_lib._on_signal(signal.SIGTERM, None)
+    assert chained == [signal.SIGTERM]
+    with pytest.raises(MetricsManagerError, match=r"summary ran past 0.3 s, the bound while flush"):
+        stuck.result(timeout=0)
+    assert float(after.result(timeout=0)["y"].value) == 2.0  # the summary queued behind it
+    gate.set()  # the abandoned computation ends now: its values still reach no writer
+    manager._worker.threads[0].join(timeout=30)
+    manager.close()
+    assert [(c[0], *c[1][:1]) for c in recorder.calls] == [
+        ("write_scalars", 2),
+        ("flush",),
+        ("close",),
+    ]
+    assert [(f.source, f.step, f.keys) for f in manager.errors] == [("summary", 1, ("x",))]
+    assert "abandoned, and the writers get none of its values" in str(manager.errors[0])
+
+
 def test_sigterm_while_another_thread_closes_waits_for_that_close(tmp_path):
     # The handler checked `closed`, then another thread's close() sealed the queue: the
     # handler's own close was refused, and the default action killed the process while the
