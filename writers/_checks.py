@@ -436,11 +436,14 @@ def named_if_donated(method: str, kwargs: Mapping[str, Any], err: BaseException)
     ]
     if not keys or not isinstance(err, RuntimeError):  # an OSError of the writer's: its own
         return err
-    kind = method.removeprefix("write_").removesuffix("s")
+    kind = method.removeprefix("write_")  # "summaries" read "summarie 'x'"
+    it = "it" if len(keys) == 1 else "them"
+    if len(keys) == 1:
+        kind = kind[:-3] + "y" if kind.endswith("ies") else kind.removesuffix("s")
     named = ValueError(
         f"{kind} {', '.join(keys)}: {'a device array' if len(keys) == 1 else 'device arrays'} "
-        "deleted (donated to a later computation) before the writer read it. Pass a copy, or "
-        "do not donate it."
+        f"deleted (donated to a later computation) before the writer read {it}. Pass a copy, "
+        f"or do not donate {it}."
     )
     named.__cause__ = err
     return named

@@ -253,6 +253,31 @@ def test_a_device_array_donated_before_the_worker_reads_it_is_named_with_the_fix
     ]
 
 
+def test_donated_summaries_name_their_kind_and_keys(tmp_path):
+    import jax.numpy as jnp
+
+    w = writers.AsyncWriter(writers.JsonlWriter(tmp_path / "m.jsonl"), name="async")
+    one, two, three = jnp.ones(3), jnp.ones(2), jnp.ones(1)
+    for x in (one, two, three):
+        x.delete()
+    w.write_summaries(1, {"x": one})
+    w.write_summaries(2, {"y": two, "z": three})
+    with pytest.raises(writers.WriterError) as info:
+        w.close()
+    message = str(info.value)
+    # "summaries" lost its "s" alone: "summarie 'x'".
+    assert (
+        "async.write_summaries(step=1): ValueError: summary 'x': a device array deleted "
+        "(donated to a later computation) before the writer read it. Pass a copy, or do not "
+        "donate it."
+    ) in message
+    assert (
+        "async.write_summaries(step=2): ValueError: summaries 'y', 'z': device arrays deleted "
+        "(donated to a later computation) before the writer read them. Pass a copy, or do not "
+        "donate them."
+    ) in message
+
+
 def test_a_writer_never_closed_is_drained_at_interpreter_exit(tmp_path):
     import subprocess
     import sys
