@@ -434,7 +434,11 @@ def named_if_donated(method: str, kwargs: Mapping[str, Any], err: BaseException)
         for key, array in value.items()
         if getattr(array, "is_deleted", bool)()
     ]
-    if not keys or not isinstance(err, RuntimeError):  # an OSError of the writer's: its own
+    # A writer's own error (an OSError, a tracker's RuntimeError raised after it read the
+    # arrays, which the loop then donated) is left as it was: only JAX's names a deleted one
+    # ("Array has been deleted with shape=...", XLA's "... deleted or donated buffer").
+    deleted = any(words in str(err) for words in ("has been deleted", "deleted or donated"))
+    if not keys or not isinstance(err, RuntimeError) or not deleted:
         return err
     kind = method.removeprefix("write_")  # "summaries" read "summarie 'x'"
     it = "it" if len(keys) == 1 else "them"

@@ -253,6 +253,35 @@ def test_a_device_array_donated_before_the_worker_reads_it_is_named_with_the_fix
     ]
 
 
+def test_a_writer_error_after_it_read_a_since_donated_array_is_its_own(tmp_path):
+    import jax
+    import jax.numpy as jnp
+
+    read, donated = threading.Event(), threading.Event()
+
+    class Flaky(writers.NoopWriter):
+        def write_images(self, step, images):
+            copies = {k: np.array(v, copy=True) for k, v in images.items()}
+            read.set()
+            assert donated.wait(timeout=30) and copies
+            raise RuntimeError("tracker answered 503: Service Unavailable")
+
+    w = writers.AsyncWriter(Flaky(), name="async")
+    image = jnp.zeros((4, 4, 1)) + 0.5
+    w.write_images(1, {"map": image})
+    assert read.wait(timeout=30)
+    jax.jit(lambda x: x + 1.0, donate_argnums=0)(image)  # the loop's next step, after the read
+    assert image.is_deleted()
+    donated.set()
+    with pytest.raises(writers.WriterError) as info:
+        w.close()
+    # It read "ValueError: image 'map': a device array deleted ... before the writer read it":
+    # the tracker's 503 was named as a donation the writer never met.
+    assert str(info.value).endswith(
+        "async.write_images(step=1): RuntimeError: tracker answered 503: Service Unavailable"
+    )
+
+
 def test_donated_summaries_name_their_kind_and_keys(tmp_path):
     import jax.numpy as jnp
 
