@@ -132,7 +132,9 @@ def collapsed_url(path: Any, what: str) -> str | None:
 
     if match.group(1) not in fsspec.available_protocols():
         return None
-    url = fspath.replace(":/", "://", 1)
+    protocol, rest = match.group(1), fspath[match.end() :]
+    # file:///tmp/run is /tmp/run; file://tmp/run, what `//` alone gives back, is ./tmp/run.
+    url = f"{protocol}://{'/' * (protocol in ('file', 'local'))}{rest}"
     return (
         f"{what} {path!r} is the URL {url!r} with its '//' collapsed to '/' by pathlib, so it "
         f"names the local path {fspath!r}; pass the URL as a str, {what}={url!r}"

@@ -170,6 +170,16 @@ def test_a_path_object_of_a_url_is_refused_before_it_writes_a_local_directory(
     assert os.path.exists("run:/x.jsonl")
 
 
+def test_a_path_object_of_a_file_url_is_refused_naming_the_absolute_url():
+    # pathlib makes "file:///tmp/run" "file:/tmp/run"; the fix offered read
+    # logdir='file://tmp/run', which fsspec reads as ./tmp/run, not /tmp/run.
+    with pytest.raises(ValueError) as info:
+        writers.JsonlWriter(pathlib.Path("file:///tmp/run/m.jsonl"))
+    assert str(info.value).endswith("pass the URL as a str, path='file:///tmp/run/m.jsonl'.")
+    with pytest.raises(ValueError, match=re.escape("logdir='gs://b/run'.")):
+        writers.TensorBoardWriter(pathlib.Path("gs://b/run"))
+
+
 @pytest.mark.parametrize("flag", ["console", "tensorboard", "jsonl", "log", "asynchronous"])
 def test_a_flag_given_as_a_string_is_refused_before_any_file(flag, tmp_path):
     """gin's `console = 'False'` is a non-empty str, so true: it would do the opposite."""
