@@ -463,6 +463,7 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
         small = 2 * box[1] > canvas[1] or 2 * box[0] > canvas[0]
         names = [f"{glyph} {label}" if glyph else label for label, (*_, glyph) in lines.items()]
         title = f"{key}: {', '.join(names)}" if small and lines else key
+        title = title if lines else f"{key}: no finite values"  # cut too: it went blank
         # plotext drops a title wider than the plot: the key and the run names went with it.
         panel.title(title if len(title) <= cols else title[: cols - 1] + "…")
         for label, (x, y, glyph) in lines.items():
@@ -471,7 +472,6 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
             signal.lines()
             panel.draw(signal)
         if not lines:
-            panel.title(f"{key}: no finite values")
             continue
         low = int(min(x[0] for x, *_ in lines.values()))  # steps increase
         high = int(max(x[-1] for x, *_ in lines.values()))

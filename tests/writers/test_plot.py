@@ -409,6 +409,15 @@ def test_a_terminal_title_wider_than_the_plot_is_cut_not_dropped(tmp_path):
     assert len(title) == 60
 
 
+def test_a_terminal_title_of_a_key_with_no_finite_values_is_cut_not_dropped(tmp_path):
+    # "<key>: no finite values" wider than the plot was not cut: plotext drew the panel blank.
+    key = "eval/" + "a_very_long_metric_name_" * 3
+    lines = [{"step": s, key: float("nan"), "loss": 1.0} for s in range(1, 5)]
+    _write_jsonl(str(tmp_path / "run" / "train" / "metrics.jsonl"), lines)
+    text = plot_runs([str(tmp_path / "run")], [key], terminal=True, cols=60, rows=16).text
+    assert text.splitlines()[0].strip() == f"{key}: no finite values"[:59] + "…"
+
+
 # --- errors ----------------------------------------------------------------------------
 
 
