@@ -376,9 +376,10 @@ class MetricsManager:
 
     @property
     def summary_writer(self) -> Any:
-        """T5X's name for `writer`. Calls on it bypass the manager's worker and isolation (and
-        race its thread): prefer the manager's own `write_*` methods."""
-        return self._made
+        """T5X's name for `writer`, and as in T5X an empty `writers.MultiWriter` on processes
+        that do not write. Calls on it bypass the manager's worker and isolation (and race its
+        thread): prefer the manager's own `write_*` methods."""
+        return writers.MultiWriter([]) if self._made is None else self._made
 
     @property
     def closed(self) -> bool:
