@@ -202,7 +202,8 @@ class PartStream:
                 self._failed, self._error = self._failed + 1, repr(err)
                 raise
             self._index += 1
-            self._header = 0
+            with self._lock:  # a write's `+=` under it: never undone
+                self._header = 0
             self.dropped.outage = False
 
     def _trim(self, err: BaseException) -> None:
