@@ -758,9 +758,10 @@ class MetricsManager:
             self._fanout.stuck(label, cap, job)
             return
         bound = "" if cap is None else f"{cap:g} s, "
+        values = label == "summary" or label.startswith("read ")  # not a window's start
         err = TimeoutError(
-            f"{label} ran past {bound}the bound while flushing on a signal: abandoned, and the "
-            "writers get none of its values"
+            f"{label} ran past {bound}the bound while flushing on a signal: abandoned"
+            + (", and the writers get none of its values" if values else "")
         )
         failure = Failure(label, job.state.get("step"), job.state.get("keys", ()), err)
         job.state["abandoned"] = job.state["failure"] = failure
