@@ -248,6 +248,7 @@ class MetricsManager:
         self._window_open: str | None = None  # the name of the thread that opened it
         self._window_taken: tuple[str, str] | None = None  # (opener, summary's thread) differing
         self._window_start: float | None = None  # worker-side state
+        self._start_failed = False  # the last start_duration_timer's wait raised
         self._window_end = -math.inf  # worker-side: when the last summary's metrics were ready
         # Worker-side: when the last device value the worker waited for became ready (a
         # `write_scalar(loss)` before a summary): the loop's later outputs are ready no sooner.
@@ -414,7 +415,9 @@ class MetricsManager:
 
         def start(_: Job) -> None:  # see _ready_time: no earlier than the summary before
             earliest = max(called - cost, self._window_end, self._seen_ready)
+            self._start_failed = True  # until the wait returns: its error is recorded
             self._window_start = _ready_time(block_on, earliest, self._clock)
+            self._start_failed = False
 
         self._worker.post([("start_duration_timer", start, None)])
         self._failures.raise_fatal()  # after queueing: the call's own work is not lost
@@ -525,6 +528,12 @@ class MetricsManager:
         def prepare(job: Job) -> None:
             job.state["step"], job.state["keys"] = step, keys  # for `_stuck`
             start, self._window_start = self._window_start, None
+            why, failed_start, self._start_failed = no_window, self._start_failed, False
+            if start is None and failed_start and window is not None:
+                why = (
+                    "; start_duration_timer was called, but waiting for its block_on failed "
+                    "(manager.errors, source 'start_duration_timer')"
+                )
             try:
                 earliest = max(called, self._seen_ready) if computing else called
                 end = self._window_end = _ready_time(block_on, earliest, self._clock, start)
@@ -532,9 +541,7 @@ class MetricsManager:
                 # rates are inf (NaN for 0 steps), not the 1e9 steps/s of a made-up 1 ns.
                 duration = None if window is None or start is None else max(end - start, 0.0)
                 failed = self._failures.count
-                summary = self._summarizer.values(
-                    metrics, ready, step, num_steps, duration, no_window
-                )
+                summary = self._summarizer.values(metrics, ready, step, num_steps, duration, why)
                 calls = self._summarizer.calls(step, summary)
                 if "abandoned" not in job.state:  # past a signal's bound the job went on
                     job.result, job.state["calls"] = summary, calls

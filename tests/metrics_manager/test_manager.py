@@ -586,6 +586,35 @@ def test_a_device_computation_that_failed_is_recorded_and_raised_under_raise(mon
     ]
 
 
+def test_a_window_whose_start_failed_says_so_not_that_no_timer_was_started(monkeypatch):
+    # The time metrics' failure said "call manager.start_duration_timer", which the loop did.
+    state = jnp.zeros(2)
+    real_wait = timer_lib.block_until_ready_or_deleted
+
+    def wait(tree: Any) -> None:
+        if any(x is state for x in jax.tree.leaves(tree)):
+            raise RuntimeError("INTERNAL: the computation failed")
+        real_wait(tree)
+
+    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", wait)
+    monkeypatch.setattr(timer_lib, "settled", lambda x: x is not state)
+    with make(RecordingWriter(), clock=time.perf_counter) as manager:
+        manager.start_duration_timer(block_on=state)
+        rate = {"steps_per_second": StepsPerTime.from_model_output(), "loss": Sum(1.0)}
+        assert sorted(manager.write_metrics_summary(rate, 10, 10).result()) == ["loss"]
+        manager.start_duration_timer()  # the next window starts as usual
+        summary = manager.write_metrics_summary(rate, 20, 10).result()
+        assert sorted(summary) == ["loss", "steps_per_second"]
+    assert [(e.source, e.step) for e in manager.errors] == [
+        ("start_duration_timer", None),
+        ("metric:steps_per_second", 10),
+    ]
+    assert str(manager.errors[1].error).endswith(
+        "; start_duration_timer was called, but waiting for its block_on failed "
+        "(manager.errors, source 'start_duration_timer')"
+    )
+
+
 def test_a_plain_device_value_in_a_summary_ends_the_window_and_is_copied_with_the_rest(
     tmp_path,
 ):
