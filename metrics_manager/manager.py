@@ -121,7 +121,7 @@ class MetricsManager:
         process, `write_scalar(s)` values only where there are writers (process 0).
       system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
         most once per `system_interval_s`: the mean and `/max` of samples taken every second
-        (or every `system_interval_s` where that is shorter, at least every 0.1 s).
+        (or every `system_interval_s` where that is shorter, no more often than every 0.1 s).
       system_interval_s: least time between two summaries that write `system/*`.
       uptime: add `timing/uptime` to each metrics summary, as T5X's trainer does: seconds from
         this manager's creation to the `write_metrics_summary` call (on `clock`).
