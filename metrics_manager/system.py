@@ -187,9 +187,9 @@ def _default_sensors(devices: Iterable[Any] | None) -> tuple[dict[str, SampleFn]
         optional["cpu temperature"] = _cpu_temperature
     nvml_sensors, nvml = _nvml_sensors()
     sensors: dict[str, SampleFn] = {"memory": functools.partial(_memory, psutil.Process())}
-    try:  # a sandbox may deny /proc/stat: the other sensors still report
+    try:  # a sandbox may deny /proc/stat (psutil raises PermissionError): the others report
         sensors["cpu percent"] = _CpuPercent()
-    except psutil.Error:
+    except (psutil.Error, OSError):
         _LOG.debug("SystemMonitor: no CPU times", exc_info=True)
     for name, read in (optional | nvml_sensors).items():
         try:

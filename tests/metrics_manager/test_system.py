@@ -368,9 +368,17 @@ def test_real_gpu_device_memory_keys():
     assert values[f"system/device{device.id}/peak_memory_in_use_mib"] >= 1024
 
 
-def test_cpu_times_denied_leaves_the_other_sensors(monkeypatch):
+@pytest.mark.parametrize(
+    "error",
+    [
+        psutil.AccessDenied(),
+        # psutil.cpu_times() on Linux opens /proc/stat unwrapped: a sandbox's denial is this
+        PermissionError(13, "Permission denied", "/proc/stat"),
+    ],
+)
+def test_cpu_times_denied_leaves_the_other_sensors(monkeypatch, error):
     def denied(*args):
-        raise psutil.AccessDenied()
+        raise error
 
     monkeypatch.setattr(psutil, "cpu_times", denied)  # as in a sandbox without /proc/stat
     with mm.SystemMonitor(None, devices=()) as monitor:
