@@ -200,6 +200,8 @@ def perf_values(
       `perf/tflops_per_second_per_device`, and `perf/mfu` (0..1) when a peak is known.
 
     Raises:
+      TypeError: a value is no number or not one (a str, a bool, an array); every problem,
+        those out of range too, in one message.
       ValueError: every value out of range or not finite, in one message.
 
     Example:
