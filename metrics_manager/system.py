@@ -85,7 +85,9 @@ def _memory(process: psutil.Process) -> dict[str, float]:
 
 def _cpu_temperature() -> dict[str, float]:
     groups = psutil.sensors_temperatures()
-    for name in (*_CPU_SENSOR_GROUPS, *sorted(groups)):
+    # Then any group named for a CPU (Jetson's "CPU-therm"), never another part's: a VM's
+    # "nvme" drive or an "amdgpu" read as the CPU's temperature.
+    for name in (*_CPU_SENSOR_GROUPS, *sorted(g for g in groups if "cpu" in g.lower())):
         readings = [t.current for t in groups.get(name, ()) if t.current is not None]
         if readings:
             return {"system/cpu_temperature_c": float(max(readings))}

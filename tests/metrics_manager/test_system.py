@@ -249,6 +249,19 @@ def test_cpu_temperature_when_present_and_absent(monkeypatch):
         values = monitor.window_values()
     assert values["system/cpu_temperature_c"] == 61.0  # coretemp preferred, hottest reading
 
+    # No known CPU group: one named for a CPU (a Jetson's), never a drive's or a GPU's.
+    for groups, expected in [
+        (
+            {"AO-therm": [_Temp("", 40.0, None, None)], "CPU-therm": [_Temp("", 50.0, 90, 100)]},
+            50.0,
+        ),
+        ({"amdgpu": [_Temp("edge", 80.0, 90, 100)], "nvme": [_Temp("", 45.0, 80, 85)]}, None),
+    ]:
+        monkeypatch.setattr(psutil, "sensors_temperatures", lambda g=groups: g, raising=False)
+        with mm.SystemMonitor(None, devices=()) as monitor:
+            values = monitor.window_values()
+        assert values.get("system/cpu_temperature_c") == expected, groups
+
     for absent in [lambda: {}, lambda: (_ for _ in ()).throw(OSError("no hwmon"))]:
         monkeypatch.setattr(psutil, "sensors_temperatures", absent, raising=False)
         with mm.SystemMonitor(None, devices=()) as monitor:
