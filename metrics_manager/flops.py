@@ -159,6 +159,7 @@ def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float |
       Peak FLOP/s, or None for CPUs, unknown chips and chips without a `dtype` unit.
 
     Raises:
+      TypeError: `device` has no `device_kind` str (a name such as "H100" is no device).
       ValueError: `dtype` is not "bf16" or "fp16".
 
     Example:
@@ -169,7 +170,12 @@ def peak_flops_per_device(device: Any = None, *, dtype: str = "bf16") -> float |
     if dtype not in _DTYPES:
         raise ValueError(f"peak_flops_per_device: dtype must be one of {_DTYPES}, got {dtype!r}.")
     device = jax.devices()[0] if device is None else device
-    kind = str(getattr(device, "device_kind", "")).lower()
+    if not isinstance(kind := getattr(device, "device_kind", None), str):
+        raise TypeError(
+            f"peak_flops_per_device: device must be a JAX device (with a device_kind str), got "
+            f"{describe(device)}; e.g. jax.devices()[0]"
+        )
+    kind = kind.lower()
     for name, bf16, fp16 in _PEAK_TFLOPS:
         # As a whole word: "RTX A1000" is no A100, "T400" no T4.
         if re.search(rf"(?<![a-z0-9]){re.escape(name.lower())}(?![a-z0-9])", kind):

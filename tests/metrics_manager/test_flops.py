@@ -172,6 +172,10 @@ def test_peak_of_the_cpu_test_device_is_unknown_and_dtype_is_checked():
     assert mm.peak_flops_per_device() is None
     with pytest.raises(ValueError, match=r"dtype must be one of \('bf16', 'fp16'\), got 'fp32'"):
         mm.peak_flops_per_device(dtype="fp32")
+    # A kind's name is no device: it read as an unknown chip, and perf/mfu was left out.
+    for device in ["NVIDIA H100 80GB HBM3", 3]:
+        with pytest.raises(TypeError, match=r"device must be a JAX device .* e\.g\. jax\.devices"):
+            mm.peak_flops_per_device(device)
 
 
 def test_perf_values_by_hand():
