@@ -435,7 +435,8 @@ class MetricsManager:
           num_steps: train steps in the window (>= 1).
 
         Returns:
-          A future of name -> `clu.values.Value` (the same on every process). It fails when
+          A future of name -> `clu.values.Value` (the same on every process, but `system/*`
+          on process 0 alone, which samples its host). It fails when
           the summary cannot be computed, and under `on_error="raise"` when a writer fails.
           Cancelled before the worker starts the summary, it skips that summary.
 
