@@ -14,7 +14,8 @@ loop (`lax.scan`, microbatching) as one trip of its body; pass hand-counted FLOP
 On GPUs the compiled program hands matmuls and convolutions to cuBLAS and cuDNN, whose FLOPs
 that analysis leaves out (it counted each such call as -1 on an H100): where the program has
 such calls, the estimate is that of the program before optimization, the global step with
-replicated work counted once.
+replicated work counted once; that program counts a `shard_map` or `pmap` body for one device,
+so such a step on more than one device is refused: count it by hand.
 """
 
 import math
@@ -62,6 +63,8 @@ _PEAK_TFLOPS: tuple[tuple[str, float | None, float | None], ...] = (
 _DTYPES = ("bf16", "fp16")
 # Library calls whose FLOPs XLA's cost analysis of a compiled program leaves out.
 _LIBRARY_CALL = re.compile(r'custom_call_target="((?:__cublas|__cudnn)[^"]*)"')
+# A shard_map or pmap body in a program before optimization (Shardy's, then GSPMD's form).
+_MANUAL = re.compile(r"sdy\.manual_computation|SPMDFullToShardShape")
 
 
 def _jax_stage(stage: Any) -> Any:
@@ -132,6 +135,11 @@ def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
     lowered = stage if isinstance(stage, jax.stages.Lowered) else None
     compiled = stage if lowered is None else lowered.compile()
     flops = _flops(compiled.cost_analysis())
+    shardings = jax.tree.leaves(  # the devices the SPMD program runs on
+        [compiled.input_shardings, compiled.output_shardings],
+        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
+    )
+    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
     if calls := sorted(set(_LIBRARY_CALL.findall(compiled.as_text() or ""))):
         if lowered is None:
             raise ValueError(
@@ -139,12 +147,14 @@ def step_flops(fn_or_compiled: Any, *args: Any, **kwargs: Any) -> float:
                 "a compiled program leaves out; pass the step function or its Lowered "
                 "(jax.jit(step).lower(...)), estimated before optimization, or count by hand."
             )
+        if len(devices) > 1 and _MANUAL.search(lowered.as_text()):
+            raise ValueError(
+                f"step_flops: the compiled step calls {calls}, whose FLOPs XLA's estimate of "
+                "a compiled program leaves out, and has a shard_map or pmap body, which the "
+                f"estimate before optimization counts for one of its {len(devices)} devices; "
+                "count the step's FLOPs by hand and pass them to perf_values."
+            )
         return _flops(lowered.cost_analysis())
-    shardings = jax.tree.leaves(  # the devices the SPMD program runs on
-        [compiled.input_shardings, compiled.output_shardings],
-        is_leaf=lambda x: isinstance(x, jax.sharding.Sharding),
-    )
-    devices = {d for s in shardings if isinstance(s, jax.sharding.Sharding) for d in s.device_set}
     return flops * max(len(devices), 1)
 
 

@@ -65,6 +65,34 @@ def test_library_calls_are_counted_before_optimization(monkeypatch):
         mm.step_flops(compiled)
 
 
+def test_library_calls_in_a_shard_map_or_pmap_on_8_devices_are_refused(monkeypatch):
+    # The program before optimization counts a shard_map or pmap body for one device: a
+    # shard_map of (64, 32) x (32, 16) read 8189 FLOPs, not 65536, and a pmap of (8, 64, 32)
+    # x (8, 32, 16) 65533, not 524288 (MFU 8 times too low).
+    monkeypatch.setattr(jax.stages.Compiled, "as_text", _cublas_hlo)
+    mesh = jax.make_mesh((8,), ("d",), devices=jax.devices()[:8])
+    a = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("d")))
+    b = jax.device_put(jnp.ones((32, 16)), NamedSharding(mesh, P()))
+    shard_mapped = jax.shard_map(_matmul, mesh=mesh, in_specs=(P("d"), P()), out_specs=P("d"))
+    pmapped = jax.pmap(_matmul, devices=jax.devices()[:8])
+    for step, args in [
+        (shard_mapped, (a, b)),
+        (pmapped, (jnp.ones((8, 64, 32)), jnp.ones((8, 32, 16)))),
+    ]:
+        with pytest.raises(ValueError, match=r"shard_map or pmap body.*one of its 8 devices"):
+            mm.step_flops(step, *args)
+    # Without a library call the compiled count is per device: 8 times it is the whole step.
+    monkeypatch.undo()
+    assert mm.step_flops(shard_mapped, a, b) == pytest.approx(2 * 64 * 32 * 16, rel=0.01)
+    # On one device the body's count is the step's.
+    monkeypatch.setattr(jax.stages.Compiled, "as_text", _cublas_hlo)
+    one = jax.make_mesh((1,), ("d",), devices=jax.devices()[:1])
+    step = jax.shard_map(_matmul, mesh=one, in_specs=(P("d"), P()), out_specs=P("d"))
+    x = jax.device_put(jnp.ones((64, 32)), NamedSharding(one, P("d")))
+    y = jax.device_put(jnp.ones((32, 16)), NamedSharding(one, P()))
+    assert mm.step_flops(step, x, y) == pytest.approx(2 * 64 * 32 * 16, rel=0.01)
+
+
 @pytest.mark.skipif(
     not any(d.platform == "gpu" for d in jax.devices()), reason="needs JAX on a GPU"
 )
