@@ -17,6 +17,7 @@ logged at debug level and dropped. `{i}` is NVML's index (as in `CUDA_VISIBLE_DE
 import functools
 import logging
 import math
+import numbers
 import os
 import threading
 import time
@@ -306,6 +307,13 @@ class SystemMonitor:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stops the thread (waiting up to `timeout_s`), and NVML if no sample hangs. Idempotent."""
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+            raise TypeError(
+                f"SystemMonitor.close: timeout_s must be a number of seconds such as 5.0, got "
+                f"{describe(timeout_s)}."
+            )
+        if not timeout_s >= 0:
+            raise ValueError(f"SystemMonitor.close: timeout_s must be >= 0, got {timeout_s!r}.")
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)

@@ -168,6 +168,23 @@ def test_close_is_bounded_when_a_sample_hangs():
     monitor._thread.join(5.0)
 
 
+def test_close_refuses_a_timeout_that_is_no_number_and_keeps_running():
+    # close("5") raised "'>' not supported between instances of 'int' and 'str'" from
+    # Thread.join, after the thread had been told to stop.
+    monitor = mm.SystemMonitor(0.01, sample_fn=lambda: {"system/x": 1.0})
+    for timeout_s, error, match in [
+        ("5", TypeError, r"SystemMonitor.close: timeout_s must be a number .* got str '5'"),
+        (True, TypeError, r"timeout_s must be a number .* got bool True"),
+        (float("nan"), ValueError, r"timeout_s must be >= 0, got nan"),
+        (-1.0, ValueError, r"timeout_s must be >= 0, got -1\.0"),
+    ]:
+        with pytest.raises(error, match=match):
+            monitor.close(timeout_s)
+    assert monitor._thread.is_alive()
+    monitor.close(5)
+    assert not monitor._thread.is_alive()
+
+
 def test_a_sensor_that_starts_failing_is_logged_once_and_dropped(caplog):
     calls = []
 
