@@ -183,6 +183,8 @@ def ensure_flushes(*writers: Any) -> Iterator[Any]:
       >>> with writers.ensure_flushes(writers.AsyncWriter(writers.NoopWriter())) as w:
       ...   w.write_scalars(0, {"loss": 1.0})
     """
+    if not writers:  # CLU's raised IndexError at writers[0]
+        raise TypeError("ensure_flushes: expected at least one writer, got none; pass the writers")
     try:
         yield writers[0]
     except BaseException as err:

@@ -460,3 +460,12 @@ def test_a_forked_child_cannot_write_the_parents_queue_again(tmp_path):
     events.Reload()
     steps = [e.step for e in events.Scalars("loss")]
     assert steps == [0, 1, 2, 3, 4]
+
+
+def test_ensure_flushes_of_no_writer_says_so():
+    # CLU's and ours raised IndexError ('tuple index out of range') at the with.
+    entered = []
+    with pytest.raises(TypeError, match="ensure_flushes: expected at least one writer, got none"):
+        with writers.ensure_flushes():
+            entered.append(1)
+    assert entered == []
