@@ -38,7 +38,8 @@ class Summarizer:
       failures: where a failing key or a non-finite stop goes.
       nonfinite: "ignore", "warn" or "stop" (`MetricsManager`'s argument).
       perf: `perf(num_steps, seconds)` -> `perf/*` values, or None.
-      monitor: a `SystemMonitor` for `system/*`, sampled at most every `system_interval_s`.
+      monitor: a `SystemMonitor` for `system/*`, or None.
+      system_interval_s: the least time between two summaries that carry `system/*`.
     """
 
     def __init__(
