@@ -827,7 +827,8 @@ class MetricsManager:
         elif self._fanout.states:
 
             def read(job: Job) -> None:
-                job.state["step"], job.state["keys"] = step, tuple(deferred)  # for `_stuck`
+                # For `_stuck`: abandoned, the call's ready values are lost with the rest.
+                job.state["step"], job.state["keys"] = step, tuple(values)
                 arrays = [x for key in deferred for x in jax.tree.leaves(values[key])]
                 failed = False
                 if not all(map(timer.settled, arrays)):  # ready just now: no later output sooner

@@ -1525,6 +1525,39 @@ def test_a_summary_abandoned_at_a_signals_bound_fails_its_future_and_writes_noth
     assert "abandoned, and the writers get none of its values" in str(manager.errors[0])
 
 
+def test_write_scalars_abandoned_at_a_signals_bound_names_every_key_it_loses(monkeypatch):
+    # The wait for `loss` outlived the bound: the call's ready `lr` was lost with it, but the
+    # failure named `loss` alone.
+    from metrics_manager import manager as manager_lib
+    from metrics_manager import timer as timer_lib
+    from tests.writers.recording import RecordingWriter
+
+    gate, loss = threading.Event(), jnp.float32(3.0)
+    real_wait = timer_lib.block_until_ready_or_deleted
+
+    def wait(tree: Any) -> None:
+        if any(x is loss for x in jax.tree.leaves(tree)):
+            assert gate.wait(timeout=30)
+        real_wait(tree)
+
+    monkeypatch.setattr(timer_lib, "block_until_ready_or_deleted", wait)
+    monkeypatch.setattr(timer_lib, "settled", lambda x: x is not loss)
+    monkeypatch.setattr(writers._checks, "_unready", lambda x: x is loss)
+    monkeypatch.setattr(manager_lib, "_SIGNAL_DEADLINE_S", 0.3)
+    recorder = RecordingWriter()
+    manager = MetricsManager("train", writer_factory=lambda _: recorder)
+    monkeypatch.setitem(manager_lib._PREVIOUS_HANDLERS, signal.SIGTERM, lambda s, _: None)
+    manager.write_scalars(1, {"loss": loss, "lr": 0.5})
+    manager_lib._on_signal(signal.SIGTERM, None)
+    gate.set()
+    manager._worker.threads[0].join(timeout=30)
+    manager.close()
+    assert [c[0] for c in recorder.calls] == ["flush", "close"]
+    assert [(f.source, f.step, f.keys) for f in manager.errors] == [
+        ("read scalars", 1, ("loss", "lr"))
+    ]
+
+
 def test_sigterm_while_another_thread_closes_waits_for_that_close(tmp_path):
     # The handler checked `closed`, then another thread's close() sealed the queue: the
     # handler's own close was refused, and the default action killed the process while the
