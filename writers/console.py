@@ -99,7 +99,12 @@ class ConsoleWriter(BaseWriter):
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         # As texts: escapes shown, not run; lone surrogates (undecodable file names) escaped.
-        shown = {k: _CONTROL.sub(_escaped, _checks.plain_str(str(v))) for k, v in hparams.items()}
+        # A NaN reads `NaN`, as in a scalar's line (str() gives `nan`).
+        texts = {
+            k: "NaN" if isinstance(v, float | np.floating) and np.isnan(v) else str(v)
+            for k, v in hparams.items()
+        }
+        shown = {k: _CONTROL.sub(_escaped, _checks.plain_str(v)) for k, v in texts.items()}
         if shown:  # an empty call: nothing to show, as for every other kind
             self._print("hyperparameters", shown)
 

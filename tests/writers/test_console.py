@@ -301,3 +301,13 @@ def test_terminal_escapes_and_lone_surrogates_in_a_hyperparameter_are_shown_not_
     assert "run\\x1b[2J\\rgone" in text and "cfg\\x1b[31m" in text and "0.1" in text
     assert "a\\udce9b" in text and "\udce9" not in text
     text.encode()  # every character of it can be written to a UTF-8 stream
+
+
+def test_nan_hparam_reads_as_a_nan_scalar_does():
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out)
+    w.write_hparams({"lr": float("nan"), "wd": np.float32("nan"), "eps": float("inf")})
+    w.write_scalars(1, {"lr": float("nan")})
+    assert out.getvalue() == (
+        "hyperparameters\n  eps  inf\n  lr   NaN\n  wd   NaN\nstep 1\n  lr  NaN\n"
+    )
