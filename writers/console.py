@@ -39,7 +39,8 @@ class ConsoleWriter(BaseWriter):
     """Prints one aligned block per write call to a terminal or log stream.
 
     Args:
-      stream: Where to print (default `sys.stdout`, looked up at each write).
+      stream: Where to print (default `sys.stdout`, looked up at each write; with stdout
+        closed, `>&-`, nothing is printed, as by `print()`).
       collection: Name shown in every header, e.g. `train`.
       total_steps: Last step of the run; enables the progress part of the header.
       color: Force colours on or off; None: only on a TTY with NO_COLOR unset (once per stream).
@@ -109,8 +110,7 @@ class ConsoleWriter(BaseWriter):
             self._print("hyperparameters", shown)
 
     def _flush(self) -> None:
-        if not self._reader_gone:
-            stream = self._out()
+        if not self._reader_gone and (stream := self._out()) is not None:
             with self._broken_pipe(stream):
                 stream.flush()  # `close()` leaves the stream open: it is not ours
 
@@ -134,7 +134,9 @@ class ConsoleWriter(BaseWriter):
                 "prints nothing more, and the other writers go on",
             ) from err
 
-    def _out(self) -> IO[str]:
+    def _out(self) -> IO[str] | None:
+        # sys.stdout is None when stdout is closed (`train.py >&-`): print() then writes
+        # nothing, and so does this writer, instead of failing at every write.
         return self._stream if self._stream is not None else sys.stdout
 
     def _block(
@@ -164,10 +166,10 @@ class ConsoleWriter(BaseWriter):
     def _print(
         self, head: str, lines: Mapping[str, str], numbers: Mapping[str, float] | None = None
     ) -> None:
-        if self._reader_gone:
+        stream = self._out()
+        if self._reader_gone or stream is None:
             return
         header = f"{head} | {self._collection}" if self._collection else head
-        stream = self._out()
         if self._console is None or self._console[0] is not stream:  # colour decided once
             color = _auto_color(stream) if self._color is None else self._color
             self._console = (stream, _rich_console(stream) if color else None)

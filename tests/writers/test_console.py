@@ -311,3 +311,19 @@ def test_nan_hparam_reads_as_a_nan_scalar_does():
     assert out.getvalue() == (
         "hyperparameters\n  eps  inf\n  lr   NaN\n  wd   NaN\nstep 1\n  lr  NaN\n"
     )
+
+
+def test_closed_stdout_prints_nothing_as_print_does(monkeypatch):
+    monkeypatch.setattr("sys.stdout", None)  # what Python sets for `train.py >&-`
+    clock = FakeClock()
+    w = writers.ConsoleWriter(collection="train", total_steps=10, clock=clock)
+    w.write_scalars(1, {"loss": 0.5})  # raised AttributeError at every write and flush
+    w.write_texts(1, {"note": "x"})
+    w.write_hparams({"lr": 0.1})
+    w.flush()
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)  # stdout is looked up at each write
+    clock.now = 2.0
+    w.write_scalars(2, {"loss": 0.25})
+    w.close()
+    assert out.getvalue() == "step 2/10 (20.0%) | 0.5 steps/s | ETA 16s | train\n  loss  0.25\n"
