@@ -175,11 +175,12 @@ class ConsoleWriter(BaseWriter):
             self._console = (stream, _rich_console(stream) if color else None)
         console = self._console[1]
         layout = _layout(tuple(lines))
-        # Continuation lines of a multi-line value are indented under the value column.
+        # Continuation lines of a multi-line value are indented under the value column
+        # (blank ones stay empty: no trailing spaces).
         indent = "\n" + " " * (min(_cells(layout[0][1]), _KEY_COLUMNS) + 4) if layout else ""
         if console is None:  # plain text, and no rendering cost
             body = "".join(
-                f"\n  {padded}  " + lines[key].replace("\n", indent) for key, padded in layout
+                f"\n  {padded}  " + _continued(lines[key], indent) for key, padded in layout
             )
             with self._broken_pipe(stream):
                 stream.write(header + body + "\n")
@@ -188,7 +189,7 @@ class ConsoleWriter(BaseWriter):
         pieces = [(header, "bold")]  # (text, style); non-finite numbers in red
         for key, padded in layout:
             bad = key in nums and not (isinstance(nums[key], int) or math.isfinite(nums[key]))
-            value = lines[key].replace("\n", indent)
+            value = _continued(lines[key], indent)
             pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
         from rich.text import Text
 
@@ -200,7 +201,12 @@ _KEY_COLUMNS = 48  # the value column; a longer key is followed by two spaces on
 # Control characters, and the bidi controls that reorder what follows them on a terminal.
 _BIDI = "\u202a-\u202e\u2066-\u2069"
 _CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")  # all but tab, newline
+_LINE_BREAK = re.compile(r"\n(?=[^\n])")  # one that a non-empty line follows
 _KEY_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")  # a key is one line: all
+
+
+def _continued(value: str, indent: str) -> str:
+    return _LINE_BREAK.sub(indent, value) if "\n" in value else value  # scalars: no regex
 
 
 def _escaped(match: re.Match[str]) -> str:

@@ -327,3 +327,14 @@ def test_closed_stdout_prints_nothing_as_print_does(monkeypatch):
     w.write_scalars(2, {"loss": 0.25})
     w.close()
     assert out.getvalue() == "step 2/10 (20.0%) | 0.5 steps/s | ETA 16s | train\n  loss  0.25\n"
+
+
+@pytest.mark.parametrize("color", [False, True])
+def test_blank_lines_of_a_text_have_no_trailing_spaces(color):
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out, color=color)
+    w.write_texts(1, {"config": "a = 1\n\n# b\nb = 2"})  # as the gin config's blank lines
+    text = out.getvalue()
+    if color:
+        text = text.replace("\x1b[1m", "").replace("\x1b[36m", "").replace("\x1b[0m", "")
+    assert text == "step 1\n  config  a = 1\n\n          # b\n          b = 2\n"
