@@ -183,7 +183,7 @@ class ConsoleWriter(BaseWriter):
                 f"\n  {padded}  " + _continued(lines[key], indent) for key, padded in layout
             )
             with self._broken_pipe(stream):
-                stream.write(header + body + "\n")
+                stream.write(_encodable(header + body + "\n", stream))
             return
         nums = numbers or {}
         pieces = [(header, "bold")]  # (text, style); non-finite numbers in red
@@ -191,6 +191,7 @@ class ConsoleWriter(BaseWriter):
             bad = key in nums and not (isinstance(nums[key], int) or math.isfinite(nums[key]))
             value = _continued(lines[key], indent)
             pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
+        pieces = [(_encodable(text, stream), style) for text, style in pieces]
         from rich.text import Text
 
         with self._broken_pipe(stream):
@@ -203,6 +204,22 @@ _BIDI = "\u202a-\u202e\u2066-\u2069"
 _CONTROL = re.compile(f"[\\x00-\\x08\\x0b-\\x1f\\x7f-\\x9f{_BIDI}]")  # all but tab, newline
 _LINE_BREAK = re.compile(r"\n(?=[^\n])")  # one that a non-empty line follows
 _KEY_CONTROL = re.compile(f"[\\x00-\\x1f\\x7f-\\x9f{_BIDI}]")  # a key is one line: all
+
+
+def _encodable(text: str, stream: IO[str]) -> str:
+    """`text` with what `stream`'s encoding cannot write as escapes (`caf\\xe9` on ASCII, as
+    Python's own stderr does): a non-UTF-8 stream (PYTHONIOENCODING=ascii, a latin-1 locale)
+    raised UnicodeEncodeError at every write with such a key, one writer failure each."""
+    encoding = getattr(stream, "encoding", None)
+    if not isinstance(encoding, str) or encoding.lower().replace("-", "") == "utf8":
+        return text
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: the stream's own concern
+        pass
+    return text
 
 
 def _continued(value: str, indent: str) -> str:

@@ -338,3 +338,18 @@ def test_blank_lines_of_a_text_have_no_trailing_spaces(color):
     if color:
         text = text.replace("\x1b[1m", "").replace("\x1b[36m", "").replace("\x1b[0m", "")
     assert text == "step 1\n  config  a = 1\n\n          # b\n          b = 2\n"
+
+
+@pytest.mark.parametrize("color", [False, True])
+def test_a_stream_that_is_not_utf8_gets_escapes_not_an_error(tmp_path, color):
+    # PYTHONIOENCODING=ascii or a latin-1 locale: each write with a non-ASCII key or text
+    # raised UnicodeEncodeError, a writer failure every time.
+    path = tmp_path / "out.txt"
+    with open(path, "w", encoding="ascii") as stream:
+        w = writers.ConsoleWriter(stream, color=color)
+        w.write_scalars(1, {"café": 1.5})
+        w.write_texts(1, {"note": "日本 ok"})
+        w.close()
+    text = path.read_text(encoding="ascii")
+    assert "caf\\xe9" in text and "1.5" in text
+    assert "\\u65e5\\u672c ok" in text
