@@ -353,3 +353,9 @@ def test_a_stream_that_is_not_utf8_gets_escapes_not_an_error(tmp_path, color):
     text = path.read_text(encoding="ascii")
     assert "caf\\xe9" in text and "1.5" in text
     assert "\\u65e5\\u672c ok" in text
+
+
+def test_windows_line_breaks_in_a_text_are_line_breaks():
+    out = io.StringIO()
+    writers.ConsoleWriter(out, color=False).write_texts(3, {"t": "a\r\nb\rc"})
+    assert out.getvalue().splitlines()[1:] == ["  t  a", "     b\\rc"]
