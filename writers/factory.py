@@ -194,8 +194,11 @@ def create_tracker_writer(
       >>> w.close()
     """
     resuming = {} if resume_step is None else {"resume_step": resume_step}
-    takes = {  # without a signature to read (a builtin): resume_step is taken
-        role: ("resume_step",) if (names := _checks.parameters(f)) is None else names
+    takes = {  # without a signature to read (a builtin), or with **kwargs: resume_step is
+        # taken, as by the manager (logdir goes only by name: MlflowWriter takes none)
+        role: {"resume_step"}
+        if (params := _checks.parameters(f)) is None
+        else {"resume_step" if p.kind is p.VAR_KEYWORD else n for n, p in params.items()}
         for role, f in (("tracker", tracker), ("default_writer", default_writer))
     }
     lacking = [role for role, names in takes.items() if "resume_step" not in names]

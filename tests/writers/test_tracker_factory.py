@@ -111,6 +111,25 @@ def test_resume_step_needs_a_tracker_that_takes_one(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists() or writers.read_jsonl(tmp_path) == []
 
 
+def test_a_tracker_taking_kwargs_gets_resume_step(tmp_path):
+    # As MetricsManager passes resume_step on to a factory with **kwargs (it raised TypeError).
+    made: list[dict] = []
+
+    def tracker(**kwargs):
+        made.append(kwargs)
+        return writers.NoopWriter()
+
+    def default_writer(logdir, **kwargs):
+        made.append(kwargs)
+        return _files_only(logdir, kwargs["collection"])
+
+    w = writers.create_tracker_writer(
+        tmp_path, collection="train", tracker=tracker, default_writer=default_writer, resume_step=5
+    )
+    w.close()
+    assert made == [{"collection": "train", "resume_step": 5}] * 2
+
+
 def test_names_a_tracker_refuses_are_refused_at_the_call_before_any_writer_writes(tmp_path):
     from mlflow import MlflowClient
 
