@@ -76,6 +76,7 @@ class WandbWriter(_base.TrackerWriter):
 
     Raises:
       ImportError: `wandb` is not installed (install the `wandb` extra).
+      TypeError: `tags` is a str, not a list of them.
       ValueError: `resume_step` without `run_id`, or a negative `resume_step`.
     """
 
@@ -98,6 +99,11 @@ class WandbWriter(_base.TrackerWriter):
         process_index: int | None = None,
     ):
         _checks.check_options("WandbWriter", collection=collection)
+        if isinstance(tags, str):  # list("baseline") made eight one-letter tags
+            raise TypeError(
+                f"WandbWriter: tags must be a list of str such as ['baseline'], got {tags!r} "
+                f"(str); pass tags=[{tags!r}]."
+            )
         if logdir is not None:  # Path("gs://b") made the local './gs:/b/wandb'
             logdir = _checks.check_path(logdir, "WandbWriter", "logdir")
         self._wandb, resume_step, here = self._start("wandb", resume_step, process_index)

@@ -209,6 +209,15 @@ def test_resume_needs_a_run_id(tmp_path):
         _writer(tmp_path, resume_step=3)
 
 
+def test_tags_given_as_one_str_are_refused_not_split_into_letters(tmp_path):
+    with pytest.raises(TypeError, match=r"tags must be a list of str.*pass tags=\['baseline'\]"):
+        _writer(tmp_path, tags="baseline", process_index=1)  # refused on every process
+    w = _writer(tmp_path, tags=["baseline"])
+    w.close()
+    (path,) = wandb_run_files(str(tmp_path))
+    assert list(wandb_run_record(path).tags) == ["baseline"]
+
+
 def test_an_existing_run_is_used_and_left_open(tmp_path):
     run = wandb.init(project="tests", dir=str(tmp_path), reinit="create_new")
     w = writers.WandbWriter(run=run, process_index=0)
