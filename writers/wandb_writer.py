@@ -167,6 +167,8 @@ class WandbWriter(_base.TrackerWriter):
         self._log("write_scalars", step, numbers)
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
+        if self._run is None:  # each wandb.Image writes a PNG to a temp dir kept until exit
+            return
         from PIL import Image  # W&B's own dependency
 
         def picture(image: np.ndarray) -> Any:  # uint8 [H, W, C], given as a PIL image:
@@ -201,6 +203,8 @@ class WandbWriter(_base.TrackerWriter):
                 f"WandbWriter.write_histograms: W&B stores at most {MAX_HISTOGRAM_BUCKETS} "
                 f"buckets, got num_buckets {too_many}. Ask for {MAX_HISTOGRAM_BUCKETS} or fewer."
             )
+        if self._run is None:
+            return
         hists = {k: _checks.bucketize(v, buckets.get(k)) for k, v in arrays.items()}
         values = {k: self._wandb.Histogram(np_histogram=h) for k, h in hists.items()}
         self._log("write_histograms", step, values)

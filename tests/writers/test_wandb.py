@@ -237,6 +237,14 @@ def test_only_process_0_talks_to_wandb(tmp_path, monkeypatch):
     w.write_hparams({"lr": 0.1})
     with pytest.raises(TypeError, match="must be a number"):
         w.write_scalars(1, {"a": "x"})  # inputs are still checked on every process
+    from wandb.sdk.data_types._private import MEDIA_TMP
+
+    media = set(os.listdir(MEDIA_TMP.name))
+    w.write_images(2, {"i": np.zeros((10, 8, 8, 3), np.uint8)})
+    w.write_videos(2, {"v": np.zeros((1, 2, 8, 8, 3), np.uint8)})
+    assert set(os.listdir(MEDIA_TMP.name)) == media  # 11 PNGs of a run it does not log to
+    with pytest.raises(ValueError, match="at most 512 buckets"):
+        w.write_histograms(2, {"h": np.arange(4.0)}, {"h": 513})
     w.close()
     assert w.run is None and wandb_run_files(str(tmp_path)) == []
 
