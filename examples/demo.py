@@ -39,8 +39,10 @@ import difflib
 import fcntl
 import functools
 import glob
+import inspect
 import logging as std_logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -451,6 +453,10 @@ def run(
             "shell's, e.g. --gin.MODEL_DIR=\"'/tmp/demo'\""
         )
         raise SyntaxError(hint, (err.filename, err.lineno, err.offset, err.text)) from err
+    except ValueError as err:  # gin names a misspelled name, but not the ones there are
+        if note := _misspelling_note(str(err)):
+            err.add_note(note)
+        raise
     if unused := sorted(_unused_macros() & _macros_set_by(gin_bindings)):
         raise ValueError(_unused_macros_message(unused))
     config = configured(demo_model.TrainConfig)()
@@ -460,6 +466,23 @@ def run(
         configured(demo_model.ModelConfig)(), configured(demo_model.DataConfig)(), config
     )
     return config, summaries
+
+
+def _misspelling_note(error: str) -> str | None:
+    """The names gin's error about a misspelled configurable or parameter could mean."""
+    if found := re.match(r"No configurable matching '([\w.]+)'", error):
+        depth = found[1].count(".") + 1  # `demo_model.TrainConfig` for examples.demo_model's
+        known = {".".join(s.split(".")[-depth:]) for s, _ in gin.config._REGISTRY.items()}
+        close = difflib.get_close_matches(found[1], sorted(known), n=1)
+        return f"Did you mean {close[0]}?" if close else None
+    if found := re.match(r"Configurable '(\S+)' doesn't have a parameter named '(\w+)'", error):
+        made = gin.get_configurable(found[1])  # a class's: (*args, **kwargs)
+        made = inspect.unwrap(made.__init__) if inspect.isclass(made) else made
+        names = [n for n in inspect.signature(made).parameters if n != "self"]
+        close = difflib.get_close_matches(found[2], names, n=1)
+        mean = f"Did you mean {close[0]}? " if close else ""
+        return f"{mean}{found[1]} takes: {', '.join(names)}."
+    return None
 
 
 def _unused_macros() -> set[str]:

@@ -551,3 +551,38 @@ def test_without_gin_file_it_runs_demo_gin(tmp_path):
     assert result.returncode == 1
     assert "warmup_steps=30 must be < TrainConfig.total_steps=20" in result.stderr
     assert not model_dir.exists()
+
+
+def test_a_misspelled_parameter_binding_gets_the_name_it_could_mean():
+    """`--gin_bindings='demo_model.TrainConfig.num_microbatch = 4'`: gin's error named the
+    misspelling but not the parameters there are (a class's read as `args, kwargs`)."""
+    from examples import demo
+
+    try:
+        with pytest.raises(ValueError) as error:
+            demo.run(["demo.gin"], ["demo_model.TrainConfig.num_microbatch = 4"])
+    finally:
+        gin.clear_config()
+    assert str(error.value).startswith(
+        "Configurable 'demo_model.TrainConfig' doesn't have a parameter named 'num_microbatch'."
+    )
+    assert error.value.__notes__ == [
+        "Did you mean num_microbatches? demo_model.TrainConfig takes: model_dir, total_steps, "
+        "summary_period, eval_period, num_eval_batches, eval_name, num_microbatches, "
+        "peak_learning_rate, warmup_steps, z_loss, label_smoothing, loss_normalizing_factor, "
+        "seed."
+    ]
+
+
+def test_a_misspelled_configurable_binding_gets_the_name_it_could_mean():
+    """`--gin_bindings='writers.create_default_writr.log = True'`: gin's "No configurable
+    matching" named no configurable there is."""
+    from examples import demo
+
+    try:
+        with pytest.raises(ValueError) as error:
+            demo.run(["demo.gin"], ["demo_model.TrainConfg.seed = 1"])
+    finally:
+        gin.clear_config()
+    assert str(error.value).startswith("No configurable matching 'demo_model.TrainConfg'.")
+    assert error.value.__notes__ == ["Did you mean demo_model.TrainConfig?"]
