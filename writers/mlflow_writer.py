@@ -25,7 +25,8 @@ kept); keys must then be relative paths (no `..`, `.` or empty parts, parts of a
 bytes, 1,024 in all) without `#`, `?` or `%`, which a tracking server reads as URL syntax.
 
 Resume: `resume_step=R` attaches to `run_id`, or to the latest run named `run_name` (none
-yet, as for an eval the preempted run never reached: a new run, with a warning).
+yet, as for an eval the preempted run never reached: a new run, with a warning; with
+neither, nor a collection, it is refused).
 MLflow's metric history is append-only, so the writer first reads each metric's last logged
 step and skips any (key, step) at or before it, with one absl warning: each step keeps at
 most one point, the earlier run's up to that key's last logged step (so a step the earlier run
@@ -81,7 +82,7 @@ class MlflowWriter(_base.TrackerWriter):
 
     Raises:
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
-      ValueError: `resume_step` is negative.
+      ValueError: `resume_step` is negative, or given with no run_id, run_name or collection.
     """
 
     _url_paths = True
@@ -121,6 +122,12 @@ class MlflowWriter(_base.TrackerWriter):
             )
         self.dropped = _storage.Dropped("MlflowWriter", self._max)
         mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
+        if resume_step is not None and run_id is None and not (run_name or collection):
+            # It warned "found no run named None" and started a new run, never having looked.
+            raise ValueError(
+                f"MlflowWriter: resume_step={resume_step} needs the run to resume; pass "
+                "run_id=, or the run_name (or collection) the run was created with."
+            )
         from mlflow.entities import Metric
         from mlflow.exceptions import MlflowException
         from mlflow.utils import validation

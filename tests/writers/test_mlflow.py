@@ -375,6 +375,14 @@ def test_resume_by_run_id_and_by_a_name_no_run_has_yet(store, caplog):
     assert new.run_id != first.run_id and _history(client, new.run_id, "acc") == [(1, 0.5)]
 
 
+def test_resume_with_no_run_to_look_for_is_refused(store):
+    # It warned "found no run named None" and started a new run without looking for one.
+    with pytest.raises(ValueError, match=r"resume_step=3 needs the run to resume; pass run_id="):
+        _writer(store, resume_step=3)
+    with pytest.raises(ValueError, match=r"resume_step=3 needs the run"):
+        _writer(store, resume_step=3, process_index=1)  # alike on every process
+
+
 def test_attaching_by_run_id_leaves_the_run_running(store):
     client = MlflowClient(store["tracking_uri"])
     run_id = client.create_run("0").info.run_id
