@@ -56,6 +56,7 @@ from writers import _checks, _storage
 from writers._base import TrackerWriter, close_at_exit, keys_problem
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
+from writers.interface import close_keeping_error
 from writers.multi import named_writers
 
 WriterFactory = Callable[..., Any]
@@ -667,12 +668,7 @@ class MetricsManager:
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
-        try:
-            self.close()
-        except Exception as close_err:
-            if exc is None:
-                raise
-            exc.add_note(f"While closing MetricsManager {self.name!r}: {close_err}")  # keep exc
+        close_keeping_error(self.close, exc, f"MetricsManager {self.name!r}")
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("failed" if self._failures.fatal else "open")
@@ -1192,8 +1188,7 @@ def _factory_and_kwargs(
     if collection is not None and collection.default is None:
         kwargs["collection"] = name
     if resume_step is not None:
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
-        if "resume_step" not in parameters and not takes_any:  # **kwargs: passed on
+        if not _checks.takes_keyword(parameters, "resume_step"):  # **kwargs: passed on
             raise TypeError(
                 f"MetricsManager({name!r}): resume_step={resume_step} needs a "
                 "writer_factory taking resume_step, such as writers.create_default_writer."

@@ -220,6 +220,14 @@ class Checked(dict):  # type: ignore[type-arg]
     __slots__ = ()
 
 
+def takes_keyword(parameters: Mapping[str, inspect.Parameter] | None, name: str) -> bool:
+    """Whether a callable of these `parameters` (None: no signature to read, a builtin) can be
+    passed `name`: it names it, takes `**kwargs`, or cannot tell."""
+    if parameters is None or name in parameters:
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
 def parameters(factory: Callable[..., Any]) -> Mapping[str, inspect.Parameter] | None:
     """`factory`'s parameters (a class: its `__init__`'s, also under gin's wrapper, which
     reports `(*args, **kwargs)`); None without a signature to read (a builtin)."""

@@ -194,14 +194,12 @@ def create_tracker_writer(
       >>> w.close()
     """
     resuming = {} if resume_step is None else {"resume_step": resume_step}
-    takes = {  # without a signature to read (a builtin), or with **kwargs: resume_step is
-        # taken, as by the manager (logdir goes only by name: MlflowWriter takes none)
-        role: {"resume_step"}
-        if (params := _checks.parameters(f)) is None
-        else {"resume_step" if p.kind is p.VAR_KEYWORD else n for n, p in params.items()}
+    takes = {
+        role: _checks.parameters(f)
         for role, f in (("tracker", tracker), ("default_writer", default_writer))
     }
-    lacking = [role for role, names in takes.items() if "resume_step" not in names]
+    # Without a signature to read (a builtin), or with **kwargs: taken, as by the manager.
+    lacking = [role for role, p in takes.items() if not _checks.takes_keyword(p, "resume_step")]
     if resume_step is not None and lacking:
         raise TypeError(
             f"create_tracker_writer: resume_step={resume_step} needs a {' and a '.join(lacking)} "
@@ -209,7 +207,7 @@ def create_tracker_writer(
             "writers.create_default_writer): without it, what was logged after the step stays"
         )
     kwargs: dict[str, Any] = {"collection": collection, **resuming}
-    if "logdir" in takes["tracker"]:
+    if "logdir" in (takes["tracker"] or {}):  # by name only: MlflowWriter takes none
         kwargs["logdir"] = logdir
     # The tracker first: a resumed default set rewrites the local log and purges TensorBoard
     # at once, which a tracker refusing its settings afterwards could not undo.

@@ -45,7 +45,7 @@ Example:
 
 import abc
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -140,14 +140,19 @@ class MetricWriter(abc.ABC):
         exc: BaseException | None,
         tb: types.TracebackType | None,
     ) -> None:
-        try:
-            self.close()
-        except Exception as close_err:
-            if exc is None:
-                raise
-            # The loop's own error stays the one raised (an AsyncWriter's close replaced it
-            # with the WriterError of an earlier write, which `except KeyError` missed).
-            exc.add_note(f"While closing {type(self).__name__}: {close_err}")
+        close_keeping_error(self.close, exc, type(self).__name__)
+
+
+def close_keeping_error(close: Callable[[], None], exc: BaseException | None, what: str) -> None:
+    """A `with` block's exit: calls `close`; after the block raised, a failing close is a note
+    on the block's own error, which stays the one raised (an AsyncWriter's close replaced it
+    with the WriterError of an earlier write, which the loop's `except KeyError` missed)."""
+    try:
+        close()
+    except Exception as close_err:
+        if exc is None:
+            raise
+        exc.add_note(f"While closing {what}: {close_err}")
 
 
 class NoopWriter(MetricWriter):
