@@ -4,7 +4,7 @@ Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30
 and an ETA, measured from the first step's last scalars on so compilation does not skew
 them), then one
 line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
-significant digits, integers and rates of 1,000 or more with thousands separators, NaN as
+significant digits, integers and numbers of 1,000 or more whole with thousands separators, NaN as
 `NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
 `rich`) only on a terminal or with `color=True`, so CI logs stay plain.
 
@@ -96,7 +96,7 @@ class ConsoleWriter(BaseWriter):
         for key, arr in arrays.items():
             flat = arr.astype(np.float64).reshape(-1)
             stats = (("min", flat.min()), ("mean", _encode.mean(flat)), ("max", flat.max()))
-            parts = " ".join(f"{name}={_number(key, float(v))}" for name, v in stats)
+            parts = " ".join(f"{name}={_number(float(v))}" for name, v in stats)
             lines[key] = f"histogram n={flat.size:,} {parts}"
         self._block(step, lines)
 
@@ -160,7 +160,7 @@ class ConsoleWriter(BaseWriter):
         ]
         if step > s0 and now > t0:
             rate = (step - s0) / (now - t0)
-            parts.append(f"{_number('steps_per_second', rate)} steps/s")
+            parts.append(f"{_number(rate)} steps/s")
             if total is not None and step < total:
                 parts.append(f"ETA {_duration((total - step) / rate)}")
         self._print(" | ".join(parts), lines, numbers)
@@ -277,37 +277,28 @@ def _auto_color(stream: IO[str]) -> bool:
         return False
 
 
-# Rates ("per second") of 1,000 or more read better as 12,345 than as 1.235e+04.
-_RATE_KEY = re.compile(r"per_sec(ond)?|_per_s$|/s$|throughput", re.IGNORECASE)
-
-
-@functools.lru_cache(maxsize=100_000)  # the same keys come back at every summary
-def _is_rate(key: str) -> bool:
-    return bool(_RATE_KEY.search(key))
-
-
-def _number(key: str, value: int | float) -> str:
-    """Formats a scalar: ints exactly, rates >= 1,000 whole, floats `.4g`, `NaN`, `inf`, `-inf`.
+def _number(value: int | float) -> str:
+    """Formats a scalar: ints exactly, floats of 1,000 or more whole with thousands separators
+    (`12,346`, not `1.235e+04`: a `Sum` of token counts reads exactly), others `.4g`, `NaN`,
+    `inf`, `-inf`; from 1e15 on, `.4g` again.
 
     Example:
-      >>> _number("loss", 0.123456), _number("timing/seqs_per_second", 12345.6), _number("n", 12345)
-      ('0.1235', '12,346', '12,345')
+      >>> _number(0.123456), _number(12345.6), _number(123456.0), _number(12345), _number(2e15)
+      ('0.1235', '12,346', '123,456', '12,345', '2e+15')
     """
     if isinstance(value, int):
         return f"{value:,}"
     if math.isfinite(value):
-        return f"{value:,.0f}" if abs(value) >= 1000 and _is_rate(key) else f"{value:.4g}"
+        return f"{value:,.0f}" if 1000 <= abs(value) < 1e15 else f"{value:.4g}"
     if math.isnan(value):
         return "NaN"
     return "inf" if value > 0 else "-inf"
 
 
 def _numbers(values: Mapping[str, int | float]) -> dict[str, str]:
-    """`_number(key, value)` for every item; a float below 1,000 in size takes a fast path."""
+    """`_number(value)` for every item; a float below 1,000 in size takes a fast path."""
     return {
-        key: f"{value:.4g}"
-        if type(value) is float and -1000.0 < value < 1000.0
-        else _number(key, value)
+        key: f"{value:.4g}" if type(value) is float and -1000.0 < value < 1000.0 else _number(value)
         for key, value in values.items()
     }
 

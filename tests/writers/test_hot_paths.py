@@ -147,7 +147,7 @@ def test_jsonl_lines_with_and_without_non_finite_values(tmp_path):
     )
 )
 def test_console_numbers_match_number_for_every_value(values):
-    assert _numbers(values) == {k: _number(k, v) for k, v in values.items()}
+    assert _numbers(values) == {k: _number(v) for k, v in values.items()}
 
 
 def test_multi_writer_and_write_values_still_reject_bad_calls_after_good_ones():
