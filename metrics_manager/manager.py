@@ -127,7 +127,8 @@ class MetricsManager:
       uptime: add `timing/uptime` to each metrics summary, as T5X's trainer does: seconds from
         this manager's creation to the `write_metrics_summary` call (on `clock`).
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
-        `perf/tflops_per_second` and, with a known peak, `perf/mfu`.
+        `perf/tflops_per_second` and, with a known peak, `perf/mfu` (0 for 0, as
+        `step_flops` counts a step without arithmetic).
       peak_flops_per_device: override of the devices' peak FLOP/s for `perf/mfu`.
       num_devices: devices the train step runs on, for `perf/*_per_device` and `perf/mfu`
         (default `jax.device_count()`).
@@ -232,9 +233,11 @@ class MetricsManager:
                     f"{arg} must be a number of seconds or units, got {number!r} "
                     f"({type(number).__name__}){hint}"
                 )
-            elif not 0 < float(number) < math.inf:
+            # flops_per_step may be 0, as perf_values takes it: step_flops' count of a copy.
+            elif not 0 <= float(number) < math.inf or (number == 0 and arg != "flops_per_step"):
                 never = "; None: never" if arg in ("writer_deadline_s", "quarantine_s") else ""
-                problems.value_problem(f"{arg} must be > 0 and finite, got {number}{never}")
+                least = ">= 0" if arg == "flops_per_step" else "> 0"
+                problems.value_problem(f"{arg} must be {least} and finite, got {number}{never}")
         problems.raise_if_any()
         self.name = name
         # "" writes no files either, as T5X's `os.path.join(summary_dir, name) if summary_dir`.

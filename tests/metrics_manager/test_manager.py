@@ -896,7 +896,7 @@ def test_bad_constructor_arguments_are_listed_together():
             system_interval_s=0.0,
         )
     for part in (
-        "flops_per_step must be > 0 and finite, got inf",
+        "flops_per_step must be >= 0 and finite, got inf",
         "writer_deadline_s must be > 0 and finite, got inf; None: never",
         "system_interval_s must be > 0 and finite, got 0.0",
     ):

@@ -168,6 +168,27 @@ def test_perf_keys_from_the_compiled_steps_flops():
     assert summary["perf/mfu"].value == pytest.approx(flops * 10 / 2.0 / (1e9 * jax.device_count()))
 
 
+def test_perf_keys_of_a_step_without_arithmetic_are_zero():
+    flops = step_flops(lambda x: x, jnp.ones((4,)))  # a copy: XLA counts no FLOPs
+    assert flops == 0.0
+    ticks = iter([0.0, 2.0])
+    with MetricsManager(
+        "t",
+        writer_factory=lambda d: writers.NoopWriter(),
+        clock=lambda: next(ticks),
+        flops_per_step=flops,
+        peak_flops_per_device=1e9,
+        num_devices=1,
+    ) as manager:
+        manager.start_duration_timer()
+        summary = manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 10, 10).result()
+    assert summary["perf/flops_per_step"].value == 0.0
+    assert summary["perf/tflops_per_second"].value == 0.0
+    assert summary["perf/mfu"].value == 0.0
+    with pytest.raises(ValueError, match="flops_per_step must be >= 0 and finite, got -1.0"):
+        MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), flops_per_step=-1.0)
+
+
 def test_perf_per_device_divides_by_the_steps_devices_and_needs_a_window(caplog):
     now = [0.0]
     with caplog.at_level("WARNING", logger="metrics_manager.manager"):
