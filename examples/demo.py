@@ -459,6 +459,15 @@ def run(
         raise
     if unused := sorted(_unused_macros() & _macros_set_by(gin_bindings)):
         raise ValueError(_unused_macros_message(unused))
+    if unread := _writer_bindings_without_factory():
+        raise ValueError(
+            f"The gin config binds {', '.join(unread)}, but no binding hands a writer factory "
+            "to the managers (metrics_manager.MetricsManager.writer_factory): the run would "
+            "ignore those bindings and write the default writers. A writer set goes after the "
+            "demo's config, which binds it: "
+            + " ".join(f"--gin_file={f}" for f in ["configs/demo.gin", *gin_files])
+            + "."
+        )
     config = configured(demo_model.TrainConfig)()
     if isinstance(config.model_dir, str):  # a quoted '~/runs' reaches here unexpanded
         config = dataclasses.replace(config, model_dir=os.path.expanduser(config.model_dir))
@@ -495,6 +504,15 @@ def _unused_macros() -> set[str]:
         if ref.selector == "gin.macro"
     }
     return macros - used
+
+
+def _writer_bindings_without_factory() -> list[str]:
+    """The `writers.*` configurables bound while no manager's `writer_factory` is: a writer set
+    parsed alone (`--gin_file=writers/jsonl.gin`), which no writer the demo builds reads."""
+    config = gin.config._CONFIG
+    if any("writer_factory" in config[key] for key in config if key[1].endswith(".MetricsManager")):
+        return []
+    return sorted({selector for _, selector in config if selector.startswith("writers.")})
 
 
 def _macros_set_by(bindings: Sequence[str]) -> set[str]:

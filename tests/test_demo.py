@@ -535,6 +535,29 @@ def test_a_macro_binding_nothing_uses_is_refused_with_the_names_it_could_mean():
     )
 
 
+def test_a_writer_set_alone_is_refused(tmp_path, monkeypatch):
+    """`--gin_file=writers/jsonl.gin` alone bound create_default_writer, but no manager's
+    writer_factory: the run ignored `tensorboard = False` and wrote event files too."""
+    from examples import demo
+
+    config = demo_model.TrainConfig(
+        model_dir=str(tmp_path), total_steps=2, summary_period=1, eval_period=2, warmup_steps=1
+    )
+    monkeypatch.setattr(demo_model, "TrainConfig", lambda: config)
+    try:
+        with pytest.raises(ValueError) as error:
+            demo.run(["writers/jsonl.gin"])
+    finally:
+        gin.clear_config()
+    assert str(error.value) == (
+        "The gin config binds writers.create_default_writer, but no binding hands a writer "
+        "factory to the managers (metrics_manager.MetricsManager.writer_factory): the run would "
+        "ignore those bindings and write the default writers. A writer set goes after the "
+        "demo's config, which binds it: --gin_file=configs/demo.gin --gin_file=writers/jsonl.gin."
+    )
+    assert not os.listdir(tmp_path)
+
+
 def test_without_gin_file_it_runs_demo_gin(tmp_path):
     """`python -m examples.demo --gin.MODEL_DIR=...` parsed no file: the binding was ignored
     and the run trained into (after deleting) ./runs/demo."""
