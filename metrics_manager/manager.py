@@ -918,10 +918,7 @@ def _read_value(arg: str, key: str, value: Any) -> Any:
     except Exception as err:  # JAX's bare "Array has been deleted with shape=..."
         if not getattr(value, "is_deleted", bool)():
             raise
-        raise ValueError(
-            f"{_ARRAY_KINDS[arg]} {key!r} is a device array that was deleted (donated to a "
-            "later computation) before it was read. Pass a copy, or do not donate it."
-        ) from err
+        raise ValueError(_checks.donated_problem(f"{_ARRAY_KINDS[arg]} {key!r}")) from err
     if message := _checks.array_problem(_ARRAY_KINDS[arg], key, array):
         raise ValueError(message)
     return array

@@ -364,11 +364,7 @@ def _ready_on_host(
             fetch.append(key)
             continue
         del out[key]
-        message = (
-            f"{key!r} is a device array that was deleted (donated to a later computation) "
-            "before the summary read it. Pass a copy, or do not donate it."
-        )
-        failed(key, ValueError(message))
+        failed(key, ValueError(_checks.donated_problem(f"metric {key!r}")))
     try:
         fetched = _fetch(tuple(ready[k].value for k in fetch))
     except Exception:  # JAX's bare "Array has been deleted": the whole summary was lost

@@ -433,6 +433,16 @@ def check_writers(
     problems.raise_if_any()
 
 
+def donated_problem(what: str, count: int = 1) -> str:
+    """One wording for `count` device arrays, named by `what`, deleted before they were read."""
+    one = count == 1
+    return (
+        f"{what}: {'a device array' if one else 'device arrays'} deleted (donated to a later "
+        f"computation) before {'it was' if one else 'they were'} read. Pass a copy, or do not "
+        f"donate {'it' if one else 'them'}."
+    )
+
+
 def named_if_donated(method: str, kwargs: Mapping[str, Any], err: BaseException) -> BaseException:
     """`err`, or where device arrays of the call were deleted before the writer read them
     (JAX's bare 'Array has been deleted with shape=...'), a ValueError naming their keys and
@@ -451,14 +461,9 @@ def named_if_donated(method: str, kwargs: Mapping[str, Any], err: BaseException)
     if not keys or not isinstance(err, RuntimeError) or not deleted:
         return err
     kind = method.removeprefix("write_")  # "summaries" read "summarie 'x'"
-    it = "it" if len(keys) == 1 else "them"
     if len(keys) == 1:
         kind = kind[:-3] + "y" if kind.endswith("ies") else kind.removesuffix("s")
-    named = ValueError(
-        f"{kind} {', '.join(keys)}: {'a device array' if len(keys) == 1 else 'device arrays'} "
-        f"deleted (donated to a later computation) before the writer read {it}. Pass a copy, "
-        f"or do not donate {it}."
-    )
+    named = ValueError(donated_problem(f"{kind} {', '.join(keys)}", len(keys)))
     named.__cause__ = err
     return named
 
@@ -467,10 +472,7 @@ def to_number(key: str, value: Any) -> int | float:
     """A number or one-element array as a Python int or float (NaN, inf kept; bfloat16 widens)."""
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
         if getattr(value, "is_deleted", bool)():
-            raise ValueError(
-                f"scalar {key!r} is a device array that was deleted (donated to a later "
-                "computation) before it was read. Pass a copy, or do not donate it."
-            )
+            raise ValueError(donated_problem(f"scalar {key!r}"))
         arr = _widened(np.asarray(value))
         if err := _not_a_scalar(key, arr):
             raise err

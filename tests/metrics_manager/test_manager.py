@@ -236,7 +236,10 @@ def test_a_plain_value_donated_while_the_worker_copies_it_costs_only_its_key(mon
     assert {k: float(v.value) for k, v in summary.items()} == {"acc": 0.75, "total": 5.0}
     assert written(recorder)[:1] == [("write_scalars", 7, {"acc": 0.75, "total": 5.0})]
     assert [(f.source, f.step) for f in manager.errors] == [("metric:loss", 7)]
-    assert "was deleted (donated to a later computation)" in str(manager.errors[0])
+    assert (
+        "metric 'loss': a device array deleted (donated to a later computation) before it was "
+        "read. Pass a copy, or do not donate it."
+    ) in str(manager.errors[0])
 
 
 def _window_warnings(
@@ -543,9 +546,13 @@ def test_a_device_value_donated_before_the_worker_reads_it_costs_only_its_key(tm
         ("metric:row", 2, ("row",)),
         ("metric:loss", 5, ("loss",)),
     ]
-    for failure in manager.errors:
-        assert "was deleted (donated to a later computation)" in str(failure)
-        assert "Pass a copy" in str(failure)
+    for failure, what in zip(
+        manager.errors, ("scalar 'corner'", "histogram 'row'", "metric 'loss'"), strict=True
+    ):
+        assert (
+            f"{what}: a device array deleted (donated to a later computation) before it was "
+            "read. Pass a copy, or do not donate it."
+        ) in str(failure)
 
 
 def test_a_device_computation_that_failed_is_recorded_and_raised_under_raise(monkeypatch):

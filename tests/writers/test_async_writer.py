@@ -245,7 +245,7 @@ def test_a_device_array_donated_before_the_worker_reads_it_is_named_with_the_fix
     for call, named in (("write_images", "image 'map'"), ("write_histograms", "histogram 'w'")):
         assert (
             f"async.{call}(step=1): ValueError: {named}: a device array deleted (donated to a "
-            "later computation) before the writer read it. Pass a copy, or do not donate it."
+            "later computation) before it was read. Pass a copy, or do not donate it."
         ) in message
     lines = writers.read_jsonl(tmp_path / "m.jsonl")
     assert [{k: v for k, v in x.items() if k not in ("time", "collection")} for x in lines] == [
@@ -275,7 +275,7 @@ def test_a_writer_error_after_it_read_a_since_donated_array_is_its_own(tmp_path)
     donated.set()
     with pytest.raises(writers.WriterError) as info:
         w.close()
-    # It read "ValueError: image 'map': a device array deleted ... before the writer read it":
+    # It read "ValueError: image 'map': a device array deleted ... before it was read":
     # the tracker's 503 was named as a donation the writer never met.
     assert str(info.value).endswith(
         "async.write_images(step=1): RuntimeError: tracker answered 503: Service Unavailable"
@@ -297,12 +297,12 @@ def test_donated_summaries_name_their_kind_and_keys(tmp_path):
     # "summaries" lost its "s" alone: "summarie 'x'".
     assert (
         "async.write_summaries(step=1): ValueError: summary 'x': a device array deleted "
-        "(donated to a later computation) before the writer read it. Pass a copy, or do not "
+        "(donated to a later computation) before it was read. Pass a copy, or do not "
         "donate it."
     ) in message
     assert (
         "async.write_summaries(step=2): ValueError: summaries 'y', 'z': device arrays deleted "
-        "(donated to a later computation) before the writer read them. Pass a copy, or do not "
+        "(donated to a later computation) before they were read. Pass a copy, or do not "
         "donate them."
     ) in message
 
