@@ -299,6 +299,7 @@ class TrackerWriter(BaseWriter):
     _owned = False  # close() ends the run: this writer started or resumed it
     _file_methods: frozenset[str] = frozenset({"write_summaries"})  # values stored as files
     _url_paths = False  # artifact paths go into URLs unquoted (MLflow)
+    _here = False  # this is process 0, which logs (set by `_start`)
     _files_step: int | None = None  # the step of the last files, and the writes of each key
     _files_written: collections.Counter = collections.Counter()
 
@@ -336,7 +337,8 @@ class TrackerWriter(BaseWriter):
             import jax  # imported here: `import writers` must not import JAX
 
             process_index = jax.process_index()
-        return library, resume_step, process_index == 0
+        self._here = process_index == 0
+        return library, resume_step, self._here
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         # Trackers have no raw-tensor type: exact `.npy` files (TensorBoard's `metadata` is not kept).
@@ -346,8 +348,13 @@ class TrackerWriter(BaseWriter):
                 f"{self._name('write_summaries')}: tensors {', '.join(bad)} hold Python objects, "
                 "which .npy files cannot store safely; write numeric, bool or str arrays."
             )
-        files = {k: _encode.npy(a) for k, a in arrays.items()}
+        files = self._encoded(arrays, _encode.npy)
         self._files("write_summaries", "summaries", step, files, ".npy")
+
+    def _encoded(self, values: Mapping[str, Any], encode: Callable[[Any], Any]) -> dict[str, Any]:
+        """Each value `encode`d; on processes other than 0, which store nothing, empty bytes
+        (only the keys are checked)."""
+        return {k: encode(v) if self._here else b"" for k, v in values.items()}
 
     def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
         self._pictures(

@@ -377,11 +377,11 @@ class MlflowWriter(_base.TrackerWriter):
             ]
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
-        files = {k: [_encode.png(i) for i in v] for k, v in images.items()}
+        files = self._encoded(images, lambda v: [_encode.png(i) for i in v])
         self._files(method, method.removeprefix("write_"), step, files, ".png")
 
     def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
-        files = {k: [_encode.wav(c, sample_rate) for c in v] for k, v in clips.items()}
+        files = self._encoded(clips, lambda v: [_encode.wav(c, sample_rate) for c in v])
         self._files("write_audios", "audio", step, files, ".wav")
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
@@ -393,8 +393,8 @@ class MlflowWriter(_base.TrackerWriter):
     )
 
     def _histograms(self, step: int, arrays: dict[str, Any], buckets: dict) -> None:
-        hists = {k: _encode.histogram(v, buckets.get(k)) for k, v in arrays.items()}
-        files = {k: json.dumps(h).encode() for k, h in hists.items()}
+        given = {k: (v, buckets.get(k)) for k, v in arrays.items()}
+        files = self._encoded(given, lambda a: json.dumps(_encode.histogram(*a)).encode())
         self._files("write_histograms", "histograms", step, files, ".json")
 
     def _params(self, hparams: dict[str, Any]) -> None:
