@@ -185,9 +185,9 @@ class MlflowWriter(_base.TrackerWriter):
             self._params_logged = dict(data.params)
             if resume_step is not None:
                 client.update_run(run_id, status="RUNNING")
-                for key in data.metrics:
-                    history = client.get_metric_history(run_id, key)
-                    self._last_steps[key] = max(m.step for m in history)
+                # Each metric's latest point, which every store picks by (step, timestamp,
+                # value), has its last step: reading each history took minutes on long runs.
+                self._last_steps = {m.key: m.step for m in data.to_proto().metrics}
         self.run_id = run_id
         self._stop_timer = _base.flush_every(
             self, flush_secs, f"MlflowWriter(run {run_id})", last=self._last_send
