@@ -21,7 +21,9 @@ a W&B private preview: W&B support enables it per entity):
 history after R is replaced, and writes at steps up to R (a config at step 0), which W&B
 would refuse, are left out with one warning: the run keeps the earlier run's values there. Offline, the new run directory holds only
 steps after R and names the rewind point for `wandb sync`. With `collection` set, the run id
-is `<run_id>-<collection>` (characters W&B refuses in an id, such as `/` and `:`, become `-`).
+is `<run_id>-<collection>`; where characters W&B refuses in an id (such as `/` and `:`) become
+`-`, 8 hex digits of the collection's SHA-256 follow (`eval/a`: `<run_id>-eval-a-<hash>`), so
+`eval/a`, `eval:a` and `eval-a` log to runs of their own.
 Offline, W&B cannot tell a restarted writer the run's last step: with the same `run_id` and
 no `resume_step`, steps below the earlier run's are not refused here. Pass `resume_step`.
 
@@ -38,6 +40,7 @@ Example:
   >>> w.close()
 """
 
+import hashlib
 import os
 import re
 import tempfile
@@ -121,7 +124,10 @@ class WandbWriter(_base.TrackerWriter):
             return
         if run is None:
             if run_id is not None and collection:
-                run_id = f"{run_id}-{_RUN_ID_REFUSED.sub('-', collection)}"
+                part = _RUN_ID_REFUSED.sub("-", collection)
+                if part != collection:  # 'eval/a' and 'eval:a' were both run '<id>-eval-a'
+                    part += "-" + hashlib.sha256(collection.encode()).hexdigest()[:8]
+                run_id = f"{run_id}-{part}"
             if logdir is not None and _storage.is_remote(os.fspath(logdir)):
                 # W&B's files are local: os.path.abspath made './gs:/bucket/...' in the cwd.
                 local = os.environ.get("WANDB_DIR") or "."

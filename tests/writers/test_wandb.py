@@ -204,6 +204,27 @@ def test_resume_rewinds_to_the_resume_step(tmp_path, caplog):
     assert wandb_history(new) == {s: {"loss": 100.0 + s} for s in range(6, 13)}
 
 
+def test_collections_that_differ_in_characters_ids_refuse_get_runs_of_their_own(tmp_path):
+    # 'eval/a', 'eval:a', 'eval a' and 'eval-a' were all run 'r1-eval-a': four evals in one
+    # run, each step's values replacing the others'.
+    collections = ["eval/a", "eval:a", "eval a", "eval-a", "train"]
+    for i, collection in enumerate(collections):
+        w = _writer(tmp_path, run_id="r1", collection=collection)
+        w.write_scalars(1, {"acc": i / 4})
+        w.close()
+    runs = {
+        wandb_run_record(path).run_id: wandb_history(path)
+        for path in wandb_run_files(str(tmp_path))
+    }
+    assert runs == {  # names W&B takes as they are keep their ids: resume finds them
+        "r1-eval-a-66fbbe75": {1: {"acc": 0.0}},  # sha256("eval/a")[:8]
+        "r1-eval-a-a92f90ba": {1: {"acc": 0.25}},
+        "r1-eval-a-a59e9c25": {1: {"acc": 0.5}},
+        "r1-eval-a": {1: {"acc": 0.75}},
+        "r1-train": {1: {"acc": 1.0}},
+    }
+
+
 def test_resume_needs_a_run_id(tmp_path):
     with pytest.raises(ValueError, match="needs the run to resume; pass run_id="):
         _writer(tmp_path, resume_step=3)
@@ -321,7 +342,7 @@ def test_w_and_b_row_fields_and_a_key_of_two_kinds_at_one_step_are_refused(tmp_p
     w.write_texts(8, {"sample": "a text at the next step"})
     w.close()
     (path,) = wandb_run_files(str(tmp_path))
-    assert wandb_run_record(path).run_id == "r1-eval-squad-v1"
+    assert wandb_run_record(path).run_id == "r1-eval-squad-v1-d97bf716"
     rows = wandb_history(path)
     assert rows == {
         7: {"sample": 0.75, "other": 1.0, "sample/text": "the generated text"},
