@@ -5,7 +5,10 @@ MLflow. Each builds one flat `MultiWriter`, so a failing backend (or tracker) st
 Gin: `configs/writers/*.gin`.
 """
 
+import functools
+import inspect
 import os
+import sys
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -172,7 +175,8 @@ def create_tracker_writer(
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
       collection: Passed to both factories (e.g. `train`).
-      tracker: Makes the tracker (e.g. `writers.WandbWriter`); given `logdir` if it takes one.
+      tracker: Makes the tracker (e.g. `writers.WandbWriter`); given `logdir` if it takes one
+        and sets none of its own (a `functools.partial` keyword or a gin binding: kept).
       name: Name of the tracker inside the `MultiWriter` (errors name it).
       default_writer: Makes the other writers.
       resume_step: The step a resumed run restarts from, passed to both factories (as
@@ -207,7 +211,8 @@ def create_tracker_writer(
             "writers.create_default_writer): without it, what was logged after the step stays"
         )
     kwargs: dict[str, Any] = {"collection": collection, **resuming}
-    if "logdir" in (takes["tracker"] or {}):  # by name only: MlflowWriter takes none
+    # By name only (MlflowWriter takes none), and not over the tracker's own: it was replaced.
+    if "logdir" in (takes["tracker"] or {}) and not _sets(tracker, "logdir"):
         kwargs["logdir"] = logdir
     # The tracker first: a resumed default set rewrites the local log and purges TensorBoard
     # at once, which a tracker refusing its settings afterwards could not undo.
@@ -226,3 +231,21 @@ def create_tracker_writer(
             f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
         )
     return MultiWriter({**chosen, name: made})
+
+
+def _sets(factory: Any, name: str) -> bool:
+    """Whether `factory` sets its own `name`: a `functools.partial` keyword, or a gin binding
+    of the configured class or function it is (a caller's argument would win over either)."""
+    if isinstance(factory, functools.partial):
+        return name in factory.keywords or _sets(factory.func, name)
+    gin = sys.modules.get("gin")  # not imported: nothing is bound
+    is_class = inspect.isclass(factory)
+    if gin is None or not hasattr(type(factory).__call__ if is_class else factory, "__wrapped__"):
+        return False
+    try:  # gin's class is a subclass of the registered one
+        found = gin.get_bindings(
+            factory.__mro__[1] if is_class else factory, resolve_references=False
+        )
+        return name in found
+    except ValueError:  # not registered with gin
+        return False

@@ -51,6 +51,33 @@ def test_a_gin_configured_tracker_class_gets_logdir_too(tmp_path):
     assert len(wandb_run_files(str(tmp_path))) == 1
 
 
+@pytest.mark.parametrize("given_by", ["partial", "gin"])
+def test_a_trackers_own_logdir_is_kept(tmp_path, given_by):
+    # The summary dir replaced it: W&B's files went to <logdir>/wandb, none to the one asked for.
+    own = tmp_path / "own"
+    gin.clear_config()
+    try:
+        if given_by == "partial":
+            tracker = functools.partial(writers.WandbWriter, "tests", logdir=own, process_index=0)
+        else:
+            gin.parse_config(
+                "from __gin__ import dynamic_registration\nimport writers\n"
+                f"writers.WandbWriter.process_index = 0\nwriters.WandbWriter.logdir = '{own}'\n"
+            )
+            tracker = gin.get_configurable("writers.WandbWriter")
+        w = writers.create_tracker_writer(
+            tmp_path / "summaries", tracker=tracker, default_writer=_files_only
+        )
+        w.write_scalars(1, {"loss": 0.5})
+        w.close()
+    finally:
+        gin.clear_config()
+    assert wandb_run_files(str(tmp_path / "summaries")) == []
+    assert [wandb_history(p) for p in wandb_run_files(str(own))] == [{1: {"loss": 0.5}}]
+    with open(tmp_path / "summaries" / "metrics.jsonl") as f:
+        assert json.loads(f.readline())["loss"] == 0.5
+
+
 def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
     with pytest.raises(ValueError, match="name='jsonl' is taken"):
         writers.create_tracker_writer(
