@@ -174,7 +174,7 @@ def create_tracker_writer(
 
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
-      collection: Passed to both factories (e.g. `train`).
+      collection: Passed to both factories (e.g. `train`); None keeps a factory's own.
       tracker: Makes the tracker (e.g. `writers.WandbWriter`); given `logdir` if it takes one
         and sets none of its own (a `functools.partial` keyword or a gin binding: kept).
       name: Name of the tracker inside the `MultiWriter` (errors name it).
@@ -210,7 +210,13 @@ def create_tracker_writer(
             "taking resume_step (writers.WandbWriter, writers.MlflowWriter, "
             "writers.create_default_writer): without it, what was logged after the step stays"
         )
-    kwargs: dict[str, Any] = {"collection": collection, **resuming}
+
+    def named(factory: Callable[..., Any]) -> dict[str, Any]:
+        # None replaced the collection the factory sets itself (a partial's, or gin's).
+        keep = collection is None and _sets(factory, "collection")
+        return {} if keep else {"collection": collection}
+
+    kwargs: dict[str, Any] = {**named(tracker), **resuming}
     # By name only (MlflowWriter takes none), and not over the tracker's own: it was replaced.
     if "logdir" in (takes["tracker"] or {}) and not _sets(tracker, "logdir"):
         kwargs["logdir"] = logdir
@@ -218,7 +224,7 @@ def create_tracker_writer(
     # at once, which a tracker refusing its settings afterwards could not undo.
     made = tracker(**kwargs)
     try:
-        base = default_writer(logdir, collection=collection, **resuming)
+        base = default_writer(logdir, **named(default_writer), **resuming)
     except Exception:
         made.close()  # no half-built set with open runs and threads
         raise

@@ -78,6 +78,20 @@ def test_a_trackers_own_logdir_is_kept(tmp_path, given_by):
         assert json.loads(f.readline())["loss"] == 0.5
 
 
+def test_no_collection_keeps_the_factories_own(tmp_path):
+    # collection=None replaced both: run id 'exp', not 'exp-train', and no JSONL collection.
+    tracker = functools.partial(
+        writers.WandbWriter, "tests", collection="train", run_id="exp", process_index=0
+    )
+    default_writer = functools.partial(_files_only, collection="train")
+    w = writers.create_tracker_writer(tmp_path, tracker=tracker, default_writer=default_writer)
+    assert (w.writers["tracker"].run.id, w.writers["tracker"].run.name) == ("exp-train", "train")
+    w.write_scalars(1, {"loss": 0.5})
+    w.close()
+    with open(tmp_path / "metrics.jsonl") as f:
+        assert json.loads(f.readline())["collection"] == "train"
+
+
 def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
     with pytest.raises(ValueError, match="name='jsonl' is taken"):
         writers.create_tracker_writer(
