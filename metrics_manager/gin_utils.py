@@ -107,7 +107,7 @@ def write_gin_config(
 
     Raises:
       TypeError: `model_dir` is not a path or `config_str` is not a str.
-      ValueError: `model_dir` is a path object of a URL whose '//' pathlib made '/'.
+      ValueError: `model_dir` is a URL whose '//' was made '/' (as pathlib does).
 
     Example:
       >>> import tempfile

@@ -106,7 +106,7 @@ def check_positive(value: Any, where: str, what: str, unit: str, fix: str) -> fl
 
 def check_path(path: Any, where: str, what: str) -> str:
     """`os.fspath(path)` for a str or `os.PathLike`; anything else is a TypeError naming it,
-    and a path that was a URL before `pathlib` collapsed its `//` a ValueError."""
+    and a path that was a URL before its `//` was collapsed (by `pathlib`) a ValueError."""
     if not isinstance(path, str | os.PathLike) or isinstance(fspath := os.fspath(path), bytes):
         raise TypeError(
             f"{where}: {what} must be a directory, file or URL (a str or os.PathLike), got "
@@ -121,9 +121,10 @@ _COLLAPSED_URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]+):/(?!/)")
 
 
 def collapsed_url(path: Any, what: str) -> str | None:
-    """The problem with a path object whose string is a URL with `//` made `/` (`Path("gs://b")`
-    is `gs:/b`, a local directory: the run's files went there, not to the bucket), else None."""
-    if isinstance(path, str | bytes) or not isinstance(path, os.PathLike):
+    """The problem with a path whose string is a URL with `//` made `/` (`Path("gs://b")` is
+    `gs:/b`, as is `os.path.normpath("gs://b")`, a local directory: the run's files went there,
+    not to the bucket), else None."""
+    if not isinstance(path, str | os.PathLike):
         return None
     fspath = os.fspath(path)
     if not isinstance(fspath, str) or not (match := _COLLAPSED_URL.match(fspath)):
@@ -135,8 +136,9 @@ def collapsed_url(path: Any, what: str) -> str | None:
     protocol, rest = match.group(1), fspath[match.end() :]
     # file:///tmp/run is /tmp/run; file://tmp/run, what `//` alone gives back, is ./tmp/run.
     url = f"{protocol}://{'/' * (protocol in ('file', 'local'))}{rest}"
+    by = "" if isinstance(path, str) else " by pathlib"
     return (
-        f"{what} {path!r} is the URL {url!r} with its '//' collapsed to '/' by pathlib, so it "
+        f"{what} {path!r} is the URL {url!r} with its '//' collapsed to '/'{by}, so it "
         f"names the local path {fspath!r}; pass the URL as a str, {what}={url!r}"
     )
 

@@ -75,7 +75,7 @@ def create_default_writer(
       TypeError: a flag (`console`, `jsonl`, ...) is not a bool, `max_queue` is not an int,
         or `console_stream` has no `write()`.
       ValueError: `max_queue` is below 1, `purge_step` and `resume_step` disagree, or
-        `logdir` is a `pathlib.Path` of a URL.
+        `logdir` is a URL whose '//' was made '/' (`Path("gs://b")`, `"gs:/b"`).
 
     Example:
       >>> import writers

@@ -78,7 +78,7 @@ class JsonlWriter(BaseWriter):
       TypeError: `resume_step` is not an integer, `max_array_size` not a number, `collection`
         not a str, or `clock` not callable.
       ValueError: `resume_step` is negative or given for a pipe, `flush_secs` is not
-        positive, or `path` is a `pathlib.Path` of a URL (`gs:/b`: pass `"gs://b"`).
+        positive, or `path` is a URL with one '/' (`gs:/b`, or `Path("gs://b")`: pass `"gs://b"`).
       ImportError: `path` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 

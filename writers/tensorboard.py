@@ -45,7 +45,7 @@ class TensorBoardWriter(BaseWriter):
 
     Raises:
       ValueError: `flush_secs` is not positive, `purge_step` is negative,
-        `filename_suffix` holds a '/', or `logdir` is a `pathlib.Path` of a URL.
+        `filename_suffix` holds a '/', or `logdir` is a URL whose '//' was made '/'.
       TypeError: `purge_step` is not an integer or `filename_suffix` not a str.
     """
 

@@ -170,6 +170,36 @@ def test_a_path_object_of_a_url_is_refused_before_it_writes_a_local_directory(
     assert os.path.exists("run:/x.jsonl")
 
 
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (writers.create_default_writer, "logdir"),
+        (writers.JsonlWriter, "path"),
+        (writers.TensorBoardWriter, "logdir"),
+        (_gin, "model_dir"),
+        (_manager, "summary_dir"),
+    ],
+    ids=["create_default_writer", "JsonlWriter", "TensorBoardWriter", "gin", "manager"],
+)
+def test_a_str_url_with_one_slash_is_refused_before_it_writes_a_local_directory(
+    make, what, tmp_path, monkeypatch
+):
+    # os.path.normpath("gs://b/run") is "gs:/b/run" too: as a str it was taken, and the run's
+    # files went to ./gs:/b/run with no word.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        make("s3:/bucket/run")
+    expected = (
+        f"{what} 's3:/bucket/run' is the URL 's3://bucket/run' with its '//' collapsed to '/', "
+        f"so it names the local path 's3:/bucket/run'; pass the URL as a str, "
+        f"{what}='s3://bucket/run'"
+    )
+    assert expected in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    writers.JsonlWriter("run:/x.jsonl").close()  # no fsspec protocol: a local path
+    assert os.path.exists("run:/x.jsonl")
+
+
 def test_a_path_object_of_a_file_url_is_refused_naming_the_absolute_url():
     # pathlib makes "file:///tmp/run" "file:/tmp/run"; the fix offered read
     # logdir='file://tmp/run', which fsspec reads as ./tmp/run, not /tmp/run.
