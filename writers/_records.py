@@ -8,8 +8,9 @@ with a later second than any event file already there: TensorBoard reads a direc
 in name order, so a writer made in the same second (a resumed run) reads after the earlier
 one. On a URL each flush writes one new object holding the events since the previous one
 (`_storage.PartStream`), named
-`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`: TensorBoard reads
-a directory's event files in name order, so the parts read as one stream.
+`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`, the seconds again
+later than any event file's there: TensorBoard reads a directory's event files in name order,
+so the parts read as one stream, after every earlier writer's (on any host).
 """
 
 import contextlib
@@ -36,14 +37,16 @@ class EventFile:
 
     def __init__(self, logdir: str, filename_suffix: str, max_buffer_bytes: float):
         now = time.time()
-        name = f"events.out.tfevents.{int(now):010d}.{socket.gethostname()}"
         self._lock = threading.Lock()  # TensorBoardWriter's flush timer is a second thread
         self._local = not _storage.is_remote(logdir)
         self._deleted_kept = False  # deleted while open, and could not be written back
         self._file: Any
         if not self._local:
-            # Microseconds keep a later writer's parts after an earlier one's within a second.
-            prefix = f"{name}.{int(now * 1e6) % 1_000_000:06d}."
+            # A later second than any file there, as locally: a replacement run on another
+            # host, made in the same second, sorted by host name, and its purge could read
+            # before the stale events. Microseconds order one host's writers within a second.
+            name = f"events.out.tfevents.{_stamp(now, _remote_names(logdir)):010d}"
+            prefix = f"{name}.{socket.gethostname()}.{int(now * 1e6) % 1_000_000:06d}."
 
             def part(index: int) -> str:
                 return f"{prefix}{index:08d}{filename_suffix}"
@@ -54,8 +57,7 @@ class EventFile:
         os.makedirs(logdir, exist_ok=True)
         # Not a counter after the host: "<host>.1.train" sorted before "<host>.train", so
         # TensorBoard read a resumed run's events first and the stale ones after them.
-        stamps = [int(m[1]) for n in os.listdir(logdir) if (m := _STAMP.fullmatch(n))]
-        stamp = max([int(now), *(s + 1 for s in stamps)])
+        stamp = _stamp(now, os.listdir(logdir))
         for _ in range(1000):
             self.path = os.path.join(
                 logdir, f"events.out.tfevents.{stamp:010d}.{socket.gethostname()}{filename_suffix}"
@@ -113,3 +115,18 @@ class EventFile:
         finally:
             if self._local:
                 self._file.close()
+
+
+def _stamp(now: float, names: list[str]) -> int:
+    """A file name's seconds: `now`'s, or past the latest of the event files `names`."""
+    stamps = [int(m[1]) for n in names if (m := _STAMP.fullmatch(n))]
+    return max([int(now), *(s + 1 for s in stamps)])
+
+
+def _remote_names(logdir: str) -> list[str]:
+    fs, path = _storage.filesystem(logdir)
+    fs.invalidate_cache(path)  # another process (an earlier run) may have written
+    try:
+        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []

@@ -425,6 +425,32 @@ def test_writers_made_in_the_same_second_read_in_the_order_they_were_made(tmp_pa
     assert list(zip(series.steps.tolist(), series.values.tolist(), strict=True)) == loss
 
 
+def test_a_replacement_on_another_host_in_the_same_second_reads_after_the_stale_events(
+    monkeypatch,
+):
+    # On a URL the name held the start second, then the host: a replacement made in the
+    # same second on "worker-a" sorted before the preempted run's "worker-b" parts, so
+    # TensorBoard read its purge first and the stale steps 6-10 after it, shown again.
+    import fsspec
+
+    url, now, fs = "memory://tb-hosts/run", time.time(), fsspec.filesystem("memory")
+    runs = [("worker-b", None, range(1, 11), 0.0), ("worker-a", 6, (6, 7), 100.0)]
+    for host, purge_step, steps, offset in runs:
+        monkeypatch.setattr(_records.socket, "gethostname", lambda host=host: host)
+        monkeypatch.setattr(_records.time, "time", lambda: now)
+        w = writers.TensorBoardWriter(url, purge_step=purge_step)
+        for step in steps:
+            w.write_scalars(step, {"loss": offset + step})
+        w.close()
+    monkeypatch.undo()
+    loss = [(s.step, s.value) for s in _accumulator(url).Scalars("loss")]
+    assert loss == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 5.0), (6, 106.0), (7, 107.0)]
+    names = sorted(fs.ls("/tb-hosts/run", detail=False))
+    seconds_and_hosts = [n.rsplit("/", 1)[1].split(".")[3:5] for n in names]
+    assert seconds_and_hosts == [[str(int(now)), "worker-b"], [str(int(now) + 1), "worker-a"]]
+    fs.rm("/tb-hosts", recursive=True)
+
+
 def test_every_event_reaches_the_file_when_written_and_the_timer_fsyncs(tmp_path):
     slow = writers.TensorBoardWriter(tmp_path / "slow", flush_secs=3600)
     slow.write_scalars(0, {"a": 1.0})
