@@ -307,16 +307,19 @@ class RemoteLog:
     `<path>.d/<generation>-<index>-<writer>.jsonl`, read in (index, writer) order.
 
     Readers use the highest generation only. Resuming writes the kept lines as part 0 of the
-    next generation, then deletes the old one (stale parts left by a crash are ignored).
+    next generation, then deletes the old one (stale parts left by a crash are ignored). An
+    object at `path` itself (a local log copied up) is read before generation 0, and kept
+    lines of it go into generation 1 (never written or deleted here).
     """
 
     def __init__(self, path: str, resume_step: int | None, max_buffer_bytes: float):
         directory = path.rstrip("/") + ".d"
         fs, base = _storage.filesystem(directory)
         generation, current, stale = _latest(fs, base)
-        if resume_step is not None and current:
-            old = _read_parts(fs, base, current)
-            tail = b"".join(kept_lines(old.splitlines(keepends=True), resume_step))
+        plain = _plain(fs, base) if generation == 0 else b""
+        if resume_step is not None and (current or plain):
+            lines = [*plain.splitlines(True), *_read_parts(fs, base, current).splitlines(True)]
+            tail = b"".join(kept_lines(lines, resume_step))
             # No writer token: two runs resuming at once write the same kept lines once.
             _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [tail])
             stale += current
@@ -324,8 +327,8 @@ class RemoteLog:
             self.last_step = last_step(io.BytesIO(tail), len(tail))
         else:
             self.last_step = None
-            for name in reversed(current):  # the last part may hold step-less lines alone
-                part = _read_parts(fs, base, [name])
+            for name in [*reversed(current), None]:  # the last may hold step-less lines alone
+                part = _read_parts(fs, base, [name]) if name else plain
                 if (step := last_step(io.BytesIO(part), part.rfind(b"\n") + 1)) is not None:
                     self.last_step = step
                     break
@@ -370,6 +373,15 @@ def _latest(fs: Any, base: str) -> tuple[int, list[str], list[str]]:
 
 def _read_parts(fs: Any, base: str, names: list[str]) -> bytes:
     return b"".join(fs.cat_file(f"{base}/{name}") for name in names)
+
+
+def _plain(fs: Any, base: str) -> bytes:
+    """The object at the log's own path (`base` less `.d`: a local log copied to the bucket,
+    `gsutil cp metrics.jsonl gs://b/run/`), b"" if none; JsonlWriter writes none there."""
+    try:
+        return fs.cat_file(base[: -len(".d")])
+    except (FileNotFoundError, IsADirectoryError):
+        return b""
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -419,12 +431,13 @@ def _read_remote(path: str) -> bytes:
     directory = path.rstrip("/") + ".d"
     fs, base = _storage.filesystem(directory)
     for _ in range(5):  # a resume may delete the generation being read: list again
-        _, current, _ = _latest(fs, base)
-        if not current:
+        generation, current, _ = _latest(fs, base)
+        plain = _plain(fs, base) if generation == 0 else b""  # a resume took its lines
+        if not current and not plain:
             break
-        with contextlib.suppress(FileNotFoundError):
-            return _read_parts(fs, base, current)
+        with contextlib.suppress(FileNotFoundError):  # a last line without its newline: cut
+            return plain[: plain.rfind(b"\n") + 1] + _read_parts(fs, base, current)
     raise FileNotFoundError(
-        f"read_jsonl: no JSONL log at {path!r} (expected parts under {directory}/, "
-        "written by JsonlWriter). Check the URL and the run's summary_dir."
+        f"read_jsonl: no JSONL log at {path!r} (expected the object or parts under "
+        f"{directory}/, written by JsonlWriter). Check the URL and the run's summary_dir."
     )

@@ -6,7 +6,8 @@ line-buffered (`tail -f` sees each line; `flush()` fsyncs); a pipe or device jus
 lines, and `/dev/stdout` (`/dev/stderr`, `/dev/fd/N`) is the program's own stream, shared with
 its prints (never locked, rewritten or cut, even when redirected to a file). A URL
 (`gs://b/run/m.jsonl`, any fsspec protocol) is written as numbered parts under `<path>.d/`, one
-per flush; `writers.read_jsonl(path)` reads either back. Every line is strict JSON:
+per flush; `writers.read_jsonl(path)` reads either back (at a URL, an object at `path`
+itself, such as a local log copied there, before the parts). Every line is strict JSON:
 
 * NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)`
   turns them back); ints stay ints; texts are strings (so a text that is exactly "NaN" or

@@ -159,6 +159,30 @@ def test_url_logs_are_parts_uploaded_per_flush_and_read_back_in_order(tmp_path, 
         writers.read_jsonl("memory://jl-bucket/run/metrics.jsonl")
 
 
+def test_a_log_copied_to_a_url_is_read_before_the_parts_and_kept_by_a_resume():
+    # `gsutil cp metrics.jsonl gs://b/run/`: read_jsonl read the parts under .d/ alone, so
+    # the copied steps 1-3 were missing (FileNotFoundError with no parts yet).
+    import fsspec
+
+    fs, url = fsspec.filesystem("memory"), "memory://jl-copied/run/metrics.jsonl"
+    try:
+        copied = b"".join(b'{"step": %d, "a": %d}\n' % (s, s) for s in (1, 2, 3)) + b'{"step": 4'
+        fs.pipe_file("/jl-copied/run/metrics.jsonl", copied)  # its last line torn: left out
+        assert [line["step"] for line in writers.read_jsonl(url)] == [1, 2, 3]
+        with writers.JsonlWriter(url, clock=lambda: 1.0) as w:
+            assert w._log.last_step == 3  # a lower step is warned about, as locally
+            w.write_scalars(4, {"a": 40})
+        lines = writers.read_jsonl(url)
+        assert [(line["step"], line["a"]) for line in lines] == [(1, 1), (2, 2), (3, 3), (4, 40)]
+        with writers.JsonlWriter(url, clock=lambda: 2.0, resume_step=2) as w:
+            w.write_scalars(3, {"a": 300})
+        lines = writers.read_jsonl(url)  # the copy's steps up to 2 once, then the new ones
+        assert [(line["step"], line["a"]) for line in lines] == [(1, 1), (2, 2), (3, 300)]
+        assert fs.cat_file("/jl-copied/run/metrics.jsonl") == copied  # never written
+    finally:
+        fs.rm("/jl-copied", recursive=True)
+
+
 def test_two_writers_of_one_url_keep_each_others_parts():
     # A preempted run still flushing as its replacement starts: both uploaded part
     # 000000-00000001.jsonl, and the later upload replaced the other's lines.
