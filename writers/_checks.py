@@ -843,7 +843,12 @@ def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.
     buckets = int(num_buckets or DEFAULT_NUM_BUCKETS)
     low, high = float(flat.min()), float(flat.max())
     if low == high:
-        return np.asarray([flat.size], dtype=np.int64), np.asarray([low - 0.5, high + 0.5])
+        edges = np.asarray([low - 0.5, high + 0.5])
+        if edges[0] == edges[1]:  # 0.5 below the value's float spacing (1e18 gave [1e18, 1e18])
+            with np.errstate(over="ignore"):
+                edges = np.nextafter(edges, [-math.inf, math.inf])
+            edges[np.isinf(edges)] = low  # float64's largest: no inf edge
+        return np.asarray([flat.size], dtype=np.int64), edges
     if math.isinf(high - low):  # a range past float64's: split its halves (no inf edges)
         edges = np.linspace(low / 2, high / 2, buckets + 1) * 2
         edges[0], edges[-1] = low, high

@@ -98,6 +98,30 @@ def test_non_scalar_values_are_summarized(writer, tmp_path):
     assert _strict_lines(tmp_path / "all.jsonl")[0]["big"]["values"] == list(range(2000))
 
 
+def test_a_constant_histogram_gets_a_bucket_of_some_width_at_any_magnitude(writer):
+    # Edges are the value +-0.5; past 2**53 that rounded back to the value: a constant 1e18
+    # had edges [1e18, 1e18], a bucket of no width. Now the neighbouring floats there.
+    values = {
+        "one": 1.0,
+        "big": 1e18,
+        "neg": -1e18,
+        "f32": np.float32(1e18),
+        "top": np.finfo(float).max,
+    }
+    writer.write_histograms(1, {k: np.full(2, v) for k, v in values.items()})
+    writer.flush()
+    (line,) = _strict_lines(writer.path)
+    edges = {k: line[k]["edges"] for k in values}
+    assert edges["one"] == [0.5, 1.5]
+    assert edges["big"] == [1e18 - 128, 1e18 + 128]  # float64's spacing there is 128
+    assert edges["neg"] == [-1e18 - 128, -1e18 + 128]
+    f32 = float(np.float32(1e18))  # 999999984306749440, spacing 128 too
+    assert edges["f32"] == [f32 - 128, f32 + 128]
+    top = float(np.finfo(float).max)
+    assert edges["top"] == [np.nextafter(top, 0), top]  # no inf edge
+    assert all(line[k]["counts"] == [2] for k in values)
+
+
 def test_hparams_line_has_null_step(writer):
     writer.write_hparams({})  # wrote a line of `"hparams": {}`: empty writes write none
     writer.write_hparams(
