@@ -72,7 +72,10 @@ def mean(flat: np.ndarray) -> float:
     """The mean of finite float64 values, also where their sum overflows (near float64's limit)."""
     with np.errstate(over="ignore"):
         total = float(flat.sum())
-    return total / flat.size if math.isfinite(total) else float((flat / flat.size).sum())
+        if math.isfinite(total):
+            return total / flat.size
+        # Summed after the division, three float64 maxima made inf again: never past the ends.
+        return float(np.clip((flat / flat.size).sum(), flat.min(), flat.max()))
 
 
 def as_float(number: int | float) -> float:

@@ -321,6 +321,18 @@ def test_every_backend_writes_finite_values_near_float64s_limit(tmp_path):
     assert (event.histogram_value.min, event.histogram_value.max) == (1.0, 1.7e308)
 
 
+def test_the_mean_of_float64_maxima_is_the_maximum_not_inf(tmp_path):
+    # Their sum overflows, and so did the sum of each divided by 3: JSONL wrote "Infinity".
+    top = float(np.finfo(float).max)
+    console = io.StringIO()
+    for w in (writers.JsonlWriter(tmp_path / "m.jsonl"), writers.ConsoleWriter(console)):
+        w.write_histograms(1, {"h": np.full(3, top), "low": np.full(3, -top)})
+        w.close()
+    (line,) = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert (line["h"]["mean"], line["low"]["mean"]) == (top, -top)
+    assert "mean=1.798e+308" in console.getvalue() and "mean=-1.798e+308" in console.getvalue()
+
+
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_every_backend_bins_a_bool_histogram_as_zeros_and_ones(backend, tmp_path):
     # "must be real numbers, got dtype bool", though bool images were taken as 0 and 1.
