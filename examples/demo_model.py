@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from writers._checks import collapsed_url
+
 PAD_ID = 0
 BOS_ID = 1
 _NUM_SPECIAL = 2  # PAD and BOS; rule tokens and content tokens follow.
@@ -173,6 +175,8 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
     problems = []
     if not train.model_dir:  # `--gin.MODEL_DIR="'$MODEL_DIR'"` with the variable unset
         problems.append("TrainConfig.model_dir='' must name a directory (is $MODEL_DIR set?)")
+    elif problem := collapsed_url(train.model_dir, "TrainConfig.model_dir"):  # ./gs:/b/run's lock
+        problems.append(problem)
     parts = train.eval_name.split("/")
     if not all(parts) or ".." in parts:  # '../train' mixed the eval's files with train's
         problems.append(

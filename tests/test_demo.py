@@ -266,6 +266,17 @@ def test_bad_config_names_every_problem():
     assert "TrainConfig.eval_period=6 must be a multiple of TrainConfig.summary_period=4" in message
 
 
+def test_a_url_model_dir_with_one_slash_is_refused_before_compiling():
+    # The managers refused it only after the demo had compiled and locked ./gs:/b/run/.demo.lock.
+    with pytest.raises(ValueError) as error:
+        demo_model.check_configs(
+            demo_model.ModelConfig(),
+            demo_model.DataConfig(),
+            demo_model.TrainConfig(model_dir="gs:/b/run"),
+        )
+    assert "pass the URL as a str, TrainConfig.model_dir='gs://b/run'" in str(error.value)
+
+
 def test_a_config_field_of_the_wrong_type_is_named_before_any_range_check():
     # --gin.TOTAL_STEPS=10.5 or ='abc' used to fail in a comparison ('<' between str and
     # int) or further on in a writer, naming no config field.
