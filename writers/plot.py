@@ -42,7 +42,7 @@ import numpy as np
 from absl import logging
 
 from writers import _storage
-from writers._checks import Problems
+from writers._checks import Problems, collapsed_url
 from writers.jsonl import _json_array
 
 DEFAULT_KEYS = ("loss", "accuracy")
@@ -590,6 +590,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         problems.value_problem(f"--interval must be > 0 seconds, got {args.interval}")
     if args.max_redraws < 0:
         problems.value_problem(f"--max_redraws must be >= 0 (0: no limit), got {args.max_redraws}")
+    paths = [("run_dir", d) for d in args.run_dirs]
+    for what, path in [*paths, ("--out", args.out), ("--dump_series", args.dump_series)]:
+        if problem := collapsed_url(path, what):  # 'gs:/b/p.png' wrote ./gs:/b/p.png
+            problems.value_problem(problem)
     if args.out is not None:  # checked now: --follow would wait for it forever
         try:
             _image_format(args.out)

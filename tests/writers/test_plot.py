@@ -480,6 +480,23 @@ def test_an_out_naming_a_directory_is_refused_before_anything_is_read(tmp_path):
         plot_runs([run], out=str(tmp_path / "realdir"))
 
 
+def test_a_url_with_one_slash_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
+    """`--out gs:/b/p.png` (or `--dump_series`) wrote ./gs:/b/p.png, leaving the bucket empty."""
+    run = str(tmp_path / "run")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 1.0}])
+    monkeypatch.chdir(tmp_path)
+    for args, flag, url in [
+        ([run, "--out", "gs:/b/p.png"], "--out", "gs://b/p.png"),
+        ([run, "--terminal", "--dump_series", "s3:/b/s.json"], "--dump_series", "s3://b/s.json"),
+        (["gs:/b/run", "--terminal"], "run_dir", "gs://b/run"),
+    ]:
+        with pytest.raises(SystemExit) as exited:
+            writers.plot.main(args)
+        assert exited.value.code == 2
+        assert f"pass the URL as a str, {flag}={url!r}" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["run"]
+
+
 def test_a_missing_key_among_thousands_names_some_and_the_close_ones(tmp_path):
     """The message listed all 3,000 keys (about 40 KB)."""
     line = {"step": 1, **{f"layer_{i:04d}/norm": 1.0 for i in range(3000)}}
