@@ -128,8 +128,9 @@ class LocalLog:
                 )
             return
         # A rewrite (resume_step) killed mid-way left its copy; holding the lock, no rewrite runs.
-        pattern = f".{glob.escape(os.path.basename(path))}.{'[0-9a-f]' * 12}.tmp"  # replace_file's
-        for stale in glob.glob(os.path.join(glob.escape(os.path.dirname(path) or "."), pattern)):
+        real = os.path.realpath(path)  # replace_file writes a symlinked log's target
+        pattern = f".{glob.escape(os.path.basename(real))}.{'[0-9a-f]' * 12}.tmp"  # replace_file's
+        for stale in glob.glob(os.path.join(glob.escape(os.path.dirname(real)), pattern)):
             with contextlib.suppress(OSError):
                 os.unlink(stale)
         if resume_step is not None:

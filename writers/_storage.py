@@ -122,7 +122,8 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
         fs, fs_path = filesystem(path)
         fs.pipe_file(fs_path, b"".join(chunks))
         return
-    directory = os.path.dirname(path) or "."
+    path = os.path.realpath(path)  # a symlink's target: replacing the link left it stale
+    directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
     try:

@@ -129,6 +129,25 @@ def test_resume_keeps_a_whole_last_line_without_its_newline_as_appending_does(tm
     assert path.read_bytes() == b'{"step": 1, "a": 1}\n'
 
 
+def test_a_resume_rewrites_a_symlinked_logs_target_and_keeps_the_link(tmp_path):
+    # os.replace put a regular file in the link's place: the target kept steps 1-3 and later
+    # lines went to the new file.
+    (tmp_path / "store").mkdir()
+    target = tmp_path / "store" / "real.jsonl"
+    target.write_bytes(b'{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n{"step": 3, "a": 3}\n')
+    link = tmp_path / "metrics.jsonl"
+    link.symlink_to(target)
+    with writers.JsonlWriter(link, resume_step=1, clock=lambda: 0.0) as w:
+        w.write_scalars(2, {"a": 20})
+    assert link.is_symlink() and sorted(os.listdir(tmp_path / "store")) == ["real.jsonl"]
+    assert target.read_bytes() == (
+        b'{"step": 1, "a": 1}\n{"step": 2, "time": 0.0, "collection": null, "a": 20}\n'
+    )
+    (tmp_path / "store" / ".real.jsonl.0123456789ab.tmp").write_bytes(b"a killed rewrite's")
+    writers.JsonlWriter(link).close()  # the next writer removes it, beside the target
+    assert sorted(os.listdir(tmp_path / "store")) == ["real.jsonl"]
+
+
 def test_the_copy_a_killed_rewrite_left_is_removed_by_the_next_writer(tmp_path):
     # A resume SIGKILLed while it rewrote the log leaves `.metrics.jsonl.<hex>.tmp` (as big
     # as the log); the next writer to hold the lock removes it, and only it.
