@@ -799,8 +799,6 @@ class MetricsManager:
             }
         call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
         problems.keys(values, self._keys_refused(step, {call: list(values)}))
-        if refused := self._summarizer.refused.keys() & values.keys():
-            values = {k: v for k, v in values.items() if k not in refused}
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
             with jax.transfer_guard_device_to_host("allow"):
@@ -812,6 +810,11 @@ class MetricsManager:
             values.update(_checks.check_shapes(_ARRAY_KINDS[arg], values, problems))
             deferred = list(values)
         problems.raise_if_any()
+        # Left out only once checked: process 1, which has no writers to refuse them, raised
+        # on a bad value under such a key, and process 0 went on to wait for it.
+        if refused := self._summarizer.refused.keys() & values.keys():
+            values = {k: v for k, v in values.items() if k not in refused}
+            deferred = [k for k in deferred if k not in refused]
         if step is not None:  # hparams have none
             self._check_order(step)
         if arg in _ARRAY_KINDS and self._fanout.states:  # read on the worker: a loop may

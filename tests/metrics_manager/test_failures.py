@@ -2001,6 +2001,39 @@ def test_a_key_a_writer_reserves_is_left_out_on_every_process_alike(tmp_path):
     assert tb_steps(logdir, "lr") == list(range(1, 11))
 
 
+@pytest.mark.parametrize("process", [0, 1])
+def test_bad_values_under_a_reserved_key_are_refused_on_every_process_alike(
+    tmp_path, monkeypatch, process
+):
+    # Process 0 left `step` out before checking its value, so it accepted these calls while
+    # process 1, which has no writers, refused them: one process stopped, the other waited.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    refused = []
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for call in (
+            lambda: manager.write_scalars(1, {"step": "abc", "loss": 1.0}),
+            lambda: manager.write_images(1, {"step": np.ones(3)}),
+            lambda: manager.write_texts(1, {"step": 5}),
+        ):
+            with pytest.raises((TypeError, ValueError)) as err:
+                call()
+            refused.append(str(err.value).split(":")[1].strip())
+        # Buckets for the left-out key: not "a key no array of the call has" on process 0.
+        arrays = {"step": np.arange(5.0), "h": np.arange(3.0)}
+        manager.write_histograms(2, arrays, num_buckets={"step": 4, "h": 3})
+    assert refused == [
+        "scalar 'step' must be a number, got 'abc' of type str. Write strings with write_texts.",
+        "image 'step' must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), got shape "
+        "(3,).",
+        "text 'step' must be a str, got int 5; convert with str(), or write numbers with "
+        "write_scalars",
+    ]
+    if process == 0:
+        (line,) = read_jsonl(str(tmp_path / "train"))
+        assert (line["step"], line["h"]["count"], line["h"]["counts"]) == (2, 3, [1, 1, 1])
+
+
 # --------------------------------------------------------------- bad input at the call
 
 GOOD = {"loss": Sum(np.float32(1.0))}
