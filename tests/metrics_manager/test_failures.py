@@ -2576,6 +2576,23 @@ def test_nonfinite_stop_checks_summaries_on_every_process_and_write_scalars_on_p
             manager.write_scalar("host", 4.0, 4)
 
 
+@pytest.mark.parametrize(("process", "errors"), [(0, 1), (1, 0)])
+def test_a_nan_histogram_under_raise_stops_process_0_alone(monkeypatch, process, errors):
+    # As the README's "Many processes" says: only process 0 reads write_histograms' values,
+    # so a NaN there raises on process 0 alone, and the others wait in their next collective.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    with MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), on_error="raise") as m:
+        m.write_histograms(1, {"h": np.array([np.nan, 1.0])})
+        m.write_scalar("x", 1.0, 2)
+        if errors:
+            with pytest.raises(MetricsManagerError, match="histogram 'h' has 1 NaN/Inf entries"):
+                m.flush()
+        else:
+            m.flush()
+    assert len(m.errors) == errors
+
+
 def test_nonfinite_stop_covers_write_scalars_and_the_raising_call_is_still_written(tmp_path):
     # write_scalar passed NaN and infinities through under "stop", unchecked; and the call
     # that raised lost its own summary.
