@@ -473,6 +473,9 @@ class MetricsManager:
                         _checks.check_metadata(value.metadata, f"summary {key!r}")
                     except TypeError as refused:
                         problems.add(TypeError, str(refused))
+                    # Read with the summary's other values: it failed them all, on every process.
+                    if problem := _checks.sharded_problem("summary", key, value.value):
+                        problems.value_problem(problem)
                 elif kind := _READY_KINDS.get(type(value)):  # as write_images checks it
                     _checks.check_shapes(kind, {key: value.value}, problems)
                     if kind == "histogram":

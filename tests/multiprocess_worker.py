@@ -18,8 +18,8 @@ Host-local values: each process measures its own `input_seconds` (here
 `input_seconds/process<i>`, because the manager writes from process 0 only.
 `host_value`, written as it is with `write_scalar`, shows what happens without
 that: process 0's value alone reaches the files. The last batch's target tokens, a global
-array sharded over the processes, are refused by `write_histograms` (in every process), and
-written once gathered.
+array sharded over the processes, are refused by `write_histograms` and as a raw tensor
+beside the metrics (in every process), and written once gathered.
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
             initialization_timeout=60,
         )
     import clu.metrics
+    import clu.values
     import flax
     import numpy as np
     from jax.experimental import multihost_utils
@@ -160,6 +161,14 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
             refused_rows = ""
         except ValueError as err:
             refused_rows = str(err)
+        # The same array as a raw tensor beside the metrics: read with the summary's values,
+        # it failed the whole summary on every process; refused at the call, as above.
+        try:
+            raw = {"token_tensor": clu.values.Summary(tokens, None)}
+            manager.write_metrics_summary(raw, STEPS, 1)
+            refused_raw = ""
+        except ValueError as err:
+            refused_raw = str(err)
         for step, future in futures:
             summaries[step] = {k: float(np.asarray(v.value)) for k, v in future.result().items()}
     with open(os.path.join(out_dir, f"result{process_id}.json"), "w") as f:
@@ -169,6 +178,7 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
                 "writes": manager.writes,
                 "refused": refused,
                 "refused_rows": refused_rows,
+                "refused_raw": refused_raw,
                 "refused_made": refused_made,
             },
             f,

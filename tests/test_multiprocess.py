@@ -134,6 +134,21 @@ def test_two_processes_report_the_one_process_summaries(tmp_path):
             "MetricsManager.write_metrics_summary: metrics ['rows'] hold arrays sharded over "
             "processes"
         )
+    # The same array as a raw tensor (`clu.values.Summary`) in a metrics dict: refused in both
+    # (read with the summary, it failed every key of it on both); written in the 1-process run.
+    assert json.loads((one / "result0.json").read_text())["refused_raw"] == ""
+    (tensor,) = [
+        line["token_tensor"]
+        for line in writers.read_jsonl(one / "p0" / "train")
+        if "token_tensor" in line
+    ]
+    assert (tensor["shape"], len(tensor["values"])) == ([16, 8], 16)
+    for result in results:
+        assert result["refused_raw"] == (
+            "MetricsManager.write_metrics_summary: summary 'token_tensor' of shape (16, 8) is "
+            "sharded over processes, and process 0, which writes, holds only its own shards; "
+            "gather it on every process first: multihost_utils.process_allgather(x, tiled=True)"
+        )
     # Bad constructions: refused on every process with the same error, as in one process.
     refused_made = json.loads((one / "result0.json").read_text())["refused_made"]
     assert refused_made["same directory"].startswith("ValueError: MetricsManager('train'): ")

@@ -738,15 +738,22 @@ def check_shapes(kind: str, arrays: Mapping[str, Any], problems: Problems) -> di
         if not (hasattr(value, "shape") and hasattr(value, "dtype")):
             value = np.asarray(value)  # a list, a number
         out[key] = value
-        if message := array_problem(kind, key, value, values=False):
+        if message := array_problem(kind, key, value, values=False) or sharded_problem(
+            kind, key, value
+        ):
             problems.value_problem(message)
-        elif not getattr(value, "is_fully_addressable", True) and not value.is_fully_replicated:
-            problems.value_problem(
-                f"{kind} {key!r} of shape {tuple(value.shape)} is sharded over processes, and "
-                "process 0, which writes, holds only its own shards; gather it on every "
-                "process first: multihost_utils.process_allgather(x, tiled=True)"
-            )
     return out
+
+
+def sharded_problem(kind: str, key: str, value: Any) -> str | None:
+    """The message for a global array sharded over processes (process 0 cannot read it)."""
+    if getattr(value, "is_fully_addressable", True) or value.is_fully_replicated:
+        return None
+    return (
+        f"{kind} {key!r} of shape {tuple(value.shape)} is sharded over processes, and "
+        "process 0, which writes, holds only its own shards; gather it on every "
+        "process first: multihost_utils.process_allgather(x, tiled=True)"
+    )
 
 
 def check_texts(texts: Mapping[str, Any], method: str) -> dict[str, str]:
