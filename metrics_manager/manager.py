@@ -815,7 +815,7 @@ class MetricsManager:
         problems.raise_if_any()
         # Left out only once checked: process 1, which has no writers to refuse them, raised
         # on a bad value under such a key, and process 0 went on to wait for it.
-        if refused := self._summarizer.refused.keys() & values.keys():
+        if refused := self._refused(call).keys() & values.keys():
             values = {k: v for k, v in values.items() if k not in refused}
             deferred = [k for k in deferred if k not in refused]
         if step is not None:  # hparams have none
@@ -871,8 +871,8 @@ class MetricsManager:
         found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
         if not found or jax.process_count() == 1:
             return "; ".join(found) or None
-        refused = self._summarizer.refused
         for call, keys in calls.items():
+            refused = self._refused(call)
             for key in keys:
                 if key not in refused and (problem := self._key_problem(call, [key])):
                     problem = problem.replace("nothing was written; ", "").rstrip(".")
@@ -885,9 +885,14 @@ class MetricsManager:
         found = [  # what no single key explains is still refused at the call
             p
             for call, ks in calls.items()
-            if (p := self._key_problem(call, [k for k in ks if k not in refused]))
+            if (p := self._key_problem(call, [k for k in ks if k not in self._refused(call)]))
         ]
         return "; ".join(found) or None
+
+    def _refused(self, call: str) -> dict[str, Exception]:
+        """The keys left out of `call`'s writes (hyperparameters' apart from the others')."""
+        summarizer = self._summarizer
+        return summarizer.refused_hparams if call == "write_hparams" else summarizer.refused
 
     def _key_problem(self, method: str, keys: Any) -> str | None:
         """Why a writer would refuse some of `keys` (reserved or, for MLflow, invalid names)."""

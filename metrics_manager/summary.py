@@ -70,6 +70,9 @@ class Summarizer:
         # Keys a writer refuses, left out of the writes (set by the manager with several
         # processes, where refusing at the call on process 0 alone would hang the others).
         self.refused: dict[str, Exception] = {}
+        # Hyperparameters' apart: a config's `time` was left out after a scalar `time`, which
+        # JSONL keeps for its lines alone (it takes the hyperparameter).
+        self.refused_hparams: dict[str, Exception] = {}
 
     def values(
         self,
@@ -216,8 +219,13 @@ class Summarizer:
     def calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
         """The writers' `(method, kwargs)` calls for `summary`, scalars checked once for all."""
         skipped: dict[str, str] = {}
-        if self.refused:
-            summary = {k: v for k, v in summary.items() if k not in self.refused}
+        if self.refused or self.refused_hparams:
+            hparam = clu.values.HyperParam
+            summary = {
+                k: v
+                for k, v in summary.items()
+                if k not in (self.refused_hparams if isinstance(v, hparam) else self.refused)
+            }
         calls = writers.group_values(summary, skipped)
         for key, what in skipped.items():  # that key is lost, not the summary
             unwritable = TypeError(values_lib.unsupported_message({key: what}))

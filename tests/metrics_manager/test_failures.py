@@ -2034,6 +2034,24 @@ def test_bad_values_under_a_reserved_key_are_refused_on_every_process_alike(
         assert (line["step"], line["h"]["count"], line["h"]["counts"]) == (2, 3, [1, 1, 1])
 
 
+def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path, monkeypatch):
+    # JSONL keeps `time` for its lines' wall time, but takes it as a hyperparameter: with
+    # several processes, a scalar `time` left the config's `time` out of every later write.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        manager.write_scalars(1, {"time": 1.0, "lr": 0.1})
+        manager.write_hparams({"time": 3, "lr": 0.1})
+        manager.write_metrics_summary({"time": clu.values.HyperParam(4), "loss": Sum(2.0)}, 2, 1)
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(x["step"], x.get("lr"), x.get("loss"), x.get("hparams")) for x in lines] == [
+        (1, 0.1, None, None),
+        (None, None, None, {"time": 3, "lr": 0.1}),
+        (2, None, 2.0, None),
+        (None, None, None, {"time": 4}),  # a summary's hyperparameter: no step either
+    ]
+    assert [f.source for f in manager.errors] == ["metric:time"]  # the scalar alone
+
+
 # --------------------------------------------------------------- bad input at the call
 
 GOOD = {"loss": Sum(np.float32(1.0))}
