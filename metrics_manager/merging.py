@@ -263,6 +263,10 @@ def merge_windows(metrics: Metrics | PackedMetrics) -> Metrics | PackedMetrics:
             f"PackedMetrics, a CLU Collection) stacked over windows, got {describe(metrics)}; "
             "pass what the pmap/vmap step returned"
         )
+    if isinstance(metrics, PackedMetrics) and (n := _concatenated_windows(metrics)):
+        # A shard_map with out_specs=P(axis) around merge_metrics' packing (its default
+        # inside jit) concatenates each device's flat buffers: n windows of [size] each.
+        return _merge_windows(metrics, n, True)
     if isinstance(metrics, PackedMetrics) and metrics.mapped_axis_problem() is None:
         # Packed from windows the step stacked itself (a shard_map with out_specs=P(axis),
         # merge_metrics' default pack=True): merged from its metrics, then packed again.
@@ -284,12 +288,26 @@ def merge_windows(metrics: Metrics | PackedMetrics) -> Metrics | PackedMetrics:
     return _merge_windows(metrics, rows.pop())
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _merge_windows(metrics: Any, n: int) -> Any:
+def _concatenated_windows(packed: PackedMetrics) -> int:
+    """n > 1 if every buffer holds n packed windows end to end ([n * size]), else 0."""
+    counts = {
+        np.shape(buffer)[0] // size
+        if np.ndim(buffer) == 1 and np.shape(buffer)[0] % size == 0
+        else 0
+        for buffer, (_, (size,)) in zip(packed.buffers, packed._layout.specs, strict=True)
+        if size  # an empty buffer fits any n
+    }
+    return n if len(counts) == 1 and (n := counts.pop()) > 1 else 0
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _merge_windows(metrics: Any, n: int, concatenated: bool = False) -> Any:
     pack = isinstance(metrics, PackedMetrics)
     # Windows sharded over a mesh of explicit axes (jax.make_mesh's default) cannot be
     # sliced one by one: gather them first (n small windows; Auto axes need nothing).
     metrics = jax.tree.map(_replicated_if_explicit, metrics)
+    if concatenated:
+        metrics = jax.tree.map(lambda buffer: buffer.reshape(n, buffer.size // n), metrics)
     merged = None
     for i in range(n):
         window = jax.tree.map(lambda x, i=i: x[i], metrics)

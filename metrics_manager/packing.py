@@ -199,8 +199,9 @@ class PackedMetrics:
             return None
         return (
             f"PackedMetrics: {'; '.join(wrong)}. A PackedMetrics returned by jax.vmap or "
-            "jax.pmap has the mapped axis in front (a window per member or device): merge "
-            "them with metrics_manager.merge_windows(packed), or take one with "
+            "jax.pmap has the mapped axis in front (a window per member or device), one of a "
+            "shard_map with out_specs=P(axis) the devices' buffers end to end: merge them "
+            "with metrics_manager.merge_windows(packed), or take one with "
             "jax.tree.map(lambda b: b[i], packed)."
         )
 

@@ -605,6 +605,42 @@ def test_shard_map_windows_packed_by_merge_metrics_merge_and_the_refusal_says_so
     assert {k: float(v.value) for k, v in summary.items()} == {"sum": 992.0, "top": 31.0}
 
 
+@pytest.mark.parametrize("axis_type", [_EXPLICIT, _AUTO], ids=["explicit", "auto"])
+def test_merge_windows_of_windows_packed_inside_a_shard_map(tmp_path, axis_type):
+    """merge_metrics packs by default under the shard_map too: out_specs=P("d") then puts the
+    devices' flat buffers end to end ([8 * size]), which the summary refused, saying to call
+    merge_windows, and merge_windows refused ("got leading sizes [8, 24]")."""
+    mesh = jax.make_mesh((8,), ("d",), axis_types=(axis_type,))
+    x = jax.device_put(jnp.arange(32.0), jax.sharding.NamedSharding(mesh, jax.P("d")))
+
+    def per_device(x):
+        return merge_metrics(
+            None,
+            {
+                "loss": AveragePerStep.from_model_output(x.sum()),
+                "sum": Sum.from_model_output(x),
+                "top": Max.from_model_output(x),
+            },
+        )
+
+    windows = jax.jit(
+        jax.shard_map(per_device, mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d"))
+    )(x)
+    assert [b.shape for b in windows.buffers] == [(8,), (24,)]  # steps; totals and maxima
+    with MetricsManager("train", tmp_path) as manager:
+        with pytest.raises(ValueError, match=r"shard_map with out_specs=P\(axis\) the devices'"):
+            manager.write_metrics_summary(windows, 1, 1)
+        for merged in (merging.merge_windows(windows), jax.jit(merging.merge_windows)(windows)):
+            assert isinstance(merged, PackedMetrics)
+            summary = manager.write_metrics_summary(merged, 1, 1).result()
+            # One step on 8 devices: sum(0..31) = 496, its top 31.
+            assert {k: float(v.value) for k, v in summary.items()} == {
+                "loss": 496.0,
+                "sum": 496.0,
+                "top": 31.0,
+            }
+
+
 @pytest.mark.parametrize("metrics", [None, {}, [1.0]])
 def test_merge_windows_of_no_metrics_names_what_it_takes(metrics):
     # None and {} gave "leading sizes []", a list an error naming merge_metrics and a tracer.
