@@ -80,6 +80,7 @@ def _checked_labels_and_mask(
     num_classes: int,
     problems: Problems,
     shapes_fit: bool = True,
+    fix: str = "check the label vocabulary or the number of classes",
 ) -> tuple[jax.Array, jax.Array]:
     """Integer labels and a mask that drops out-of-range ones; raises the call's problems.
     The range is checked only if `shapes_fit` (else `num_classes` is unknown)."""
@@ -104,9 +105,8 @@ def _checked_labels_and_mask(
             if low < 0 or high >= num_classes:
                 problems.value_problem(
                     f"labels must lie in [0, {num_classes}) for {num_classes} classes, got "
-                    f"values from {low} to {high} where the mask is true; check the label "
-                    "vocabulary or the number of classes (inside jit, out-of-range labels "
-                    "are ignored like masked ones)"
+                    f"values from {low} to {high} where the mask is true; {fix} (inside "
+                    "jit, out-of-range labels are ignored like masked ones)"
                 )
     problems.raise_if_any()
     return labels, mask & (labels >= 0) & (labels < num_classes)
@@ -353,7 +353,13 @@ class _ConfusionCounts(_Counts):
             shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
             _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
             predicted, fits = jnp.zeros(labels.shape, jnp.int32), False
-        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
+        fix = (  # class ids as predictions (sklearn's y_pred) read as binary scores
+            "predictions of the labels' shape are binary scores: for more classes pass "
+            "[..., C] scores (logits), or predicted class ids as jax.nn.one_hot(ids, C)"
+            if binary
+            else "check the label vocabulary or the number of classes"
+        )
+        labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits, fix)
         if binary and threshold is None:  # NaN is outside [0, 1]
             fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
             outside = _outside_unit_interval(predictions, mask, problems, fix)

@@ -468,6 +468,21 @@ def test_errors_name_what_was_expected_and_what_came():
     assert "k=5" in str(info.value) and "labels must lie in" in str(info.value)
 
 
+@pytest.mark.parametrize("cls", [Precision, Recall, FBeta])
+def test_class_ids_as_predictions_are_refused_naming_the_one_hot_fix(cls):
+    # sklearn's y_pred of class ids has the labels' shape, so it reads as binary scores:
+    # the error said "for 2 classes ... check the label vocabulary" for 4-class labels.
+    predicted, labels = np.array([0, 2, 1, 3]), np.array([0, 2, 2, 3])
+    with pytest.raises(ValueError, match=r"\[0, 2\) for 2 classes, got values from 0 to 3") as info:
+        cls.from_model_output(predicted, labels, average="macro")
+    assert "binary scores: for more classes pass [..., C] scores" in str(info.value)
+    assert "jax.nn.one_hot(ids, C)" in str(info.value)
+    # The fix: per class precision 1, 0, 1, 1 and recall 1, 0, 1/2, 1; F1 1, 0, 2/3, 1.
+    metric = cls.from_model_output(jax.nn.one_hot(predicted, 4), labels, average="macro")
+    expected = {Precision: 3 / 4, Recall: 2.5 / 4, FBeta: (2 + 2 / 3) / 4}[cls]
+    assert float(metric.compute()) == pytest.approx(expected, rel=1e-6)
+
+
 SCORES, LABELS = np.array([0.2, 0.8]), np.array([0, 1])
 BAD_SETTINGS = {
     "threshold a str": (
