@@ -143,7 +143,7 @@ def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
     """How many true `where` fall on each index in [0, length), in int32: a float32
     scatter-add stops growing at 2**24, which one 64x512x512 batch of pixels reaches."""
     counts = jnp.zeros(length, jnp.int32).at[indices]
-    if (mesh := explicit_mesh(indices)) is None:
+    if (mesh := explicit_mesh(indices) or explicit_mesh(where)) is None:
         return counts.add(where.astype(jnp.int32), mode="drop")
     replicated = jax.sharding.NamedSharding(mesh, jax.P())  # each device's partial counts, summed
     return counts.add(where.astype(jnp.int32), mode="drop", out_sharding=replicated)

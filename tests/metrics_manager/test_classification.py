@@ -158,6 +158,26 @@ def test_values_on_8_devices_equal_one_device(one_batch, axis_type):
         np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
 
 
+@pytest.mark.parametrize(
+    "replicated", [("labels", "binary"), ("logits", "scores", "binned_scores")]
+)
+def test_labels_or_scores_replicated_beside_a_sharded_batch_equal_one_device(one_batch, replicated):
+    """On an Explicit axis, bin indices (labels, predictions, AUROC's bins) replicated beside
+    a sharded mask or prediction made the scatter-add of Precision, Recall, FBeta and AUROC
+    raise "Incompatible types for broadcasting: input type=int32[64@data] and requested
+    type=int32[64]"."""
+    batch, whole = one_batch
+    mesh = jax.make_mesh((8,), ("data",), devices=jax.devices()[:8])  # Explicit axes
+    with jax.set_mesh(mesh):
+        placed = {
+            k: jax.device_put(v, P() if k in replicated else P("data")) for k, v in batch.items()
+        }
+        got = computed(step_metrics(1)(placed))
+    assert set(got) == set(whole)
+    for key, value in whole.items():
+        np.testing.assert_allclose(got[key], value, rtol=1e-6, err_msg=key)
+
+
 @pytest.mark.parametrize("axis_type", ["Auto", "Explicit"])
 def test_scores_sharded_over_their_classes_equal_one_device(axis_type):
     """Vocabulary-parallel logits: on an Explicit axis the gathers of Perplexity and of the
