@@ -314,7 +314,12 @@ def _token_losses_bwd(
     # For a scheduled (array) coefficient: d loss / d z = sum of g * logZ**2.
     g_z = jnp.sum(jnp.where(g_loss != 0, g_loss * jnp.square(log_z), 0))
     g_z = jnp.reshape(g_z, jnp.shape(z_coefficient)).astype(jnp.result_type(z_coefficient))
-    return g_logits.astype(logits.dtype), None, g_z
+    g_logits = g_logits.astype(logits.dtype)
+    if metrics_lib.explicit_mesh(g_logits) is not None:
+        # The gradient takes the logits' own type: sharded like the targets beside logits
+        # sharded otherwise (over the vocabulary alone, or not at all), JAX refused it.
+        g_logits = jax.sharding.reshard(g_logits, jax.typeof(logits).sharding)
+    return g_logits, None, g_z
 
 
 _token_losses.defvjp(_token_losses_fwd, _token_losses_bwd)

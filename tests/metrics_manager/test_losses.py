@@ -551,6 +551,37 @@ def test_logits_sharded_over_the_vocabulary_give_one_devices_loss_and_gradients(
         np.testing.assert_allclose(value, expected, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    "logits_spec", [jax.P(None, None, "vocab"), jax.P()], ids=["vocab", "none"]
+)
+def test_gradient_of_logits_sharded_unlike_the_targets_has_the_logits_sharding(logits_spec):
+    """On Explicit axes the backward pass gave the gradient the targets' batch sharding:
+    for logits sharded over the vocabulary alone, or replicated, beside targets sharded over
+    the batch, JAX refused it ("Custom VJP bwd rule must produce an output with the same
+    type as the args tuple of the primal function")."""
+    rng = np.random.default_rng(5)
+    logits = (2 * rng.normal(size=(4, 3, 8))).astype(np.float32)
+    targets = rng.integers(0, 8, (4, 3)).astype(np.int32)
+    weights = (targets > 0).astype(np.float32)
+
+    def loss(logits, targets, weights):
+        return losses.compute_weighted_cross_entropy(
+            logits, targets, weights, label_smoothing=0.1, z_loss=1e-3
+        )[0]
+
+    # From the formula: d/dlogits = w * (softmax * (1 + 2 z logZ) - q), q the smoothed targets.
+    log_z = np.log(np.exp(logits.astype(np.float64)).sum(-1))
+    probs = np.exp(logits - log_z[..., None])
+    q = _soft_targets(targets, 8, 0.1)
+    expected = weights[..., None] * (probs * (1 + 2e-3 * log_z)[..., None] - q)
+    mesh = jax.make_mesh((2, 4), ("data", "vocab"), devices=jax.devices()[:8])  # Explicit
+    with jax.set_mesh(mesh):
+        placed = jax.device_put(logits, logits_spec)
+        grad = jax.jit(jax.grad(loss))(placed, *jax.device_put((targets, weights), jax.P("data")))
+    assert grad.sharding.is_equivalent_to(placed.sharding, 3)
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
+
+
 def test_an_empty_microbatch_adds_nothing_to_the_metrics():
     # Its per-row reshape divided by zero (ZeroDivisionError) before.
     rng = np.random.default_rng(2)
