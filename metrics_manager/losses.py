@@ -479,6 +479,30 @@ def _segmented_cumsum(values: jax.Array, starts: jax.Array, *, reverse: bool) ->
     return jax.lax.associative_scan(combine, (starts, values), reverse=reverse, axis=1)[1]
 
 
+def _on_auto_axes(fun: Any, out_specs: tuple[Any, ...], *args: jax.Array) -> Any:
+    """`fun(*args)`, compiled as on an Auto mesh where an argument is sharded on an Explicit
+    axis, its outputs sharded as `out_specs` say: there the shifted slices and selects of
+    segment ids refused a sharded sequence axis, and ids sharded unlike the weights."""
+    meshes = [mesh for x in args if (mesh := metrics_lib.explicit_mesh(x)) is not None]
+    if not meshes:
+        return fun(*args)
+    out = tuple(jax.sharding.NamedSharding(meshes[0], spec) for spec in out_specs)
+    return jax.sharding.auto_axes(fun, out_sharding=out if len(out) > 1 else out[0])(*args)
+
+
+def _segment_sums(weights: jax.Array, segment_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each position's weight sum over its run of equal segment ids, and the number of runs
+    with weight."""
+    changes = segment_ids[:, 1:] != segment_ids[:, :-1]
+    edge = jnp.ones_like(segment_ids[:, :1], dtype=bool)
+    starts = jnp.concatenate([edge, changes], axis=1)
+    ends = jnp.concatenate([changes, edge], axis=1)
+    up_to_here = _segmented_cumsum(weights, starts, reverse=False)
+    from_here = _segmented_cumsum(weights, ends, reverse=True)
+    per_token_sum = up_to_here + from_here - weights
+    return per_token_sum, jnp.sum(starts & (per_token_sum > 0))
+
+
 def _average_per_sequence(
     weights: jax.Array, segment_ids: jax.Array | None
 ) -> tuple[jax.Array, jax.Array]:
@@ -488,15 +512,8 @@ def _average_per_sequence(
         num_sequences = jnp.sum(per_token_sum > 0)
     else:
         weights = jnp.where(segment_ids != 0, weights, 0.0)  # id 0 is padding
-        # Each position's weight sum over its run of equal segment ids.
-        changes = segment_ids[:, 1:] != segment_ids[:, :-1]
-        edge = jnp.ones_like(segment_ids[:, :1], dtype=bool)
-        starts = jnp.concatenate([edge, changes], axis=1)
-        ends = jnp.concatenate([changes, edge], axis=1)
-        up_to_here = _segmented_cumsum(weights, starts, reverse=False)
-        from_here = _segmented_cumsum(weights, ends, reverse=True)
-        per_token_sum = up_to_here + from_here - weights
-        num_sequences = jnp.sum(starts & (per_token_sum > 0))
+        specs = (jax.typeof(weights).sharding.spec, jax.P())
+        per_token_sum, num_sequences = _on_auto_axes(_segment_sums, specs, weights, segment_ids)
     has_weight = per_token_sum > 0
     weights = jnp.where(has_weight, weights / jnp.where(has_weight, per_token_sum, 1.0), 0.0)
     return weights, num_sequences.astype(jnp.float32)
@@ -620,9 +637,13 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
     problems = _Checks("count_packed_examples")
     problems.array("segment_ids", segment_ids, jnp.integer, ndim=2, fix="0 marks padding.")
     problems.raise_if_any()
-    changes = jnp.sum(segment_ids[:, 1:] != segment_ids[:, :-1], dtype=jnp.int32)
-    rows_ending_in_padding = jnp.sum(segment_ids[:, -1] == 0, dtype=jnp.int32)
-    return changes + segment_ids.shape[0] - rows_ending_in_padding
+
+    def count(segment_ids: jax.Array) -> jax.Array:
+        changes = jnp.sum(segment_ids[:, 1:] != segment_ids[:, :-1], dtype=jnp.int32)
+        rows_ending_in_padding = jnp.sum(segment_ids[:, -1] == 0, dtype=jnp.int32)
+        return changes + segment_ids.shape[0] - rows_ending_in_padding
+
+    return _on_auto_axes(count, (jax.P(),), segment_ids)
 
 
 def compute_base_metrics(

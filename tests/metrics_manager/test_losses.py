@@ -582,6 +582,43 @@ def test_gradient_of_logits_sharded_unlike_the_targets_has_the_logits_sharding(l
     np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize(
+    "targets_spec,ids_spec",
+    [(jax.P("data", "seq"), jax.P("data", "seq")), (jax.P("data"), jax.P())],
+    ids=["sequence_sharded", "ids_replicated"],
+)
+def test_packed_batches_sharded_over_the_sequence_or_unlike_their_ids(targets_spec, ids_spec):
+    """On Explicit axes, segment ids sharded over the sequence (context parallelism) made
+    count_packed_examples and AVERAGE_PER_SEQUENCE raise "slicing on sharded dims ... is not
+    implemented", and ids replicated beside sharded targets "select `which` must be scalar
+    or have the same sharding as cases"."""
+    targets = np.array([[3, 4, 5, 6, 7, 2, 0, 0], [1, 2, 3, 4, 5, 6, 7, 1]] * 2, np.int32)
+    segment_ids = np.array([[1, 1, 1, 2, 2, 2, 0, 0], [1, 1, 2, 2, 3, 3, 3, 3]] * 2, np.int32)
+    batch = {"decoder_target_tokens": targets, "decoder_segment_ids": segment_ids}
+    logits = np.random.default_rng(6).normal(size=(4, 8, 9)).astype(np.float32)
+
+    def step(logits, batch):
+        batch = losses.with_loss_normalization(batch, "AVERAGE_PER_SEQUENCE")
+        loss, metrics = losses.compute_loss_and_metrics(logits, batch, num_devices=1)
+        return batch, loss, {k: m.compute() for k, m in metrics.items() if "timing" not in k}
+
+    mesh = jax.make_mesh((2, 4), ("data", "seq"), devices=jax.devices()[:8])  # Explicit
+    with jax.set_mesh(mesh):
+        placed = {
+            "decoder_target_tokens": jax.device_put(targets, targets_spec),
+            "decoder_segment_ids": jax.device_put(segment_ids, ids_spec),
+        }
+        got = jax.device_get(jax.jit(step)(jax.device_put(logits, targets_spec), placed))
+    # Rows of 2 and 3 sequences: 10 in all, each one's weights summing to 1.
+    assert float(got[0]["loss_normalizing_factor"][0]) == 10.0
+    np.testing.assert_allclose(got[0]["decoder_loss_weights"][0], [1 / 3] * 6 + [0, 0])
+    np.testing.assert_allclose(got[0]["decoder_loss_weights"][1], [0.5] * 4 + [0.25] * 4)
+    assert float(got[2]["effective_batch_size/decoder"]) == 10.0
+    whole = jax.jit(step)(logits, batch)
+    for value, expected in zip(jax.tree.leaves(got), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_allclose(value, expected, rtol=1e-6)
+
+
 def test_an_empty_microbatch_adds_nothing_to_the_metrics():
     # Its per-row reshape divided by zero (ZeroDivisionError) before.
     rng = np.random.default_rng(2)
