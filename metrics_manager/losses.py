@@ -637,6 +637,8 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
     problems = _Checks("count_packed_examples")
     problems.array("segment_ids", segment_ids, jnp.integer, ndim=2, fix="0 marks padding.")
     problems.raise_if_any()
+    if segment_ids.shape[1] == 0:  # rows without positions hold no example (no last id)
+        return jnp.zeros((), jnp.int32)
 
     def count(segment_ids: jax.Array) -> jax.Array:
         changes = jnp.sum(segment_ids[:, 1:] != segment_ids[:, :-1], dtype=jnp.int32)

@@ -644,6 +644,8 @@ def test_count_packed_examples():
     # Row 0: 2 changes + 1 - 1 (ends in padding) = 2; row 1: 3; row 2: 0; row 3: 1.
     assert int(losses.count_packed_examples(segment_ids)) == 6
     assert int(jax.jit(losses.count_packed_examples)(segment_ids)) == 6
+    # Rows of no positions hold no example (indexing their last id raised an IndexError).
+    assert int(losses.count_packed_examples(segment_ids[:, :0])) == 0
     with pytest.raises(TypeError, match="segment_ids.*integer.*float32"):
         losses.count_packed_examples(segment_ids.astype(jnp.float32))
     with pytest.raises(ValueError, match=r"\[batch, length\]; got shape \(16,\)"):
