@@ -241,17 +241,21 @@ def create_tracker_writer(
 
 def _sets(factory: Any, name: str) -> bool:
     """Whether `factory` sets its own `name`: a `functools.partial` keyword, or a gin binding
-    of the configured class or function it is (a caller's argument would win over either)."""
+    of the configured class or function it is (gin's wrapper, or a class `@gin.configurable`
+    decorates); a caller's argument would win over either."""
     if isinstance(factory, functools.partial):
         return name in factory.keywords or _sets(factory.func, name)
     gin = sys.modules.get("gin")  # not imported: nothing is bound
-    is_class = inspect.isclass(factory)
-    if gin is None or not hasattr(type(factory).__call__ if is_class else factory, "__wrapped__"):
+    if gin is None:
         return False
-    try:  # gin's class is a subclass of the registered one
-        found = gin.get_bindings(
-            factory.__mro__[1] if is_class else factory, resolve_references=False
-        )
-        return name in found
+    if inspect.isclass(factory) and hasattr(type(factory).__call__, "__wrapped__"):
+        factory = factory.__mro__[1]  # gin's subclass of the registered class
+    elif inspect.isclass(factory):  # @gin.configurable wraps the class's own __init__ (or __new__)
+        if not any(hasattr(vars(factory).get(m), "__wrapped__") for m in ("__init__", "__new__")):
+            return False
+    elif not hasattr(factory, "__wrapped__"):  # gin binds only through its wrapper
+        return False
+    try:
+        return name in gin.get_bindings(factory, resolve_references=False)
     except ValueError:  # not registered with gin
         return False

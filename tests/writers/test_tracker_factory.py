@@ -92,6 +92,33 @@ def test_no_collection_keeps_the_factories_own(tmp_path):
         assert json.loads(f.readline())["collection"] == "train"
 
 
+@gin.configurable(module="test_tracker_factory")
+class _DecoratedTracker(RecordingWriter):
+    """A tracker class of a user's, gin-configured by decorator (gin wraps its __init__)."""
+
+    def __init__(self, logdir=None, collection=None):
+        super().__init__()
+        self.logdir, self.collection = logdir, collection
+
+
+@pytest.mark.parametrize("bound", ["logdir", "collection"])
+def test_a_decorated_tracker_class_keeps_its_gin_bindings(tmp_path, bound):
+    # @gin.configurable on a class wraps its __init__, not its metaclass: the binding was
+    # taken for none, so logdir went to the summary dir and collection=None replaced 'train'.
+    gin.clear_config()
+    try:
+        gin.parse_config(f"test_tracker_factory._DecoratedTracker.{bound} = 'own'")
+        w = writers.create_tracker_writer(
+            tmp_path, tracker=_DecoratedTracker, default_writer=_files_only
+        )
+        made = w.writers["tracker"]
+        w.close()
+    finally:
+        gin.clear_config()
+    expected = {"logdir": ("own", None), "collection": (str(tmp_path), "own")}[bound]
+    assert (str(made.logdir), made.collection) == expected
+
+
 def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
     with pytest.raises(ValueError, match="name='jsonl' is taken"):
         writers.create_tracker_writer(
