@@ -391,7 +391,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     Args:
       path: The path or URL given to `JsonlWriter` (e.g. `gs://b/run/train/metrics.jsonl`,
         or a directory such as a manager's `summary_dir`, which holds `metrics.jsonl`); a
-        URL log copied down (`<path>.d/` parts, no `<path>`) reads as on the URL.
+        URL log copied down (`<path>.d/` parts, and `<path>` if the URL had an object
+        there) reads as on the URL.
 
     Returns:
       The lines in write order (a last line still being written, and lines of NUL bytes
@@ -410,8 +411,10 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
     path = log_file(_checks.check_path(path, "read_jsonl", "path"))
-    if not _storage.is_remote(path) and not os.path.exists(path) and os.path.isdir(path + ".d"):
-        # A URL log copied down (`gsutil cp -r gs://b/run .`): its parts, read as on the URL.
+    if not _storage.is_remote(path) and os.path.isdir(path + ".d"):
+        # A URL log copied down (`gsutil cp -r gs://b/run .`): its parts, and an object at the
+        # log's path (a local log copied up) before them, read as on the URL. No local
+        # writer makes `.d`: read alone, the object lacked the parts' lines.
         data = _read_remote("file://" + os.path.abspath(path))
     else:
         data = _read_remote(path) if _storage.is_remote(path) else pathlib.Path(path).read_bytes()

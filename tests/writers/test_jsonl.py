@@ -230,6 +230,33 @@ def test_a_url_log_copied_down_is_read_from_its_parts(tmp_path):
         ]
 
 
+def test_a_url_log_with_its_object_copied_down_is_read_as_on_the_url(tmp_path):
+    # A local log copied up, appended to on the URL, then copied down: the local file was read
+    # alone, [1] where the URL reads [1, 2], and after a resume the stale object's [1, 2].
+    import fsspec
+
+    fs, url = fsspec.filesystem("memory"), "memory://jl-both/run/metrics.jsonl"
+    try:
+        fs.pipe_file("/jl-both/run/metrics.jsonl", b'{"step": 1, "a": 1}\n{"step": 2, "a": 2}\n')
+        with writers.JsonlWriter(url, clock=lambda: 1.0) as w:
+            w.write_scalars(3, {"a": 3})
+        fs.get("/jl-both/run", str(tmp_path / "run"), recursive=True)
+        with writers.JsonlWriter(url, clock=lambda: 2.0, resume_step=1) as w:
+            w.write_scalars(2, {"a": 20})
+        fs.get("/jl-both/run", str(tmp_path / "resumed"), recursive=True)
+    finally:
+        fs.rm("/jl-both", recursive=True)
+    assert os.path.isfile(tmp_path / "run" / "metrics.jsonl")
+    for path in (tmp_path / "run", tmp_path / "run" / "metrics.jsonl"):
+        assert [(line["step"], line["a"]) for line in writers.read_jsonl(path)] == [
+            (1, 1),
+            (2, 2),
+            (3, 3),
+        ]
+    lines = writers.read_jsonl(tmp_path / "resumed")  # generation 1: the object is left
+    assert [(line["step"], line["a"]) for line in lines] == [(1, 1), (2, 20)]
+
+
 def test_two_writers_of_one_url_keep_each_others_parts():
     # A preempted run still flushing as its replacement starts: both uploaded part
     # 000000-00000001.jsonl, and the later upload replaced the other's lines.
