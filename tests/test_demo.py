@@ -274,7 +274,7 @@ def test_a_url_model_dir_with_one_slash_is_refused_before_compiling():
             demo_model.DataConfig(),
             demo_model.TrainConfig(model_dir="gs:/b/run"),
         )
-    assert "pass the URL as a str, TrainConfig.model_dir='gs://b/run'" in str(error.value)
+    assert "pass the URL with its '//', TrainConfig.model_dir='gs://b/run'" in str(error.value)
 
 
 def test_a_config_field_of_the_wrong_type_is_named_before_any_range_check():

@@ -136,10 +136,11 @@ def collapsed_url(path: Any, what: str) -> str | None:
     protocol, rest = match.group(1), fspath[match.end() :]
     # file:///tmp/run is /tmp/run; file://tmp/run, what `//` alone gives back, is ./tmp/run.
     url = f"{protocol}://{'/' * (protocol in ('file', 'local'))}{rest}"
-    by = "" if isinstance(path, str) else " by pathlib"
+    # A str needs its '//' back; a path object, a str (pathlib collapses '//' again).
+    by, fix = ("", "with its '//'") if isinstance(path, str) else (" by pathlib", "as a str")
     return (
         f"{what} {path!r} is the URL {url!r} with its '//' collapsed to '/'{by}, so it "
-        f"names the local path {fspath!r}; pass the URL as a str, {what}={url!r}"
+        f"names the local path {fspath!r}; pass the URL {fix}, {what}={url!r}"
     )
 
 

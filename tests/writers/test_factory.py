@@ -191,7 +191,7 @@ def test_a_str_url_with_one_slash_is_refused_before_it_writes_a_local_directory(
         make("s3:/bucket/run")
     expected = (
         f"{what} 's3:/bucket/run' is the URL 's3://bucket/run' with its '//' collapsed to '/', "
-        f"so it names the local path 's3:/bucket/run'; pass the URL as a str, "
+        f"so it names the local path 's3:/bucket/run'; pass the URL with its '//', "
         f"{what}='s3://bucket/run'"
     )
     assert expected in str(info.value)

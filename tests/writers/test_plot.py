@@ -493,7 +493,7 @@ def test_a_url_with_one_slash_is_refused_before_anything_is_written(tmp_path, mo
         with pytest.raises(SystemExit) as exited:
             writers.plot.main(args)
         assert exited.value.code == 2
-        assert f"pass the URL as a str, {flag}={url!r}" in capsys.readouterr().err
+        assert f"pass the URL with its '//', {flag}={url!r}" in capsys.readouterr().err
     assert sorted(os.listdir(tmp_path)) == ["run"]
 
 
