@@ -117,10 +117,15 @@ def _create_file(path: str, contents: bytes) -> bool:
 
 
 def replace_file(path: str, chunks: Iterable[bytes]) -> None:
-    """Replaces `path` (a file or URL) with the bytes of `chunks`, atomically for any reader."""
+    """Replaces `path` (a file or URL) with the bytes of `chunks`, atomically for any reader;
+    a symlink's target is replaced, and a pipe or device (`/dev/stdout`) written to."""
     if is_remote(path):
         fs, fs_path = filesystem(path)
         fs.pipe_file(fs_path, b"".join(chunks))
+        return
+    if os.path.exists(path) and not os.path.isfile(path):  # a pipe or device: written through
+        with open(path, "wb") as stream:
+            stream.writelines(chunks)
         return
     path = os.path.realpath(path)  # a symlink's target: replacing the link left it stale
     directory = os.path.dirname(path)

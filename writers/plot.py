@@ -617,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kwargs = {name: getattr(args, name) for name in options}
         data = plot_runs(args.run_dirs, keys, color=sys.stdout.isatty(), **kwargs)
         if args.dump_series:  # replaced atomically: a reader never sees half a file
-            _storage.replace_file(args.dump_series, [json.dumps(data.to_json()).encode()])
+            _storage.replace_file(args.dump_series, [json.dumps(data.to_json()).encode() + b"\n"])
         if data.text is not None:
             print(("\x1b[H\x1b[2J" if clear else "") + data.text, flush=True)
         if data.png and not clear:

@@ -191,6 +191,19 @@ def test_cli_writes_png_and_dumps_the_series(demo_dir, tmp_path):
     assert series["demo/train:loss"]["values"] == values == series["demo/train:loss"]["smoothed"]
 
 
+def test_series_dumped_to_dev_stdout_go_down_the_pipe(tmp_path):
+    # --dump_series /dev/stdout into a pipe failed (FileNotFoundError: a temporary file beside
+    # /proc/<pid>/fd/pipe:[N]); as root it had replaced the /dev/stdout link itself.
+    run = str(tmp_path / "run")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 2.0}])
+    result = _plot(run, "--keys", "loss", "--out", str(tmp_path / "p.png"),
+                   "--dump_series", "/dev/stdout", "--smoothing", "0")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    dumped, wrote = result.stdout.rstrip("\n").split("\n")
+    assert [(s["steps"], s["values"]) for s in json.loads(dumped)["series"]] == [([1], [2.0])]
+    assert wrote.startswith("wrote ") and os.path.islink("/dev/stdout")
+
+
 def test_terminal_mode_prints_a_plot_of_each_key(demo_dir):
     result = _plot(os.path.join(demo_dir, "train"), "--terminal", "--cols", "90", "--rows", "30")
     assert result.returncode == 0, result.stderr
