@@ -4,8 +4,8 @@ Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30
 and an ETA, measured from the first step's last scalars on so compilation does not skew
 them), then one
 line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
-significant digits, integers and numbers of 1,000 or more whole with thousands separators, NaN as
-`NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
+significant digits, integers and numbers from 1,000 to 1e15 whole with thousands separators,
+NaN as `NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
 `rich`) only on a terminal or with `color=True`, so CI logs stay plain.
 
 Example:
