@@ -397,6 +397,20 @@ _SCALAR_STATES = (
 )
 
 
+_STATE_FIX = (
+    "the metrics' state, as nnx.state and nnx.split give it; pass the metrics "
+    "themselves, e.g. nnx.merge(graphdef, state)"
+)
+
+
+def _is_metric_state(value: Any) -> bool:
+    """Whether `value` is an NNX metric's state variable, or an `nnx.State` holding one."""
+    if not isinstance(value, nnx.State | nnx.Variable):
+        return False
+    variables = jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    return any(isinstance(x, nnx.metrics.MetricState) for x in variables)
+
+
 def _computes_as(value: Any, *types: type) -> bool:
     """Whether `value`'s `compute()` is one of `types`'; a subclass's own (`exp` of an
     `Average`: a perplexity) is written as it computes, not as the state's base metric."""
@@ -446,6 +460,8 @@ def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -
         out.append((key, clu.values.Scalar(value.mean)))
         out.append((f"{key}/sem", clu.values.Scalar(value.standard_error_of_mean)))
         out.append((f"{key}/std", clu.values.Scalar(value.standard_deviation)))
+    elif _is_metric_state(value):  # Flax's were written as 'loss/total', 'loss/count'
+        problems.type_problem(f"{key!r}: expected metrics, got {describe(value)}: {_STATE_FIX}")
     elif isinstance(value, Mapping):
         for name, item in value.items():
             _add(f"{key}/{name}", item, out, problems)
@@ -498,6 +514,8 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
     if isinstance(obj, nnx.MultiMetric):
         for name in obj._metric_names:
             _add(name, getattr(obj, name), out, problems)
+    elif _is_metric_state(obj):
+        problems.type_problem(f"expected metrics, got an nnx.State: {_STATE_FIX}")
     elif isinstance(obj, Mapping):
         for key, value in obj.items():
             if not isinstance(key, str) or not key:

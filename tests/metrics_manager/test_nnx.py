@@ -9,6 +9,7 @@ import clu.values
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 from metrax import nnx as metrax_nnx
@@ -506,6 +507,42 @@ def test_as_summary_metrics_refuses_a_key_written_twice():
     for obj in ({"stats": stats, "stats/std": 99.0}, {"a": {"b": 1.0}, "a/b": 2.0}):
         with pytest.raises(ValueError, match=r"keys \['(stats/std|a/b)'\] are written twice"):
             metrics_manager.as_summary_metrics(obj)
+
+
+def test_the_state_of_split_metrics_is_refused_and_merged_ones_are_written(tmp_path):
+    """A loop carrying `nnx.split`'s state through `jax.jit`: that state, passed as it is,
+    was written as Flax's raw fields ('loss/total' 6.0, 'loss/count' 4, 'w/m2' 5.0)."""
+    metrics = nnx.MultiMetric(loss=nnx.metrics.Average(), w=nnx.metrics.Welford())
+    graphdef, state = nnx.split(metrics)
+
+    @jax.jit
+    def step(state, values):
+        metrics = nnx.merge(graphdef, state)
+        metrics.update(values=values)
+        return nnx.state(metrics)
+
+    state = step(state, jnp.arange(4.0))
+    with metrics_manager.MetricsManager(
+        "train", tmp_path, writer_factory=lambda d: writers.JsonlWriter(d)
+    ) as manager:
+        for obj in (state, {"train": state}, {"total": state["loss"]["total"]}):
+            with pytest.raises(TypeError, match=r"(?s)expected metrics, got .*nnx.merge\(graphdef"):
+                manager.write_metrics_summary(obj, 1, num_steps=1)
+        # Other variables are numbers as before: an optimizer's step count.
+        count = nnx.Optimizer(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), optax.sgd(0.1), wrt=nnx.Param)
+        metrics = nnx.merge(graphdef, state)
+        manager.write_metrics_summary({"m": metrics, "opt_step": count.step}, 2, num_steps=1)
+    (line,) = writers.read_jsonl(tmp_path / "train")
+    assert {k: v for k, v in line.items() if k not in ("time", "collection")} == pytest.approx(
+        {
+            "step": 2,
+            "m/loss": 1.5,
+            "m/w": 1.5,
+            "m/w/sem": np.sqrt(1.25 / 4),
+            "m/w/std": np.sqrt(1.25),
+            "opt_step": 0,
+        }
+    )
 
 
 class _FlaxPerplexity(nnx.metrics.Average):
