@@ -94,14 +94,21 @@ class Metric(nnx.metrics.Metric):
             ) from err
         parameters = _parameters(metric_type)[0]
         named = sorted(parameters)
-        # A from_fun/from_output metric names none: any keyword may be its function's.
-        if named and (unknown := sorted(set(settings) - set(named))):
-            raise TypeError(
-                f"Metric({metric_type.__name__}): unknown setting(s) {unknown}; settings are "
-                f"keyword arguments of {metric_type.__name__}.from_model_output: {named}"
-            )
         # A required static field (TopKAccuracy's k) is a setting, not an update() argument.
         static = {f.name for f in dataclasses.fields(metric_type) if not _is_array(f)}
+        # A from_fun/from_output metric names none: any keyword may be its function's.
+        if named and (unknown := sorted(set(settings) - set(named))):
+            known = [  # static fields and keyword-only options: not the model outputs
+                n
+                for n, p in sorted(parameters.items())
+                if n in static or (p.kind is p.KEYWORD_ONLY and p.default is not p.empty)
+            ]
+            takes = f"the settings {known}" if known else "no settings"
+            raise TypeError(
+                f"Metric({metric_type.__name__}): unknown setting(s) {unknown}; "
+                f"{metric_type.__name__}.from_model_output takes {takes} "
+                f"({[n for n in named if n not in known]} are model outputs, for update())"
+            )
         required = [
             n for n in named if n in static and parameters[n].default is inspect.Parameter.empty
         ]

@@ -17,7 +17,7 @@ from metrax import nnx as metrax_nnx
 import metrics_manager
 import writers
 from metrics_manager import nnx as mnnx
-from metrics_manager.classification import AUROC, FBeta, Precision, TopKAccuracy
+from metrics_manager.classification import AUROC, FBeta, Perplexity, Precision, TopKAccuracy
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
 from metrics_manager.metrics import compute_metric_values
 
@@ -603,7 +603,14 @@ def test_vmapped_metrics_are_refused_at_the_call_naming_the_key():
 def test_settings_that_from_model_output_does_not_take_are_refused():
     with pytest.raises(TypeError, match=r"Metric\(FBeta\): unknown setting\(s\) \['Beta'\]"):
         mnnx.Metric(FBeta, Beta=2.0)
-    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['K'\].*\['k', 'labels'"):
+    # Model outputs are not settings: Perplexity's message listed them as its settings.
+    with pytest.raises(TypeError) as info:
+        mnnx.Metric(Perplexity, k=2)
+    assert str(info.value) == (
+        "Metric(Perplexity): unknown setting(s) ['k']; Perplexity.from_model_output takes no "
+        "settings (['labels', 'mask', 'predictions'] are model outputs, for update())"
+    )
+    with pytest.raises(TypeError, match=r"takes the settings \['k'\] \(\['labels', 'mask', 'pr"):
         mnnx.Metric(TopKAccuracy, K=3)
     with pytest.raises(TypeError, match=r"Metric\(FBeta\): unknown setting\(s\) \['avg'\]"):
         mnnx.Metric(FBeta, avg="macro")  # FBeta takes other keywords: its settings still count
