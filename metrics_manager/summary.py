@@ -353,8 +353,9 @@ def _deleted_problem(
         + ("" if step is None else f" of the summary at step {step}")
         + f" to the host: {what} "
         "deleted (donated to a later computation). A step that donates `running` needs "
-        "`running = None` after each write_metrics_summary, so the next window starts "
-        "afresh; otherwise do not donate the metrics you pass (or pass a copy)."
+        "`running = None` after each write_metrics_summary (NNX metrics: `metrics.reset()`), "
+        "so the next window starts afresh; otherwise do not donate the metrics you pass (or "
+        "pass a copy)."
     )
 
 

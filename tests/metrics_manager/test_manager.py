@@ -209,8 +209,9 @@ def test_donated_metrics_of_a_dict_say_what_happened_too():
     assert str(info.value) == (
         "Cannot copy the metrics ['loss', 'n'] of the summary at step 3 to the host: the "
         "arrays of 'n' were deleted (donated to a later computation). A step that donates "
-        "`running` needs `running = None` after each write_metrics_summary, so the next "
-        "window starts afresh; otherwise do not donate the metrics you pass (or pass a copy)."
+        "`running` needs `running = None` after each write_metrics_summary (NNX metrics: "
+        "`metrics.reset()`), so the next window starts afresh; otherwise do not donate the "
+        "metrics you pass (or pass a copy)."
     )
 
 

@@ -545,6 +545,32 @@ def test_the_state_of_split_metrics_is_refused_and_merged_ones_are_written(tmp_p
     )
 
 
+def test_metrics_donated_by_nnx_jit_name_reset_and_a_reset_loop_writes_each_window(tmp_path):
+    @nnx.jit(donate_argnums=0)
+    def step(metrics, values):
+        metrics.update(values=values)
+
+    metrics = nnx.MultiMetric(loss=mnnx.Average(), flax_loss=nnx.metrics.Average())
+    step(metrics, jnp.arange(4.0))
+    summary = mnnx.as_summary_metrics(metrics)
+    step(metrics, jnp.arange(4.0))  # no reset(): the summary's arrays were donated
+    with metrics_manager.MetricsManager(
+        "train", tmp_path, writer_factory=lambda d: writers.JsonlWriter(d)
+    ) as manager:
+        error = manager.write_metrics_summary(summary, 1, num_steps=1).exception()
+        # The fix named was `running = None`, which an NNX loop does not have.
+        assert "(NNX metrics: `metrics.reset()`)" in str(error)
+        metrics.reset()
+        for window, start in ((2, 0.0), (3, 10.0)):
+            step(metrics, jnp.arange(start, start + 4.0))
+            manager.write_metrics_summary(metrics, window, num_steps=1)
+            metrics.reset()  # the next step donates the fresh state, not the summary's
+    assert [
+        (line["step"], line["loss"], line["flax_loss"])
+        for line in writers.read_jsonl(tmp_path / "train")
+    ] == [(2, 1.5, 1.5), (3, 11.5, 11.5)]
+
+
 class _FlaxPerplexity(nnx.metrics.Average):
     def compute(self):
         return jnp.exp(super().compute())
