@@ -91,7 +91,7 @@ def _checked_labels_and_mask(
     if not jnp.issubdtype(labels.dtype, jnp.integer):
         problems.type_problem(
             f"labels must be integer class indices, got {describe(labels)}; cast them with "
-            "labels.astype(jnp.int32)"
+            "labels.astype(jnp.int32), or take one-hot labels' labels.argmax(-1)"
         )
         labels = jnp.zeros(labels.shape, jnp.int32)
         shapes_fit = False

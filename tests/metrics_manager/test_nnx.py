@@ -325,6 +325,18 @@ def test_accuracy_equals_flax_accuracy_on_random_logits():
     assert float(binary.compute()) == float(flax_binary.compute())
 
 
+def test_one_hot_labels_are_refused_naming_argmax():
+    # Flax's examples pass one-hot labels to optax.softmax_cross_entropy: the message said
+    # only "cast them with labels.astype(jnp.int32)", which reads them as binary labels.
+    logits = jnp.array([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0]])
+    one_hot = jnp.eye(3)[jnp.array([0, 2, 2])]
+    for metric in (mnnx.Accuracy(), mnnx.Metric(FBeta, average="macro")):
+        with pytest.raises(TypeError, match=r"one-hot labels' labels\.argmax\(-1\)"):
+            metric.update(logits=logits, labels=one_hot)
+        metric.update(logits=logits, labels=one_hot.argmax(-1))
+    assert float(metric.compute()) == pytest.approx((1 + 0 + 2 / 3) / 3)  # F1 per class
+
+
 def test_a_threshold_compares_bfloat16_scores_in_float32():
     # 0.7 compared with bfloat16 scores rounded to 0.69921875 first: that score, below 0.7,
     # counted as a positive (accuracy 0.5 where Precision's threshold reads it as negative).
