@@ -356,13 +356,12 @@ class TrackerWriter(BaseWriter):
         (only the keys are checked)."""
         return {k: encode(v) if self._here else b"" for k, v in values.items()}
 
+    # Off process 0 only the keys are checked (`_pictures`): the shapes and ranges were.
     def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
-        self._pictures(
-            "write_images", step, {k: _checks.images_as_uint8(v) for k, v in images.items()}
-        )
+        self._pictures("write_images", step, self._encoded(images, _checks.images_as_uint8))
 
     def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
-        self._pictures("write_videos", step, {k: _encode.filmstrip(v) for k, v in videos.items()})
+        self._pictures("write_videos", step, self._encoded(videos, _encode.filmstrip))
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._params({k: _encode.hparam(v) for k, v in hparams.items()})

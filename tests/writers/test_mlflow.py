@@ -18,7 +18,7 @@ from PIL import Image
 
 import writers
 from tests.writers.tracker_stores import mlflow_server, sqlite_store
-from writers import _encode
+from writers import _checks, _encode
 
 
 @pytest.fixture
@@ -452,10 +452,12 @@ def test_other_processes_encode_no_files_but_check_their_keys(store, monkeypatch
 
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     encoded = []
-    for name in ("png", "wav", "histogram", "npy"):
-        real = getattr(_encode, name)
+    for module, name in [(_encode, n) for n in ("png", "wav", "histogram", "npy", "filmstrip")] + [
+        (_checks, "images_as_uint8")  # pixels and filmstrips were still made there
+    ]:
+        real = getattr(module, name)
         monkeypatch.setattr(
-            _encode, name, lambda *a, _real=real, _name=name: encoded.append(_name) or _real(*a)
+            module, name, lambda *a, _real=real, _name=name: encoded.append(_name) or _real(*a)
         )
     w = writers.MlflowWriter("exp", **store)
     w.write_images(1, {"i": np.zeros((16, 8, 8, 3), np.uint8)})

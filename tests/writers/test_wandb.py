@@ -21,7 +21,7 @@ from tests.writers.tracker_stores import (
     wandb_run_files,
     wandb_run_record,
 )
-from writers import _encode
+from writers import _checks, _encode
 
 
 def _writer(tmp_path, **kwargs) -> writers.WandbWriter:
@@ -268,6 +268,28 @@ def test_only_process_0_talks_to_wandb(tmp_path, monkeypatch):
         w.write_histograms(2, {"h": np.arange(4.0)}, {"h": 513})
     w.close()
     assert w.run is None and wandb_run_files(str(tmp_path)) == []
+
+
+def test_other_processes_make_no_pixels_but_check_shapes_ranges_and_keys(
+    tmp_path, monkeypatch, caplog
+):
+    # Processes other than 0 converted every image to uint8 and built every video's
+    # filmstrip, then logged none of them.
+    made = []
+    for module, name in ((_checks, "images_as_uint8"), (_encode, "filmstrip")):
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda a, _real=real, _n=name: made.append(_n) or _real(a)
+        )
+    w = _writer(tmp_path, process_index=1)
+    w.write_images(1, {"i": np.full((16, 8, 8, 3), 2.0)})
+    w.write_videos(1, {"v": np.zeros((1, 2, 8, 8, 3), np.float32)})
+    with pytest.raises(ValueError, match=r"C in \(1, 3, 4\), got shape \(8, 8, 5\)"):
+        w.write_images(2, {"i": np.zeros((8, 8, 5))})
+    w.close()
+    assert made == []
+    warned = [r.getMessage() for r in caplog.records if "clipped" in r.getMessage()]
+    assert [m.split(" holds")[0] for m in warned] == ["WandbWriter: float image 'i'"]
 
 
 def test_raw_tensors_are_exact_npy_run_files(tmp_path):
