@@ -309,9 +309,10 @@ class Fanout:
         self._failures.record(Failure(f"writer:{name}", None, (), err))
 
     def _failed(self, name: str, state: _WriterState) -> None:
-        """A piece whose calls all failed: `max_failures` of them in a row quarantine."""
+        """A piece whose calls all failed: `max_failures` of them in a row quarantine; a
+        quarantined writer's failed retry (after a hang too) waits `quarantine_s` again."""
         state.in_a_row += 1
-        if state.in_a_row >= self._max_failures:
+        if state.in_a_row >= self._max_failures or state.quarantined:
             state.retry_at = time.monotonic() + self._quarantine_s
             if not state.quarantined:
                 state.quarantined = f"{state.in_a_row} failures in a row"

@@ -824,6 +824,40 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
     assert manager.health()["writers"]["Mount"]["quarantined"] is None
 
 
+def test_a_hung_writer_whose_retry_fails_waits_quarantine_s_again(tmp_path):
+    release = threading.Event()
+
+    class Mount(writers.NoopWriter):  # a mount that hangs, then comes back failing (EIO)
+        steps: list[int] = []
+
+        def write_scalars(self, step, scalars):
+            self.steps.append(step)
+            if step == 1:
+                release.wait()
+            raise OSError(errno.EIO, "Input/output error")
+
+    mount = Mount()
+    with MetricsManager(
+        "t", writer_factory=lambda d: mount, writer_deadline_s=0.3, quarantine_s=2.0
+    ) as manager:
+        manager.write_scalars(1, {"loss": 1.0})
+        manager.flush()  # abandons the call after 0.3 s: quarantined as hung
+        release.set()
+        deadline = time.monotonic() + 10
+        while manager.health()["failures"] < 2:  # the abandoned call returns, failing
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(2.2)
+        for step in range(2, 7):  # tried again at 2, which fails: 3-6 wait 2 s more
+            manager.write_scalars(step, {"loss": float(step)})
+            manager.flush()
+        health = manager.health()["writers"]["Mount"]
+    # It was called at every write after the failed retry, 9 (max_writer_failures - 1) more.
+    assert mount.steps == [1, 2]
+    # Failures: the deadline, the abandoned call's OSError once it returned, the retry's.
+    assert (health["failures"], health["skipped"], health["quarantined"]) == (3, 4, "hung")
+
+
 def write_through_an_outage(
     manager: MetricsManager, gate: Any, failed: Any
 ) -> tuple[int, int, float]:
