@@ -139,7 +139,13 @@ class AsyncWriter(ForwardingWriter):
         def call(_: Any) -> None:
             try:
                 getattr(self._writer, method)(**kwargs)
-            except (Exception, SystemExit) as err:  # noqa: BLE001  (re-raised on the caller's thread)
+            # BaseException, as the manager's writers: an asyncio CancelledError from a writer's
+            # own loop was only logged, never reported (Ctrl-C on the main thread is the user's).
+            except BaseException as err:  # noqa: BLE001  (re-raised on the caller's thread)
+                if isinstance(err, KeyboardInterrupt) and threading.current_thread() is (
+                    threading.main_thread()
+                ):
+                    raise
                 step = f"step={kwargs['step']}" if "step" in kwargs else ""
                 named = _checks.named_if_donated(method, kwargs, err)  # not JAX's bare words
                 with self._errors_lock:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -126,14 +127,16 @@ def test_hparams_are_written_as_they_were_at_the_call():
     assert inner.hparams == [{"layers": [64, 64], "opt.betas": [0.9, 0.99]}]
 
 
-def test_a_writer_calling_sys_exit_is_reported_like_any_error():
+@pytest.mark.parametrize("error", [SystemExit(3), asyncio.CancelledError("loop stopped")])
+def test_a_writer_raising_a_base_exception_is_reported_like_any_error(error):
     class Exiting(writers.NoopWriter):
         def write_scalars(self, step, scalars):
-            sys.exit(3)  # from the worker thread it cannot end the process
+            raise error  # from the worker thread it cannot end the process
 
     w = writers.AsyncWriter(Exiting(), name="exiting")
     w.write_scalars(5, {"a": 1.0})
-    with pytest.raises(writers.WriterError, match=r"exiting.write_scalars\(step=5\): SystemExit"):
+    name = type(error).__name__  # a CancelledError was only logged: flush() raised nothing
+    with pytest.raises(writers.WriterError, match=rf"exiting.write_scalars\(step=5\): {name}"):
         w.flush()
     w.close()
 
