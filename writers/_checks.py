@@ -405,8 +405,9 @@ def check_writers(
     required: tuple[str, ...] = WRITER_METHODS,
     fix: str = "pass instances with CLU's MetricWriter methods, e.g. writers.JsonlWriter(path)",
 ) -> None:
-    """Raises a TypeError naming every object that lacks the `required` methods, or whose
-    methods cannot take CLU's parameter names by keyword, as every caller passes them."""
+    """Raises a TypeError naming every object that lacks the `required` methods, whose
+    methods cannot take CLU's parameter names by keyword, as every caller passes them, or
+    are `async def` (each call would make a coroutine nobody awaits, writing nothing)."""
     problems = Problems(context)
     for name, writer in writers.items():
         if isinstance(writer, type):
@@ -419,6 +420,12 @@ def check_writers(
                 f"{name!r} ({type(writer).__name__}) lacks {', '.join(missing)}; {fix}"
             )
         for method, keywords in _KEYWORDS.items():
+            if inspect.iscoroutinefunction(getattr(writer, method, None)):
+                problems.type_problem(
+                    f"{name!r} ({type(writer).__name__}).{method} is async def: its calls would "
+                    "return coroutines nobody awaits and write nothing; make it a plain def "
+                    "that runs the coroutine (asyncio.run, or a loop of the writer's own)"
+                )
             try:
                 signature = inspect.signature(getattr(writer, method))
             except (AttributeError, TypeError, ValueError):  # absent, or no signature to read

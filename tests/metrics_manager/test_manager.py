@@ -959,6 +959,17 @@ def test_a_factory_returning_a_list_or_dict_of_writers_gets_each_isolated(tmp_pa
     assert half.closed and full.calls == [("close", (), {})]  # nothing left open
 
 
+def test_a_writer_with_async_def_methods_is_refused_at_construction():
+    # Its write_scalars returned a coroutine nobody awaited: 0 of 3 writes stored, and
+    # health() counted no failure.
+    class Awaiting(writers.NoopWriter):
+        async def write_scalars(self, step, scalars):  # type: ignore[no-untyped-def,override]
+            pass
+
+    with pytest.raises(TypeError, match=r"'Awaiting' \(Awaiting\).write_scalars is async def"):
+        MetricsManager("train", writer_factory=lambda d: Awaiting())
+
+
 def test_a_writer_whose_parameters_are_not_clus_is_refused_at_construction():
     """The manager calls writers by keyword (`write_scalars(step=, scalars=)`): a writer with
     other parameter names would fail every summary, so it is refused before the loop runs."""

@@ -171,6 +171,25 @@ def test_writers_that_cannot_take_clus_keywords_are_rejected_up_front():
         )
 
 
+def test_writers_with_async_def_methods_are_rejected_up_front():
+    # Each call made a coroutine nobody awaited: nothing was written, and no error said so.
+    class Awaiting(writers.NoopWriter):
+        async def write_scalars(self, step, scalars):  # type: ignore[no-untyped-def,override]
+            pass
+
+    for owner, make in (
+        ("MultiWriter", lambda: writers.MultiWriter([Awaiting()])),
+        ("AsyncWriter", lambda: writers.AsyncWriter(Awaiting())),
+    ):
+        with pytest.raises(TypeError) as info:
+            make()
+        assert str(info.value) == (
+            f"{owner}: 'Awaiting' (Awaiting).write_scalars is async def: its calls would return "
+            "coroutines nobody awaits and write nothing; make it a plain def that runs the "
+            "coroutine (asyncio.run, or a loop of the writer's own)"
+        )
+
+
 def test_a_key_reserved_by_one_writer_is_refused_before_any_writes_it(tmp_path):
     # TensorBoard stored the tag "step" before JSONL refused it: the logs disagreed.
     w = writers.create_default_writer(str(tmp_path), console=False)
