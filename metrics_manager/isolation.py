@@ -170,9 +170,13 @@ class Fanout:
     def hurry(self, budget_s: float | None) -> None:
         """While a signal's flush races a kill: a writer that has spent `budget_s` in calls
         since now is quarantined for its remaining calls (None ends it). Without this, a
-        writer taking 3 s a call (none hung) held 8 of 17 queued summaries from the others."""
+        writer taking 3 s a call (none hung) held 8 of 17 queued summaries from the others.
+        None also ends what it set aside: a process that goes on (a caught Ctrl-C) lost the
+        slow writer's values for `quarantine_s` after the flush, not for the flush."""
         for state in self.states.values():
             state.hurried_s = 0.0
+            if budget_s is None and (state.quarantined or "").startswith("slow:"):
+                state.retry_at = time.monotonic()  # tried at its next write
         self._hurry_s = budget_s
 
     def health(self) -> dict[str, dict[str, Any]]:

@@ -1559,6 +1559,36 @@ def test_a_summary_abandoned_at_a_signals_bound_fails_its_future_and_writes_noth
     assert "abandoned, and the writers get none of its values" in str(manager.errors[0])
 
 
+def test_a_writer_set_aside_as_slow_in_a_signals_flush_is_back_after_it(monkeypatch, caplog):
+    # A program that goes on after the signal (a caught Ctrl-C) lost the slow writer's
+    # values for quarantine_s (300 s), where the README sets it aside for the flush alone.
+    from metrics_manager import manager as manager_lib
+
+    class Slow(writers.NoopWriter):
+        steps: list[int] = []
+
+        def write_scalars(self, step, scalars):
+            time.sleep(0.2)
+            self.steps.append(step)
+
+    monkeypatch.setattr(manager_lib, "_SIGNAL_DEADLINE_S", 0.5)
+    slow = Slow()
+    with MetricsManager("t", writer_factory=lambda d: {"slow": slow}) as manager:
+        monkeypatch.setitem(manager_lib._PREVIOUS_HANDLERS, signal.SIGINT, lambda s, _: None)
+        for step in range(1, 9):
+            manager.write_scalars(step, {"loss": float(step)})
+        manager_lib._on_signal(signal.SIGINT, None)  # 0.6 s of calls: steps 4-8 set aside
+        written = len(slow.steps)
+        assert slow.steps == list(range(1, written + 1)) and written < 8
+        assert manager.health()["writers"]["slow"]["skipped"] == 8 - written
+        for step in range(9, 12):
+            manager.write_scalars(step, {"loss": float(step)})
+        manager.flush()
+        assert manager.health()["writers"]["slow"]["quarantined"] is None
+    assert slow.steps == [*range(1, written + 1), 9, 10, 11]
+    assert any("writer 'slow' is back" in r.getMessage() for r in caplog.records)
+
+
 def test_write_scalars_abandoned_at_a_signals_bound_names_every_key_it_loses(monkeypatch):
     # The wait for `loss` outlived the bound: the call's ready `lr` was lost with it, but the
     # failure named `loss` alone.
