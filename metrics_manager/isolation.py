@@ -29,6 +29,7 @@ import logging
 import math
 import threading
 import time
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -77,6 +78,7 @@ class Failures:
         self._also: list[Failure] = []  # fatal ones recorded while `fatal` waited: named with it
 
     def record(self, failure: Failure, *, fatal: bool = False) -> None:
+        _release_locals(failure.error)
         with self._lock:
             self._recent.append(failure)
             self.count += 1
@@ -105,6 +107,20 @@ class Failures:
             raise MetricsManagerError(
                 f"{self.owner}: background failure: {fatal}{more}"
             ) from fatal.error
+
+
+def _release_locals(error: BaseException) -> None:
+    """Clears the locals of the finished frames in the tracebacks of `error` and the errors it
+    chains (a writer's), so a kept failure holds none of its call's values: 200 failed writes
+    of 3 MB images held 600 MB. The tracebacks still print each frame's file and line."""
+    seen: set[int] = set()
+    chain: list[BaseException | None] = [error]
+    while chain:
+        err = chain.pop()
+        if err is not None and id(err) not in seen:
+            seen.add(id(err))
+            traceback.clear_frames(err.__traceback__)  # but the running ones (that caught it)
+            chain += [err.__cause__, err.__context__]
 
 
 @dataclasses.dataclass(slots=True)
@@ -260,6 +276,9 @@ class Fanout:
                     state.busy = False
                     if self._hurry_s is not None:
                         state.hurried_s += time.monotonic() - started
+                    # A kept failure's traceback keeps this frame (its writer frame's f_back),
+                    # and with it the call's values, unless they are dropped here.
+                    job = kwargs = None  # type: ignore[assignment]
                 if failed and not wrote and writes:  # a failing flush: its writes count
                     self._failed(name, state)
                 if not wrote:  # only unsupported kinds, or failures: no sign of life
