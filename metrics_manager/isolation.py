@@ -24,6 +24,7 @@ Host-side module: never import it from code traced by jit.
 """
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import math
@@ -35,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from writers._base import ABANDONED
 from writers._checks import own_dicts
 from writers._worker import Job, Piece
 
@@ -274,6 +276,9 @@ class Fanout:
                                 failed = True
                 finally:
                     state.busy = False
+                    if ABANDONED:  # this may be the abandoned call, now returned
+                        with contextlib.suppress(TypeError):  # not weakly referable
+                            ABANDONED.discard(state.writer)
                     if self._hurry_s is not None:
                         state.hurried_s += time.monotonic() - started
                     # A kept failure's traceback keeps this frame (its writer frame's f_back),
@@ -308,6 +313,8 @@ class Fanout:
                 outcome = "left to end on its own; its later calls go on"
             else:
                 state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
+                with contextlib.suppress(TypeError):  # not weakly referable: no exit hook
+                    ABANDONED.add(state.writer)  # its own close at exit would wait for the call
         limit = f"writer_deadline_s={self.deadline_s}"
         if cap_s is not None and cap_s < (self.deadline_s or math.inf):
             limit = f"{cap_s} s, the bound while flushing on a signal"

@@ -457,18 +457,28 @@ def write_tree(root: str, paths: Mapping[str, bytes]) -> list[str]:
     return files
 
 
+# Writers a caller left a call inside (a MetricsManager, past `writer_deadline_s`): closed at
+# exit, a TensorBoardWriter waited for the hung write's lock, and the process never ended.
+ABANDONED: "weakref.WeakSet[Any]" = weakref.WeakSet()
+
+
 def close_at_exit(writer: Any, name: str) -> Callable[[], None]:
     """Registers `writer.close()` (held weakly) to run at exit; returns the `atexit` hook.
 
     Not in a forked child: it has the writer's memory but not its threads, and closing its
-    copy would send the buffer twice (or end a tracker run the parent still uses)."""
+    copy would send the buffer twice (or end a tracker run the parent still uses); nor
+    while an abandoned call is still inside it (`ABANDONED`): the close would wait for it."""
     ref, pid = weakref.ref(writer), os.getpid()
 
     def close() -> None:
         if os.getpid() != pid:
             return
         try:
-            if (alive := ref()) is not None:
+            if (alive := ref()) in ABANDONED:
+                logging.warning(
+                    "%s: not closed at exit: a call abandoned as hung is inside it", name
+                )
+            elif alive is not None:
                 alive.close()
         except Exception:  # noqa: BLE001  (nobody is left to catch it at exit)
             logging.exception("%s failed while closing at exit", name)

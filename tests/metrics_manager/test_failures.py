@@ -837,6 +837,7 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
             "flush_failure": None,
             "unsupported": [],
         }
+        assert mount in writers._base.ABANDONED  # not closed at exit while the call hangs
         release.set()
         deadline = time.monotonic() + 10
         while mount.steps != [1]:  # the abandoned call returns
@@ -847,6 +848,7 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
         manager.flush()
     assert mount.steps == [1, 3]
     assert manager.health()["writers"]["Mount"]["quarantined"] is None
+    assert mount not in writers._base.ABANDONED
 
 
 def test_a_hung_writer_whose_retry_fails_waits_quarantine_s_again(tmp_path):
@@ -1673,6 +1675,53 @@ def test_a_hanging_writer_is_abandoned_and_the_process_exits(tmp_path):
     steps = [line["step"] for line in read_jsonl(str(tmp_path / "train"))]
     assert steps == list(range(1, 21))  # the healthy writer got every summary
     assert time.monotonic() - start < 45
+
+
+_HUNG_EVENT_FILE = r"""
+import sys
+import threading
+
+import writers
+from metrics_manager import MetricsManager
+from writers import _records
+
+write = _records.EventFile.write
+
+
+def hanging(self, data, keep=False):  # the disk stops answering inside the fourth write
+    self.writes = getattr(self, "writes", 0) + 1
+    if self.writes == 4:
+        with self._lock:
+            threading.Event().wait()
+    write(self, data, keep)
+
+
+_records.EventFile.write = hanging
+
+
+def factory(logdir):
+    return {"tb": writers.TensorBoardWriter(logdir), "jsonl": writers.JsonlWriter(logdir)}
+
+
+with MetricsManager("train", sys.argv[1], writer_factory=factory, writer_deadline_s=0.5) as m:
+    for step in range(1, 6):
+        m.write_scalars(step, {"loss": float(step)})
+print("closed")
+"""
+
+
+def test_a_writer_hung_holding_its_own_lock_does_not_hold_up_the_exit(tmp_path):
+    # close() returned past the deadline, then TensorBoardWriter's own close at exit waited
+    # for the lock its abandoned write held: the process never ended.
+    proc = subprocess.run(
+        [sys.executable, "-c", _HUNG_EVENT_FILE, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 0 and proc.stdout == "closed\n", proc.stderr
+    assert "not closed at exit: a call abandoned as hung is inside it" in proc.stderr
+    assert [line["step"] for line in read_jsonl(str(tmp_path / "train"))] == [1, 2, 3, 4, 5]
 
 
 def signal_loop(proc: subprocess.Popen[str], signum: int, issued: list[int]) -> str:
