@@ -39,6 +39,7 @@ import numpy as np
 from writers._base import ABANDONED
 from writers._checks import own_dicts
 from writers._worker import Job, Piece
+from writers.async_writer import AsyncWriter
 
 _LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
 
@@ -109,6 +110,14 @@ class Failures:
             raise MetricsManagerError(
                 f"{self.owner}: background failure: {fatal}{more}"
             ) from fatal.error
+
+
+def _inside(writer: Any) -> list[Any]:
+    """`writer` and, for an `AsyncWriter`, the writers it wraps, where its hung call is."""
+    chain = [writer]
+    while isinstance(chain[-1], AsyncWriter):
+        chain.append(chain[-1].writer)
+    return chain
 
 
 def _release_locals(error: BaseException) -> None:
@@ -277,8 +286,9 @@ class Fanout:
                 finally:
                     state.busy = False
                     if ABANDONED:  # this may be the abandoned call, now returned
-                        with contextlib.suppress(TypeError):  # not weakly referable
-                            ABANDONED.discard(state.writer)
+                        for writer in _inside(state.writer):
+                            with contextlib.suppress(TypeError):  # not weakly referable
+                                ABANDONED.discard(writer)
                     if self._hurry_s is not None:
                         state.hurried_s += time.monotonic() - started
                     # A kept failure's traceback keeps this frame (its writer frame's f_back),
@@ -313,8 +323,9 @@ class Fanout:
                 outcome = "left to end on its own; its later calls go on"
             else:
                 state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
-                with contextlib.suppress(TypeError):  # not weakly referable: no exit hook
-                    ABANDONED.add(state.writer)  # its own close at exit would wait for the call
+                for writer in _inside(state.writer):  # their closes at exit would wait for it
+                    with contextlib.suppress(TypeError):  # not weakly referable: no exit hook
+                        ABANDONED.add(writer)
         limit = f"writer_deadline_s={self.deadline_s}"
         if cap_s is not None and cap_s < (self.deadline_s or math.inf):
             limit = f"{cap_s} s, the bound while flushing on a signal"

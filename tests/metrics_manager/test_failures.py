@@ -1700,7 +1700,9 @@ _records.EventFile.write = hanging
 
 
 def factory(logdir):
-    return {"tb": writers.TensorBoardWriter(logdir), "jsonl": writers.JsonlWriter(logdir)}
+    tb = writers.TensorBoardWriter(logdir)
+    tb = writers.AsyncWriter(tb) if sys.argv[2] == "async" else tb
+    return {"tb": tb, "jsonl": writers.JsonlWriter(logdir)}
 
 
 with MetricsManager("train", sys.argv[1], writer_factory=factory, writer_deadline_s=0.5) as m:
@@ -1710,11 +1712,13 @@ print("closed")
 """
 
 
-def test_a_writer_hung_holding_its_own_lock_does_not_hold_up_the_exit(tmp_path):
+@pytest.mark.parametrize("wrapped", ["plain", "async"])
+def test_a_writer_hung_holding_its_own_lock_does_not_hold_up_the_exit(tmp_path, wrapped):
     # close() returned past the deadline, then TensorBoardWriter's own close at exit waited
-    # for the lock its abandoned write held: the process never ended.
+    # for the lock its abandoned write held: the process never ended (inside an AsyncWriter,
+    # which was skipped, the TensorBoardWriter's own close still waited).
     proc = subprocess.run(
-        [sys.executable, "-c", _HUNG_EVENT_FILE, str(tmp_path)],
+        [sys.executable, "-c", _HUNG_EVENT_FILE, str(tmp_path), wrapped],
         capture_output=True,
         text=True,
         timeout=30,
