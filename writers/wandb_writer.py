@@ -9,7 +9,9 @@ filmstrip image `[H, T*W, C]` per video (`wandb.Video` would need moviepy), audi
 hparam reads back as null; None is written as "None", as every writer does). Raw tensors
 (`write_summaries`, which W&B has no type for) are exact `.npy` files in the run's files,
 `summaries/<key>/step_<step 8 digits>.npy` (TensorBoard's metadata is not kept; keys must be
-relative paths).
+relative paths). Images, filmstrips and clips are files named after their key
+(`media/images/<key>_<n>_<hash>.png`): a key with a part over 255 bytes, a last part over 210
+bytes, or a NUL is refused at the call.
 
 W&B drops a `log` at a step below the last one, so such a write raises `ValueError`; calls at
 one step fill one row. `close()` finishes runs this writer started and waits for W&B's
@@ -55,6 +57,10 @@ from writers import _base, _checks, _encode, _storage
 MAX_HISTOGRAM_BUCKETS = 512  # wandb.Histogram's limit
 _RESERVED = dict.fromkeys(("_runtime", "_step", "_timestamp", "_wandb"), "W&B")
 _RUN_ID_REFUSED = re.compile(r"[:;,#?/'\s]")  # characters `wandb.init` refuses in an id
+# W&B saves each image and clip as `media/<kind>/<key>_<its log count>_<20 hex>.png` (`.wav`)
+# in the run's directory, a folder per '/' of the key: the last part gets up to 45 bytes more.
+_MEDIA_SUFFIX = len(f"_{2**63}_{'0' * 20}.png")
+_MEDIA_METHODS = ("write_images", "write_videos", "write_audios")
 
 
 class WandbWriter(_base.TrackerWriter):
@@ -173,6 +179,7 @@ class WandbWriter(_base.TrackerWriter):
         self._log("write_scalars", step, numbers)
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
+        self._check_media_keys(method, images)
         if self._run is None:  # each wandb.Image writes a PNG to a temp dir kept until exit
             return
         from PIL import Image  # W&B's own dependency
@@ -186,6 +193,7 @@ class WandbWriter(_base.TrackerWriter):
         self._log(method, step, {k: [picture(i) for i in v] for k, v in images.items()})
 
     def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
+        self._check_media_keys("write_audios", clips)
         if self._run is None:
             return
         with tempfile.TemporaryDirectory() as tmp:  # W&B copies each file into the run
@@ -227,7 +235,23 @@ class WandbWriter(_base.TrackerWriter):
                 "the hyperparameter name '_wandb' is W&B's own config entry, which it would "
                 "replace; rename it, e.g. 'wandb'"
             )
+        if method in _MEDIA_METHODS:  # a file name over 255 bytes: W&B's bare OSError
+            parts = {k: k.encode().split(b"/") for k in keys}
+            if bad := [
+                k
+                for k, p in parts.items()
+                if "\0" in k or max(map(len, p)) > 255 or len(p[-1]) > 255 - _MEDIA_SUFFIX
+            ]:
+                return (
+                    f"keys {bad} name W&B media files media/<kind>/<key>_<n>_<hash>.png (.wav), "
+                    f"a folder per '/': each part must be at most 255 bytes, the last at most "
+                    f"{255 - _MEDIA_SUFFIX}, without NUL; shorten them, e.g. 'eval/sample'."
+                )
         return super().key_problem(method, keys)
+
+    def _check_media_keys(self, method: str, values: Mapping[str, Any]) -> None:
+        if problem := self.key_problem(method, values):
+            raise ValueError(f"WandbWriter.{method}: {problem}")
 
     def _params(self, hparams: dict[str, Any]) -> None:
         if problem := self.key_problem("write_hparams", hparams):

@@ -324,6 +324,34 @@ def test_what_wandb_cannot_store_raises(tmp_path):
         w.write_scalars(1, {"a": 1.0})
 
 
+def test_media_keys_whose_file_names_are_too_long_are_refused_at_the_call(tmp_path):
+    # W&B names each image and clip's file after its key: a 300-byte key raised W&B's bare
+    # OSError "File name too long" (a NUL: "embedded null byte") and lost the call's keys.
+    w = _writer(tmp_path)
+    longest, image = "k" * 210, np.ones((1, 1, 1))
+    for key, method, value in [
+        ("k" * 240, "write_images", {"a": image}),
+        ("d" * 256 + "/img", "write_videos", {"a": np.ones((1, 2, 1, 1, 1))}),
+        ("a\0b", "write_audios", {"a": np.zeros((1, 3, 1))}),
+    ]:
+        kwargs = {"sample_rate": 8000} if method == "write_audios" else {}
+        with pytest.raises(ValueError, match=rf"WandbWriter.{method}: keys \[.*\] name W&B media"):
+            getattr(w, method)(1, {**value, key: list(value.values())[0]}, **kwargs)
+    both = writers.MultiWriter([w, writers.JsonlWriter(tmp_path / "m.jsonl")])
+    with pytest.raises(ValueError, match=r"WandbWriter: keys \['k{240}'\] name W&B media"):
+        both.write_images(1, {"k" * 240: image})  # before any writer wrote it
+    w.write_images(1, {longest: image, "d" * 255 + "/img": image * 0})
+    both.close()
+    assert list(writers.read_jsonl(tmp_path / "m.jsonl")) == []
+    (path,) = wandb_run_files(str(tmp_path))
+    row = wandb_history(path)[1]
+    assert sorted(row) == ["d" * 255 + "/img", longest]  # none of the refused calls' keys
+    for key, pixel in ((longest, 255), ("d" * 255 + "/img", 0)):
+        (name,) = row[key]["filenames"]
+        image = Image.open(os.path.join(os.path.dirname(path), "files", name))
+        assert np.asarray(image).tolist() == [[pixel]]
+
+
 def test_missing_wandb_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ImportError, match=r"pip install 'jax-metrics-manager\[wandb\]'"):
