@@ -21,7 +21,7 @@ from writers._base import BaseWriter
 
 
 class LoggingWriter(BaseWriter):
-    """Writes values to absl's INFO log, one line per call (one per histogram).
+    """Writes values to absl's INFO log, one line per call (one per histogram; none if empty).
 
     Args:
       collection: Shown as ` collection=<name>` on every line.
@@ -63,7 +63,8 @@ class LoggingWriter(BaseWriter):
         logging.flush()
 
     def _log(self, step: int, fmt: str, *args: Any) -> None:
-        logging.info("[%d]%s " + fmt, step, self._prefix_tail, *args)
+        if args[-1]:  # an empty call's values ("", {}): no line, as in every other writer
+            logging.info("[%d]%s " + fmt, step, self._prefix_tail, *args)
 
 
 def _shapes(values: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -66,6 +66,19 @@ def test_other_kinds_are_logged_like_clu(log_lines):
     ]
 
 
+def test_empty_calls_log_no_line(log_lines):
+    w = writers.LoggingWriter()
+    w.write_scalars(1, {})  # logged "[1] "
+    w.write_texts(2, {})  # "[2] Got texts: {}."
+    w.write_images(3, {})
+    w.write_videos(4, {})
+    w.write_audios(5, {}, sample_rate=8000)
+    w.write_summaries(6, {})
+    w.write_histograms(7, {})
+    w.write_scalars(8, {"a": 1})
+    assert log_lines() == ["[8] a=1"]
+
+
 def test_bad_input_raises_and_logs_nothing(log_lines):
     w = writers.LoggingWriter()
     with pytest.raises(TypeError, match="'s' must be a number"):
