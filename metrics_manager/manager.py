@@ -484,6 +484,10 @@ class MetricsManager:
                         err := _checks.sample_rate_problem(value.sample_rate)
                     ):
                         problems.add(type(err), f"audio {key!r}: {err}")
+                    elif kind == "audio" and (
+                        problem := _checks.byte_rate_problem(value.sample_rate, {key: value.value})
+                    ):
+                        problems.value_problem(problem)
                 if isinstance(array := getattr(value, "value", None), np.ndarray):
                     ready[key] = dataclasses.replace(value, value=array.copy())  # as write_images
         if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:

@@ -77,6 +77,8 @@ class BaseWriter(MetricWriter):
         if err := _checks.sample_rate_problem(sample_rate):
             problems.add(type(err), str(err))
         clips = _checks.check_arrays(audios, problems.context, "audio", problems)
+        if not problems and (problem := _checks.byte_rate_problem(sample_rate, clips)):
+            problems.value_problem(problem)
         problems.raise_if_any()
         # A batch of N > 1 clips is tagged 'key/0'...'key/N-1' (TensorBoard, W&B): a key of
         # that name in the same call went under the same tag.
@@ -243,6 +245,8 @@ class ForwardingWriter(BaseWriter):
         step = self._begin("write_audios", step, audios)
         _checks.check_sample_rate(sample_rate, self._name("write_audios"))
         audios = self._shapes("write_audios", audios)
+        if problem := _checks.byte_rate_problem(sample_rate, audios):
+            raise ValueError(f"{self._name('write_audios')}: {problem}")
         self._forward("write_audios", step=step, audios=audios, sample_rate=sample_rate)
 
     def write_texts(self, step: int, texts: Mapping[str, str]) -> None:

@@ -22,6 +22,7 @@ from writers.interface import MetricWriter
 MAX_STEP = 2**63  # steps are int64 in TensorBoard's event proto; larger ones read back wrong
 DEFAULT_NUM_BUCKETS = 30
 MAX_BUCKETS = 2**20
+MAX_CHANNELS = 2**15 - 1  # a WAV frame of 16-bit samples: its byte count is a 16-bit field
 
 
 def describe(x: Any) -> str:
@@ -701,6 +702,12 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             f"audio {key!r} must be a float array of shape [N, T, C] with values in "
             f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}.{fix}"
         )
+    if kind == "audio" and arr.shape[-1] > MAX_CHANNELS:
+        return (
+            f"audio {key!r} has {arr.shape[-1]} channels (shape {arr.shape}, [N, T, C]); a WAV "
+            f"holds at most {MAX_CHANNELS}. Move the channel axis last for clips of shape "
+            "[N, C, T] (torchaudio's): np.moveaxis(x, -1, -2)."
+        )
     if kind != "histogram":
         empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
         return empty if arr.size == 0 else None
@@ -734,6 +741,18 @@ def sample_rate_problem(sample_rate: Any) -> TypeError | ValueError | None:
         return ValueError(
             "sample_rate must be a positive number of samples per second below 2**32 (a WAV "
             f"header's 32 bits), got {sample_rate}."
+        )
+    return None
+
+
+def byte_rate_problem(sample_rate: int, clips: Mapping[str, Any]) -> str | None:
+    """The message for clips whose WAV byte rate, sample_rate x 2 bytes x channels, passes the
+    header's 32 bits (wave's struct.error), else None."""
+    channels = {k: math.prod(np.shape(clip)[-1:]) for k, clip in clips.items()}  # no device read
+    if fast := [k for k, c in channels.items() if int(sample_rate) * 2 * c >= 2**32]:
+        return (
+            f"sample_rate {sample_rate} is too high for the WAV header of {fast}: its byte "
+            "rate, sample_rate x 2 bytes x channels, must be below 2**32"
         )
     return None
 

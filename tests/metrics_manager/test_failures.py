@@ -1480,6 +1480,8 @@ def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
         (clu.values.Audio(np.zeros((100, 1)), 16000), ValueError, r"audio 'v' must be a float"),
         (clu.values.Histogram(np.arange(3.0), 0), ValueError, r"num_buckets .* got \{'v': 0\}"),
         (clu.values.Audio(np.zeros((1, 100, 1)), 0), ValueError, r"audio 'v': sample_rate must"),
+        (clu.values.Audio(np.zeros((1, 2, 40000)), 8000), ValueError, r"'v' has 40000 channels"),
+        (clu.values.Audio(np.zeros((1, 100, 1)), 2**31), ValueError, r"too high for the WAV"),
         (clu.values.HyperParam({"a": {1: 2}}), TypeError, r"'v.a' holds the key 1; nested keys"),
         (
             clu.values.HyperParam({"a.b": 1, "a": {"b": 2}}),
@@ -1499,6 +1501,8 @@ def test_a_computed_value_no_writer_takes_loses_that_key_alone(tmp_path):
         "audio",
         "buckets",
         "sample rate",
+        "channels",
+        "byte rate",
         "hparam key",
         "hparam twice",
         "summary metadata",

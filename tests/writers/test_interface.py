@@ -191,6 +191,16 @@ BAD_CALLS = [
         lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=2**32),
     ),
     (
+        "[N, C, T] clip of more channels than a WAV holds",
+        ValueError,
+        lambda w: w.write_audios(0, {"a": np.zeros((1, 1, 40000))}, sample_rate=8000),
+    ),
+    (  # a mono byte rate of 2 * 2**31: wave's struct.error likewise
+        "byte rate past a WAV header",
+        ValueError,
+        lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=2**31),
+    ),
+    (
         "float rate",
         TypeError,
         lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=8.5),

@@ -191,6 +191,28 @@ def test_a_key_named_as_another_keys_clip_tag_is_refused_and_nothing_of_the_call
     assert tags == {"sample/0": [2], "sample/1": [2], "other": [2]}
 
 
+def test_clips_past_a_wav_header_are_refused_and_its_limits_read_back(tmp_path):
+    # wave's struct.error ("ushort format requires 0 <= number <= 65535") for a [N, C, T]
+    # clip of 3 s at 16 kHz, and ("'L' format requires ...") for a mono rate of 2**31.
+    w = writers.TensorBoardWriter(tmp_path)
+    with pytest.raises(ValueError, match=r"'a' has 48000 channels .*np.moveaxis\(x, -1, -2\)"):
+        w.write_audios(0, {"a": np.zeros((1, 1, 48000))}, sample_rate=16000)
+    with pytest.raises(ValueError, match=r"sample_rate 2147483648 is too high .* of \['a'\]"):
+        w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=2**31)
+    w.write_audios(1, {"mono": np.full((1, 2, 1), 0.5)}, sample_rate=2**31 - 1)
+    w.write_audios(1, {"wide": np.full((1, 2, 2**15 - 1), -0.5)}, sample_rate=8000)
+    w.close()
+    acc = _accumulator(tmp_path)
+    for key, rate, channels, sample in (
+        ("mono", 2**31 - 1, 1, 16384),
+        ("wide", 8000, 32767, -16384),
+    ):
+        (audio,) = acc.Audio(key)
+        with wave.open(io.BytesIO(audio.encoded_audio_string)) as wav:
+            assert (wav.getframerate(), wav.getnchannels(), wav.getnframes()) == (rate, channels, 2)
+            assert set(np.frombuffer(wav.readframes(2), "<i2").tolist()) == {sample}
+
+
 def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_path):
     """A mixed-precision model's outputs: bfloat16 holds exactly in float32."""
     gray = jnp.array([[0.0, 0.5], [1.0, 0.25]], jnp.bfloat16)[..., None]
