@@ -3,10 +3,10 @@
 Needs the `wandb` extra. Only process 0 creates a run and logs; the others check their inputs
 and log nothing. Where values land (one history row per step): scalars as numbers (NaN and
 infinities kept), texts as strings, images as a list of `wandb.Image`s per key, videos as one
-filmstrip image `[H, T*W, C]` per video (`wandb.Video` would need moviepy), audio as
-`wandb.Audio` 16-bit WAV clips under `<key>` or `<key>/<i>` when N > 1, histograms as
-`wandb.Histogram` (at most 512 buckets), hparams in the run's config (JSON there: a NaN
-hparam reads back as null; None is written as "None", as every writer does). Raw tensors
+filmstrip image `[H, T*W, C]` per video (`wandb.Video` would need moviepy; at most 108 images
+or videos a key and call, all W&B keeps), audio as `wandb.Audio` 16-bit WAV clips under `<key>`
+or `<key>/<i>` when N > 1, histograms as `wandb.Histogram` (at most 512 buckets), hparams in
+the run's config (JSON there: a NaN hparam reads back as null; None is written as "None", as every writer does). Raw tensors
 (`write_summaries`, which W&B has no type for) are exact `.npy` files in the run's files,
 `summaries/<key>/step_<step 8 digits>.npy` (TensorBoard's metadata is not kept; keys must be
 relative paths). Images, filmstrips and clips are files named after their key
@@ -55,6 +55,7 @@ from absl import logging
 from writers import _base, _checks, _encode, _storage
 
 MAX_HISTOGRAM_BUCKETS = 512  # wandb.Histogram's limit
+MAX_IMAGES = 108  # wandb.Image.MAX_ITEMS: W&B keeps the first 108 of a key's images in a log
 _RESERVED = dict.fromkeys(("_runtime", "_step", "_timestamp", "_wandb"), "W&B")
 _RUN_ID_REFUSED = re.compile(r"[:;,#?/'\s]")  # characters `wandb.init` refuses in an id
 # W&B saves each image and clip as `media/<kind>/<key>_<its log count>_<20 hex>.png` (`.wav`)
@@ -180,6 +181,13 @@ class WandbWriter(_base.TrackerWriter):
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
         self._check_media_keys(method, images)
+        if too_many := {k: len(v) for k, v in images.items() if len(v) > MAX_IMAGES}:
+            what = method.removeprefix("write_")
+            raise ValueError(
+                f"WandbWriter.{method}: W&B keeps at most {MAX_IMAGES} {what} of a key per "
+                f"step (it drops the rest with a warning), got {too_many}. Write at most "
+                f"{MAX_IMAGES} under each key, e.g. split them over keys '<key>/0', '<key>/1'."
+            )
         if self._run is None:  # each wandb.Image writes a PNG to a temp dir kept until exit
             return
         from PIL import Image  # W&B's own dependency

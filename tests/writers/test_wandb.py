@@ -352,6 +352,24 @@ def test_media_keys_whose_file_names_are_too_long_are_refused_at_the_call(tmp_pa
         assert np.asarray(image).tolist() == [[pixel]]
 
 
+def test_more_images_of_a_key_than_wandb_keeps_are_refused_not_cut(tmp_path):
+    # W&B uploaded the first 108 images of a key and dropped the rest, with a root-logger
+    # warning naming neither key nor step; TensorBoard and MLflow keep all of them.
+    w = _writer(tmp_path)
+    ramp = np.arange(109, dtype=np.uint8).reshape(109, 1, 1, 1)
+    with pytest.raises(ValueError, match=r"at most 108 images of a key .* got \{'many': 109\}"):
+        w.write_images(1, {"many": ramp, "ok": ramp[:1]})
+    with pytest.raises(ValueError, match=r"at most 108 videos of a key .* got \{'v': 109\}"):
+        w.write_videos(1, {"v": np.zeros((109, 2, 1, 1, 1))})
+    w.write_images(1, {"many": ramp[:108]})
+    w.close()
+    (path,) = wandb_run_files(str(tmp_path))
+    (row,) = wandb_history(path).values()
+    assert list(row) == ["many"] and row["many"]["count"] == 108
+    files = [os.path.join(os.path.dirname(path), "files", f) for f in row["many"]["filenames"]]
+    assert [np.asarray(Image.open(f)).item() for f in files] == list(range(108))
+
+
 def test_missing_wandb_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     with pytest.raises(ImportError, match=r"pip install 'jax-metrics-manager\[wandb\]'"):
