@@ -11,7 +11,9 @@ there and kept exact in JSONL; NaN and infinities kept); texts in the text plugi
 images in the images plugin as PNGs; videos as one filmstrip image `[H, T*W, C]` each;
 audio as 16-bit WAV clips (`<key>/<i>` when N > 1); histograms as `HistogramProto`
 (30 buckets by default); hparams as the HParams plugin's session start at step 0; raw
-tensors (`write_summaries`) as tensor protos with the given `SummaryMetadata`.
+tensors (`write_summaries`) as tensor protos with the given `SummaryMetadata`. TensorBoard
+shows a tag as the kind of its first value, so a value of another kind written later under
+that key is in the event file but on no dashboard: warned once per tag and kind.
 
 Example:
   >>> import tempfile, writers
@@ -21,7 +23,7 @@ Example:
 """
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -73,6 +75,8 @@ class TensorBoardWriter(BaseWriter):
         for data in _tb_summary.first_events(purge_step):
             self._file.write(data, keep=True)
         self._hparams_shown: dict[str, str] | None = None  # the first write_hparams', as repr
+        self._kinds: dict[str, str] = {}  # tag -> the kind of its first value
+        self._hidden: set[tuple[str, str]] = set()  # (tag, kind) warned about
         self._hparams_warned = False
         self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")
 
@@ -95,22 +99,29 @@ class TensorBoardWriter(BaseWriter):
         self._emit(step, [self._tb.tensor(k, np.asarray(v), metas[k]) for k, v in values.items()])
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
+        self._check_kinds("write_scalars", "scalars", numbers)
         self._file.write(self._tb.scalar_event(step, numbers))
 
     def _images(self, step: int, images: dict[str, np.ndarray]) -> None:
+        self._check_kinds("write_images", "images", images)
         pictures = [self._tb.images(k, _checks.images_as_uint8(v)) for k, v in images.items()]
         self._emit(step, pictures)
 
     def _videos(self, step: int, videos: dict[str, np.ndarray]) -> None:
+        self._check_kinds("write_videos", "images", videos)  # filmstrips
         self._emit(step, [self._tb.images(k, _encode.filmstrip(v)) for k, v in videos.items()])
 
     def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
+        tags = [k if len(c) == 1 else f"{k}/{i}" for k, c in clips.items() for i in range(len(c))]
+        self._check_kinds("write_audios", "audio", tags)
         self._emit(step, [v for k, c in clips.items() for v in self._tb.audios(k, c, sample_rate)])
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._check_kinds("write_texts", "texts", texts)
         self._emit(step, [self._tb.text(k, v) for k, v in texts.items()])
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:
+        self._check_kinds("write_histograms", "histograms", arrays)
         self._emit(step, [self._tb.histogram(k, v, buckets.get(k)) for k, v in arrays.items()])
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
@@ -144,6 +155,27 @@ class TensorBoardWriter(BaseWriter):
             self._closed = True
             self._stop_timer()
             self._file.close()
+
+    def _check_kinds(self, method: str, kind: str, tags: Iterable[str]) -> None:
+        # TensorBoard files a tag under the plugin of its first value: no dashboard shows a
+        # later value of another kind (a text after a scalar of that key was hidden silently).
+        kinds, hidden = self._kinds, {}
+        for tag in tags:
+            if (first := kinds.setdefault(tag, kind)) != kind and (tag, kind) not in self._hidden:
+                self._hidden.add((tag, kind))
+                hidden[tag] = first
+        if hidden:
+            logging.warning(
+                "TensorBoardWriter(%s).%s: tags %s were first written as %s; TensorBoard shows "
+                "a tag as the kind first written to it, so these %s are in the event file but "
+                "on no dashboard (the other writers have them). Give each kind its own key, "
+                "e.g. 'sample/text'. Warned once per tag and kind.",
+                self._logdir,
+                method,
+                sorted(hidden),
+                sorted(set(hidden.values())),
+                kind,
+            )
 
     def _emit(self, step: int, values: list[Any]) -> None:
         self._file.write(self._tb.event(step, values))

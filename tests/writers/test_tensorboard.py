@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import errno
 import glob
 import io
@@ -24,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensorboard.backend.event_processing import event_accumulator as ea
+from tensorboard.backend.event_processing import plugin_event_accumulator as pea
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.plugins.hparams import plugin_data_pb2
 from tensorboard.util import tensor_util
@@ -213,6 +215,41 @@ def test_clips_past_a_wav_header_are_refused_and_its_limits_read_back(tmp_path):
             assert set(np.frombuffer(wav.readframes(2), "<i2").tolist()) == {sample}
 
 
+def test_a_key_written_as_another_kind_is_kept_and_warned_about_once(tmp_path, caplog):
+    # TensorBoard files a tag under its first value's plugin: a text, histogram or image
+    # written later under a scalar's key was in the file, but on no dashboard, with no word.
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_scalars(1, {"x": 1.0})
+    w.write_audios(1, {"a": np.zeros((2, 3, 1))}, sample_rate=8000)  # tags a/0 and a/1
+    with caplog.at_level(logging.WARNING):
+        for step in (2, 3):  # warned at step 2 alone
+            w.write_texts(step, {"x": "hi", "t": "a text"})
+            w.write_histograms(step, {"x": np.arange(3.0)})
+            w.write_images(step, {"x": np.ones((1, 1, 1)), "i": np.ones((1, 1, 1))})
+            w.write_scalars(step, {"a/1": 1.0, "x": float(step)})
+    w.write_videos(4, {"i": np.ones((1, 1, 1, 1, 1))})  # a filmstrip: an image too
+    w.close()
+    warned = [r.getMessage() for r in caplog.records if "on no dashboard" in r.getMessage()]
+    assert [m.split(": tags ")[1].split(";")[0] for m in warned] == [
+        "['x'] were first written as ['scalars']",
+        "['x'] were first written as ['scalars']",
+        "['x'] were first written as ['scalars']",
+        "['a/1'] were first written as ['audio']",
+    ]
+    assert "these texts are in the event file" in warned[0]
+    acc = pea.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    acc.Reload()
+    shown = {p: sorted(acc.PluginTagToContent(p)) for p in acc.ActivePlugins()}
+    assert shown == {"scalars": ["x"], "audio": ["a/0", "a/1"], "text": ["t"], "images": ["i"]}
+    ranks = collections.Counter(len(e.tensor_proto.tensor_shape.dim) for e in acc.Tensors("x"))
+    # 3 scalars, and 2 each of texts (rank 0 strings too), images and histograms: all kept
+    assert ranks == {0: 5, 1: 2, 2: 2}
+    scalars = [(e.step, e.tensor_proto.float_val) for e in acc.Tensors("x")
+               if e.tensor_proto.float_val and not e.tensor_proto.tensor_shape.dim]  # fmt: skip
+    assert scalars == [(1, [1.0]), (2, [2.0]), (3, [3.0])]
+    assert [e.step for e in acc.Tensors("i")] == [2, 3, 4]
+
+
 def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_path):
     """A mixed-precision model's outputs: bfloat16 holds exactly in float32."""
     gray = jnp.array([[0.0, 0.5], [1.0, 0.25]], jnp.bfloat16)[..., None]
@@ -284,7 +321,7 @@ def test_odd_values_are_written_as_every_writer_writes_them(tmp_path):
     w = writers.TensorBoardWriter(tmp_path)
     w.write_hparams(ODD_HPARAMS)
     w.write_texts(1, {"t": ODD_HPARAMS["data"]})
-    w.write_scalars(1, {"q": ODD_VALUES["q"][1]})
+    w.write_scalars(1, {"q/last": ODD_VALUES["q"][1]})  # TensorBoard shows a tag as one kind
     w.write_summaries(1, {"q": ODD_VALUES["q"]})
     w.write_histograms(1, ODD_VALUES)
     w.close()
@@ -299,7 +336,7 @@ def test_odd_values_are_written_as_every_writer_writes_them(tmp_path):
         "data": "/data/caf\\udce9",
     }
     assert acc.Tensors("t")[0].tensor_proto.string_val == [b"/data/caf\\udce9"]
-    assert acc.Scalars("q")[0].value == -2.0
+    assert acc.Scalars("q/last")[0].value == -2.0
     q = tensor_util.make_ndarray(acc.Tensors("q")[0].tensor_proto)
     assert q.dtype == np.int8 and q.tolist() == [3, -2]
     hist = acc.Histograms("almost_constant")[0].histogram_value
