@@ -202,10 +202,16 @@ class MetricsManager:
                 problems.type_problem(f"{arg} must be callable, got {value!r}")
         problems.integer("max_pending", max_pending, minimum=1)
         problems.integer("max_writer_failures", max_writer_failures, minimum=1)
-        if isinstance(resume_step, jax.Array) and resume_step.shape == ():
-            if resume_step.dtype.kind in "iu":  # a restored state.step: read once, here
-                resume_step = int(resume_step)
-        if resume_step is not None:
+        if isinstance(resume_step, jax.Array):
+            if resume_step.shape == () and resume_step.dtype.kind in "iu":  # a restored step
+                resume_step = int(resume_step)  # read once, here
+            else:  # not the loop's "keep a host-side counter": a restored step is read once
+                problems.type_problem(
+                    f"resume_step must be an int or a restored integer state.step, got "
+                    f"{resume_step!r}; pass the checkpoint's step as an int (of a step kept "
+                    "per device, one device's: int(state.step[0]))"
+                )
+        if resume_step is not None and not isinstance(resume_step, jax.Array):
             problems.integer("resume_step", resume_step, minimum=0)
         if num_devices is not None:
             problems.integer("num_devices", num_devices, minimum=1)

@@ -72,6 +72,20 @@ def test_resuming_with_a_set_without_jsonl_warns_of_the_log_it_leaves_stale(tmp_
     assert warned == [stale_log_warning(str(tmp_path / "train"), 40)]
 
 
+@pytest.mark.parametrize(
+    "restored", [jnp.float32(50), jnp.array([50, 50])], ids=["float", "per device"]
+)
+def test_a_restored_step_the_manager_cannot_read_is_refused_with_the_fix(restored):
+    """A float or per-device (pmap) state.step was refused with the loop's advice, "keep a
+    host-side counter (step += 1): int(jax.Array) blocks the loop", where the step is read
+    once and int() of it is the fix."""
+    with pytest.raises(TypeError) as raised:
+        MetricsManager("t", writer_factory=files_only, resume_step=restored)
+    message = str(raised.value)
+    assert "int(state.step[0])" in message and "host-side counter" not in message
+    assert repr(restored) in message
+
+
 def test_resume_step_needs_a_factory_that_takes_it():
     with pytest.raises(TypeError, match="resume_step=5 needs a writer_factory"):
         MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), resume_step=5)
