@@ -43,9 +43,10 @@ def filesystem(url: str) -> tuple[Any, str]:
         )
     # file:// makes directories as it writes, as local paths do (it raised FileNotFoundError
     # at every flush); object stores have no directories to make.
-    options = {"auto_mkdir": True} if scheme in ("file", "local") else {}
+    if scheme in ("file", "local"):  # made directly: url_to_fs read a '::' in it as a chain
+        return fsspec.filesystem(scheme, auto_mkdir=True), url.split("://", 1)[1].rstrip("/")
     try:
-        fs, path = fsspec.core.url_to_fs(url, **options)
+        fs, path = fsspec.core.url_to_fs(url)
     except ImportError as err:
         extra = _EXTRAS.get(scheme)
         fix = f"pip install 'jax-metrics-manager[{extra}]'" if extra else "install its package"

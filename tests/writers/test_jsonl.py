@@ -207,9 +207,11 @@ def test_a_log_copied_to_a_url_is_read_before_the_parts_and_kept_by_a_resume():
         fs.rm("/jl-copied", recursive=True)
 
 
-def test_a_url_log_copied_down_is_read_from_its_parts(tmp_path):
+@pytest.mark.parametrize("run", ["run", "p::q"])
+def test_a_url_log_copied_down_is_read_from_its_parts(tmp_path, run):
     # `gsutil cp -r gs://b/run .` gives run/metrics.jsonl.d/<parts>: read_jsonl("run") and
-    # read_jsonl("run/metrics.jsonl") raised a bare FileNotFoundError with the parts there.
+    # read_jsonl("run/metrics.jsonl") raised a bare FileNotFoundError with the parts there
+    # (and with them under p::q, fsspec read the file:// URL made of it as a chain).
     import fsspec
 
     fs, url = fsspec.filesystem("memory"), "memory://jl-down/run/metrics.jsonl"
@@ -218,11 +220,11 @@ def test_a_url_log_copied_down_is_read_from_its_parts(tmp_path):
             for step in (1, 2, 3):
                 w.write_scalars(step, {"a": step})
                 w.flush()  # one part each
-        fs.get("/jl-down/run", str(tmp_path / "run"), recursive=True)
+        fs.get("/jl-down/run", str(tmp_path / run), recursive=True)
     finally:
         fs.rm("/jl-down", recursive=True)
-    assert len(os.listdir(tmp_path / "run" / "metrics.jsonl.d")) == 3
-    for path in (tmp_path / "run", tmp_path / "run" / "metrics.jsonl"):
+    assert len(os.listdir(tmp_path / run / "metrics.jsonl.d")) == 3
+    for path in (tmp_path / run, tmp_path / run / "metrics.jsonl"):
         assert [(line["step"], line["a"]) for line in writers.read_jsonl(path)] == [
             (1, 1),
             (2, 2),
