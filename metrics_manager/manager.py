@@ -759,7 +759,8 @@ class MetricsManager:
             )
             _LOG.warning(
                 "MetricsManager %r: step %d is resume_step, whose values the writers keep from "
-                "the run before, so readers see step %d twice. If the resumed run writes step "
+                "the run before (where it wrote them), so readers may see step %d twice. If the "
+                "resumed run writes step "
                 "%d again (an eval or config at the restored step), %s.",
                 self.name,
                 step,

@@ -204,7 +204,8 @@ def test_writing_the_resume_step_again_warns_once_and_its_fix_gives_every_step_o
     warned = [r.getMessage() for r in caplog.records if "resume_step" in r.getMessage()]
     assert warned == [
         "MetricsManager 'eval': step 50 is resume_step, whose values the writers keep from "
-        "the run before, so readers see step 50 twice. If the resumed run writes step 50 again "
+        "the run before (where it wrote them), so readers may see step 50 twice. If the resumed "
+        "run writes step 50 again "
         "(an eval or config at the restored step), pass resume_step=49 so that the new values "
         "replace the old."
     ]
@@ -253,7 +254,8 @@ def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_
         manager.write_scalars(0, {"accuracy": 0.5})
     assert warned() == [
         "MetricsManager 'zero': step 0 is resume_step, whose values the writers keep from "
-        "the run before, so readers see step 0 twice. If the resumed run writes step 0 again "
+        "the run before (where it wrote them), so readers may see step 0 twice. If the resumed "
+        "run writes step 0 again "
         "(an eval or config at the restored step), remove the run's old summaries first "
         "(resume_step=0 keeps only step 0's)."
     ]
