@@ -240,6 +240,9 @@ def train(
                 futures["train"] = train_manager.write_metrics_summary(running, step, num_steps)
                 running = None  # the summary owns those buffers now
             if step % config.eval_period == 0 or step == config.total_steps:
+                # Train steps still queued are not eval time: with the host ahead of the device
+                # (a GPU's async dispatch), the eval's wait below would also wait them out.
+                jax.block_until_ready(state.params)
                 start = time.perf_counter()
                 futures["eval"] = evaluate(
                     eval_step, state.params, eval_batches, eval_manager, step
