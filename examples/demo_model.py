@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 
 import flax.linen as nn
@@ -141,6 +142,18 @@ _TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
 }
 
 
+def _file_on(path: str) -> str | None:
+    """The first non-directory on `path` or above it (None where all are directories or absent)."""
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        if os.path.lexists(path):
+            return path
+        if (parent := os.path.dirname(path)) == path:
+            break
+        path = parent
+    return None
+
+
 def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> None:
     """Checks that the three configs fit together, listing every problem in one error.
 
@@ -177,6 +190,11 @@ def check_configs(model: ModelConfig, data: DataConfig, train: TrainConfig) -> N
         problems.append("TrainConfig.model_dir='' must name a directory (is $MODEL_DIR set?)")
     elif problem := collapsed_url(train.model_dir, "TrainConfig.model_dir"):  # ./gs:/b/run's lock
         problems.append(problem)
+    elif "://" not in train.model_dir and (file := _file_on(train.model_dir)):
+        problems.append(  # makedirs raised a bare FileExistsError once the model compiled
+            f"TrainConfig.model_dir={train.model_dir!r} must name a directory, but {file!r} "
+            "is a file: move it, or pick another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/demo'\")"
+        )
     parts = train.eval_name.split("/")
     if not all(parts) or ".." in parts:  # '../train' mixed the eval's files with train's
         problems.append(

@@ -277,6 +277,28 @@ def test_a_url_model_dir_with_one_slash_is_refused_before_compiling():
     assert "pass the URL with its '//', TrainConfig.model_dir='gs://b/run'" in str(error.value)
 
 
+def test_a_model_dir_that_is_a_file_is_refused_before_compiling(tmp_path):
+    # makedirs raised a bare FileExistsError, after the model had compiled.
+    (tmp_path / "run").write_text("")
+    for model_dir, file in [("run", "run"), ("run/sub", "run")]:
+        with pytest.raises(ValueError) as error:
+            demo_model.check_configs(
+                demo_model.ModelConfig(),
+                demo_model.DataConfig(),
+                demo_model.TrainConfig(model_dir=str(tmp_path / model_dir)),
+            )
+        assert str(error.value) == (
+            f"Invalid demo config: TrainConfig.model_dir={str(tmp_path / model_dir)!r} must "
+            f"name a directory, but {str(tmp_path / file)!r} is a file: move it, or pick "
+            "another MODEL_DIR (--gin.MODEL_DIR=\"'/tmp/demo'\")."
+        )
+    demo_model.check_configs(  # a directory that does not exist yet is made
+        demo_model.ModelConfig(),
+        demo_model.DataConfig(),
+        demo_model.TrainConfig(model_dir=str(tmp_path / "new" / "run")),
+    )
+
+
 def test_a_config_field_of_the_wrong_type_is_named_before_any_range_check():
     # --gin.TOTAL_STEPS=10.5 or ='abc' used to fail in a comparison ('<' between str and
     # int) or further on in a writer, naming no config field.
