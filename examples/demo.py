@@ -460,8 +460,6 @@ def run(
         if note := _misspelling_note(str(err)):
             err.add_note(note)
         raise
-    if unused := sorted(_unused_macros() & _macros_set_by(gin_bindings)):
-        raise ValueError(_unused_macros_message(unused))
     if unread := _writer_bindings_without_factory():
         raise ValueError(
             f"The gin config binds {', '.join(unread)}, but no binding hands a writer factory "
@@ -471,6 +469,10 @@ def run(
             + " ".join(f"--gin_file={f}" for f in ["configs/demo.gin", *gin_files])
             + "."
         )
+    # After the check above: a writer set alone refers to no macro, so its --gin.MODEL_DIR
+    # would be called unused ("The config's macros: none") with no word of demo.gin.
+    if unused := sorted(_unused_macros() & _macros_set_by(gin_bindings)):
+        raise ValueError(_unused_macros_message(unused))
     config = configured(demo_model.TrainConfig)()
     if isinstance(config.model_dir, str):  # a quoted '~/runs' reaches here unexpanded
         config = dataclasses.replace(config, model_dir=os.path.expanduser(config.model_dir))

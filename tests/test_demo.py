@@ -591,6 +591,22 @@ def test_a_writer_set_alone_is_refused(tmp_path, monkeypatch):
     assert not os.listdir(tmp_path)
 
 
+def test_a_writer_set_alone_with_a_macro_binding_is_refused_as_a_writer_set_alone():
+    """`--gin_file=writers/console.gin --gin.TOTAL_STEPS=40` was refused as a macro nothing
+    refers to ("The config's macros: none"), with no word of the missing configs/demo.gin."""
+    from examples import demo
+
+    try:
+        with pytest.raises(ValueError) as error:
+            demo.run(["writers/console.gin"], ["TOTAL_STEPS = 40", "MODEL_DIR = '/tmp/x'"])
+    finally:
+        gin.clear_config()
+    assert str(error.value).endswith(
+        "A writer set goes after the demo's config, which binds it: "
+        "--gin_file=configs/demo.gin --gin_file=writers/console.gin."
+    )
+
+
 def test_without_gin_file_it_runs_demo_gin(tmp_path):
     """`python -m examples.demo --gin.MODEL_DIR=...` parsed no file: the binding was ignored
     and the run trained into (after deleting) ./runs/demo."""
