@@ -545,6 +545,12 @@ def _unused_macros_message(unused: Sequence[str]) -> str:
         f"refers to (as %{unused[0]}): the run would ignore them. "
         + (f"Did you mean {' '.join(hints)} " if hints else "")
         + f"The config's macros: {', '.join(known) or 'none'}."
+        + (  # `--gin_file=configs/console.gin`: a writer config, not the demo's
+            ""
+            if known
+            else " The demo's macros are set in configs/demo.gin: pass --gin_file=configs/demo.gin "
+            "first (a writer set goes after it)."
+        )
     )
 
 

@@ -607,6 +607,22 @@ def test_a_writer_set_alone_with_a_macro_binding_is_refused_as_a_writer_set_alon
     )
 
 
+def test_a_macro_binding_on_a_writer_config_alone_names_demo_gin():
+    """`--gin_file=configs/console.gin --gin.TOTAL_STEPS=40` (a top-level writer config in
+    place of demo.gin) was refused with "The config's macros: none." and no way forward."""
+    from examples import demo
+
+    try:
+        with pytest.raises(ValueError) as error:
+            demo.run(["console.gin"], ["TOTAL_STEPS = 40"])
+    finally:
+        gin.clear_config()
+    assert str(error.value).endswith(
+        "The config's macros: none. The demo's macros are set in configs/demo.gin: pass "
+        "--gin_file=configs/demo.gin first (a writer set goes after it)."
+    )
+
+
 def test_without_gin_file_it_runs_demo_gin(tmp_path):
     """`python -m examples.demo --gin.MODEL_DIR=...` parsed no file: the binding was ignored
     and the run trained into (after deleting) ./runs/demo."""
