@@ -446,8 +446,13 @@ def run(
         if path not in _SEARCH_PATHS:  # gin keeps them for the process, in order
             _SEARCH_PATHS.add(path)
             gin.add_config_file_search_path(path)
+    binds_writers = []  # per file: whether it binds a writer_factory, to check the order below
     try:
-        gin.parse_config_files_and_bindings(gin_files, gin_bindings)
+        for file in gin_files:  # one at a time, as gin does, to see what each one binds
+            before = _writer_factories()
+            gin.parse_config_files_and_bindings([file], [], finalize_config=False)
+            binds_writers.append(_writer_factories() != before)
+        gin.parse_config_files_and_bindings([], gin_bindings)
     except SyntaxError as err:
         if err.msg != "Unable to parse value.":  # gin's, which gives no fix
             raise
@@ -468,6 +473,19 @@ def run(
             "demo's config, which binds it: "
             + " ".join(f"--gin_file={f}" for f in ["configs/demo.gin", *gin_files])
             + "."
+        )
+    sets = [os.path.basename(os.path.dirname(f)) == "writers" for f in gin_files]
+    if misplaced := [  # writers/console.gin, then demo.gin whose default.gin rebinds writers
+        (gin_files[i], gin_files[j])
+        for i in range(len(gin_files))
+        for j in range(i + 1, len(gin_files))
+        if sets[i] and not sets[j] and binds_writers[j]
+    ]:
+        order = sorted(gin_files, key=lambda f: sets[gin_files.index(f)])  # writer sets last
+        raise ValueError(
+            f"--gin_file={misplaced[0][0]} comes before --gin_file={misplaced[0][1]}, which "
+            "binds the writers again: the run would ignore the writer set. A writer set goes "
+            "after the demo's config: " + " ".join(f"--gin_file={f}" for f in order) + "."
         )
     # After the check above: a writer set alone refers to no macro, so its --gin.MODEL_DIR
     # would be called unused ("The config's macros: none") with no word of demo.gin.
@@ -509,6 +527,16 @@ def _unused_macros() -> set[str]:
         if ref.selector == "gin.macro"
     }
     return macros - used
+
+
+def _writer_factories() -> dict[tuple[str, str], str]:
+    """The parsed `writer_factory` bindings (a whole writer set chosen), as key: value."""
+    config = gin.config._CONFIG
+    return {
+        key: repr(params["writer_factory"])
+        for key, params in config.items()
+        if "writer_factory" in params
+    }
 
 
 def _writer_bindings_without_factory() -> list[str]:

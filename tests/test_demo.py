@@ -623,6 +623,36 @@ def test_a_macro_binding_on_a_writer_config_alone_names_demo_gin():
     )
 
 
+def test_a_writer_set_before_demo_gin_is_refused(monkeypatch, tmp_path):
+    """`--gin_file=writers/console.gin --gin_file=configs/demo.gin`: demo.gin's default.gin
+    bound the writers again, and the run wrote TensorBoard and JSONL files, not the console
+    alone it was asked for."""
+    from examples import demo
+
+    monkeypatch.setattr(demo, "train", lambda model, data, config: {})
+    try:
+        with pytest.raises(ValueError) as error:
+            demo.run(["writers/console.gin", "demo.gin"])
+        demo.run(["demo.gin", "writers/jsonl.gin", "writers/console.gin"])  # the last one wins
+        assert gin.query_parameter("writers.create_default_writer.tensorboard") is False
+        assert gin.query_parameter("writers.create_default_writer.jsonl") is False
+        tweak = tmp_path / "log.gin"  # binds a writer parameter, but no writer set
+        tweak.write_text(
+            "from __gin__ import dynamic_registration\nimport writers\n"
+            "writers.create_default_writer.log = True\n"
+        )
+        demo.run(["demo.gin", "writers/console.gin", str(tweak)])
+        assert gin.query_parameter("writers.create_default_writer.log") is True
+        assert gin.query_parameter("writers.create_default_writer.tensorboard") is False
+    finally:
+        gin.clear_config()
+    assert str(error.value) == (
+        "--gin_file=writers/console.gin comes before --gin_file=demo.gin, which binds the "
+        "writers again: the run would ignore the writer set. A writer set goes after the "
+        "demo's config: --gin_file=demo.gin --gin_file=writers/console.gin."
+    )
+
+
 def test_without_gin_file_it_runs_demo_gin(tmp_path):
     """`python -m examples.demo --gin.MODEL_DIR=...` parsed no file: the binding was ignored
     and the run trained into (after deleting) ./runs/demo."""
