@@ -439,8 +439,18 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
         raise ValueError(
             f"writers.plot: {len(keys)} panel(s) in {cols} x {rows} characters leave each "
             f"{cols} x {max(each, 0)} to draw in; a plot needs {_MIN_COLS} x {_MIN_PANEL_ROWS}. "
-            f"Pass --rows {len(keys) * (_MIN_PANEL_ROWS + 4)} or more (output that is not a "
-            "terminal gets 80 x 24), or fewer --keys."
+            + " ".join(
+                fix
+                for fix, short in [
+                    (f"Pass --cols {_MIN_COLS} or more.", cols < _MIN_COLS),  # not --rows
+                    (
+                        f"Pass --rows {len(keys) * (_MIN_PANEL_ROWS + 4)} or more (output that "
+                        "is not a terminal gets 80 x 24), or fewer --keys.",
+                        each < _MIN_PANEL_ROWS,
+                    ),
+                ]
+                if short
+            )
         )
     figure = plotext.figure  # plotext draws on one module-wide figure: reset it first
     figure.clear.all()

@@ -522,7 +522,7 @@ def test_a_missing_key_among_thousands_names_some_and_the_close_ones(tmp_path):
     assert len(message) < 1500
 
 
-def test_terminal_panels_too_small_to_draw_in_are_refused_with_the_rows_they_need(tmp_path):
+def test_terminal_panels_too_small_to_draw_in_are_refused_with_the_size_they_need(tmp_path):
     """Six keys in 24 rows drew six titled frames with no data, exit status 0."""
     line = {"step": 1, **{k: 1.0 for k in "abcdef"}}
     _write_jsonl(str(tmp_path / "r" / "metrics.jsonl"), [line, {**line, "step": 2}])
@@ -532,6 +532,12 @@ def test_terminal_panels_too_small_to_draw_in_are_refused_with_the_rows_they_nee
         "writers.plot: 6 panel(s) in 80 x 24 characters leave each 80 x 0 to draw in; a plot "
         "needs 20 x 3. Pass --rows 42 or more (output that is not a terminal gets 80 x 24), "
         "or fewer --keys."
+    )
+    with pytest.raises(ValueError) as narrow:  # was told to pass --rows 14, which it had
+        plot_runs([str(tmp_path / "r")], ["a", "b"], terminal=True, cols=10, rows=40)
+    assert str(narrow.value) == (
+        "writers.plot: 2 panel(s) in 10 x 40 characters leave each 10 x 16 to draw in; a plot "
+        "needs 20 x 3. Pass --cols 20 or more."
     )
     # As asked, not cut to 80 x 24 by plotext when output is no terminal: 3 rows a panel.
     text = plot_runs([str(tmp_path / "r")], list("abcdef"), terminal=True, cols=80, rows=42).text
