@@ -619,7 +619,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line (see the module docstring); returns the exit status."""
     args = _parse(argv)  # None: argparse reads sys.argv[1:]
-    keys = [key for key in args.keys.split(",") if key] or None
+    keys = [key.strip() for key in args.keys.split(",") if key.strip()] or None  # "loss, acc"
     clear = args.follow and args.terminal and sys.stdout.isatty()
     options = ("out", "terminal", "smoothing", "width", "height", "dpi", "cols", "rows")
 

@@ -478,6 +478,19 @@ def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
     assert "--width must be a positive integer, got 0" in result.stderr
 
 
+def test_keys_with_spaces_after_the_commas_are_the_keys(tmp_path, capsys):
+    """`--keys "loss, acc"` looked for a key ' acc' and was refused."""
+    run = str(tmp_path / "r")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 2.0, "acc": 0.5}])
+    dump = str(tmp_path / "series.json")
+    args = [run, "--keys", "loss, acc ", "--terminal", "--cols", "40", "--rows", "30"]
+    assert writers.plot.main([*args, "--dump_series", dump]) == 0
+    with open(dump) as f:
+        data = json.load(f)
+    assert data["keys"] == ["loss", "acc"]
+    assert [(s["key"], s["values"]) for s in data["series"]] == [("loss", [2.0]), ("acc", [0.5])]
+
+
 def test_an_out_naming_a_directory_is_refused_before_anything_is_read(tmp_path):
     """`--out realdir` failed after reading every log, naming an internal temporary file;
     `--out newdir/` made the directory, then failed the same way."""
