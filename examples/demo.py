@@ -454,10 +454,11 @@ def run(
             binds_writers.append(_writer_factories() != before)
         gin.parse_config_files_and_bindings([], gin_bindings)
     except SyntaxError as err:
-        if err.msg != "Unable to parse value.":  # gin's, which gives no fix
+        # gin's, which give no fix: /tmp/x, and runs/x or x ("malformed node or string")
+        if err.msg != "Unable to parse value." and "malformed node" not in err.msg:
             raise
         hint = (
-            f"{err.msg} {(err.text or '').strip()!r}: a str value needs gin's quotes inside the "
+            f"Unable to parse value. {(err.text or '').strip()!r}: a str value needs gin's quotes inside the "
             "shell's, e.g. --gin.MODEL_DIR=\"'/tmp/demo'\""
         )
         raise SyntaxError(hint, (err.filename, err.lineno, err.offset, err.text)) from err

@@ -537,6 +537,13 @@ def test_an_unquoted_str_binding_is_named_with_the_quotes_it_needs():
         gin.clear_config()
     assert error.value.msg == expected
     assert other.value.msg == "Couldn't parse statement, expected ':' or '='."
+    for value in ("runs/x", "x"):  # gin said "malformed node or string ... <ast.Name ...>"
+        try:
+            with pytest.raises(SyntaxError) as relative:
+                demo.run(["demo.gin"], [f"MODEL_DIR = {value}"])
+        finally:
+            gin.clear_config()
+        assert relative.value.msg == expected.replace("/tmp/x", value)
 
 
 def test_run_can_be_called_again_in_one_process():
