@@ -43,6 +43,7 @@ import inspect
 import logging as std_logging
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -626,9 +627,9 @@ def watch_hints(model_dir: str) -> list[str]:
     train, hints = os.path.join(model_dir, "train"), []
     if os.path.exists(log := os.path.join(train, "metrics.jsonl")):
         query = '{step, loss, accuracy, lr: .["learning_rate/current"]}'
-        hints.append(f"  tail -F {log} | jq -c '{query}'")
+        hints.append(f"  tail -F {shlex.quote(log)} | jq -c '{query}'")
     if glob.glob(os.path.join(train, "events.out.tfevents.*")):
-        hints.append(f"  tensorboard --logdir {model_dir}")
+        hints.append(f"  tensorboard --logdir {shlex.quote(model_dir)}")  # 'my runs'
     return hints
 
 

@@ -231,6 +231,13 @@ def test_it_names_only_the_files_the_configs_writers_wrote(tmp_path):
     (tmp_path / "train").mkdir()
     (tmp_path / "train" / "events.out.tfevents.1.host").write_bytes(b"")
     assert watch_hints(str(tmp_path)) == [f"  tensorboard --logdir {tmp_path}"]
+    spaced = tmp_path / "my runs"  # was `tail -F /…/my runs/train/metrics.jsonl`: two files
+    (spaced / "train").mkdir(parents=True)
+    (spaced / "train" / "metrics.jsonl").write_text("")
+    query = '{step, loss, accuracy, lr: .["learning_rate/current"]}'
+    assert watch_hints(str(spaced)) == [
+        f"  tail -F '{spaced}/train/metrics.jsonl' | jq -c '{query}'"
+    ]
 
 
 def test_console_shows_train_and_eval_summaries(demo_run):
