@@ -82,7 +82,7 @@ class BaseWriter(MetricWriter):
         problems.raise_if_any()
         # A batch of N > 1 clips is tagged 'key/0'...'key/N-1' (TensorBoard, W&B): a key of
         # that name in the same call went under the same tag.
-        tags = [k if len(c) == 1 else f"{k}/{i}" for k, c in clips.items() for i in range(len(c))]
+        tags = _checks.audio_tags(clips)
         if twice := sorted({t for t in tags if tags.count(t) > 1}):
             raise ValueError(
                 f"{self._name('write_audios')}: clips would be tagged {twice} twice (a batch "

@@ -745,6 +745,11 @@ def sample_rate_problem(sample_rate: Any) -> TypeError | ValueError | None:
     return None
 
 
+def audio_tags(clips: Mapping[str, Any]) -> list[str]:
+    """The tags of a call's clips: `key`, or `key/0` to `key/N-1` for a batch of N > 1."""
+    return [k if len(c) == 1 else f"{k}/{i}" for k, c in clips.items() for i in range(len(c))]
+
+
 def byte_rate_problem(sample_rate: int, clips: Mapping[str, Any]) -> str | None:
     """The message for clips whose WAV byte rate, sample_rate x 2 bytes x channels, passes the
     header's 32 bits (wave's struct.error), else None."""

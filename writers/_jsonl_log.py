@@ -361,11 +361,7 @@ def _part_key(name: str) -> tuple[int, str]:
 
 def _latest(fs: Any, base: str) -> tuple[int, list[str], list[str]]:
     """The newest generation of parts in `base`, its parts' names in read order, older parts'."""
-    fs.invalidate_cache(base)  # another process (an earlier run) may have written
-    try:
-        names = [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(base, detail=False)]
-    except FileNotFoundError:
-        names = []
+    names = _storage.names_in(fs, base)
     parts = [(int(m.group(1)), name) for name in names if (m := _PART.match(name))]
     generation = max((g for g, _ in parts), default=0)
     stale = [name for g, name in parts if g < generation]

@@ -45,7 +45,8 @@ class EventFile:
             # A later second than any file there, as locally: a replacement run on another
             # host, made in the same second, sorted by host name, and its purge could read
             # before the stale events. Microseconds order one host's writers within a second.
-            name = f"events.out.tfevents.{_stamp(now, _remote_names(logdir)):010d}"
+            names = _storage.names_in(*_storage.filesystem(logdir))
+            name = f"events.out.tfevents.{_stamp(now, names):010d}"
             prefix = f"{name}.{socket.gethostname()}.{int(now * 1e6) % 1_000_000:06d}."
 
             def part(index: int) -> str:
@@ -121,12 +122,3 @@ def _stamp(now: float, names: list[str]) -> int:
     """A file name's seconds: `now`'s, or past the latest of the event files `names`."""
     stamps = [int(m[1]) for n in names if (m := _STAMP.fullmatch(n))]
     return max([int(now), *(s + 1 for s in stamps)])
-
-
-def _remote_names(logdir: str) -> list[str]:
-    fs, path = _storage.filesystem(logdir)
-    fs.invalidate_cache(path)  # another process (an earlier run) may have written
-    try:
-        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
-    except FileNotFoundError:
-        return []

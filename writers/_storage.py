@@ -54,6 +54,16 @@ def filesystem(url: str) -> tuple[Any, str]:
     return fs, path.rstrip("/")
 
 
+def names_in(fs: Any, path: str) -> list[str]:
+    """The names in directory `path` of `fs`, listed afresh (another process, an earlier run,
+    may have written); [] where there is none."""
+    fs.invalidate_cache(path)
+    try:
+        return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
+    except FileNotFoundError:
+        return []
+
+
 def restore_if_deleted(fd: int, path: str, owner: str) -> bool | None:
     """Writes local file `path`, open at `fd`, back to `path` if it was deleted while open
     (the run's directory removed by mistake: every later write reached no reader, with no

@@ -112,8 +112,7 @@ class TensorBoardWriter(BaseWriter):
         self._emit(step, [self._tb.images(k, _encode.filmstrip(v)) for k, v in videos.items()])
 
     def _audios(self, step: int, clips: dict[str, np.ndarray], sample_rate: int) -> None:
-        tags = [k if len(c) == 1 else f"{k}/{i}" for k, c in clips.items() for i in range(len(c))]
-        self._check_kinds("write_audios", "audio", tags)
+        self._check_kinds("write_audios", "audio", _checks.audio_tags(clips))
         self._emit(step, [v for k, c in clips.items() for v in self._tb.audios(k, c, sample_rate)])
 
     def _texts(self, step: int, texts: dict[str, str]) -> None:
