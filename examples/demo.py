@@ -544,10 +544,11 @@ def _writer_factories() -> dict[tuple[str, str], str]:
 def _writer_bindings_without_factory() -> list[str]:
     """The `writers.*` configurables bound while no manager's `writer_factory` is: a writer set
     parsed alone (`--gin_file=writers/jsonl.gin`), which no writer the demo builds reads."""
-    config = gin.config._CONFIG
-    if any("writer_factory" in config[key] for key in config if key[1].endswith(".MetricsManager")):
+    if any(selector.endswith(".MetricsManager") for _, selector in _writer_factories()):
         return []
-    return sorted({selector for _, selector in config if selector.startswith("writers.")})
+    return sorted(
+        {selector for _, selector in gin.config._CONFIG if selector.startswith("writers.")}
+    )
 
 
 def _macros_set_by(bindings: Sequence[str]) -> set[str]:
