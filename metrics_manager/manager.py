@@ -52,7 +52,7 @@ from metrics_manager.nnx import as_summary_metrics
 from metrics_manager.packing import PackedMetrics
 from metrics_manager.summary import Summarizer
 from metrics_manager.system import SystemMonitor
-from writers import _checks, _storage
+from writers import _checks, _jsonl_log, _storage
 from writers._base import TrackerWriter, close_at_exit, keys_problem
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
@@ -1153,14 +1153,15 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
 
 
 def _log_state(directory: str | None, resume_step: int | None) -> Any:
-    """(inode, mtime) of the JSONL log in `directory` when resuming (on a URL, the names of
-    its parts), else None: a resumed JSONL writer rewrites it, so the same state after the
-    writers are made means none did."""
+    """(inode, mtime) of the JSONL log in `directory` when resuming (on a URL, or copied down
+    from one, the names of its parts), else None: a resumed JSONL writer rewrites it, so the
+    same state after the writers are made means none did."""
     if resume_step is None or directory is None:
         return None
-    if _storage.is_remote(directory):
+    log = _jsonl_log.as_url(_storage.join(directory, "metrics.jsonl"))  # a URL log copied down
+    if _storage.is_remote(log):
         try:
-            fs, parts = _storage.filesystem(_storage.join(directory, "metrics.jsonl.d"))
+            fs, parts = _storage.filesystem(log + ".d")
             fs.invalidate_cache(parts)
             return tuple(sorted(fs.ls(parts, detail=False))) or None
         except Exception:  # noqa: BLE001  (no log, or storage down: the writers will say)

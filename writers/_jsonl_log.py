@@ -49,6 +49,22 @@ def log_file(path: str) -> str:
     return path if path.endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)
 
 
+def as_url(path: str) -> str:
+    """`path`, or the `file://` URL of a local log copied down from a URL (`<path>.d/` parts
+    beside it: `gsutil cp -r gs://b/run .`), which is read and continued as on the URL. No
+    local writer makes `.d`: read alone, `path` lacked the parts' lines, and lines appended
+    to it were read before theirs."""
+    if not _storage.is_remote(path) and os.path.isdir(path + ".d"):
+        return "file://" + os.path.abspath(path)
+    return path
+
+
+def read_bytes(path: str) -> bytes:
+    """The bytes of the log at `path` (a file, or a URL's object and parts) in read order."""
+    url = as_url(path)
+    return _read_remote(url) if _storage.is_remote(url) else pathlib.Path(path).read_bytes()
+
+
 def line_step(line: bytes) -> int | None:
     """The `step` of one log line: an int, or None for lines without one or unreadable."""
     match = _STEP.match(line)
@@ -407,13 +423,7 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
       [{'step': 1, 'time': 1.0, 'collection': None, 'loss': 0.5}]
     """
     path = log_file(_checks.check_path(path, "read_jsonl", "path"))
-    if not _storage.is_remote(path) and os.path.isdir(path + ".d"):
-        # A URL log copied down (`gsutil cp -r gs://b/run .`): its parts, and an object at the
-        # log's path (a local log copied up) before them, read as on the URL. No local
-        # writer makes `.d`: read alone, the object lacked the parts' lines.
-        data = _read_remote("file://" + os.path.abspath(path))
-    else:
-        data = _read_remote(path) if _storage.is_remote(path) else pathlib.Path(path).read_bytes()
+    data = read_bytes(path)
     lines = [line for line in data.splitlines(keepends=True) if line.endswith(b"\n")]
     records = []
     for number, line in enumerate(lines, 1):

@@ -6,8 +6,9 @@ line-buffered (`tail -f` sees each line; `flush()` fsyncs); a pipe or device jus
 lines, and `/dev/stdout` (`/dev/stderr`, `/dev/fd/N`) is the program's own stream, shared with
 its prints (never locked, rewritten or cut, even when redirected to a file). A URL
 (`gs://b/run/m.jsonl`, any fsspec protocol) is written as numbered parts under `<path>.d/`, one
-per flush; `writers.read_jsonl(path)` reads either back (at a URL, an object at `path`
-itself, such as a local log copied there, before the parts). Every line is strict JSON:
+per flush, and so is a local path with such parts (a URL log copied down: continued as on
+the URL); `writers.read_jsonl(path)` reads either back (at a URL, an object at `path` itself,
+such as a local log copied there, before the parts). Every line is strict JSON:
 
 * NaN and infinities are the strings `"NaN"`, `"Infinity"`, `"-Infinity"` (`float(x)`
   turns them back); ints stay ints; texts are strings (so a text that is exactly "NaN" or
@@ -64,15 +65,16 @@ class JsonlWriter(BaseWriter):
         an existing file such as `/dev/stdout`), or a directory (an existing one whatever
         its name, or any other path, such as a manager's `logdir`), which gets
         `metrics.jsonl`; parent directories are created.
-        Either may be a URL any fsspec protocol can write (`gs://`, `s3://`, ...).
+        Either may be a URL any fsspec protocol can write (`gs://`, `s3://`, ...); a local
+        log copied down from one (its `.d/` parts there) is continued as parts too.
       collection: The `collection` field of every line (null when None).
       clock: Unix seconds for the `time` field (patch it in tests).
       max_array_size: Largest raw tensor (`write_summaries`) written element by element
         (`math.inf`: every one).
       resume_step: The step a resumed run restarts from (see the module docstring); None appends.
-      flush_secs: Remote logs only: a background timer uploads the buffered lines this often
+      flush_secs: Logs in parts only: a background timer uploads the buffered lines this often
         (`flush()` uploads at once).
-      max_buffer_mb: Remote logs only: the most lines kept in memory while uploads fail;
+      max_buffer_mb: Logs in parts only: the most lines kept in memory while uploads fail;
         past it the oldest are dropped (logged). None: no bound.
 
     Raises:
@@ -97,7 +99,8 @@ class JsonlWriter(BaseWriter):
         flush_secs: float = 10.0,
         max_buffer_mb: float | None = 256.0,
     ):
-        self._path = _jsonl_log.log_file(_checks.check_path(path, "JsonlWriter", "path"))
+        path = _jsonl_log.log_file(_checks.check_path(path, "JsonlWriter", "path"))
+        self._path = _jsonl_log.as_url(path)  # a URL log copied down: continued as parts
         if resume_step is not None:
             resume_step = _checks.check_step(resume_step, "JsonlWriter(resume_step=...)")
         options = dict(collection=collection, clock=clock, max_array_size=max_array_size)

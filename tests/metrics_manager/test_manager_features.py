@@ -72,6 +72,25 @@ def test_resuming_with_a_set_without_jsonl_warns_of_the_log_it_leaves_stale(tmp_
     assert warned == [stale_log_warning(str(tmp_path / "train"), 40)]
 
 
+def test_resuming_a_url_log_copied_down_rewrites_its_parts_with_no_stale_log_warning(
+    tmp_path, caplog
+):
+    """A run copied down from a URL (metrics.jsonl beside its .d/ parts) and resumed: the
+    local writer appended after the object, read before the parts (steps 10, 30, 20, 30),
+    and the manager, seeing the object unchanged, warned that no writer rewrote the log."""
+    logdir = tmp_path / "train"
+    logdir.mkdir()
+    (logdir / "metrics.jsonl").write_text('{"step": 10, "loss": 10.0}\n')  # copied up, then down
+    with writers.JsonlWriter(f"file://{logdir}") as w:  # the URL's parts
+        for step in (20, 30):
+            w.write_scalars(step, {"loss": float(step)})
+    with MetricsManager("train", tmp_path, writer_factory=files_only, resume_step=20) as manager:
+        manager.write_scalars(30, {"loss": 300.0})
+    lines = writers.read_jsonl(logdir)
+    assert [(x["step"], x["loss"]) for x in lines] == [(10, 10.0), (20, 20.0), (30, 300.0)]
+    assert not [r for r in caplog.records if "no writer of this set" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     "restored", [jnp.float32(50), jnp.array([50, 50])], ids=["float", "per device"]
 )

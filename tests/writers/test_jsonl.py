@@ -259,6 +259,44 @@ def test_a_url_log_with_its_object_copied_down_is_read_as_on_the_url(tmp_path):
     assert [(line["step"], line["a"]) for line in lines] == [(1, 1), (2, 20)]
 
 
+def test_a_url_log_copied_down_is_continued_as_on_the_url(tmp_path, caplog):
+    # A local writer appended to run/metrics.jsonl, which read_jsonl reads before the parts
+    # copied down with it: [1, 4, 2, 3], and resumed at 2 it kept the parts' 3: [1, 3, 2, 3].
+    import fsspec
+
+    fs, url = fsspec.filesystem("memory"), "memory://jl-cont/run/metrics.jsonl"
+    try:
+        fs.pipe_file("/jl-cont/run/metrics.jsonl", b'{"step": 1, "a": 1}\n')  # a log copied up
+        with writers.JsonlWriter(url, clock=lambda: 1.0, flush_secs=1e9) as w:
+            for step in (2, 3):
+                w.write_scalars(step, {"a": step})
+                w.flush()  # one part each
+        fs.get("/jl-cont/run", str(tmp_path / "run"), recursive=True)
+    finally:
+        fs.rm("/jl-cont", recursive=True)
+    run = tmp_path / "run"
+    with writers.JsonlWriter(run, clock=lambda: 2.0) as w:
+        w.write_scalars(2, {"a": 20})  # below the parts' 3: warned about, as on the URL
+        w.write_scalars(4, {"a": 4})
+    assert [(line["step"], line["a"]) for line in writers.read_jsonl(run)] == [
+        (1, 1),
+        (2, 2),
+        (3, 3),
+        (2, 20),
+        (4, 4),
+    ]
+    assert "step 2 comes after step 3" in caplog.text
+    with writers.JsonlWriter(run / "metrics.jsonl", clock=lambda: 3.0, resume_step=2) as w:
+        w.write_scalars(3, {"a": 30})
+    assert [(line["step"], line["a"]) for line in writers.read_jsonl(run)] == [
+        (1, 1),
+        (2, 2),
+        (2, 20),
+        (3, 30),
+    ]
+    assert (run / "metrics.jsonl").read_bytes() == b'{"step": 1, "a": 1}\n'  # never written
+
+
 def test_two_writers_of_one_url_keep_each_others_parts():
     # A preempted run still flushing as its replacement starts: both uploaded part
     # 000000-00000001.jsonl, and the later upload replaced the other's lines.
