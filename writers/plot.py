@@ -1,7 +1,8 @@
 """Plots from the logs, no server: chosen keys against step, as a PNG or in the terminal.
 
-Reads `metrics.jsonl` (or else the event files) of the runs at or under each path and draws one
-panel per key, runs overlaid, smoothed as TensorBoard does (`plot` extra: matplotlib, plotext).
+Reads `metrics.jsonl` (with the `.d/` parts of a URL log copied down; or else the event
+files) of the runs at or under each path and draws one panel per key, runs overlaid, smoothed
+as TensorBoard does (`plot` extra: matplotlib, plotext).
 
 Usage:
     python -m writers.plot runs/demo                          # loss and accuracy -> plot.png
@@ -41,7 +42,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from writers import _storage
+from writers import _jsonl_log, _storage
 from writers._checks import Problems, collapsed_url
 from writers.jsonl import _json_array
 
@@ -220,7 +221,9 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
                 continue
             jsonl = os.path.join(directory, _JSONL_NAME)
             pattern = os.path.join(glob.escape(directory), _EVENTS_GLOB)
-            files = (jsonl,) if os.path.isfile(jsonl) else tuple(sorted(glob.glob(pattern)))
+            # `.d`: a URL log copied down, read as read_jsonl reads it
+            found_jsonl = os.path.isfile(jsonl) or os.path.isdir(jsonl + ".d")
+            files = (jsonl,) if found_jsonl else tuple(sorted(glob.glob(pattern)))
             if not files:
                 continue
             # A run given itself: `<parent>/<name>`; one found below P: `<P's name>/<rel path>`.
@@ -245,7 +248,8 @@ def _read_jsonl(path: str) -> Iterator[tuple[str | None, int, str, float]]:
 
     Lenient, for a log still being written or written by hand: lines that are no JSON object
     are skipped (a last line without a newline counts when it is a whole object)."""
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
+    data = io.BytesIO(_jsonl_log.read_bytes(path))  # a URL log copied down: with its parts
+    with io.TextIOWrapper(data, encoding="utf-8-sig", errors="replace") as f:
         for line in f:
             try:
                 record = json.loads(line)
@@ -545,9 +549,9 @@ def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
     """Path, size and modification time of every file read (raises while there is no run)."""
     stats = []
     for _, files in _find_runs(paths):
-        for path in files:
+        for path in [*files, *(f"{f}.d" for f in files if f.endswith(".jsonl"))]:
             with contextlib.suppress(FileNotFoundError):  # rotated away since it was listed
-                stat = os.stat(path)
+                stat = os.stat(path)  # of `.d`, a directory: a new part changes its mtime
                 stats.append((path, stat.st_size, stat.st_mtime_ns))
     return tuple(stats)
 

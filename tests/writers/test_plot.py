@@ -332,6 +332,26 @@ def test_events_a_resumed_writer_purged_are_dropped_as_tensorboard_drops_them(tm
     assert loss.steps.tolist() == [0, 10, 20, 30, 40, 50, 60, 70, 80]
 
 
+def test_a_url_run_copied_down_is_plotted_from_its_parts(tmp_path):
+    """`gsutil cp -r gs://b/exp .`: with no metrics.jsonl, only its .d/ parts, the run was
+    "not found" (or, beside event files, plotted from them); beside the URL's object, the
+    object's steps alone."""
+    run = tmp_path / "exp" / "train"
+    with writers.JsonlWriter(f"file://{run}", flush_secs=1e9) as w:  # the URL's parts
+        for step in (2, 3):
+            w.write_scalars(step, {"loss": 1.0 / step})
+            w.flush()
+    _, (loss,) = load_series([str(tmp_path / "exp")], ["loss"], smoothing=0.0)
+    assert (loss.run, loss.steps.tolist(), loss.values.tolist()) == (
+        "exp/train",
+        [2, 3],
+        [0.5, 1 / 3],
+    )
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 4.0}\n')  # an object at the URL
+    _, (loss,) = load_series([str(run)], ["loss"], smoothing=0.0)
+    assert (loss.steps.tolist(), loss.values.tolist()) == ([1, 2, 3], [4.0, 0.5, 1 / 3])
+
+
 def test_hand_written_jsonl_is_read_as_leniently_as_a_torn_one(tmp_path):
     path = tmp_path / "run" / "metrics.jsonl"
     path.parent.mkdir()
