@@ -433,6 +433,10 @@ def _image_format(path: str) -> str:
     return suffix
 
 
+class _TooSmall(ValueError):
+    """The text plot does not fit its size: no log can change that, so --follow stops."""
+
+
 def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bool) -> str:
     """A `cols` x `rows` character plot of the smoothed lines, panels stacked (no NaN/inf)."""
     try:
@@ -440,7 +444,7 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
     except ImportError as err:
         raise ImportError(f"writers.plot: a terminal plot needs plotext; {_EXTRA}") from err
     if (each := rows // len(keys) - 4) < _MIN_PANEL_ROWS or cols < _MIN_COLS:
-        raise ValueError(
+        raise _TooSmall(
             f"writers.plot: {len(keys)} panel(s) in {cols} x {rows} characters leave each "
             f"{cols} x {max(each, 0)} to draw in; a plot needs {_MIN_COLS} x {_MIN_PANEL_ROWS}. "
             + " ".join(
@@ -569,6 +573,8 @@ def _follow(
                 last = signature
                 draw()
                 redraws += 1
+        except _TooSmall:  # printed once, it polled on until the logs changed, never drawing
+            raise
         except (FileNotFoundError, ValueError) as err:  # nothing to draw yet: say why once
             if str(err) != reported:
                 reported = str(err)

@@ -572,6 +572,14 @@ def test_terminal_panels_too_small_to_draw_in_are_refused_with_the_size_they_nee
         "writers.plot: 2 panel(s) in 10 x 40 characters leave each 10 x 16 to draw in; a plot "
         "needs 20 x 3. Pass --cols 20 or more."
     )
+    # --follow printed it once and polled on, drawing nothing, until the log changed.
+    follow = ("--terminal", "--follow", "--keys", "a,b", "--cols", "10", "--rows", "40")
+    result = _plot(str(tmp_path / "r"), *follow, timeout=30)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "writers.plot: 2 panel(s) in 10 x 40 characters leave each 10 x 16 to draw in; a plot "
+        "needs 20 x 3. Pass --cols 20 or more.\n"
+    )
     # As asked, not cut to 80 x 24 by plotext when output is no terminal: 3 rows a panel.
     text = plot_runs([str(tmp_path / "r")], list("abcdef"), terminal=True, cols=80, rows=42).text
     assert len(text.splitlines()) == 42
