@@ -339,7 +339,8 @@ def plot_runs(
     Args:
       paths: Run or experiment directories (see the module docstring).
       keys: Metrics to plot (None: `loss` and `accuracy`, or the first few keys).
-      out: PNG file to write (replaced atomically), or None for no PNG.
+      out: Image file to write (replaced atomically), in the format its suffix names (PNG
+        without one: `.svg`, `.pdf`, `.jpg`, any matplotlib writes), or None for no image.
       terminal: Also render a text plot (returned as `PlotData.text`, not printed).
       smoothing: TensorBoard's smoothing weight in [0, 1).
       width: PNG width in pixels.
@@ -591,7 +592,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add = parser.add_argument
     add("run_dirs", nargs="+", metavar="RUN_DIR", help="run or experiment dirs")
     add("--keys", default="", help="comma-separated keys (default: loss,accuracy)")
-    add("--out", help="PNG to write (default plot.png, unless --terminal)")
+    add(
+        "--out",
+        help="image to write: .png, .svg, .pdf, .jpg, ... (default plot.png, unless --terminal)",
+    )
     add("--terminal", action="store_true", help="print a text plot")
     add("--smoothing", type=float, default=0.6, help="TensorBoard's, in [0, 1)")
     add("--width", type=int, default=1200, help="PNG width in pixels")

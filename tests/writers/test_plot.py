@@ -459,6 +459,8 @@ def test_out_names_the_format_and_a_path_it_cannot_write_exits_2_naming_it(tmp_p
     _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 1.0}])
     plot_runs([run], out=str(tmp_path / "plot.svg"))
     assert (tmp_path / "plot.svg").read_text().lstrip().startswith("<?xml")  # not PNG bytes
+    plot_runs([run], out=str(tmp_path / "plot.jpg"))  # the README named PNG, SVG, PDF alone
+    assert (tmp_path / "plot.jpg").read_bytes()[:3] == b"\xff\xd8\xff"  # a JPEG
     for follow in ((), ("--follow",)):  # --follow polled forever, printing the error once
         result = _plot(run, "--out", str(tmp_path / "plot.txt"), *follow)
         assert result.returncode == 2
