@@ -385,7 +385,10 @@ def _latest(fs: Any, base: str) -> tuple[int, list[str], list[str]]:
 
 
 def _read_parts(fs: Any, base: str, names: list[str]) -> bytes:
-    return b"".join(fs.cat_file(f"{base}/{name}") for name in names)
+    # Each part ends in a newline; one that does not was cut (a file:// write killed mid-way,
+    # not atomic as an object's upload is), and its rest would glue onto the next part's line.
+    parts = (fs.cat_file(f"{base}/{name}") for name in names)
+    return b"".join(part[: part.rfind(b"\n") + 1] for part in parts)
 
 
 def _plain(fs: Any, base: str) -> bytes:

@@ -297,6 +297,29 @@ def test_a_url_log_copied_down_is_continued_as_on_the_url(tmp_path, caplog):
     assert (run / "metrics.jsonl").read_bytes() == b'{"step": 1, "a": 1}\n'  # never written
 
 
+def test_a_part_cut_by_a_killed_file_url_write_loses_its_line_alone(tmp_path):
+    # A file:// part is written in place: cut mid-line, its rest was glued onto the next
+    # part's first line, so read_jsonl refused the log ("line 3 ... is not JSON"), and a
+    # resume kept the glued line, under step 3, in the next generation.
+    url = f"file://{tmp_path}/run/metrics.jsonl"
+    with writers.JsonlWriter(url, clock=lambda: 1.0, flush_secs=1e9) as w:
+        for step in (1, 2, 3):
+            w.write_scalars(step, {"a": step})
+            w.flush()  # one part each
+    *_, last = sorted((tmp_path / "run" / "metrics.jsonl.d").iterdir())
+    last.write_bytes(last.read_bytes()[:20])  # b'{"step": 3, "time": '
+    with writers.JsonlWriter(url, clock=lambda: 2.0) as w:
+        w.write_scalars(4, {"a": 4})
+    assert [line["step"] for line in writers.read_jsonl(url)] == [1, 2, 4]
+    with writers.JsonlWriter(url, clock=lambda: 3.0, resume_step=3) as w:
+        w.write_scalars(4, {"a": 40})
+    assert [(line["step"], line["a"]) for line in writers.read_jsonl(url)] == [
+        (1, 1),
+        (2, 2),
+        (4, 40),
+    ]
+
+
 def test_two_writers_of_one_url_keep_each_others_parts():
     # A preempted run still flushing as its replacement starts: both uploaded part
     # 000000-00000001.jsonl, and the later upload replaced the other's lines.
