@@ -498,6 +498,9 @@ def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
     assert result.returncode == 2  # checked before --follow starts waiting
     assert "--smoothing must be in [0, 1) (TensorBoard's slider), got 1.0" in result.stderr
     assert "--width must be a positive integer, got 0" in result.stderr
+    result = _plot("gs://b/exp", "--follow", timeout=30)  # waited: "not a directory" yet
+    assert result.returncode == 2 and "run_dir 'gs://b/exp' is a URL" in result.stderr
+    assert "copy the run down first (gsutil cp -r, aws s3 cp --recursive)" in result.stderr
 
 
 def test_keys_with_spaces_after_the_commas_are_the_keys(tmp_path, capsys):
