@@ -901,9 +901,8 @@ class MetricsManager:
         return "; ".join(found) or None
 
     def _refused(self, call: str) -> dict[str, Exception]:
-        """The keys left out of `call`'s writes (hyperparameters' apart from the others')."""
-        summarizer = self._summarizer
-        return summarizer.refused_hparams if call == "write_hparams" else summarizer.refused
+        """The keys left out of `call`'s writes."""
+        return self._summarizer.refused[call]
 
     def _key_problem(self, method: str, keys: Any) -> str | None:
         """Why a writer would refuse some of `keys` (reserved or, for MLflow, invalid names)."""

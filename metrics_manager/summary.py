@@ -7,6 +7,7 @@ that fails, or gives a value no writer takes, costs its key, not the summary.
 Host-side module: never import it from code traced by jit.
 """
 
+import collections
 import dataclasses
 import logging
 import math
@@ -67,12 +68,11 @@ class Summarizer:
         self._warned_zero = False
         self._zero_window: set[str] = set()  # the time keys of a 0 s window: not checked
         self._step_key = ""  # the key of a `Step` metric, for that count
-        # Keys a writer refuses, left out of the writes (set by the manager with several
-        # processes, where refusing at the call on process 0 alone would hang the others).
-        self.refused: dict[str, Exception] = {}
-        # Hyperparameters' apart: a config's `time` was left out after a scalar `time`, which
-        # JSONL keeps for its lines alone (it takes the hyperparameter).
-        self.refused_hparams: dict[str, Exception] = {}
+        # Keys a writer refuses, by call, left out of that call's writes (set by the manager
+        # with several processes, where refusing at the call on process 0 alone would hang
+        # the others). By call: a config's `time` was left out after a scalar `time`, which
+        # JSONL keeps for its lines alone, and a text 'acc@1' after the scalar MLflow refuses.
+        self.refused: dict[str, dict[str, Exception]] = collections.defaultdict(dict)
 
     def values(
         self,
@@ -219,14 +219,14 @@ class Summarizer:
     def calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:
         """The writers' `(method, kwargs)` calls for `summary`, scalars checked once for all."""
         skipped: dict[str, str] = {}
-        if self.refused or self.refused_hparams:
-            hparam = clu.values.HyperParam
-            summary = {
-                k: v
-                for k, v in summary.items()
-                if k not in (self.refused_hparams if isinstance(v, hparam) else self.refused)
-            }
         calls = writers.group_values(summary, skipped)
+        if any(self.refused.values()):  # each call without the keys refused in that call
+            for method, kwargs in calls:
+                values = next(iter(kwargs.values()))  # scalars, texts, arrays, ...
+                for key in self.refused[method].keys() & values.keys():
+                    del values[key]
+                    kwargs.get("num_buckets", {}).pop(key, None)
+            calls = [call for call in calls if next(iter(call[1].values()))]
         for key, what in skipped.items():  # that key is lost, not the summary
             unwritable = TypeError(values_lib.unsupported_message({key: what}))
             self._failures.record(Failure(f"metric:{key}", step, (key,), unwritable))

@@ -2198,6 +2198,29 @@ def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path
     assert [f.source for f in manager.errors] == ["metric:time"]  # the scalar alone
 
 
+def test_a_key_mlflow_refuses_as_a_metric_is_still_written_as_a_text(tmp_path, monkeypatch):
+    # 'acc@1' is no MLflow metric name, but a fine artifact path: with several processes the
+    # scalar was left out, and so were the texts under that key (every writer's, no failure).
+    from tests.writers.tracker_stores import sqlite_store
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    url = sqlite_store(str(tmp_path / "mlflow"))
+    factory = _jsonl_and_mlflow({}, lambda: url, "refused", flush_secs=60.0)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        manager.write_scalars(1, {"acc@1": 0.5, "loss": 2.0})
+        manager.write_texts(2, {"acc@1": "a text"})
+        summary = {"acc@1": clu.values.Text("in a summary"), "loss": Sum(3.0)}
+        manager.write_metrics_summary(summary, 3, 1)
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(x["step"], x.get("acc@1"), x.get("loss")) for x in lines] == [
+        (1, None, 2.0),
+        (2, "a text", None),
+        (3, None, 3.0),
+        (3, "in a summary", None),
+    ]
+    assert [(f.source, f.step) for f in manager.errors] == [("metric:acc@1", 1)]
+
+
 # --------------------------------------------------------------- bad input at the call
 
 GOOD = {"loss": Sum(np.float32(1.0))}
