@@ -96,6 +96,15 @@ class TensorBoardWriter(BaseWriter):
             metas = {k: self._tb.metadata(metadata.get(k), where) for k in values}
         else:
             metas = dict.fromkeys(values, self._tb.metadata(metadata, where))
+        kinds: dict[str, list[str]] = {}
+        for key, meta in metas.items():
+            plugin = meta.plugin_data.plugin_name if meta is not None else ""
+            kind = {"text": "texts", "": "tensors"}.get(plugin, plugin)
+            # Without a plugin a tensor claims no tag, but joins the series of one claimed.
+            if plugin or key in self._kinds:
+                kinds.setdefault(kind, []).append(key)
+        for kind, tags in kinds.items():
+            self._check_kinds("write_summaries", kind, tags)
         self._emit(step, [self._tb.tensor(k, np.asarray(v), metas[k]) for k, v in values.items()])
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:

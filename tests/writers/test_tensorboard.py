@@ -250,6 +250,40 @@ def test_a_key_written_as_another_kind_is_kept_and_warned_about_once(tmp_path, c
     assert [e.step for e in acc.Tensors("i")] == [2, 3, 4]
 
 
+def test_a_raw_tensor_under_a_key_of_another_kind_is_warned_about_like_the_others(tmp_path, caplog):
+    # write_summaries checked no kind: a tensor of shape [3] joined the scalar series of 'x'
+    # with no word. A tensor without a plugin claims no tag ('y' stays a text tag).
+    from tensorboard.compat.proto import summary_pb2
+
+    plugin = summary_pb2.SummaryMetadata.PluginData(plugin_name="text")
+    text = summary_pb2.SummaryMetadata(plugin_data=plugin)
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_scalars(1, {"x": 1.0})
+    with caplog.at_level(logging.WARNING):
+        w.write_summaries(2, {"x": np.ones(3), "y": np.ones(2)})
+        w.write_texts(3, {"y": "a text"})
+        w.write_summaries(3, {"t": np.array("markdown", object)}, {"t": text})
+        w.write_texts(4, {"t": "more"})  # the same kind: no word
+        w.write_scalars(4, {"t": 2.0})
+    w.close()
+    warned = [r.getMessage() for r in caplog.records if "on no dashboard" in r.getMessage()]
+    assert [m.split(": tags ")[1].split(", so")[0] for m in warned] == [
+        "['x'] were first written as ['scalars']; TensorBoard shows a tag as the kind first "
+        "written to it",
+        "['t'] were first written as ['texts']; TensorBoard shows a tag as the kind first "
+        "written to it",
+    ]
+    assert ".write_summaries: " in warned[0] and "these tensors are" in warned[0]
+    acc = pea.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    acc.Reload()
+    shown = {p: sorted(acc.PluginTagToContent(p)) for p in acc.ActivePlugins()}
+    assert shown == {"scalars": ["x"], "text": ["t", "y"]}
+    assert [(e.step, len(e.tensor_proto.tensor_shape.dim)) for e in acc.Tensors("x")] == [
+        (1, 0),
+        (2, 1),
+    ]
+
+
 def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_path):
     """A mixed-precision model's outputs: bfloat16 holds exactly in float32."""
     gray = jnp.array([[0.0, 0.5], [1.0, 0.25]], jnp.bfloat16)[..., None]
