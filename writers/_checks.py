@@ -702,11 +702,18 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             f"audio {key!r} must be a float array of shape [N, T, C] with values in "
             f"[-1, 1], got dtype {arr.dtype} and shape {arr.shape}.{fix}"
         )
-    if kind == "audio" and arr.shape[-1] > MAX_CHANNELS:
+    if kind == "audio" and (
+        (channels := arr.shape[-1]) > MAX_CHANNELS or 0 < (samples := arr.shape[-2]) < channels
+    ):  # more channels than samples: a clip of shape [N, C, T] (16,000 channels of 1 sample)
+        why = (
+            f"a WAV holds at most {MAX_CHANNELS}"
+            if channels > MAX_CHANNELS
+            else f"more than its {samples} sample{'s' * (samples != 1)} per channel"
+        )
         return (
-            f"audio {key!r} has {arr.shape[-1]} channels (shape {arr.shape}, [N, T, C]); a WAV "
-            f"holds at most {MAX_CHANNELS}. Move the channel axis last for clips of shape "
-            "[N, C, T] (torchaudio's): np.moveaxis(x, -1, -2)."
+            f"audio {key!r} has {channels} channels (shape {arr.shape}, [N, T, C]); {why}. "
+            "Move the channel axis last for clips of shape [N, C, T] (torchaudio's): "
+            "np.moveaxis(x, -1, -2)."
         )
     if kind != "histogram":
         empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."

@@ -195,6 +195,11 @@ BAD_CALLS = [
         ValueError,
         lambda w: w.write_audios(0, {"a": np.zeros((1, 1, 40000))}, sample_rate=8000),
     ),
+    (  # 1 s at 16 kHz: a WAV of 16,000 channels of 1 sample
+        "[N, C, T] clip of more channels than samples",
+        ValueError,
+        lambda w: w.write_audios(0, {"a": np.zeros((1, 1, 16000))}, sample_rate=16000),
+    ),
     (  # a mono byte rate of 2 * 2**31: wave's struct.error likewise
         "byte rate past a WAV header",
         ValueError,

@@ -32,7 +32,7 @@ from tensorboard.util import tensor_util
 
 import writers
 from tests.writers.test_jsonl import ODD_HPARAMS, ODD_VALUES
-from writers import _records, plot
+from writers import _encode, _records, plot
 
 _ALL = {ea.SCALARS: 0, ea.TENSORS: 0, ea.IMAGES: 0, ea.AUDIO: 0, ea.HISTOGRAMS: 0}
 
@@ -196,21 +196,30 @@ def test_a_key_named_as_another_keys_clip_tag_is_refused_and_nothing_of_the_call
 def test_clips_past_a_wav_header_are_refused_and_its_limits_read_back(tmp_path):
     # wave's struct.error ("ushort format requires 0 <= number <= 65535") for a [N, C, T]
     # clip of 3 s at 16 kHz, and ("'L' format requires ...") for a mono rate of 2**31.
+    # A [N, C, T] clip of 1 s was written as a WAV of 16,000 channels of 1 sample.
     w = writers.TensorBoardWriter(tmp_path)
     with pytest.raises(ValueError, match=r"'a' has 48000 channels .*np.moveaxis\(x, -1, -2\)"):
         w.write_audios(0, {"a": np.zeros((1, 1, 48000))}, sample_rate=16000)
+    for shape, samples in (((1, 1, 16000), "1 sample"), ((2, 2, 16000), "2 samples")):
+        with pytest.raises(ValueError) as err:
+            w.write_audios(0, {"a": np.zeros(shape)}, sample_rate=16000)
+        assert str(err.value) == (
+            f"TensorBoardWriter.write_audios: audio 'a' has 16000 channels (shape {shape}, [N, T, "
+            f"C]); more than its {samples} per channel. Move the channel axis last for clips of "
+            "shape [N, C, T] (torchaudio's): np.moveaxis(x, -1, -2)."
+        )
     with pytest.raises(ValueError, match=r"sample_rate 2147483648 is too high .* of \['a'\]"):
         w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=2**31)
     w.write_audios(1, {"mono": np.full((1, 2, 1), 0.5)}, sample_rate=2**31 - 1)
-    w.write_audios(1, {"wide": np.full((1, 2, 2**15 - 1), -0.5)}, sample_rate=8000)
     w.close()
-    acc = _accumulator(tmp_path)
-    for key, rate, channels, sample in (
-        ("mono", 2**31 - 1, 1, 16384),
-        ("wide", 8000, 32767, -16384),
+    (audio,) = _accumulator(tmp_path).Audio("mono")
+    # The most channels a WAV holds (only a clip of as many samples reaches the encoder).
+    wide = _encode.wav(np.full((2, 2**15 - 1), -0.5), 8000)
+    for data, rate, channels, sample in (
+        (audio.encoded_audio_string, 2**31 - 1, 1, 16384),
+        (wide, 8000, 32767, -16384),
     ):
-        (audio,) = acc.Audio(key)
-        with wave.open(io.BytesIO(audio.encoded_audio_string)) as wav:
+        with wave.open(io.BytesIO(data)) as wav:
             assert (wav.getframerate(), wav.getnchannels(), wav.getnframes()) == (rate, channels, 2)
             assert set(np.frombuffer(wav.readframes(2), "<i2").tolist()) == {sample}
 
