@@ -13,7 +13,8 @@ that send raises. A changed param of this writer's run is refused by its `write_
 (under a manager or `AsyncWriter`, on the worker: a writer failure).
 
 Where values land: scalars are metrics (`log_batch`, up to MLflow's 1000 metrics a batch;
-NaN kept, infinities as the store keeps them: the SQL store clamps them to +-1.797e308);
+float64, so ints past 2**53 are rounded; NaN kept, infinities as the store keeps them: the
+SQL store clamps them to +-1.797e308, and SQLite reads -0.0 back as 0.0);
 hparams are params (100 per batch; MLflow params never change, so a different value for a
 key the run has is refused). Metric and param names MLflow would refuse are refused at the
 call. Texts, images, videos, audio, histograms and raw tensors are artifacts, all files of

@@ -2,10 +2,11 @@
 
 Needs the `wandb` extra. Only process 0 creates a run and logs; the others check their inputs
 and log nothing. Where values land (one history row per step): scalars as numbers (NaN and
-infinities kept), texts as strings, images as a list of `wandb.Image`s per key, videos as one
-filmstrip image `[H, T*W, C]` per video (`wandb.Video` would need moviepy; at most 108 images
-or videos a key and call, all W&B keeps), audio as `wandb.Audio` 16-bit WAV clips under `<key>`
-or `<key>/<i>` when N > 1, histograms as `wandb.Histogram` (at most 512 buckets), hparams in
+infinities kept; ints exact in int64's range, past it floats; -0.0 reads back as 0), texts
+as strings, images as a list of `wandb.Image`s per key, videos as one filmstrip image
+`[H, T*W, C]` per video (`wandb.Video` would need moviepy; at most 108 images or videos a
+key and call, all W&B keeps), audio as `wandb.Audio` 16-bit WAV clips under `<key>` or
+`<key>/<i>` when N > 1, histograms as `wandb.Histogram` (at most 512 buckets), hparams in
 the run's config (JSON there: a NaN hparam reads back as null; None is written as "None", as every writer does). Raw tensors
 (`write_summaries`, which W&B has no type for) are exact `.npy` files in the run's files,
 `summaries/<key>/step_<step 8 digits>.npy` (TensorBoard's metadata is not kept; keys must be

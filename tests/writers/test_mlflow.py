@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import sys
 import threading
@@ -83,10 +84,12 @@ def test_a_call_over_mlflows_batch_limit_is_split_into_full_batches(store, monke
 
 def test_nan_is_kept_and_ints_become_floats(store):
     w = _writer(store)
-    w.write_scalars(1, {"nan": float("nan"), "n": np.int64(7), "ok": True})
+    odd = {"zero": -0.0, "big": 2**53 + 1}  # what the SQLite store keeps: float64, no -0.0
+    w.write_scalars(1, {"nan": float("nan"), "n": np.int64(7), "ok": True, **odd})
     w.close()
     metrics = MlflowClient(store["tracking_uri"]).get_run(w.run_id).data.metrics
     assert np.isnan(metrics["nan"]) and metrics["n"] == 7.0 and metrics["ok"] == 1.0
+    assert (math.copysign(1, metrics["zero"]), metrics["big"]) == (1.0, 2.0**53)
 
 
 def test_ints_beyond_float64_are_infinities_and_do_not_lose_the_calls_other_keys(store):

@@ -63,10 +63,13 @@ def test_nan_inf_texts_and_calls_at_one_step_fill_one_row(tmp_path):
     w.write_scalars(1, {"nan": float("nan"), "inf": np.inf, "n": np.int64(7)})
     w.write_texts(1, {"note": "héllo"})
     w.write_scalars(2, {"n": 8})
+    w.write_scalars(3, {"zero": -0.0, "big": 2**63 - 1, "past_int64": 2**63})
     w.close()
     rows = wandb_history(wandb_run_files(str(tmp_path))[0])
     assert np.isnan(rows[1]["nan"]) and rows[1]["inf"] == np.inf
     assert (rows[1]["n"], rows[1]["note"], rows[2]) == (7, "héllo", {"n": 8})
+    assert rows[3] == {"zero": 0, "big": 2**63 - 1, "past_int64": 2.0**63}  # W&B's JSON
+    assert type(rows[3]["zero"]) is int
 
 
 def test_images_videos_audio_histograms(tmp_path):
