@@ -6,6 +6,7 @@ also `metrics_manager`'s error collector: `writers` never imports `metrics_manag
 
 import copy
 import dataclasses
+import decimal
 import inspect
 import math
 import numbers
@@ -498,8 +499,11 @@ def to_number(key: str, value: Any) -> int | float:
             "Pass float(value) (inf past 1.8e308, as TensorBoard stores it), or raise "
             "sys.set_int_max_str_digits()."
         )
-    if isinstance(value, numbers.Real):
-        return float(value)
+    if isinstance(value, numbers.Real | decimal.Decimal):  # a Decimal is no numbers.Real
+        try:
+            return float(value)
+        except OverflowError:  # a Fraction past float64's range: +-inf, as TensorBoard keeps it
+            return -math.inf if value < 0 else math.inf
     raise TypeError(
         f"scalar {key!r} must be a number, got {value!r} of type {type(value).__name__}. "
         "Write strings with write_texts."

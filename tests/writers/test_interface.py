@@ -5,6 +5,9 @@ from __future__ import annotations
 import inspect
 import io
 import json
+import math
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -106,6 +109,11 @@ def test_to_number_keeps_python_types_and_rejects_non_scalars():
         to_number("a", np.zeros(2))
     with pytest.raises(TypeError, match="'a' must be a number"):
         to_number("a", "1.0")
+    # write_values took a Decimal as a number, then write_scalars refused it as none; a
+    # Fraction past float64's range raised a bare OverflowError naming no key.
+    assert (to_number("a", Decimal("0.25")), to_number("a", Fraction(1, 4))) == (0.25, 0.25)
+    assert to_number("a", Fraction(-(10**400), 3)) == -math.inf
+    assert math.isnan(to_number("a", Decimal("NaN")))
 
 
 def test_images_as_uint8_scales_floats_and_clips():
