@@ -50,7 +50,6 @@ DEFAULT_KEYS = ("loss", "accuracy")
 MAX_DEFAULT_KEYS = 4
 _MIN_PANEL_ROWS, _MIN_COLS = 3, 20  # a terminal panel's smallest plotting area
 _EXTRA = "pip install 'jax-metrics-manager[plot]'"
-_JSONL_NAME = "metrics.jsonl"
 _EVENTS_GLOB = "events.out.tfevents.*"
 _NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float() reads them
 _GLYPHS = ("•", "x", "o", "+", "*", "#", "%", "@")  # terminal markers of runs sharing a panel
@@ -158,9 +157,8 @@ def load_series(
             read = _read_jsonl(path) if path.endswith(".jsonl") else _read_events(path)
             for collection, step, key, value in read:  # a step written twice: the last value
                 if key is None:  # a restart at `step`: earlier runs' points from it on go
-                    for points in scalars.values():
-                        for stale in [s for s in points if s >= step]:
-                            del points[stale]
+                    for name, points in scalars.items():
+                        scalars[name] = {s: v for s, v in points.items() if s < step}
                     continue
                 scalars.setdefault((collection, key), {})[step] = value
         several = len({collection for collection, _ in scalars}) > 1
@@ -219,7 +217,7 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
             subdirs.sort()
             if any(directory == seen for _, seen, _ in found):  # a run and its parent given
                 continue
-            jsonl = os.path.join(directory, _JSONL_NAME)
+            jsonl = os.path.join(directory, _jsonl_log.LOG_NAME)
             pattern = os.path.join(glob.escape(directory), _EVENTS_GLOB)
             # `.d`: a URL log copied down, read as read_jsonl reads it
             found_jsonl = os.path.isfile(jsonl) or os.path.isdir(jsonl + ".d")
@@ -234,7 +232,7 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
             os.path.commonpath([root, seen]) == root for _, seen, _ in found
         ):
             problems.value_problem(
-                f"no {_JSONL_NAME} and no {_EVENTS_GLOB} files in {given!r} or any directory below it"
+                f"no {_jsonl_log.LOG_NAME} and no {_EVENTS_GLOB} files in {given!r} or any directory below it"
             )
     problems.raise_if_any(error=FileNotFoundError)
     labels = [label for label, _, _ in found]
@@ -445,21 +443,16 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
     except ImportError as err:
         raise ImportError(f"writers.plot: a terminal plot needs plotext; {_EXTRA}") from err
     if (each := rows // len(keys) - 4) < _MIN_PANEL_ROWS or cols < _MIN_COLS:
+        fixes = [f"Pass --cols {_MIN_COLS} or more."] if cols < _MIN_COLS else []  # not --rows
+        if each < _MIN_PANEL_ROWS:
+            fixes.append(
+                f"Pass --rows {len(keys) * (_MIN_PANEL_ROWS + 4)} or more (output that is not a "
+                "terminal gets 80 x 24), or fewer --keys."
+            )
         raise _TooSmall(
             f"writers.plot: {len(keys)} panel(s) in {cols} x {rows} characters leave each "
             f"{cols} x {max(each, 0)} to draw in; a plot needs {_MIN_COLS} x {_MIN_PANEL_ROWS}. "
-            + " ".join(
-                fix
-                for fix, short in [
-                    (f"Pass --cols {_MIN_COLS} or more.", cols < _MIN_COLS),  # not --rows
-                    (
-                        f"Pass --rows {len(keys) * (_MIN_PANEL_ROWS + 4)} or more (output that "
-                        "is not a terminal gets 80 x 24), or fewer --keys.",
-                        each < _MIN_PANEL_ROWS,
-                    ),
-                ]
-                if short
-            )
+            + " ".join(fixes)
         )
     figure = plotext.figure  # plotext draws on one module-wide figure: reset it first
     figure.clear.all()
