@@ -40,10 +40,8 @@ _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log")
 
 
 def log_file(path: str) -> str:
-    """`path` if it names a file (an existing non-directory such as `/dev/stdout` or a pipe,
-    or a new path ending in `.jsonl`, `.ndjson`, `.json` or `.log`), else (an existing
-    directory, whatever its name) `path/metrics.jsonl`, where `read_jsonl(logdir)`,
-    TensorBoard and the plot command look."""
+    """`path` if it names a file (an existing non-directory, or a new path with a log suffix),
+    else `path/metrics.jsonl` (as `JsonlWriter`'s `path` argument says)."""
     if not _storage.is_remote(path) and os.path.exists(path):
         return _storage.join(path, LOG_NAME) if os.path.isdir(path) else path
     return path if path.endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)
@@ -51,9 +49,7 @@ def log_file(path: str) -> str:
 
 def as_url(path: str) -> str:
     """`path`, or the `file://` URL of a local log copied down from a URL (`<path>.d/` parts
-    beside it: `gsutil cp -r gs://b/run .`), which is read and continued as on the URL. No
-    local writer makes `.d`: read alone, `path` lacked the parts' lines, and lines appended
-    to it were read before theirs."""
+    beside it, which no local writer makes), so that it is read and continued as parts."""
     if not _storage.is_remote(path) and os.path.isdir(path + ".d"):
         return "file://" + os.path.abspath(path)
     return path
@@ -286,8 +282,7 @@ _STREAMS = re.compile(r"/dev/(stdout|stderr)|/(?:dev|proc/self)/fd/(\d+)")
 
 def _stream(path: str) -> int | None:
     """The descriptor of a standard stream that `path` names (`/dev/stdout`, `/dev/fd/2`)."""
-    match = _STREAMS.fullmatch(path)
-    if match is None:
+    if (match := _STREAMS.fullmatch(path)) is None:
         return None
     return {"stdout": 1, "stderr": 2}[match.group(1)] if match.group(1) else int(match.group(2))
 
