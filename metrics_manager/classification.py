@@ -183,9 +183,8 @@ def _outside_unit_interval(
     if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
         counted = jnp.where(mask, scores, jnp.nan)  # masked-out padding is no problem
         low, high = np.asarray(jnp.nanmin(counted)), np.asarray(jnp.nanmax(counted))
-        span = (
-            "all NaN" if np.isnan(low) else f"from {low!s} to {high!s}, or NaN"
-        )  # 0.3, not 0.300..1
+        # str: 0.3, not 0.300..1
+        span = "all NaN" if np.isnan(low) else f"from {low!s} to {high!s}, or NaN"
         problems.value_problem(
             f"predictions must be probabilities in [0, 1]; {n} of "
             f"{int(exact_count(jnp.broadcast_to(mask, counted.shape)))} unmasked are not "
@@ -395,10 +394,7 @@ class _ConfusionCounts(_Counts):
         )
 
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
-        raise TypeError(
-            f"{type(self).__name__} holds confusion counts only; compute Precision, Recall or "
-            "FBeta instead."
-        )
+        raise NotImplementedError  # Precision, Recall and FBeta score the counts
 
     def compute(self) -> jax.Array:
         tp, fp, fn = jnp.atleast_1d(self.true_positives, self.false_positives, self.false_negatives)
