@@ -327,8 +327,7 @@ class RemoteLog:
     def __init__(self, path: str, resume_step: int | None, max_buffer_bytes: float):
         directory = path.rstrip("/") + ".d"
         fs, base = _storage.filesystem(directory)
-        generation, current, stale = _latest(fs, base)
-        plain = _plain(fs, base) if generation == 0 else b""
+        generation, current, stale, plain = _latest(fs, base)
         if resume_step is not None and (current or plain):
             lines = [*plain.splitlines(True), *_read_parts(fs, base, current).splitlines(True)]
             tail = b"".join(kept_lines(lines, resume_step))
@@ -370,13 +369,20 @@ def _part_key(name: str) -> tuple[int, str]:
     return int(index), writer or ""
 
 
-def _latest(fs: Any, base: str) -> tuple[int, list[str], list[str]]:
-    """The newest generation of parts in `base`, its parts' names in read order, older parts'."""
+def _latest(fs: Any, base: str) -> tuple[int, list[str], list[str], bytes]:
+    """The newest generation of parts in `base`, its parts' names in read order, older parts',
+    and in generation 0 (later ones hold its kept lines) the object at the log's own path
+    (`base` less `.d`: a local log copied up; JsonlWriter writes none there), else b""."""
     names = _storage.names_in(fs, base)
     parts = [(int(m.group(1)), name) for name in names if (m := _PART.match(name))]
     generation = max((g for g, _ in parts), default=0)
     stale = [name for g, name in parts if g < generation]
-    return generation, sorted((n for g, n in parts if g == generation), key=_part_key), stale
+    current = sorted((n for g, n in parts if g == generation), key=_part_key)
+    plain = b""
+    if generation == 0:
+        with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+            plain = fs.cat_file(base[: -len(".d")])
+    return generation, current, stale, plain
 
 
 def _read_parts(fs: Any, base: str, names: list[str]) -> bytes:
@@ -384,15 +390,6 @@ def _read_parts(fs: Any, base: str, names: list[str]) -> bytes:
     # not atomic as an object's upload is), and its rest would glue onto the next part's line.
     parts = (fs.cat_file(f"{base}/{name}") for name in names)
     return b"".join(part[: part.rfind(b"\n") + 1] for part in parts)
-
-
-def _plain(fs: Any, base: str) -> bytes:
-    """The object at the log's own path (`base` less `.d`: a local log copied to the bucket,
-    `gsutil cp metrics.jsonl gs://b/run/`), b"" if none; JsonlWriter writes none there."""
-    try:
-        return fs.cat_file(base[: -len(".d")])
-    except (FileNotFoundError, IsADirectoryError):
-        return b""
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -444,8 +441,7 @@ def _read_remote(path: str) -> bytes:
     directory = path.rstrip("/") + ".d"
     fs, base = _storage.filesystem(directory)
     for _ in range(5):  # a resume may delete the generation being read: list again
-        generation, current, _ = _latest(fs, base)
-        plain = _plain(fs, base) if generation == 0 else b""  # a resume took its lines
+        _, current, _, plain = _latest(fs, base)
         if not current and not plain:
             break
         with contextlib.suppress(FileNotFoundError):  # a last line without its newline: cut
