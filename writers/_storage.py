@@ -78,8 +78,7 @@ def restore_if_deleted(fd: int, path: str, owner: str) -> bool | None:
     try:
         with open(f"/proc/self/fd/{fd}", "rb") as deleted:  # Linux: the unlinked file's bytes
             contents = deleted.read()
-        created = _create_file(path, contents)
-        problem = None if created else "a new file is there now, left as it is"
+        problem = None if _create_file(path, contents) else "a new file is there now, left as it is"
     except OSError as err:
         problem = f"it cannot be written there again ({err})"
     if problem:

@@ -49,9 +49,7 @@ from absl import logging
 from writers import _checks, _encode, _jsonl_log, _storage
 from writers._base import BaseWriter, flush_every
 
-RESERVED_KEYS = ("step", "time", "collection")
-
-_RESERVED = dict.fromkeys(RESERVED_KEYS, "JsonlWriter")
+_RESERVED = dict.fromkeys(("step", "time", "collection"), "JsonlWriter")
 # allow_nan=False: a non-finite float that slipped through fails loudly instead of writing a
 # line that strict JSON readers reject. Built once, not per `json.dumps` call.
 _ENCODER = json.JSONEncoder(allow_nan=False)
@@ -85,7 +83,7 @@ class JsonlWriter(BaseWriter):
       ImportError: `path` is a URL whose fsspec backend (gcsfs, s3fs) is missing.
     """
 
-    reserved_keys = RESERVED_KEYS
+    reserved_keys = tuple(_RESERVED)
     """Keys a value may not have: every line's own fields (a manager refuses them at the call)."""
 
     def __init__(
