@@ -157,14 +157,12 @@ def hparams(values: Mapping[str, Any]) -> list[Any]:
     return list(session_start.value)
 
 
-def metadata(raw: Any, method: str) -> Any:
+def metadata(raw: Any) -> Any:
     """A `SummaryMetadata` from a proto (tensorboardX's, TensorBoard's or TF's) or bytes."""
     if raw is None:
         return None
-    if isinstance(raw, bytes):
-        return summary_pb2.SummaryMetadata.FromString(raw)
-    _checks.check_metadata(raw, method)
-    return summary_pb2.SummaryMetadata.FromString(raw.SerializeToString())
+    data = raw if isinstance(raw, bytes) else raw.SerializeToString()
+    return summary_pb2.SummaryMetadata.FromString(data)
 
 
 def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:

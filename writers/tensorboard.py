@@ -91,11 +91,10 @@ class TensorBoardWriter(BaseWriter):
         return self._file.path
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
-        where = "TensorBoardWriter.write_summaries"
         if isinstance(metadata, Mapping):  # per key, as CLU's writer takes it
-            metas = {k: self._tb.metadata(metadata.get(k), where) for k in values}
+            metas = {k: self._tb.metadata(metadata.get(k)) for k in values}
         else:
-            metas = dict.fromkeys(values, self._tb.metadata(metadata, where))
+            metas = dict.fromkeys(values, self._tb.metadata(metadata))
         kinds: dict[str, list[str]] = {}
         for key, meta in metas.items():
             plugin = meta.plugin_data.plugin_name if meta is not None else ""
@@ -139,9 +138,7 @@ class TensorBoardWriter(BaseWriter):
             return
         shown = {key: repr(value) for key, value in hparams.items()}  # arrays compare as text
         if self._hparams_shown is None:
-            self._hparams_shown = shown
-            self._emit(0, self._tb.hparams(hparams))
-            return
+            self._hparams_shown = shown  # so nothing is hidden below
         hidden = sorted(k for k, v in shown.items() if self._hparams_shown.get(k) != v)
         if hidden and not self._hparams_warned:
             self._hparams_warned = True
