@@ -9,24 +9,16 @@ importing torch for the first time during those 0.4 s would fail: a program usin
 imports it at its start.)
 """
 
+# ruff: noqa: F401
 import sys
 
 _HIDE = "torch" not in sys.modules and "tensorboardX" not in sys.modules
 if _HIDE:
     sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
-try:
+try:  # imported from here by the writers' modules
     from tensorboardX import summary
     from tensorboardX.proto import event_pb2, plugin_hparams_pb2, summary_pb2, tensor_pb2
     from tensorboardX.record_writer import masked_crc32c
 finally:
     if _HIDE and "torch" in sys.modules and sys.modules["torch"] is None:
         del sys.modules["torch"]
-
-__all__ = [
-    "event_pb2",
-    "masked_crc32c",
-    "plugin_hparams_pb2",
-    "summary",
-    "summary_pb2",
-    "tensor_pb2",
-]
