@@ -160,10 +160,6 @@ def buffer_bytes(mb: Any, where: str) -> float:
     return check_positive(mb, where, "max_buffer_mb", "MiB such as 256.0", fix) * 2**20
 
 
-def _count(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
 def _any(v: Any) -> bool:
     return True
 
@@ -187,7 +183,7 @@ _OPTIONS: dict[str, tuple[Callable[[Any], bool], Callable[[Any], bool], str]] = 
         "True, False or None",
     ),
     "total_steps": (
-        lambda v: v is None or _count(v),
+        lambda v: v is None or (isinstance(v, numbers.Integral) and not isinstance(v, bool)),
         lambda v: v is None or v >= 1,
         "a positive int or None",
     ),
@@ -456,9 +452,8 @@ def donated_problem(what: str, count: int = 1) -> str:
 
 
 def named_if_donated(method: str, kwargs: Mapping[str, Any], err: BaseException) -> BaseException:
-    """`err`, or where device arrays of the call were deleted before the writer read them
-    (JAX's bare 'Array has been deleted with shape=...'), a ValueError naming their keys and
-    the fix, as the manager names them."""
+    """`err`, or where device arrays of the call were deleted before the writer read them, a
+    ValueError naming their keys and the fix, as the manager names them."""
     keys = [
         repr(key)
         for value in kwargs.values()
