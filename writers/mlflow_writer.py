@@ -114,13 +114,8 @@ class MlflowWriter(_base.TrackerWriter):
         self._max = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
         self._close_timeout = None
         if close_timeout_s is not None:
-            self._close_timeout = _checks.check_positive(
-                close_timeout_s,
-                "MlflowWriter",
-                "close_timeout_s",
-                "seconds such as 60.0",
-                "None waits for the server",
-            )
+            what = ("close_timeout_s", "seconds such as 60.0", "None waits for the server")
+            self._close_timeout = _checks.check_positive(close_timeout_s, "MlflowWriter", *what)
         self.dropped = _storage.Dropped("MlflowWriter", self._max)
         mlflow, resume_step, here = self._start("mlflow", resume_step, process_index)
         if resume_step is not None and run_id is None and not (run_name or collection):
