@@ -318,16 +318,12 @@ def reserved_problem(keys: Iterable[str], reserved: Mapping[str, str]) -> str | 
 
 def check_metadata(metadata: Any, method: str) -> None:
     """Raises unless metadata is None, a proto, its bytes, or a mapping of key to one (CLU's)."""
-    items = metadata.values() if isinstance(metadata, Mapping) else [metadata]
-    if bad := [
-        m
-        for m in items
-        if not (m is None or isinstance(m, bytes) or hasattr(m, "SerializeToString"))
-    ]:
-        raise TypeError(
-            f"{method}: metadata must be a SummaryMetadata proto, its serialized bytes, None, "
-            f"or a mapping of key to one of these; got {describe(bad[0])}."
-        )
+    for m in metadata.values() if isinstance(metadata, Mapping) else [metadata]:
+        if not (m is None or isinstance(m, bytes) or hasattr(m, "SerializeToString")):
+            raise TypeError(
+                f"{method}: metadata must be a SummaryMetadata proto, its serialized bytes, None, "
+                f"or a mapping of key to one of these; got {describe(m)}."
+            )
 
 
 def as_mapping(hparams: Any) -> Any:
@@ -662,9 +658,9 @@ def check_buckets(num_buckets: Any, problems: Problems, arrays: Any = None) -> d
 def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> str | None:
     """What is wrong with one array of `kind`, or None; `values=False`: shape and dtype only."""
     complex_ = np.issubdtype(arr.dtype, np.complexfloating)  # its imaginary part would be lost
-    numeric = (not complex_ and np.issubdtype(arr.dtype, np.number)) or _ml_wider(
-        arr.dtype
-    ) is not None
+    # bools too: 0 and 1, as np.histogram bins them
+    real = arr.dtype == np.bool_ or _ml_wider(arr.dtype) is not None
+    real = real or (not complex_ and np.issubdtype(arr.dtype, np.number))
     if kind == "image" and (arr.ndim not in (3, 4) or arr.shape[-1] not in (1, 3, 4)):
         if arr.ndim in (3, 4) and arr.shape[-3] in (1, 3, 4) and arr.shape[-1] > 4:
             fix = " Move the channel axis last (np.moveaxis(x, -3, -1))."  # [C, H, W]: PyTorch's
@@ -681,7 +677,7 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             f"got shape {arr.shape}.{fix}"
         )
     fix = " Pass np.abs(x) or x.real." if complex_ else ""
-    if kind in ("image", "video") and not (numeric or arr.dtype == np.bool_):
+    if kind in ("image", "video") and not real:
         return f"{kind} {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
     if kind == "video" and (arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4)):
         return (
@@ -717,7 +713,7 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
     if kind != "histogram":
         empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
         return empty if arr.size == 0 else None
-    if not (numeric or arr.dtype == np.bool_):  # bools: 0 and 1, as np.histogram bins them
+    if not real:
         return f"histogram {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
