@@ -40,6 +40,7 @@ from writers._base import ABANDONED
 from writers._checks import own_dicts
 from writers._worker import Job, Piece
 from writers.async_writer import AsyncWriter
+from writers.multi import MultiWriter
 
 _LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
 
@@ -113,10 +114,14 @@ class Failures:
 
 
 def _inside(writer: Any) -> list[Any]:
-    """`writer` and, for an `AsyncWriter`, the writers it wraps, where its hung call is."""
+    """`writer` and the writers its hung call is inside: an `AsyncWriter`'s, and the one a
+    `MultiWriter` is calling (a TensorBoardWriter in `[MultiWriter([tb]), jsonl]` waited at
+    exit for the lock its abandoned write held, and the process never ended)."""
     chain = [writer]
-    while isinstance(chain[-1], AsyncWriter):
-        chain.append(chain[-1].writer)
+    while isinstance(last := chain[-1], AsyncWriter | MultiWriter):
+        if (inner := last.writer if isinstance(last, AsyncWriter) else last.calling) is None:
+            break
+        chain.append(inner)
     return chain
 
 
@@ -143,6 +148,7 @@ class _WriterState:
     retry_at: float = 0.0  # monotonic time when a quarantined writer is tried again
     skipped: int = 0  # write calls skipped while quarantined
     busy: bool = False  # a call is inside the writer (an abandoned one, after a deadline)
+    held: tuple[Any, ...] = ()  # put in ABANDONED by that call: `_inside` when it was abandoned
     overlap: bool = False  # it takes calls while one is inside it (`takes_overlapping_calls`)
     hurried_s: float = 0.0  # seconds inside the writer since `Fanout.hurry` began
     unsupported: set[str] = dataclasses.field(default_factory=set)  # NotImplementedError
@@ -285,10 +291,10 @@ class Fanout:
                                 failed = True
                 finally:
                     state.busy = False
-                    if ABANDONED:  # this may be the abandoned call, now returned
-                        for writer in _inside(state.writer):
-                            with contextlib.suppress(TypeError):  # not weakly referable
-                                ABANDONED.discard(writer)
+                    if state.held:  # this may be the abandoned call, now returned
+                        for writer in state.held:
+                            ABANDONED.discard(writer)
+                        state.held = ()
                     if self._hurry_s is not None:
                         state.hurried_s += time.monotonic() - started
                     # A kept failure's traceback keeps this frame (its writer frame's f_back),
@@ -326,6 +332,7 @@ class Fanout:
                 for writer in _inside(state.writer):  # their closes at exit would wait for it
                     with contextlib.suppress(TypeError):  # not weakly referable: no exit hook
                         ABANDONED.add(writer)
+                        state.held += (writer,)
         limit = f"writer_deadline_s={self.deadline_s}"
         if cap_s is not None and cap_s < (self.deadline_s or math.inf):
             limit = f"{cap_s} s, the bound while flushing on a signal"

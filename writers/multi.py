@@ -32,6 +32,8 @@ class MultiWriter(ForwardingWriter):
       TypeError: an object lacks CLU's writer methods, or a name is not a str.
     """
 
+    calling: Any = None  # the writer a call is inside, if any
+
     def __init__(self, writers: Sequence[Any] | Mapping[str, Any]):
         self._writers = list(named_writers(writers, "MultiWriter").items())
         _checks.check_writers(dict(self._writers), "MultiWriter")
@@ -60,10 +62,12 @@ class MultiWriter(ForwardingWriter):
     def _forward(self, method: str, **kwargs: Any) -> None:
         failures: list[tuple[str, BaseException]] = []
         for name, writer in self._writers:
+            self.calling = writer  # where a call abandoned as hung is (a manager's deadline)
             try:
                 getattr(writer, method)(**_checks.own_dicts(kwargs))
             except Exception as err:  # noqa: BLE001  (reported below, with the writer's name)
                 failures.append((name, err))
+        self.calling = None
         if failures:
             raise WriterError(f"MultiWriter.{method}", failures) from failures[0][1]
 

@@ -1703,9 +1703,17 @@ def hanging(self, data, keep=False):  # the disk stops answering inside the four
 _records.EventFile.write = hanging
 
 
+WRAPS = {
+    "plain": lambda tb: tb,
+    "async": writers.AsyncWriter,
+    "multi": lambda tb: writers.MultiWriter([tb]),
+    "async multi": lambda tb: writers.AsyncMultiWriter([tb]),
+    "async of multi": lambda tb: writers.AsyncWriter(writers.MultiWriter([tb])),
+}
+
+
 def factory(logdir):
-    tb = writers.TensorBoardWriter(logdir)
-    tb = writers.AsyncWriter(tb) if sys.argv[2] == "async" else tb
+    tb = WRAPS[sys.argv[2]](writers.TensorBoardWriter(logdir))
     return {"tb": tb, "jsonl": writers.JsonlWriter(logdir)}
 
 
@@ -1716,11 +1724,12 @@ print("closed")
 """
 
 
-@pytest.mark.parametrize("wrapped", ["plain", "async"])
+@pytest.mark.parametrize("wrapped", ["plain", "async", "multi", "async multi", "async of multi"])
 def test_a_writer_hung_holding_its_own_lock_does_not_hold_up_the_exit(tmp_path, wrapped):
     # close() returned past the deadline, then TensorBoardWriter's own close at exit waited
     # for the lock its abandoned write held: the process never ended (inside an AsyncWriter,
-    # which was skipped, the TensorBoardWriter's own close still waited).
+    # which was skipped, the TensorBoardWriter's own close still waited; inside a
+    # MultiWriter given in a dict of writers, it was not even skipped).
     proc = subprocess.run(
         [sys.executable, "-c", _HUNG_EVENT_FILE, str(tmp_path), wrapped],
         capture_output=True,
