@@ -248,6 +248,16 @@ def _sets(factory: Any, name: str) -> bool:
     gin = sys.modules.get("gin")  # not imported: nothing is bound
     if gin is None:
         return False
+    # A scoped reference (`@train/writers.MlflowWriter`) is gin's wrapper called in its scope,
+    # whose bindings (`train/writers.MlflowWriter.logdir`) were not looked up: replaced.
+    call = type(factory).__call__ if inspect.isclass(factory) else factory
+    code = getattr(call, "__code__", None)
+    if code is not None and code.co_name == "scoping_wrapper" and call.__closure__:
+        cells = dict(zip(code.co_freevars, call.__closure__, strict=True))
+        if "scope_components" in cells:
+            inner = factory.__mro__[1] if inspect.isclass(factory) else factory.__wrapped__
+            with gin.config_scope(list(cells["scope_components"].cell_contents)):
+                return _sets(inner, name)
     if inspect.isclass(factory) and hasattr(type(factory).__call__, "__wrapped__"):
         factory = factory.__mro__[1]  # gin's subclass of the registered class
     elif inspect.isclass(factory):  # @gin.configurable wraps the class's own __init__ (or __new__)

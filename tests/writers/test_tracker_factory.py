@@ -51,23 +51,27 @@ def test_a_gin_configured_tracker_class_gets_logdir_too(tmp_path):
     assert len(wandb_run_files(str(tmp_path))) == 1
 
 
-@pytest.mark.parametrize("given_by", ["partial", "gin"])
+@pytest.mark.parametrize("given_by", ["partial", "gin", "gin scoped reference"])
 def test_a_trackers_own_logdir_is_kept(tmp_path, given_by):
-    # The summary dir replaced it: W&B's files went to <logdir>/wandb, none to the one asked for.
+    # The summary dir replaced it: W&B's files went to <logdir>/wandb, none to the one asked for
+    # (with `tracker = @train/writers.WandbWriter`, gin's binding in that scope was not seen).
     own = tmp_path / "own"
     gin.clear_config()
     try:
+        make, kwargs = writers.create_tracker_writer, {"default_writer": _files_only}
         if given_by == "partial":
-            tracker = functools.partial(writers.WandbWriter, "tests", logdir=own, process_index=0)
+            kwargs["tracker"] = functools.partial(
+                writers.WandbWriter, "tests", logdir=own, process_index=0
+            )
         else:
+            scope = "train/" if given_by == "gin scoped reference" else ""
             gin.parse_config(
                 "from __gin__ import dynamic_registration\nimport writers\n"
-                f"writers.WandbWriter.process_index = 0\nwriters.WandbWriter.logdir = '{own}'\n"
+                f"writers.WandbWriter.process_index = 0\n{scope}writers.WandbWriter.logdir = '{own}'\n"
+                f"writers.create_tracker_writer.tracker = @{scope}writers.WandbWriter\n"
             )
-            tracker = gin.get_configurable("writers.WandbWriter")
-        w = writers.create_tracker_writer(
-            tmp_path / "summaries", tracker=tracker, default_writer=_files_only
-        )
+            make = gin.get_configurable(make)
+        w = make(tmp_path / "summaries", **kwargs)
         w.write_scalars(1, {"loss": 0.5})
         w.close()
     finally:
