@@ -25,6 +25,8 @@ Synopsis:
 import collections
 import dataclasses
 import inspect
+import logging
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +44,7 @@ from writers._checks import Problems, describe
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
 
 SummaryMetrics = dict[str, clu_metrics.Metric | clu.values.Value]
+_LOG = logging.getLogger(__name__)
 _CLU_VALUE_NAMES = ("Scalar", "Text", "Image", "Audio", "Histogram", "HyperParam", "Summary")
 _CLU_TYPES = (clu_metrics.Metric, *(getattr(clu.values, name) for name in _CLU_VALUE_NAMES))
 
@@ -132,6 +135,10 @@ class Metric(nnx.metrics.Metric):
 
     def reset(self) -> None:
         """Starts over from `metric_type.empty()`."""
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(self.metric)):
+            _SUMMARIZED.clear()  # a copy under nnx.jit: the loop's own object is not seen
+            _CHECK_RESET[0] = False
+        _SUMMARIZED.pop(self, None)
         self.state.set_value(self._empty())
 
     def _empty(self) -> clu_metrics.Metric:
@@ -424,6 +431,29 @@ def _computes_as(value: Any, *types: type) -> bool:
     return any(type(value).compute is getattr(kind, "compute", None) for kind in types)
 
 
+# Metric -> the state arrays `as_summary_metrics` last read; `reset()` drops them. Off once a
+# reset ran under a trace (nnx.jit resets a copy), or after the one warning.
+_SUMMARIZED: "weakref.WeakKeyDictionary[Metric, list[Any]]" = weakref.WeakKeyDictionary()
+_CHECK_RESET = [True]
+
+
+def _check_reset(key: str, metric: Metric) -> None:
+    """Warns once when `metric` was updated since its last summary with no `reset()`: each
+    summary would hold the windows already written (a loss of 1, then 2, read 1, then 1.5)."""
+    if not _CHECK_RESET[0]:
+        return
+    last, now = _SUMMARIZED.get(metric), jax.tree.leaves(metric.metric)
+    _SUMMARIZED[metric] = now  # the arrays: each read of `metric.metric` is a new object
+    if last is not None and any(a is not b for a, b in zip(last, now, strict=False)):
+        _CHECK_RESET[0] = False
+        _LOG.warning(
+            "as_summary_metrics: %r was updated since its last summary without a reset(), so "
+            "this summary also holds the windows already written (averages are cumulative). "
+            "Call metrics.reset() after each write_metrics_summary.",
+            key,
+        )
+
+
 def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -> None:
     """Appends a metric or a `compute()` result under `key` to `out`: NNX metrics as CLU
     metrics where their state maps onto one, dicts and Statistics flattened."""
@@ -446,6 +476,7 @@ def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -
     elif isinstance(value, _CLU_TYPES):
         out.append((key, value))
     elif isinstance(value, Metric) and _computes_as(value, Metric, Welford):
+        _check_reset(key, value)
         out.append((key, value.metric))
     elif isinstance(value, nnx.MultiMetric):
         _add(key, {name: getattr(value, name) for name in value._metric_names}, out, problems)

@@ -3,6 +3,7 @@ carried through `jax.jit` and `nnx.jit`, and `as_summary_metrics` for the manage
 
 import doctest
 import json
+import weakref
 
 import clu.metrics as clu_metrics
 import clu.values
@@ -581,6 +582,41 @@ def test_metrics_donated_by_nnx_jit_name_reset_and_a_reset_loop_writes_each_wind
         (line["step"], line["loss"], line["flax_loss"])
         for line in writers.read_jsonl(tmp_path / "train")
     ] == [(2, 1.5, 1.5), (3, 11.5, 11.5)]
+
+
+def test_a_loop_that_forgets_reset_is_warned_once_and_one_that_resets_never(
+    tmp_path, caplog, monkeypatch
+):
+    # Without reset() after a summary, a loop that does not donate wrote cumulative windows
+    # (losses 1, 3, 5 read 1, 2, 3) and nothing said so.
+    monkeypatch.setattr(mnnx, "_SUMMARIZED", weakref.WeakKeyDictionary(), raising=False)
+    monkeypatch.setattr(mnnx, "_CHECK_RESET", [True], raising=False)
+
+    @nnx.jit
+    def step(metrics, values):
+        metrics.update(values=values)
+
+    for run, resets in (("resets", True), ("forgets", False)):
+        metrics = nnx.MultiMetric(loss=mnnx.Average())
+        with metrics_manager.MetricsManager(
+            run, tmp_path, writer_factory=lambda d: writers.JsonlWriter(d)
+        ) as manager:
+            for window, loss in enumerate((1.0, 3.0, 5.0), 1):
+                step(metrics, jnp.full(4, loss))
+                manager.write_metrics_summary(metrics, window, num_steps=1)
+                if resets:
+                    metrics.reset()
+    read = {
+        run: [line["loss"] for line in writers.read_jsonl(tmp_path / run)]
+        for run in ("resets", "forgets")
+    }
+    assert read == {"resets": [1.0, 3.0, 5.0], "forgets": [1.0, 2.0, 3.0]}
+    warned = [r.getMessage() for r in caplog.records if "without a reset()" in r.getMessage()]
+    assert warned == [
+        "as_summary_metrics: 'loss' was updated since its last summary without a reset(), so "
+        "this summary also holds the windows already written (averages are cumulative). "
+        "Call metrics.reset() after each write_metrics_summary."
+    ]
 
 
 class _FlaxPerplexity(nnx.metrics.Average):
