@@ -115,7 +115,7 @@ class Failures:
 
 def _inside(writer: Any) -> list[Any]:
     """`writer` and the writers its hung call is inside: an `AsyncWriter`'s, and the one a
-    `MultiWriter` is calling (a TensorBoardWriter in `[MultiWriter([tb]), jsonl]` waited at
+    `MultiWriter` is calling (a TensorBoardWriter in `AsyncWriter(MultiWriter([tb]))` waited at
     exit for the lock its abandoned write held, and the process never ended)."""
     chain = [writer]
     while isinstance(last := chain[-1], AsyncWriter | MultiWriter):

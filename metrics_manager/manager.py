@@ -97,7 +97,8 @@ class MetricsManager:
       summary_dir: root of the experiment's summaries; None (or "", as in T5X) writes no files.
       writer_factory: `writer_factory(logdir)` returns the writer(s); called once, on process
         0 only. A `writers.MultiWriter`, a list or a dict of writers is unpacked so each
-        writer is isolated. Defaults to `writers.create_default_writer` (console +
+        writer is isolated, a `MultiWriter` among them too (its writers keep their names;
+        one taken is `outer/inner`). Defaults to `writers.create_default_writer` (console +
         TensorBoard + JSONL). Use `gin_utils.configured(MetricsManager)` to apply gin bindings.
       clock: returns seconds; times the windows (default `time.perf_counter`). A summary
         call's own duration, which the next window counts, is read with `time.perf_counter`.
@@ -1235,9 +1236,9 @@ def _make_writers(
     many = isinstance(made, list | tuple | Mapping)  # [JsonlWriter(d), TensorBoardWriter(d)]
     try:
         if many:
-            named = named_writers(made, context)
+            named = _unpacked(named_writers(made, context))
         elif isinstance(made, writers.MultiWriter):
-            named = made.writers
+            named = _unpacked(made.writers)
         else:
             named = {type(made).__name__: made}
         _checks.check_writers(
@@ -1251,6 +1252,21 @@ def _make_writers(
             getattr(writer, "close", lambda: None)()
         raise
     return made, named
+
+
+def _unpacked(named: dict[str, Any]) -> dict[str, Any]:
+    """`named` with each `MultiWriter`'s writers in its place, so each is isolated (in
+    `[create_default_writer(d), tracker]`, a failing TensorBoard quarantined the JSONL log
+    with it); `outer/inner` where an inner name is taken."""
+    out: dict[str, Any] = {}
+    for outer, writer in named.items():
+        if not isinstance(writer, writers.MultiWriter):
+            out[outer] = writer
+            continue
+        for inner, each in _unpacked(writer.writers).items():
+            taken = inner in out or inner in named
+            out[f"{outer}/{inner}" if taken else inner] = each
+    return out
 
 
 def _caller() -> str:

@@ -765,6 +765,38 @@ def test_a_loop_flushing_after_each_summary_quarantines_after_max_writer_failure
     assert kept == list(range(1, 13))
 
 
+def test_a_multiwriter_among_the_writers_is_unpacked_so_each_fails_alone():
+    # In `{"default": create_default_writer(d), ...}` the MultiWriter was one writer: a full
+    # disk under its TensorBoard writer quarantined its JSONL log with it (10 of 20 written).
+    class Full(writers.NoopWriter):
+        def write_scalars(self, step, scalars):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    class Kept(writers.NoopWriter):
+        def __init__(self):
+            self.steps = []
+
+        def write_scalars(self, step, scalars):
+            self.steps.append(step)
+
+    inner, outer = Kept(), Kept()
+
+    def factory(logdir):
+        return {"default": writers.MultiWriter({"full": Full(), "kept": inner}), "kept": outer}
+
+    with MetricsManager("train", None, writer_factory=factory) as manager:
+        for step in range(1, 21):
+            manager.write_scalars(step, {"loss": 1.0})
+        manager.flush()
+        health = manager.health()["writers"]
+    assert {name: h["quarantined"] for name, h in health.items()} == {
+        "full": "10 failures in a row",
+        "default/kept": None,  # its name is the outer writer's
+        "kept": None,
+    }
+    assert inner.steps == outer.steps == list(range(1, 21))
+
+
 def test_a_quarantined_writer_is_tried_again_after_quarantine_s_and_comes_back(tmp_path, caplog):
     class Tracker(writers.NoopWriter):  # a tracker server that is down, then back
         down, calls, steps = True, 0, []
