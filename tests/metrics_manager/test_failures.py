@@ -229,6 +229,18 @@ def test_kept_failures_hold_none_of_their_calls_values():
         assert 'raise ConnectionError("artifact store down")' in printed  # still printable
 
 
+def test_errors_keeps_the_last_1000_failures_and_health_counts_every_one():
+    with MetricsManager(
+        "t", writer_factory=lambda d: {"broken": RaisingWriter()}, max_writer_failures=10**6
+    ) as manager:
+        for step in range(1, 1003):
+            manager.write_scalars(step, {"loss": 1.0})
+        manager.flush()
+        assert len(manager.errors) == 1000
+        assert "disk error at step 3" in str(manager.errors[0])  # steps 1 and 2 dropped
+        assert manager.health()["failures"] == 1002
+
+
 def test_a_writer_failing_on_one_kind_keeps_writing_the_others_and_is_not_quarantined(tmp_path):
     class NoTexts(RaisingWriter):  # a bug in its texts: each call raises
         def __init__(self):
