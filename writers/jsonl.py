@@ -23,7 +23,8 @@ such as a local log copied there, before the parts). Every line is strict JSON:
 * `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S
   (and lines without one). Without it the log is appended to, and a step below one already
   logged is warned about once.
-* `step`, `time` and `collection` are reserved keys: a value with one of them raises.
+* `step`, `time` and `collection` are reserved keys: a value with one of them raises
+  (a hyperparameter may have one: it goes under `hparams`).
 
 Example:
   >>> import json, os, tempfile, writers
