@@ -2274,6 +2274,30 @@ def test_a_key_mlflow_refuses_as_a_metric_is_still_written_as_a_text(tmp_path, m
     assert [(f.source, f.step) for f in manager.errors] == [("metric:acc@1", 1)]
 
 
+def test_a_reserved_key_with_several_processes_is_one_failure_per_kind_of_write(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for step in (1, 2):
+            manager.write_scalars(step, {"step": 1.0, "a": 1.0})
+        for step in (3, 4):
+            manager.write_texts(step, {"step": "x", "b": "y"})
+        manager.write_histograms(5, {"step": np.arange(3.0)})
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(x["step"], x.get("a"), x.get("b")) for x in lines] == [
+        (1, 1.0, None),
+        (2, 1.0, None),
+        (3, None, "y"),
+        (4, None, "y"),
+    ]
+    assert [(f.source, f.step) for f in manager.errors] == [
+        ("metric:step", 1),
+        ("metric:step", 3),
+        ("metric:step", 5),
+    ]
+
+
 # --------------------------------------------------------------- bad input at the call
 
 GOOD = {"loss": Sum(np.float32(1.0))}
