@@ -3,14 +3,12 @@
 A record is `[len: u64][masked crc32c(len): u32][data][masked crc32c(data): u32]`,
 little-endian; the CRC is tensorboardX's, fast with the `crc32c` package (a dependency).
 
-Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`),
-with a later second than any event file already there: TensorBoard reads a directory's files
-in name order, so a writer made in the same second (a resumed run) reads after the earlier
-one. On a URL each flush writes one new object holding the events since the previous one
-(`_storage.PartStream`), named
-`events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`, the seconds again
-later than any event file's there: TensorBoard reads a directory's event files in name order,
-so the parts read as one stream, after every earlier writer's (on any host).
+Local files are named like tensorboardX's (`events.out.tfevents.<unix seconds>.<host><suffix>`);
+on a URL each flush writes one new object holding the events since the previous one
+(`_storage.PartStream`), `events.out.tfevents.<unix seconds>.<host>.<microseconds>.<part><suffix>`.
+The seconds are later than any event file's already there: TensorBoard reads a directory's
+files in name order, so a writer made in the same second (a resumed run, on any host) reads
+after the earlier ones, and a URL's parts read as one stream.
 """
 
 import contextlib

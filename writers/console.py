@@ -2,11 +2,10 @@
 
 Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30.0%)`, steps/s
 and an ETA, measured from the first step's last scalars on so compilation does not skew
-them), then one
-line per value, keys aligned and grouped by prefix (un-prefixed keys first). Numbers show 4
-significant digits, integers and numbers from 1,000 to 1e15 whole with thousands separators,
-NaN as `NaN`; other kinds show their shapes (histograms: count, min, mean, max). Colour (via
-`rich`) only on a terminal or with `color=True`, so CI logs stay plain.
+them), then one line per value, keys aligned and grouped by prefix (un-prefixed keys first).
+Numbers show 4 significant digits, integers and numbers from 1,000 to 1e15 whole with
+thousands separators, NaN as `NaN`; other kinds show their shapes (histograms: count, min,
+mean, max). Colour (via `rich`) only on a terminal or with `color=True`, so CI logs stay plain.
 
 Example:
   >>> import io, writers
@@ -152,12 +151,9 @@ class ConsoleWriter(BaseWriter):
         if numbers is not None and (self._first is None or self._first[1] == step):
             self._first = (now, step)
         t0, s0 = self._first or (now, step)
-        head = f"step {step:,}"
-        parts = [
-            head
-            if total is None
-            else f"{head}/{total:,} ({math.floor(1000 * step / total) / 10:.1f}%)"
-        ]
+        parts = [f"step {step:,}"]
+        if total is not None:
+            parts[0] += f"/{total:,} ({math.floor(1000 * step / total) / 10:.1f}%)"
         if step > s0 and now > t0:
             rate = (step - s0) / (now - t0)
             parts.append(f"{_number(rate)} steps/s")

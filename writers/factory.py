@@ -86,14 +86,10 @@ def create_default_writer(
     flags |= dict(tensorboard=tensorboard, jsonl=jsonl, log=log)
     if bad := {k: v for k, v in flags.items() if not isinstance(v, bool | np.bool_)}:
         strings = any(isinstance(v, str) for v in bad.values())
+        hint = " (a str such as 'False' is true); in gin write False, not 'False'."
         raise TypeError(
             f"create_default_writer: {', '.join(bad)} must be True or False, got "
-            f"{', '.join(f'{v!r}' for v in bad.values())}"
-            + (
-                " (a str such as 'False' is true); in gin write False, not 'False'."
-                if strings
-                else "."
-            )
+            f"{', '.join(f'{v!r}' for v in bad.values())}" + (hint if strings else ".")
         )
     if isinstance(max_queue, bool) or not isinstance(max_queue, int | np.integer):
         raise TypeError(
