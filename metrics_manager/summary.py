@@ -342,12 +342,10 @@ def _deleted_problem(
     ]
     if not deleted:
         return None
-    what = ", ".join(deleted)
-    what = (
-        f"{what} {'was' if len(deleted) == 1 else 'were'}"
-        if packed
-        else f"the arrays of {what} were"
-    )
+    if packed:
+        what = f"{', '.join(deleted)} {'was' if len(deleted) == 1 else 'were'}"
+    else:
+        what = f"the arrays of {', '.join(deleted)} were"
     return ValueError(
         f"Cannot copy the metrics {keys}"
         + ("" if step is None else f" of the summary at step {step}")
