@@ -270,7 +270,6 @@ class MetricsManager:
         self._resume_step = resume_step if jax.process_index() == 0 else None  # until warned
         self._keys_checked: tuple[Any, ...] = ()
         self._host_fields = False  # the checked metrics have NumPy fields
-        self._dir: str | None = None
         self._made: Any = None
         self._monitor: Any = None
         named: dict[str, Any] = {}
@@ -487,14 +486,11 @@ class MetricsManager:
                     _checks.check_shapes(kind, {key: value.value}, problems)
                     if kind == "histogram":
                         _checks.check_buckets({key: value.num_buckets}, problems, {key: 0})
-                    elif kind == "audio" and (
-                        err := _checks.sample_rate_problem(value.sample_rate)
-                    ):
-                        problems.add(type(err), f"audio {key!r}: {err}")
-                    elif kind == "audio" and (
-                        problem := _checks.byte_rate_problem(value.sample_rate, {key: value.value})
-                    ):
-                        problems.value_problem(problem)
+                    elif kind == "audio":
+                        if err := _checks.sample_rate_problem(value.sample_rate):
+                            problems.add(type(err), f"audio {key!r}: {err}")
+                        elif p := _checks.byte_rate_problem(value.sample_rate, {key: value.value}):
+                            problems.value_problem(p)
                 if isinstance(array := getattr(value, "value", None), np.ndarray):
                     ready[key] = dataclasses.replace(value, value=array.copy())  # as write_images
         if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:
@@ -761,8 +757,7 @@ class MetricsManager:
             _LOG.warning(
                 "MetricsManager %r: step %d is resume_step, whose values the writers keep from "
                 "the run before (where it wrote them), so readers may see step %d twice. If the "
-                "resumed run writes step "
-                "%d again (an eval or config at the restored step), %s.",
+                "resumed run writes step %d again (an eval or config at the restored step), %s.",
                 self.name,
                 step,
                 step,
