@@ -855,15 +855,7 @@ def compute_loss_and_metrics(
     problems.raise_if_any()
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)
-    loss, total_z_loss = _weighted_sums(token_losses, weights, factor)
+    loss, z_sum = _weighted_sums(token_losses, weights, factor)
     return loss, _base_metrics(  # checked above: no second pass
-        logits,
-        targets,
-        weights,
-        loss,
-        total_z_loss,
-        segment_ids or None,
-        token_losses,
-        None,
-        num_devices,
+        logits, targets, weights, loss, z_sum, segment_ids or None, token_losses, None, num_devices
     )
