@@ -469,9 +469,8 @@ def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -
             name = f"Metric({value.metric_type.__name__})"
         problems.value_problem(
             f"{key!r}: {name} holds {'scalars' if scalar_state else 'one set of counts'}, "
-            "but this one holds arrays of "
-            f"shape {sorted(shapes)[0]}: one state per member of an nnx.vmap? Write each "
-            "member's compute() as its own key, or average them first"
+            f"but this one holds arrays of shape {sorted(shapes)[0]}: one state per member of "
+            "an nnx.vmap? Write each member's compute() as its own key, or average them first"
         )
     elif isinstance(value, _CLU_TYPES):
         out.append((key, value))
