@@ -218,20 +218,14 @@ class MetricsManager:
             problems.integer("num_devices", num_devices, minimum=1)
         problems.choice("on_error", on_error, ("warn", "raise"))
         problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
-        for arg, flag in (
-            ("uptime", uptime),
-            ("system_metrics", system_metrics),
-            ("handle_signals", handle_signals),
-        ):
+        flags = dict(uptime=uptime, system_metrics=system_metrics, handle_signals=handle_signals)
+        for arg, flag in flags.items():
             if not isinstance(flag, bool):
                 problems.type_problem(f"{arg} must be True or False, got {flag!r}")
-        for arg, number in (
-            ("writer_deadline_s", writer_deadline_s),
-            ("quarantine_s", quarantine_s),
-            ("flops_per_step", flops_per_step),
-            ("peak_flops_per_device", peak_flops_per_device),
-            ("system_interval_s", system_interval_s),
-        ):
+        settings = dict(writer_deadline_s=writer_deadline_s, quarantine_s=quarantine_s)
+        settings |= dict(flops_per_step=flops_per_step, peak_flops_per_device=peak_flops_per_device)
+        settings |= dict(system_interval_s=system_interval_s)
+        for arg, number in settings.items():
             if number is None:
                 continue
             if isinstance(number, bool) or not isinstance(number, numbers.Real):
@@ -311,14 +305,11 @@ class MetricsManager:
         self._reserved = {k: n for n, w in named.items() for k in getattr(w, "reserved_keys", ())}
         # The manager's own keys in each summary: a metric of the loop's under them would be
         # replaced, or replace them, in some summaries and not others.
-        self._own_prefixes = {
-            prefix: setting
-            for prefix, setting, on in (
-                ("perf/", "flops_per_step", flops_per_step is not None),
-                ("system/", "system_metrics=True", bool(system_metrics)),
-            )
-            if on
-        }
+        self._own_prefixes: dict[str, str] = {}
+        if flops_per_step is not None:
+            self._own_prefixes["perf/"] = "flops_per_step"
+        if system_metrics:
+            self._own_prefixes["system/"] = "system_metrics=True"
         self._named = named
         perf = None
         if flops_per_step is not None:
@@ -1236,12 +1227,8 @@ def _make_writers(
             named = _unpacked(made.writers)
         else:
             named = {type(made).__name__: made}
-        _checks.check_writers(
-            named,
-            context,
-            _REQUIRED,
-            "return a writers.MetricWriter (e.g. writers.create_default_writer(logdir))",
-        )
+        fix = "return a writers.MetricWriter (e.g. writers.create_default_writer(logdir))"
+        _checks.check_writers(named, context, _REQUIRED, fix)
     except TypeError:
         for writer in made.values() if isinstance(made, Mapping) else made if many else [made]:
             getattr(writer, "close", lambda: None)()
@@ -1266,11 +1253,8 @@ def _unpacked(named: dict[str, Any]) -> dict[str, Any]:
 
 def _caller() -> str:
     """`file:line` of the first frame outside this package and gin: who made the manager."""
-    frame = sys._getframe(1)
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in (
-        "metrics_manager",
-        "gin",
-    ):
+    frame, own = sys._getframe(1), ("metrics_manager", "gin")
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in own:
         frame = frame.f_back
     return f"{frame.f_code.co_filename}:{frame.f_lineno}"
 
