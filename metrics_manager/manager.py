@@ -666,12 +666,7 @@ class MetricsManager:
     def __enter__(self) -> "MetricsManager":
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         close_keeping_error(self.close, exc, f"MetricsManager {self.name!r}")
 
     def __repr__(self) -> str:

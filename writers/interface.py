@@ -45,7 +45,6 @@ Example:
 """
 
 import abc
-import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -135,12 +134,7 @@ class MetricWriter(abc.ABC):
     def __enter__(self) -> "MetricWriter":
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: types.TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         close_keeping_error(self.close, exc, type(self).__name__)
 
 
