@@ -143,8 +143,7 @@ def validate_metrics(
         TypeError: validate_metrics: metrics['loss']: expected a clu.metrics.Metric (or Collection), got ArrayImpl of shape () and dtype float32; wrap the value in a metric, ...
     """
     problems = Problems()
-    is_dict = _check_dict(metrics, what, problems)
-    if reference is not None and is_dict:
+    if _check_dict(metrics, what, problems) and reference is not None:
         _check_alike(reference, metrics, reference_what, what, problems)
     problems.raise_if_any("validate_metrics")
     return dict(metrics)
