@@ -186,7 +186,7 @@ class _Checks(Problems):
         self, segment_ids: Any, num_devices: Any, targets: Any, *, in_batch: bool = False
     ) -> None:
         """`in_batch`: the ids came as `batch['<feature>_segment_ids']`, and are named so."""
-        batch_size = _batch_size(targets)
+        batch_size = int(targets.shape[0]) if _is_array(targets) and targets.ndim >= 1 else None
         if isinstance(segment_ids, Mapping):
             for feature, ids in segment_ids.items():
                 name = f"segment_ids[{feature!r}]"
@@ -221,10 +221,6 @@ class _Checks(Problems):
             )
         elif num_devices < 1:
             self.value_problem(f"`num_devices` must be a positive int; got {num_devices!r}.")
-
-
-def _batch_size(targets: Any) -> int | None:
-    return int(targets.shape[0]) if _is_array(targets) and targets.ndim >= 1 else None
 
 
 def _batch_targets(batch: Any, call: str, why: str = "", fix: str = "") -> Any:
