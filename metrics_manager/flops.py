@@ -85,10 +85,9 @@ def _flops(analysis: Any) -> float:
     if flops is None:
         keys = sorted(analysis) if isinstance(analysis, Mapping) else analysis
         raise ValueError(
-            "step_flops: XLA's cost analysis on backend "
-            f"{jax.default_backend()!r} gave no 'flops' entry (got {keys!r}); this backend "
-            "does not estimate FLOPs: count the step's FLOPs by hand and pass them to "
-            "perf_values."
+            f"step_flops: XLA's cost analysis on backend {jax.default_backend()!r} gave no "
+            f"'flops' entry (got {keys!r}); this backend does not estimate FLOPs: count the "
+            "step's FLOPs by hand and pass them to perf_values."
         )
     return float(flops)
 

@@ -228,8 +228,7 @@ class _ValuesMetric(Metric):
                 f"{type(self).__name__}.update: mask of shape {jnp.shape(mask)} does not fit "
                 f"{self.argname!r} of shape {jnp.shape(values)}: expected the values' leading "
                 f"dims {jnp.shape(values)[: jnp.ndim(mask)]}; a per-token mask beside "
-                "per-sequence values needs its own MultiMetric, or reduce the mask "
-                "(mask.any(-1))"
+                "per-sequence values needs its own MultiMetric, or reduce the mask (mask.any(-1))"
             )
         super().update(**kwargs)
 
