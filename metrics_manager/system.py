@@ -115,14 +115,13 @@ def _nvml_sensors() -> tuple[dict[str, SampleFn], Any]:
     except Exception:  # noqa: BLE001
         pynvml.nvmlShutdown()
         return {}, None
-    indices = _visible_indices(count, pynvml)
     readers: dict[str, Callable[[Any], float]] = {
         "utilization_percent": lambda h: pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
         "temperature_c": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
         "power_w": lambda h: pynvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # NVML gives milliwatts
     }
     sensors: dict[str, SampleFn] = {}
-    for index in indices:
+    for index in _visible_indices(count, pynvml):
         try:
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
         except Exception:  # noqa: BLE001  (a GPU NVML cannot open is absent)
