@@ -13,7 +13,9 @@ audio as 16-bit WAV clips (`<key>/<i>` when N > 1); histograms as `HistogramProt
 (30 buckets by default); hparams as the HParams plugin's session start at step 0; raw
 tensors (`write_summaries`) as tensor protos with the given `SummaryMetadata`. TensorBoard
 shows a tag as the kind of its first value, so a value of another kind written later under
-that key is in the event file but on no dashboard: warned once per tag and kind.
+that key is in the event file but on no dashboard: warned once per tag and kind (and a
+raw tensor without a plugin joins the series of the kind that claims its key, earlier or
+later: warned once per tag).
 
 Example:
   >>> import tempfile, writers
@@ -77,6 +79,7 @@ class TensorBoardWriter(BaseWriter):
         self._hparams_shown: dict[str, str] | None = None  # the first write_hparams', as repr
         self._kinds: dict[str, str] = {}  # tag -> the kind of its first value
         self._hidden: set[tuple[str, str]] = set()  # (tag, kind) warned about
+        self._raw: set[str] = set()  # tags of plugin-less tensors written before any claim
         self._hparams_warned = False
         self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")
 
@@ -102,6 +105,8 @@ class TensorBoardWriter(BaseWriter):
             # Without a plugin a tensor claims no tag, but joins the series of one claimed.
             if plugin or key in self._kinds:
                 kinds.setdefault(kind, []).append(key)
+            else:
+                self._raw.add(key)
         for kind, tags in kinds.items():
             self._check_kinds("write_summaries", kind, tags)
         self._emit(step, [self._tb.tensor(k, np.asarray(v), metas[k]) for k, v in values.items()])
@@ -164,8 +169,10 @@ class TensorBoardWriter(BaseWriter):
     def _check_kinds(self, method: str, kind: str, tags: Iterable[str]) -> None:
         # TensorBoard files a tag under the plugin of its first value: no dashboard shows a
         # later value of another kind (a text after a scalar of that key was hidden silently).
-        kinds, hidden = self._kinds, {}
+        kinds, hidden, joined = self._kinds, {}, []
         for tag in tags:
+            if tag not in kinds and tag in self._raw:  # claimed now, over earlier raw tensors
+                joined.append(tag)
             if (first := kinds.setdefault(tag, kind)) != kind and (tag, kind) not in self._hidden:
                 self._hidden.add((tag, kind))
                 hidden[tag] = first
@@ -179,6 +186,17 @@ class TensorBoardWriter(BaseWriter):
                 method,
                 sorted(hidden),
                 sorted(set(hidden.values())),
+                kind,
+            )
+        if joined:
+            logging.warning(
+                "TensorBoardWriter(%s).%s: tags %s already hold tensors of write_summaries "
+                "without a plugin, which TensorBoard now reads as %s: a dashboard shows them "
+                "wrong or not at all (the other writers have them). Give each kind its own "
+                "key, e.g. 'sample/raw'. Warned once per tag.",
+                self._logdir,
+                method,
+                sorted(joined),
                 kind,
             )
 

@@ -293,6 +293,29 @@ def test_a_raw_tensor_under_a_key_of_another_kind_is_warned_about_like_the_other
     ]
 
 
+def test_a_raw_tensor_before_a_key_is_claimed_is_warned_about_when_it_is(tmp_path, caplog):
+    # A plugin-less tensor first, then a histogram of that key: TensorBoard read the tensor of
+    # shape [2] as the histogram at step 1, with no word (the opposite order was warned about).
+    w = writers.TensorBoardWriter(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        w.write_summaries(1, {"h": np.ones(2), "r": np.ones(2)})
+        w.write_histograms(2, {"h": np.arange(10.0)})
+        w.write_histograms(3, {"h": np.arange(10.0)})  # warned once per tag
+        w.write_summaries(3, {"r": np.ones(2)})  # never claimed: no word
+    w.close()
+    warned = [r.getMessage() for r in caplog.records if "without a plugin" in r.getMessage()]
+    assert len(warned) == 1
+    assert (
+        ".write_histograms: tags ['h'] already hold tensors of write_summaries without a "
+        "plugin, which TensorBoard now reads as histograms: a dashboard shows them wrong"
+    ) in warned[0]
+    acc = pea.EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    acc.Reload()
+    assert sorted(acc.PluginTagToContent("histograms")) == ["h"]
+    shapes = [(e.step, [d.size for d in e.tensor_proto.tensor_shape.dim]) for e in acc.Tensors("h")]
+    assert shapes == [(1, [2]), (2, [30, 3]), (3, [30, 3])]
+
+
 def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_path):
     """A mixed-precision model's outputs: bfloat16 holds exactly in float32."""
     gray = jnp.array([[0.0, 0.5], [1.0, 0.25]], jnp.bfloat16)[..., None]
