@@ -5,8 +5,8 @@ T5X's base metrics, `merge_metrics`) with a `MetricsManager` in every process, o
 global batch sharded over 2 processes x 2 fake CPU devices (gloo collectives over
 127.0.0.1). The same global batch in one process on one device is the reference. Both
 cluster processes must exit 0 within a bounded time (else both are killed and the test
-fails), agree with the reference to 1e-6 on every base metric, and only process 0 may
-create files.
+fails), agree with the reference to 1e-6 on every base metric (a rate as its count, since
+the wall-clock windows differ), and only process 0 may create files.
 """
 
 from __future__ import annotations
@@ -93,10 +93,11 @@ def test_two_processes_report_the_one_process_summaries(tmp_path):
                 if key == "timing/seconds":
                     assert got[key] > 0
                 elif "per_second" in key:
-                    # Wall-clock windows differ between runs: compare what they count.
+                    # Wall-clock windows differ between runs: compare what they count (at most
+                    # 1.1e-7 apart, measured).
                     got_count = got[key] * got["timing/seconds"]
                     count = value * expected["timing/seconds"]
-                    assert got_count == pytest.approx(count, rel=1e-5), (step, key)
+                    assert got_count == pytest.approx(count, rel=1e-6), (step, key)
                 else:
                     assert got[key] == pytest.approx(value, rel=1e-6, abs=1e-6), (step, key)
 
