@@ -212,7 +212,8 @@ def perf_values(
 
     Returns:
       `perf/flops_per_step`, `perf/tflops_per_second` (all devices),
-      `perf/tflops_per_second_per_device`, and `perf/mfu` (0..1) when a peak is known.
+      `perf/tflops_per_second_per_device`, and `perf/mfu` (0..1) when a peak is known;
+      above 1 where the peak, the FLOPs or `num_devices` is wrong (returned as computed).
 
     Raises:
       TypeError: a value is no number or not one (a str, a bool, an array); every problem,

@@ -250,6 +250,33 @@ def test_perf_per_device_divides_by_the_steps_devices_and_needs_a_window(caplog)
         MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), num_devices=0)
 
 
+def test_mfu_above_1_is_warned_about_once_with_the_settings_to_check(caplog):
+    # 1e9 FLOPs x 10 steps / 2 s over 2 devices of peak 1e9: 2.5 of the peak, with no word,
+    # while the README gives perf/mfu's range as 0 to 1.
+    now = [0.0]
+    with caplog.at_level("WARNING", logger="metrics_manager.manager"):
+        with MetricsManager(
+            "t",
+            writer_factory=lambda d: writers.NoopWriter(),
+            clock=lambda: now[0],
+            flops_per_step=1e9,
+            peak_flops_per_device=1e9,
+            num_devices=2,
+        ) as manager:
+            futures = []
+            for step in (10, 20):
+                manager.start_duration_timer()
+                now[0] += 2.0
+                futures.append(manager.write_metrics_summary({"loss": Sum(1.0)}, step, 10))
+    assert [f.result()["perf/mfu"].value for f in futures] == [2.5, 2.5]
+    (warning,) = [r.getMessage() for r in caplog.records if "perf/mfu" in r.getMessage()]
+    assert warning.startswith(
+        "MetricsManager 't': perf/mfu is 2.5, above 1 (the devices' peak): "
+        "peak_flops_per_device (1e+09 FLOP/s per device) or flops_per_step (1e+09, all "
+        "devices) is likely wrong"
+    )
+
+
 def test_system_max_is_the_peak_between_summaries(tmp_path):
     # Sampled every 0.1 s between summaries: a 300 MiB peak freed before the summary shows in
     # `/max` and raises the mean above the summary's own sample.
