@@ -365,6 +365,13 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
                 "nested names); rename one of them"
             )
         else:
+            if isinstance(value, int) and value.bit_length() >= 2000 and not _as_text(value):
+                problems.value_problem(
+                    f"hyperparameter {name!r} is an int of more than "
+                    f"{sys.get_int_max_str_digits()} digits, which Python refuses to turn into "
+                    "text, as the writers do; pass float(value) (inf past 1.8e308), or raise "
+                    "sys.set_int_max_str_digits()"
+                )
             flat[name] = value
 
     for key, value in hparams.items():

@@ -2333,6 +2333,12 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         r"scalar 'x' is an int of more than 4300 digits, which Python refuses to write as "
         r"text .* Pass float\(value\) \(inf past 1.8e308",
     ),
+    # JSONL failed naming 'hparam' as a scalar, TensorBoard with CPython's message, no key.
+    "an hparam int of 5,000 digits": (
+        lambda m: m.write_hparams({"opt": {"seed": 10**5000}}),
+        ValueError,
+        r"hyperparameter 'opt.seed' is an int of more than 4300 digits, which Python refuses",
+    ),
     "a T5X Sum built on a vector": (  # its key was dropped on the worker
         lambda m: m.write_metrics_summary({"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, 1, 1),
         ValueError,

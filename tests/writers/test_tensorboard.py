@@ -429,6 +429,25 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     assert hp["warmup"].number_value == 100.0 and hp["wd"].number_value == 0.25
 
 
+def test_an_hparam_int_of_5000_digits_is_refused_by_its_name(tmp_path):
+    # JSONL named 'hparam', as a scalar; TensorBoard raised CPython's own message, no key.
+    for writer in (writers.JsonlWriter(tmp_path), writers.TensorBoardWriter(tmp_path)):
+        with pytest.raises(ValueError) as info:
+            writer.write_hparams({"opt": {"seed": 10**5000}, "lr": 0.1})
+        assert str(info.value) == (
+            f"{type(writer).__name__}.write_hparams: hyperparameter 'opt.seed' is an int of "
+            "more than 4300 digits, which Python refuses to turn into text, as the writers do; "
+            "pass float(value) (inf past 1.8e308), or raise sys.set_int_max_str_digits()"
+        )
+        writer.write_hparams({"seed": 10**400})  # 400 digits: written (inf in TensorBoard)
+        writer.close()
+    assert [line["hparams"] for line in writers.read_jsonl(tmp_path)] == [{"seed": 10**400}]
+    content = _accumulator(tmp_path).PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    assert list(data.session_start_info.hparams) == ["seed"]
+    assert data.session_start_info.hparams["seed"].number_value == math.inf
+
+
 def test_hparams_tensorboard_cannot_show_are_warned_about_and_an_empty_call_hides_none(
     tmp_path, caplog
 ):
