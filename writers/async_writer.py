@@ -110,9 +110,13 @@ class AsyncWriter(ForwardingWriter):
 
         Raises:
           WriterError: every failed call not yet reported.
+          RuntimeError: called from the wrapped writer (its worker thread), which the close
+            would wait for; the writer stays open.
         """
         if self._worker.forked:
             return
+        # Before it is marked closed: a later close() from the loop still waits and reports.
+        self._worker.refuse_own_thread("close()")
         with self._close_lock:
             with self._post_lock:
                 if self._closed:

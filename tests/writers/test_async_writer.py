@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import subprocess
 import sys
@@ -367,6 +368,44 @@ def test_a_close_from_another_thread_keeps_every_accepted_write(tmp_path):
         written = sorted((int(k[1:]), x["step"]) for x in lines for k in x if k.startswith("w"))
         assert other == [] and sorted(refused) == [0, 1, 2]
         assert written == sorted(accepted) and len(written) > 0
+
+
+def test_a_close_from_inside_the_wrapped_writer_is_refused_and_leaves_it_open():
+    # The close marked the writer closed before its wait raised RuntimeError: step 2 was
+    # refused as written to a closed writer, and the loop's close() returned at once, 1 s
+    # before the wrapped writer closed. A wrapped close() calling it waited forever.
+    class Closing(writers.NoopWriter):
+        refused: list[str] = []
+        closed_at = math.inf
+
+        def write_scalars(self, step, scalars):
+            if step == 1:
+                with pytest.raises(RuntimeError) as info:
+                    w.close()
+                self.refused.append(str(info.value))
+                tried.set()
+            time.sleep(0.5)
+
+        def close(self):
+            self.closed_at = time.monotonic()
+            if not self.refused[1:]:
+                with pytest.raises(RuntimeError) as info:
+                    w.close()
+                self.refused.append(str(info.value))
+
+    inner, tried = Closing(), threading.Event()
+    w = writers.AsyncWriter(inner)
+    w.write_scalars(1, {"a": 1.0})
+    assert tried.wait(10)
+    w.write_scalars(2, {"a": 2.0})  # accepted: the writer is still open
+    w.close()
+    closed = time.monotonic()
+    assert inner.closed_at <= closed
+    assert inner.refused == 2 * [
+        "AsyncWriter(Closing): close() was called from its own worker thread (inside a writer, "
+        "or a future's callback), where it would wait for itself forever. Call it from the "
+        "training loop."
+    ]
 
 
 def test_clus_async_names_work_as_in_clu(tmp_path):
