@@ -502,6 +502,8 @@ def to_number(key: str, value: Any) -> int | float:
             return float(value)
         except OverflowError:  # a Fraction past float64's range: +-inf, as TensorBoard keeps it
             return -math.inf if value < 0 else math.inf
+        except ValueError:  # Decimal('sNaN'), which float() refuses: NaN, as Decimal('NaN')
+            return math.nan
     raise TypeError(
         f"scalar {key!r} must be a number, got {value!r} of type {type(value).__name__}. "
         "Write strings with write_texts."

@@ -114,6 +114,8 @@ def test_to_number_keeps_python_types_and_rejects_non_scalars():
     assert (to_number("a", Decimal("0.25")), to_number("a", Fraction(1, 4))) == (0.25, 0.25)
     assert to_number("a", Fraction(-(10**400), 3)) == -math.inf
     assert math.isnan(to_number("a", Decimal("NaN")))
+    # A signaling NaN: float() raised a bare "cannot convert signaling NaN to float".
+    assert math.isnan(to_number("a", Decimal("sNaN")))
 
 
 def test_images_as_uint8_scales_floats_and_clips():
