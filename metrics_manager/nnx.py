@@ -127,6 +127,8 @@ class Metric(nnx.metrics.Metric):
         self.argnames = tuple(sorted((argnames or {}).items()))
         self.settings = tuple(sorted(settings.items()))
         self.state = nnx.metrics.MetricState(self._empty())
+        if _CHECK_RESET[0]:  # fresh: a summary of it holds no window yet
+            _SUMMARIZED[self] = (jax.tree.leaves(self.metric), True)
 
     @property
     def metric(self) -> clu_metrics.Metric:
@@ -138,8 +140,9 @@ class Metric(nnx.metrics.Metric):
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(self.metric)):
             _SUMMARIZED.clear()  # a copy under nnx.jit: the loop's own object is not seen
             _CHECK_RESET[0] = False
-        _SUMMARIZED.pop(self, None)
         self.state.set_value(self._empty())
+        if _CHECK_RESET[0]:
+            _SUMMARIZED[self] = (jax.tree.leaves(self.metric), True)
 
     def _empty(self) -> clu_metrics.Metric:
         # With the settings that are static fields (TopKAccuracy's k): a carry of nnx.scan,
@@ -430,9 +433,12 @@ def _computes_as(value: Any, *types: type) -> bool:
     return any(type(value).compute is getattr(kind, "compute", None) for kind in types)
 
 
-# Metric -> the state arrays `as_summary_metrics` last read; `reset()` drops them. Off once a
-# reset ran under a trace (nnx.jit resets a copy), or after the one warning.
-_SUMMARIZED: "weakref.WeakKeyDictionary[Metric, list[Any]]" = weakref.WeakKeyDictionary()
+# Metric -> the state arrays `as_summary_metrics` last read, or (True) those its construction
+# or `reset()` set. Off once a reset ran under a trace (nnx.jit resets a copy), or after the
+# one warning.
+_SUMMARIZED: "weakref.WeakKeyDictionary[Metric, tuple[list[Any], bool]]" = (
+    weakref.WeakKeyDictionary()
+)
 _CHECK_RESET = [True]
 
 
@@ -441,9 +447,13 @@ def _check_reset(key: str, metric: Metric) -> None:
     summary would hold the windows already written (a loss of 1, then 2, read 1, then 1.5)."""
     if not _CHECK_RESET[0]:
         return
-    last, now = _SUMMARIZED.get(metric), jax.tree.leaves(metric.metric)
-    _SUMMARIZED[metric] = now  # the arrays: each read of `metric.metric` is a new object
-    if last is not None and any(a is not b for a, b in zip(last, now, strict=False)):
+    (last, fresh), now = _SUMMARIZED.get(metric, ([], False)), jax.tree.leaves(metric.metric)
+    # The arrays are compared: each read of `metric.metric` is a new object.
+    updated = any(a is not b for a, b in zip(last, now, strict=False))
+    if fresh and not updated:  # still empty: a summary at step 0 wrote no window to repeat
+        return
+    _SUMMARIZED[metric] = (now, False)
+    if updated and not fresh:
         _CHECK_RESET[0] = False
         _LOG.warning(
             "as_summary_metrics: %r was updated since its last summary without a reset(), so "

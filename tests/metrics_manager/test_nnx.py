@@ -619,6 +619,40 @@ def test_a_loop_that_forgets_reset_is_warned_once_and_one_that_resets_never(
     ]
 
 
+def test_a_summary_of_metrics_still_empty_is_no_window_a_reset_was_forgotten_after(
+    caplog, monkeypatch
+):
+    # A summary at step 0, before any update (or right after a reset), writes no window, so
+    # the loop's first window after it repeats none; it was warned about as a forgotten reset.
+    monkeypatch.setattr(mnnx, "_SUMMARIZED", weakref.WeakKeyDictionary(), raising=False)
+    monkeypatch.setattr(mnnx, "_CHECK_RESET", [True], raising=False)
+
+    @nnx.jit
+    def step(metrics, values):
+        metrics.update(values=values)
+
+    def summary(metrics):
+        return float(mnnx.as_summary_metrics(metrics)["loss"].compute())
+
+    fresh, reset = nnx.MultiMetric(loss=mnnx.Average()), nnx.MultiMetric(loss=mnnx.Average())
+    step(reset, jnp.full(4, 9.0))
+    reset.reset()
+    read = {"fresh": [], "reset": []}
+    for name, metrics in (("fresh", fresh), ("reset", reset)):
+        summary(metrics)  # nothing seen yet: NaN
+        for loss in (1.0, 3.0):
+            step(metrics, jnp.full(4, loss))
+            read[name].append(summary(metrics))
+            metrics.reset()
+    assert read == {"fresh": [1.0, 3.0], "reset": [1.0, 3.0]}
+    assert "without a reset()" not in caplog.text
+    step(fresh, jnp.full(4, 5.0))
+    summary(fresh)
+    step(fresh, jnp.full(4, 7.0))
+    assert summary(fresh) == 6.0  # cumulative: this one is warned about
+    assert caplog.text.count("without a reset()") == 1
+
+
 class _FlaxPerplexity(nnx.metrics.Average):
     def compute(self):
         return jnp.exp(super().compute())
