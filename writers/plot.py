@@ -612,9 +612,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         if problem := collapsed_url(path, what):  # 'gs:/b/p.png' wrote ./gs:/b/p.png
             problems.value_problem(problem)
     for url in filter(_storage.is_remote, args.run_dirs):  # "not a directory"; --follow waited
+        fix = "copy the run down first (gsutil cp -r, aws s3 cp --recursive)"
+        if url.startswith("file://"):  # local already: no copy to make
+            fix = f"pass its path, {url.removeprefix('file://')!r}"
         problems.value_problem(
-            f"run_dir {url!r} is a URL, and plots are drawn from local files: copy the run "
-            "down first (gsutil cp -r, aws s3 cp --recursive); its metrics.jsonl.d/ is read"
+            f"run_dir {url!r} is a URL, and plots are drawn from local files: {fix}; its "
+            "metrics.jsonl.d/ is read"
         )
     if args.out is not None:  # checked now: --follow would wait for it forever
         try:

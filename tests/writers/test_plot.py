@@ -20,7 +20,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import writers
-from writers.plot import _read_events, _step_ticks, load_series, plot_runs, smooth
+from writers.plot import _parse, _read_events, _step_ticks, load_series, plot_runs, smooth
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -501,6 +501,17 @@ def test_errors_say_where_it_looked_and_what_is_available(tmp_path):
     result = _plot("gs://b/exp", "--follow", timeout=30)  # waited: "not a directory" yet
     assert result.returncode == 2 and "run_dir 'gs://b/exp' is a URL" in result.stderr
     assert "copy the run down first (gsutil cp -r, aws s3 cp --recursive)" in result.stderr
+
+
+def test_a_file_url_run_dir_is_told_its_path_not_a_copy_to_make(tmp_path, capsys):
+    # A file:// summary_dir's run is local: "copy the run down first (gsutil cp -r, ...)".
+    with pytest.raises(SystemExit) as exit_:
+        _parse([f"file://{tmp_path}/run"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert f"run_dir 'file://{tmp_path}/run' is a URL" in err
+    assert f"pass its path, '{tmp_path}/run'; its metrics.jsonl.d/ is read" in err
+    assert "gsutil" not in err
 
 
 def test_keys_with_spaces_after_the_commas_are_the_keys(tmp_path, capsys):
