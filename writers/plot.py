@@ -547,9 +547,12 @@ def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
     """Path, size and modification time of every file read (raises while there is no run)."""
     stats = []
     for _, files in _find_runs(paths):
-        for path in [*files, *(f"{f}.d" for f in files if f.endswith(".jsonl"))]:
+        # A URL log copied down: each part, which a flush retried after a failure rewrites in
+        # place (the `.d` directory's mtime changes only when a part is added).
+        parts = [glob.glob(os.path.join(glob.escape(f"{f}.d"), "*")) for f in files]
+        for path in [*files, *sorted(p for names in parts for p in names)]:
             with contextlib.suppress(FileNotFoundError):  # rotated away since it was listed
-                stat = os.stat(path)  # of `.d`, a directory: a new part changes its mtime
+                stat = os.stat(path)
                 stats.append((path, stat.st_size, stat.st_mtime_ns))
     return tuple(stats)
 

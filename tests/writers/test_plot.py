@@ -20,6 +20,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import writers
+from writers import plot
 from writers.plot import _parse, _read_events, _step_ticks, load_series, plot_runs, smooth
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -666,6 +667,24 @@ def test_follow_redraws_when_the_log_grows(tmp_path):
     assert series["steps"] == [1, 2, 3, 4, 5]
     assert series["values"] == [1.0, 0.5, 1 / 3, 0.25, 0.2]
     assert _png_size(png) == (200, 150)
+
+
+def test_follow_sees_a_part_rewritten_in_place(tmp_path):
+    # A file:// flush that failed part-way left a part cut mid-line; the retry wrote that part
+    # again, whole, under the same name, which changed no mtime of the `.d` directory that
+    # --follow watched: steps 2 and 3 were drawn only once another part came.
+    run = tmp_path / "run"
+    parts = run / "metrics.jsonl.d"
+    parts.mkdir(parents=True)
+    part = parts / "000000-00000000-0123abcd.jsonl"
+    part.write_bytes(b'{"step": 1, "loss": 1.0}\n{"step": 2, "lo')
+    before = plot._signature([str(run)])
+    assert load_series([str(run)], ["loss"])[1][0].steps.tolist() == [1]
+    part.write_bytes(
+        b'{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 2.0}\n{"step": 3, "loss": 3.0}\n'
+    )
+    assert plot._signature([str(run)]) != before
+    assert load_series([str(run)], ["loss"])[1][0].steps.tolist() == [1, 2, 3]
 
 
 # --- imports -----------------------------------------------------------------------------
