@@ -201,6 +201,13 @@ class MetricsManager:
         for arg, value in (("writer_factory", writer_factory), ("clock", clock)):
             if value is not None and not callable(value):
                 problems.type_problem(f"{arg} must be callable, got {value!r}")
+        if writer_factory is None and hasattr(self, "_create_writer"):  # T5X's writer hook
+            problems.type_problem(
+                f"{type(self).__name__} overrides _create_writer(name, summary_dir), T5X's hook "
+                "for the writer, which MetricsManager never calls (the default writers would "
+                "be used); pass writer_factory=lambda logdir: <your writer(s)> instead: it "
+                "gets <summary_dir>/<name>, on process 0"
+            )
         problems.integer("max_pending", max_pending, minimum=1)
         problems.integer("max_writer_failures", max_writer_failures, minimum=1)
         if isinstance(resume_step, jax.Array):

@@ -315,6 +315,28 @@ def test_summary_dir_is_dir_slash_name(tmp_path, monkeypatch):
     assert empty.summary_dir is None and not (tmp_path / "empty").exists()
 
 
+def test_a_t5x_create_writer_override_is_refused_naming_writer_factory(tmp_path):
+    # A T5X subclass that plugs its writer in through `_create_writer` got the default
+    # writers instead, silently: its writer was never made, its metrics never reached it.
+    class WithOwnWriter(MetricsManager):
+        def _create_writer(self, name: str, summary_dir: str | None = None) -> Any:
+            return RecordingWriter()
+
+    with pytest.raises(TypeError) as refused:
+        WithOwnWriter("train", tmp_path)
+    assert str(refused.value) == (
+        "MetricsManager: WithOwnWriter overrides _create_writer(name, summary_dir), T5X's hook "
+        "for the writer, which MetricsManager never calls (the default writers would be used); "
+        "pass writer_factory=lambda logdir: <your writer(s)> instead: it gets "
+        "<summary_dir>/<name>, on process 0"
+    )
+    assert not (tmp_path / "train").exists()
+    recorder = RecordingWriter()  # with a writer_factory the hook is the subclass's own
+    with WithOwnWriter("train", tmp_path, writer_factory=lambda d: recorder) as manager:
+        manager.write_scalar("x", 2.0, 3)
+    assert written(recorder)[0] == ("write_scalars", 3, {"x": 2.0})
+
+
 def test_collections_and_mean_std_flatten_and_rates_use_the_window():
     clock = FakeClock(10.0, 14.0)
     with make(clock=clock) as manager:
