@@ -53,7 +53,13 @@ _TARGETS_KEY = "decoder_target_tokens"
 _WEIGHTS_KEY = "decoder_loss_weights"
 _SEGMENT_IDS_KEY = "decoder_segment_ids"
 _SEGMENT_IDS_SUFFIX = "_segment_ids"
-_KINDS = {jnp.integer: "an integer (e.g. int32) array", jnp.floating: "a floating-point array"}
+# Segment ids: T5X's models pass an unpacked batch's padding masks (`tokens != 0`, bool) as ones.
+_SEGMENT_KIND = (jnp.integer, jnp.bool_)
+_KINDS = {
+    jnp.integer: "an integer (e.g. int32) array",
+    jnp.floating: "a floating-point array",
+    _SEGMENT_KIND: "an integer (e.g. int32) or bool array",
+}
 _NDIMS = {0: "a scalar", 2: "[batch, length]"}
 _TARGETS_FIX = (
     "Pass token ids, e.g. `batch['decoder_target_tokens']`, not one-hot or float labels "
@@ -69,6 +75,10 @@ def _is_number(x: Any, types: tuple[type, ...] = (int, float)) -> bool:
     return isinstance(x, types) and not isinstance(x, bool)
 
 
+def _kinds(kind: Any) -> tuple[Any, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
 class _Checks(Problems):
     def array(
         self, name: str, x: Any, kind: Any, *, shape: Any = None, ndim: Any = None, fix: str = ""
@@ -79,7 +89,7 @@ class _Checks(Problems):
         expected, fix = _KINDS.get(kind, "an array or None"), f" {fix}" if fix else ""
         if not _is_array(x):
             self.type_problem(f"`{name}` must be {expected}; got {describe(x)}.{fix}")
-        elif kind is not None and not jnp.issubdtype(x.dtype, kind):
+        elif kind is not None and not any(jnp.issubdtype(x.dtype, k) for k in _kinds(kind)):
             got = f"dtype {x.dtype} (shape {tuple(x.shape)})"
             self.type_problem(f"`{name}` must be {expected}; got {got}.{fix}")
         elif shape is not None and tuple(x.shape) != shape:
@@ -193,7 +203,7 @@ class _Checks(Problems):
                 if in_batch:
                     name = f"batch[{feature + _SEGMENT_IDS_SUFFIX!r}]"
                 if ids is None or not self.array(
-                    name, ids, jnp.integer, ndim=2, fix="0 marks padding."
+                    name, ids, _SEGMENT_KIND, ndim=2, fix="0 marks padding."
                 ):
                     continue
                 if batch_size is not None and ids.shape[0] != batch_size:
@@ -620,7 +630,8 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
     """Examples packed into `[B, L]` rows (int32): segment changes + rows - rows ending in padding.
 
     Args:
-        segment_ids: `[B, L]` integer segment ids; 0 is padding, only at the end of a row.
+        segment_ids: `[B, L]` integer segment ids; 0 is padding, only at the end of a row. A
+            bool padding mask (`tokens != 0`, as T5X's models pass unpacked) counts its rows.
 
     Raises:
         TypeError, ValueError: `segment_ids` is not an integer array, or not 2-D.
@@ -631,7 +642,7 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
         5
     """
     problems = _Checks("count_packed_examples")
-    problems.array("segment_ids", segment_ids, jnp.integer, ndim=2, fix="0 marks padding.")
+    problems.array("segment_ids", segment_ids, _SEGMENT_KIND, ndim=2, fix="0 marks padding.")
     problems.raise_if_any()
     if segment_ids.shape[1] == 0:  # rows without positions hold no example (no last id)
         return jnp.zeros((), jnp.int32)
@@ -668,7 +679,8 @@ def compute_base_metrics(
         mask: Loss weights or padding mask (nonzero: a real token); None: all real.
         loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
-        segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding).
+        segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding), or
+            of unpacked ones their bool padding masks (`tokens != 0`), as T5X's models pass.
         token_losses: The per-token losses behind `loss`. With them, `loss_per_*` keys
             average the unweighted token losses where `mask != 0`, whatever the weights and
             factor; without them (T5X's way), the per-token sums are

@@ -162,6 +162,29 @@ def test_effective_batch_size_and_non_padding_fractions_of_packed_features():
     assert _values(metrics, num_steps=2)["effective_batch_size/decoder"] == 2.5
 
 
+def test_padding_masks_of_an_unpacked_batch_count_as_t5x_models_pass_them():
+    # T5X's models pass `{feature: tokens != 0}` (bool) when a batch is not packed: it was
+    # refused ("must be an integer (e.g. int32) array; got dtype bool").
+    batch = {
+        "encoder_input_tokens": jnp.array([[4, 4, 4, 0], [1, 0, 0, 0], [2, 2, 0, 0]]),
+        "decoder_target_tokens": jnp.array([[1, 2, 0, 0], [3, 3, 3, 3], [0, 0, 0, 0]]),
+    }
+    targets = batch["decoder_target_tokens"]
+    segment_ids = {k: v != 0 for k, v in batch.items()}
+    values = _values(
+        _base_metrics(jnp.zeros((3, 4, 5)), targets, targets > 0, segment_ids, num_devices=1)
+    )
+    # A row with a real token is one example: 3 encoder rows, 2 decoder rows (one all padding).
+    assert values["effective_batch_size/encoder_input_tokens"] == 3.0
+    assert values["effective_batch_size/decoder_target_tokens"] == 2.0
+    assert values["non_padding_fraction/encoder_input_tokens"] == 6 / 12
+    assert values["non_padding_fraction/decoder_target_tokens"] == 6 / 12
+    assert values["non_padding_fraction/overall"] == 12 / 24
+    assert int(losses.count_packed_examples(segment_ids["encoder_input_tokens"])) == 3
+    with pytest.raises(TypeError, match=r"integer \(e.g. int32\) or bool array; got dtype float32"):
+        losses.count_packed_examples(jnp.ones((2, 3)))
+
+
 def test_batch_segment_ids_become_features():
     batch = {
         "decoder_target_tokens": jnp.array([[3, 3, 4, 0], [1, 2, 0, 0]]),

@@ -349,8 +349,8 @@ BAD_OPTIONS = {
     "float segment_ids": (
         lambda: _base(segment_ids={"decoder": jnp.ones(TARGETS.shape)}),
         TypeError,
-        "`segment_ids['decoder']` must be an integer (e.g. int32) array; got dtype float32 "
-        "(shape (2, 2)). 0 marks padding.",
+        "`segment_ids['decoder']` must be an integer (e.g. int32) or bool array; got dtype "
+        "float32 (shape (2, 2)). 0 marks padding.",
     ),
     "no devices": (
         lambda: _base(num_devices=0),
