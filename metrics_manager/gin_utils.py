@@ -129,3 +129,8 @@ def write_gin_config(
     if manager is not None:
         manager.write_texts(step, {CONFIG_SUMMARY_KEY: config_markdown(text)})
     return text
+
+
+# T5X's name, `gin_utils.summarize_gin_config(model_dir, summary_writer, step)`: the same
+# arguments. Pass the manager rather than its `summary_writer`, which bypasses its worker.
+summarize_gin_config = write_gin_config

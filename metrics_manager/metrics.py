@@ -53,6 +53,7 @@ __all__ = [
     "Welford",
     "WelfordScalar",
     "compute_metric_values",
+    "create_metrics_dict",
     "is_metric_obj",
     "is_time_metric",
     "set_step_metrics_num_steps",
@@ -636,6 +637,16 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
 
 # The name T5X's documentation uses.
 set_time_rate_metrics_duration = set_time_metrics_duration
+
+
+def create_metrics_dict(float_metrics_dict: Mapping[str, ArrayLike]) -> dict[str, Sum]:
+    """T5X's `create_metrics_dict`: each scalar of `float_metrics_dict` as a `Sum`.
+
+    Example:
+        >>> create_metrics_dict({"num_tokens": 8.0})["num_tokens"].compute()
+        8.0
+    """
+    return {key: Sum(value) for key, value in float_metrics_dict.items()}
 
 
 def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Value]:

@@ -8,6 +8,7 @@ TensorBoard's `EventAccumulator` and `json`.
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from pathlib import Path
@@ -202,6 +203,18 @@ def test_operative_config_goes_to_config_gin_and_tensorboard_text(tmp_path):
     lines = [json.loads(s) for s in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["step"] == 0 and lines[0]["config"] == markdown
     assert not (tmp_path / "eval" / "glue" / "config.gin").exists()
+
+
+def test_t5x_summarize_gin_config_writes_the_file_and_the_text(tmp_path):
+    # T5X's `gin_utils.summarize_gin_config(model_dir, summary_writer, step)` raised
+    # AttributeError here; it is write_gin_config, with the same arguments.
+    assert gin_utils.summarize_gin_config is gin_utils.write_gin_config
+    factory = functools.partial(writers.create_default_writer, console=False, tensorboard=False)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as train:
+        text = gin_utils.summarize_gin_config(tmp_path, train, 3, config_str="a.b = 1")
+    assert text == "a.b = 1" and (tmp_path / "config.gin").read_text() == "a.b = 1"
+    ((line,),) = [writers.read_jsonl(tmp_path / "train")]
+    assert (line["step"], line["config"]) == (3, "    a.b = 1\n")
 
 
 def test_other_processes_write_no_config_file(monkeypatch, tmp_path):

@@ -98,6 +98,21 @@ def test_alias_is_same_function():
     assert mm.set_time_rate_metrics_duration is mm.set_time_metrics_duration
 
 
+def test_t5x_create_metrics_dict_makes_sums_that_merge_over_a_window():
+    # T5X's name (its models' compute_metrics) raised AttributeError here.
+    from metrics_manager import create_metrics_dict
+
+    step = {"loss": jnp.float32(2.5), "num_tokens": 7, "num_examples": np.int32(2)}
+    first, second = create_metrics_dict(step), create_metrics_dict(step)
+    assert all(type(metric) is Sum for metric in first.values())
+    merged = {key: first[key].merge(second[key]) for key in first}
+    assert {key: float(metric.compute()) for key, metric in merged.items()} == {
+        "loss": 5.0,
+        "num_tokens": 14.0,
+        "num_examples": 4.0,
+    }
+
+
 # --- compute() formulas on hand-worked inputs --------------------------------------------
 
 
