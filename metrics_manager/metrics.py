@@ -28,7 +28,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, overload
 
 import clu.metrics as clu_metrics
 import clu.values
@@ -567,26 +567,35 @@ def _as_mapping(metrics: Any, function: str) -> Mapping[str, Any]:
     return metrics
 
 
-def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]:
+# One metric or a CLU `Collection`, which T5X's setters (a tree map) take as they take a dict.
+_OneMetric = TypeVar("_OneMetric", clu_metrics.Metric, clu_metrics.Collection)
+
+
+@overload
+def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> dict[str, Any]: ...
+@overload
+def set_step_metrics_num_steps(metrics: _OneMetric, num_steps: int) -> _OneMetric: ...
+def set_step_metrics_num_steps(metrics: Any, num_steps: int) -> Any:
     """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
 
     Args:
         metrics: name -> metric (or what `merge_metrics` returns); other values pass
-            through.
+            through. Or one metric, or a CLU `Collection`, as in T5X.
         num_steps: the number of train steps the metrics cover, > 0.
 
     Returns:
-        A new dict; the input is not changed.
+        A new dict (one metric or `Collection`: a new one); the input is not changed.
 
     Raises:
-        TypeError: `metrics` is not a mapping or `num_steps` is not an integer.
+        TypeError: `metrics` is no mapping, metric or Collection, or `num_steps` no integer.
         ValueError: `num_steps` is not positive.
 
     Example:
         >>> set_step_metrics_num_steps({"steps": Step(steps=16)}, 4)["steps"].compute()
         4
     """
-    metrics = _as_mapping(metrics, "set_step_metrics_num_steps")
+    one = is_metric_obj(metrics)
+    metrics = metrics if one else _as_mapping(metrics, "set_step_metrics_num_steps")
     if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer):
         raise TypeError(
             f"set_step_metrics_num_steps: num_steps must be an int, got {num_steps!r} of type "
@@ -597,22 +606,28 @@ def set_step_metrics_num_steps(metrics: Mapping[str, Any], num_steps: int) -> di
             f"set_step_metrics_num_steps: num_steps must be positive, got {num_steps}; pass "
             "the number of train steps the metrics were merged over."
         )
+    if one:
+        return _set_host_fields(metrics, None, int(num_steps))
     return {key: _set_host_fields(m, None, int(num_steps)) for key, m in metrics.items()}
 
 
-def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]:
+@overload
+def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> dict[str, Any]: ...
+@overload
+def set_time_metrics_duration(metrics: _OneMetric, duration: float) -> _OneMetric: ...
+def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
     """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
 
     Args:
         metrics: name -> metric (or what `merge_metrics` returns); other values pass
-            through.
+            through. Or one metric, or a CLU `Collection`, as in T5X.
         duration: seconds in the summary window, a finite number >= 0.
 
     Returns:
-        A new dict; the input is not changed.
+        A new dict (one metric or `Collection`: a new one); the input is not changed.
 
     Raises:
-        TypeError: `metrics` is not a mapping or `duration` is not a real number.
+        TypeError: `metrics` is no mapping, metric or Collection, or `duration` no number.
         ValueError: `duration` is negative or not finite.
 
     Example:
@@ -620,7 +635,8 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
         >>> metrics["rate"].compute()
         1.5
     """
-    metrics = _as_mapping(metrics, "set_time_metrics_duration")
+    one = is_metric_obj(metrics)
+    metrics = metrics if one else _as_mapping(metrics, "set_time_metrics_duration")
     if isinstance(duration, bool) or not isinstance(
         duration, int | float | np.integer | np.floating
     ):
@@ -632,6 +648,8 @@ def set_time_metrics_duration(metrics: Mapping[str, Any], duration: float) -> di
         raise ValueError(
             f"set_time_metrics_duration: duration must be finite and >= 0 seconds, got {duration}."
         )
+    if one:
+        return _set_host_fields(metrics, float(duration), None)
     return {key: _set_host_fields(m, float(duration), None) for key, m in metrics.items()}
 
 

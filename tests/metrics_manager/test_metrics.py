@@ -98,6 +98,28 @@ def test_alias_is_same_function():
     assert mm.set_time_rate_metrics_duration is mm.set_time_metrics_duration
 
 
+def test_setters_take_a_collection_or_one_metric_as_t5x_tree_map_does():
+    # T5X's setters map over any pytree; a CLU Collection (what T5X's MetricsManager is typed
+    # to take) or a single metric raised "expects a mapping from names to metrics".
+    Window = clu_metrics.Collection.create(  # noqa: N806  (a class)
+        loss=AveragePerStep, steps_per_second=StepsPerTime, seqs_per_second=TimeRate
+    )
+    step = Window.single_from_model_output(values=jnp.array([2.0, 4.0]), numerator=8.0)
+    window = step.merge(step)  # two steps of 8 sequences, loss 6 each
+    window = mm.set_time_metrics_duration(mm.set_step_metrics_num_steps(window, 2), 4.0)
+    assert type(window) is Window
+    assert {k: float(v) for k, v in window.compute().items()} == {
+        "loss": 6.0,  # 12 / 2 steps
+        "steps_per_second": 0.5,  # 2 steps / 4 s
+        "seqs_per_second": 4.0,  # 16 / 4 s
+    }
+    rate = mm.set_time_metrics_duration(TimeRate(numerator=3.0), 2.0)
+    assert mm.set_step_metrics_num_steps(AveragePerStep(total=6.0), 4).compute() == 1.5
+    assert rate.compute() == 1.5
+    with pytest.raises(TypeError, match="expects a mapping from names to metrics, got list"):
+        mm.set_step_metrics_num_steps([AveragePerStep(total=6.0)], 4)
+
+
 def test_t5x_create_metrics_dict_makes_sums_that_merge_over_a_window():
     # T5X's name (its models' compute_metrics) raised AttributeError here.
     from metrics_manager import create_metrics_dict
