@@ -53,6 +53,8 @@ _TARGETS_KEY = "decoder_target_tokens"
 _WEIGHTS_KEY = "decoder_loss_weights"
 _SEGMENT_IDS_KEY = "decoder_segment_ids"
 _SEGMENT_IDS_SUFFIX = "_segment_ids"
+# Without `*_segment_ids`, T5X's models count these features' padding masks (`tokens != 0`).
+_UNPACKED_FEATURES = ("encoder_input_tokens", "decoder_target_tokens")
 # Segment ids: T5X's models pass an unpacked batch's padding masks (`tokens != 0`, bool) as ones.
 _SEGMENT_KIND = (jnp.integer, jnp.bool_)
 _KINDS = {
@@ -193,15 +195,15 @@ class _Checks(Problems):
         return label_smoothing
 
     def metric_options(
-        self, segment_ids: Any, num_devices: Any, targets: Any, *, in_batch: bool = False
+        self, segment_ids: Any, num_devices: Any, targets: Any, *, batch_suffix: str | None = None
     ) -> None:
-        """`in_batch`: the ids came as `batch['<feature>_segment_ids']`, and are named so."""
+        """`batch_suffix`: the ids came as `batch[feature + batch_suffix]`, and are named so."""
         batch_size = int(targets.shape[0]) if _is_array(targets) and targets.ndim >= 1 else None
         if isinstance(segment_ids, Mapping):
             for feature, ids in segment_ids.items():
                 name = f"segment_ids[{feature!r}]"
-                if in_batch:
-                    name = f"batch[{feature + _SEGMENT_IDS_SUFFIX!r}]"
+                if batch_suffix is not None:
+                    name = f"batch[{feature + batch_suffix!r}]"
                 if ids is None or not self.array(
                     name, ids, _SEGMENT_KIND, ndim=2, fix="0 marks padding."
                 ):
@@ -819,10 +821,13 @@ def compute_loss_and_metrics(
     """The loss to differentiate and T5X's base metrics for one (micro)batch.
 
     Reads `decoder_target_tokens`, `decoder_loss_weights` (default `targets > 0`),
-    `loss_normalizing_factor` (absent: none) and every `<feature>_segment_ids`. The z-loss
-    and `cross_ent_loss*` keys are always there (0 and the loss without a z-loss), as T5X's
-    models pass their z-loss, 0.0 by default, every step. The `loss_per_*` keys average the
-    unweighted token losses over tokens of nonzero weight (see `compute_base_metrics`).
+    `loss_normalizing_factor` (absent: none) and every `<feature>_segment_ids`. A batch with
+    none (unpacked) passes the padding masks (`tokens != 0`) of its 2-D `decoder_target_tokens`
+    and `encoder_input_tokens` instead, as T5X's models do: the features are those keys, as in
+    `non_padding_fraction/decoder_target_tokens`. The z-loss and `cross_ent_loss*` keys are
+    always there (0 and the loss without a z-loss), as T5X's models pass their z-loss, 0.0 by
+    default, every step. The `loss_per_*` keys average the unweighted token losses over tokens
+    of nonzero weight (see `compute_base_metrics`).
 
     Args:
         logits: `[B, ..., V]` scores for the batch's targets.
@@ -856,10 +861,18 @@ def compute_loss_and_metrics(
     weights, factor = batch.get(_WEIGHTS_KEY), batch.get(LOSS_NORMALIZING_FACTOR_KEY)
     suffix = len(_SEGMENT_IDS_SUFFIX)
     segment_ids = {k[:-suffix]: v for k, v in batch.items() if k.endswith(_SEGMENT_IDS_SUFFIX)}
+    batch_suffix = _SEGMENT_IDS_SUFFIX
+    if not segment_ids:  # unpacked, as in T5X's models: the features' padding masks
+        segment_ids = {
+            k: batch[k] != 0
+            for k in _UNPACKED_FEATURES
+            if _is_array(batch.get(k)) and batch[k].ndim == 2
+        }
+        batch_suffix = ""
     problems = _Checks("compute_loss_and_metrics")
     problems.inputs(logits, targets, weights, factor, name=f"batch[{_WEIGHTS_KEY!r}]")
     label_smoothing = problems.loss_options(label_smoothing, z_loss, logits)
-    problems.metric_options(segment_ids, num_devices, targets, in_batch=True)
+    problems.metric_options(segment_ids, num_devices, targets, batch_suffix=batch_suffix)
     problems.raise_if_any()
     weights = (targets > 0 if weights is None else weights).astype(jnp.float32)
     token_losses = _token_losses(logits, targets, label_smoothing, z_loss)

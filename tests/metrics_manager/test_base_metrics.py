@@ -86,6 +86,10 @@ def test_every_key_has_its_hand_worked_value():
         "z_loss_per_all_target_tokens": z_sum / 6,
         "cross_ent_loss_per_all_target_tokens": (loss_sum - z_sum) / 6,
         "non_padding_fraction/loss_weights": 3 / 6,
+        # Unpacked: T5X's models count `decoder_target_tokens != 0` as its segment ids.
+        "effective_batch_size/decoder_target_tokens": 2,
+        "non_padding_fraction/decoder_target_tokens": 3 / 6,
+        "non_padding_fraction/overall": 3 / 6,
         "timing/seqs": 2,
         "timing/seqs_per_second": 2 / DURATION,
         "timing/seqs_per_second_per_core": 2 / 2 / DURATION,
@@ -199,6 +203,33 @@ def test_batch_segment_ids_become_features():
         values["cross_ent_loss"] == values["loss"] == pytest.approx(5 * np.log(5))
     )  # 5 real tokens
     assert values["cross_ent_loss_per_all_target_tokens"] == pytest.approx(5 * np.log(5) / 8)
+
+
+def test_an_unpacked_batch_counts_its_padding_masks_as_t5x_models_do():
+    # T5X's models pass `{k: v != 0}` of encoder_input_tokens and decoder_target_tokens when a
+    # batch has no `*_segment_ids`: no effective_batch_size or non_padding_fraction/<feature>
+    # key was written for an unpacked batch.
+    batch = {
+        "encoder_input_tokens": jnp.array([[4, 4, 4, 0, 0], [1, 0, 0, 0, 0], [2, 2, 0, 0, 0]]),
+        "decoder_target_tokens": jnp.array([[1, 2, 0, 0], [3, 3, 3, 3], [0, 0, 0, 0]]),
+    }
+    _, metrics = _loss_and_metrics(jnp.zeros((3, 4, 5)), batch, num_devices=1)
+    values = _values(metrics, num_steps=2)
+    # Rows with a real token, per step: 3 encoder rows, 2 decoder rows (one all padding).
+    assert values["effective_batch_size/encoder_input_tokens"] == 3 / 2
+    assert values["effective_batch_size/decoder_target_tokens"] == 2 / 2
+    assert values["non_padding_fraction/encoder_input_tokens"] == pytest.approx(6 / 15)
+    assert values["non_padding_fraction/decoder_target_tokens"] == pytest.approx(6 / 12)
+    assert values["non_padding_fraction/overall"] == pytest.approx(12 / 27)
+    # Any `*_segment_ids` key: those features only, as in T5X.
+    batch["decoder_segment_ids"] = (batch["decoder_target_tokens"] != 0).astype(jnp.int32)
+    _, metrics = _loss_and_metrics(jnp.zeros((3, 4, 5)), batch, num_devices=1)
+    assert {k for k in metrics if k.startswith(("effective_batch_size/", "non_padding_"))} == {
+        "effective_batch_size/decoder",
+        "non_padding_fraction/decoder",
+        "non_padding_fraction/overall",
+        "non_padding_fraction/loss_weights",
+    }
 
 
 # ----------------------------------------------------------------------------- T5X's errors, fixed
