@@ -504,8 +504,9 @@ class MetricsManager:
         seen = (keys, _signature(metrics), tuple(map(type, ready.values())))
         if seen != self._keys_checked:
             # By the call each key's value goes to: a Text's key is an MLflow artifact path,
-            # not a metric name. Metrics to compute are taken as scalars (almost all are).
-            calls: dict[str, list[str]] = {"write_scalars": list(metrics)}
+            # not a metric name. Metrics to compute are taken as scalars (almost all are),
+            # under the keys they write (a Collection 'c' writes 'c/<name>').
+            calls: dict[str, list[str]] = {"write_scalars": _written_keys(metrics, {})}
             for call, kwargs in writers.group_values(ready, skipped={}):  # write_values' routing
                 calls.setdefault(call, []).extend(next(iter(kwargs.values())))  # the values
             problems.keys(keys, self._keys_refused(step, calls))

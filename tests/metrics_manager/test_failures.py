@@ -2274,6 +2274,52 @@ def test_a_key_mlflow_refuses_as_a_metric_is_still_written_as_a_text(tmp_path, m
     assert [(f.source, f.step) for f in manager.errors] == [("metric:acc@1", 1)]
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_keys_a_summary_writes_under_a_metric_are_checked_as_written(
+    tmp_path, monkeypatch, processes
+):
+    # The metric keys were checked, not the keys written: a Collection 'acc@1' writes
+    # 'acc@1/loss', and a MeanStd under 248 characters writes its '/std' past MLflow's 250.
+    # In one process the MeanStd passed the call; with several, both were sent to MLflow,
+    # which refused each summary's scalars whole (loss too), a failure toward quarantine.
+    from tests.writers.tracker_stores import sqlite_store
+
+    monkeypatch.setattr(jax, "process_count", lambda: processes)
+    url = sqlite_store(str(tmp_path / "mlflow"))
+    factory = _jsonl_and_mlflow({}, lambda: url, "written", flush_secs=60.0)
+    long_key = "k" * 248
+    accuracy = clu_metrics.Collection.create(loss=clu_metrics.Average)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        for step in (1, 2):
+            summary = {
+                "acc@1": accuracy.single_from_model_output(values=np.array([2.0])),
+                long_key: MeanStd.from_model_output(np.array([1.0, 3.0], np.float32)),
+                "loss": Sum(np.float32(step)),
+            }
+            if processes == 1:
+                with pytest.raises(ValueError) as raised:
+                    manager.write_metrics_summary(summary, step, 1)
+                assert f"'{long_key}/std'" in str(raised.value)
+                assert "'acc@1/loss'" in str(raised.value)
+            else:
+                manager.write_metrics_summary(summary, step, 1)
+        manager.flush()
+        failures = manager.health()["writers"]["mlflow"]["failures"]
+    lines = read_jsonl(str(tmp_path / "train"))
+    if processes == 1:
+        assert lines == []
+        return
+    assert failures == 0
+    assert [(x["step"], x["loss"], x[long_key], "acc@1/loss" in x) for x in lines] == [
+        (1, 1.0, 2.0, False),
+        (2, 2.0, 2.0, False),
+    ]
+    assert [(f.source, f.step) for f in manager.errors] == [
+        ("metric:acc@1/loss", 1),
+        (f"metric:{long_key}/std", 1),
+    ]
+
+
 def test_a_reserved_key_with_several_processes_is_one_failure_per_kind_of_write(
     tmp_path, monkeypatch
 ):
