@@ -365,12 +365,12 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
                 "nested names); rename one of them"
             )
         else:
-            if isinstance(value, int) and value.bit_length() >= 2000 and not _as_text(value):
+            if _holds_long_int(value):  # written as str(value): a list's failed too
                 problems.value_problem(
-                    f"hyperparameter {name!r} is an int of more than "
-                    f"{sys.get_int_max_str_digits()} digits, which Python refuses to turn into "
-                    "text, as the writers do; pass float(value) (inf past 1.8e308), or raise "
-                    "sys.set_int_max_str_digits()"
+                    f"hyperparameter {name!r} {'is' if isinstance(value, int) else 'holds'} an "
+                    f"int of more than {sys.get_int_max_str_digits()} digits, which Python "
+                    "refuses to turn into text, as the writers do; pass float(value) (inf past "
+                    "1.8e308), or raise sys.set_int_max_str_digits()"
                 )
             flat[name] = value
 
@@ -556,6 +556,14 @@ def _as_text(value: int) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _holds_long_int(value: Any, depth: int = 0) -> bool:
+    """Whether `value`, or an item of a list, tuple or set in it, is an int `str()` refuses
+    (nested 8 deep at most: a list that holds itself is written as '[[...]]')."""
+    if isinstance(value, list | tuple | set | frozenset):
+        return depth < 8 and any(_holds_long_int(item, depth + 1) for item in value)
+    return isinstance(value, int) and value.bit_length() >= 2000 and not _as_text(value)
 
 
 def _int(value: int) -> int:

@@ -2385,6 +2385,13 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ValueError,
         r"hyperparameter 'opt.seed' is an int of more than 4300 digits, which Python refuses",
     ),
+    # In a list, as the writers write it (its str()), both failed in the background: every
+    # hyperparameter of the call was lost, with CPython's message naming no key.
+    "an hparam list holding an int of 5,000 digits": (
+        lambda m: m.write_hparams({"seeds": [1, (2, 10**5000)], "lr": 0.1}),
+        ValueError,
+        r"hyperparameter 'seeds' holds an int of more than 4300 digits, which Python refuses",
+    ),
     "a T5X Sum built on a vector": (  # its key was dropped on the worker
         lambda m: m.write_metrics_summary({"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, 1, 1),
         ValueError,
