@@ -220,13 +220,6 @@ class Summarizer:
         """The writers' `(method, kwargs)` calls for `summary`, scalars checked once for all."""
         skipped: dict[str, str] = {}
         calls = writers.group_values(summary, skipped)
-        if any(self.refused.values()):  # each call without the keys refused in that call
-            for method, kwargs in calls:
-                values = next(iter(kwargs.values()))  # scalars, texts, arrays, ...
-                for key in self.refused[method].keys() & values.keys():
-                    del values[key]
-                    kwargs.get("num_buckets", {}).pop(key, None)
-            calls = [call for call in calls if next(iter(call[1].values()))]
         for key, what in skipped.items():  # that key is lost, not the summary
             unwritable = TypeError(values_lib.unsupported_message({key: what}))
             self._failures.record(Failure(f"metric:{key}", step, (key,), unwritable))
@@ -238,6 +231,15 @@ class Summarizer:
                 if self._zero_window:
                     scalars = {k: v for k, v in scalars.items() if k not in self._zero_window}
                 self.check_finite(step, scalars, "in the summary window ending at")
+        # Only now, so process 0 checks what the others (no writers, nothing refused) check:
+        # a NaN under a refused key stopped them under nonfinite="stop", and not process 0.
+        if any(self.refused.values()):  # each call without the keys refused in that call
+            for method, kwargs in calls:
+                values = next(iter(kwargs.values()))  # scalars, texts, arrays, ...
+                for key in self.refused[method].keys() & values.keys():
+                    del values[key]
+                    kwargs.get("num_buckets", {}).pop(key, None)
+            calls = [call for call in calls if next(iter(call[1].values()))]
         return calls
 
     def _checked(self, step: int, method: str, kwargs: dict[str, Any]) -> bool:

@@ -2899,6 +2899,30 @@ def test_nonfinite_stop_checks_summaries_on_every_process_and_write_scalars_on_p
             manager.write_scalar("host", 4.0, 4)
 
 
+@pytest.mark.parametrize("process", [0, 1])
+def test_nonfinite_stop_on_a_summary_key_a_writer_refuses_stops_every_process(
+    tmp_path, monkeypatch, process
+):
+    # Process 0 left the key JSONL reserves out before the check, so a NaN under it stopped
+    # process 1 (no writers, nothing left out) while process 0 went on to wait for it.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    factory = lambda d: writers.JsonlWriter(d)  # noqa: E731
+    with MetricsManager("t", tmp_path, writer_factory=factory, nonfinite="stop") as manager:
+        summary = {"step": Sum(np.float32(np.nan)), "loss": Sum(np.float32(1.0))}
+        manager.write_metrics_summary(summary, 1, 1).result()
+        with pytest.raises(MetricsManagerError, match=r"ending at step 1 for keys \['step'\]"):
+            manager.write_scalar("x", 2.0, 2)
+    if process == 1:
+        assert not os.path.exists(tmp_path / "t")
+        return
+    # Both calls are still written, the summary without the key (its line's step is 1).
+    assert [(x["step"], x.get("loss"), x.get("x")) for x in read_jsonl(str(tmp_path / "t"))] == [
+        (1, 1.0, None),
+        (2, None, 2.0),
+    ]
+
+
 @pytest.mark.parametrize(("process", "errors"), [(0, 1), (1, 0)])
 def test_a_nan_histogram_under_raise_stops_process_0_alone(monkeypatch, process, errors):
     # As the README's "Many processes" says: only process 0 reads write_histograms' values,
