@@ -81,12 +81,13 @@ class Failures:
         self.fatal: Failure | None = None  # to raise at the next call, once
         self._also: list[Failure] = []  # fatal ones recorded while `fatal` waited: named with it
 
-    def record(self, failure: Failure, *, fatal: bool = False) -> None:
+    def record(self, failure: Failure, *, fatal: bool | None = None) -> None:
+        """`fatal`: raised at the next call; None: under `raise_all`; False: never."""
         _release_locals(failure.error)
         with self._lock:
             self._recent.append(failure)
             self.count += 1
-            if fatal or self._raise_all:
+            if fatal or (fatal is None and self._raise_all):
                 if self.fatal is None:
                     self.fatal = failure
                 else:

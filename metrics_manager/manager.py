@@ -885,7 +885,7 @@ class MetricsManager:
                         "write instead: process 0 alone raising left the others waiting."
                     )
                     failure = Failure(f"metric:{key}", step or 0, (key,), refused[key])
-                    self._failures.record(failure)
+                    self._failures.record(failure, fatal=False)  # under "raise" too
         found = [  # what no single key explains is still refused at the call
             p
             for call, ks in calls.items()

@@ -2320,6 +2320,33 @@ def test_keys_a_summary_writes_under_a_metric_are_checked_as_written(
     ]
 
 
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_reserved_key_with_several_processes_is_not_raised_under_raise(
+    tmp_path, monkeypatch, process
+):
+    # Under on_error="raise" the key left out was recorded as fatal: process 0 raised at the
+    # call ("process 0 alone raising left the others waiting", its message said), process 1
+    # went on to wait for it.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    factory = lambda d: writers.JsonlWriter(d)  # noqa: E731
+    with MetricsManager("train", tmp_path, writer_factory=factory, on_error="raise") as manager:
+        manager.write_scalars(1, {"step": 1.0, "a": 1.0})
+        manager.write_metrics_summary({"time": Sum(np.float32(2.0)), "loss": Sum(3.0)}, 2, 1)
+        manager.write_scalars(3, {"a": 3.0})
+        manager.flush()
+    if process == 1:
+        assert not os.path.exists(tmp_path / "train") and manager.errors == []
+        return
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(x["step"], x.get("a"), x.get("loss")) for x in lines] == [
+        (1, 1.0, None),
+        (2, None, 3.0),
+        (3, 3.0, None),
+    ]
+    assert [(f.source, f.step) for f in manager.errors] == [("metric:step", 1), ("metric:time", 2)]
+
+
 def test_a_reserved_key_with_several_processes_is_one_failure_per_kind_of_write(
     tmp_path, monkeypatch
 ):
