@@ -200,6 +200,7 @@ class Fanout:
         self._quarantine_s = quarantine_s
         self._fail_summary = fail_summary
         self._hurry_s: float | None = None  # `hurry`'s bound on each writer's time
+        self._held_lock = threading.Lock()  # a call's end and `stuck` abandoning it
 
     def hurry(self, budget_s: float | None) -> None:
         """While a signal's flush races a kill: a writer that has spent `budget_s` in calls
@@ -291,11 +292,12 @@ class Fanout:
                             else:
                                 failed = True
                 finally:
-                    state.busy = False
-                    if state.held:  # this may be the abandoned call, now returned
-                        for writer in state.held:
-                            ABANDONED.discard(writer)
-                        state.held = ()
+                    with self._held_lock:  # `stuck` may be abandoning this call right now
+                        state.busy = False
+                        if state.held:  # this may be the abandoned call, now returned
+                            for writer in state.held:
+                                ABANDONED.discard(writer)
+                            state.held = ()
                     if self._hurry_s is not None:
                         state.hurried_s += time.monotonic() - started
                     # A kept failure's traceback keeps this frame (its writer frame's f_back),
@@ -330,10 +332,11 @@ class Fanout:
                 outcome = "left to end on its own; its later calls go on"
             else:
                 state.quarantined, state.retry_at = "hung", time.monotonic() + self._quarantine_s
-                for writer in _inside(state.writer):  # their closes at exit would wait for it
-                    with contextlib.suppress(TypeError):  # not weakly referable: no exit hook
-                        ABANDONED.add(writer)
-                        state.held += (writer,)
+                with self._held_lock:  # a call returned since its deadline holds none
+                    for writer in _inside(state.writer) if state.busy else ():
+                        with contextlib.suppress(TypeError):  # not weakly referable: no exit hook
+                            ABANDONED.add(writer)  # its close at exit would wait for the call
+                            state.held += (writer,)
         limit = f"writer_deadline_s={self.deadline_s}"
         if cap_s is not None and cap_s < (self.deadline_s or math.inf):
             limit = f"{cap_s} s, the bound while flushing on a signal"

@@ -8,6 +8,7 @@ own reader and `json.loads`, and counted.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import errno
 import functools
 import gc
@@ -893,6 +894,44 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
     assert mount.steps == [1, 3]
     assert manager.health()["writers"]["Mount"]["quarantined"] is None
     assert mount not in writers._base.ABANDONED
+
+
+def test_a_call_returning_as_its_deadline_is_noticed_leaves_no_writer_abandoned(tmp_path):
+    entered, go = threading.Event(), threading.Event()
+
+    class Slow(writers.NoopWriter):
+        steps: list[int] = []
+        closes = 0
+
+        def write_scalars(self, step, scalars):
+            entered.set()
+            go.wait()
+            self.steps.append(step)
+
+        def close(self):
+            self.closes += 1
+
+    slow = Slow()
+    with MetricsManager("t", writer_factory=lambda d: slow, writer_deadline_s=0.2) as manager:
+        state = manager._fanout.states["Slow"]
+        manager.write_scalars(1, {"loss": 1.0})
+        assert entered.wait(10)
+        time.sleep(0.3)  # past the deadline, not noticed yet
+        with manager._worker._cond:  # the call returns before the overrun is noticed
+            go.set()
+            deadline = time.monotonic() + 10
+            while state.busy:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            manager.write_scalars(2, {"loss": 2.0})  # notices it: abandoned as hung
+        manager.flush()
+        assert slow.steps == [1]
+        assert manager.health()["writers"]["Slow"]["quarantined"] == "hung"
+        assert slow not in writers._base.ABANDONED  # no call inside: closed at exit
+        hook = writers._base.close_at_exit(slow, "Slow")
+        hook()
+        atexit.unregister(hook)
+        assert slow.closes == 1
 
 
 def test_a_hung_writer_whose_retry_fails_waits_quarantine_s_again(tmp_path):
