@@ -61,13 +61,15 @@ class MultiWriter(ForwardingWriter):
 
     def _forward(self, method: str, **kwargs: Any) -> None:
         failures: list[tuple[str, BaseException]] = []
-        for name, writer in self._writers:
-            self.calling = writer  # where a call abandoned as hung is (a manager's deadline)
-            try:
-                getattr(writer, method)(**_checks.own_dicts(kwargs))
-            except Exception as err:  # noqa: BLE001  (reported below, with the writer's name)
-                failures.append((name, err))
-        self.calling = None
+        try:
+            for name, writer in self._writers:
+                self.calling = writer  # where a call abandoned as hung is (a manager's deadline)
+                try:
+                    getattr(writer, method)(**_checks.own_dicts(kwargs))
+                except Exception as err:  # noqa: BLE001  (reported below, with the writer's name)
+                    failures.append((name, err))
+        finally:  # after a SystemExit too: a stale one is taken for the writer a hang is in
+            self.calling = None
         if failures:
             raise WriterError(f"MultiWriter.{method}", failures) from failures[0][1]
 

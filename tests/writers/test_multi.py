@@ -236,3 +236,17 @@ def test_async_multi_writer_refusing_a_writer_leaves_no_thread_running():
     multi = writers.AsyncMultiWriter({"a": writers.NoopWriter()})  # names kept
     assert list(multi.writers) == ["a"]
     multi.close()
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+def test_a_writer_raising_a_base_exception_leaves_no_writer_marked_as_called(error):
+    class Quitting(writers.NoopWriter):
+        def write_scalars(self, step, scalars):
+            raise error(f"at step {step}")
+
+    quitting = Quitting()
+    multi = writers.MultiWriter({"quitting": quitting, "none": writers.NoopWriter()})
+    with pytest.raises(error, match="at step 3"):
+        multi.write_scalars(3, {"loss": 0.5})
+    # A manager abandoning a later call inside `multi` holds `calling` as the hung writer.
+    assert multi.calling is None
