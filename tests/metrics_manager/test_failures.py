@@ -50,6 +50,7 @@ from metrics_manager import (
     merge_windows,
 )
 from tests.metrics_manager.fault_loop import files_and
+from tests.metrics_manager.test_manager import PerClass
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
 from tests.writers.failing import GatedWriter
 from tests.writers.tracker_stores import wandb_history, wandb_run_files
@@ -2270,6 +2271,21 @@ def test_bad_values_under_a_reserved_key_are_refused_on_every_process_alike(
     if process == 0:
         (line,) = read_jsonl(str(tmp_path / "train"))
         assert (line["step"], line["h"]["count"], line["h"]["counts"]) == (2, 3, [1, 1, 1])
+
+
+def test_a_left_out_key_whose_value_no_writer_takes_is_one_failure(tmp_path, monkeypatch):
+    # A metric named `step` (JSONL's own field) giving a vector: left out of every write and
+    # recorded once at the call, then recorded again as unwritable at every summary.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for step in (1, 2):
+            metrics = {"loss": Sum(jnp.float32(step)), "step": PerClass(jnp.float32(1))}
+            manager.write_metrics_summary(metrics, step, 1).result()
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 2.0)]
+    assert [(f.source, f.step, type(f.error)) for f in manager.errors] == [
+        ("metric:step", 1, ValueError)  # reserved by writer(s) ['jsonl']
+    ]
 
 
 def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path, monkeypatch):
