@@ -1171,17 +1171,18 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
 
 def _log_state(directory: str | None, resume_step: int | None) -> Any:
     """(inode, mtime) of the JSONL log in `directory` when resuming (on a URL, or copied down
-    from one, the names of its parts), else None: a resumed JSONL writer rewrites it, so the
-    same state after the writers are made means none did."""
+    from one, the names of its parts, and whether an object is at its own path: a log copied
+    up), else None: a resumed JSONL writer rewrites it, so the same state after the writers
+    are made means none did."""
     if resume_step is None or directory is None:
         return None
     log = _jsonl_log.as_url(_storage.join(directory, "metrics.jsonl"))  # a URL log copied down
     if _storage.is_remote(log):
         try:
             fs, parts = _storage.filesystem(log + ".d")
-            fs.invalidate_cache(parts)
-            return tuple(sorted(fs.ls(parts, detail=False))) or None
-        except Exception:  # noqa: BLE001  (no log, or storage down: the writers will say)
+            names = tuple(sorted(_storage.names_in(fs, parts)))
+            return (names, True) if fs.exists(parts.removesuffix(".d")) else names or None
+        except Exception:  # noqa: BLE001  (storage down: the writers will say)
             return None
     try:
         stat = os.stat(os.path.join(directory, "metrics.jsonl"))

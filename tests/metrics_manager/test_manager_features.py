@@ -6,6 +6,7 @@ import os
 import time
 
 import clu.values
+import fsspec
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +90,30 @@ def test_resuming_a_url_log_copied_down_rewrites_its_parts_with_no_stale_log_war
     lines = writers.read_jsonl(logdir)
     assert [(x["step"], x["loss"]) for x in lines] == [(10, 10.0), (20, 20.0), (30, 300.0)]
     assert not [r for r in caplog.records if "no writer of this set" in r.getMessage()]
+
+
+@pytest.mark.parametrize("jsonl", [True, False], ids=["jsonl", "no jsonl"])
+def test_resuming_a_url_log_copied_up_warns_only_when_no_writer_rewrote_it(caplog, jsonl):
+    """A URL log that is an object alone (a local log copied up, no .d/ parts): the manager
+    listed the parts only, found none, and never warned that the earlier run's steps after
+    resume_step stayed in the log."""
+    fs, root = fsspec.filesystem("memory"), f"memory://copied-up-{jsonl}"
+    fs.pipe(
+        f"/copied-up-{jsonl}/train/metrics.jsonl",
+        b"".join(b'{"step": %d, "loss": 1.0}\n' % step for step in (10, 20, 30, 40)),
+    )
+
+    def factory(d, resume_step=None):
+        return files_only(d, resume_step=resume_step) if jsonl else writers.NoopWriter()
+
+    with caplog.at_level("WARNING"):
+        with MetricsManager("train", root, writer_factory=factory, resume_step=20):
+            pass
+    steps = [x["step"] for x in writers.read_jsonl(f"{root}/train/metrics.jsonl")]
+    assert steps == ([10, 20] if jsonl else [10, 20, 30, 40])
+    warned = [r.getMessage() for r in caplog.records if "no writer of this set" in r.getMessage()]
+    assert warned == ([] if jsonl else [stale_log_warning(f"{root}/train", 20)])
+    fs.rm(f"/copied-up-{jsonl}", recursive=True)
 
 
 @pytest.mark.parametrize(
