@@ -324,7 +324,8 @@ class Fanout:
     def stuck(self, label: str, cap_s: float | None, job: Job) -> None:
         """The worker abandoned `label`'s piece of `job` past its deadline (or `cap_s`, if
         lower)."""
-        name = label.removeprefix("writer ").strip("'")
+        # By its piece's label (repr: a name holding a quote or a backslash is not in 's).
+        name = next((n for n in self.states if label == f"writer {n!r}"), label)
         outcome = "quarantined"
         if (state := self.states.get(name)) is not None:
             state.failures += 1

@@ -897,6 +897,35 @@ def test_a_hung_writer_is_tried_again_only_once_its_call_has_returned(tmp_path):
     assert mount not in writers._base.ABANDONED
 
 
+@pytest.mark.parametrize("name", ["bob's mount", "mount\\2"])
+def test_a_hung_writer_named_with_a_quote_or_backslash_is_quarantined(name):
+    # Its piece's label is `writer {name!r}`; stripping 's off it did not give the name back,
+    # so the writer was never quarantined: called again at every write, each abandoned.
+    release = threading.Event()
+
+    class Mount(writers.NoopWriter):
+        steps: list[int] = []
+
+        def write_scalars(self, step, scalars):
+            self.steps.append(step)
+            release.wait()
+
+    mount = Mount()
+    try:
+        with MetricsManager(
+            "t", writer_factory=lambda d: {name: mount}, writer_deadline_s=0.2
+        ) as manager:
+            for step in (1, 2):
+                manager.write_scalars(step, {"loss": 1.0})
+                manager.flush()
+            health = manager.health()["writers"][name]
+            assert (mount.steps, health["failures"], health["quarantined"]) == ([1], 1, "hung")
+            assert mount in writers._base.ABANDONED
+            assert [f.source for f in manager.errors] == [f"writer:{name}"]
+    finally:
+        release.set()
+
+
 def test_a_call_returning_as_its_deadline_is_noticed_leaves_no_writer_abandoned(tmp_path):
     entered, go = threading.Event(), threading.Event()
 
