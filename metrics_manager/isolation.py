@@ -200,6 +200,7 @@ class Fanout:
         self._quarantine_s = quarantine_s
         self._fail_summary = fail_summary
         self._hurry_s: float | None = None  # `hurry`'s bound on each writer's time
+        self._hurry_at = 0.0  # when `hurry` began (monotonic)
         self._held_lock = threading.Lock()  # a call's end and `stuck` abandoning it
 
     def hurry(self, budget_s: float | None) -> None:
@@ -208,6 +209,7 @@ class Fanout:
         writer taking 3 s a call (none hung) held 8 of 17 queued summaries from the others.
         None also ends what it set aside: a process that goes on (a caught Ctrl-C) lost the
         slow writer's values for `quarantine_s` after the flush, not for the flush."""
+        self._hurry_at = time.monotonic()  # a call running then counts from here
         for state in self.states.values():
             state.hurried_s = 0.0
             if budget_s is None and (state.quarantined or "").startswith("slow:"):
@@ -299,7 +301,7 @@ class Fanout:
                                 ABANDONED.discard(writer)
                             state.held = ()
                     if self._hurry_s is not None:
-                        state.hurried_s += time.monotonic() - started
+                        state.hurried_s += time.monotonic() - max(started, self._hurry_at)
                     # A kept failure's traceback keeps this frame (its writer frame's f_back),
                     # and with it the call's values, unless they are dropped here.
                     job = kwargs = None  # type: ignore[assignment]

@@ -1733,6 +1733,35 @@ def test_a_writer_set_aside_as_slow_in_a_signals_flush_is_back_after_it(monkeypa
     assert any("writer 'slow' is back" in r.getMessage() for r in caplog.records)
 
 
+def test_a_call_begun_before_a_signal_counts_only_its_time_in_the_flush(monkeypatch):
+    # Its 1.2 s before the signal counted toward the flush's 1 s bound a writer: a writer
+    # that took 0.1 s of the flush was set aside, and lost steps 2 and 3.
+    from metrics_manager import manager as manager_lib
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Mount(writers.NoopWriter):
+        steps: list[int] = []
+
+        def write_scalars(self, step, scalars):
+            entered.set()
+            release.wait()
+            self.steps.append(step)
+
+    monkeypatch.setattr(manager_lib, "_SIGNAL_DEADLINE_S", 1.0)
+    mount = Mount()
+    with MetricsManager("t", writer_factory=lambda d: {"mount": mount}) as manager:
+        monkeypatch.setitem(manager_lib._PREVIOUS_HANDLERS, signal.SIGINT, lambda s, _: None)
+        for step in (1, 2, 3):
+            manager.write_scalars(step, {"loss": float(step)})
+        assert entered.wait(10)
+        time.sleep(1.2)
+        threading.Timer(0.1, release.set).start()  # 0.1 s into the flush
+        manager_lib._on_signal(signal.SIGINT, None)
+        assert mount.steps == [1, 2, 3]
+        assert manager.health()["writers"]["mount"]["skipped"] == 0
+
+
 def test_write_scalars_abandoned_at_a_signals_bound_names_every_key_it_loses(monkeypatch):
     # The wait for `loss` outlived the bound: the call's ready `lr` was lost with it, but the
     # failure named `loss` alone.
