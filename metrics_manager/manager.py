@@ -973,6 +973,8 @@ class _Problems(Problems):
             hint = ""
             if isinstance(value, jax.Array):
                 hint = "; keep a host-side counter (step += 1): int(jax.Array) blocks the loop"
+            elif isinstance(value, numbers.Real) and math.isfinite(value):  # T5X: int(step)
+                hint = f"; pass int({what})" if float(value).is_integer() else ""
             self.type_problem(
                 f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
             )

@@ -1065,6 +1065,21 @@ def test_one_error_lists_every_bad_argument():
         manager.write_scalar("x", 1.0, np.array(3))  # a 0-d NumPy int is a fine step
 
 
+def test_a_float_step_is_refused_naming_int():
+    """A float step (T5X's trainer passes int(step)) was refused with "step must be an int,
+    got 5.0 (float)" and no fix; it is still refused, not rounded."""
+    with make() as manager:
+        with pytest.raises(TypeError) as info:
+            manager.write_metrics_summary({"x": Sum(1.0)}, 5.0, np.float32(2))
+        assert str(info.value) == (
+            "MetricsManager.write_metrics_summary: 2 problems:\n"
+            "  - step must be an int, got 5.0 (float); pass int(step)\n"
+            "  - num_steps must be an int, got np.float32(2.0) (float32); pass int(num_steps)"
+        )
+        with pytest.raises(TypeError, match=r"got 1\.5 \(float\)$"):  # int() would lose .5
+            manager.write_scalar("x", 1.0, 1.5)
+
+
 def test_write_texts_needs_strings():
     with make() as manager:
         with pytest.raises(
