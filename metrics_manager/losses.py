@@ -209,10 +209,15 @@ class _Checks(Problems):
                 ):
                     continue
                 if batch_size is not None and ids.shape[0] != batch_size:
+                    fix = "Pass the segment ids of the same (micro)batch."
+                    if batch_suffix == "":  # unpacked: the tokens' padding mask
+                        fix = (
+                            f"Pass the {feature} of the same (micro)batch (without "
+                            "*_segment_ids, its padding mask, tokens != 0, is counted)."
+                        )
                     self.value_problem(
                         f"`{name}` must have one row per sequence of `targets`, "
-                        f"[{batch_size}, L]; got shape {tuple(ids.shape)}. Pass the segment "
-                        "ids of the same (micro)batch."
+                        f"[{batch_size}, L]; got shape {tuple(ids.shape)}. {fix}"
                     )
                 elif feature == "decoder" and batch_size is not None and ids.shape != targets.shape:
                     self.value_problem(  # its non-padding fraction counted the wrong positions

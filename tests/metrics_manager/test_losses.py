@@ -741,6 +741,26 @@ def test_segment_ids_of_the_batch_are_named_by_their_batch_key():
     )
 
 
+def test_unpacked_inputs_of_another_batch_are_refused_naming_the_inputs():
+    """An unpacked batch's encoder_input_tokens of 2 rows beside 4 target rows was refused
+    with "Pass the segment ids of the same (micro)batch": the batch has no segment ids."""
+    batch = {
+        "decoder_target_tokens": jnp.ones((4, 5), jnp.int32),
+        "encoder_input_tokens": jnp.ones((2, 7), jnp.int32),
+    }
+    with pytest.raises(ValueError) as info:
+        losses.compute_loss_and_metrics(jnp.zeros((4, 5, 6)), batch)
+    assert str(info.value) == (
+        "compute_loss_and_metrics: `batch['encoder_input_tokens']` must have one row per "
+        "sequence of `targets`, [4, L]; got shape (2, 7). Pass the encoder_input_tokens of "
+        "the same (micro)batch (without *_segment_ids, its padding mask, tokens != 0, is "
+        "counted)."
+    )
+    packed = {**batch, "encoder_segment_ids": batch.pop("encoder_input_tokens")}
+    with pytest.raises(ValueError, match=r"\(2, 7\)\. Pass the segment ids of the same"):
+        losses.compute_loss_and_metrics(jnp.zeros((4, 5, 6)), packed)
+
+
 @pytest.mark.parametrize("smoothing", [np.float32(0.1), np.float64(0.1)])
 def test_a_numpy_label_smoothing_is_taken_as_its_float(smoothing):
     """np.float32 was refused ("must be a Python float"), unlike every other option."""
