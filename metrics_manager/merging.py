@@ -208,7 +208,13 @@ def merge_metrics(
     problems = Problems()
     a_is_dict = a is None or _check_dict(a, "a", problems)
     if _check_dict(b, "b", problems) and a is not None and a_is_dict:
-        _check_alike(a, b, "a", "b", problems)
+        if not a and b:  # an empty accumulator, as a T5X loop may start from
+            problems.value_problem(
+                f"a holds no metrics, b holds {sorted(map(str, b))}; start each window from "
+                "None, not {}: merge_metrics(None, b) returns b's metrics"
+            )
+        else:
+            _check_alike(a, b, "a", "b", problems)
     problems.raise_if_any("merge_metrics")
     b = _wide_floats(b)
     if a is None:

@@ -120,6 +120,19 @@ def test_merging_a_timed_metric_with_an_untimed_one_names_the_cause():
         )
 
 
+def test_an_empty_accumulator_is_refused_naming_none():
+    """merge_metrics({}, metrics), a loop starting from an empty dict as T5X's may, said "b
+    lacks [] and adds ['loss']; return the same keys from every step", which the step did."""
+    with pytest.raises(ValueError) as info:
+        merge_metrics({}, {"loss": Sum(jnp.float32(2.0))})
+    assert str(info.value) == (
+        "merge_metrics: a holds no metrics, b holds ['loss']; start each window from None, "
+        "not {}: merge_metrics(None, b) returns b's metrics"
+    )
+    assert float(merge_metrics(None, {"loss": Sum(jnp.float32(2.0))})["loss"].compute()) == 2.0
+    assert merge_metrics({}, {}) == {}
+
+
 def test_a_key_a_step_lacks_is_kept_by_a_masked_metric_as_the_error_advises():
     a = {"loss": clu_metrics.Average.from_model_output(jnp.ones(3))}
     with pytest.raises(ValueError, match=r"the metric of a mask that is all False\)$"):
