@@ -191,8 +191,21 @@ class Sum(clu_metrics.Metric):
         return self.total
 
 
+class _ByKeyword:
+    """Refuses positional fields naming the keywords (Python's error named neither)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            fields = ", ".join(f"{f.name}=..." for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+            raise TypeError(
+                f"{cls.__name__} takes its fields by keyword, {cls.__name__}({fields}); got "
+                f"{len(args)} positional"
+            )
+        return super().__new__(cls)
+
+
 @flax.struct.dataclass(kw_only=True)
-class Step(clu_metrics.Metric):
+class Step(_ByKeyword, clu_metrics.Metric):
     """A count of train steps (T5X `Step`), the base of every per-step metric.
 
     Example:
@@ -289,7 +302,7 @@ def _check_durations_unset(a: "Time", b: "Time") -> None:
 
 
 @flax.struct.dataclass(kw_only=True)
-class Time(clu_metrics.Metric):
+class Time(_ByKeyword, clu_metrics.Metric):
     """Seconds in the summary window (T5X `Time`), set on the host; merges only while unset.
 
     Example:
@@ -447,7 +460,7 @@ class WelfordScalar(MeanStdScalar):
 
 
 @flax.struct.dataclass(kw_only=True)
-class MeanStd(clu_metrics.Metric):
+class MeanStd(_ByKeyword, clu_metrics.Metric):
     """Mean and population standard deviation with a numerically stable parallel merge.
 
     Keeps the count, mean and `m2` (sum of squared deviations) and merges with Chan et al.'s

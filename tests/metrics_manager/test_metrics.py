@@ -345,19 +345,23 @@ def test_merging_unset_steps_raises():
 
 
 @pytest.mark.parametrize(
-    "make",
+    ("make", "message"),
     [
-        lambda: AveragePerStep(5, 1.0),
-        lambda: TimeRate(3.0),
-        lambda: StepsPerTime(8),
-        lambda: Step(1),
-        lambda: Time(2.0),
-        lambda: MeanStd(1, 2.0, 0.0),
+        (lambda: AveragePerStep(5, 1.0), "AveragePerStep(steps=..., total=...); got 2"),
+        (lambda: TimeRate(3.0), "TimeRate(duration=..., numerator=...); got 1"),
+        (lambda: StepsPerTime(8), "StepsPerTime(duration=..., steps=...); got 1"),
+        (lambda: Step(1), "Step(steps=...); got 1"),
+        (lambda: Time(2.0), "Time(duration=...); got 1"),
+        (lambda: MeanStd(1, 2.0, 0.0), "MeanStd(count=..., mean=..., m2=...); got 3"),
     ],
 )
-def test_positional_construction_is_refused_where_order_is_a_trap(make):
-    with pytest.raises(TypeError, match="positional"):
+def test_positional_construction_is_refused_where_order_is_a_trap(make, message):
+    """Python's "AveragePerStep.__init__() takes 1 positional argument but 3 were given"
+    named neither the keywords nor that T5X's AveragePerStep(5, 1.0) means steps=5."""
+    with pytest.raises(TypeError) as info:
         make()
+    name = message.split("(")[0]
+    assert str(info.value) == f"{name} takes its fields by keyword, {message} positional"
 
 
 # --- host-side functions -----------------------------------------------------------------
