@@ -972,7 +972,11 @@ class _Problems(Problems):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             hint = ""
             if isinstance(value, jax.Array):
-                hint = "; keep a host-side counter (step += 1): int(jax.Array) blocks the loop"
+                one = f"int({what})" if value.shape == () else f"int({what}[0])"  # per device
+                hint = (
+                    "; in the loop keep a host-side counter (step += 1): int(jax.Array) blocks "
+                    f"it; for a one-off write outside it, pass {one}"
+                )
             elif isinstance(value, numbers.Real) and math.isfinite(value):  # T5X: int(step)
                 hint = f"; pass int({what})" if float(value).is_integer() else ""
             self.type_problem(

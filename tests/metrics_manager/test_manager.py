@@ -1050,6 +1050,20 @@ def test_write_metrics_summary_checks_inputs_on_the_callers_thread(args, error, 
             manager.write_metrics_summary(*args)
 
 
+@pytest.mark.parametrize(
+    ("step", "fix"), [(jnp.int32(3), "int(step)"), (jnp.array([3, 3]), "int(step[0])")]
+)
+def test_a_device_array_step_is_refused_with_the_fix_outside_the_loop_too(step, fix):
+    # T5X writes timing/compilation_seconds once at train_state.step: the only advice was
+    # the loop's "keep a host-side counter", where int(state.step) is the fix for a one-off.
+    with make() as manager:
+        with pytest.raises(TypeError) as raised:
+            manager.write_scalar("timing/compilation_seconds", 12.5, step)
+    message = str(raised.value)
+    assert "host-side counter (step += 1)" in message
+    assert f"for a one-off write outside it, pass {fix}" in message
+
+
 def test_one_error_lists_every_bad_argument():
     with make() as manager:
         with pytest.raises(TypeError) as info:
