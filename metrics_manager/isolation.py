@@ -18,7 +18,8 @@ metric's `compute_value()`, a whole summary); `Fanout` turns a write into one
   stuck in a client's retries then costs none of the writes after it);
 * while a signal's flush races a kill (`hurry`), a writer whose calls have taken the flush's
   per-writer bound in all is set aside, so a slow writer (no call hung) cannot hold the
-  others' queued summaries past the kill.
+  others' queued summaries past the kill; not one that `takes_overlapping_calls` (its writes
+  cost nothing to let through).
 
 Host-side module: never import it from code traced by jit.
 """
@@ -241,7 +242,10 @@ class Fanout:
             def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
                 job.state["step"] = step  # for `stuck`
                 hurry_s = self._hurry_s
-                if hurry_s is not None and state.hurried_s >= hurry_s:
+                # Not one whose writes only buffer: its flush, bounded as any call, took the
+                # time, and skipping its writes saved none (an abandoned flush returning
+                # mid-flush lost every summary after it).
+                if hurry_s is not None and state.hurried_s >= hurry_s and not state.overlap:
                     self._set_aside(name, state, hurry_s)
                 if state.quarantined and (
                     state.busy or not (closing or time.monotonic() >= state.retry_at)

@@ -30,7 +30,8 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
 * Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.
   A writer whose calls may overlap (its writes only buffer, as `MlflowWriter`'s) says so
   with `takes_overlapping_calls = True`: a `MetricsManager` then goes on calling it while a
-  call it abandoned past `writer_deadline_s` is still inside it, instead of quarantining it.
+  call it abandoned past `writer_deadline_s` is still inside it, instead of quarantining it
+  (nor does a signal's flush set it aside as slow).
 * `close()` is idempotent and leaves everything written on disk; `flush()` after it does
   nothing, a write after it raises `WriterClosedError`. Writers that buffer
   (`TensorBoardWriter`, `AsyncWriter`) are closed at interpreter exit if the program forgot.

@@ -1733,6 +1733,46 @@ def test_a_writer_set_aside_as_slow_in_a_signals_flush_is_back_after_it(monkeypa
     assert any("writer 'slow' is back" in r.getMessage() for r in caplog.records)
 
 
+def test_a_writer_whose_writes_only_buffer_is_not_set_aside_in_a_signals_flush(monkeypatch):
+    # Its flush, abandoned at the 0.3 s bound, returned mid-flush: the 0.3 s it took counted
+    # toward the writer's share, and steps 4-6, which would only have been buffered, were
+    # skipped and lost (and the signal's own flush too), to save no time.
+    from metrics_manager import manager as manager_lib
+
+    entered, release = threading.Event(), threading.Event()
+
+    class Buffering(writers.NoopWriter):
+        takes_overlapping_calls = True
+        steps: list[int] = []
+
+        def write_scalars(self, step, scalars):
+            if step == 3:  # the abandoned flush returns, past the writer's share
+                release.set()
+                while manager._fanout.states["mlflow"].hurried_s < 0.3:
+                    time.sleep(0.01)
+            self.steps.append(step)
+
+        def flush(self):
+            if not entered.is_set():
+                entered.set()
+                assert release.wait(30)
+
+    monkeypatch.setattr(manager_lib, "_SIGNAL_DEADLINE_S", 0.3)
+    buffering = Buffering()
+    with MetricsManager("t", writer_factory=lambda d: {"mlflow": buffering}) as manager:
+        monkeypatch.setitem(manager_lib._PREVIOUS_HANDLERS, signal.SIGINT, lambda s, _: None)
+        manager.write_scalars(1, {"loss": 1.0})
+        with pytest.raises(TimeoutError):
+            manager.flush(timeout=0.05)  # a server in retries
+        assert entered.wait(10)
+        for step in range(2, 7):
+            manager.write_scalars(step, {"loss": float(step)})
+        manager_lib._on_signal(signal.SIGINT, None)
+        assert buffering.steps == [1, 2, 3, 4, 5, 6]
+        health = manager.health()["writers"]["mlflow"]
+        assert (health["quarantined"], health["skipped"], health["failures"]) == (None, 0, 1)
+
+
 def test_a_call_begun_before_a_signal_counts_only_its_time_in_the_flush(monkeypatch):
     # Its 1.2 s before the signal counted toward the flush's 1 s bound a writer: a writer
     # that took 0.1 s of the flush was set aside, and lost steps 2 and 3.
