@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from typing import Any, Literal
 
 import clu.metrics as clu_metrics
@@ -67,6 +67,7 @@ class Summarizer:
         self._warned_perf = False
         self._warned_zero = False
         self._zero_window: set[str] = set()  # the time keys of a 0 s window: not checked
+        self._host_only: set[str] = set()  # the summary's system/* keys: warned of, not stopped
         self._step_key = ""  # the key of a `Step` metric, for that count
         # Keys a writer refuses, by call, left out of that call's writes (set by the manager
         # with several processes, where refusing at the call on process 0 alone would hang
@@ -129,7 +130,7 @@ class Summarizer:
 
         # A window over which the clock did not advance: its rates are inf, written as they are
         # but left out of the `nonfinite` policy (a coarse clock must not stop a run).
-        self._zero_window = set()
+        self._zero_window, self._host_only = set(), set()
         if duration == 0.0 and any(_has_time(m) for m in host.values()):
             self._zero_window = set(_without_time(host)[1])
             if not self._warned_zero:
@@ -172,6 +173,7 @@ class Summarizer:
             if "system/process_cpu_percent" in system or now - self._system_first >= 1.0:
                 self._system_next = now + self._system_interval
             extra |= system
+            self._host_only = set(system)
         summary.update((key, clu.values.Scalar(value)) for key, value in extra.items())
         return summary
 
@@ -232,7 +234,8 @@ class Summarizer:
                 kwargs["scalars"] = _checks.Checked(scalars)
                 if self._zero_window:
                     scalars = {k: v for k, v in scalars.items() if k not in self._zero_window}
-                self.check_finite(step, scalars, "in the summary window ending at")
+                where = "in the summary window ending at"
+                self.check_finite(step, scalars, where, warn_only=self._host_only)
         # Only now, so process 0 checks what the others (no writers, nothing refused) check:
         # a NaN under a refused key stopped them under nonfinite="stop", and not process 0.
         if any(self.refused.values()):  # each call without the keys refused in that call
@@ -277,18 +280,23 @@ class Summarizer:
             self._failures.record(Failure(f"metric:{key}", step, (key,), error))
         return bool(values)
 
-    def check_finite(self, step: int, scalars: Mapping[str, Any], where: str) -> None:
-        """Applies the `nonfinite` policy to checked numbers `scalars` (written `where` step)."""
+    def check_finite(
+        self, step: int, scalars: Mapping[str, Any], where: str, warn_only: Set[str] = frozenset()
+    ) -> None:
+        """Applies the `nonfinite` policy to checked numbers `scalars` (written `where` step);
+        keys in `warn_only` (system/*, sampled on process 0 alone, whose stop would leave the
+        others waiting in their next collective) are warned of under "stop" too."""
         if self._nonfinite == "ignore":
             return
         bad = sorted(k for k, v in scalars.items() if type(v) is float and not math.isfinite(v))
-        if bad and self._nonfinite == "stop":
+        stop = [k for k in bad if k not in warn_only] if self._nonfinite == "stop" else []
+        if stop:
             err = FloatingPointError(
-                f"non-finite values {where} step {step} for keys {bad}; the run was stopped "
+                f"non-finite values {where} step {step} for keys {stop}; the run was stopped "
                 "by nonfinite='stop'"
             )
-            self._failures.record(Failure("nonfinite", step, tuple(bad), err), fatal=True)
-        elif new := sorted(set(bad) - self._nonfinite_warned):  # once per key
+            self._failures.record(Failure("nonfinite", step, tuple(stop), err), fatal=True)
+        if new := sorted(set(bad) - set(stop) - self._nonfinite_warned):  # once per key
             self._nonfinite_warned.update(new)
             _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, new)
 

@@ -324,6 +324,38 @@ def test_system_max_is_the_peak_between_summaries(tmp_path):
     assert line["system/process_rss_mib/max"] > line["system/process_rss_mib"] > after + 50
 
 
+def test_a_nan_system_value_is_warned_about_under_stop_not_stopped_on(
+    tmp_path, monkeypatch, caplog
+):
+    """system/* is sampled on process 0 alone: a sensor's NaN under nonfinite="stop" stopped
+    process 0 while the others waited in their next collective."""
+    from metrics_manager import manager as manager_lib
+
+    def scripted(interval_s):
+        return system_lib.SystemMonitor(None, sample_fn=lambda: {"system/gpu0/temp_c": np.nan})
+
+    monkeypatch.setattr(manager_lib, "SystemMonitor", scripted)
+    with MetricsManager(
+        "train", tmp_path, writer_factory=files_only, system_metrics=True, nonfinite="stop"
+    ) as manager:
+        manager.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 1, 1).result()
+        manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 2, 1).result()
+        assert manager.errors == []
+    first, second = read_jsonl(str(tmp_path / "train"))
+    assert (first["loss"], second["loss"]) == (1.0, 2.0)
+    assert (first["system/gpu0/temp_c"], first["system/gpu0/temp_c/max"]) == ("NaN", "NaN")
+    warned = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
+    assert warned == [
+        "MetricsManager 'train': non-finite values at step 1 for "
+        "['system/gpu0/temp_c', 'system/gpu0/temp_c/max']"
+    ]
+    # A loop's own NaN still stops the run.
+    with MetricsManager("eval", tmp_path, writer_factory=files_only, nonfinite="stop") as m:
+        m.write_metrics_summary({"loss": Sum(np.float32(np.nan))}, 1, 1).result()
+        with pytest.raises(manager_lib.MetricsManagerError, match=r"for keys \['loss'\]"):
+            m.write_metrics_summary({"loss": Sum(np.float32(1.0))}, 2, 1)
+
+
 def test_uptime_is_seconds_from_the_managers_creation_to_each_summary_call(tmp_path):
     ticks = iter([100.0, 103.0, 104.5, 110.0, 111.0, 112.0])
     packed = jax.jit(lambda: merge_metrics(None, {"n": Sum.from_model_output(jnp.float32(1))}))()
