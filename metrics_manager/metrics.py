@@ -192,13 +192,16 @@ class Sum(clu_metrics.Metric):
 
 
 class _ByKeyword:
-    """Refuses positional fields naming the keywords (Python's error named neither)."""
+    """Refuses positional fields naming the keywords (Python's error named neither); a
+    subclass's own fields, not keyword-only, may still come positionally."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        if args:
-            fields = ", ".join(f"{f.name}=..." for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+        fields = dataclasses.fields(cls) if args else ()  # type: ignore[arg-type]
+        keywords = [f"{f.name}=..." for f in fields if f.kw_only is True]
+        if len(args) > len(fields) - len(keywords):
+            call = ", ".join([f.name for f in fields if f.kw_only is not True] + keywords)
             raise TypeError(
-                f"{cls.__name__} takes its fields by keyword, {cls.__name__}({fields}); got "
+                f"{cls.__name__} takes its fields by keyword, {cls.__name__}({call}); got "
                 f"{len(args)} positional"
             )
         return super().__new__(cls)

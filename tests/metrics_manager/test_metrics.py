@@ -5,6 +5,7 @@ import math
 
 import clu.metrics as clu_metrics
 import clu.values
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -362,6 +363,24 @@ def test_positional_construction_is_refused_where_order_is_a_trap(make, message)
         make()
     name = message.split("(")[0]
     assert str(info.value) == f"{name} takes its fields by keyword, {message} positional"
+
+
+def test_a_subclass_field_that_is_not_keyword_only_still_comes_positionally():
+    # T5X's way to add a field to a Step: Tokens(6.0, steps=2) raised "Tokens takes its
+    # fields by keyword", though `count` is positional (Python itself takes it so).
+    @flax.struct.dataclass
+    class Tokens(Step):
+        count: float = 0.0
+
+        def compute(self):
+            return self.count / self.steps
+
+    assert Tokens(6.0, steps=2).compute() == 3.0
+    with pytest.raises(TypeError) as info:
+        Tokens(6.0, 2)
+    assert str(info.value) == (
+        "Tokens takes its fields by keyword, Tokens(count, steps=...); got 2 positional"
+    )
 
 
 # --- host-side functions -----------------------------------------------------------------
