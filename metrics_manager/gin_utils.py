@@ -131,6 +131,14 @@ def write_gin_config(
     return text
 
 
-# T5X's name, `gin_utils.summarize_gin_config(model_dir, summary_writer, step)`: the same
-# arguments. Pass the manager rather than its `summary_writer`, which bypasses its worker.
-summarize_gin_config = write_gin_config
+def summarize_gin_config(
+    model_dir: str | os.PathLike[str],
+    summary_writer: TextWriting | None = None,
+    step: int = 0,
+    *,
+    config_str: str | None = None,
+) -> str:
+    """T5X's name and arguments, as its train.py and infer.py pass them (by keyword), for
+    `write_gin_config`. Pass the manager rather than its `summary_writer`, which bypasses its
+    worker."""
+    return write_gin_config(model_dir, summary_writer, step, config_str=config_str)

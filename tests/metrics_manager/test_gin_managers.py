@@ -207,14 +207,28 @@ def test_operative_config_goes_to_config_gin_and_tensorboard_text(tmp_path):
 
 def test_t5x_summarize_gin_config_writes_the_file_and_the_text(tmp_path):
     # T5X's `gin_utils.summarize_gin_config(model_dir, summary_writer, step)` raised
-    # AttributeError here; it is write_gin_config, with the same arguments.
-    assert gin_utils.summarize_gin_config is gin_utils.write_gin_config
+    # AttributeError here; it calls write_gin_config, with the same arguments.
     factory = functools.partial(writers.create_default_writer, console=False, tensorboard=False)
     with MetricsManager("train", tmp_path, writer_factory=factory) as train:
         text = gin_utils.summarize_gin_config(tmp_path, train, 3, config_str="a.b = 1")
     assert text == "a.b = 1" and (tmp_path / "config.gin").read_text() == "a.b = 1"
     ((line,),) = [writers.read_jsonl(tmp_path / "train")]
     assert (line["step"], line["config"]) == (3, "    a.b = 1\n")
+
+
+def test_t5x_summarize_gin_config_takes_its_arguments_by_their_t5x_names(tmp_path):
+    # T5X's train.py and infer.py pass them by keyword: `summary_writer=` raised TypeError
+    # "write_gin_config() got an unexpected keyword argument 'summary_writer'".
+    factory = functools.partial(writers.create_default_writer, console=False, tensorboard=False)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as train:
+        gin_utils.summarize_gin_config(
+            model_dir=tmp_path, summary_writer=train, step=4, config_str="a.b = 2"
+        )
+    gin_utils.summarize_gin_config(model_dir=tmp_path / "infer", summary_writer=None, step=0)
+    assert (tmp_path / "config.gin").read_text() == "a.b = 2"
+    assert (tmp_path / "infer" / "config.gin").exists()
+    ((line,),) = [writers.read_jsonl(tmp_path / "train")]
+    assert (line["step"], line["config"]) == (4, "    a.b = 2\n")
 
 
 def test_other_processes_write_no_config_file(monkeypatch, tmp_path):
