@@ -73,7 +73,11 @@ class Summarizer:
         # with several processes, where refusing at the call on process 0 alone would hang
         # the others). By call: a config's `time` was left out after a scalar `time`, which
         # JSONL keeps for its lines alone, and a text 'acc@1' after the scalar MLflow refuses.
-        self.refused: dict[str, dict[str, Exception]] = collections.defaultdict(dict)
+        # Every call's entry made now: the caller thread adds keys while the worker reads
+        # them, and a call's first entry made then failed the worker's iteration.
+        self.refused: dict[str, dict[str, Exception]] = collections.defaultdict(
+            dict, {method: {} for method in _checks.WRITER_METHODS}
+        )
 
     def values(
         self,

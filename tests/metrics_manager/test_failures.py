@@ -3243,3 +3243,23 @@ def test_flush_with_a_timeout_returns_in_time_while_the_queue_is_full(tmp_path):
         assert time.monotonic() - start < 1.5
         opener.join()
     assert [line["loss"] for line in read_jsonl(str(tmp_path / "train"))] == [1.0, 2.0, 3.0]
+
+
+def test_every_calls_refused_keys_exist_before_the_first_is_refused(tmp_path, monkeypatch):
+    # The caller thread adds refused keys while the worker iterates over them; a call's first
+    # refused key made its entry then, and "dictionary changed size during iteration" could
+    # fail the worker's summary. The entries are made with the manager now.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with MetricsManager("train", tmp_path) as manager:
+        refused = manager._summarizer.refused
+        before = dict(refused)
+        manager.write_scalars(1, {"step": 1.0, "a": 1.0})
+        manager.write_texts(2, {"collection": "c", "b": "text"})
+        assert refused.keys() == before.keys()
+        assert all(refused[method] is before[method] for method in before)
+    assert list(refused["write_scalars"]) == ["step"]
+    assert list(refused["write_texts"]) == ["collection"]
+    assert [(x["step"], x.get("a"), x.get("b")) for x in read_jsonl(str(tmp_path / "train"))] == [
+        (1, 1.0, None),
+        (2, None, "text"),
+    ]
