@@ -641,7 +641,7 @@ def count_packed_examples(segment_ids: jax.Array) -> jax.Array:
             bool padding mask (`tokens != 0`, as T5X's models pass unpacked) counts its rows.
 
     Raises:
-        TypeError, ValueError: `segment_ids` is not an integer array, or not 2-D.
+        TypeError, ValueError: `segment_ids` is not an integer or bool array, or not 2-D.
 
     Example:
         >>> import jax.numpy as jnp

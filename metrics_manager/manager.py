@@ -973,11 +973,12 @@ class _Problems(Problems):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             hint = ""
             if isinstance(value, jax.Array):
-                one = f"int({what})" if value.shape == () else f"int({what}[0])"  # per device
                 hint = (
-                    "; in the loop keep a host-side counter (step += 1): int(jax.Array) blocks "
-                    f"it; for a one-off write outside it, pass {one}"
+                    "; in the loop keep a host-side counter (step += 1): int(jax.Array) blocks it"
                 )
+                if np.issubdtype(value.dtype, np.integer) and value.ndim <= 1:  # no float cut
+                    one = f"int({what})" if value.ndim == 0 else f"int({what}[0])"  # per device
+                    hint += f"; for a one-off write outside it, pass {one}"
             elif isinstance(value, numbers.Real) and math.isfinite(value):  # T5X: int(step)
                 hint = f"; pass int({what})" if float(value).is_integer() else ""
             self.type_problem(

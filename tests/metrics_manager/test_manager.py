@@ -1064,6 +1064,16 @@ def test_a_device_array_step_is_refused_with_the_fix_outside_the_loop_too(step, 
     assert f"for a one-off write outside it, pass {fix}" in message
 
 
+@pytest.mark.parametrize("step", [5.5, np.ones((2, 2), np.int32)], ids=["float", "2-D"])
+def test_a_device_array_step_int_cannot_read_gets_no_one_off_fix(step):
+    # int() of a float step cuts 5.5 to 5, silently; int(step[0]) of a 2-D step raises.
+    with make() as manager:
+        with pytest.raises(TypeError) as raised:
+            manager.write_scalar("x", 1.0, jnp.asarray(step))
+    assert "host-side counter (step += 1)" in str(raised.value)
+    assert "one-off" not in str(raised.value)
+
+
 def test_one_error_lists_every_bad_argument():
     with make() as manager:
         with pytest.raises(TypeError) as info:
