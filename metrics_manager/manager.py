@@ -1060,7 +1060,7 @@ class _Problems(Problems):
                 members.update({f"{key}/{name}": m for name, m in fields})
             else:
                 members[key] = metric
-        shapes = {}
+        shapes, checked = {}, 0
         for key, metric in members.items():
             if getattr(type(metric), "compute_value", None) is not clu.metrics.Metric.compute_value:
                 continue  # its own: a Histogram, a MeanStdScalar, ...
@@ -1068,6 +1068,7 @@ class _Problems(Problems):
                 shape = getattr(jax.eval_shape(type(metric).compute, metric), "shape", None)
             except Exception:  # noqa: BLE001 - a duration set later, host-side code: the worker says
                 continue
+            checked += 1
             if shape is not None and math.prod(shape) != 1 and not _rows_per_device(metric):
                 shapes[key] = tuple(shape)
         if shapes:
@@ -1075,7 +1076,7 @@ class _Problems(Problems):
             windows = (
                 " If they are windows stacked by the step (a shard_map with out_specs=P(axis), "
                 "a vmap), merge them first: merge_windows(metrics)."
-                if len(shapes) == len(members) and len(leading) == 1 and 0 not in leading
+                if len(shapes) == checked and len(leading) == 1 and 0 not in leading
                 else ""
             )
             self.value_problem(

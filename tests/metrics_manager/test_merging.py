@@ -618,6 +618,31 @@ def test_shard_map_windows_packed_by_merge_metrics_merge_and_the_refusal_says_so
     assert {k: float(v.value) for k, v in summary.items()} == {"sum": 992.0, "top": 31.0}
 
 
+def test_shard_map_windows_with_a_steps_per_time_are_refused_naming_merge_windows(tmp_path):
+    """The README loop's StepsPerTime among shard_map windows packed as one: its compute()
+    needs the window's duration, so it went unchecked, and the refusal said only "reduce
+    them in the step", not to merge the windows."""
+    mesh = jax.make_mesh((8,), ("d",))
+    x = jax.device_put(jnp.arange(32.0), jax.sharding.NamedSharding(mesh, jax.P("d")))
+
+    @jax.jit
+    def step(running, x):
+        def per_device(x):
+            window = {"sum": Sum.from_model_output(x), "rate": StepsPerTime.from_model_output()}
+            return jax.tree.map(lambda a: jnp.expand_dims(a, 0), window)
+
+        windows = jax.shard_map(per_device, mesh=mesh, in_specs=jax.P("d"), out_specs=jax.P("d"))
+        return merge_metrics(running, windows(x))
+
+    running = step(step(None, x), x)
+    with MetricsManager("train", tmp_path) as manager:
+        manager.start_duration_timer()
+        with pytest.raises(ValueError, match=r"stacked by the step .* merge_windows\(metrics\)"):
+            manager.write_metrics_summary(running, 2, 2)
+        summary = manager.write_metrics_summary(merging.merge_windows(running), 2, 2).result()
+    assert float(summary["sum"].value) == 992.0 and "rate" in summary
+
+
 @pytest.mark.parametrize("axis_type", [_EXPLICIT, _AUTO], ids=["explicit", "auto"])
 def test_merge_windows_of_windows_packed_inside_a_shard_map(tmp_path, axis_type):
     """merge_metrics packs by default under the shard_map too: out_specs=P("d") then puts the
