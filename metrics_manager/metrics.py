@@ -729,8 +729,10 @@ def replicated_problem(collection: clu_metrics.Collection) -> str:
         return ""
     return (
         f"the {type(collection).__name__} collection is still replicated (counter shape "
-        f"{tuple(counter.shape)}); call its .reduce() or flax.jax_utils.unreplicate() first, "
-        "as CLU's compute() requires"
+        f"{tuple(counter.shape)}), and CLU's compute() refuses it: flax.jax_utils.unreplicate() "
+        "it if the step made it with gather_from_model_output (every device holds all of it: "
+        ".reduce() would count it once per device), or .reduce() it if each device made its "
+        "own (single_from_model_output)"
     )
 
 

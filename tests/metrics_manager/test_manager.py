@@ -413,6 +413,35 @@ def test_a_clu_collection_is_written_under_its_field_names():
         manager.write_metrics_summary(replicated, step=3, num_steps=3)
 
 
+def test_a_gathered_pmap_collection_is_refused_naming_unreplicate_not_reduce():
+    """A CLU Collection gathered in a pmap step is whole on every device: the refusal said
+    ".reduce() or unreplicate()", and .reduce() counts it once per device (8 devices: a
+    per-step loss total of 28 read 224, a count of 8 read 64)."""
+
+    Metrics = clu_metrics.Collection.create(
+        loss=AveragePerStep.from_output("loss"), n=Sum.from_output("n")
+    )
+
+    def step(loss):
+        return Metrics.gather_from_model_output(loss=loss, n=jnp.float32(1.0))
+
+    gathered = jax.pmap(step, axis_name="batch")(jnp.arange(8.0))
+    with (
+        make() as manager,
+        pytest.raises(
+            ValueError,
+            match=r"unreplicate\(\) it if the step made it with gather_from_model_output",
+        ),
+    ):
+        manager.write_metrics_summary(gathered, step=1, num_steps=1)
+    with make() as manager:
+        summary = manager.write_metrics_summary(
+            flax.jax_utils.unreplicate(gathered), step=1, num_steps=1
+        ).result()
+    assert {k: float(v.value) for k, v in summary.items()} == {"loss": 28.0, "n": 8.0}
+    assert float(gathered.reduce().compute()["loss"]) == 224.0  # what .reduce() would give
+
+
 def test_everything_reaches_the_writer_in_call_order():
     recorder = RecordingWriter()
     with make(recorder, clock=FakeClock(0.0, 1.0, 1.0, 3.0)) as manager:
