@@ -604,7 +604,8 @@ def with_loss_normalization(
     """Resolves the factor on the GLOBAL batch, before it is split, and stores it in the batch.
 
     Args:
-        batch: The global batch, with `decoder_target_tokens` of shape `[B, ...]`.
+        batch: The global batch, with `decoder_target_tokens` of shape `[B, ...]` (under
+            `pmap`, before it is split across devices: one device's rows give its factor).
         loss_normalizing_factor: As for `get_loss_normalizing_factor_and_weights`.
 
     Returns:
