@@ -394,7 +394,10 @@ class _ConfusionCounts(_Counts):
         )
 
     def _score(self, tp: jax.Array, fp: jax.Array, fn: jax.Array) -> jax.Array:
-        raise NotImplementedError  # Precision, Recall and FBeta score the counts
+        raise TypeError(
+            f"{type(self).__name__} holds confusion counts only; compute Precision, Recall or "
+            "FBeta instead."
+        )
 
     def compute(self) -> jax.Array:
         tp, fp, fn = jnp.atleast_1d(self.true_positives, self.false_positives, self.false_negatives)

@@ -321,14 +321,11 @@ class MetricsManager:
         self._named = named
         perf = None
         if flops_per_step is not None:
-            perf = _warn_above_peak(
-                f"MetricsManager {name!r}",
-                functools.partial(
-                    perf_values,
-                    flops_per_step,
-                    num_devices=num_devices or jax.device_count(),
-                    peak_flops_per_device=peak_flops_per_device,
-                ),
+            perf = functools.partial(
+                perf_values,
+                flops_per_step,
+                num_devices=num_devices or jax.device_count(),
+                peak_flops_per_device=peak_flops_per_device,
             )
         self._summarizer = Summarizer(
             self._failures,
@@ -922,31 +919,6 @@ class MetricsManager:
                 f"MetricsManager {self.name!r}: {method}() not done in {timeout:.3g} s; "
                 f"{self._worker.backlog} job(s) ({what}) still queued"
             )
-
-
-def _warn_above_peak(owner: str, perf: Callable[..., dict[str, float]]) -> Callable[..., Any]:
-    """`perf`, warning once (on the summary worker) where `perf/mfu` comes out above 1."""
-    warned = False
-
-    def checked(num_steps: int, duration: float) -> dict[str, float]:
-        nonlocal warned
-        values = perf(num_steps, duration)
-        if not warned and (mfu := values.get("perf/mfu", 0.0)) > 1.0:
-            warned = True
-            _LOG.warning(
-                "%s: perf/mfu is %.4g, above 1 (the devices' peak): peak_flops_per_device "
-                "(%.4g FLOP/s per device) or flops_per_step (%.4g, all devices) is likely "
-                "wrong, or num_devices too small. Pass the FLOPs of step_flops (or a hand count "
-                "over all devices) and the chip's peak (peak_flops_per_device(dtype=...)). "
-                "Warned once.",
-                owner,
-                mfu,
-                values["perf/tflops_per_second_per_device"] * 1e12 / mfu,
-                values["perf/flops_per_step"],
-            )
-        return values
-
-    return checked
 
 
 def _read_value(arg: str, key: str, value: Any) -> Any:

@@ -65,6 +65,7 @@ class Summarizer:
         self._windows: list[tuple[float, int]] | None = []
         self._warned_short = False
         self._warned_perf = False
+        self._warned_mfu = False  # perf/mfu above 1: a wrong peak or FLOP count
         self._warned_zero = False
         self._zero_window: set[str] = set()  # the time keys of a 0 s window: not checked
         self._host_only: set[str] = set()  # the summary's system/* keys: warned of, not stopped
@@ -157,6 +158,19 @@ class Summarizer:
         extra = {}
         if self._perf is not None and duration:
             extra = self._perf(num_steps, duration)
+            if (mfu := extra.get("perf/mfu", 0.0)) > 1.0 and not self._warned_mfu:
+                self._warned_mfu = True
+                _LOG.warning(
+                    "%s: perf/mfu is %.4g, above 1 (the devices' peak): peak_flops_per_device "
+                    "(%.4g FLOP/s per device) or flops_per_step (%.4g, all devices) is likely "
+                    "wrong, or num_devices too small. Pass the FLOPs of step_flops (or a hand "
+                    "count over all devices) and the chip's peak "
+                    "(peak_flops_per_device(dtype=...)). Warned once.",
+                    owner,
+                    mfu,
+                    extra["perf/tflops_per_second_per_device"] * 1e12 / mfu,
+                    extra["perf/flops_per_step"],
+                )
         elif self._perf is not None and not self._warned_perf:
             self._warned_perf = True
             _LOG.warning(

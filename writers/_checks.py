@@ -489,7 +489,7 @@ def to_number(key: str, value: Any) -> int | float:
         return float(arr.reshape(())) if _is_float(arr.dtype) else int(arr.reshape(()))
     if isinstance(value, numbers.Integral):  # bool, IntEnum, ...
         value = int(value)
-        if value.bit_length() < 2000 or _as_text(value):
+        if _as_text(value):
             return value
         raise ValueError(
             f"scalar {key!r} is an int of more than {sys.get_int_max_str_digits()} digits, which "
@@ -551,6 +551,8 @@ def _is_float(dtype: Any) -> bool:
 
 def _as_text(value: int) -> bool:
     """Whether `str(value)` works: past `sys.get_int_max_str_digits()` digits it raises."""
+    if value.bit_length() < 2000:  # 602 digits: below any limit (640), no str() made
+        return True
     try:
         str(value)
     except ValueError:
@@ -563,12 +565,12 @@ def _holds_long_int(value: Any, depth: int = 0) -> bool:
     (nested 8 deep at most: a list that holds itself is written as '[[...]]')."""
     if isinstance(value, list | tuple | set | frozenset):
         return depth < 8 and any(_holds_long_int(item, depth + 1) for item in value)
-    return isinstance(value, int) and value.bit_length() >= 2000 and not _as_text(value)
+    return isinstance(value, int) and not _as_text(value)
 
 
 def _int(value: int) -> int:
     """A Python int as it is, if it can be written as text: `collect_numbers` names others."""
-    if value.bit_length() < 2000 or _as_text(value):  # 602 digits: below any limit (640)
+    if _as_text(value):
         return value
     raise ValueError(value)
 
