@@ -25,6 +25,7 @@ Synopsis:
 """
 
 import dataclasses
+import functools
 import math
 import numbers
 from collections.abc import Callable, Mapping
@@ -595,8 +596,9 @@ def set_step_metrics_num_steps(metrics: Any, num_steps: int) -> Any:
     """Host side: sets `steps` of every `Step` metric to the number of train steps merged.
 
     Args:
-        metrics: name -> metric (or what `merge_metrics` returns); other values pass
-            through. Or one metric, or a CLU `Collection`, as in T5X.
+        metrics: name -> metric (or what `merge_metrics` returns), or -> a dict, list or
+            tuple of them; other values pass through. Or one metric, or a CLU `Collection`,
+            as in T5X.
         num_steps: the number of train steps the metrics cover, > 0.
 
     Returns:
@@ -622,9 +624,7 @@ def set_step_metrics_num_steps(metrics: Any, num_steps: int) -> Any:
             f"set_step_metrics_num_steps: num_steps must be positive, got {num_steps}; pass "
             "the number of train steps the metrics were merged over."
         )
-    if one:
-        return _set_host_fields(metrics, None, int(num_steps))
-    return {key: _set_host_fields(m, None, int(num_steps)) for key, m in metrics.items()}
+    return _set_in(metrics, None, int(num_steps), one)
 
 
 @overload
@@ -635,8 +635,9 @@ def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
     """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
 
     Args:
-        metrics: name -> metric (or what `merge_metrics` returns); other values pass
-            through. Or one metric, or a CLU `Collection`, as in T5X.
+        metrics: name -> metric (or what `merge_metrics` returns), or -> a dict, list or
+            tuple of them; other values pass through. Or one metric, or a CLU `Collection`,
+            as in T5X.
         duration: seconds in the summary window, a finite number >= 0.
 
     Returns:
@@ -664,9 +665,19 @@ def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
         raise ValueError(
             f"set_time_metrics_duration: duration must be finite and >= 0 seconds, got {duration}."
         )
+    return _set_in(metrics, float(duration), None, one)
+
+
+def _set_in(metrics: Any, duration: float | None, num_steps: int | None, one: bool) -> Any:
+    """The setters' result: `metrics` (one metric, or a dict whose values may nest metrics in
+    dicts, lists or tuples, reached as T5X's tree map reaches them) with the fields set."""
     if one:
-        return _set_host_fields(metrics, float(duration), None)
-    return {key: _set_host_fields(m, float(duration), None) for key, m in metrics.items()}
+        return _set_host_fields(metrics, duration, num_steps)
+    set_one = functools.partial(_set_host_fields, duration=duration, num_steps=num_steps)
+    return {
+        key: set_one(m) if is_metric_obj(m) else jax.tree.map(set_one, m, is_leaf=is_metric_obj)
+        for key, m in metrics.items()
+    }
 
 
 # The name T5X's documentation uses.

@@ -408,6 +408,22 @@ def test_setters_reach_into_clu_collections():
     assert out["c"].sps.compute() == 0.5
 
 
+def test_setters_reach_metrics_nested_in_dicts_lists_and_tuples():
+    # T5X's setters are tree maps; nested metrics kept steps=1 here: 20 / 1 step read 20.
+    metrics = {
+        "train": {"loss": AveragePerStep(total=20.0), "sps": StepsPerTime(steps=9)},
+        "pair": (TimeRate(numerator=6.0), [AveragePerStep(total=6.0)]),
+        "lr": 0.5,
+    }
+    out = mm.set_step_metrics_num_steps(mm.set_time_metrics_duration(metrics, 3.0), 2)
+    assert out["train"]["loss"].compute() == 10.0  # 20 / 2 steps
+    assert out["train"]["sps"].compute() == 2 / 3.0
+    assert out["pair"][0].compute() == 2.0  # 6 / 3 s
+    assert out["pair"][1][0].compute() == 3.0
+    assert out["lr"] == 0.5
+    assert metrics["train"]["loss"].steps == 1  # the input is not changed
+
+
 @pytest.mark.parametrize(
     "call, error, message",
     [
