@@ -21,6 +21,7 @@ from metrics_manager.losses import (
     compute_weighted_cross_entropy,
     convert_special_loss_normalizing_factor_to_enum,
     count_packed_examples,
+    cross_entropy_with_logits,
     get_loss_normalizing_factor_and_weights,
     with_loss_normalization,
 )
@@ -93,6 +94,7 @@ __all__: list[str] = [
     "convert_special_loss_normalizing_factor_to_enum",
     "count_packed_examples",
     "create_metrics_dict",
+    "cross_entropy_with_logits",
     "get_loss_normalizing_factor_and_weights",
     "is_metric_obj",
     "is_time_metric",

@@ -7,8 +7,8 @@ and dtypes, so they run once, at trace time. A loss function uses, in order:
   is split into microbatches: resolves the factor and the loss weights.
 * `compute_loss_and_metrics(logits, batch)` per (micro)batch: the loss to differentiate and
   T5X's base metrics. Its parts are public for loops that need something else:
-  `compute_token_losses`, `compute_weighted_cross_entropy`,
-  `get_loss_normalizing_factor_and_weights`, `compute_base_metrics`, `count_packed_examples`.
+  `compute_token_losses`, `compute_weighted_cross_entropy` (`cross_entropy_with_logits` for
+  target distributions), `get_loss_normalizing_factor_and_weights`, `compute_base_metrics`, `count_packed_examples`.
 
 Microbatching: T5X computes the factor inside the loss, per microbatch, so a step's loss is a
 sum of microbatch means (`num_microbatches` times too large, microbatches weighted unequally).
@@ -42,6 +42,7 @@ __all__ = [
     "compute_weighted_cross_entropy",
     "convert_special_loss_normalizing_factor_to_enum",
     "count_packed_examples",
+    "cross_entropy_with_logits",
     "get_loss_normalizing_factor_and_weights",
     "with_loss_normalization",
 ]
@@ -432,6 +433,53 @@ def compute_weighted_cross_entropy(
     loss, total_z_loss = _weighted_sums(token_losses, weights, loss_normalizing_factor)
     count = jnp.float32(targets.size) if weights is None else jnp.sum(weights.astype(jnp.float32))
     return loss, total_z_loss, count
+
+
+def cross_entropy_with_logits(
+    logits: jax.Array, targets: jax.Array, z_loss: float | jax.Array = 0.0
+) -> tuple[jax.Array, jax.Array]:
+    """T5X's cross-entropy against target distributions, per position, in float32.
+
+    `loss = -sum(targets * log_softmax(logits)) + z_loss * logsumexp(logits)**2` over the
+    last axis; the second output is the z-loss term alone and carries no gradient (it is
+    logged; the first output trains on it), as in T5X. The gradient in the logits is T5X's,
+    `(1 + 2 z logZ) softmax - targets`, for targets that sum to 1 (exact for any others).
+    For token ids, `compute_weighted_cross_entropy` does not build `[..., V]` targets.
+
+    Args:
+        logits: `[..., V]` floating-point scores.
+        targets: `[..., V]` floating-point target distributions (one-hot or smoothed).
+        z_loss: Coefficient of `logsumexp(logits)**2`; a scalar array for a schedule.
+
+    Returns:
+        `(loss, z_loss)`, each of shape `logits.shape[:-1]`.
+
+    Raises:
+        TypeError: non-floating logits or targets; ValueError: shapes that differ.
+
+    Example:
+        >>> import jax.numpy as jnp
+        >>> loss, z = cross_entropy_with_logits(jnp.zeros((1, 4)), jnp.eye(4)[1:2], 0.1)
+        >>> print(f"{float(loss[0]):.4f} {float(z[0]):.4f}")  # ln 4 + 0.1 * (ln 4)**2
+        1.5785 0.1922
+    """
+    problems = _Checks("cross_entropy_with_logits")
+    fix = "Pass token ids to compute_weighted_cross_entropy, or jax.nn.one_hot(ids, V)."
+    if problems.array("logits", logits, jnp.floating, fix="Pass the model's unnormalized scores."):
+        if problems.array("targets", targets, jnp.floating, fix=fix) and (
+            tuple(targets.shape) != tuple(logits.shape)
+        ):
+            problems.value_problem(
+                f"`targets` must be distributions of the logits' shape {tuple(logits.shape)}; "
+                f"got shape {tuple(targets.shape)}. {fix}"
+            )
+    problems.loss_options(0.0, z_loss, logits)
+    problems.raise_if_any()
+    x = logits.astype(jnp.float32)
+    log_z = jax.nn.logsumexp(x, axis=-1)
+    token_z_loss = jnp.asarray(z_loss, jnp.float32) * jnp.square(log_z)
+    cross_ent = -jnp.sum(targets.astype(jnp.float32) * (x - log_z[..., None]), axis=-1)
+    return cross_ent + token_z_loss, jax.lax.stop_gradient(token_z_loss)
 
 
 class SpecialLossNormalizingFactor(enum.Enum):

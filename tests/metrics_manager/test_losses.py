@@ -221,6 +221,31 @@ def test_logged_z_loss_carries_no_gradient_but_the_loss_trains_on_it():
     np.testing.assert_allclose(contribution, expected, rtol=1e-5, atol=1e-7)
 
 
+def test_t5x_cross_entropy_with_logits_values_gradients_and_errors():
+    # T5X's soft-target function (its name raised AttributeError here).
+    q = jnp.asarray(_soft_targets(TARGETS, 3, 0.2), jnp.float32)
+    loss, z = losses.cross_entropy_with_logits(LOGITS, q, 0.05)
+    z_expected = 0.05 * _logsumexp(LOGITS) ** 2
+    np.testing.assert_allclose(z, z_expected, rtol=1e-6)
+    cross_ent = -np.sum(np.asarray(q) * _log_softmax(LOGITS), -1)
+    np.testing.assert_allclose(loss, cross_ent + z_expected, rtol=1e-6)
+    # compute_weighted_cross_entropy is its sum less the smoothing entropy, as in T5X.
+    entropy = -(0.8 * math.log(0.8) + 2 * 0.1 * math.log(0.1))
+    total, _, _ = losses.compute_weighted_cross_entropy(LOGITS, TARGETS, None, 0.2, 0.05)
+    np.testing.assert_allclose(float(total), float(loss.sum()) - 4 * entropy, rtol=1e-6)
+    # T5X's VJP: g * ((1 + 2 z logZ) softmax - targets); the logged z-loss has none.
+    grad = jax.grad(lambda x: losses.cross_entropy_with_logits(x, q, 0.05)[0].sum())(LOGITS)
+    scale = 1 + 2 * 0.05 * _logsumexp(LOGITS)[..., None]
+    expected = scale * np.exp(_log_softmax(LOGITS)) - np.asarray(q)
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-6)
+    z_grad = jax.grad(lambda x: losses.cross_entropy_with_logits(x, q, 0.05)[1].sum())(LOGITS)
+    np.testing.assert_array_equal(z_grad, 0.0)
+    with pytest.raises(TypeError, match=r"`targets` must be a floating-point array; got dtype"):
+        losses.cross_entropy_with_logits(LOGITS, TARGETS, 0.0)  # token ids
+    with pytest.raises(ValueError, match=r"logits' shape \(2, 2, 3\); got shape \(2, 3\)"):
+        losses.cross_entropy_with_logits(LOGITS, q[0], 0.0)
+
+
 def test_z_loss_coefficient_may_be_traced_and_bf16_logits_get_bf16_gradients():
     @jax.jit
     def f(logits, z_loss):
