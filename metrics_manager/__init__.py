@@ -52,6 +52,7 @@ from metrics_manager.metrics import (
     set_step_metrics_num_steps,
     set_time_metrics_duration,
     set_time_rate_metrics_duration,
+    shape_obj_to_defined_obj,
 )
 from metrics_manager.nnx import as_summary_metrics
 from metrics_manager.packing import PackedMetrics
@@ -105,6 +106,7 @@ __all__: list[str] = [
     "set_step_metrics_num_steps",
     "set_time_metrics_duration",
     "set_time_rate_metrics_duration",
+    "shape_obj_to_defined_obj",
     "step_flops",
     "validate_metrics",
     "with_loss_normalization",

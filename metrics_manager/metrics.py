@@ -60,6 +60,7 @@ __all__ = [
     "set_step_metrics_num_steps",
     "set_time_metrics_duration",
     "set_time_rate_metrics_duration",
+    "shape_obj_to_defined_obj",
 ]
 
 ArrayLike = jax.typing.ArrayLike
@@ -692,6 +693,35 @@ def create_metrics_dict(float_metrics_dict: Mapping[str, ArrayLike]) -> dict[str
         8.0
     """
     return {key: Sum(value) for key, value in float_metrics_dict.items()}
+
+
+def shape_obj_to_defined_obj(obj: Any) -> Any:
+    """T5X's `shape_obj_to_defined_obj`: a metric with `obj`'s fields' shapes and dtypes
+    (`obj` from `jax.eval_shape`), to start a merge from, as T5X's microbatch loop does.
+
+    T5X fills every field with zeros, which is no identity for `Max`, `Min` or `LastValue`
+    (a `Max` of losses below 0 read 0). Each field here holds the metric's `empty()` value
+    broadcast to that shape and dtype; zeros, as in T5X, for a metric whose `empty()` has
+    other fields or raises. Fields without a shape (a `Time`'s unset duration) are kept.
+
+    Example:
+        >>> import jax, jax.numpy as jnp
+        >>> shape = jax.eval_shape(lambda: Max.from_model_output(jnp.array([-3.0, -1.0])))
+        >>> start = shape_obj_to_defined_obj(shape)
+        >>> float(start.merge(Max.from_model_output(jnp.array([-3.0, -1.0]))).compute())
+        -1.0
+    """
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype) if hasattr(x, "shape") else x, obj)
+    if isinstance(obj, clu_metrics.Collection):
+        fields = collection_fields(obj).items()
+        return zeros.replace(**{name: shape_obj_to_defined_obj(m) for name, m in fields})
+    try:
+        empty = type(obj).empty()
+        if jax.tree.structure(empty) != jax.tree.structure(obj):  # type: ignore[operator]
+            return zeros
+        return jax.tree.map(lambda e, x: jnp.broadcast_to(e, x.shape).astype(x.dtype), empty, obj)
+    except (NotImplementedError, TypeError, ValueError):  # no identity of these shapes
+        return zeros
 
 
 def compute_metric_values(metrics: Mapping[str, Any]) -> dict[str, clu.values.Value]:

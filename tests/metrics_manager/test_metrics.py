@@ -408,6 +408,34 @@ def test_setters_reach_into_clu_collections():
     assert out["c"].sps.compute() == 0.5
 
 
+def test_t5x_shape_obj_to_defined_obj_starts_merges_from_identities():
+    # T5X's name raised AttributeError; T5X's zeros made a Max of losses below 0 read 0.
+    def step():
+        x = jnp.array([-3.0, -1.0])
+        return {
+            "max": Max.from_model_output(x),
+            "min": Min.from_model_output(-x),
+            "loss": AveragePerStep.from_model_output(x),
+            "sum": Sum(jnp.ones(3, jnp.int32)),
+            "last": clu_metrics.LastValue.from_model_output(jnp.float32(-2.0)),
+            "sps": StepsPerTime.from_model_output(),
+            "t": Time(),
+            "c": clu_metrics.Collection.create_collection(top=Max.from_model_output(x)),
+        }
+
+    start = {k: mm.shape_obj_to_defined_obj(v) for k, v in jax.eval_shape(step).items()}
+    assert float(start["max"].value) == -math.inf and float(start["min"].value) == math.inf
+    assert start["sum"].total.dtype == jnp.int32 and start["sum"].total.tolist() == [0, 0, 0]
+    assert start["t"].duration is None and int(start["sps"].steps) == 0
+    merged = {k: m.merge(step()[k]) for k, m in start.items()}
+    assert float(merged["max"].compute()) == -1.0  # T5X's zeros: 0.0
+    assert float(merged["min"].compute()) == 1.0
+    assert float(merged["loss"].compute()) == -4.0  # -4 over 0 + 1 steps
+    assert float(merged["last"].compute()) == -2.0
+    assert int(merged["sps"].steps) == 1
+    assert float(merged["c"].compute()["top"]) == -1.0
+
+
 def test_setters_reach_metrics_nested_in_dicts_lists_and_tuples():
     # T5X's setters are tree maps; nested metrics kept steps=1 here: 20 / 1 step read 20.
     metrics = {
