@@ -600,7 +600,7 @@ def set_step_metrics_num_steps(metrics: Any, num_steps: int) -> Any:
         metrics: name -> metric (or what `merge_metrics` returns), or -> a dict, list or
             tuple of them; other values pass through. Or one metric, or a CLU `Collection`,
             as in T5X.
-        num_steps: the number of train steps the metrics cover, > 0.
+        num_steps: the number of train steps the metrics cover, > 0 (an int or 0-d array).
 
     Returns:
         A new dict (one metric or `Collection`: a new one); the input is not changed.
@@ -615,6 +615,7 @@ def set_step_metrics_num_steps(metrics: Any, num_steps: int) -> Any:
     """
     one = is_metric_obj(metrics)
     metrics = metrics if one else _as_mapping(metrics, "set_step_metrics_num_steps")
+    num_steps = _host_scalar(num_steps)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer):
         raise TypeError(
             f"set_step_metrics_num_steps: num_steps must be an int, got {num_steps!r} of type "
@@ -639,7 +640,7 @@ def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
         metrics: name -> metric (or what `merge_metrics` returns), or -> a dict, list or
             tuple of them; other values pass through. Or one metric, or a CLU `Collection`,
             as in T5X.
-        duration: seconds in the summary window, a finite number >= 0.
+        duration: seconds in the summary window, a finite number >= 0 (or 0-d array).
 
     Returns:
         A new dict (one metric or `Collection`: a new one); the input is not changed.
@@ -655,6 +656,7 @@ def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
     """
     one = is_metric_obj(metrics)
     metrics = metrics if one else _as_mapping(metrics, "set_time_metrics_duration")
+    duration = _host_scalar(duration)
     if isinstance(duration, bool) or not isinstance(
         duration, int | float | np.integer | np.floating
     ):
@@ -667,6 +669,14 @@ def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
             f"set_time_metrics_duration: duration must be finite and >= 0 seconds, got {duration}."
         )
     return _set_in(metrics, float(duration), None, one)
+
+
+def _host_scalar(x: Any) -> Any:
+    """A 0-d NumPy or concrete JAX array as its Python number, as T5X's setters take one
+    (`np.array(2)` and `jnp.int32(2)` were refused); anything else as it is."""
+    if isinstance(x, np.ndarray | jax.Array) and x.ndim == 0 and not isinstance(x, jax.core.Tracer):
+        return x.item()
+    return x
 
 
 def _set_in(metrics: Any, duration: float | None, num_steps: int | None, one: bool) -> Any:

@@ -408,6 +408,18 @@ def test_setters_reach_into_clu_collections():
     assert out["c"].sps.compute() == 0.5
 
 
+@pytest.mark.parametrize("wrap", [np.array, jnp.asarray])
+def test_setters_take_0d_arrays_as_t5x_does(wrap):
+    # np.array(2) and jnp.int32(2) were refused as "must be an int" / "number of seconds".
+    metrics = {"avg": AveragePerStep(total=6.0), "sps": StepsPerTime(steps=1)}
+    out = mm.set_step_metrics_num_steps(mm.set_time_metrics_duration(metrics, wrap(1.5)), wrap(3))
+    assert out["avg"].compute() == 2.0  # 6 / 3 steps
+    assert out["sps"].compute() == 2.0  # 3 steps / 1.5 s
+    assert type(out["avg"].steps) is int and type(out["sps"].duration) is float
+    with pytest.raises(TypeError, match="num_steps must be an int, got 2.5"):
+        mm.set_step_metrics_num_steps(metrics, wrap(2.5))
+
+
 def test_t5x_shape_obj_to_defined_obj_starts_merges_from_identities():
     # T5X's name raised AttributeError; T5X's zeros made a Max of losses below 0 read 0.
     def step():
