@@ -407,6 +407,13 @@ def _split_batch(batch: Any, num_microbatches: int) -> Any:
     return jax.tree.map(split, batch)
 
 
+_T5X_CALL = (
+    " (a T5X model: this takes accumulate_grads_microbatched(loss_fn, train_state.params, "
+    "batch, num_microbatches, rng=dropout_rng), loss_fn(params, microbatch, rng) returning "
+    "(loss, metrics))"
+)
+
+
 def accumulate_grads_microbatched(
     loss_fn: Callable[..., tuple[Any, Metrics]],
     params: Any,
@@ -462,6 +469,7 @@ def accumulate_grads_microbatched(
     except TypeError:
         problems.type_problem(
             f"loss_fn must be callable, got {describe(loss_fn)}"
+            + (_T5X_CALL if callable(getattr(loss_fn, "loss_fn", None)) else "")
             if not callable(loss_fn)
             else f"loss_fn is called as loss_fn({', '.join(arguments)}) "
             + ("(no rng= was given)" if rng is None else "since rng= was given")
@@ -481,6 +489,15 @@ def accumulate_grads_microbatched(
                 raise TypeError(
                     "accumulate_grads_microbatched: loss_fn must return a pair (loss, metrics), "
                     f"got {describe(out)}; return the scalar loss and a dict of metrics"
+                )
+            aux = out[1]
+            metrics_types = (Mapping, clu_metrics.Collection)
+            if isinstance(aux, tuple) and len(aux) == 2 and isinstance(aux[1], metrics_types):
+                raise TypeError(
+                    "accumulate_grads_microbatched: loss_fn must return (loss, metrics), got "
+                    "(loss, (weight_sum, metrics)) as T5X's model.loss_fn returns it; wrap it: "
+                    "def loss_fn(params, batch, rng): loss, (_, metrics) = "
+                    "model.loss_fn(params, batch, rng); return loss, metrics"
                 )
             shape, dtype = jnp.shape(out[0]), jnp.result_type(out[0])
             if shape != () or not jnp.issubdtype(dtype, jnp.floating):

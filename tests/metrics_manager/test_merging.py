@@ -448,6 +448,27 @@ def test_loss_fn_must_return_a_pair():
         accumulate_grads_microbatched(lambda w, b: (w * b).sum(), jnp.float32(1.0), jnp.ones(4), 2)
 
 
+def test_t5x_calls_are_refused_naming_this_signature():
+    # T5X's (model, train_state, batch, dropout_rng) and its model.loss_fn's
+    # (loss, (weight_sum, metrics)) got errors that named neither T5X nor the fix.
+    class Model:
+        def loss_fn(self, params, batch, rng):
+            return jnp.sum(batch @ params), (jnp.float32(4.0), {"n": Sum(jnp.float32(1.0))})
+
+    params, batch, rng = jnp.ones(2), jnp.ones((4, 2)), jax.random.key(0)
+    with pytest.raises(TypeError, match=r"\(a T5X model: this takes accumulate_grads_microbatched"):
+        accumulate_grads_microbatched(Model(), params, batch, rng)
+    with pytest.raises(TypeError, match=r"got \(loss, \(weight_sum, metrics\)\) as T5X's"):
+        accumulate_grads_microbatched(Model().loss_fn, params, batch, 2, rng=rng)
+
+    def loss_fn(params, batch, rng):  # the wrapper the message gives
+        loss, (_, metrics) = Model().loss_fn(params, batch, rng)
+        return loss, metrics
+
+    grads, metrics = accumulate_grads_microbatched(loss_fn, params, batch, 2, rng=rng)
+    assert grads.tolist() == [4.0, 4.0] and float(metrics["n"].compute()) == 2.0
+
+
 @pytest.mark.parametrize("num_microbatches", [1, 2])
 def test_a_loss_that_is_no_float_scalar_is_named_with_the_fix(num_microbatches):
     metrics = {"n": Sum(jnp.float32(1.0))}
