@@ -557,22 +557,56 @@ def _signature(paths: Sequence[str]) -> tuple[tuple[str, int, int], ...]:
     return tuple(stats)
 
 
+def _finished(paths: Sequence[str]) -> bool:
+    """Whether every run under `paths` is a local JSONL log that no writer holds (Linux).
+
+    A `JsonlWriter` holds an flock on its log while it is open; /proc/locks lists it without
+    taking a lock (a probe with flock could refuse a writer opening the log at that moment).
+    Event files and a URL log's parts carry no lock: such runs never count as finished."""
+    try:
+        with open("/proc/locks") as f:  # "1: FLOCK  ADVISORY  WRITE 12443 fe:00:2164336 0 EOF"
+            held = {line.split()[-3] for line in f}  # any kind: NFS emulates flock by POSIX
+    except OSError:
+        return False
+    for _, files in _find_runs(paths):
+        for path in files:
+            if os.path.basename(path) != _jsonl_log.LOG_NAME or not os.path.isfile(path):
+                return False
+            if os.path.isdir(f"{path}.d"):  # continued as parts, which hold no lock
+                return False
+            info = os.stat(path)
+            major, minor = os.major(info.st_dev), os.minor(info.st_dev)
+            if f"{major:02x}:{minor:02x}:{info.st_ino}" in held:
+                return False
+    return True
+
+
 def _follow(
     paths: Sequence[str], draw: Callable[[], None], interval: float, max_redraws: int
 ) -> None:
-    """Calls `draw` whenever the files under `paths` change, `max_redraws` times (0: forever)."""
+    """Calls `draw` whenever the files under `paths` change, `max_redraws` times (0: forever).
+
+    With `max_redraws`, it also returns once the runs have finished (see `_finished`) and
+    what they hold is drawn: a finished run's logs never change again, so it waited forever."""
     last: tuple[tuple[str, int, int], ...] | None = None
     redraws, reported = 0, ""
     while True:
+        finished = False
         try:
+            finished = bool(max_redraws) and _finished(paths)  # before reading: none missed
             signature = _signature(paths)
             if signature != last:
                 last = signature
                 draw()
                 redraws += 1
+            if finished:
+                return
         except _TooSmall:  # printed once, it polled on until the logs changed, never drawing
             raise
         except (FileNotFoundError, ValueError) as err:  # nothing to draw yet: say why once
+            if finished:  # and never will be
+                message = f"{err} (--follow: no writer holds the logs; the runs ended)"
+                raise ValueError(message) from None
             if str(err) != reported:
                 reported = str(err)
                 print(f"{err} (--follow: checking every {interval} s)", file=sys.stderr, flush=True)
@@ -601,7 +635,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--rows", type=int, help="text plot height (default: the terminal's)")
     add("--follow", action="store_true", help="redraw when the logs grow")
     add("--interval", type=float, default=2.0, help="--follow: seconds per check")
-    add("--max_redraws", type=int, default=0, help="--follow: stop after N (0: never)")
+    add(
+        "--max_redraws",
+        type=int,
+        default=0,
+        help="--follow: stop after N, or once the runs' JSONL logs are closed (0: never)",
+    )
     add("--dump_series", help="write the plotted series as JSON on every draw")
     args = parser.parse_args(argv)
     sizes = {name: getattr(args, name) for name in ("width", "height", "dpi", "cols", "rows")}

@@ -639,9 +639,10 @@ def test_a_key_with_no_finite_value_says_so(tmp_path, monkeypatch):
 
 
 def test_follow_redraws_when_the_log_grows(tmp_path):
-    path = str(tmp_path / "exp" / "train" / "metrics.jsonl")
-    _write_jsonl(path, [{"step": s, "time": 0.0, "collection": "train", "loss": 1.0 / s}
-                        for s in (1, 2, 3)])  # fmt: skip
+    writer = writers.JsonlWriter(str(tmp_path / "exp" / "train"), collection="train")  # a live run
+    for step in (1, 2, 3):
+        writer.write_scalars(step, {"loss": 1.0 / step})
+    writer.flush()
     png, dump = str(tmp_path / "f.png"), str(tmp_path / "f.json")
     process = subprocess.Popen(
         [sys.executable, "-m", "writers.plot", str(tmp_path / "exp"), "--follow",
@@ -655,11 +656,13 @@ def test_follow_redraws_when_the_log_grows(tmp_path):
             time.sleep(0.05)
         with open(dump) as f:
             assert json.load(f)["series"][0]["steps"] == [1, 2, 3]
-        _write_jsonl(path, [{"step": s, "time": 0.0, "collection": "train", "loss": 1.0 / s}
-                            for s in (4, 5)])  # fmt: skip
+        for step in (4, 5):
+            writer.write_scalars(step, {"loss": 1.0 / step})
+        writer.flush()
         stdout, stderr = process.communicate(timeout=30)
     finally:
         process.kill()
+        writer.close()
     assert process.returncode == 0, stderr
     assert stdout.count(f"wrote {png}") == 2
     with open(dump) as f:
@@ -667,6 +670,38 @@ def test_follow_redraws_when_the_log_grows(tmp_path):
     assert series["steps"] == [1, 2, 3, 4, 5]
     assert series["values"] == [1.0, 0.5, 1 / 3, 0.25, 0.2]
     assert _png_size(png) == (200, 150)
+
+
+def test_follow_with_max_redraws_returns_on_a_finished_run(tmp_path):
+    # The logs of a finished run never change again: --follow --max_redraws 3 drew once and
+    # then waited for the other two redraws forever. No writer holds the log: it returns.
+    run = str(tmp_path / "exp" / "train")
+    writer = writers.JsonlWriter(run, collection="train")
+    for step in (1, 2, 3):
+        writer.write_scalars(step, {"loss": 1.0 / step})
+    writer.close()
+    png, dump = str(tmp_path / "f.png"), str(tmp_path / "f.json")
+    follow = ("--follow", "--interval", "0.1", "--max_redraws", "3", "--smoothing", "0")
+    result = _plot(str(tmp_path / "exp"), *follow, "--out", png, "--dump_series", dump, timeout=20)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count(f"wrote {png}") == 1
+    with open(dump) as f:
+        (series,) = json.load(f)["series"]
+    assert series["steps"] == [1, 2, 3] and series["values"] == [1.0, 0.5, 1 / 3]
+    # A live run is followed: a writer holding the log keeps it waiting for the next draw.
+    writer = writers.JsonlWriter(run, collection="train")
+    try:
+        assert not plot._finished([str(tmp_path / "exp")])
+    finally:
+        writer.close()
+    assert plot._finished([str(tmp_path / "exp")])
+    # A finished run with nothing to draw never will have: said once, not polled forever.
+    writer = writers.JsonlWriter(str(tmp_path / "texts"))
+    writer.write_texts(0, {"config": "x"})
+    writer.close()
+    result = _plot(str(tmp_path / "texts"), *follow, "--out", png, timeout=20)
+    assert result.returncode == 2
+    assert "no scalars logged yet" in result.stderr and "the runs ended" in result.stderr
 
 
 def test_follow_sees_a_part_rewritten_in_place(tmp_path):
