@@ -243,9 +243,9 @@ class Summarizer:
         """The writers' `(method, kwargs)` calls for `summary`, scalars checked once for all."""
         skipped: dict[str, str] = {}
         calls = writers.group_values(summary, skipped)
-        for key, what in skipped.items():  # that key is lost, not the summary
-            if any(key in refused for refused in self.refused.values()):
-                continue  # left out of every write, and recorded so once: not at each summary
+        # That key is lost, not the summary; recorded under a key process 0 refuses too, as
+        # the other processes (nothing refused) record it: under "raise" it stops each alike.
+        for key, what in skipped.items():
             unwritable = TypeError(values_lib.unsupported_message({key: what}))
             self._failures.record(Failure(f"metric:{key}", step, (key,), unwritable))
         calls = [call for call in calls if self._checked(step, *call)]

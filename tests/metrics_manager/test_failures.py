@@ -2371,19 +2371,36 @@ def test_bad_values_under_a_reserved_key_are_refused_on_every_process_alike(
         assert (line["step"], line["h"]["count"], line["h"]["counts"]) == (2, 3, [1, 1, 1])
 
 
-def test_a_left_out_key_whose_value_no_writer_takes_is_one_failure(tmp_path, monkeypatch):
-    # A metric named `step` (JSONL's own field) giving a vector: left out of every write and
-    # recorded once at the call, then recorded again as unwritable at every summary.
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_left_out_key_whose_value_no_writer_takes_stops_every_process_alike(
+    tmp_path, monkeypatch, process
+):
+    # A metric named `step` (JSONL's own field) giving a vector. Process 1 (no writers, nothing
+    # left out) recorded it unwritable at each summary, fatal under "raise"; process 0 only
+    # recorded the refusal, not fatal: process 1 stopped at step 2, process 0 went on to wait.
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
-        for step in (1, 2):
-            metrics = {"loss": Sum(jnp.float32(step)), "step": PerClass(jnp.float32(1))}
-            manager.write_metrics_summary(metrics, step, 1).result()
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    factory = files_and()
+    manager = MetricsManager("train", tmp_path, writer_factory=factory, on_error="raise")
+    raised = []
+    for step in (1, 2, 3):
+        metrics = {"loss": Sum(jnp.float32(step)), "step": PerClass(jnp.float32(1))}
+        manager.write_metrics_summary(metrics, step, 1)
+        with pytest.raises(MetricsManagerError) as err:
+            manager.flush()
+        raised.append(
+            f"at step {step} (keys step): TypeError: write_values: unsupported" in str(err.value)
+        )
+    manager.close()
+    assert raised == [True, True, True]
+    failures = [(f.source, f.step, type(f.error)) for f in manager.errors]
+    unwritable = [("metric:step", s, TypeError) for s in (1, 2, 3)]
+    if process == 1:
+        assert failures == unwritable
+        return
+    assert failures == [("metric:step", 1, ValueError), *unwritable]  # reserved, once
     lines = read_jsonl(str(tmp_path / "train"))
-    assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 2.0)]
-    assert [(f.source, f.step, type(f.error)) for f in manager.errors] == [
-        ("metric:step", 1, ValueError)  # reserved by writer(s) ['jsonl']
-    ]
+    assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
 def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path, monkeypatch):
