@@ -572,21 +572,24 @@ def is_time_metric(obj: Any) -> bool:
     return isinstance(obj, Time)
 
 
-def _as_mapping(metrics: Any, function: str) -> Mapping[str, Any]:
-    """`metrics`, or the dict a `PackedMetrics` (what `merge_metrics` returns) packs."""
+def _as_mapping(metrics: Any, function: str, also: str = "") -> Mapping[str, Any]:
+    """`metrics`, or the dict a `PackedMetrics` (what `merge_metrics` returns) packs; `also`
+    names what else `function` takes, for its error."""
     from metrics_manager.packing import PackedMetrics  # noqa: PLC0415  (it imports this module)
 
     if isinstance(metrics, PackedMetrics):
         return metrics.unpack()
     if not isinstance(metrics, Mapping):
         raise TypeError(
-            f"{function} expects a mapping from names to metrics, got {type(metrics).__name__}."
+            f"{function} expects a mapping from names to metrics (or what merge_metrics "
+            f"returns){also}, got {type(metrics).__name__}."
         )
     return metrics
 
 
 # One metric or a CLU `Collection`, which T5X's setters (a tree map) take as they take a dict.
 _OneMetric = TypeVar("_OneMetric", clu_metrics.Metric, clu_metrics.Collection)
+_ONE_TOO = ", one CLU metric or a CLU Collection"
 
 
 @overload
@@ -614,7 +617,7 @@ def set_step_metrics_num_steps(metrics: Any, num_steps: int) -> Any:
         4
     """
     one = is_metric_obj(metrics)
-    metrics = metrics if one else _as_mapping(metrics, "set_step_metrics_num_steps")
+    metrics = metrics if one else _as_mapping(metrics, "set_step_metrics_num_steps", _ONE_TOO)
     num_steps = _host_scalar(num_steps)
     if isinstance(num_steps, bool) or not isinstance(num_steps, int | np.integer):
         raise TypeError(
@@ -655,7 +658,7 @@ def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
         1.5
     """
     one = is_metric_obj(metrics)
-    metrics = metrics if one else _as_mapping(metrics, "set_time_metrics_duration")
+    metrics = metrics if one else _as_mapping(metrics, "set_time_metrics_duration", _ONE_TOO)
     duration = _host_scalar(duration)
     if isinstance(duration, bool) or not isinstance(
         duration, int | float | np.integer | np.floating

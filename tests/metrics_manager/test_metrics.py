@@ -117,8 +117,14 @@ def test_setters_take_a_collection_or_one_metric_as_t5x_tree_map_does():
     rate = mm.set_time_metrics_duration(TimeRate(numerator=3.0), 2.0)
     assert mm.set_step_metrics_num_steps(AveragePerStep(total=6.0), 4).compute() == 1.5
     assert rate.compute() == 1.5
-    with pytest.raises(TypeError, match="expects a mapping from names to metrics, got list"):
-        mm.set_step_metrics_num_steps([AveragePerStep(total=6.0)], 4)
+    # A list was refused as "expects a mapping from names to metrics", naming neither.
+    for setter, arg in ((mm.set_step_metrics_num_steps, 4), (mm.set_time_metrics_duration, 2.0)):
+        with pytest.raises(TypeError) as err:
+            setter([AveragePerStep(total=6.0)], arg)
+        assert str(err.value) == (
+            f"{setter.__name__} expects a mapping from names to metrics (or what merge_metrics "
+            "returns), one CLU metric or a CLU Collection, got list."
+        )
 
 
 def test_t5x_create_metrics_dict_makes_sums_that_merge_over_a_window():
@@ -544,7 +550,7 @@ def test_the_host_helpers_take_what_merge_metrics_returns_as_t5x_users_call_them
         "loss": 3.0,  # 6 / 2 steps
         "rate": 0.5,  # 2 steps / 4 s
     }
-    with pytest.raises(TypeError, match="expects a mapping from names to metrics, got list"):
+    with pytest.raises(TypeError, match=r"to metrics \(or what merge_metrics returns\), got list"):
         mm.compute_metric_values([running])
 
 
