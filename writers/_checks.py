@@ -7,6 +7,7 @@ also `metrics_manager`'s error collector: `writers` never imports `metrics_manag
 import copy
 import dataclasses
 import decimal
+import fractions
 import inspect
 import math
 import numbers
@@ -561,8 +562,15 @@ def _as_text(value: int) -> bool:
 
 
 def _holds_long_int(value: Any, depth: int = 0) -> bool:
-    """Whether `value`, or an item of a list, tuple or set in it, is an int `str()` refuses
-    (nested 8 deep at most: a list that holds itself is written as '[[...]]')."""
+    """Whether `value`, or an item of a list, tuple, set, dict or NumPy object array in it, or
+    a `Fraction`'s numerator or denominator, is an int `str()` refuses (nested 8 deep at most:
+    a list that holds itself is written as '[[...]]')."""
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        value = list(value.flat)
+    elif isinstance(value, fractions.Fraction):  # written as 'numerator/denominator'
+        value = (value.numerator, value.denominator)
+    elif isinstance(value, dict):
+        value = (*value, *value.values())
     if isinstance(value, list | tuple | set | frozenset):
         return depth < 8 and any(_holds_long_int(item, depth + 1) for item in value)
     return isinstance(value, int) and not _as_text(value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import errno
+import fractions
 import functools
 import gc
 import os
@@ -2586,6 +2587,18 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     # hyperparameter of the call was lost, with CPython's message naming no key.
     "an hparam list holding an int of 5,000 digits": (
         lambda m: m.write_hparams({"seeds": [1, (2, 10**5000)], "lr": 0.1}),
+        ValueError,
+        r"hyperparameter 'seeds' holds an int of more than 4300 digits, which Python refuses",
+    ),
+    # A Fraction (written as 'numerator/denominator') and a NumPy object array of such an
+    # int: every writer failed in the background, naming no key, and lost the call's 'lr'.
+    "an hparam Fraction of 5,000-digit terms": (
+        lambda m: m.write_hparams({"ratio": fractions.Fraction(10**5000 + 1, 10**5000)}),
+        ValueError,
+        r"hyperparameter 'ratio' holds an int of more than 4300 digits, which Python refuses",
+    ),
+    "an hparam object array holding an int of 5,000 digits": (
+        lambda m: m.write_hparams({"seeds": np.array([1, 10**5000], object), "lr": 0.1}),
         ValueError,
         r"hyperparameter 'seeds' holds an int of more than 4300 digits, which Python refuses",
     ),
