@@ -882,7 +882,7 @@ class MetricsManager:
                         f"{problem}. With several processes the key is left out of every "
                         "write instead: process 0 alone raising left the others waiting."
                     )
-                    failure = Failure(f"metric:{key}", step or 0, (key,), refused[key])
+                    failure = Failure(f"metric:{key}", step, (key,), refused[key])
                     self._failures.record(failure, fatal=False)  # under "raise" too
         found = [  # what no single key explains is still refused at the call
             p

@@ -2422,6 +2422,23 @@ def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path
     assert [f.source for f in manager.errors] == ["metric:time"]  # the scalar alone
 
 
+def test_a_hyperparameter_name_left_out_is_recorded_without_a_step(monkeypatch):
+    # write_hparams has no step, but its refused name was recorded "at step 0".
+    from tests.writers.recording import RecordingWriter
+
+    class Refusing(RecordingWriter):  # as W&B refuses the hyperparameter '_wandb'
+        def key_problem(self, method, keys):
+            return "'_wandb' is W&B's own" if "_wandb" in keys else None
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with MetricsManager("t", writer_factory=lambda d: Refusing()) as manager:
+        manager.write_hparams({"_wandb": 1, "lr": 0.1})
+    assert manager.writer.calls[0] == ("write_hparams", ({"lr": 0.1},), {})
+    (failure,) = manager.errors
+    assert (failure.source, failure.step) == ("metric:_wandb", None)
+    assert str(failure).startswith("metric:_wandb (keys _wandb): ValueError: Refusing: '_wandb'")
+
+
 def test_a_key_mlflow_refuses_as_a_metric_is_still_written_as_a_text(tmp_path, monkeypatch):
     # 'acc@1' is no MLflow metric name, but a fine artifact path: with several processes the
     # scalar was left out, and so were the texts under that key (every writer's, no failure).
