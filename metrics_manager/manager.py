@@ -121,7 +121,8 @@ class MetricsManager:
         `MetricsManagerError` naming the step and keys: the next one once the worker has
         checked the values, at the latest `close()`). Summaries are checked on every
         process, `write_scalar(s)` values only where there are writers (process 0);
-        `system/*`, sampled on process 0 alone, is only warned of.
+        a summary's `system/*`, sampled on process 0 alone, is only warned of (a key of
+        the loop's own under `system/` is checked as any other).
       system_metrics: write `system/*` (CPU, memory, device memory, GPU) with summaries at
         most once per `system_interval_s`: the mean and `/max` of samples taken every second
         (or every `system_interval_s` where that is shorter, no more often than every 0.1 s).
