@@ -556,13 +556,15 @@ class MetricsManager:
                 # A clock that did not advance (coarse, or stepped back): a 0 s window, whose
                 # rates are inf (NaN for 0 steps), not the 1e9 steps/s of a made-up 1 ns.
                 duration = None if window is None or start is None else max(end - start, 0.0)
-                failed = self._failures.count
+                # Its own failures: one another thread records meanwhile (a key refused at a
+                # call, process 0 alone) failed this summary's future on that process alone.
+                self._summarizer.recorded = None
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration, why)
                 calls = self._summarizer.calls(step, summary)
                 if "abandoned" not in job.state:  # past a signal's bound the job went on
                     job.result, job.state["calls"] = summary, calls
-                if self._on_error == "raise" and self._failures.count > failed:
-                    job.state["failure"] = self._failures.recent()[-1]  # a metric's: T5X's fails
+                if self._on_error == "raise" and self._summarizer.recorded:
+                    job.state["failure"] = self._summarizer.recorded  # a metric's: T5X's fails
             except Exception as err:
                 self._failures.record(Failure("summary", step, keys, err))
                 raise

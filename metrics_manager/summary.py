@@ -55,6 +55,9 @@ class Summarizer:
         system_interval_s: float,
     ) -> None:
         self._failures = failures
+        # The last failure this summarizer recorded since the manager set it to None: a
+        # summary's own, which fails its future under "raise" (not one another thread recorded).
+        self.recorded: Failure | None = None
         self._nonfinite = nonfinite
         self._perf = perf
         self._monitor = monitor
@@ -110,7 +113,7 @@ class Summarizer:
         self._check_windows(host, step, num_steps)
 
         def failed(key: str, err: Exception) -> None:
-            self._failures.record(Failure(f"metric:{key}", step, (key,), err))
+            self._record(Failure(f"metric:{key}", step, (key,), err))
 
         wrapped = {k: c for k in negative if (c := _wrapped_count(host[k])) is not None}
         for key, count in wrapped.items():
@@ -247,7 +250,7 @@ class Summarizer:
         # the other processes (nothing refused) record it: under "raise" it stops each alike.
         for key, what in skipped.items():
             unwritable = TypeError(values_lib.unsupported_message({key: what}))
-            self._failures.record(Failure(f"metric:{key}", step, (key,), unwritable))
+            self._record(Failure(f"metric:{key}", step, (key,), unwritable))
         calls = [call for call in calls if self._checked(step, *call)]
         for method, kwargs in calls:
             if method == "write_scalars":
@@ -298,8 +301,12 @@ class Summarizer:
         for key, error in bad.items():
             del values[key]
             kwargs.get("num_buckets", {}).pop(key, None)  # naming a key not in the call: refused
-            self._failures.record(Failure(f"metric:{key}", step, (key,), error))
+            self._record(Failure(f"metric:{key}", step, (key,), error))
         return bool(values)
+
+    def _record(self, failure: Failure, fatal: bool | None = None) -> None:
+        self.recorded = failure
+        self._failures.record(failure, fatal=fatal)
 
     def check_finite(
         self, step: int, scalars: Mapping[str, Any], where: str, warn_only: Set[str] = frozenset()
@@ -316,7 +323,7 @@ class Summarizer:
                 f"non-finite values {where} step {step} for keys {stop}; the run was stopped "
                 "by nonfinite='stop'"
             )
-            self._failures.record(Failure("nonfinite", step, tuple(stop), err), fatal=True)
+            self._record(Failure("nonfinite", step, tuple(stop), err), fatal=True)
         if new := sorted(set(bad) - set(stop) - self._nonfinite_warned):  # once per key
             self._nonfinite_warned.update(new)
             _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, new)

@@ -2535,6 +2535,35 @@ def test_a_reserved_key_with_several_processes_is_not_raised_under_raise(
     assert [(f.source, f.step) for f in manager.errors] == [("metric:step", 1), ("metric:time", 2)]
 
 
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_key_refused_while_a_summary_computes_does_not_fail_that_summary(
+    tmp_path, monkeypatch, process
+):
+    # Under "raise" a summary's future failed when any failure was recorded while it was
+    # computed: a key refused meanwhile at a call on the loop's thread, which process 0 alone
+    # records, failed process 0's summary ("summary at step 2: metric:step ...") and not
+    # process 1's, and a loop reading the result raised on process 0 alone.
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(jax, "process_index", lambda: process)
+    computing, go_on = threading.Event(), threading.Event()
+
+    @flax.struct.dataclass
+    class Gated(Sum):
+        def compute_value(self):
+            computing.set()
+            go_on.wait(10)
+            return super().compute_value()
+
+    factory = lambda d: writers.JsonlWriter(d)  # noqa: E731
+    with MetricsManager("train", tmp_path, writer_factory=factory, on_error="raise") as manager:
+        future = manager.write_metrics_summary({"loss": Gated(np.float32(2.0))}, 1, 1)
+        assert computing.wait(10)
+        manager.write_scalars(2, {"step": 1.0, "a": 3.0})
+        go_on.set()
+        assert float(future.result()["loss"].value) == 2.0
+    assert [(f.source, f.step) for f in manager.errors] == [("metric:step", 2)] * (process == 0)
+
+
 def test_a_reserved_key_with_several_processes_is_one_failure_per_kind_of_write(
     tmp_path, monkeypatch
 ):
