@@ -560,6 +560,8 @@ class MetricsManager:
                 # call, process 0 alone) failed this summary's future on that process alone.
                 self._summarizer.recorded = None
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration, why)
+                if any(self._summarizer.refused.values()):  # several processes, process 0
+                    self._refuse_computed(step, summary)
                 calls = self._summarizer.calls(step, summary)
                 if "abandoned" not in job.state:  # past a signal's bound the job went on
                     job.result, job.state["calls"] = summary, calls
@@ -893,6 +895,16 @@ class MetricsManager:
             if (p := self._key_problem(call, [k for k in ks if k not in self._refused(call)]))
         ]
         return "; ".join(found) or None
+
+    def _refuse_computed(self, step: int, summary: Mapping[str, Any]) -> None:
+        """Leaves out a refused key also from the kind of write its metric computes, known only
+        now: one refused as a scalar at the call that computes a histogram, image or text
+        failed the whole call in the writer refusing it (the call's other keys too), at each
+        summary."""
+        refused = {k for keys in self._summarizer.refused.values() for k in keys}
+        if found := {k: summary[k] for k in refused if k in summary}:
+            for call, kwargs in writers.group_values(found, skipped={}):
+                self._keys_refused(step, {call: list(next(iter(kwargs.values())))})
 
     def _refused(self, call: str) -> dict[str, Exception]:
         """The keys left out of `call`'s writes."""

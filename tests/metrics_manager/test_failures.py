@@ -2404,6 +2404,35 @@ def test_a_left_out_key_whose_value_no_writer_takes_stops_every_process_alike(
     assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 2.0), (3, 3.0)]
 
 
+def test_a_left_out_metric_computing_a_histogram_is_left_out_of_the_histograms(
+    tmp_path, monkeypatch
+):
+    # A metric named `step` computing a histogram was left out of the scalars alone (the
+    # kind the call takes a metric for): JSONL refused each summary's write_histograms
+    # whole, and lost the other metric's histogram 'h' at every step, a writer failure each.
+    @flax.struct.dataclass
+    class Spread(Sum):
+        def compute_value(self):
+            return clu.values.Histogram(self.total + np.arange(4.0), 3)
+
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        for step in (1, 2):
+            metrics = {"step": Spread(np.float32(0.0)), "h": Spread(np.float32(step))}
+            manager.write_metrics_summary({**metrics, "loss": Sum(np.float32(step))}, step, 1)
+        manager.flush()
+        assert manager.health()["writers"]["jsonl"]["failures"] == 0
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(x["step"], x.get("loss"), x.get("h", {}).get("min")) for x in lines] == [
+        (1, 1.0, None),
+        (1, None, 1.0),
+        (2, 2.0, None),
+        (2, None, 2.0),
+    ]
+    # Once per key and kind: as a scalar at the call, as a histogram at the first summary.
+    assert [(f.source, f.step) for f in manager.errors] == [("metric:step", 1)] * 2
+
+
 def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path, monkeypatch):
     # JSONL keeps `time` for its lines' wall time, but takes it as a hyperparameter: with
     # several processes, a scalar `time` left the config's `time` out of every later write.
