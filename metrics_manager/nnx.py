@@ -38,7 +38,13 @@ import numpy as np
 from flax import nnx
 
 from metrics_manager import metrics as _metrics
-from metrics_manager.classification import AUROC, Perplexity, TopKAccuracy, _ConfusionCounts
+from metrics_manager.classification import (
+    AUROC,
+    Perplexity,
+    TopKAccuracy,
+    _check_mask,
+    _ConfusionCounts,
+)
 from writers._checks import Problems, describe
 
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
@@ -276,8 +282,8 @@ class Accuracy(Metric):
     """Flax's `nnx.metrics.Accuracy`: argmax (`TopKAccuracy(k=1)`) or a `threshold`.
 
     As Flax's, a `mask` leaves examples out; unlike Flax's, so does a label outside [0, C)
-    (an ignore index such as -100; outside jit, unmasked, it is refused): Flax counts it as
-    a wrong prediction.
+    (with a threshold: below 0), an ignore index such as -100 (outside jit, unmasked, it is
+    refused): Flax counts it as a wrong prediction (with a threshold: as a negative).
 
     Args:
         threshold: for binary scores: the mean of `(logits >= threshold) == (labels > 0)`.
@@ -314,7 +320,22 @@ class Accuracy(Metric):
             # In float32 at least: bfloat16 rounded a threshold of 0.7 to 0.69921875 first.
             scores = logits.astype(jnp.result_type(logits, jnp.float32))
             correct = ((scores >= self.threshold) == (labels > 0)).astype(jnp.float32)
-            kwargs = {"values": correct, "mask": kwargs.get("mask")}
+            problems = Problems("Accuracy.update")
+            mask = _check_mask(kwargs.get("mask"), labels.shape, problems)
+            problems.raise_if_any()
+            # An ignore index (-100) is left out, as without a threshold: Flax's counts it
+            # as a negative (a score below the threshold read as a right prediction).
+            ignored = mask & (labels < 0)
+            if not any(isinstance(x, jax.core.Tracer) for x in (labels, mask)) and (
+                n := int(ignored.sum())
+            ):
+                raise ValueError(
+                    f"Accuracy.update: {n} of {int(mask.sum())} labels where the mask is true "
+                    "are negative (an ignore index such as -100?); with a threshold, labels "
+                    "are 0 (negative) or above 0 (positive): mask the others out (under jit "
+                    "they are left out)"
+                )
+            kwargs = {"values": correct, "mask": mask & ~ignored}
         super().update(**kwargs)
 
 

@@ -744,3 +744,27 @@ def test_a_mask_that_does_not_cover_the_values_names_both_shapes(values, mask):
     average = mnnx.Average()  # a (B, 1) mask broadcasts, as in CLU
     average.update(values=jnp.array([[1.0, 3.0], [5.0, 7.0]]), mask=jnp.array([[True], [False]]))
     assert float(average.compute()) == 2.0
+
+
+def test_a_threshold_leaves_out_an_ignore_index_as_the_argmax_does():
+    # With a threshold, a label of -100 read as a negative: a padded score of 0.1 counted as
+    # a right prediction, 3 of 3 (Flax's 1.0) where the two real labels give 1 of 2.
+    logits, labels = jnp.array([0.2, 0.4, 0.1]), jnp.array([0, 1, -100])
+    accuracy = mnnx.Accuracy(threshold=0.5)
+    with pytest.raises(ValueError, match=r"1 of 3 labels where the mask is true are negative"):
+        accuracy.update(logits=logits, labels=labels)
+    accuracy.update(logits=logits, labels=labels, mask=labels >= 0)
+    assert float(accuracy.compute()) == 0.5
+    # Under jit, as without a threshold, the ignore index is left out: 1 of 2 again.
+    jitted = nnx.jit(lambda metric, logits, labels: metric.update(logits=logits, labels=labels))
+    accuracy.reset()
+    jitted(accuracy, jnp.tile(logits, (2, 1)), jnp.tile(labels, (2, 1)))
+    assert float(accuracy.compute()) == 0.5
+    # A per-example mask covers the labels of each example.
+    accuracy.reset()
+    accuracy.update(
+        logits=jnp.array([[0.9, 0.1], [0.9, 0.9]]),
+        labels=jnp.array([[1, 0], [-1, 0]]),
+        mask=jnp.array([1.0, 0.0]),
+    )
+    assert float(accuracy.compute()) == 1.0
