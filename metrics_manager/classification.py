@@ -660,7 +660,8 @@ class Perplexity(_Counts):
 
         Raises:
             TypeError: `labels` are not integers.
-            ValueError: the shapes do not fit or (outside jit) a label is outside `[0, V)`.
+            ValueError: the shapes do not fit or (outside jit) a label is outside `[0, V)`,
+                or the predictions are probabilities (rows in [0, 1] summing to 1).
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
@@ -671,6 +672,18 @@ class Perplexity(_Counts):
         vocab = predictions.shape[-1] if predictions.ndim else 1
         labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, fits)
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
+        if fits and not any(isinstance(x, jax.core.Tracer) for x in (predictions, mask)):
+            # Probabilities (metrax's default input) read as logits give a plausible wrong
+            # value: 2.13 for 1.02. Rows in [0, 1] summing to 1, not one-hot test logits.
+            scores = predictions.astype(jnp.float32)
+            unit = ((scores >= 0) & (scores <= 1)).all(-1) & (abs(scores.sum(-1) - 1) < 1e-2)
+            inside = ((scores > 0) & (scores < 1)).any(-1)
+            if int(exact_count(mask)) and bool((unit | ~mask).all() & (inside & mask).any()):
+                problems.value_problem(
+                    "predictions look like probabilities (each unmasked row in [0, 1], "
+                    "summing to 1), not logits; pass the logits, or jnp.log(probabilities)"
+                )
+                problems.raise_if_any()
         picked = take_last(log_probs, jnp.clip(labels, 0, vocab - 1))
         return cls.from_log_likelihood(picked, mask)
 

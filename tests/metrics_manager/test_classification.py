@@ -847,3 +847,28 @@ def test_the_range_of_scores_outside_0_1_leaves_masked_ones_out():
         )
     with pytest.raises(ValueError, match=r"; 2 of 2 unmasked are not \(all NaN\)"):
         AUROC.from_model_output(np.array([np.nan, np.nan]), np.array([1, 0]))
+
+
+def test_probabilities_passed_to_perplexity_as_logits_are_refused_eagerly():
+    """metrax's Perplexity takes probabilities by default; read as logits, these confident
+    ones gave 2.13, a plausible value, where their perplexity is 1.02."""
+    logits = np.array([[5.0, 0.0, 0.0, 0.0], [0.0, 5.0, 0.0, 0.0], [9.0, 0.0, 0.0, 0.0]])
+    probs, labels = jax.nn.softmax(logits), np.array([0, 1, 0])
+    mask = np.array([True, True, False])
+    expected = (np.exp(5.0) + 3) / np.exp(5.0)  # 1 / p of each label: 1.0202
+    with pytest.raises(
+        ValueError,
+        match=r"^Perplexity.from_model_output: predictions look like probabilities \(each "
+        r"unmasked row in \[0, 1\], summing to 1\), not logits; pass the logits, or "
+        r"jnp.log\(probabilities\)$",
+    ):
+        Perplexity.from_model_output(probs, labels, mask)
+    for logits_like in (logits, jnp.log(probs)):
+        ppl = Perplexity.from_model_output(logits_like, labels, mask)
+        assert float(ppl.compute()) == pytest.approx(expected, rel=1e-5)
+    # One-hot logits (test data) and a row outside [0, 1] are no probabilities.
+    one_hot = np.eye(4, dtype=np.float32)[labels]
+    ppl = Perplexity.from_model_output(one_hot, labels)
+    assert float(ppl.compute()) == pytest.approx((np.e + 3) / np.e, rel=1e-5)
+    mixed = np.concatenate([np.asarray(probs[:2]), logits[2:]])
+    assert int(Perplexity.from_model_output(mixed, labels).count) == 3
