@@ -163,6 +163,16 @@ def _arrays(cls: type, method: str = "from_model_output", **arrays: Any) -> list
     own error names neither the metric nor the argument)."""
     out = []
     for name, value in arrays.items():
+        dtype = getattr(value, "dtype", None)
+        if (
+            isinstance(dtype, np.dtype)
+            and dtype.kind in "iu"
+            and dtype.itemsize > 4
+            and jax.dtypes.canonicalize_dtype(dtype).itemsize == 4
+        ):  # Without x64, JAX wraps int64 to int32: -2**63 (a sentinel) read as class 0.
+            # Clipped, a value beyond int32 stays outside [0, C): refused or left out.
+            low, high = np.iinfo(np.int32).min if dtype.kind == "i" else 0, 2**31 - 1
+            value = np.clip(value, low, high).astype(np.int32)
         try:
             out.append(jnp.asarray(value))
         except (TypeError, ValueError) as err:

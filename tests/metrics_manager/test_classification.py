@@ -872,3 +872,20 @@ def test_probabilities_passed_to_perplexity_as_logits_are_refused_eagerly():
     assert float(ppl.compute()) == pytest.approx((np.e + 3) / np.e, rel=1e-5)
     mixed = np.concatenate([np.asarray(probs[:2]), logits[2:]])
     assert int(Perplexity.from_model_output(mixed, labels).count) == 3
+
+
+@pytest.mark.parametrize("cls", [Precision, TopKAccuracy, Perplexity])
+def test_int64_labels_beyond_int32_are_not_wrapped_into_class_indices(cls):
+    # Without x64, JAX wraps int64 to int32: a sentinel of -2**63 read as class 0, 2**32 + 1
+    # as class 1, each a plausible prediction (0.75 where the three real labels give 1.0).
+    logits = np.eye(3, dtype=np.float32)[[0, 1, 2, 1]]
+    settings = {Precision: {"average": "micro"}, TopKAccuracy: {"k": 1}}.get(cls, {})
+    for far in (np.array(np.iinfo(np.int64).min), np.array(2**32 + 1, np.uint64)):
+        labels = np.array([0, 1, 2, far]).astype(far.dtype)
+        with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+            cls.from_model_output(logits, labels, **settings)
+        metric = cls.from_model_output(logits, labels, np.array([1, 1, 1, 0], bool), **settings)
+        if cls is Perplexity:
+            assert float(metric.compute()) == pytest.approx((np.e + 2) / np.e, rel=1e-6)
+        else:
+            assert float(metric.compute()) == 1.0
