@@ -292,9 +292,14 @@ class AveragePerStep(Step):
 def _divide(a: Any, b: Any) -> Any:
     """`a / b`; for Python and NumPy numbers inf (by `a`'s sign) or NaN where `b` is 0, as
     arrays divide: a 0 s window's rate, not a ZeroDivisionError (nor NumPy's warning)."""
+    if type(b) in _PLAIN_REALS and b:  # the common case, without the ABC checks (~1 us each)
+        return a / b
     if isinstance(b, numbers.Real) and isinstance(a, numbers.Real) and b == 0:
         return math.copysign(math.inf, a) if a else math.nan
     return a / b
+
+
+_PLAIN_REALS = frozenset((float, int, np.float16, np.float32, np.float64, np.int32, np.int64))
 
 
 def _check_durations_unset(a: "Time", b: "Time") -> None:

@@ -82,6 +82,20 @@ def test_steps_and_numbers_convert_as_before_through_the_fast_paths():
     out = _checks.check_numbers(inputs, "check")
     assert out == {"f32": 0.25, "f16": -2.5, "i64": -3, "u8": 200, "b": 1, "nb": 0, "arr": 1.5}
     assert [type(v) for v in out.values()] == [float, float, int, int, int, int, float]
+    # One-element arrays take the fast path (a Sum's compute() is a 0-d array): the same
+    # numbers and types as to_number gives; any other array still gets to_number's message.
+    arrays = {
+        "0d": np.array(2.5, np.float32),
+        "u64": np.array([[2**63 + 1]], np.uint64),
+        "bool": np.array(True),
+        "ld": np.array(0.5, np.longdouble),
+    }
+    fast = _checks.collect_numbers(arrays, _checks.Problems("check"))
+    assert fast == {k: _checks.to_number(k, v) for k, v in arrays.items()}
+    assert fast == {"0d": 2.5, "u64": 2**63 + 1, "bool": 1, "ld": 0.5}
+    assert [type(v) for v in fast.values()] == [float, int, int, float]
+    with pytest.raises(ValueError, match=r"'two' must hold exactly one number, got an array of sh"):
+        _checks.check_numbers({**arrays, "two": np.zeros(2, np.float32)}, "check")
 
 
 def test_write_values_kinds_are_the_same_on_first_and_repeated_calls():
