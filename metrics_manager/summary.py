@@ -361,10 +361,13 @@ def to_host(
             raise deleted from err
         raise
     host = packed.unpack_host(host_buffers)
-    lows = [(b.min(), b) for b in host_buffers if b.dtype.kind == "i" and b.size]
-    if negative is not None and any(low < 0 for low, _ in lows):
+    bounds = [(b.min(), b.max(), b.dtype) for b in host_buffers if b.dtype.kind == "i" and b.size]
+    if negative is not None and any(low < 0 for low, _, _ in bounds):
         negative += host
-    if near_limit is not None and any(_near_int32_limit(b) for _, b in lows):
+    near = any(
+        t == np.int32 and (hi >= _INT32_NEAR or low <= -_INT32_NEAR) for low, hi, t in bounds
+    )
+    if near_limit is not None and near:
         near_limit += [
             k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
         ]
