@@ -42,9 +42,11 @@ import numpy as np
 
 from metrics_manager.metrics import (
     COUNT_DTYPE,
+    broadcast_mask,
     exact_count,
     explicit_mesh,
     float_identity,
+    mask_shapes,
     take_last,
     vocab_sharding,
 )
@@ -62,16 +64,14 @@ def _check_mask(
 ) -> jax.Array:
     if mask is None:
         return jnp.ones(shape, bool)
-    mask = jnp.asarray(mask)
-    if mask.shape != shape[: mask.ndim]:
-        expected = f"{shape}" if len(shape) < 2 else f"{shape[:1]} (per example) or {shape}"
+    broadcast = broadcast_mask(mask := jnp.asarray(mask), shape)
+    if broadcast is None:
         problems.value_problem(
             f"mask of shape {mask.shape} does not match the {of} of shape {shape}; expected "
-            f"a mask of shape {expected}"
+            f"a mask of shape {mask_shapes(shape)}"
         )
         return jnp.ones(shape, bool)
-    mask = mask.astype(bool).reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
-    return jnp.broadcast_to(mask, shape)
+    return broadcast
 
 
 def _checked_labels_and_mask(

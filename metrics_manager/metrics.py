@@ -126,6 +126,17 @@ def float_identity(value: float = 0.0) -> jax.Array:
     return jnp.full((), value, jax.dtypes.canonicalize_dtype(jnp.float64))
 
 
+def broadcast_mask(mask: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
+    """`mask` as bool, broadcast to `shape` by CLU's rule (`Average`'s `_broadcast_masks`): its
+    first dim that of `shape`, its others equal or 1, missing trailing dims added, so a
+    (B,) or (B, 1) mask is per example; None if it does not fit."""
+    fits = mask.ndim <= len(shape) and mask.shape[:1] == shape[: mask.ndim][:1]
+    if not (fits and all(m in (1, s) for m, s in zip(mask.shape[1:], shape[1:], strict=False))):
+        return None
+    mask = mask.astype(bool).reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
+    return jnp.broadcast_to(mask, shape)
+
+
 def _values_and_mask(
     values: ArrayLike, mask: ArrayLike | None, metric: str
 ) -> tuple[jax.Array, jax.Array]:
@@ -145,19 +156,22 @@ def _values_and_mask(
         values = values.astype(jnp.result_type(values, jnp.float32))  # no bf16 rounding
     if mask is None:
         return values, jnp.ones(values.shape, bool)
-    mask = jnp.atleast_1d(jnp.asarray(mask))
-    if mask.shape != values.shape[: mask.ndim]:
-        expected = (
-            f"{values.shape[:1]} (per example) or {values.shape} (per element)"
-            if values.ndim > 1
-            else f"{values.shape}, one per value"
-        )
+    broadcast = broadcast_mask(mask := jnp.atleast_1d(jnp.asarray(mask)), values.shape)
+    if broadcast is None:
         raise ValueError(
             f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "
-            f"dimensions of values of shape {values.shape}; expected a mask of shape {expected}."
+            f"dimensions of values of shape {values.shape}; expected a mask of shape "
+            f"{mask_shapes(values.shape)}."
         )
-    mask = mask.astype(bool).reshape(mask.shape + (1,) * (values.ndim - mask.ndim))
-    return values, jnp.broadcast_to(mask, values.shape)
+    return values, broadcast
+
+
+def mask_shapes(shape: tuple[int, ...]) -> str:
+    """The mask shapes `broadcast_mask` takes for `shape`, for an error message."""
+    if len(shape) < 2:
+        return f"{shape}, one per value"
+    ones = shape[:1] + (1,) * (len(shape) - 1)
+    return f"{shape[:1]} or {ones} (per example) or {shape} (per element)"
 
 
 def _masked_sum(values: ArrayLike, mask: ArrayLike | None, metric: str) -> jax.Array:

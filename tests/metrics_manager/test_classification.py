@@ -3,6 +3,7 @@ merge properties; errors; and what google-metrax's versions do (why some are our
 
 import doctest
 import functools
+import math
 import warnings
 
 import jax
@@ -787,6 +788,25 @@ def test_messages_for_numpy_thresholds_log_likelihood_masks_and_binary_2_class_s
         Perplexity.from_log_likelihood(-jnp.ones(4), mask=jnp.ones(3, bool))
     with pytest.raises(ValueError, match=r"2-class scores.*jax.nn.softmax\(logits\)\[\.\.\., 1\]"):
         Precision.from_model_output(jnp.zeros((2, 2)), labels, average="binary")
+
+
+def test_a_per_example_mask_of_shape_b_1_broadcasts_as_in_clu():
+    """A (B, 1) mask beside (B, L) labels, which CLU's `Accuracy` takes, was refused."""
+    labels = jnp.array([[0, 1, 2], [1, 1, 0]])
+    logits = jnp.eye(3)[jnp.array([[0, 1, 1], [1, 0, 0]])]  # row 0: 2 of 3 right, row 1: 1
+    mask = jnp.array([[True], [False]])
+    assert float(TopKAccuracy.from_model_output(logits, labels, mask, k=1).compute()) == (
+        pytest.approx(2 / 3)
+    )
+    assert float(Precision.from_model_output(logits, labels, mask, average="micro").compute()) == (
+        pytest.approx(2 / 3)
+    )
+    # NLL log(e + 2) - 1, log(e + 2) - 1 and log(e + 2): exp(mean) = (e + 2) / e**(2/3)
+    assert float(Perplexity.from_model_output(logits, labels, mask).compute()) == pytest.approx(
+        (math.e + 2) / math.e ** (2 / 3)
+    )
+    with pytest.raises(ValueError, match=r"\(2,\) or \(2, 1\) \(per example\) or \(2, 3\)"):
+        TopKAccuracy.from_model_output(logits, labels, mask[:1], k=1)
 
 
 @pytest.mark.parametrize(

@@ -312,13 +312,24 @@ def test_mask_shape_mismatch_names_shapes():
         Max.from_model_output(jnp.zeros((2, 4)), mask=jnp.ones(3))
     assert str(error.value) == (
         "Max.from_model_output: mask of shape (3,) does not match the leading dimensions of "
-        "values of shape (2, 4); expected a mask of shape (2,) (per example) or (2, 4) (per "
-        "element)."
+        "values of shape (2, 4); expected a mask of shape (2,) or (2, 1) (per example) or "
+        "(2, 4) (per element)."
     )
     # 1-D values: one shape, once (it read "(3,) (per example) or (3,) (per element)")
     with pytest.raises(ValueError) as error:
         Sum.from_model_output(jnp.ones(3), mask=jnp.ones((3, 2)))
     assert str(error.value).endswith("expected a mask of shape (3,), one per value.")
+
+
+def test_a_per_example_mask_of_shape_b_1_broadcasts_as_in_clu():
+    """A (B, 1) mask beside (B, L) values, which CLU's `Average` takes, was refused."""
+    values, mask = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), jnp.array([[True], [False]])
+    assert float(Sum.from_model_output(values, mask=mask).compute()) == 6.0
+    assert float(Max.from_model_output(values, mask=mask).compute()) == 3.0
+    average = clu_metrics.Average.from_model_output(values, mask=mask)
+    assert float(average.compute()) == float(MeanStd.from_model_output(values, mask=mask).mean)
+    with pytest.raises(ValueError, match=r"mask of shape \(1, 3\)"):  # the batch dim must match
+        Sum.from_model_output(values, mask=jnp.ones((1, 3), bool))
 
 
 # --- unset steps / duration, keyword-only construction -----------------------------------
