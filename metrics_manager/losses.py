@@ -78,6 +78,11 @@ def _is_number(x: Any, types: tuple[type, ...] = (int, float)) -> bool:
     return isinstance(x, types) and not isinstance(x, bool)
 
 
+def _number_as_array(x: Any) -> Any:
+    """A Python number (T5X takes `z_loss=0.0`) as a float32 scalar, as a step returns one."""
+    return jnp.float32(x) if _is_number(x) else x
+
+
 def _kinds(kind: Any) -> tuple[Any, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
@@ -715,8 +720,8 @@ def compute_base_metrics(
     logits: jax.Array,
     targets: jax.Array,
     mask: jax.Array | None,
-    loss: jax.Array,
-    z_loss: jax.Array | None = None,
+    loss: jax.Array | float,
+    z_loss: jax.Array | float | None = None,
     segment_ids: Mapping[str, jax.Array | None] | None = None,
     *,
     token_losses: TokenLosses | None = None,
@@ -733,7 +738,8 @@ def compute_base_metrics(
     Args:
         logits, targets: As for `compute_token_losses`, with a leading batch axis.
         mask: Loss weights or padding mask (nonzero: a real token); None: all real.
-        loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`).
+        loss: The scalar loss, z-loss included (as from `compute_weighted_cross_entropy`);
+            a Python number is taken as float32, as T5X takes it.
         z_loss: Its scalar z-loss part, or None to leave out the z-loss keys.
         segment_ids: `{feature: [B, L] segment ids}` of packed features (0 = padding), or
             of unpacked ones their bool padding masks (`tokens != 0`), as T5X's models pass.
@@ -777,13 +783,14 @@ def compute_base_metrics(
         elif token_losses is not None:
             for field, value in token_losses._asdict().items():
                 problems.array(f"token_losses.{field}", value, None, shape=tuple(targets.shape))
-    problems.array("loss", loss, jnp.floating, ndim=0)
+    loss_value, z_value = _number_as_array(loss), _number_as_array(z_loss)
+    problems.array("loss", loss_value, jnp.floating, ndim=0)
     if z_loss is not None:
-        problems.array("z_loss", z_loss, jnp.floating, ndim=0)
+        problems.array("z_loss", z_value, jnp.floating, ndim=0)
     problems.metric_options(segment_ids, num_devices, targets)
     problems.raise_if_any()
     return _base_metrics(
-        logits, targets, mask, loss, z_loss, segment_ids, token_losses, factor, num_devices
+        logits, targets, mask, loss_value, z_value, segment_ids, token_losses, factor, num_devices
     )
 
 

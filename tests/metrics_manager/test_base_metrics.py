@@ -407,6 +407,19 @@ def test_labels_of_the_wrong_dtype_name_what_was_expected_and_what_came():
         losses.compute_loss_and_metrics(LOGITS, batch)
 
 
+def test_python_numbers_as_loss_and_z_loss_are_taken_as_in_t5x():
+    """`loss=2.0` or `z_loss=0.0` (T5X takes them) were refused: not a floating-point array."""
+    mask = (TARGETS > 0).astype(jnp.float32)
+    metrics = losses.compute_base_metrics(LOGITS, TARGETS, mask, 2, z_loss=0.5, num_devices=1)
+    values = _values(metrics)
+    assert (values["loss"], values["z_loss"], values["cross_ent_loss"]) == (2.0, 0.5, 1.5)
+    assert metrics["loss"].total.dtype == metrics["z_loss"].total.dtype == jnp.float32
+    with pytest.raises(TypeError, match=r"`z_loss` must be a floating-point array; got str '0'"):
+        losses.compute_base_metrics(LOGITS, TARGETS, mask, 2.0, z_loss="0", num_devices=1)
+    with pytest.raises(TypeError, match=r"`loss` must be a floating-point array; got bool True"):
+        losses.compute_base_metrics(LOGITS, TARGETS, mask, True, num_devices=1)
+
+
 def test_bad_shapes_and_arguments_are_all_listed():
     with pytest.raises(ValueError) as info:
         losses.compute_base_metrics(
