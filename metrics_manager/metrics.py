@@ -243,7 +243,16 @@ class Step(_ByKeyword, clu_metrics.Metric):
         return cls(steps=steps)
 
     def _merged_steps(self, other: "Step") -> ArrayLike:
-        return Step.compute(self) + Step.compute(other)
+        if self.steps is None or other.steps is None:  # compute()'s error blamed compute()
+            sides = " and ".join(
+                n for n, m in (("self", self), ("other", other)) if m.steps is None
+            )
+            raise ValueError(
+                f"{type(self).__name__}.merge: steps is None in {sides}; merged steps add up, so "
+                "each metric needs a count: make them with steps=1 (the default) and set the "
+                "window's count after merging, with set_step_metrics_num_steps(metrics, num_steps)."
+            )
+        return self.steps + other.steps
 
     def merge(self, other: "Step") -> "Step":
         return self.replace(steps=self._merged_steps(other))

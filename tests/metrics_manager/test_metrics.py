@@ -358,8 +358,18 @@ def test_merging_after_duration_is_set_raises():
 
 
 def test_merging_unset_steps_raises():
-    with pytest.raises(ValueError, match=r"AveragePerStep\.steps is None"):
-        AveragePerStep(total=1.0).merge(AveragePerStep(total=1.0, steps=None))
+    """The error blamed compute() ("Set it on the host before compute()") for a merge."""
+    unset = AveragePerStep.from_model_output(jnp.array([1.0, 2.0]), steps=None)
+    with pytest.raises(ValueError) as info:
+        AveragePerStep(total=1.0).merge(unset)
+    assert str(info.value).startswith(
+        "AveragePerStep.merge: steps is None in other; merged steps add up, so each metric "
+        "needs a count: make them with steps=1 (the default)"
+    )
+    with pytest.raises(ValueError, match=r"^StepsPerTime\.merge: steps is None in self and other"):
+        StepsPerTime(steps=None).merge(StepsPerTime(steps=None))
+    merged = AveragePerStep.from_model_output(jnp.array([1.0, 2.0])).merge(AveragePerStep(total=3))
+    assert merged.steps == 2 and float(merged.compute()) == 3.0
 
 
 @pytest.mark.parametrize(
