@@ -809,6 +809,8 @@ class MetricsManager:
             }
         call = "write_histograms" if arg == "arrays" else f"write_{arg}"  # write_scalar: -s
         problems.keys(values, self._keys_refused(step, {call: list(values)}))
+        if step is not None:  # as a summary's: the manager's own perf/mfu at that step too
+            problems.own_keys(values, self._own_prefixes)
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
             with jax.transfer_guard_device_to_host("allow"):

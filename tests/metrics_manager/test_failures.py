@@ -3378,3 +3378,31 @@ def test_every_calls_refused_keys_exist_before_the_first_is_refused(tmp_path, mo
         (1, 1.0, None),
         (2, None, "text"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("call", "key", "setting"),
+    [
+        (lambda m, k: m.write_scalars(5, {k: 0.25}), "perf/mfu", "flops_per_step"),
+        (lambda m, k: m.write_scalar(k, 0.25, 5), "system/host_cpu_percent", "system_metrics=True"),
+        (lambda m, k: m.write_texts(5, {k: "x"}), "perf/mfu", "flops_per_step"),
+    ],
+    ids=["scalars", "scalar", "texts"],
+)
+def test_a_write_under_the_managers_own_keys_is_refused(tmp_path, call, key, setting):
+    # write_scalars took 'perf/mfu' while the summary at the same step wrote the manager's
+    # own: two values of one key at step 5, as the summary refuses a metric's.
+    settings = {"flops_per_step": 1e9, "peak_flops_per_device": 1e12, "num_devices": 1}
+    with MetricsManager(
+        "train", tmp_path, writer_factory=files_and(), system_metrics=True, **settings
+    ) as manager:
+        manager.start_duration_timer()
+        with pytest.raises(ValueError, match=rf"keys \['{key}'\] are under .*{setting}.*rename"):
+            call(manager, key)
+        manager.write_scalars(5, {"lr": 0.5})  # a key of the loop's own still goes through
+        manager.write_metrics_summary({"loss": Sum(np.float32(2.0))}, 5, 1)
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [line["lr"] for line in lines if "lr" in line] == [0.5]
+    (summary,) = [line for line in lines if "loss" in line]
+    assert 0 < summary["perf/mfu"] == pytest.approx(summary["perf/tflops_per_second"])
+    assert manager.errors == []
