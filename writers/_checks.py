@@ -373,6 +373,13 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
                     "refuses to turn into text, as the writers do; pass float(value) (inf past "
                     "1.8e308), or raise sys.set_int_max_str_digits()"
                 )
+            elif problem := _text_problem(value):
+                problems.add(
+                    type(problem),
+                    f"hyperparameter {name!r} ({type(value).__name__}) cannot be turned into "
+                    f"text, as the writers write it: {problem}; pass str(value) where it works, "
+                    "or a number, str or list in its place",
+                )
             flat[name] = value
 
     for key, value in hparams.items():
@@ -574,6 +581,19 @@ def _holds_long_int(value: Any, depth: int = 0) -> bool:
     if isinstance(value, list | tuple | set | frozenset):
         return depth < 8 and any(_holds_long_int(item, depth + 1) for item in value)
     return isinstance(value, int) and not _as_text(value)
+
+
+def _text_problem(value: Any) -> Exception | None:
+    """Why `str(value)` or `repr(value)`, which the writers take, raises, else None."""
+    if type(value) in (str, float, bool, int) or value is None:  # the common case
+        return None
+    for text in (str, repr):
+        try:
+            text(value)
+        except Exception as err:  # noqa: BLE001  (the caller's own __str__)
+            kind = TypeError if isinstance(err, TypeError) else ValueError
+            return kind(f"{text.__name__}() raised {type(err).__name__}: {err}")
+    return None
 
 
 def _int(value: int) -> int:

@@ -2632,6 +2632,19 @@ class _Undecorated(Sum):  # a subclass without its own @flax.struct.dataclass: n
     pass
 
 
+class _NoText:
+    """A value whose str() (or only repr()) fails, as an object's own __str__ can."""
+
+    def __init__(self, fails: Any = str) -> None:
+        self.fails = fails
+
+    def __str__(self) -> str:
+        return str(1 / 0) if self.fails is str else "ok"
+
+    def __repr__(self) -> Any:
+        return 1 if self.fails is repr else "ok"
+
+
 BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "metric subclass not a pytree": (  # the worker's copy failed, and the whole summary
         lambda m: m.write_metrics_summary({"n": _Undecorated(jnp.float32(1))}, 1, 1),
@@ -2676,6 +2689,19 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         lambda m: m.write_hparams({"seeds": np.array([1, 10**5000], object), "lr": 0.1}),
         ValueError,
         r"hyperparameter 'seeds' holds an int of more than 4300 digits, which Python refuses",
+    ),
+    # Each writer takes its str() or repr(): every one failed in the background, naming no
+    # key, and lost the call's 'lr' too.
+    "an hparam whose str() raises": (
+        lambda m: m.write_hparams({"h": _NoText(), "lr": 0.1}),
+        ValueError,
+        r"hyperparameter 'h' \(_NoText\) cannot be turned into text, as the writers write "
+        r"it: str\(\) raised ZeroDivisionError: division by zero",
+    ),
+    "an hparam whose repr() is no str": (
+        lambda m: m.write_hparams({"opt": {"h": _NoText(repr)}}),
+        TypeError,
+        r"hyperparameter 'opt.h' \(_NoText\) .* repr\(\) raised TypeError: __repr__ returned",
     ),
     "a T5X Sum built on a vector": (  # its key was dropped on the worker
         lambda m: m.write_metrics_summary({"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, 1, 1),
