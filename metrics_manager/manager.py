@@ -501,7 +501,7 @@ class MetricsManager:
         # A loop sends the same metrics every time: check once, and again when a key, a
         # metric's type or settings, or a leaf's type, shape or dtype changes (~20 us for 30).
         seen = (keys, _signature(metrics), tuple(map(type, ready.values())))
-        if seen != self._keys_checked:
+        if fresh := seen != self._keys_checked:
             # By the call each key's value goes to: a Text's key is an MLflow artifact path,
             # not a metric name. Metrics to compute are taken as scalars (almost all are),
             # under the keys they write (a Collection 'c' writes 'c/<name>').
@@ -560,7 +560,7 @@ class MetricsManager:
                 # call, process 0 alone) failed this summary's future on that process alone.
                 self._summarizer.recorded = None
                 summary = self._summarizer.values(metrics, ready, step, num_steps, duration, why)
-                if any(self._summarizer.refused.values()):  # several processes, process 0
+                if fresh or any(self._summarizer.refused.values()):
                     self._refuse_computed(step, summary)
                 calls = self._summarizer.calls(step, summary)
                 if "abandoned" not in job.state:  # past a signal's bound the job went on
@@ -872,23 +872,29 @@ class MetricsManager:
             self._worker.post([(f"read {arg}", read, None), *self._fanout.pieces(step, None)])
         self._failures.raise_fatal()  # after queueing: this call's values are still written
 
-    def _keys_refused(self, step: int | None, calls: Mapping[str, Sequence[Any]]) -> str | None:
+    def _keys_refused(
+        self, step: int | None, calls: Mapping[str, Sequence[Any]], computed: bool = False
+    ) -> str | None:
         """Why a writer would refuse some keys of `calls` (method -> keys), for the call to
-        raise. With several processes the keys are left out of the writes instead, and each
-        recorded as a failure once: only process 0 has writers, and its error alone left the
-        others waiting in their next collective."""
+        raise. With several processes (or `computed`: a summary's, on the worker) the keys
+        are left out of the writes instead, and each recorded as a failure once: only process
+        0 has writers, and its error alone left the others waiting in their next collective."""
         found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
-        if not found or jax.process_count() == 1:
+        if not found or (jax.process_count() == 1 and not computed):
             return "; ".join(found) or None
+        instead = (
+            "Its metric computes this kind, known only once computed: the key is left out of "
+            "these writes instead"
+            if computed
+            else "With several processes the key is left out of every write instead: process "
+            "0 alone raising left the others waiting"
+        )
         for call, keys in calls.items():
             refused = self._refused(call)
             for key in keys:
                 if key not in refused and (problem := self._key_problem(call, [key])):
                     problem = problem.replace("nothing was written; ", "").rstrip(".")
-                    refused[key] = ValueError(
-                        f"{problem}. With several processes the key is left out of every "
-                        "write instead: process 0 alone raising left the others waiting."
-                    )
+                    refused[key] = ValueError(f"{problem}. {instead}.")
                     failure = Failure(f"metric:{key}", step, (key,), refused[key])
                     self._failures.record(failure, fatal=False)  # under "raise" too
         found = [  # what no single key explains is still refused at the call
@@ -899,14 +905,18 @@ class MetricsManager:
         return "; ".join(found) or None
 
     def _refuse_computed(self, step: int, summary: Mapping[str, Any]) -> None:
-        """Leaves out a refused key also from the kind of write its metric computes, known only
-        now: one refused as a scalar at the call that computes a histogram, image or text
-        failed the whole call in the writer refusing it (the call's other keys too), at each
-        summary."""
-        refused = {k for keys in self._summarizer.refused.values() for k in keys}
-        if found := {k: summary[k] for k in refused if k in summary}:
-            for call, kwargs in writers.group_values(found, skipped={}):
-                self._keys_refused(step, {call: list(next(iter(kwargs.values())))})
+        """Leaves out a key from the kind of write its metric computes, known only now (the
+        call checked metrics as scalars): a histogram, image or text under a key a writer
+        refuses in that kind (an artifact path MLflow refuses, or one refused as a scalar with
+        several processes) failed the whole call in that writer, the call's other keys too, at
+        each summary. Checked when the summary's keys or types change."""
+        found = {k: v for k, v in summary.items() if type(v) is not clu.values.Scalar}
+        calls: dict[str, list[str]] = {}  # audios: a call per sample rate
+        for call, kwargs in writers.group_values(found, skipped={}):
+            if call != "write_scalars":  # checked as scalars at the call
+                calls.setdefault(call, []).extend(next(iter(kwargs.values())))
+        if calls:
+            self._keys_refused(step, calls, computed=True)
 
     def _refused(self, call: str) -> dict[str, Exception]:
         """The keys left out of `call`'s writes."""

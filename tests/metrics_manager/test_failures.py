@@ -2433,6 +2433,45 @@ def test_a_left_out_metric_computing_a_histogram_is_left_out_of_the_histograms(
     assert [(f.source, f.step) for f in manager.errors] == [("metric:step", 1)] * 2
 
 
+def test_a_metric_computing_a_histogram_under_a_key_mlflow_refuses_as_a_path(tmp_path, monkeypatch):
+    # 'a/ b' is a fine MLflow metric name, so the call took it (metrics are checked as
+    # scalars), but no artifact path: MLflow refused each summary's write_histograms whole,
+    # losing the histogram 'h' at steps 1 and 2, a writer failure each toward quarantine.
+    from tests.writers.tracker_stores import sqlite_store
+
+    @flax.struct.dataclass
+    class Spread(Sum):
+        def compute_value(self):
+            return clu.values.Histogram(self.total + np.arange(4.0), 3)
+
+    monkeypatch.chdir(tmp_path)  # the store's artifacts: ./mlruns
+    url = sqlite_store(str(tmp_path / "mlflow"))
+    factory = _jsonl_and_mlflow({}, lambda: url, "computed", flush_secs=60.0)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        for step in (1, 2):
+            metrics = {"a/ b": Spread(np.float32(0.0)), "h": Spread(np.float32(step))}
+            manager.write_metrics_summary({**metrics, "loss": Sum(np.float32(step))}, step, 1)
+        manager.flush()
+        assert manager.health()["writers"]["mlflow"]["failures"] == 0
+    found = sorted(
+        p.relative_to(tmp_path / "mlruns").parts[4:]
+        for p in tmp_path.glob("mlruns/*/*/artifacts/histograms/*/*")
+    )
+    assert found == [("h", "step_00000001.json"), ("h", "step_00000002.json")]
+    # Left out of every writer's histograms, as a key refused at the call is.
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(x["step"], x.get("loss"), x.get("h", {}).get("min")) for x in lines] == [
+        (1, 1.0, None),
+        (1, None, 1.0),
+        (2, 2.0, None),
+        (2, None, 2.0),
+    ]
+    assert not any("a/ b" in x for x in lines)
+    (failure,) = manager.errors  # once, at the first summary
+    assert (failure.source, failure.step) == ("metric:a/ b", 1)
+    assert "histograms/<key>" in str(failure) and "left out of these writes" in str(failure)
+
+
 def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path, monkeypatch):
     # JSONL keeps `time` for its lines' wall time, but takes it as a hyperparameter: with
     # several processes, a scalar `time` left the config's `time` out of every later write.
