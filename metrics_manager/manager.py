@@ -116,7 +116,9 @@ class MetricsManager:
       resume_step: the step a restored checkpoint resumes from (an int, or the restored
         scalar `state.step`): the writers drop the values an earlier run wrote after it
         (TensorBoard `purge_step`, JSONL rewrite).
-      nonfinite: what a NaN or infinite scalar in a summary or `write_scalar(s)` does:
+      nonfinite: what a NaN or infinite scalar in a summary or `write_scalar(s)` does (a
+        float past float64's range, a long double 1e4000 or a Fraction, is written as inf,
+        as TensorBoard stores it, and counts as one):
         "ignore", "warn" (log once per key) or "stop" (a later call raises
         `MetricsManagerError` naming the step and keys: the next one once the worker has
         checked the values, at the latest `close()`). Summaries are checked on every

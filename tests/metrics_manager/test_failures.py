@@ -3325,6 +3325,31 @@ def test_nonfinite_stop_covers_write_scalars_and_the_raising_call_is_still_writt
     ]
 
 
+@pytest.mark.parametrize("policy", ["warn", "stop"])
+def test_a_float_past_float64s_range_is_written_as_inf_under_the_nonfinite_policy(
+    tmp_path, caplog, policy
+):
+    # np.longdouble("1e4000") is finite, but past float64's 1.8e308: every writer gets inf,
+    # which the policy takes as any other inf (warned of once by key, or the run stopped).
+    with MetricsManager("train", tmp_path, nonfinite=policy, writer_factory=files_and()) as m:
+        m.write_scalars(1, {"x": np.longdouble("1e4000"), "y": np.longdouble("-1e4000")})
+        if policy == "stop":
+            with pytest.raises(MetricsManagerError, match=r"step 1 for keys \['x', 'y'\]"):
+                m.flush()
+        m.write_scalars(2, {"x": np.longdouble("1e300"), "y": 1.0})  # in range: as it is
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [(line["step"], line["x"], line["y"]) for line in lines] == [
+        (1, "Infinity", "-Infinity"),
+        (2, 1e300, 1.0),
+    ]
+    warned = [r.getMessage() for r in caplog.records if "non-finite values at step" in r.message]
+    assert warned == (
+        []
+        if policy == "stop"
+        else ["MetricsManager 'train': non-finite values at step 1 for ['x', 'y']"]
+    )
+
+
 def test_nonfinite_warn_writes_every_summary(tmp_path):
     with MetricsManager(
         "train",
