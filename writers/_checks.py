@@ -510,8 +510,13 @@ def to_number(key: str, value: Any) -> int | float:
             return float(value)
         except OverflowError:  # a Fraction past float64's range: +-inf, as TensorBoard keeps it
             return -math.inf if value < 0 else math.inf
-        except ValueError:  # Decimal('sNaN'), which float() refuses: NaN, as Decimal('NaN')
-            return math.nan
+        except Exception as err:  # a Real of the program's own whose __float__ raises
+            if isinstance(value, decimal.Decimal) and value.is_snan():  # float() refuses it
+                return math.nan  # NaN, as Decimal('NaN')
+            raise ValueError(
+                f"scalar {key!r} must be a number, got {describe(value)}, whose float() raised "
+                f"{type(err).__name__}: {err}. Pass a float or int."
+            ) from err
     raise TypeError(
         f"scalar {key!r} must be a number, got {value!r} of type {type(value).__name__}. "
         "Write strings with write_texts."

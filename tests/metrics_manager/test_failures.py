@@ -2671,6 +2671,13 @@ class _Undecorated(Sum):  # a subclass without its own @flax.struct.dataclass: n
     pass
 
 
+class _NoFloat(fractions.Fraction):
+    """A `numbers.Real` whose float() raises, as a program's own number type's can."""
+
+    def __float__(self) -> float:
+        return float(1 / 0)
+
+
 class _NoText:
     """A value whose str() (or only repr()) fails, as an object's own __str__ can."""
 
@@ -2798,6 +2805,14 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         "'v'.*exactly one number.*histogram",
     ),
     "complex scalar": (lambda m: m.write_scalars(1, {"c": 1j}), TypeError, "'c'.*number"),
+    # A Real whose float() raised: its bare ZeroDivisionError named no key, nor the other.
+    "a Real whose float() raises": (
+        lambda m: m.write_scalars(1, {"r": _NoFloat(1, 3), "s": "abc", "ok": 1.0}),
+        TypeError,
+        r"write_scalars: 2 problems:\n  - scalar 's' must be a number, got 'abc' .*\n  - "
+        r"scalar 'r' must be a number, got _NoFloat _NoFloat\(1, 3\), whose float\(\) raised "
+        r"ZeroDivisionError: division by zero\. Pass a float or int\.$",
+    ),
     "timedelta scalar": (
         lambda m: m.write_scalars(1, {"t": np.timedelta64(5, "s")}),
         TypeError,
