@@ -272,9 +272,10 @@ class Summarizer:
         return calls
 
     def _checked(self, step: int, method: str, kwargs: dict[str, Any]) -> bool:
-        """Drops, as failed metrics, the keys of an image, histogram, audio or text call that
-        no writer would take (a NaN histogram, an [H, W] image): each writer refused the whole
-        call, the good keys too, and counted a failure toward its quarantine. False: none left."""
+        """Drops, as failed metrics, the keys of an image, histogram, audio, text or hparams
+        call that no writer would take (a NaN histogram, an [H, W] image, an unprintable
+        HyperParam): each writer refused the whole call, the good keys too, and counted a
+        failure toward its quarantine. False: none left."""
         if (spec := _KINDS.get(method)) is None:
             return True
         arg, kind = spec
@@ -285,6 +286,8 @@ class Summarizer:
                 problems = _checks.Problems("write_metrics_summary")
                 if kind == "text":
                     _checks.collect_texts({key: value}, problems)
+                elif kind == "hparam":  # a metric's HyperParam, as write_hparams checks it
+                    _checks.flat_hparams({key: value}, problems)
                 elif message := _checks.array_problem(kind, key, np.asarray(value)):
                     problems.value_problem(message)
                 elif kind == "histogram":
@@ -334,6 +337,7 @@ _KINDS = {  # the calls whose values are checked per key: method -> (argument, k
     "write_histograms": ("arrays", "histogram"),
     "write_audios": ("audios", "audio"),
     "write_texts": ("texts", "text"),
+    "write_hparams": ("hparams", "hparam"),
 }
 
 

@@ -3074,6 +3074,35 @@ def test_bad_input_is_refused_at_the_call_and_later_summaries_still_arrive(tmp_p
     assert manager.errors == []
 
 
+def test_a_metric_computing_an_unprintable_hyperparam_loses_that_key_alone(tmp_path):
+    # Checked at the call when ready, not when a metric computed it: each writer refused the
+    # summary's write_hparams whole at every step, losing 'lr', a failure toward quarantine.
+    @flax.struct.dataclass
+    class Hparam(Sum):
+        def compute_value(self):
+            total = float(self.total)
+            return clu.values.HyperParam(_NoText() if total < 0 else total)
+
+    with MetricsManager("train", tmp_path, writer_factory=files_and(), uptime=False) as manager:
+        for step in (1, 2):
+            metrics = {"bad": Hparam(jnp.float32(-1)), "lr": Hparam(jnp.float32(0.5))}
+            manager.write_metrics_summary({**metrics, "loss": Sum(np.float32(step))}, step, 1)
+    assert [str(e) for e in manager.errors] == [
+        f"metric:bad at step {step} (keys bad): ValueError: write_metrics_summary: "
+        "hyperparameter 'bad' (_NoText) cannot be turned into text, as the writers write it: "
+        "str() raised ZeroDivisionError: division by zero; pass str(value) where it works, or "
+        "a number, str or list in its place"
+        for step in (1, 2)
+    ]
+    assert {w: h["failures"] for w, h in manager.health()["writers"].items()} == {
+        "tensorboard": 0,
+        "jsonl": 0,
+    }
+    lines = read_jsonl(str(tmp_path / "train"))
+    assert [x["hparams"] for x in lines if "hparams" in x] == [{"lr": 0.5}, {"lr": 0.5}]
+    assert [(x["step"], x["loss"]) for x in lines if "loss" in x] == [(1, 1.0), (2, 2.0)]
+
+
 @pytest.mark.parametrize(
     ("key", "setting", "metric"),
     [
