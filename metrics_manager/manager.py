@@ -130,7 +130,8 @@ class MetricsManager:
         (or every `system_interval_s` where that is shorter, no more often than every 0.1 s).
       system_interval_s: least time between two summaries that write `system/*`.
       uptime: add `timing/uptime` to each metrics summary, as T5X's trainer does: seconds from
-        this manager's creation to the `write_metrics_summary` call (on `clock`).
+        this manager's creation to the `write_metrics_summary` call (on `clock`). A summary
+        metric of that name replaces it; a `write_scalars` of it is refused.
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu` (0 for 0, as
         `step_flops` counts a step without arithmetic).
@@ -813,6 +814,12 @@ class MetricsManager:
         problems.keys(values, self._keys_refused(step, {call: list(values)}))
         if step is not None:  # as a summary's: the manager's own perf/mfu at that step too
             problems.own_keys(values, self._own_prefixes)
+            if self._created is not None and _UPTIME in values:  # a summary's replaces it
+                problems.value_problem(
+                    f"key {_UPTIME!r} is written by the manager itself with uptime=True, at "
+                    "each summary's step: one would sit beside the other; rename yours, drop "
+                    "uptime=True, or pass yours in the summary's metrics (where it replaces it)"
+                )
         deferred: list[str] = []  # keys of device values still being computed: the worker reads
         if arg == "scalars":  # a ready device scalar is read now (under any transfer guard)
             with jax.transfer_guard_device_to_host("allow"):

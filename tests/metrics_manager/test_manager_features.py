@@ -367,6 +367,10 @@ def test_uptime_is_seconds_from_the_managers_creation_to_each_summary_call(tmp_p
         second = manager.write_metrics_summary(packed, 2, 1)  # 110
         # The loop's own `timing/uptime` wins.
         own = manager.write_metrics_summary({"timing/uptime": 7.0}, 3, 1)  # 111
+        # Written beside the manager's at a summary's step (two at step 3): refused, as its
+        # perf/* and system/* keys are.
+        with pytest.raises(ValueError, match=r"write_scalars: key 'timing/uptime' is written by"):
+            manager.write_scalars(3, {"timing/uptime": 5.0})
     assert first.result()["timing/uptime"].value == 3.0
     assert second.result()["timing/uptime"].value == 10.0
     assert own.result()["timing/uptime"].value == 7.0
