@@ -17,6 +17,9 @@ read as 0), `roc_auc_score` of the scores rounded down to `num_bins` bins, and
 seen something (`AUROC`: both classes), or once they have counted a NaN score (refused outside
 `jit`: argmax, top_k and thresholds would count it as a prediction).
 
+The scores are `predictions`; all but `AUROC`'s (probabilities) may come as `logits=`, as a CLU
+`Collection` beside CLU's `Accuracy` passes them (both at once are refused).
+
 Synopsis:
 
     def loss_fn(params, batch):
@@ -137,6 +140,40 @@ def _refuse_misspelled(cls: type, others: dict[str, Any], settings: tuple[str, .
                 f"{cls.__name__}.from_model_output: unknown keyword {name!r}; did you mean "
                 f"{close[0]!r}? Its settings are {', '.join(settings)}"
             )
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+# The default of `predictions` and `labels`: required, but a CLU `Collection` passes model
+# outputs by keyword and CLU's `Accuracy` takes `logits=`, which these scores may come as.
+_REQUIRED: Any = _Required()
+
+
+def _outputs(
+    cls: type, predictions: Any, labels: Any, others: dict[str, Any], probabilities: bool = False
+) -> tuple[Any, Any]:
+    """`predictions`, or `logits=` in their place unless they are `probabilities` (beside
+    which `logits=` is another metric's), and `labels`; refuses both scores, or neither."""
+    name, logits = f"{cls.__name__}.from_model_output", others.get("logits")
+    if predictions is not _REQUIRED and logits is not None and not probabilities:
+        raise TypeError(
+            f"{name}: got both predictions= and logits= as the scores; pass one of them"
+        )
+    if predictions is _REQUIRED and logits is not None and probabilities:
+        raise TypeError(
+            f"{name}: got logits= but no predictions=; AUROC takes scores in [0, 1] as "
+            "predictions=, e.g. predictions=jax.nn.sigmoid(logits)"
+        )
+    predictions = logits if predictions is _REQUIRED and logits is not None else predictions
+    if missing := [
+        n for n, v in (("predictions", predictions), ("labels", labels)) if v is _REQUIRED
+    ]:
+        also = "" if probabilities else " (the scores may come as logits=)"
+        raise TypeError(f"{name}: missing {' and '.join(missing)}; pass them{also}")
+    return predictions, labels
 
 
 def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
@@ -303,8 +340,8 @@ class _ConfusionCounts(_Counts):
     @classmethod
     def from_model_output(
         cls,
-        predictions: ArrayLike,
-        labels: ArrayLike,
+        predictions: ArrayLike = _REQUIRED,
+        labels: ArrayLike = _REQUIRED,
         mask: ArrayLike | None = None,
         *,
         threshold: float | None = None,
@@ -330,6 +367,7 @@ class _ConfusionCounts(_Counts):
         """
         _refuse_misspelled(cls, others, ("threshold", "average"))
         problems = Problems(f"{cls.__name__}.from_model_output")
+        predictions, labels = _outputs(cls, predictions, labels, others)
         predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         num_classes, binary, fits = 2, predictions.shape == labels.shape, True
         if binary:
@@ -470,8 +508,8 @@ class FBeta(_ConfusionCounts):
     @classmethod
     def from_model_output(  # type: ignore[override]
         cls,
-        predictions: ArrayLike,
-        labels: ArrayLike,
+        predictions: ArrayLike = _REQUIRED,
+        labels: ArrayLike = _REQUIRED,
         mask: ArrayLike | None = None,
         *,
         beta: float = 1.0,
@@ -489,6 +527,7 @@ class FBeta(_ConfusionCounts):
                 f"FBeta.from_model_output: beta must be a finite Python number > 0, got "
                 f"{describe(beta)}; use beta=1.0 for F1, 0.5 to favour precision, 2.0 recall"
             )
+        predictions, labels = _outputs(cls, predictions, labels, others)
         counts = super().from_model_output(
             predictions, labels, mask, threshold=threshold, average=average
         )
@@ -519,8 +558,8 @@ class TopKAccuracy(_Counts):
     @classmethod
     def from_model_output(
         cls,
-        predictions: ArrayLike,
-        labels: ArrayLike,
+        predictions: ArrayLike = _REQUIRED,
+        labels: ArrayLike = _REQUIRED,
         mask: ArrayLike | None = None,
         *,
         k: int,
@@ -534,6 +573,7 @@ class TopKAccuracy(_Counts):
         """
         _refuse_misspelled(cls, others, ("k",))
         problems = Problems(f"{cls.__name__}.from_model_output")
+        predictions, labels = _outputs(cls, predictions, labels, others)
         predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
@@ -589,8 +629,8 @@ class AUROC(_Counts):
     @classmethod
     def from_model_output(
         cls,
-        predictions: ArrayLike,
-        labels: ArrayLike,
+        predictions: ArrayLike = _REQUIRED,
+        labels: ArrayLike = _REQUIRED,
         mask: ArrayLike | None = None,
         *,
         num_bins: int = 1000,
@@ -604,6 +644,7 @@ class AUROC(_Counts):
         """
         _refuse_misspelled(cls, others, ("num_bins",))
         problems = Problems(f"{cls.__name__}.from_model_output")
+        predictions, labels = _outputs(cls, predictions, labels, others, probabilities=True)
         predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         if predictions.shape != labels.shape:
             expected = f"{labels.shape}, one score of the positive class per label"
@@ -664,7 +705,11 @@ class Perplexity(_Counts):
 
     @classmethod
     def from_model_output(
-        cls, predictions: ArrayLike, labels: ArrayLike, mask: ArrayLike | None = None, **_: Any
+        cls,
+        predictions: ArrayLike = _REQUIRED,
+        labels: ArrayLike = _REQUIRED,
+        mask: ArrayLike | None = None,
+        **others: Any,
     ) -> "Perplexity":
         """From logits [..., V] and integer labels [...]: log-softmax, then the labels' NLL.
 
@@ -674,6 +719,7 @@ class Perplexity(_Counts):
                 or the predictions are probabilities (rows in [0, 1] summing to 1).
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
+        predictions, labels = _outputs(cls, predictions, labels, others)
         predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:

@@ -39,6 +39,7 @@ from flax import nnx
 
 from metrics_manager import metrics as _metrics
 from metrics_manager.classification import (
+    _REQUIRED,
     AUROC,
     Perplexity,
     TopKAccuracy,
@@ -185,7 +186,10 @@ class Metric(nnx.metrics.Metric):
         call = {k: v for k, v in kwargs.items() if k not in renamed}
         call |= {renamed[k]: v for k, v in kwargs.items() if k in renamed}
         call = {k: v for k, v in call.items() if var_keyword or k in named} | dict(self.settings)
-        if missing := sorted({n for n, p in named.items() if p.default is p.empty} - call.keys()):
+        if "predictions" in call and "predictions" in named and "logits" not in named:
+            call.pop("logits", None)  # another metric's, beside these predictions
+        required = {n for n, p in named.items() if p.default is p.empty or p.default is _REQUIRED}
+        if missing := sorted(required - call.keys()):
             # Named as the caller would pass them: 'logits' or 'predictions'.
             names = [
                 " or ".join([*(repr(k) for k in renamed if renamed[k] == n), repr(n)])

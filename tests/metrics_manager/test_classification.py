@@ -772,7 +772,8 @@ def test_a_misspelled_setting_is_refused_not_ignored(cls, typo, meant):
     with pytest.raises(TypeError, match=rf"unknown keyword '{typo}'"):  # a NumPy scalar too
         cls.from_model_output(*args, **extra, **{typo: np.float64(1.0)})
     # Arrays are model outputs a Collection passes to every metric, whatever their names.
-    outputs = {"logits": scores, "weights": labels, "loss": 1.0, "betas": jnp.ones(3)}
+    # (logits= beside predictions= is refused: both are these metrics' scores.)
+    outputs = {"embeddings": scores, "weights": labels, "loss": 1.0, "betas": jnp.ones(3)}
     outputs["thresholds"] = [0.3, 0.5]  # a list: another metric's, not a misspelled setting
     metric = cls.from_model_output(*args, **extra, **outputs, **{typo: jnp.ones(2)})
     assert float(metric.compute()) == float(cls.from_model_output(*args, **extra).compute())
@@ -857,6 +858,65 @@ def test_missing_model_outputs_and_numpy_betas():
         assert float(fbeta.compute()) == pytest.approx(
             skm.fbeta_score(labels, scores > 0.5, beta=2)
         )
+
+
+def test_a_clu_collection_passes_logits_by_keyword_beside_clu_accuracy():
+    """A CLU `Collection` passes model outputs by keyword, and CLU's `Accuracy` takes
+    `logits=`: with `predictions` required, a Collection of both failed with Python's
+    "missing 1 required positional argument: 'predictions'"."""
+    import clu.metrics as clu_metrics
+
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((12, 4)).astype(np.float32)
+    labels = rng.integers(0, 4, 12).astype(np.int32)
+    mask = rng.random(12) < 0.75
+    collection = clu_metrics.Collection.create(
+        acc=clu_metrics.Accuracy,
+        top2=TopKAccuracy,
+        precision=Precision,
+        recall=Recall,
+        f2=FBeta,
+        perplexity=Perplexity,
+    )
+    values = collection.single_from_model_output(
+        logits=jnp.asarray(logits),
+        labels=jnp.asarray(labels),
+        mask=mask,
+        k=2,
+        beta=2.0,
+        average="micro",
+    ).compute()
+    kept, predicted = labels[mask], logits.argmax(-1)[mask]
+    accuracy = np.mean(predicted == kept)  # micro precision, recall and F2 of argmax too
+    top2 = np.mean([y in np.argsort(-row)[:2] for row, y in zip(logits[mask], kept, strict=True)])
+    shifted = logits[mask] - logits[mask].max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    perplexity = np.exp(-np.mean(log_probs[np.arange(kept.size), kept]))
+    assert 0 < accuracy < top2 < 1
+    expected = {"acc": accuracy, "top2": top2, "precision": accuracy, "recall": accuracy}
+    expected |= {"f2": accuracy, "perplexity": perplexity}
+    assert {k: float(v) for k, v in values.items()} == pytest.approx(expected, rel=1e-6)
+    # AUROC's scores are probabilities: beside logits= it takes predictions=, never logits.
+    with pytest.raises(
+        TypeError, match=r"^AUROC.from_model_output: got logits= but no predictions="
+    ):
+        clu_metrics.Collection.create(auroc=AUROC).single_from_model_output(
+            logits=jnp.zeros(4), labels=jnp.array([0, 1, 0, 1])
+        )
+    auroc = AUROC.from_model_output(
+        predictions=jnp.array([0.1, 0.4, 0.35, 0.8]),
+        logits=jnp.zeros(4),
+        labels=jnp.array([0, 0, 1, 1]),
+    )
+    assert float(auroc.compute()) == 0.75
+    with pytest.raises(
+        TypeError, match=r"^Recall.from_model_output: got both predictions= and logits="
+    ):
+        Recall.from_model_output(
+            predictions=jnp.eye(2), logits=jnp.eye(2), labels=jnp.array([0, 1])
+        )
+    with pytest.raises(TypeError, match=r"^Perplexity.from_model_output: missing predictions; "):
+        Perplexity.from_model_output(labels=jnp.array([0, 1]))
 
 
 def test_the_range_of_scores_outside_0_1_leaves_masked_ones_out():

@@ -180,6 +180,18 @@ def test_argmax_accuracy_reads_logits_beside_another_metrics_predictions():
         )
 
 
+def test_an_update_with_predictions_and_logits_gives_the_metric_its_predictions():
+    # FBeta.from_model_output refuses both (a CLU Collection passes logits= as the scores);
+    # update() passes it predictions= alone, as before, where predictions= come.
+    metrics = mnnx.MultiMetric(f1=mnnx.Metric(FBeta), auroc=mnnx.Metric(AUROC))
+    probs, labels = jnp.array([0.1, 0.9, 0.4, 0.6]), jnp.array([0, 1, 1, 1])
+    metrics.update(predictions=probs, logits=jnp.zeros((4, 3)), labels=labels)
+    # F1 at 0.5: tp 2, fp 0, fn 1, so 4 / 5; AUROC: 1 (0.1 below every positive).
+    assert {k: float(v) for k, v in metrics.compute().items()} == pytest.approx(
+        {"f1": 0.8, "auroc": 1.0}
+    )
+
+
 def test_bad_or_missing_settings_are_refused_when_the_metric_is_made():
     """They failed at the first update(), possibly inside a compiled step; `k` missing read
     "pass them to update()", and `k=0` "choose a smaller k"."""
