@@ -37,6 +37,15 @@ def test_scalars_line_matches_clu_format(log_lines):
     ]
 
 
+def test_scalar_keys_with_line_breaks_and_escapes_stay_on_one_line(log_lines):
+    # A key's "\n" split the line: `grep '^\[5\]'` lost `x=1.5`, and "\x1b[2J" cleared a terminal.
+    w = writers.LoggingWriter(collection="train")
+    w.write_scalars(5, {"k\nx": 1.5, "a\x1b[2J": 2, "z\u202eb": 0.25, "caf\u00e9 t": 3.0})
+    assert log_lines() == [
+        "[5] collection=train a\\x1b[2J=2, caf\u00e9 t=3, k\\nx=1.5, z\\u202eb=0.25"
+    ]
+
+
 def test_no_collection_part_without_a_collection(log_lines):
     w = writers.LoggingWriter()
     w.write_scalars(3, {"b": 2, "a": 1.0})
