@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -311,8 +312,12 @@ def test_nan_hparam_reads_as_a_nan_scalar_does():
     w = writers.ConsoleWriter(out)
     w.write_hparams({"lr": float("nan"), "wd": np.float32("nan"), "eps": float("inf")})
     w.write_scalars(1, {"lr": float("nan")})
+    # A jax bfloat16 (not a np.floating) and a 0-d array read `nan` here; "nan" text stays.
+    nans = {"bf": jnp.array(jnp.nan, jnp.bfloat16), "arr": np.array(np.nan), "s": "nan"}
+    w.write_hparams({**nans, "bf1": jnp.array(1.5, jnp.bfloat16)})
     assert out.getvalue() == (
         "hyperparameters\n  eps  inf\n  lr   NaN\n  wd   NaN\nstep 1\n  lr  NaN\n"
+        "hyperparameters\n  arr  NaN\n  bf   NaN\n  bf1  1.5\n  s    nan\n"
     )
 
 
