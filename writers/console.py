@@ -274,7 +274,7 @@ def _auto_color(stream: IO[str]) -> bool:
 
 
 def _number(value: int | float) -> str:
-    """Formats a scalar: ints exactly, floats of 1,000 or more whole with thousands separators
+    """Formats a scalar: ints exactly, floats that round to 1,000 or more whole with separators
     (`12,346`, not `1.235e+04`: a `Sum` of token counts reads exactly), others `.4g`, `NaN`,
     `inf`, `-inf`; from 1e15 on, `.4g` again.
 
@@ -285,16 +285,20 @@ def _number(value: int | float) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if math.isfinite(value):
-        return f"{value:,.0f}" if 1000 <= abs(value) < 1e15 else f"{value:.4g}"
+        # From 999.95 on, `.4g` reads `1000`: whole, as `1,000` is.
+        return f"{value:,.0f}" if _WHOLE <= abs(value) < 1e15 else f"{value:.4g}"
     if math.isnan(value):
         return "NaN"
     return "inf" if value > 0 else "-inf"
 
 
+_WHOLE = 999.95  # the least float `.4g` rounds to 1000
+
+
 def _numbers(values: Mapping[str, int | float]) -> dict[str, str]:
     """`_number(value)` for every item; a float below 1,000 in size takes a fast path."""
     return {
-        key: f"{value:.4g}" if type(value) is float and -1000.0 < value < 1000.0 else _number(value)
+        key: f"{value:.4g}" if type(value) is float and -_WHOLE < value < _WHOLE else _number(value)
         for key, value in values.items()
     }
 

@@ -224,12 +224,18 @@ def test_other_kinds_have_readable_lines():
 
 def test_number_and_duration_formatting():
     assert _number(999.94) == "999.9" and _number(1500.4) == "1,500"
+    # `.4g` rounds these up to `1000`: shown whole, as 1000.0 is (they read `1000`, `-1000`).
+    assert _number(999.95) == "1,000" and _number(-999.99) == "-1,000"
+    assert _number(999.9499999999999) == "999.9" and _number(1000.0) == "1,000"
     assert _number(123456.789) == "123,457" and _number(-2.5e14) == "-250,000,000,000,000"
     assert _number(1e15) == "1e+15" and _number(float("inf")) == "inf"
     # A float32 Sum of token counts reads exactly, not as 1.311e+05 (4 digits of 131,072).
     out = io.StringIO()
     writers.ConsoleWriter(out).write_scalars(3, {"nonpadding_tokens": 131072.0, "loss": 0.5})
     assert out.getvalue() == "step 3\n  loss               0.5\n  nonpadding_tokens  131,072\n"
+    out = io.StringIO()
+    writers.ConsoleWriter(out).write_scalars(4, {"a": 999.96, "b": 1000.4, "c": -999.99})
+    assert out.getvalue() == "step 4\n  a  1,000\n  b  1,000\n  c  -1,000\n"
     assert _duration(59.4) == "59s" and _duration(3600) == "1h 00m"
 
 
