@@ -4,9 +4,13 @@ Scalars: one line per call, `[<step>] collection=<name> k1=v1, k2=v2` (keys sort
 break in one shown as `\\n`, floats `.6g`, ` collection=<name>` only when set), so parsers of
 CLU's logs keep working. Other kinds as CLU logs them: shapes of arrays, the texts, a line per
 histogram with its buckets.
+
+Example:
+  >>> import writers
+  >>> w = writers.LoggingWriter(collection="train")
+  >>> w.write_scalars(10, {"loss": 0.25, "accuracy": 0.5})  # logs: [10] collection=train accuracy=0.5, loss=0.25
 """
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +19,7 @@ from absl import logging
 
 from writers import _checks
 from writers._base import BaseWriter
+from writers.console import _KEY_CONTROL, _escaped
 
 
 class LoggingWriter(BaseWriter):
@@ -36,7 +41,7 @@ class LoggingWriter(BaseWriter):
 
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
         # A key's line break or terminal escape is shown as `\n`, not run: one call, one line.
-        pairs = [(_CONTROL.sub(_escaped, k), v) for k, v in sorted(numbers.items())]
+        pairs = [(_KEY_CONTROL.sub(_escaped, k), v) for k, v in sorted(numbers.items())]
         text = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in pairs)
         self._log(step, "%s", text)
 
@@ -63,14 +68,6 @@ class LoggingWriter(BaseWriter):
     def _log(self, step: int, fmt: str, *args: Any) -> None:
         if args[-1]:  # an empty call's values ("", {}): no line, as in every other writer
             logging.info("[%d]%s " + fmt, step, self._prefix_tail, *args)
-
-
-# Control characters, and the bidi controls that reorder what follows them on a terminal.
-_CONTROL = re.compile("[\\x00-\\x1f\\x7f-\\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escaped(match: re.Match[str]) -> str:
-    return repr(match.group())[1:-1]  # "\n", "\x1b"
 
 
 def _shapes(values: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
