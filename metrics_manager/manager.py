@@ -205,7 +205,10 @@ class MetricsManager:
             problems.value_problem(problem)
         for arg, value in (("writer_factory", writer_factory), ("clock", clock)):
             if value is not None and not callable(value):
-                problems.type_problem(f"{arg} must be callable, got {value!r}")
+                hint = "; in gin write a reference, @writers.JsonlWriter, not a str" * (
+                    isinstance(value, str)
+                )
+                problems.type_problem(f"{arg} must be callable, got {value!r}{hint}")
         if writer_factory is None and hasattr(self, "_create_writer"):  # T5X's writer hook
             problems.type_problem(
                 f"{type(self).__name__} overrides _create_writer(name, summary_dir), T5X's hook "
@@ -213,8 +216,8 @@ class MetricsManager:
                 "be used); pass writer_factory=lambda logdir: <your writer(s)> instead: it "
                 "gets <summary_dir>/<name>, on process 0"
             )
-        problems.integer("max_pending", max_pending, minimum=1)
-        problems.integer("max_writer_failures", max_writer_failures, minimum=1)
+        problems.integer("max_pending", max_pending, minimum=1, gin=True)
+        problems.integer("max_writer_failures", max_writer_failures, minimum=1, gin=True)
         if isinstance(resume_step, jax.Array):
             if resume_step.shape == () and resume_step.dtype.kind in "iu":  # a restored step
                 resume_step = int(resume_step)  # read once, here
@@ -225,15 +228,16 @@ class MetricsManager:
                     "per device, one device's: int(state.step[0]))"
                 )
         if resume_step is not None and not isinstance(resume_step, jax.Array):
-            problems.integer("resume_step", resume_step, minimum=0)
+            problems.integer("resume_step", resume_step, minimum=0, gin=True)
         if num_devices is not None:
-            problems.integer("num_devices", num_devices, minimum=1)
+            problems.integer("num_devices", num_devices, minimum=1, gin=True)
         problems.choice("on_error", on_error, ("warn", "raise"))
         problems.choice("nonfinite", nonfinite, ("ignore", "warn", "stop"))
         flags = dict(uptime=uptime, system_metrics=system_metrics, handle_signals=handle_signals)
         for arg, flag in flags.items():
             if not isinstance(flag, bool):
-                problems.type_problem(f"{arg} must be True or False, got {flag!r}")
+                hint = "; in gin write True or False, without quotes" * isinstance(flag, str)
+                problems.type_problem(f"{arg} must be True or False, got {flag!r}{hint}")
         settings = dict(writer_deadline_s=writer_deadline_s, quarantine_s=quarantine_s)
         settings |= dict(flops_per_step=flops_per_step, peak_flops_per_device=peak_flops_per_device)
         settings |= dict(system_interval_s=system_interval_s)
@@ -975,7 +979,7 @@ def _read_value(arg: str, key: str, value: Any) -> Any:
 class _Problems(Problems):
     """`Problems` with the checks of the manager's public calls."""
 
-    def integer(self, what: str, value: Any, *, minimum: int) -> int:
+    def integer(self, what: str, value: Any, *, minimum: int, gin: bool = False) -> int:
         if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
             value = int(value)  # NumPy scalars are `numbers.Integral` already; 0-d arrays not
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -989,6 +993,8 @@ class _Problems(Problems):
                     hint += f"; for a one-off write outside it, pass {one}"
             elif isinstance(value, numbers.Real) and math.isfinite(value):  # T5X: int(step)
                 hint = f"; pass int({what})" if float(value).is_integer() else ""
+            elif gin and isinstance(value, str):
+                hint = "; in gin write a number, without quotes"
             self.type_problem(
                 f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
             )

@@ -276,3 +276,29 @@ def test_a_writer_set_given_after_a_top_level_config_keeps_its_synchronous_write
         assert not [n for n, w in inner.items() if isinstance(w, writers.AsyncWriter)], inner
     finally:
         manager.close()
+
+
+@pytest.mark.parametrize(
+    "binding, message",
+    [
+        ("max_pending = '4'", "max_pending must be an int, got '4' (str); in gin write a number"),
+        ("resume_step = '5000'", "resume_step must be an int, got '5000' (str); in gin write a"),
+        ("system_metrics = 'False'", "got 'False'; in gin write True or False, without quotes"),
+        (
+            "writer_factory = 'writers.JsonlWriter'",
+            "got 'writers.JsonlWriter'; in gin write a reference, @writers.JsonlWriter",
+        ),
+    ],
+)
+def test_a_quoted_manager_binding_is_refused_naming_the_gin_fix(binding, message, tmp_path):
+    """A manager binding quoted in gin (`MetricsManager.max_pending = '4'`) names the fix,
+    as the writers' (`flush_secs = '30'`) do: it said only "must be an int, got '4'"."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    gin.parse_config_files_and_bindings(
+        ["default.gin"], [f"metrics_manager.MetricsManager.{binding}"]
+    )
+    with pytest.raises(TypeError, match=re.escape(message)):
+        configured(metrics_manager.MetricsManager)("train", str(tmp_path))
+    assert not (tmp_path / "train").exists()
