@@ -302,3 +302,20 @@ def test_a_quoted_manager_binding_is_refused_naming_the_gin_fix(binding, message
     with pytest.raises(TypeError, match=re.escape(message)):
         configured(metrics_manager.MetricsManager)("train", str(tmp_path))
     assert not (tmp_path / "train").exists()
+
+
+def test_a_scoped_binding_reaches_only_a_manager_built_in_its_scope(tmp_path):
+    """The README: `train/...` bindings apply inside `gin.config_scope("train")` only; a
+    manager named "train" built outside it gets the unscoped ones (default.gin's)."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    gin.parse_config_files_and_bindings(
+        ["default.gin"], ["train/writers.create_default_writer.tensorboard = False"]
+    )
+    make = configured(metrics_manager.MetricsManager)
+    for name, scope in (("train", []), ("scoped", ["train"])):
+        with gin.config_scope(scope), make(name, str(tmp_path)) as manager:
+            manager.write_scalars(1, {"loss": 2.0})
+    assert sorted(p.name for p in (tmp_path / "scoped").iterdir()) == ["metrics.jsonl"]
+    assert len(list((tmp_path / "train").glob("events.out.tfevents.*"))) == 1
