@@ -64,6 +64,9 @@ class TextWriting(Protocol):
 def configured(fn: F) -> F:
     """Returns gin's wrapper of `fn` if a parsed config mentions it, else `fn` itself.
 
+    Call it after parsing: made before (`make = configured(MetricsManager)` at import), it is
+    `fn` itself, and the bindings parsed later never reach what it builds.
+
     Example:
       >>> import writers
       >>> make_writer = configured(writers.create_default_writer)
