@@ -63,7 +63,8 @@ class ConsoleWriter(BaseWriter):
         options = dict(stream=stream, collection=collection, total_steps=total_steps)
         _checks.check_options("ConsoleWriter", **options, color=color, clock=clock)
         self._stream = stream
-        self._collection = collection
+        # Escapes in it shown, not run, as in a key: a line break split every header.
+        self._collection = collection and _KEY_CONTROL.sub(_escaped, collection)
         self._total = total_steps
         self._color = color
         self._clock = clock

@@ -1,9 +1,9 @@
 """`LoggingWriter`: writes every value to the absl INFO log in CLU's line format.
 
 Scalars: one line per call, `[<step>] collection=<name> k1=v1, k2=v2` (keys sorted, a line
-break in one shown as `\\n`, floats `.6g`, ` collection=<name>` only when set), so parsers of
-CLU's logs keep working. Other kinds as CLU logs them: shapes of arrays, the texts, a line per
-histogram with its buckets.
+break in one or in the name shown as `\\n`, floats `.6g`, ` collection=<name>` only when set),
+so parsers of CLU's logs keep working. Other kinds as CLU logs them: shapes of arrays, the
+texts, a line per histogram with its buckets.
 
 Example:
   >>> import writers
@@ -34,7 +34,9 @@ class LoggingWriter(BaseWriter):
 
     def __init__(self, collection: str | None = None):
         _checks.check_options("LoggingWriter", collection=collection)
-        self._prefix_tail = f" collection={collection}" if collection else ""
+        # A line break in it is shown as `\n`, as in a key: it split every line in two.
+        shown = collection and _KEY_CONTROL.sub(_escaped, collection)
+        self._prefix_tail = f" collection={shown}" if shown else ""
 
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         self._log(step, "Got raw tensors: %s.", _shapes(values))

@@ -344,6 +344,17 @@ def test_closed_stdout_prints_nothing_as_print_does(monkeypatch):
 
 
 @pytest.mark.parametrize("color", [False, True])
+def test_a_line_break_in_the_collection_is_shown_not_run(color):
+    # `collection="a\nb"` put a raw line break (and a terminal escape, run) in every header.
+    out = io.StringIO()
+    writers.ConsoleWriter(out, collection="a\nb\x1b[2J", color=color).write_scalars(1, {"x": 1})
+    text = out.getvalue()
+    if color:
+        text = text.replace("\x1b[1m", "").replace("\x1b[36m", "").replace("\x1b[0m", "")
+    assert text == "step 1 | a\\nb\\x1b[2J\n  x  1\n"
+
+
+@pytest.mark.parametrize("color", [False, True])
 def test_blank_lines_of_a_text_have_no_trailing_spaces(color):
     out = io.StringIO()
     w = writers.ConsoleWriter(out, color=color)

@@ -108,3 +108,14 @@ def test_write_after_close_raises_and_close_is_idempotent(log_lines):
     with pytest.raises(writers.WriterClosedError, match="LoggingWriter.write_scalars"):
         w.write_scalars(1, {"a": 2})
     assert log_lines() == ["[0] a=1"]
+
+
+def test_a_line_break_in_the_collection_is_shown_not_run(log_lines):
+    # `collection="a\nb"` split every line: `[1] collection=a`, then `b x=1`.
+    w = writers.LoggingWriter(collection="a\nb\x1b[2J")
+    w.write_scalars(1, {"x": 1})
+    w.write_hparams({"lr": 0.1})
+    assert log_lines() == [
+        "[1] collection=a\\nb\\x1b[2J x=1",
+        "[Hyperparameters] collection=a\\nb\\x1b[2J {'lr': 0.1}",
+    ]
