@@ -277,7 +277,7 @@ def _auto_color(stream: IO[str]) -> bool:
 def _number(value: int | float) -> str:
     """Formats a scalar: ints exactly, floats that round to 1,000 or more whole with separators
     (`12,346`, not `1.235e+04`: a `Sum` of token counts reads exactly), others `.4g`, `NaN`,
-    `inf`, `-inf`; from 1e15 on, `.4g` again.
+    `inf`, `-inf`; from 1e15 on (or what rounds to it), `.4g` again.
 
     Example:
       >>> _number(0.123456), _number(12345.6), _number(123456.0), _number(12345), _number(2e15)
@@ -286,14 +286,16 @@ def _number(value: int | float) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if math.isfinite(value):
-        # From 999.95 on, `.4g` reads `1000`: whole, as `1,000` is.
-        return f"{value:,.0f}" if _WHOLE <= abs(value) < 1e15 else f"{value:.4g}"
+        # From 999.95 on, `.4g` reads `1000`: whole, as `1,000` is; what rounds to 1e15 reads
+        # `1e+15`, as 1e15 does.
+        return f"{value:,.0f}" if _WHOLE <= abs(value) < _HUGE else f"{value:.4g}"
     if math.isnan(value):
         return "NaN"
     return "inf" if value > 0 else "-inf"
 
 
 _WHOLE = 999.95  # the least float `.4g` rounds to 1000
+_HUGE = 999_999_999_999_999.5  # the least float `,.0f` rounds to 1,000,000,000,000,000
 
 
 def _numbers(values: Mapping[str, int | float]) -> dict[str, str]:

@@ -229,6 +229,9 @@ def test_number_and_duration_formatting():
     assert _number(999.9499999999999) == "999.9" and _number(1000.0) == "1,000"
     assert _number(123456.789) == "123,457" and _number(-2.5e14) == "-250,000,000,000,000"
     assert _number(1e15) == "1e+15" and _number(float("inf")) == "inf"
+    # 999999999999999.9 read `1,000,000,000,000,000` next to 1e15's `1e+15`.
+    assert _number(999_999_999_999_999.5) == "1e+15" and _number(-999_999_999_999_999.9) == "-1e+15"
+    assert _number(999_999_999_999_999.4) == "999,999,999,999,999"
     # A float32 Sum of token counts reads exactly, not as 1.311e+05 (4 digits of 131,072).
     out = io.StringIO()
     writers.ConsoleWriter(out).write_scalars(3, {"nonpadding_tokens": 131072.0, "loss": 0.5})
