@@ -175,21 +175,23 @@ class ConsoleWriter(BaseWriter):
         console = self._console[1]
         layout = _layout(tuple(lines))
         # Continuation lines of a multi-line value are indented under the value column
-        # (blank ones stay empty: no trailing spaces).
+        # (blank ones stay empty, as does an empty value's key line: no trailing spaces).
         indent = "\n" + " " * (min(_cells(layout[0][1]), _KEY_COLUMNS) + 4) if layout else ""
+        rows = [  # (key, its column with the gap, value)
+            (key, padded + "  " if v[:1] not in ("", "\n") else padded.rstrip(" "), v)
+            for key, padded in layout
+            for v in (_continued(lines[key], indent),)
+        ]
         if console is None:  # plain text, and no rendering cost
-            body = "".join(
-                f"\n  {padded}  " + _continued(lines[key], indent) for key, padded in layout
-            )
+            body = "".join(f"\n  {padded}{value}" for _, padded, value in rows)
             with self._broken_pipe(stream):
                 stream.write(_encodable(header + body + "\n", stream))
             return
         nums = numbers or {}
         pieces = [(header, "bold")]  # (text, style); non-finite numbers in red
-        for key, padded in layout:
+        for key, padded, value in rows:
             bad = key in nums and not (isinstance(nums[key], int) or math.isfinite(nums[key]))
-            value = _continued(lines[key], indent)
-            pieces += [("\n  ", ""), (padded, "cyan"), ("  " + value, "bold red" if bad else "")]
+            pieces += [("\n  ", ""), (padded, "cyan"), (value, "bold red" if bad else "")]
         pieces = [(_encodable(text, stream), style) for text, style in pieces]
         from rich.text import Text
 

@@ -369,6 +369,19 @@ def test_blank_lines_of_a_text_have_no_trailing_spaces(color):
 
 
 @pytest.mark.parametrize("color", [False, True])
+def test_an_empty_value_has_no_trailing_spaces(color):
+    # `write_texts(1, {"e": ""})` wrote "  e  " (and "  e        " beside a longer key).
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out, color=color)
+    w.write_texts(1, {"e": "", "longkey": "v", "n": "\nx"})
+    w.write_hparams({"h": ""})
+    text = out.getvalue()
+    if color:
+        text = text.replace("\x1b[1m", "").replace("\x1b[36m", "").replace("\x1b[0m", "")
+    assert text == "step 1\n  e\n  longkey  v\n  n\n           x\nhyperparameters\n  h\n"
+
+
+@pytest.mark.parametrize("color", [False, True])
 def test_a_stream_that_is_not_utf8_gets_escapes_not_an_error(tmp_path, color):
     # PYTHONIOENCODING=ascii or a latin-1 locale: each write with a non-ASCII key or text
     # raised UnicodeEncodeError, a writer failure every time.
