@@ -743,7 +743,8 @@ def shape_obj_to_defined_obj(obj: Any) -> Any:
     T5X fills every field with zeros, which is no identity for `Max`, `Min` or `LastValue`
     (a `Max` of losses below 0 read 0). Each field here holds the metric's `empty()` value
     broadcast to that shape and dtype; zeros, as in T5X, for a metric whose `empty()` has
-    other fields or raises. Fields without a shape (a `Time`'s unset duration) are kept.
+    other fields or does not broadcast, or that keeps CLU's base `empty()`. Fields without
+    a shape (a `Time`'s unset duration) are kept.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -756,12 +757,14 @@ def shape_obj_to_defined_obj(obj: Any) -> Any:
     if isinstance(obj, clu_metrics.Collection):
         fields = collection_fields(obj).items()
         return zeros.replace(**{name: shape_obj_to_defined_obj(m) for name, m in fields})
+    if getattr(type(obj).empty, "__func__", None) is clu_metrics.Metric.empty.__func__:
+        return zeros  # CLU's base `empty()`, which only raises: the metric defines no identity
+    empty = type(obj).empty()
+    if jax.tree.structure(empty) != jax.tree.structure(obj):  # type: ignore[operator]
+        return zeros
     try:
-        empty = type(obj).empty()
-        if jax.tree.structure(empty) != jax.tree.structure(obj):  # type: ignore[operator]
-            return zeros
         return jax.tree.map(lambda e, x: jnp.broadcast_to(e, x.shape).astype(x.dtype), empty, obj)
-    except (NotImplementedError, TypeError, ValueError):  # no identity of these shapes
+    except (TypeError, ValueError):  # an identity that does not broadcast to these shapes
         return zeros
 
 
