@@ -891,9 +891,11 @@ class MetricsManager:
         """Why a writer would refuse some keys of `calls` (method -> keys), for the call to
         raise. With several processes (or `computed`: a summary's, on the worker) the keys
         are left out of the writes instead, and each recorded as a failure once: only process
-        0 has writers, and its error alone left the others waiting in their next collective."""
+        0 has writers, and its error alone left the others waiting in their next collective.
+        A computed one in one process fails its summary under "raise", as a failed metric."""
         found = [p for call, ks in calls.items() if (p := self._key_problem(call, ks))]
-        if not found or (jax.process_count() == 1 and not computed):
+        several = jax.process_count() > 1
+        if not found or not (several or computed):
             return "; ".join(found) or None
         instead = (
             "Its metric computes this kind, known only once computed: the key is left out of "
@@ -909,7 +911,11 @@ class MetricsManager:
                     problem = problem.replace("nothing was written; ", "").rstrip(".")
                     refused[key] = ValueError(f"{problem}. {instead}.")
                     failure = Failure(f"metric:{key}", step, (key,), refused[key])
-                    self._failures.record(failure, fatal=False)  # under "raise" too
+                    if several:  # not fatal under "raise" either: process 0 alone has it
+                        self._failures.record(failure, fatal=False)
+                    else:  # one process: the summary's own failed metric, as a NaN histogram
+                        self._summarizer.recorded = failure
+                        self._failures.record(failure)
         found = [  # what no single key explains is still refused at the call
             p
             for call, ks in calls.items()

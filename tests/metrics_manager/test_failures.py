@@ -2472,6 +2472,36 @@ def test_a_metric_computing_a_histogram_under_a_key_mlflow_refuses_as_a_path(tmp
     assert "histograms/<key>" in str(failure) and "left out of these writes" in str(failure)
 
 
+def test_a_computed_histogram_under_a_refused_key_fails_its_summary_under_raise(tmp_path):
+    # One process, on_error="raise": a metric computing a histogram under a key a writer
+    # refuses as a histogram was left out and logged, but the summary's future held it and
+    # the run went on, where a NaN histogram (a value no writer takes) fails both.
+    @flax.struct.dataclass
+    class Spread(Sum):
+        def compute_value(self):
+            return clu.values.Histogram(self.total + np.arange(4.0), 3)
+
+    class Picky(writers.JsonlWriter):
+        def key_problem(self, method, keys):
+            bad = [k for k in keys if k.startswith("bad") and method == "write_histograms"]
+            return f"refuses the histograms {bad}" if bad else None
+
+    manager = MetricsManager("train", tmp_path, writer_factory=Picky, on_error="raise")
+    metrics = {"bad": Spread(np.float32(0.0)), "h": Spread(np.float32(1.0))}
+    future = manager.write_metrics_summary({**metrics, "loss": Sum(np.float32(1.0))}, 1, 1)
+    with pytest.raises(MetricsManagerError, match=r"metric:bad at step 1 .*refuses the histog"):
+        future.result()
+    with pytest.raises(MetricsManagerError, match="metric:bad at step 1"):
+        manager.flush()
+    manager.close()
+    assert [(f.source, f.step) for f in manager.errors] == [("metric:bad", 1)]
+    lines = read_jsonl(str(tmp_path / "train"))  # the other keys still written
+    assert [(x["step"], x.get("loss"), x.get("h", {}).get("min")) for x in lines] == [
+        (1, 1.0, None),
+        (1, None, 1.0),
+    ]
+
+
 def test_a_key_left_out_of_scalars_is_still_written_as_a_hyperparameter(tmp_path, monkeypatch):
     # JSONL keeps `time` for its lines' wall time, but takes it as a hyperparameter: with
     # several processes, a scalar `time` left the config's `time` out of every later write.
