@@ -562,11 +562,14 @@ def _finished(paths: Sequence[str]) -> bool:
 
     A `JsonlWriter` holds an flock on its log while it is open; /proc/locks lists it without
     taking a lock (a probe with flock could refuse a writer opening the log at that moment).
-    Event files and a URL log's parts carry no lock: such runs never count as finished."""
+    Event files and a URL log's parts carry no lock: such runs never count as finished.
+    Locks are matched by inode number alone: on a btrfs subvolume `stat` gives the
+    subvolume's own device, /proc/locks the file system's (a live run read as finished); a
+    lock on a file elsewhere with the same number only keeps it following."""
     try:
         with open("/proc/locks") as f:  # "1: FLOCK  ADVISORY  WRITE 12443 fe:00:2164336 0 EOF"
-            held = {line.split()[-3] for line in f}  # any kind: NFS emulates flock by POSIX
-    except OSError:
+            held = {line.split()[-3].rpartition(":")[2] for line in f}  # any kind: NFS
+    except OSError:  # emulates flock by POSIX locks
         return False
     for _, files in _find_runs(paths):
         for path in files:
@@ -574,9 +577,7 @@ def _finished(paths: Sequence[str]) -> bool:
                 return False
             if os.path.isdir(f"{path}.d"):  # continued as parts, which hold no lock
                 return False
-            info = os.stat(path)
-            major, minor = os.major(info.st_dev), os.minor(info.st_dev)
-            if f"{major:02x}:{minor:02x}:{info.st_ino}" in held:
+            if str(os.stat(path).st_ino) in held:
                 return False
     return True
 

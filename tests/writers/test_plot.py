@@ -695,6 +695,21 @@ def test_follow_with_max_redraws_returns_on_a_finished_run(tmp_path):
     finally:
         writer.close()
     assert plot._finished([str(tmp_path / "exp")])
+    # On a btrfs subvolume stat() gives the subvolume's device, /proc/locks the file
+    # system's: a live run read as finished (its log's lock not found under that device).
+    writer = writers.JsonlWriter(run, collection="train")
+    real_stat = os.stat
+
+    def subvolume_stat(path, *args, **kwargs):
+        info = real_stat(path, *args, **kwargs)
+        return os.stat_result((*info[:2], os.makedev(0, 47), *info[3:10]))
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(plot.os, "stat", subvolume_stat)
+            assert not plot._finished([str(tmp_path / "exp")])
+    finally:
+        writer.close()
     # A finished run with nothing to draw never will have: said once, not polled forever.
     writer = writers.JsonlWriter(str(tmp_path / "texts"))
     writer.write_texts(0, {"config": "x"})
