@@ -43,6 +43,7 @@ from metrics_manager.classification import (
     AUROC,
     Perplexity,
     TopKAccuracy,
+    _arrays,
     _check_mask,
     _ConfusionCounts,
 )
@@ -315,7 +316,11 @@ class Accuracy(Metric):
         if self.threshold is not None:
             if missing := sorted({"logits", "labels"} - kwargs.keys()):
                 raise TypeError(f"Accuracy.update: missing {missing}, got {sorted(kwargs)}")
-            logits, labels = jnp.asarray(kwargs["logits"]), jnp.asarray(kwargs["labels"])
+            # As the other metrics take them: int64 labels beyond int32 (a -2**63 sentinel)
+            # stay negative, not wrapped to class 0.
+            logits, labels = _arrays(
+                type(self), "update", **{k: kwargs[k] for k in ("logits", "labels")}
+            )
             if logits.shape != labels.shape:
                 raise ValueError(
                     f"Accuracy.update: with a threshold, logits (shape {logits.shape}) and labels "

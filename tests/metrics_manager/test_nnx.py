@@ -780,3 +780,15 @@ def test_a_threshold_leaves_out_an_ignore_index_as_the_argmax_does():
         mask=jnp.array([1.0, 0.0]),
     )
     assert float(accuracy.compute()) == 1.0
+
+
+def test_a_threshold_does_not_wrap_int64_labels_into_real_ones():
+    # Without x64, jnp.asarray wrapped an int64 sentinel of -2**63 to 0, a negative label: its
+    # score of 0.1 counted as a right prediction, 2 of 3 with nothing refused.
+    logits = np.array([0.2, 0.4, 0.1], np.float32)
+    labels = np.array([0, 1, np.iinfo(np.int64).min], np.int64)
+    accuracy = mnnx.Accuracy(threshold=0.5)
+    with pytest.raises(ValueError, match=r"1 of 3 labels where the mask is true are negative"):
+        accuracy.update(logits=logits, labels=labels)
+    accuracy.update(logits=logits, labels=labels, mask=np.array([True, True, False]))
+    assert float(accuracy.compute()) == 0.5
