@@ -344,7 +344,8 @@ class Accuracy(Metric):
                     "are 0 (negative) or above 0 (positive): mask the others out (under jit "
                     "they are left out)"
                 )
-            kwargs = {"values": correct, "mask": mask & ~ignored}
+            # At least 1-d: CLU's Average reads a mask's first dim (a 0-d one raised IndexError).
+            kwargs = {"values": correct, "mask": jnp.atleast_1d(mask & ~ignored)}
         super().update(**kwargs)
 
 

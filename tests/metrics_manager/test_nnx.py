@@ -792,3 +792,16 @@ def test_a_threshold_does_not_wrap_int64_labels_into_real_ones():
         accuracy.update(logits=logits, labels=labels)
     accuracy.update(logits=logits, labels=labels, mask=np.array([True, True, False]))
     assert float(accuracy.compute()) == 0.5
+
+
+def test_a_threshold_takes_one_example_at_a_time():
+    # A 0-d score and label (Flax's reads 1.0) raised IndexError once the mask was checked:
+    # CLU's Average reads the first dim of the mask it is given.
+    accuracy = mnnx.Accuracy(threshold=0.5)
+    accuracy.update(logits=jnp.float32(0.7), labels=jnp.int32(1))
+    accuracy.update(logits=jnp.float32(0.2), labels=jnp.int32(1))
+    accuracy.update(logits=jnp.float32(0.1), labels=jnp.int32(-100), mask=jnp.array(False))
+    assert float(accuracy.compute()) == 0.5
+    jitted = nnx.jit(lambda metric, logits, labels: metric.update(logits=logits, labels=labels))
+    jitted(accuracy, jnp.float32(0.9), jnp.int32(1))
+    assert float(accuracy.compute()) == pytest.approx(2 / 3)
