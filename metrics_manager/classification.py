@@ -106,9 +106,14 @@ def _checked_labels_and_mask(
         if unmasked.size:
             low, high = int(unmasked.min()), int(unmasked.max())
             if low < 0 or high >= num_classes:
+                # int64 labels beyond int32 come clipped to its bounds (`_arrays`): a sentinel
+                # of -2**63 is no -2**31 in the data.
+                bounds = np.iinfo(np.int32)
+                low_text = f"{low} or below" if low == bounds.min else str(low)
+                high_text = f"{high} or above" if high == bounds.max else str(high)
                 problems.value_problem(
                     f"labels must lie in [0, {num_classes}) for {num_classes} classes, got "
-                    f"values from {low} to {high} where the mask is true; {fix} (inside "
+                    f"values from {low_text} to {high_text} where the mask is true; {fix} (inside "
                     "jit, out-of-range labels are ignored like masked ones)"
                 )
     problems.raise_if_any()

@@ -960,10 +960,15 @@ def test_int64_labels_beyond_int32_are_not_wrapped_into_class_indices(cls):
     # as class 1, each a plausible prediction (0.75 where the three real labels give 1.0).
     logits = np.eye(3, dtype=np.float32)[[0, 1, 2, 1]]
     settings = {Precision: {"average": "micro"}, TopKAccuracy: {"k": 1}}.get(cls, {})
-    for far in (np.array(np.iinfo(np.int64).min), np.array(2**32 + 1, np.uint64)):
+    # The message names no value absent from the data (-2**31 or 2**31 - 1, as clipped).
+    spans = ("from -2147483648 or below to 2 where", "from 0 to 2147483647 or above where")
+    for far, span in zip(
+        (np.array(np.iinfo(np.int64).min), np.array(2**32 + 1, np.uint64)), spans, strict=True
+    ):
         labels = np.array([0, 1, 2, far]).astype(far.dtype)
-        with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)"):
+        with pytest.raises(ValueError, match=r"labels must lie in \[0, 3\)") as info:
             cls.from_model_output(logits, labels, **settings)
+        assert span in str(info.value)
         metric = cls.from_model_output(logits, labels, np.array([1, 1, 1, 0], bool), **settings)
         if cls is Perplexity:
             assert float(metric.compute()) == pytest.approx((np.e + 2) / np.e, rel=1e-6)
