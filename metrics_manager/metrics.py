@@ -763,7 +763,11 @@ def shape_obj_to_defined_obj(obj: Any) -> Any:
     if jax.tree.structure(empty) != jax.tree.structure(obj):  # type: ignore[operator]
         return zeros
     try:
-        return jax.tree.map(lambda e, x: jnp.broadcast_to(e, x.shape).astype(x.dtype), empty, obj)
+        return jax.tree.map(  # a field without a shape (a Python steps=1) is kept, as in zeros
+            lambda e, x: jnp.broadcast_to(e, x.shape).astype(x.dtype) if hasattr(x, "shape") else x,
+            empty,
+            obj,
+        )
     except (TypeError, ValueError):  # an identity that does not broadcast to these shapes
         return zeros
 

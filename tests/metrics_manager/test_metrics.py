@@ -475,6 +475,15 @@ def test_t5x_shape_obj_to_defined_obj_starts_merges_from_identities():
     assert float(merged["c"].compute()["top"]) == -1.0
 
 
+def test_shape_obj_to_defined_obj_keeps_fields_without_a_shape_as_documented():
+    # A concrete metric's Python number (steps=1) raised AttributeError on its identity's
+    # path; T5X keeps it, as the zeros path here does.
+    start = mm.shape_obj_to_defined_obj(AveragePerStep(total=jnp.float32(4.0), steps=1))
+    assert start.steps == 1 and type(start.steps) is int and float(start.total) == 0.0
+    start = mm.shape_obj_to_defined_obj(Max(value=jnp.float32(-2.0)))
+    assert float(start.value) == -math.inf
+
+
 def test_setters_reach_metrics_nested_in_dicts_lists_and_tuples():
     # T5X's setters are tree maps; nested metrics kept steps=1 here: 20 / 1 step read 20.
     metrics = {
