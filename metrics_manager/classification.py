@@ -159,9 +159,10 @@ _REQUIRED: Any = _Required()
 
 def _outputs(
     cls: type, predictions: Any, labels: Any, others: dict[str, Any], probabilities: bool = False
-) -> tuple[Any, Any]:
+) -> tuple[Any, Any, str]:
     """`predictions`, or `logits=` in their place unless they are `probabilities` (beside
-    which `logits=` is another metric's), and `labels`; refuses both scores, or neither."""
+    which `logits=` is another metric's), `labels`, and the scores' name as passed (for the
+    messages); refuses both scores, or neither."""
     name, logits = f"{cls.__name__}.from_model_output", others.get("logits")
     if predictions is not _REQUIRED and logits is not None and not probabilities:
         raise TypeError(
@@ -172,13 +173,15 @@ def _outputs(
             f"{name}: got logits= but no predictions=; AUROC takes scores in [0, 1] as "
             "predictions=, e.g. predictions=jax.nn.sigmoid(logits)"
         )
-    predictions = logits if predictions is _REQUIRED and logits is not None else predictions
+    scores = "predictions"
+    if predictions is _REQUIRED and logits is not None:
+        predictions, scores = logits, "logits"
     if missing := [
         n for n, v in (("predictions", predictions), ("labels", labels)) if v is _REQUIRED
     ]:
         also = "" if probabilities else " (the scores may come as logits=)"
         raise TypeError(f"{name}: missing {' and '.join(missing)}; pass them{also}")
-    return predictions, labels
+    return predictions, labels, scores
 
 
 def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
@@ -192,10 +195,10 @@ def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
 
 
 def _add_shape_problem(
-    problems: Problems, predictions: jax.Array, labels: jax.Array, expected: str
+    problems: Problems, scores: jax.Array, labels: jax.Array, expected: str, name: str
 ) -> None:
     problems.value_problem(
-        f"predictions of shape {predictions.shape} do not fit labels of shape {labels.shape}: "
+        f"{name} of shape {scores.shape} do not fit labels of shape {labels.shape}: "
         f"expected {expected}"
     )
 
@@ -226,7 +229,7 @@ def _arrays(cls: type, method: str = "from_model_output", **arrays: Any) -> list
 
 
 def _outside_unit_interval(
-    scores: jax.Array, mask: jax.Array, problems: Problems, fix: str
+    scores: jax.Array, mask: jax.Array, problems: Problems, fix: str, name: str = "predictions"
 ) -> jax.Array:
     """How many `scores` where `mask` is true are outside [0, 1] or NaN (logits passed as
     probabilities); outside jit, a count above 0 raises, naming their range and `fix`."""
@@ -238,7 +241,7 @@ def _outside_unit_interval(
         # str: 0.3, not 0.300..1
         span = "all NaN" if np.isnan(low) else f"from {low!s} to {high!s}, or NaN"
         problems.value_problem(
-            f"predictions must be probabilities in [0, 1]; {n} of "
+            f"{name} must be probabilities in [0, 1]; {n} of "
             f"{int(exact_count(jnp.broadcast_to(mask, counted.shape)))} unmasked are not "
             f"({span}): {fix}"
         )
@@ -246,7 +249,7 @@ def _outside_unit_interval(
     return outside
 
 
-def _nan_scores(scores: jax.Array, mask: jax.Array, problems: Problems) -> jax.Array:
+def _nan_scores(scores: jax.Array, mask: jax.Array, problems: Problems, name: str) -> jax.Array:
     """How many labels where `mask` is true have a NaN score (of any class, for [..., C]
     scores: pass the argmax's, which is NaN if any is): argmax and top_k rank NaN first, a
     threshold reads it as negative, each a plausible prediction. Outside jit, a count above
@@ -255,7 +258,7 @@ def _nan_scores(scores: jax.Array, mask: jax.Array, problems: Problems) -> jax.A
     count = exact_count(mask & nan)
     if not isinstance(count, jax.core.Tracer) and (n := int(count)):
         problems.value_problem(
-            f"predictions are NaN for {n} of {mask.size} labels where the mask is true, which "
+            f"{name} are NaN for {n} of {mask.size} labels where the mask is true, which "
             "would count as predictions (argmax and top_k rank NaN first, a threshold reads "
             "it as negative); check the model for a divergence or mask them out (under jit "
             "the value is NaN)"
@@ -372,8 +375,10 @@ class _ConfusionCounts(_Counts):
         """
         _refuse_misspelled(cls, others, ("threshold", "average"))
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = _outputs(cls, predictions, labels, others)
-        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
+        predictions, labels, name = _outputs(cls, predictions, labels, others)
+        predictions, labels = _arrays(
+            cls, "from_model_output", **{name: predictions, "labels": labels}
+        )
         num_classes, binary, fits = 2, predictions.shape == labels.shape, True
         if binary:
             if isinstance(threshold, np.floating | np.integer) and np.ndim(threshold) == 0:
@@ -403,10 +408,11 @@ class _ConfusionCounts(_Counts):
                 )
         else:
             shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
-            _add_shape_problem(problems, predictions, labels, shapes + " (one score per class)")
+            expected = shapes + " (one score per class)"
+            _add_shape_problem(problems, predictions, labels, expected, name)
             predicted, fits = jnp.zeros(labels.shape, jnp.int32), False
         fix = (  # class ids as predictions (sklearn's y_pred) read as binary scores
-            "predictions of the labels' shape are binary scores: for more classes pass "
+            f"{name} of the labels' shape are binary scores: for more classes pass "
             "[..., C] scores (logits), or predicted class ids as jax.nn.one_hot(ids, C)"
             if binary
             else "check the label vocabulary or the number of classes"
@@ -414,12 +420,12 @@ class _ConfusionCounts(_Counts):
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits, fix)
         if binary and threshold is None:  # NaN is outside [0, 1]
             fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
-            outside = _outside_unit_interval(predictions, mask, problems, fix)
+            outside = _outside_unit_interval(predictions, mask, problems, fix, name)
         elif binary:
-            outside = _nan_scores(predictions, mask, problems)
+            outside = _nan_scores(predictions, mask, problems, name)
         else:  # jnp.argmax picks a NaN: its score is NaN if any of the row's is, one read
             picked = take_last(predictions, predicted)
-            outside = _nan_scores(picked, mask, problems)
+            outside = _nan_scores(picked, mask, problems, name)
         average = "binary" if average is None and binary else average
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
@@ -532,9 +538,8 @@ class FBeta(_ConfusionCounts):
                 f"FBeta.from_model_output: beta must be a finite Python number > 0, got "
                 f"{describe(beta)}; use beta=1.0 for F1, 0.5 to favour precision, 2.0 recall"
             )
-        predictions, labels = _outputs(cls, predictions, labels, others)
         counts = super().from_model_output(
-            predictions, labels, mask, threshold=threshold, average=average
+            predictions, labels, mask, threshold=threshold, average=average, **others
         )
         return counts.replace(beta=float(beta))
 
@@ -578,13 +583,15 @@ class TopKAccuracy(_Counts):
         """
         _refuse_misspelled(cls, others, ("k",))
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = _outputs(cls, predictions, labels, others)
-        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
+        predictions, labels, name = _outputs(cls, predictions, labels, others)
+        predictions, labels = _arrays(
+            cls, "from_model_output", **{name: predictions, "labels": labels}
+        )
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
             expected = f"{labels.shape + ('C',)}, one score per class"
-            _add_shape_problem(problems, predictions, labels, expected)
+            _add_shape_problem(problems, predictions, labels, expected, name)
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
             problems.type_problem(f"k must be an int, got {describe(k)}")
         elif k < 1:
@@ -592,10 +599,10 @@ class TopKAccuracy(_Counts):
         elif fits and k > num_classes:
             problems.value_problem(
                 f"k={k} must lie in [1, {num_classes}] for {num_classes} classes (the last "
-                "axis of predictions); choose a smaller k or check the predictions' shape"
+                f"axis of {name}); choose a smaller k or check the {name}' shape"
             )
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits)
-        outside = _nan_scores(predictions, mask, problems)
+        outside = _nan_scores(predictions, mask, problems, name)
         if (sharding := vocab_sharding(predictions)) is not None:
             # top_k refuses a sharded axis; an Auto mesh all-gathers it the same way.
             whole = sharding.update(spec=jax.P(*sharding.spec[:-1], None))
@@ -649,11 +656,11 @@ class AUROC(_Counts):
         """
         _refuse_misspelled(cls, others, ("num_bins",))
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = _outputs(cls, predictions, labels, others, probabilities=True)
+        predictions, labels, _ = _outputs(cls, predictions, labels, others, probabilities=True)
         predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         if predictions.shape != labels.shape:
             expected = f"{labels.shape}, one score of the positive class per label"
-            _add_shape_problem(problems, predictions, labels, expected)
+            _add_shape_problem(problems, predictions, labels, expected, "predictions")
         if isinstance(num_bins, bool) or not isinstance(num_bins, int | np.integer):
             problems.type_problem(f"num_bins must be an int, got {describe(num_bins)}")
             num_bins = 1
@@ -724,12 +731,14 @@ class Perplexity(_Counts):
                 or the predictions are probabilities (rows in [0, 1] summing to 1).
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels = _outputs(cls, predictions, labels, others)
-        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
+        predictions, labels, name = _outputs(cls, predictions, labels, others)
+        predictions, labels = _arrays(
+            cls, "from_model_output", **{name: predictions, "labels": labels}
+        )
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
             expected = f"logits of shape {labels.shape + ('V',)}"
-            _add_shape_problem(problems, predictions, labels, expected)
+            _add_shape_problem(problems, predictions, labels, expected, name)
         vocab = predictions.shape[-1] if predictions.ndim else 1
         labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, fits)
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)
@@ -741,7 +750,7 @@ class Perplexity(_Counts):
             inside = ((scores > 0) & (scores < 1)).any(-1)
             if int(exact_count(mask)) and bool((unit | ~mask).all() & (inside & mask).any()):
                 problems.value_problem(
-                    "predictions look like probabilities (each unmasked row in [0, 1], "
+                    f"{name} look like probabilities (each unmasked row in [0, 1], "
                     "summing to 1), not logits; pass the logits, or jnp.log(probabilities)"
                 )
                 problems.raise_if_any()

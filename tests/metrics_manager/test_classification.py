@@ -919,6 +919,30 @@ def test_a_clu_collection_passes_logits_by_keyword_beside_clu_accuracy():
         Perplexity.from_model_output(labels=jnp.array([0, 1]))
 
 
+@pytest.mark.parametrize("name", ["predictions", "logits"])
+def test_messages_name_the_scores_as_they_were_passed(name):
+    """Scores passed as `logits=` were called "predictions" in every message."""
+    labels = jnp.array([0, 1, 1])
+    with pytest.raises(ValueError, match=rf"^Perplexity.*: {name} of shape \(4, 5\) do not fit"):
+        Perplexity.from_model_output(**{name: jnp.zeros((4, 5))}, labels=labels)
+    with pytest.raises(ValueError, match=rf": {name} look like probabilities \(each unmasked"):
+        Perplexity.from_model_output(**{name: jnp.full((3, 2), 0.5)}, labels=labels)
+    with pytest.raises(ValueError, match=rf"classes \(the last axis of {name}\); choose a"):
+        TopKAccuracy.from_model_output(**{name: jnp.zeros((3, 2))}, labels=labels, k=3)
+    with pytest.raises(
+        ValueError, match=rf"^Precision.*: {name} must be probabilities in \[0, 1\]"
+    ):
+        Precision.from_model_output(**{name: jnp.array([0.3, 2.0, 0.5])}, labels=labels)
+    with pytest.raises(ValueError, match=rf"^FBeta.*: {name} are NaN for 1 of 3 labels"):
+        FBeta.from_model_output(
+            **{name: jnp.array([jnp.nan, 1.0, 0.5])}, labels=labels, threshold=0.0
+        )
+    with pytest.raises(ValueError, match=rf"; {name} of the labels' shape are binary scores"):
+        Recall.from_model_output(**{name: jnp.array([0.1, 0.9, 0.5])}, labels=labels + 1)
+    with pytest.raises(TypeError, match=rf"^Recall.*: {name} must be an array of numbers, got str"):
+        Recall.from_model_output(**{name: "scores"}, labels=labels)
+
+
 def test_the_range_of_scores_outside_0_1_leaves_masked_ones_out():
     """A masked-out padding score of -1e9 was shown as the range's low end, and counted."""
     with pytest.raises(ValueError, match=r"; 1 of 3 unmasked are not \(from 0.3 to 2.0, or NaN\)"):
