@@ -18,7 +18,8 @@ seen something (`AUROC`: both classes), or once they have counted a NaN score (r
 `jit`: argmax, top_k and thresholds would count it as a prediction).
 
 The scores are `predictions`; all but `AUROC`'s (probabilities) may come as `logits=`, as a CLU
-`Collection` beside CLU's `Accuracy` passes them (both at once are refused).
+`Collection` beside CLU's `Accuracy` passes them. Given both (a Collection with `AUROC` too),
+`predictions=` are the scores and `logits=` another metric's, as in `metrics_manager.nnx`.
 
 Synopsis:
 
@@ -160,14 +161,11 @@ _REQUIRED: Any = _Required()
 def _outputs(
     cls: type, predictions: Any, labels: Any, others: dict[str, Any], probabilities: bool = False
 ) -> tuple[Any, Any, str]:
-    """`predictions`, or `logits=` in their place unless they are `probabilities` (beside
-    which `logits=` is another metric's), `labels`, and the scores' name as passed (for the
-    messages); refuses both scores, or neither."""
+    """`predictions`, or `logits=` in their place unless they are `probabilities`, `labels`,
+    and the scores' name as passed (for the messages); refuses them missing. Beside
+    `predictions=`, `logits=` are another metric's (a Collection passes CLU's `Accuracy` and
+    `AUROC` the same outputs): `metrics_manager.nnx.Metric` takes `predictions=` then too."""
     name, logits = f"{cls.__name__}.from_model_output", others.get("logits")
-    if predictions is not _REQUIRED and logits is not None and not probabilities:
-        raise TypeError(
-            f"{name}: got both predictions= and logits= as the scores; pass one of them"
-        )
     if predictions is _REQUIRED and logits is not None and probabilities:
         raise TypeError(
             f"{name}: got logits= but no predictions=; AUROC takes scores in [0, 1] as "
@@ -195,11 +193,22 @@ def _bin_counts(indices: jax.Array, where: jax.Array, length: int) -> jax.Array:
 
 
 def _add_shape_problem(
-    problems: Problems, scores: jax.Array, labels: jax.Array, expected: str, name: str
+    problems: Problems,
+    scores: jax.Array,
+    labels: jax.Array,
+    expected: str,
+    name: str,
+    others: dict[str, Any],
 ) -> None:
+    beside = (
+        "; the logits= passed beside them are not read (another metric's, as CLU's Accuracy "
+        "takes): to score those, give this metric a Collection of its own"
+        if name == "predictions" and others.get("logits") is not None
+        else ""
+    )
     problems.value_problem(
         f"{name} of shape {scores.shape} do not fit labels of shape {labels.shape}: "
-        f"expected {expected}"
+        f"expected {expected}{beside}"
     )
 
 
@@ -359,7 +368,8 @@ class _ConfusionCounts(_Counts):
         """Counts one batch.
 
         Args:
-            predictions: binary scores of the labels' shape, or [..., C] scores (argmax wins).
+            predictions: binary scores of the labels' shape, or [..., C] scores (argmax wins);
+                or as `logits=`, which beside `predictions=` are another metric's, not read.
             labels: integer class indices (0/1 for binary scores), shape [...].
             mask: bool mask over the labels' leading dimensions; False entries are ignored.
             threshold: binary scores only: where a score becomes a positive prediction.
@@ -409,7 +419,7 @@ class _ConfusionCounts(_Counts):
         else:
             shapes = f"{labels.shape} (binary scores) or {labels.shape + ('C',)} with C >= 2"
             expected = shapes + " (one score per class)"
-            _add_shape_problem(problems, predictions, labels, expected, name)
+            _add_shape_problem(problems, predictions, labels, expected, name, others)
             predicted, fits = jnp.zeros(labels.shape, jnp.int32), False
         fix = (  # class ids as predictions (sklearn's y_pred) read as binary scores
             f"{name} of the labels' shape are binary scores: for more classes pass "
@@ -576,6 +586,7 @@ class TopKAccuracy(_Counts):
         **others: Any,
     ) -> "TopKAccuracy":
         """Counts one batch of [..., C] scores per class and integer labels [...], 1 <= k <= C.
+        The scores may come as `logits=`, which beside `predictions=` are not read.
 
         Raises:
             TypeError: `labels` are not integers or `k` is not an int.
@@ -591,7 +602,7 @@ class TopKAccuracy(_Counts):
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
             expected = f"{labels.shape + ('C',)}, one score per class"
-            _add_shape_problem(problems, predictions, labels, expected, name)
+            _add_shape_problem(problems, predictions, labels, expected, name, others)
         if isinstance(k, bool) or not isinstance(k, int | np.integer):
             problems.type_problem(f"k must be an int, got {describe(k)}")
         elif k < 1:
@@ -660,7 +671,7 @@ class AUROC(_Counts):
         predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         if predictions.shape != labels.shape:
             expected = f"{labels.shape}, one score of the positive class per label"
-            _add_shape_problem(problems, predictions, labels, expected, "predictions")
+            _add_shape_problem(problems, predictions, labels, expected, "predictions", others)
         if isinstance(num_bins, bool) or not isinstance(num_bins, int | np.integer):
             problems.type_problem(f"num_bins must be an int, got {describe(num_bins)}")
             num_bins = 1
@@ -724,6 +735,7 @@ class Perplexity(_Counts):
         **others: Any,
     ) -> "Perplexity":
         """From logits [..., V] and integer labels [...]: log-softmax, then the labels' NLL.
+        The logits come as `predictions` or `logits=` (beside `predictions=`, not read).
 
         Raises:
             TypeError: `labels` are not integers.
@@ -738,7 +750,7 @@ class Perplexity(_Counts):
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
             expected = f"logits of shape {labels.shape + ('V',)}"
-            _add_shape_problem(problems, predictions, labels, expected, name)
+            _add_shape_problem(problems, predictions, labels, expected, name, others)
         vocab = predictions.shape[-1] if predictions.ndim else 1
         labels, mask = _checked_labels_and_mask(labels, mask, vocab, problems, fits)
         log_probs = jax.nn.log_softmax(predictions.astype(jnp.float32), axis=-1)

@@ -772,7 +772,6 @@ def test_a_misspelled_setting_is_refused_not_ignored(cls, typo, meant):
     with pytest.raises(TypeError, match=rf"unknown keyword '{typo}'"):  # a NumPy scalar too
         cls.from_model_output(*args, **extra, **{typo: np.float64(1.0)})
     # Arrays are model outputs a Collection passes to every metric, whatever their names.
-    # (logits= beside predictions= is refused: both are these metrics' scores.)
     outputs = {"embeddings": scores, "weights": labels, "loss": 1.0, "betas": jnp.ones(3)}
     outputs["thresholds"] = [0.3, 0.5]  # a list: another metric's, not a misspelled setting
     metric = cls.from_model_output(*args, **extra, **outputs, **{typo: jnp.ones(2)})
@@ -909,14 +908,41 @@ def test_a_clu_collection_passes_logits_by_keyword_beside_clu_accuracy():
         labels=jnp.array([0, 0, 1, 1]),
     )
     assert float(auroc.compute()) == 0.75
-    with pytest.raises(
-        TypeError, match=r"^Recall.from_model_output: got both predictions= and logits="
-    ):
-        Recall.from_model_output(
-            predictions=jnp.eye(2), logits=jnp.eye(2), labels=jnp.array([0, 1])
-        )
     with pytest.raises(TypeError, match=r"^Perplexity.from_model_output: missing predictions; "):
         Perplexity.from_model_output(labels=jnp.array([0, 1]))
+
+
+def test_a_clu_collection_with_auroc_and_clu_accuracy_scores_predictions_not_logits():
+    """A Collection of CLU's Accuracy (logits=) and AUROC (predictions=, probabilities)
+    passes both to every metric: Precision refused the pair ("pass one of them"), which a
+    Collection cannot. predictions= are the scores, as `metrics_manager.nnx` takes them."""
+    import clu.metrics as clu_metrics
+
+    logits = jnp.array([[2.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 3.0], [0.0, 0.5]])
+    labels = jnp.array([0, 1, 1, 1, 0])
+    probabilities = jax.nn.softmax(logits)[:, 1]  # 0.12, 0.73, 0.27, 0.95, 0.62
+    collection = clu_metrics.Collection.create(
+        acc=clu_metrics.Accuracy, auroc=AUROC, precision=Precision, recall=Recall, f1=FBeta
+    )
+    values = collection.single_from_model_output(
+        logits=logits, predictions=probabilities, labels=labels
+    ).compute()
+    # Predicted 1 at 0.5: rows 1, 3 and 4; labels 1: rows 1, 2 and 3. Tp 2, fp 1, fn 1.
+    expected = {"acc": 3 / 5, "auroc": 5 / 6, "precision": 2 / 3, "recall": 2 / 3, "f1": 2 / 3}
+    assert {k: float(v) for k, v in values.items()} == pytest.approx(expected, rel=1e-6)
+    # Macro over the argmax of 2-class predictions= equals that of the logits beside them.
+    both = Recall.from_model_output(
+        predictions=jax.nn.softmax(logits), logits=-logits, labels=labels, average="macro"
+    )
+    assert float(both.compute()) == pytest.approx((1 / 2 + 2 / 3) / 2)
+    # Predictions that do not fit say the logits beside them were not read, and the fix.
+    with pytest.raises(
+        ValueError,
+        match=r"predictions of shape \(5,\) do not fit .*; the logits= passed beside them are "
+        r"not read \(another metric's, as CLU's Accuracy takes\): to score those, give this "
+        r"metric a Collection of its own",
+    ):
+        TopKAccuracy.from_model_output(logits=logits, predictions=probabilities, labels=labels, k=1)
 
 
 @pytest.mark.parametrize("name", ["predictions", "logits"])
