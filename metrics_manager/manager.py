@@ -131,7 +131,8 @@ class MetricsManager:
       system_interval_s: least time between two summaries that write `system/*`.
       uptime: add `timing/uptime` to each metrics summary, as T5X's trainer does: seconds from
         this manager's creation to the `write_metrics_summary` call (on `clock`). A summary
-        metric of that name replaces it; a `write_scalars` of it is refused.
+        metric written under that key (a Collection `timing`'s `uptime` too) replaces it; a
+        `write_scalars` of it is refused.
       flops_per_step: FLOPs of one train step over all devices (`step_flops`); enables
         `perf/tflops_per_second` and, with a known peak, `perf/mfu` (0 for 0, as
         `step_flops` counts a step without arithmetic).
@@ -279,6 +280,7 @@ class MetricsManager:
         self._warned_order = False
         self._resume_step = resume_step if jax.process_index() == 0 else None  # until warned
         self._keys_checked: tuple[Any, ...] = ()
+        self._uptime = False  # whether the checked metrics leave `timing/uptime` to the manager
         self._host_fields = False  # the checked metrics have NumPy fields
         self._made: Any = None
         self._monitor: Any = None
@@ -500,15 +502,20 @@ class MetricsManager:
                             problems.value_problem(p)
                 if isinstance(array := getattr(value, "value", None), np.ndarray):
                     ready[key] = dataclasses.replace(value, value=array.copy())  # as write_images
-        if self._created is not None and _UPTIME not in metrics and _UPTIME not in ready:
-            ready = {**ready, _UPTIME: clu.values.Scalar(called - self._created)}
         step = problems.step("step", step)
         num_steps = problems.integer("num_steps", num_steps, minimum=1)
         keys = (*metrics, *ready)
         # A loop sends the same metrics every time: check once, and again when a key, a
         # metric's type or settings, or a leaf's type, shape or dtype changes (~20 us for 30).
         seen = (keys, _signature(metrics), tuple(map(type, ready.values())))
-        if fresh := seen != self._keys_checked:
+        uptime, fresh = self._uptime, seen != self._keys_checked
+        if fresh:  # the manager's uptime, unless a metric writes its key (a Collection's field)
+            written = _written_keys(metrics, ready)
+            uptime = _UPTIME not in written
+        if uptime and self._created is not None:
+            ready = {**ready, _UPTIME: clu.values.Scalar(called - self._created)}
+            keys = (*keys, _UPTIME)
+        if fresh:
             # By the call each key's value goes to: a Text's key is an MLflow artifact path,
             # not a metric name. Metrics to compute are taken as scalars (almost all are),
             # under the keys they write (a Collection 'c' writes 'c/<name>').
@@ -520,14 +527,13 @@ class MetricsManager:
             problems.not_pytrees(metrics)
             problems.not_scalars(metrics)
             problems.across_processes(metrics)
-            written = _written_keys(metrics, ready)
             problems.written_twice(written)
             problems.own_keys(written, self._own_prefixes)
             # NumPy fields (an eval summed on the host) are read on the worker, and a loop
             # resets them in place after the call: copied now, as write_images copies.
             self._host_fields = any(issubclass(kind, np.ndarray) for kind, _, _ in seen[1][1])
         problems.raise_if_any()
-        self._keys_checked = seen
+        self._keys_checked, self._uptime = seen, uptime
         if self._host_fields:
             metrics = jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, metrics)
         self._check_order(step)

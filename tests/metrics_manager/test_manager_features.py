@@ -385,6 +385,31 @@ def test_uptime_is_seconds_from_the_managers_creation_to_each_summary_call(tmp_p
         MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), uptime="yes")
 
 
+def test_a_collections_uptime_field_replaces_the_managers_uptime():
+    """A Collection 'timing' with a field 'uptime' writes `timing/uptime`, as the README
+    says a summary metric may: the summary was refused as writing that key twice."""
+    ticks = iter([100.0, 103.0, 110.0, 111.0])
+    timing = clu_metrics.Collection.create(uptime=clu_metrics.Average, steps=clu_metrics.Average)
+    collection = timing.single_from_model_output(values=jnp.float32(7.0))
+    loss = {"loss": clu_metrics.Average.from_model_output(jnp.float32(1.0))}
+    with MetricsManager(
+        "t", writer_factory=lambda d: writers.NoopWriter(), clock=lambda: next(ticks), uptime=True
+    ) as manager:  # made at 100
+        first = manager.write_metrics_summary({"timing": collection, **loss}, 1, 1)  # 103
+        second = manager.write_metrics_summary(loss, 2, 1)  # 110: the manager's again
+        third = manager.write_metrics_summary({"timing": collection, **loss}, 3, 1)  # 111
+    assert {k: float(v.value) for k, v in first.result().items()} == {
+        "timing/uptime": 7.0,
+        "timing/steps": 7.0,
+        "loss": 1.0,
+    }
+    assert {k: float(v.value) for k, v in second.result().items()} == {
+        "loss": 1.0,
+        "timing/uptime": 10.0,
+    }
+    assert third.result()["timing/uptime"].value == 7.0
+
+
 def test_int32_accumulators_near_wrapping_are_warned_once_per_key(caplog):
     big = Sum(jnp.int32(2**30 + 5))
     wrapped = jax.jit(lambda a, b: a.merge(b))(Sum(jnp.int32(2**30)), Sum(jnp.int32(2**30)))
