@@ -51,10 +51,14 @@ from writers._checks import Problems, describe
 
 __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summary_metrics"]
 
-SummaryMetrics = dict[str, clu_metrics.Metric | clu.values.Value]
+SummaryMetrics = dict[str, clu_metrics.Metric | clu_metrics.Collection | clu.values.Value]
 _LOG = logging.getLogger(__name__)
 _CLU_VALUE_NAMES = ("Scalar", "Text", "Image", "Audio", "Histogram", "HyperParam", "Summary")
-_CLU_TYPES = (clu_metrics.Metric, *(getattr(clu.values, name) for name in _CLU_VALUE_NAMES))
+_CLU_TYPES = (
+    clu_metrics.Metric,
+    clu_metrics.Collection,  # written as 'key/<field>', as beside metrics alone
+    *(getattr(clu.values, name) for name in _CLU_VALUE_NAMES),
+)
 
 
 class Metric(nnx.metrics.Metric):
@@ -546,8 +550,8 @@ def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -
         isinstance(value, int | float | np.number) or hasattr(value, "shape")
     ):
         problems.type_problem(
-            f"{key!r}: expected a number, an array of one element, a clu Metric or Value, an "
-            f"NNX Metric, Statistics or a dict of those, got {describe(value)}"
+            f"{key!r}: expected a number, an array of one element, a clu Metric, Collection or "
+            f"Value, an NNX Metric, Statistics or a dict of those, got {describe(value)}"
         )
     elif np.size(value) != 1:
         problems.value_problem(
@@ -567,8 +571,8 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
 
     Returns:
         name -> CLU metric (this module's, Flax's `Average`, `Accuracy`, `Welford`, metrax's
-        wrappers) or `clu.values.Value`: `Scalar`s; `Statistics` as `name`, `name/sem`,
-        `name/std`; dicts as `name/<key>`.
+        wrappers), CLU `Collection` (written as `name/<field>`) or `clu.values.Value`:
+        `Scalar`s; `Statistics` as `name`, `name/sem`, `name/std`; dicts as `name/<key>`.
 
     Raises:
         TypeError: `obj` is neither, or a value is not a number, array, metric or value.

@@ -537,3 +537,26 @@ def test_a_histogram_left_out_costs_the_call_no_other_key(tmp_path):
         (2, 10, 5),
     ]
     assert all("bad" not in x for x in lines)
+
+
+@pytest.mark.parametrize(
+    "plain", [3.0, jnp.float32(3.0), clu.values.Scalar(3.0)], ids=["float", "jax", "Scalar"]
+)
+def test_a_collection_beside_a_plain_value_writes_its_fields(tmp_path, plain):
+    """A plain value sent the dict through as_summary_metrics, which refused the Collection
+    ("'timing': expected a number, ..., got _InlineCollection") that beside a metric was
+    written as `timing/<field>`."""
+    timing = clu_metrics.Collection.create(steps=clu_metrics.Average)
+    collection = timing.single_from_model_output(values=jnp.array([2.0, 4.0]))
+    with MetricsManager("t", tmp_path, writer_factory=writers.JsonlWriter) as manager:
+        summary = manager.write_metrics_summary({"timing": collection, "x": plain}, 5, 1)
+    assert {k: float(v.value) for k, v in summary.result().items()} == {
+        "timing/steps": 3.0,
+        "x": 3.0,
+    }
+    (line,) = read_jsonl(str(tmp_path / "t"))
+    assert {k: v for k, v in line.items() if k not in ("time", "collection")} == {
+        "step": 5,
+        "timing/steps": 3.0,
+        "x": 3.0,
+    }
