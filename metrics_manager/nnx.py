@@ -54,6 +54,8 @@ __all__ = ["Accuracy", "Average", "Metric", "MultiMetric", "Welford", "as_summar
 SummaryMetrics = dict[str, clu_metrics.Metric | clu_metrics.Collection | clu.values.Value]
 _LOG = logging.getLogger(__name__)
 _CLU_VALUE_NAMES = ("Scalar", "Text", "Image", "Audio", "Histogram", "HyperParam", "Summary")
+# Their from_model_output reads logits= as its scores (AUROC's are probabilities: predictions=).
+_READS_LOGITS = (_ConfusionCounts, TopKAccuracy, Perplexity)
 _CLU_TYPES = (
     clu_metrics.Metric,
     clu_metrics.Collection,  # written as 'key/<field>', as beside metrics alone
@@ -66,8 +68,10 @@ class Metric(nnx.metrics.Metric):
 
     `update(**kwargs)` passes `metric_type.from_model_output` the arguments it accepts (so a
     `MultiMetric` can pass all metrics the same ones), renamed by `argnames`, plus `settings`;
-    `logits=` becomes `predictions=` for a type that takes only the latter, unless another
-    argument (`predictions=`, or one that `argnames` maps to it) supplies them.
+    `logits=` becomes `predictions=` for a type that takes only the latter (AUROC's
+    probabilities), unless another argument (`predictions=`, or one that `argnames` maps to
+    it) supplies them; Precision, Recall, FBeta, TopKAccuracy and Perplexity, which read
+    `logits=` themselves, get them as `logits=` (their messages name them so).
 
     Args:
         metric_type: a `clu.metrics.Metric` subclass, e.g. `metrics_manager.FBeta`.
@@ -205,6 +209,12 @@ class Metric(nnx.metrics.Metric):
                 f"{', '.join(names)} among the arguments {sorted(kwargs)}; pass "
                 "them to update(), or map your names with argnames={'yours': 'theirs'}"
             )
+        if (
+            renamed.get("logits") == "predictions"
+            and "logits" in kwargs
+            and issubclass(self.metric_type, _READS_LOGITS)
+        ):  # passed on as logits=, which these read: their messages name what came
+            call["logits"] = call.pop("predictions")
         self.state.set_value(self.metric.merge(self.metric_type.from_model_output(**call)))
 
     def compute(self) -> Any:

@@ -805,3 +805,24 @@ def test_a_threshold_takes_one_example_at_a_time():
     jitted = nnx.jit(lambda metric, logits, labels: metric.update(logits=logits, labels=labels))
     jitted(accuracy, jnp.float32(0.9), jnp.int32(1))
     assert float(accuracy.compute()) == pytest.approx(2 / 3)
+
+
+def test_logits_reach_the_metrics_that_read_them_as_logits():
+    # nnx renamed logits= to predictions=, so a bad shape read "predictions of shape (4, 5)"
+    # to a caller who passed logits=.
+    logits, labels = jnp.zeros((4, 5)), jnp.zeros(3, jnp.int32)
+    for metric in (mnnx.Metric(Perplexity), mnnx.Metric(FBeta), mnnx.Accuracy()):
+        with pytest.raises(ValueError, match=r"\.from_model_output: logits of shape \(4, 5\) do "):
+            metric.update(logits=logits, labels=labels)
+    # Accuracy() reads logits= beside AUROC's predictions=, and names them.
+    with pytest.raises(ValueError, match=r"^TopKAccuracy.from_model_output: logits of shape "):
+        mnnx.Accuracy().update(logits=logits, predictions=jnp.zeros(3), labels=labels)
+    with pytest.raises(ValueError, match=r"^AUROC.from_model_output: predictions of shape \(4,\)"):
+        mnnx.Metric(AUROC).update(logits=jnp.zeros(4), labels=labels)  # its probabilities
+    # The values are unchanged: NLLs log(1 + e**-2) and 2 + log(1 + e**-2), so a perplexity
+    # of e * (1 + e**-2); the top-1 hits 1 of 2.
+    perplexity, top1 = mnnx.Metric(Perplexity), mnnx.Metric(TopKAccuracy, k=1)
+    for metric in (perplexity, top1):
+        metric.update(logits=jnp.array([[2.0, 0.0], [0.0, 2.0]]), labels=jnp.array([0, 0]))
+    assert float(perplexity.compute()) == pytest.approx(np.e * (1 + np.e**-2), rel=1e-6)
+    assert float(top1.compute()) == 0.5
