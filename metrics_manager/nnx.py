@@ -198,6 +198,8 @@ class Metric(nnx.metrics.Metric):
         if "predictions" in call and "predictions" in named and "logits" not in named:
             call.pop("logits", None)  # another metric's, beside these predictions
         required = {n for n, p in named.items() if p.default is p.empty or p.default is _REQUIRED}
+        if "logits" in call and issubclass(self.metric_type, _READS_LOGITS):
+            required.discard("predictions")  # argnames={"scores": "logits"} supplies them
         if missing := sorted(required - call.keys()):
             # Named as the caller would pass them: 'logits' or 'predictions'.
             names = [

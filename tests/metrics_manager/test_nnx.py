@@ -826,3 +826,13 @@ def test_logits_reach_the_metrics_that_read_them_as_logits():
         metric.update(logits=jnp.array([[2.0, 0.0], [0.0, 2.0]]), labels=jnp.array([0, 0]))
     assert float(perplexity.compute()) == pytest.approx(np.e * (1 + np.e**-2), rel=1e-6)
     assert float(top1.compute()) == 0.5
+
+
+def test_argnames_onto_logits_supply_the_scores():
+    # argnames={"scores": "logits"} was refused: "missing 'logits' or 'predictions' among the
+    # arguments ['labels', 'scores']; ... map your names with argnames", as it had.
+    perplexity = mnnx.Metric(Perplexity, argnames={"scores": "logits"})
+    perplexity.update(scores=jnp.zeros((2, 3)), labels=jnp.array([0, 2]))
+    assert float(perplexity.compute()) == pytest.approx(3.0)  # uniform over 3: e**log(3)
+    with pytest.raises(ValueError, match=r"^Perplexity.from_model_output: logits of shape \(2, 3"):
+        perplexity.update(scores=jnp.zeros((2, 3)), labels=jnp.zeros(3, jnp.int32))
