@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import doctest
 import types
 
 import jax
@@ -12,6 +13,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import metrics_manager as mm
+from metrics_manager import flops
 
 M, K, N = 256, 128, 64
 MATMUL_FLOPS = 2 * M * N * K
@@ -23,6 +25,12 @@ def _matmul(a: jax.Array, b: jax.Array) -> jax.Array:
 
 def _operands() -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
     return jax.ShapeDtypeStruct((M, K), jnp.float32), jax.ShapeDtypeStruct((K, N), jnp.float32)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(flops)
+    assert result.attempted >= 6
+    assert result.failed == 0
 
 
 def test_matmul_flops_are_2mnk_for_every_kind_of_step():

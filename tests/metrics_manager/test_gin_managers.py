@@ -8,6 +8,7 @@ TensorBoard's `EventAccumulator` and `json`.
 
 from __future__ import annotations
 
+import doctest
 import functools
 import json
 import warnings
@@ -75,6 +76,15 @@ def write_window(manager: MetricsManager, step: int, loss: float) -> None:
         "timing/steps_per_second": StepsPerTime(),
     }
     manager.write_metrics_summary(metrics, step, num_steps=2).result()
+
+
+def test_docstring_examples_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # write_gin_config's uses tempfile.mkdtemp()
+    monkeypatch.setattr("tempfile.tempdir", None)
+    result = doctest.testmod(gin_utils)
+    assert result.attempted >= 6
+    assert result.failed == 0
+    assert (next(tmp_path.iterdir()) / "config.gin").read_text() == "a.b = 1"
 
 
 @pytest.mark.parametrize("config", sorted(TOP_LEVEL))

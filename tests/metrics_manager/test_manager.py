@@ -8,6 +8,7 @@ exact. Files written through the default writers are checked in
 
 from __future__ import annotations
 
+import doctest
 import functools
 import json
 import logging
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 import writers
+from metrics_manager import manager as manager_lib
 from metrics_manager import timer as timer_lib
 from metrics_manager.classification import AUROC
 from metrics_manager.manager import MetricsManager, MetricsManagerError
@@ -97,6 +99,12 @@ def make(writer: writers.MetricWriter | None = None, **kwargs: Any) -> MetricsMa
 
 def written(recorder: RecordingWriter) -> list[tuple[Any, ...]]:
     return [(method, *args) for method, args, _ in recorder.calls]
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(manager_lib)
+    assert result.attempted >= 5
+    assert result.failed == 0
 
 
 def test_t5x_case_summary_and_writer_calls():

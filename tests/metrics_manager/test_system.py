@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import doctest
 import json
 import logging
 import os
@@ -35,6 +36,12 @@ def _scripted(samples):
     """A sample_fn returning `samples` in order, then nothing."""
     it = iter(samples)
     return lambda: next(it, {})
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(system)
+    assert result.attempted >= 2
+    assert result.failed == 0
 
 
 def test_real_host_readings_are_in_range():

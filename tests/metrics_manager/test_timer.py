@@ -8,6 +8,7 @@ which is what keeps `timing/*` right for steps of microseconds.
 
 from __future__ import annotations
 
+import doctest
 import threading
 
 import jax
@@ -38,6 +39,12 @@ def _donated() -> jax.Array:
     jax.jit(lambda a: a * 2, donate_argnums=0)(x)
     assert x.is_deleted(), "CPU donation is expected to delete the input"
     return x
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(timer_lib)
+    assert result.attempted >= 2
+    assert result.failed == 0
 
 
 def test_already_ready_values_use_the_callers_clock_reading():
