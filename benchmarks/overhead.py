@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -57,6 +58,7 @@ TARGETS = {100: 1.02, 1: 1.15}
 
 
 WINDOW = 100
+BLOCK = 100  # steps per block of the paired measurement (`paired`)
 
 
 @dataclasses.dataclass
@@ -246,6 +248,63 @@ class Loops:
         finally:
             manager.close()
 
+    def blocks_none(self, slower: float = 0.0) -> Iterator[float]:
+        """(a) as endless blocks of `BLOCK` steps: yields each block's wall seconds.
+
+        Args:
+          slower: a block then sleeps this fraction of its own time: a known regression
+            (0.05: 5% slower) that shows what the paired measurement can resolve.
+        """
+        params, batch = self.fresh_params(), self.batch
+        while True:
+            start = time.perf_counter()
+            for _ in range(BLOCK):
+                params = self.step_none(params, batch)
+            jax.block_until_ready(params)
+            if slower:
+                time.sleep(slower * (time.perf_counter() - start))
+            yield time.perf_counter() - start
+
+    def blocks_library(self, every: int) -> Iterator[float]:
+        """(b) as endless blocks of `BLOCK` steps; a block ends once its summaries are written.
+
+        The blocks are offset by half a summary interval, so a summary every `BLOCK` steps
+        falls mid-block: its background work runs beside the block's steps, as in the loop,
+        instead of spilling into the next block (which may be one of (a)). A block ends when
+        the device finished its steps and the block's last summary is written (its future
+        resolved): whatever the loop would overlap with later steps is charged here.
+        """
+        from metrics_manager import MetricsManager  # noqa: PLC0415
+
+        params, batch = self.fresh_params(), self.batch
+        logdir = tempfile.mkdtemp(prefix="bench_blocks_")
+        manager = MetricsManager("train", summary_dir=logdir, writer_factory=make_writer)
+        steps, running, last = 0, None, None
+
+        def advance(count: int) -> None:
+            nonlocal params, running, steps, last
+            for _ in range(count):
+                params, running = self.step_library(params, running, batch)
+                steps += 1
+                if steps % every == 0:
+                    last = manager.write_metrics_summary(running, steps, every)
+                    running = None
+                    manager.start_duration_timer(block_on=params)
+
+        try:
+            manager.start_duration_timer(block_on=params)
+            advance(every // 2 % BLOCK)  # untimed
+            while True:
+                start = time.perf_counter()
+                advance(BLOCK)
+                jax.block_until_ready(params)
+                if last is not None:
+                    last.result()
+                yield time.perf_counter() - start
+        finally:
+            manager.close()
+            shutil.rmtree(logdir, ignore_errors=True)
+
     def _run_t5x(self, logdir: str, num_steps: int, every: int) -> Timing:
         import writers  # noqa: PLC0415
         from metrics_manager import (  # noqa: PLC0415
@@ -325,6 +384,8 @@ def run(
     summary_every: tuple[int, ...] = (100, 1),
     size: model.ModelSize = model.DEFAULT,
     explain_misses: bool | None = None,
+    pairs: int | None = None,
+    pair_repeats: int | None = None,
 ) -> common.Table:
     """Measures every variant at each summary frequency, interleaved; medians and ratios.
 
@@ -336,6 +397,8 @@ def run(
       size: model and batch sizes.
       explain_misses: for each missed target, add a cProfile of (b) at that frequency and
         a breakdown of one summary's host work to the notes (default: unless quick).
+      pairs: pairs of blocks per repeat of the paired measurement (default 40; quick 20).
+      pair_repeats: repeats of the paired measurement (default 5; quick 3).
 
     Returns:
       The table: one row per (frequency, variant) with the median wall seconds, microseconds
@@ -352,6 +415,21 @@ def run(
         for variant in VARIANTS
     }
     samples = common.interleaved(runs, repeats)
+    pairs = pairs or (20 if quick else 40)
+    pair_repeats = pair_repeats or (3 if quick else 5)
+    paired_ratios = {
+        every: paired(
+            loops.blocks_none(),
+            loops.blocks_library(every),
+            pairs=pairs,
+            repeats=pair_repeats,
+        )
+        for every in summary_every
+    }
+    # What the paired measurement resolves: (a) against itself made 5% slower.
+    resolution = paired(
+        loops.blocks_none(), loops.blocks_none(slower=0.05), pairs=pairs, repeats=pair_repeats
+    )
 
     table = common.Table(
         key="overhead",
@@ -371,7 +449,14 @@ def run(
             "from another process spoils a window, not a run; ratio = time / time of (a) at "
             "the same summary frequency; CPU ratio = the same for process CPU time (all "
             "threads), which steady load distorts less; median run = median of whole-run "
-            "times, with its own ratio."
+            "times, with its own ratio. The targets are read from the paired ratio: (a) "
+            f"and (b) run as two live loops, a block of {BLOCK} steps of each in turn, and "
+            "each (b) block over the (a) block next to it is one ratio (median over "
+            f"{pair_repeats} repeats of {pairs} pairs; spread = min-max of the repeats' "
+            "medians); a summary every 100 steps falls mid-block, and a (b) block ends once "
+            "its last summary is written, so no summary work is hidden in the next block. "
+            "The same measurement of (a) against (a) made 5% slower (a sleep of 5% of each "
+            "block) shows the regression it resolves."
         ),
         columns=[
             common.Column("summary", "summaries"),
@@ -384,6 +469,8 @@ def run(
             common.Column("run_seconds", "median run (s)", ".3f"),
             common.Column("run_ratio", "run ratio to (a)", ".3f", "x"),
             common.Column("spread", "per-run ratios (min-max)"),
+            common.Column("paired_ratio", "paired ratio to (a)", ".3f", "x"),
+            common.Column("paired_spread", "paired, repeats (min-max)"),
         ],
     )
     estimates = {key: estimate(timings, num_steps) for key, timings in samples.items()}
@@ -414,6 +501,17 @@ def run(
                     "spread": f"{min(per_run):.3f}x-{max(per_run):.3f}x",
                 }
             )
+            if variant == "library":
+                pair = paired_ratios[every]
+                table.rows[-1] |= {
+                    "paired_ratios": pair["ratios"],
+                    "paired_ratio": pair["ratio"],
+                    "paired_repeat_ratios": pair["repeat_ratios"],
+                    "paired_quartiles": pair["quartiles"],
+                    "paired_spread": "{:.3f}x-{:.3f}x".format(
+                        min(pair["repeat_ratios"]), max(pair["repeat_ratios"])
+                    ),
+                }
     names = {
         "library": "overhead",
         "dict": "overhead, unpacked merge (pack=False)",
@@ -422,14 +520,30 @@ def run(
     }
     for variant, name in names.items():
         for row in table.rows:
-            if row["variant"] == variant:
+            if row["variant"] == variant and "paired_ratio" in row:
+                table.headlines.append(
+                    f"{name} ({row['summary']}): {row['paired_ratio']:.3f}x (paired blocks, "
+                    f"repeats {row['paired_spread']}); whole runs {row['ratio']:.3f}x "
+                    f"(runs {row['spread']})"
+                )
+            elif row["variant"] == variant:
                 table.headlines.append(
                     f"{name} ({row['summary']}): {row['ratio']:.3f}x (runs {row['spread']})"
                 )
+    repeat_ratios = resolution["repeat_ratios"]
+    spread = f"{min(repeat_ratios):.3f}x-{max(repeat_ratios):.3f}x"
+    table.headlines.append(
+        f"paired blocks, (a) made 5% slower over (a): {resolution['ratio']:.3f}x "
+        f"(repeats {spread}): the regression the paired ratios resolve"
+    )
     for row in table.rows:
         if row["variant"] == "library" and row["every"] in TARGETS:
             table.targets.append(
-                common.Target(f"overhead ({row['summary']})", row["ratio"], TARGETS[row["every"]])
+                common.Target(
+                    f"overhead ({row['summary']}, paired blocks)",
+                    row["paired_ratio"],
+                    TARGETS[row["every"]],
+                )
             )
     if explain_misses is None:
         explain_misses = not quick
@@ -439,6 +553,50 @@ def run(
                 every = next(e for e in summary_every if summary_name(e) in target.name)
                 table.notes.append(explain(loops, every, num_steps=min(num_steps, 500)))
     return table
+
+
+def paired(base: Iterator[float], other: Iterator[float], *, pairs: int, repeats: int) -> dict:
+    """`other`'s time over `base`'s, from adjacent blocks: the ratio the targets are read from.
+
+    Two live loops run side by side, one block of each in turn (which goes first
+    alternates), so each ratio compares two blocks timed ~0.1 s apart: load that drifts over
+    seconds, which moves whole runs by +-10% on a shared machine, hits both blocks alike.
+
+    Args:
+      base: block times of the baseline loop, e.g. `Loops.blocks_none()`; closed at the end.
+      other: block times of the loop measured against it; closed at the end.
+      pairs: pairs of blocks per repeat.
+      repeats: repeats, one after another; the spread is over their medians.
+
+    Returns:
+      "ratios": every pair's ratio, in order; "ratio": their median; "repeat_ratios": each
+      repeat's median, in order; "quartiles": the pairs' first and third quartiles.
+    """
+    try:
+        for _ in range(3):  # the first blocks pay for a manager's start and first summary
+            next(base)
+            next(other)
+        ratios: list[float] = []
+        for i in range(pairs * repeats):
+            if i % 2:
+                b = next(other)
+                a = next(base)
+            else:
+                a = next(base)
+                b = next(other)
+            ratios.append(b / a)
+    finally:
+        other.close()
+        base.close()
+    quartiles = statistics.quantiles(ratios, n=4)
+    return {
+        "ratios": ratios,
+        "ratio": common.median(ratios),
+        "repeat_ratios": [
+            common.median(ratios[r * pairs : (r + 1) * pairs]) for r in range(repeats)
+        ],
+        "quartiles": (quartiles[0], quartiles[2]),
+    }
 
 
 def run_time(timing: Timing, num_steps: int) -> float:

@@ -146,7 +146,13 @@ def test_count_transfers_sees_per_leaf_gets_threads_and_numpy():
 
 def test_overhead_smoke():
     table = overhead.run(
-        num_steps=4, repeats=2, summary_every=(2,), size=model.SMALL, explain_misses=False
+        num_steps=4,
+        repeats=2,
+        summary_every=(2,),
+        size=model.SMALL,
+        explain_misses=False,
+        pairs=3,
+        pair_repeats=2,
     )
     _check_structure(table)
     assert [row["variant"] for row in table.rows] == list(overhead.VARIANTS)
@@ -164,12 +170,30 @@ def test_overhead_smoke():
     assert len(ratios) == 2 and all(r > 0 for r in ratios)
     spread = f"{min(ratios):.3f}x-{max(ratios):.3f}x"
     assert library["spread"] == spread
-    assert (
-        f"overhead (summary every 2 steps): {library['ratio']:.3f}x (runs {spread})"
-        in table.headlines
+    # The paired measurement: 2 repeats of 3 pairs of blocks, each ratio (b) over (a).
+    pairs = library["paired_ratios"]
+    assert len(pairs) == 6 and all(r > 0 for r in pairs)
+    assert library["paired_ratio"] == common.median(pairs)
+    repeat_ratios = [common.median(pairs[:3]), common.median(pairs[3:])]
+    assert library["paired_repeat_ratios"] == repeat_ratios
+    paired_spread = f"{min(repeat_ratios):.3f}x-{max(repeat_ratios):.3f}x"
+    assert library["paired_spread"] == paired_spread
+    assert table.headlines[0] == (
+        f"overhead (summary every 2 steps): {library['paired_ratio']:.3f}x (paired blocks, "
+        f"repeats {paired_spread}); whole runs {library['ratio']:.3f}x (runs {spread})"
     )
+    assert [t.value for t in table.targets] == []  # no target for a summary every 2 steps
     pattern = r".+ \(summary every .+\): \d+\.\d{3}x \(runs \d+\.\d{3}x-\d+\.\d{3}x\)"
-    assert all(re.fullmatch(pattern, h) for h in table.headlines)
+    assert all(re.fullmatch(pattern, h) for h in table.headlines[1:-1])
+    # What the paired blocks resolve: (a) against itself with a 5% sleep after each block.
+    resolution = re.fullmatch(
+        r"paired blocks, \(a\) made 5% slower over \(a\): (\d+\.\d{3})x \(repeats "
+        r"(\d+\.\d{3})x-(\d+\.\d{3})x\): the regression the paired ratios resolve",
+        table.headlines[-1],
+    )
+    assert resolution is not None
+    low, high = float(resolution[2]), float(resolution[3])
+    assert low <= float(resolution[1]) <= high
 
 
 def test_estimate_takes_median_windows_plus_median_tail():
