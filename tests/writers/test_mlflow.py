@@ -187,7 +187,9 @@ def test_texts_images_videos_audio_histograms_are_artifacts(store, tmp_path):
             np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(png))), image[i])
             assert read(f"audio/aud/step_{step:08d}_{i}.wav") == _encode.wav(clip[i], 8000)
         strip = np.asarray(Image.open(io.BytesIO(read(f"videos/vid/step_{step:08d}_0.png"))))
-        assert strip.shape == (4, 15)  # [H, T*W], grayscale
+        assert strip.shape == (4, 15)  # [H, T*W], grayscale: the 3 frames side by side
+        frames = np.round(np.concatenate(list(video[0, ..., 0]), axis=1) * 255)
+        np.testing.assert_array_equal(strip, frames)
         hist = json.loads(read(f"histograms/h/step_{step:08d}.json"))
         assert hist["counts"] == [1, 2, 1] and hist["edges"] == [0.0, 1.0, 2.0, 3.0]
         assert (hist["count"], hist["min"], hist["max"], hist["mean"]) == (4, 0.0, 3.0, 1.25)

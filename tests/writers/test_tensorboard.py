@@ -95,7 +95,8 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     w.write_summaries(7, {"raw": np.arange(6, dtype=np.int32).reshape(2, 3)})
     w.write_summaries(7, {"bf16": jnp.array([1.5, -2.25], jnp.bfloat16)})  # a number, not a str
     w.write_summaries(7, {"c64": np.array([1 + 2j, -0.5j], np.complex64)})
-    w.write_videos(8, {"v": np.zeros((1, 3, 4, 5, 1), np.uint8)})
+    frames = np.arange(3 * 4 * 5, dtype=np.uint8).reshape(1, 3, 4, 5, 1) * 4  # each differs
+    w.write_videos(8, {"v": frames})
     w.close()
     acc = _accumulator(tmp_path)
 
@@ -149,6 +150,7 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     assert c64.dtype == np.complex64 and c64.tolist() == [1 + 2j, -0.5j]
     video = acc.Tensors("v")[0].tensor_proto.string_val
     assert video[:2] == [b"15", b"4"]  # filmstrip: 3 frames of width 5 side by side
+    np.testing.assert_array_equal(_decode_png(video[2]), np.concatenate(list(frames[0]), 1))
 
 
 def test_big_endian_tensors_read_back_as_the_same_numbers(tmp_path):

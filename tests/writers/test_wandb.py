@@ -83,8 +83,10 @@ def test_images_videos_audio_histograms(tmp_path):
         "rgb": np.arange(6, dtype=np.uint8).reshape(2, 1, 3),
     }
     w.write_images(3, {"img": image, "one": np.ones((4, 5, 1)), **thin})
-    w.write_videos(3, {"vid": np.zeros((1, 3, 4, 5, 3))})
-    w.write_audios(3, {"aud": np.linspace(-1, 1, 2 * 8).reshape(2, 8, 1)}, sample_rate=8000)
+    frames = np.arange(3 * 4 * 5 * 3, dtype=np.uint8).reshape(1, 3, 4, 5, 3)  # each differs
+    w.write_videos(3, {"vid": frames})
+    clips = np.linspace(-1, 1, 2 * 8).reshape(2, 8, 1)
+    w.write_audios(3, {"aud": clips, "solo": clips[:1]}, sample_rate=8000)
     w.write_histograms(3, {"h": np.array([0.0, 1.0, 1.0, 3.0])}, num_buckets={"h": 3})
     w.close()
     (path,) = wandb_run_files(str(tmp_path))
@@ -102,14 +104,13 @@ def test_images_videos_audio_histograms(tmp_path):
     np.testing.assert_array_equal(pixels(row["dot"]["filenames"][0]), [[9]])
     np.testing.assert_array_equal(pixels(row["rgb"]["filenames"][0]), thin["rgb"])
     (strip,) = row["vid"]["filenames"]  # one filmstrip [H, T*W, C] per video
-    assert pixels(strip).shape == (4, 15, 3)
-    for i in range(2):  # one clip per key (N > 1: `<key>/<i>`)
-        clip = row[f"aud/{i}"]
+    np.testing.assert_array_equal(pixels(strip), np.concatenate(list(frames[0]), axis=1))
+    for key, i in (("aud/0", 0), ("aud/1", 1), ("solo", 0)):  # one clip per key (N > 1: `/<i>`)
+        clip = row[key]
         assert clip["_type"] == "audio-file"
         with open(os.path.join(run_dir, clip["path"]), "rb") as f:
-            assert f.read() == _encode.wav(  # the WAV header holds the sample rate
-                np.linspace(-1, 1, 16).reshape(2, 8, 1)[i], 8000
-            )
+            assert f.read() == _encode.wav(clips[i], 8000)  # the WAV header holds the rate
+    assert "solo/0" not in row
     assert row["h"] == {"_type": "histogram", "values": [1, 2, 1], "bins": [0, 1, 2, 3]}
 
 
