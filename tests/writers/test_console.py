@@ -156,14 +156,17 @@ def test_rates_count_from_the_first_scalars_not_a_text_written_before_compiling(
     out, clock = io.StringIO(), FakeClock()
     w = writers.ConsoleWriter(out, total_steps=1000, clock=clock)
     w.write_texts(0, {"config": "lr = 0.1"})  # at 0 s, before compiling
+    clock.now = 30.0
+    w.write_scalars(0, {"eval/loss": 2.0})  # an eval before training: scalars of step 0...
     clock.now = 61.0
-    w.write_scalars(0, {"timing/compilation_seconds": 61.0})  # the same step: taken instead
+    w.write_scalars(0, {"timing/compilation_seconds": 61.0})  # ...but the step's last count
     clock.now = 70.0
     w.write_scalars(100, {"loss": 1.0})  # 100 steps in 9 s
     clock.now = 80.0
     w.write_histograms(200, {"w": np.ones(3)})  # 200 steps in 19 s
     headers = [line for line in out.getvalue().splitlines() if line.startswith("step")]
     assert headers == [
+        "step 0/1,000 (0.0%)",
         "step 0/1,000 (0.0%)",
         "step 0/1,000 (0.0%)",
         "step 100/1,000 (10.0%) | 11.11 steps/s | ETA 1m 21s",
@@ -240,6 +243,7 @@ def test_number_and_duration_formatting():
     writers.ConsoleWriter(out).write_scalars(4, {"a": 999.96, "b": 1000.4, "c": -999.99})
     assert out.getvalue() == "step 4\n  a  1,000\n  b  1,000\n  c  -1,000\n"
     assert _duration(59.4) == "59s" and _duration(3600) == "1h 00m"
+    assert (_duration(65), _duration(725), _duration(11220)) == ("1m 05s", "12m 05s", "3h 07m")
 
 
 def test_bad_input_and_closed_writer():
