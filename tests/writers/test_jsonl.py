@@ -77,8 +77,9 @@ def test_non_scalar_values_are_summarized(writer, tmp_path):
     writer.write_audios(2, {"aud": np.zeros((1, 10, 2))}, sample_rate=16000)
     writer.write_histograms(2, {"h": np.array([0.0, 1.0, 1.0, 3.0])}, num_buckets={"h": 3})
     writer.write_summaries(2, {"big": np.zeros(2000, np.int32)})
+    writer.write_summaries(2, {"most": np.ones(1024, np.int8), "past": np.ones(1025, np.int8)})
     writer.flush()
-    img, vid, aud, hist, big = _strict_lines(writer.path)
+    img, vid, aud, hist, big, edge = _strict_lines(writer.path)
     assert img["img"] == {"type": "image", "shape": [2, 4, 5, 3]}
     assert vid["vid"] == {"type": "video", "shape": [1, 3, 4, 5, 3]}
     assert aud["aud"] == {"type": "audio", "shape": [1, 10, 2], "sample_rate": 16000}
@@ -92,6 +93,8 @@ def test_non_scalar_values_are_summarized(writer, tmp_path):
         "counts": [1, 2, 1],
     }
     assert big["big"] == {"type": "tensor", "shape": [2000], "dtype": "int32"}
+    # max_array_size=1024 (the default) is the largest written element by element.
+    assert edge["most"]["values"] == [1] * 1024 and "values" not in edge["past"]
     unbounded = writers.JsonlWriter(tmp_path / "all.jsonl", max_array_size=math.inf)
     unbounded.write_summaries(2, {"big": np.arange(2000, dtype=np.int32)})
     unbounded.close()
