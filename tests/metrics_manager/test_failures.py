@@ -166,7 +166,10 @@ def test_a_kind_a_writer_does_not_implement_costs_it_nothing_else(tmp_path, capl
         "writer:only at step 1 (keys note): NotImplementedError: ScalarsOnly does not support "
         "writing texts."
     ]
-    assert any("does not implement write_texts" in r.getMessage() for r in caplog.records)
+    assert (
+        "MetricsManager 'train': writer 'only' does not implement write_texts: its other calls "
+        "go on, and that method is not called again"
+    ) in [r.getMessage() for r in caplog.records]
     by_step: dict[int, dict] = {}  # the other writers: both kinds, every step
     for line in read_jsonl(str(tmp_path / "train")):
         by_step.setdefault(line.pop("step"), {}).update(line)
@@ -1731,7 +1734,12 @@ def test_a_writer_set_aside_as_slow_in_a_signals_flush_is_back_after_it(monkeypa
         manager.flush()
         assert manager.health()["writers"]["slow"]["quarantined"] is None
     assert slow.steps == [*range(1, written + 1), 9, 10, 11]
-    assert any("writer 'slow' is back" in r.getMessage() for r in caplog.records)
+    (back,) = [r.getMessage() for r in caplog.records if "is back" in r.getMessage()]
+    assert re.fullmatch(
+        r"MetricsManager 't': writer 'slow' is back \(quarantined: slow: \d+\.\d s of calls in "
+        rf"the flush on a signal; {8 - written} writes skipped\)",
+        back,
+    ), back
 
 
 def test_a_writer_whose_writes_only_buffer_is_not_set_aside_in_a_signals_flush(monkeypatch):
@@ -3276,8 +3284,11 @@ def test_a_step_going_backwards_warns_once(caplog):
     with MetricsManager("t", writer_factory=lambda d: writers.NoopWriter()) as manager:
         for step in (10, 5, 3):
             manager.write_metrics_summary({"loss": Sum(1.0)}, step, 1)
-    warnings = [r for r in caplog.records if "comes after step" in r.getMessage()]
-    assert len(warnings) == 1 and "resume_step" in warnings[0].getMessage()
+    warnings = [r.getMessage() for r in caplog.records if "comes after step" in r.getMessage()]
+    assert warnings == [
+        "MetricsManager 't': step 5 comes after step 10. If the run resumed from a checkpoint, "
+        "pass resume_step so earlier values after it are dropped."
+    ]
 
 
 @pytest.mark.parametrize("call", ["write_scalars", "write_texts", "write_images"])
