@@ -91,7 +91,10 @@ def test_t5x_case_lands_in_summary_tensorboard_jsonl_and_console(tmp_path):
     assert {k: scalar_line[k] for k in expected} == pytest.approx(expected)
     assert text_line == {**text_line, "step": 4, "text": "test metric"}
 
-    assert "loss" in console.getvalue() and "40" in console.getvalue()
+    assert console.getvalue() == (
+        "step 4 | train\n  accuracy          10\n  loss              40\n"
+        "  steps_per_second  0.05\nstep 4 | train\n  text  test metric\n"
+    )
 
 
 def test_other_processes_create_no_directory(monkeypatch, tmp_path):
