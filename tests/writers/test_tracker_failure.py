@@ -52,6 +52,7 @@ def test_a_read_only_mlflow_store_mid_run_loses_nothing_once_it_is_back(tmp_path
             w.flush()
             writable = _read_only(engine)
         w.write_scalars(step, {f"m{i:02d}": step + i / 32 for i in range(20)})  # never raises
+    mlflow_writer.write_texts(150, {"note": "sent once the store is back"})  # an artifact
     with pytest.raises(writers.WriterError) as raised:
         w.flush()
     ((name, error),) = raised.value.failures
@@ -70,6 +71,9 @@ def test_a_read_only_mlflow_store_mid_run_loses_nothing_once_it_is_back(tmp_path
         history = client.get_metric_history(mlflow_writer.run_id, f"m{i:02d}")
         assert sorted((m.step, m.value) for m in history) == [(s, s + i / 32) for s in range(200)]
     assert client.get_run(mlflow_writer.run_id).info.status == "FINISHED"
+    note = client.download_artifacts(mlflow_writer.run_id, "texts/note", str(tmp_path / "down"))
+    with open(f"{note}/step_00000150.txt") as f:
+        assert f.read() == "sent once the store is back"
 
 
 def test_a_close_that_failed_sends_everything_when_called_again(tmp_path):
