@@ -82,6 +82,17 @@ def test_empty_is_a_two_sided_identity(cls, data):
     _assert_same(cls.empty().merge(cls.empty()), cls.empty(), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("cls", [Sum, Max, Min, MeanStd], ids=lambda c: c.__name__)
+def test_empty_keeps_an_infinite_value_on_either_side(cls):
+    # The data above are finite: a merge that computed `mean + (0 - mean) * 0` for an empty
+    # side passed, though it makes an infinite mean NaN.
+    metric = cls.from_model_output(np.full(2, np.inf, np.float32))
+    assert float(metric.compute()) == np.inf
+    for merged in (cls.empty().merge(metric), metric.merge(cls.empty())):
+        assert float(merged.compute()) == np.inf
+        _assert_same(merged, metric, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("cls", ALL_TYPES, ids=lambda c: c.__name__)
 @property_settings
 @given(data=pieces)
