@@ -112,7 +112,7 @@ def test_with_keeps_the_loops_error_and_notes_the_close_error():
             w.write_scalars(5, {"a": 1.0})
 
 
-def test_hparams_are_written_as_they_were_at_the_call():
+def test_hparams_scalars_and_texts_are_written_as_they_were_at_the_call():
     # The worker read the caller's lists: a config changed after write_hparams was written
     # changed ([64, 64, 128]), as the manager's had been before it copied them.
     inner = GatedWriter()
@@ -123,9 +123,16 @@ def test_hparams_are_written_as_they_were_at_the_call():
     w.write_hparams(config)
     config["layers"].append(128)
     config["opt"]["betas"][0] = 0.5
+    # A loop reusing its dict of scalars or texts between calls: each call's own values.
+    scalars, texts = {"loss": 1.0}, {"note": "first"}
+    w.write_scalars(1, scalars)
+    w.write_texts(1, texts)
+    scalars["loss"], scalars["lr"], texts["note"] = 2.0, 0.1, "second"
     inner.gate.set()
     w.close()
     assert inner.hparams == [{"layers": [64, 64], "opt.betas": [0.9, 0.99]}]
+    assert inner.scalars == [(0, {"a": 0}), (1, {"loss": 1.0})]
+    assert inner.texts == [(1, {"note": "first"})]
 
 
 @pytest.mark.parametrize("error", [SystemExit(3), asyncio.CancelledError("loop stopped")])
