@@ -10,6 +10,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ def test_default_set_writes_console_tensorboard_and_jsonl(tmp_path):
     w = writers.create_default_writer(
         tmp_path, collection="train", console_stream=out, asynchronous=True
     )
-    assert sorted(w.writers) == ["console", "jsonl", "tensorboard"]
+    assert list(w.writers) == ["console", "tensorboard", "jsonl"]  # the console first
     assert all(isinstance(x, writers.AsyncWriter) for x in w.writers.values())
     writers.write_values(w, 4, {"loss": 0.5, "accuracy": 0.75})
     w.close()
@@ -80,7 +81,11 @@ def test_errors_name_the_backend(tmp_path):
     assert [s.value for s in acc.Scalars("a")] == [1.0]  # tensorboard still got it
 
 
-def test_purge_step_and_total_steps_are_passed_on(tmp_path):
+def test_purge_step_total_steps_and_flush_secs_are_passed_on(tmp_path):
+    earlier = writers.TensorBoardWriter(tmp_path)  # a run before, to step 6
+    for step in range(1, 7):
+        earlier.write_scalars(step, {"a": 0.0})
+    earlier.close()
     out = io.StringIO()
     w = writers.create_default_writer(
         tmp_path, total_steps=10, purge_step=3, console_stream=out, jsonl=False, asynchronous=False
@@ -90,10 +95,23 @@ def test_purge_step_and_total_steps_are_passed_on(tmp_path):
     assert out.getvalue().startswith("step 5/10 (50.0%)")
     loader_events = ea.EventAccumulator(str(tmp_path))
     loader_events.Reload()
-    assert loader_events.Scalars("a")[0].step == 5
+    # Steps 3 to 6 of the run before are purged.
+    assert [(s.step, s.value) for s in loader_events.Scalars("a")] == [(1, 0.0), (2, 0.0), (5, 1.0)]
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    w = writers.create_default_writer("memory://factory/run", console=False, flush_secs=0.05)
+    w.write_scalars(1, {"a": 1.0})
+    deadline = time.monotonic() + 5  # uploaded by each writer's timer (not 10 s), no flush()
+    while len(uploaded := fs.find("/factory/run")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    w.close()
+    fs.rm("/factory", recursive=True)
+    assert [name.split("/")[3].split(".")[0] for name in uploaded] == ["events", "metrics"]
 
 
-def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
+def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path, monkeypatch):
+    import importlib
     import threading
 
     before = {t.name for t in threading.enumerate()}
@@ -103,11 +121,18 @@ def test_a_writer_that_cannot_be_built_leaves_nothing_open(tmp_path):
         with pytest.raises(ValueError, match="max_queue must be >= 1, got 0"):
             writers.create_default_writer(tmp_path, asynchronous=asynchronous, max_queue=0)
     assert list(tmp_path.iterdir()) == []
-    # JSONL cannot open its file (a directory named metrics.jsonl holds the log)
+    # JSONL, built first, cannot open its file (a directory named metrics.jsonl holds the log)
     (tmp_path / "run" / "metrics.jsonl" / "metrics.jsonl").mkdir(parents=True)
-    with pytest.raises(IsADirectoryError):  # after TensorBoard was built
+    with pytest.raises(IsADirectoryError):
         writers.create_default_writer(tmp_path / "run")
-    assert {t.name for t in threading.enumerate()} <= before  # its flush thread was stopped
+    assert {t.name for t in threading.enumerate()} <= before
+    # The log writer, built last, fails: JSONL, the console and TensorBoard were built.
+    factory = importlib.import_module("writers.factory")
+    monkeypatch.setattr(factory, "LoggingWriter", lambda **_: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        writers.create_default_writer(tmp_path / "other", log=True)
+    assert {t.name for t in threading.enumerate()} <= before  # TensorBoard's timer stopped
+    writers.JsonlWriter(tmp_path / "other").close()  # the log is not left locked
 
 
 @pytest.mark.parametrize(
