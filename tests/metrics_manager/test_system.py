@@ -53,10 +53,12 @@ def test_real_host_readings_are_in_range():
     assert 0 < values["system/process_cpu_percent"] <= 100 * cores
     assert 0 <= values["system/host_cpu_percent"] <= 100
     assert values["system/process_rss_mib"] == pytest.approx(rss, rel=0.1)
-    host = psutil.virtual_memory()
-    assert 0 < values["system/host_memory_percent"] <= 100
-    assert 0 < values["system/host_memory_used_mib"] <= host.total / MIB
-    assert 0 < values["system/host_memory_available_mib"] <= host.total / MIB
+    host = psutil.virtual_memory()  # read again: what other programs hold moves a little
+    assert values["system/host_memory_percent"] == pytest.approx(host.percent, abs=2.0)
+    assert values["system/host_memory_used_mib"] == pytest.approx(host.used / MIB, rel=0.05)
+    assert values["system/host_memory_available_mib"] == pytest.approx(
+        host.available / MIB, rel=0.05
+    )
     for key in list(values):
         if not key.endswith("/max"):
             assert values[f"{key}/max"] >= values[key], key
