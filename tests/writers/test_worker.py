@@ -50,7 +50,8 @@ def test_a_posted_job_makes_no_future_and_its_error_is_logged(caplog):
     after = worker.submit([("after", lambda job: ran.append(2), None)])
     assert after.result(5) is None and ran == [2]  # the failed job ended; the next one ran
     assert worker.close(5)
-    assert any("posted" in r.getMessage() and "disk full" in r.getMessage() for r in caplog.records)
+    logged = [r.getMessage() for r in caplog.records]
+    assert logged == ["posted: a background job failed: OSError('disk full')"]
 
 
 def test_jobs_run_in_submission_order_with_back_pressure():
@@ -190,7 +191,8 @@ def test_a_thread_killed_outside_its_jobs_is_replaced_by_the_next_wait(caplog):
     future = worker.submit([("job", lambda job: setattr(job, "result", 7), None)])
     assert worker.drain(5) and future.result(0) == 7
     assert len(worker.threads) == 2
-    assert any("its thread died" in r.getMessage() for r in caplog.records)
+    died = [r.getMessage() for r in caplog.records if "died" in r.getMessage()]
+    assert died == ["killed: its thread died; a new one goes on with the queue"]
     assert worker.close(5)
 
 
