@@ -309,7 +309,11 @@ def test_resume_keeps_one_point_per_step(store, caplog):
         for step in range(6, 13):
             again.write_scalars(step, {"loss": 100.0 + step, "every5": 100.0 + step})
     again.close()
-    assert "cannot be rewritten" in caplog.text
+    skipped = [r.getMessage() for r in caplog.records if "cannot be rewritten" in r.getMessage()]
+    assert skipped == [  # at step 6, 'every5' (last at 5) is kept and 'loss' (last at 9) not
+        f"MlflowWriter: resumed run {first.run_id} already has ['loss'] at step 6; metric "
+        "history cannot be rewritten, so points up to each metric's last logged step are skipped."
+    ]
     client = MlflowClient(store["tracking_uri"])
     # Each step once: the earlier points where the first run had logged that key, new ones after.
     assert _history(client, first.run_id, "loss") == [(s, float(s)) for s in range(10)] + [
