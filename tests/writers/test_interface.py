@@ -246,19 +246,80 @@ BAD_CALLS = [
     # TensorBoard and the wrappers refused it; JSONL, console and logging wrote the values.
     ("str metadata", TypeError, lambda w: w.write_summaries(0, {"s": np.ones(2)}, "foo")),
 ]
+# What each refusal says, the same from every backend and wrapper (after the writer's name).
+REFUSED = {
+    "negative step": "step must be a non-negative integer, got -1 (steps are int64",
+    "float step": "step must be a non-negative integer, got 1.0 of type float",
+    "bool step": "step must be a non-negative integer, got True of type bool",
+    "int key": "every key must be a str, got 1 (int)",
+    "empty key": "keys must be non-empty names, got ['']",
+    "not a mapping": "expected a mapping from name to value, got list",
+    "string scalar": "scalar 'a' must be a number, got '1' of type str",
+    "vector scalar": "scalar 'a' must hold exactly one number, got an array of shape (3,)",
+    "2-D image": "image 'i' must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
+    "got shape (4, 4).",
+    "5 channels": "image 'i' must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
+    "got shape (4, 4, 5).",
+    "4-D video": "video 'v' must have shape [N, T, H, W, C] with C in (1, 3, 4), "
+    "got shape (2, 4, 4, 3).",
+    "2-D audio": "audio 'a' must be a float array of shape [N, T, C] with values in [-1, 1], "
+    "got dtype float64 and shape (4, 1).",
+    "empty image": "image 'i' is empty (shape (0, 4, 3))",
+    "empty video": "video 'v' is empty (shape (1, 0, 4, 4, 3))",
+    "no channel": "audio 'a' is empty (shape (1, 4, 0))",
+    "zero rate": "sample_rate must be a positive number of samples per second below 2**32 (a "
+    "WAV header's 32 bits), got 0.",
+    "rate past a WAV header": "sample_rate must be a positive number of samples per second "
+    "below 2**32 (a WAV header's 32 bits), got 4294967296.",
+    "[N, C, T] clip of more channels than a WAV holds": "audio 'a' has 40000 channels (shape "
+    "(1, 1, 40000), [N, T, C]); a WAV holds at most 32767.",
+    "[N, C, T] clip of more channels than samples": "audio 'a' has 16000 channels (shape "
+    "(1, 1, 16000), [N, T, C]); more than its 1 sample per channel.",
+    "byte rate past a WAV header": "sample_rate 2147483648 is too high for the WAV header",
+    "float rate": "sample_rate must be an integer number of samples per second, got 8.5 of "
+    "type float.",
+    "NaN histogram": "histogram 'h' has 1 NaN/Inf entries out of 1;",
+    "complex histogram": "histogram 'h' must be real numbers, got dtype complex128.",
+    "complex video": "video 'v' must be real numbers, got dtype complex128.",
+    "text not str": "text 't' must be a str, got bytes b'x'",
+    "int num_buckets": "num_buckets must map keys to bucket counts (ints >= 1) such as "
+    "{'w': 64}, or be None for 30 each; got 8",
+    "0 buckets": "num_buckets must map keys to bucket counts (ints >= 1) such as {'w': 64}, "
+    "or be None for 30 each; got {'h': 0}",
+    "10**12 buckets": "num_buckets for ['h'] must be at most 1,048,576, got 1,000,000,000,000",
+    "buckets of no array": "num_buckets names ['hh'], which no array of the call has "
+    "(arrays ['h'])",
+    "float buckets": "num_buckets must map keys to bucket counts (ints >= 1) such as "
+    "{'w': 64}, or be None for 30 each; got {'h': 2.5}",
+    "str metadata": "metadata must be a SummaryMetadata proto, its serialized bytes, None, or "
+    "a mapping of key to one of these; got str 'foo'.",
+}
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_every_backend_rejects_the_same_bad_input(backend, tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
     w = BACKENDS[backend](tmp_path)
+    assert sorted(REFUSED) == sorted(name for name, _, _ in BAD_CALLS)
     for name, error, call in BAD_CALLS:
-        with pytest.raises(error):
+        with pytest.raises(error) as refused:
             call(w)
             pytest.fail(f"{backend} accepted {name}")
+        message = str(refused.value)
+        assert message.startswith(f"{type(w).__name__}.write_") and REFUSED[name] in message
     w.write_scalars(0, {"ok": float("nan")})  # NaN is a value, not an error
     w.close()
     with pytest.raises(WriterClosedError):
         w.write_scalars(1, {"a": 1.0})
+    if backend == "jsonl":  # nothing of a refused call was written
+        assert [(x["step"], x["ok"]) for x in writers.read_jsonl(tmp_path / "m.jsonl")] == [
+            (0, "NaN")
+        ]
+    if backend == "tensorboard":
+        acc = ea.EventAccumulator(str(tmp_path))
+        acc.Reload()
+        assert {kind: tags for kind, tags in acc.Tags().items() if tags} == {"scalars": ["ok"]}
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -399,9 +460,10 @@ def test_wrappers_refuse_bad_input_at_the_call_and_write_none_of_it(wrapper, tmp
     w = WRAPPERS[wrapper](tmp_path)
     for name, error, call in BAD_CALLS:
         if name != "NaN histogram":
-            with pytest.raises(error):
+            with pytest.raises(error) as refused:
                 call(w)
                 pytest.fail(f"{wrapper} accepted {name}")
+            assert REFUSED[name] in str(refused.value), name
     with pytest.raises(TypeError, match=r"metadata must be a SummaryMetadata proto.*got int 5"):
         w.write_summaries(1, {"s": np.ones(2)}, {"s": 5})
     with pytest.raises(WriterError, match=r"histogram 'h' has 1 NaN/Inf entries out of 2"):
