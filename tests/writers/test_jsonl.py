@@ -143,6 +143,8 @@ def test_hparams_line_has_null_step(writer):
         | {"nb": True, "ns": "sgd", "adam.b1": 0.9, "adam.eps.v": 1e-8}
         | {"jlr": 0.5, "a0": 3, "jb": True, "v": "[1. 1.]"},
     }
+    # True == 1 in Python: the comparison above takes a bool written as 1; JSON's true is not.
+    assert [k for k, v in line["hparams"].items() if type(v) is bool] == ["b", "nb", "jb"]
 
 
 def test_lines_are_visible_before_flush_and_the_file_is_appended(tmp_path):
