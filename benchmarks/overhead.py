@@ -31,10 +31,10 @@ import dataclasses
 import functools
 import gc
 import json
+import multiprocessing
 import os
 import re
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -417,20 +417,21 @@ def run(
     samples = common.interleaved(runs, repeats)
     pairs = pairs or (20 if quick else 40)
     pair_repeats = pair_repeats or (3 if quick else 5)
-    paired_ratios = {
-        every: paired(
-            loops.blocks_none(),
-            loops.blocks_library(every),
-            pairs=pairs,
-            repeats=pair_repeats,
-        )
-        for every in summary_every
-    }
-    # What the paired measurement resolves: (a) against itself made 5% slower.
-    resolution = paired(
-        loops.blocks_none(), loops.blocks_none(slower=0.05), pairs=pairs, repeats=pair_repeats
-    )
+    repeats_paired = [
+        in_fresh_process(paired_in_process, size, summary_every, pairs) for _ in range(pair_repeats)
+    ]
 
+    def pooled(key: str) -> dict[str, Any]:
+        medians = [common.median(repeat[key]) for repeat in repeats_paired]
+        return {
+            "ratios": [ratio for repeat in repeats_paired for ratio in repeat[key]],
+            "ratio": common.median(medians),
+            "repeat_ratios": medians,
+        }
+
+    paired_ratios = {every: pooled(str(every)) for every in summary_every}
+    # What the paired measurement resolves: (a) against itself made 5% slower.
+    resolution = pooled("slower")
     table = common.Table(
         key="overhead",
         title="1. Training-loop overhead",
@@ -451,9 +452,10 @@ def run(
             "threads), which steady load distorts less; median run = median of whole-run "
             "times, with its own ratio. The targets are read from the paired ratio: (a) "
             f"and (b) run as two live loops, a block of {BLOCK} steps of each in turn, and "
-            "each (b) block over the (a) block next to it is one ratio (median over "
-            f"{pair_repeats} repeats of {pairs} pairs; spread = min-max of the repeats' "
-            "medians); a summary every 100 steps falls mid-block, and a (b) block ends once "
+            "each (b) block over the (a) block next to it is one ratio; a repeat is "
+            f"{pairs} pairs in a fresh process (a process's compiles and memory layout move "
+            f"its ratios by a few percent); ratio = median of {pair_repeats} repeats' "
+            "medians, spread = their min-max; a summary every 100 steps falls mid-block, and a (b) block ends once "
             "its last summary is written, so no summary work is hidden in the next block. "
             "The same measurement of (a) against (a) made 5% slower (a sleep of 5% of each "
             "block) shows the regression it resolves."
@@ -507,7 +509,6 @@ def run(
                     "paired_ratios": pair["ratios"],
                     "paired_ratio": pair["ratio"],
                     "paired_repeat_ratios": pair["repeat_ratios"],
-                    "paired_quartiles": pair["quartiles"],
                     "paired_spread": "{:.3f}x-{:.3f}x".format(
                         min(pair["repeat_ratios"]), max(pair["repeat_ratios"])
                     ),
@@ -555,8 +556,8 @@ def run(
     return table
 
 
-def paired(base: Iterator[float], other: Iterator[float], *, pairs: int, repeats: int) -> dict:
-    """`other`'s time over `base`'s, from adjacent blocks: the ratio the targets are read from.
+def paired(base: Iterator[float], other: Iterator[float], *, pairs: int) -> list[float]:
+    """`other`'s time over `base`'s, from adjacent blocks: the ratios the targets are read from.
 
     Two live loops run side by side, one block of each in turn (which goes first
     alternates), so each ratio compares two blocks timed ~0.1 s apart: load that drifts over
@@ -565,19 +566,17 @@ def paired(base: Iterator[float], other: Iterator[float], *, pairs: int, repeats
     Args:
       base: block times of the baseline loop, e.g. `Loops.blocks_none()`; closed at the end.
       other: block times of the loop measured against it; closed at the end.
-      pairs: pairs of blocks per repeat.
-      repeats: repeats, one after another; the spread is over their medians.
+      pairs: pairs of blocks to time (after 3 untimed ones).
 
     Returns:
-      "ratios": every pair's ratio, in order; "ratio": their median; "repeat_ratios": each
-      repeat's median, in order; "quartiles": the pairs' first and third quartiles.
+      Every pair's ratio, in order.
     """
     try:
         for _ in range(3):  # the first blocks pay for a manager's start and first summary
             next(base)
             next(other)
         ratios: list[float] = []
-        for i in range(pairs * repeats):
+        for i in range(pairs):
             if i % 2:
                 b = next(other)
                 a = next(base)
@@ -585,18 +584,41 @@ def paired(base: Iterator[float], other: Iterator[float], *, pairs: int, repeats
                 a = next(base)
                 b = next(other)
             ratios.append(b / a)
+        return ratios
     finally:
         other.close()
         base.close()
-    quartiles = statistics.quantiles(ratios, n=4)
-    return {
-        "ratios": ratios,
-        "ratio": common.median(ratios),
-        "repeat_ratios": [
-            common.median(ratios[r * pairs : (r + 1) * pairs]) for r in range(repeats)
-        ],
-        "quartiles": (quartiles[0], quartiles[2]),
-    }
+
+
+def paired_in_process(
+    size: model.ModelSize, summary_every: tuple[int, ...], pairs: int
+) -> dict[str, list[float]]:
+    """One repeat of the paired measurement, meant for a fresh process (`in_fresh_process`).
+
+    Returns:
+      str(every) -> the ratios of (b) over (a) at that summary frequency; "slower" -> the
+      ratios of (a) made 5% slower over (a).
+    """
+    loops = Loops(size)
+    with quiet_stdout():
+        out = {
+            str(every): paired(loops.blocks_none(), loops.blocks_library(every), pairs=pairs)
+            for every in summary_every
+        }
+        out["slower"] = paired(loops.blocks_none(), loops.blocks_none(slower=0.05), pairs=pairs)
+    return out
+
+
+def in_fresh_process(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)` in a new (spawned) Python process: its own JAX, compiles and memory layout.
+
+    The same paired measurement differs by a few percent from one process to the next (it
+    read the compiled step alone at 1.064x in one and 1.012x in the next, minutes apart, each
+    within +-1.5% over its own 120 pairs), so repeats run in processes of their own.
+    """
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=context) as pool:
+        return pool.submit(fn, *args).result()
 
 
 def run_time(timing: Timing, num_steps: int) -> float:
