@@ -40,11 +40,11 @@ _FILE_SUFFIXES = (".jsonl", ".ndjson", ".json", ".log")
 
 
 def log_file(path: str) -> str:
-    """`path` if it names a file (an existing non-directory, or a new path with a log suffix),
-    else `path/metrics.jsonl` (as `JsonlWriter`'s `path` argument says)."""
+    """`path` if it names a file (an existing non-directory, or a new path with a log suffix
+    in any case: `run.JSONL` too), else `path/metrics.jsonl` (as `JsonlWriter`'s `path` says)."""
     if not _storage.is_remote(path) and os.path.exists(path):
         return _storage.join(path, LOG_NAME) if os.path.isdir(path) else path
-    return path if path.endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)
+    return path if path.lower().endswith(_FILE_SUFFIXES) else _storage.join(path, LOG_NAME)
 
 
 def as_url(path: str) -> str:

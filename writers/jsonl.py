@@ -60,8 +60,8 @@ class JsonlWriter(BaseWriter):
     """Appends one JSON object per write call to a `.jsonl` file (or remote parts).
 
     Args:
-      path: File to append to (a name ending in `.jsonl`, `.ndjson`, `.json` or `.log`, or
-        an existing file such as `/dev/stdout`), or a directory (an existing one whatever
+      path: File to append to (a name ending in `.jsonl`, `.ndjson`, `.json` or `.log`, in
+        any case, or an existing file such as `/dev/stdout`), or a directory (an existing one whatever
         its name, or any other path, such as a manager's `logdir`), which gets
         `metrics.jsonl`; parent directories are created.
         Either may be a URL any fsspec protocol can write (`gs://`, `s3://`, ...); a local

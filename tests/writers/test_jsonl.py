@@ -264,6 +264,18 @@ def test_a_url_log_with_its_object_copied_down_is_read_as_on_the_url(tmp_path):
     assert [(line["step"], line["a"]) for line in lines] == [(1, 1), (2, 20)]
 
 
+def test_a_log_suffix_in_upper_case_names_the_file(tmp_path):
+    # "run.JSONL" was taken for a directory: run.JSONL/metrics.jsonl.
+    for name in ("run.JSONL", "run.NDJson", "run.Log"):
+        with writers.JsonlWriter(tmp_path / name, clock=lambda: 1.0) as w:
+            w.write_scalars(3, {"loss": 0.25})
+        assert os.path.isfile(tmp_path / name)
+        assert writers.read_jsonl(tmp_path / name) == [
+            {"step": 3, "time": 1.0, "collection": None, "loss": 0.25}
+        ]
+    assert sorted(os.listdir(tmp_path)) == ["run.JSONL", "run.Log", "run.NDJson"]
+
+
 def test_a_url_log_copied_down_is_continued_as_on_the_url(tmp_path, caplog):
     # A local writer appended to run/metrics.jsonl, which read_jsonl reads before the parts
     # copied down with it: [1, 4, 2, 3], and resumed at 2 it kept the parts' 3: [1, 3, 2, 3].
