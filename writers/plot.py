@@ -437,7 +437,7 @@ class _TooSmall(ValueError):
 
 
 def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bool) -> str:
-    """A `cols` x `rows` character plot of the smoothed lines, panels stacked (no NaN/inf)."""
+    """A `cols` x `rows` character plot of the smoothed lines, panels stacked (gaps at NaN/inf)."""
     try:
         import plotext  # noqa: PLC0415
     except ImportError as err:
@@ -466,10 +466,10 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
     canvas = (cols, rows // len(keys) - 4)  # a panel's plotting area
     for row, key in enumerate(keys, start=1):
         panel = figure.subplot(row, 1) if len(keys) > 1 else figure
-        lines = {}  # label -> (steps, smoothed, glyph), the finite points
+        lines = {}  # label -> (steps, smoothed, joined, glyph), the finite points
         for s in (s for s in series if s.key == key):
-            if (finite := np.isfinite(s.smoothed)).any():
-                lines[s.label] = (s.steps[finite], s.smoothed[finite], glyphs.get(s.run))
+            if (points := _finite_points(s.steps, s.smoothed))[0].size:
+                lines[s.label] = (*points, glyphs.get(s.run))
         box = (max(map(len, lines), default=0) + 6, 2 * len(lines) + 3)  # plotext's legend
         # A legend taller or wider than half the panel would hide most lines: in the title.
         small = 2 * box[1] > canvas[1] or 2 * box[0] > canvas[0]
@@ -478,10 +478,11 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
         title = title if lines else f"{key}: no finite values"  # cut too: it went blank
         # plotext drops a title wider than the plot: the key and the run names went with it.
         panel.title(title if len(title) <= cols else title[: cols - 1] + "…")
-        for label, (x, y, glyph) in lines.items():
-            signal = panel.signal(x.tolist(), y.tolist(), marker=glyph)
+        for label, (steps, values, joined, glyph) in lines.items():
+            signal = panel.signal(steps.tolist(), values.tolist(), marker=glyph)
             signal.label(label)
-            signal.lines()
+            for i in np.flatnonzero(joined).tolist():  # a gap at NaN/inf, as in the PNG
+                signal.line(i)
             panel.draw(signal)
         if not lines:
             continue
@@ -493,9 +494,24 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
         if small:
             panel.legend(active=False)
         else:
-            x, y, ha, va = _legend_corner([(x, y) for x, y, _ in lines.values()], box, canvas)
+            x, y, ha, va = _legend_corner([(x, y) for x, y, *_ in lines.values()], box, canvas)
             panel.legend(x=x, y=y, relative=True, ha=ha, va=va)
     return figure.build().string(colorless=not color)
+
+
+def _finite_points(
+    steps: np.ndarray, values: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The finite points of a line, `(steps, values, joined)`: `joined[i]` when point `i` is
+    drawn joined to point `i - 1`, so a NaN or inf between them leaves a gap, as in the PNG.
+
+    Example:
+      >>> _finite_points(np.arange(5), np.array([1.0, 2.0, np.nan, 4.0, 5.0]))[2].tolist()
+      [False, True, False, True]
+    """
+    index = np.flatnonzero(np.isfinite(values))
+    joined = np.diff(index, prepend=-2) == 1  # the first point: nothing before it
+    return steps[index], values[index], joined
 
 
 def _legend_corner(

@@ -401,6 +401,18 @@ def test_a_point_with_no_finite_neighbour_is_drawn_as_a_marker(tmp_path, monkeyp
     ]
 
 
+def test_a_terminal_line_leaves_a_gap_at_nan_and_inf():
+    # The terminal joined the finite points across NaN and inf; the PNG leaves a gap there.
+    steps = np.array([10, 20, 30, 40, 50, 60, 70, 80])
+    values = np.array([1.0, np.nan, 2.0, 3.0, np.inf, -np.inf, 4.0, 5.0])
+    x, y, joined = plot._finite_points(steps, values)
+    assert x.tolist() == [10, 30, 40, 70, 80]
+    assert y.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert joined.tolist() == [False, False, True, False, True]  # 30 and 70 start anew
+    x, y, joined = plot._finite_points(steps[:3], np.array([np.nan, np.nan, 7.0]))
+    assert (x.tolist(), y.tolist(), joined.tolist()) == ([30], [7.0], [False])
+
+
 def test_a_single_point_in_the_terminal_is_not_hidden_by_the_legend(tmp_path):
     # plotext draws one point mid-panel (its axis widened by 1 each side); the legend was
     # anchored at the point itself, as if it sat in a corner, and covered it.
