@@ -201,6 +201,14 @@ class Metric(nnx.metrics.Metric):
         if "logits" in call and issubclass(self.metric_type, _READS_LOGITS):
             required.discard("predictions")  # argnames={"scores": "logits"} supplies them
         if missing := sorted(required - call.keys()):
+            onto_logits = [k for k in kwargs if k != "logits" and renamed.get(k) == "logits"]
+            if "predictions" in missing and onto_logits:  # AUROC: no remap of logits helps
+                raise TypeError(
+                    f"{type(self).__name__}({self.metric_type.__name__}).update: argnames "
+                    f"maps {onto_logits[0]!r} to 'logits', which {self.metric_type.__name__} "
+                    "does not read: it takes its scores as predictions=, probabilities in "
+                    f"[0, 1]; pass argnames={{{onto_logits[0]!r}: 'predictions'}}"
+                )
             # Named as the caller would pass them: 'logits' or 'predictions'.
             names = [
                 " or ".join([*(repr(k) for k in renamed if renamed[k] == n), repr(n)])

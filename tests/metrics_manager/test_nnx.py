@@ -836,3 +836,19 @@ def test_argnames_onto_logits_supply_the_scores():
     assert float(perplexity.compute()) == pytest.approx(3.0)  # uniform over 3: e**log(3)
     with pytest.raises(ValueError, match=r"^Perplexity.from_model_output: logits of shape \(2, 3"):
         perplexity.update(scores=jnp.zeros((2, 3)), labels=jnp.zeros(3, jnp.int32))
+
+
+def test_argnames_onto_logits_for_auroc_say_it_takes_predictions():
+    # "missing 'logits' or 'predictions' ...; map your names with argnames": AUROC reads no
+    # logits, so that was the mapping already given.
+    auroc = mnnx.Metric(AUROC, argnames={"scores": "logits"})
+    with pytest.raises(TypeError) as raised:
+        auroc.update(scores=jnp.zeros(2), labels=jnp.zeros(2, int))
+    assert str(raised.value) == (
+        "Metric(AUROC).update: argnames maps 'scores' to 'logits', which AUROC does not read: "
+        "it takes its scores as predictions=, probabilities in [0, 1]; pass "
+        "argnames={'scores': 'predictions'}"
+    )
+    auroc = mnnx.Metric(AUROC, argnames={"scores": "predictions"})  # as it says
+    auroc.update(scores=jnp.array([0.2, 0.9, 0.4]), labels=jnp.array([0, 1, 1]))
+    assert float(auroc.compute()) == pytest.approx(1.0)  # 0.2 below both positives
