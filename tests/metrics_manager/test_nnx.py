@@ -321,7 +321,7 @@ def test_welford_over_microbatches_equals_flax_welford_over_the_batch():
 
 def test_accuracy_equals_flax_accuracy_on_random_logits():
     ours, theirs = mnnx.Accuracy(), nnx.metrics.Accuracy()
-    key = jax.random.key(0)
+    key, correct = jax.random.key(0), 0
     for i in range(3):
         logits = jax.random.normal(jax.random.fold_in(key, i), (16, 5))
         labels = jax.random.randint(jax.random.fold_in(key, 10 + i), (16,), 0, 5)
@@ -329,7 +329,10 @@ def test_accuracy_equals_flax_accuracy_on_random_logits():
         for metric in (ours, theirs):
             metric.update(logits=logits, labels=labels, mask=mask)
         assert float(ours.compute()) == pytest.approx(float(theirs.compute()), abs=1e-7)
-    assert isinstance(ours.metric, TopKAccuracy) and int(ours.metric.count) > 0
+        correct += int(jnp.sum((jnp.argmax(logits, -1) == labels) & mask))
+    assert isinstance(ours.metric, TopKAccuracy)
+    # Unmasked: 10 + 11 + 11 of the 3 x 16 (every third one left out, from 0, 1 and 2).
+    assert (int(ours.metric.count), int(ours.metric.correct)) == (32, correct)
     # Flax's binary example: random logits against a threshold.
     binary, flax_binary = mnnx.Accuracy(threshold=0.5), nnx.metrics.Accuracy(threshold=0.5)
     logits3, labels3 = jax.random.normal(jax.random.key(2), (5,)), jnp.array([0, 1, 0, 1, 1])
