@@ -184,8 +184,13 @@ def test_system_metrics_land_in_jsonl_and_tensorboard(tmp_path):
     assert line["system/process_rss_mib"] == pytest.approx(rss, rel=0.1)
     if "system/process_cpu_percent" in line:  # needs 0.1 s since the monitor started
         assert 0.0 <= line["system/process_cpu_percent"] <= 100.0 * os.cpu_count()
-    tags = read_tensorboard(str(tmp_path / "train")).Tags()["scalars"]
-    assert "system/process_rss_mib" in tags and "system/host_memory_percent/max" in tags
+    system = {key: value for key, value in line.items() if key.startswith("system/")}
+    assert "system/process_rss_mib" in system and "system/host_memory_percent/max" in system
+    events = read_tensorboard(str(tmp_path / "train"))  # float32 there: equal to 1e-6
+    tags = {tag for tag in events.Tags()["scalars"] if tag.startswith("system/")}
+    assert {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in tags} == {
+        key: [(1, pytest.approx(value, rel=1e-6))] for key, value in system.items()
+    }
 
 
 def test_cpu_percent_missing_from_an_early_summary_comes_with_the_next(tmp_path, monkeypatch):
