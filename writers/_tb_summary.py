@@ -173,8 +173,11 @@ def tensor(key: str, arr: np.ndarray, meta: Any) -> Any:
         # tensor_content is little-endian: a big-endian array's bytes read back as other numbers.
         data = np.ascontiguousarray(arr, arr.dtype.newbyteorder("<")).tobytes()
         content = dict(dtype=_DTYPES[arr.dtype.name], tensor_content=data)
-    else:  # strings and objects: one string per element
-        items = [x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1).tolist()]
+    else:  # strings and objects: one string per element, lone surrogates escaped as in texts
+        items = [
+            x if isinstance(x, bytes) else _checks.plain_str(str(x)).encode()
+            for x in arr.reshape(-1).tolist()
+        ]
         content = dict(dtype="DT_STRING", string_val=items)
     shape = {"dim": [{"size": d} for d in arr.shape]}
     proto = tensor_pb2.TensorProto(tensor_shape=shape, **content)

@@ -179,6 +179,18 @@ def test_longdouble_tensors_are_written_as_float64_numbers_as_jsonl_writes_them(
     assert (z.dtype, z.tolist()) == (np.complex128, [1 + 0.5j])
 
 
+def test_string_tensors_with_lone_surrogates_are_written_escaped_as_texts_are(tmp_path):
+    # A file name from os.fsdecode in a string tensor raised a bare UnicodeEncodeError that
+    # named no key; write_texts had escaped the same str.
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_summaries(1, {"files": np.array(["/data/caf\udce9", "ok"]), "one": "b\ud800"})
+    w.close()
+    acc = _accumulator(tmp_path)
+    files = tensor_util.make_ndarray(acc.Tensors("files")[0].tensor_proto)
+    assert files.tolist() == [b"/data/caf\\udce9", b"ok"]
+    assert acc.Tensors("one")[0].tensor_proto.string_val == [b"b\\ud800"]
+
+
 def test_a_key_named_as_another_keys_clip_tag_is_refused_and_nothing_of_the_call_written(
     tmp_path,
 ):
