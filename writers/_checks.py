@@ -782,12 +782,14 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
         return f"histogram {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
-    if values and not np.all(np.isfinite(arr)):
-        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        return (
-            f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "
-            "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
-        )
+    if values:
+        with np.errstate(over="ignore"):  # bins are float64: a long double past 1.8e308 is inf
+            finite = np.isfinite(arr.astype(np.float64) if arr.dtype.itemsize > 8 else arr)
+        if bad := int(np.size(arr) - np.count_nonzero(finite)):
+            return (
+                f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "
+                "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
+            )
     return None
 
 

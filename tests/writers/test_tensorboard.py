@@ -191,6 +191,22 @@ def test_string_tensors_with_lone_surrogates_are_written_escaped_as_texts_are(tm
     assert acc.Tensors("one")[0].tensor_proto.string_val == [b"b\\ud800"]
 
 
+def test_a_long_double_histogram_past_float64_is_refused_as_inf_by_every_writer(tmp_path):
+    # 1e4000 is finite as a long double but inf in the float64 bins: TensorBoard got 29 edges
+    # of inf, and JSONL "Out of range float values are not JSON compliant", naming no key.
+    h = np.array([np.longdouble("1e4000"), 1.0, np.longdouble("-1e4000")], np.longdouble)
+    tb, jsonl = writers.TensorBoardWriter(tmp_path), writers.JsonlWriter(tmp_path)
+    for w in (tb, jsonl):
+        with pytest.raises(ValueError, match=r"histogram 'h' has 2 NaN/Inf entries out of 3;"):
+            w.write_histograms(1, {"h": h})
+        w.write_histograms(2, {"h": h[1:2]})
+        w.close()
+    hist = _accumulator(tmp_path).Histograms("h")
+    assert [(e.step, e.histogram_value.num, e.histogram_value.max) for e in hist] == [(2, 1, 1.0)]
+    [line] = writers.read_jsonl(jsonl.path)
+    assert (line["step"], line["h"]["count"], line["h"]["max"]) == (2, 1, 1.0)
+
+
 def test_a_key_named_as_another_keys_clip_tag_is_refused_and_nothing_of_the_call_written(
     tmp_path,
 ):
