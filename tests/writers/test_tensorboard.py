@@ -574,6 +574,49 @@ def test_purge_step_hides_stale_events_on_resume(tmp_path):
     assert loss == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0)]
 
 
+def test_the_rust_data_server_drops_a_tags_stale_steps_only_when_it_is_written_again(tmp_path):
+    # TensorBoard's default reader ignores the restart that purge_step writes (the README says
+    # so): "eval", not written after the resume, keeps its step 8 there.
+    grpc = pytest.importorskip("grpc")
+    server = pytest.importorskip("tensorboard_data_server").server_binary()
+    from tensorboard import context
+    from tensorboard.data import grpc_provider
+    from tensorboard.data.proto import data_provider_pb2_grpc
+
+    first = writers.TensorBoardWriter(tmp_path / "train")
+    for step in range(10):
+        first.write_scalars(step, {"loss": float(step), **({"eval": 0.5} if step == 8 else {})})
+    first.close()
+    resumed = writers.TensorBoardWriter(tmp_path / "train", purge_step=5)
+    resumed.write_scalars(5, {"loss": 105.0})
+    resumed.close()
+    port_file = tmp_path / "port"
+    args = ["--logdir", str(tmp_path), "--port", "0", "--port-file", str(port_file)]
+    proc = subprocess.Popen([server, *args, "--die-after-stdin"], stdin=subprocess.PIPE)
+    try:
+        for _ in range(600):  # the server writes its port once it listens
+            if port_file.exists() and port_file.read_text().strip():
+                break
+            time.sleep(0.05)
+        address = f"localhost:{int(port_file.read_text())}"
+        stub = data_provider_pb2_grpc.TensorBoardDataProviderStub(grpc.insecure_channel(address))
+        provider = grpc_provider.GrpcDataProvider(address, stub)
+        read: dict = {}
+        for _ in range(200):  # until both files are loaded
+            runs = provider.read_scalars(
+                context.RequestContext(), experiment_id="", plugin_name="scalars", downsample=99
+            )
+            read = {t: [(p.step, p.value) for p in v] for t, v in runs.get("train", {}).items()}
+            if "eval" in read and read["loss"][-1:] == [(5, 105.0)]:
+                break
+            time.sleep(0.05)
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+    assert read["loss"] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0)]
+    assert read["eval"] == [(8, 0.5)]
+
+
 @pytest.mark.parametrize("suffix", ["", ".train"])
 def test_writers_made_in_the_same_second_read_in_the_order_they_were_made(tmp_path, suffix):
     # A counter after the host ("<host>.1.train") sorted before the first file's
