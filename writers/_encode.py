@@ -100,4 +100,5 @@ def hparam(value: object) -> bool | int | float | str:
             return _checks.to_number("hparam", arr)
     elif isinstance(value, int | float):
         return _checks.to_number("hparam", value)
-    return _checks.plain_str(str(value))  # complex, timedelta64 too: JSON has no number
+    with np.printoptions(legacy="1.25"):  # a list of NumPy numbers as [64], not [np.int64(64)]
+        return _checks.plain_str(str(value))  # complex, timedelta64 too: JSON has no number

@@ -459,6 +459,20 @@ def test_hparams_reach_the_hparams_plugin(tmp_path):
     assert hp["warmup"].number_value == 100.0 and hp["wd"].number_value == 0.25
 
 
+def test_a_list_of_numpy_numbers_is_written_as_the_readme_shows_a_list(tmp_path):
+    # NumPy 2 writes its scalars' repr in a list: "[np.int64(64), np.int64(32)]".
+    hparams = {"layers": [np.int64(64), np.int64(32)], "betas": (np.float32(0.5), 0.999)}
+    tb, jsonl = writers.TensorBoardWriter(tmp_path), writers.JsonlWriter(tmp_path)
+    for w in (tb, jsonl):
+        w.write_hparams(hparams)
+        w.close()
+    content = _accumulator(tmp_path).PluginTagToContent("hparams")
+    data = plugin_data_pb2.HParamsPluginData.FromString(content["_hparams_/session_start_info"])
+    shown = {k: v.string_value for k, v in data.session_start_info.hparams.items()}
+    assert shown == {"layers": "[64, 32]", "betas": "(0.5, 0.999)"}
+    assert writers.read_jsonl(jsonl.path)[0]["hparams"] == shown
+
+
 def test_an_hparam_int_of_5000_digits_is_refused_by_its_name(tmp_path):
     # JSONL named 'hparam', as a scalar; TensorBoard raised CPython's own message, no key.
     for writer in (writers.JsonlWriter(tmp_path), writers.TensorBoardWriter(tmp_path)):
