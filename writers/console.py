@@ -103,10 +103,11 @@ class ConsoleWriter(BaseWriter):
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         # As texts: escapes shown, not run; lone surrogates (undecodable file names) escaped.
         # A NaN reads `NaN`, as in a scalar's line (str() gives `nan`), bfloat16 and jax too.
-        texts = {
-            k: "NaN" if isinstance(n := _encode.hparam(v), float) and math.isnan(n) else str(v)
-            for k, v in hparams.items()
-        }
+        with np.printoptions(legacy="1.25"):  # [64, 32], not [np.int64(64), ...], as written
+            texts = {
+                k: "NaN" if isinstance(n := _encode.hparam(v), float) and math.isnan(n) else str(v)
+                for k, v in hparams.items()
+            }
         shown = {k: _CONTROL.sub(_escaped, _checks.plain_str(v)) for k, v in texts.items()}
         if shown:  # an empty call: nothing to show, as for every other kind
             self._print("hyperparameters", shown)

@@ -334,6 +334,16 @@ def test_nan_hparam_reads_as_a_nan_scalar_does():
     )
 
 
+def test_a_list_of_numpy_numbers_reads_as_the_other_writers_write_it():
+    # Printed as `[np.int64(64), np.int64(32)]` (NumPy 2's repr) where TensorBoard and JSONL
+    # write `[64, 32]`.
+    out = io.StringIO()
+    writers.ConsoleWriter(out).write_hparams(
+        {"layers": [np.int64(64), np.int64(32)], "betas": (np.float32(0.5), np.float64(0.999))}
+    )
+    assert out.getvalue() == "hyperparameters\n  betas   (0.5, 0.999)\n  layers  [64, 32]\n"
+
+
 def test_closed_stdout_prints_nothing_as_print_does(monkeypatch):
     monkeypatch.setattr("sys.stdout", None)  # what Python sets for `train.py >&-`
     clock = FakeClock()
