@@ -218,4 +218,4 @@ def _json_array(arr: np.ndarray) -> Any:
             return np.vectorize(_json_number, otypes=[object])(arr).tolist()
     if arr.dtype.kind in "biuf":  # not complex or timedelta64, which JSON has no number for
         return arr.tolist()
-    return np.vectorize(str, otypes=[object])(arr).tolist()
+    return np.vectorize(lambda x: _checks.plain_str(str(x)), otypes=[object])(arr).tolist()

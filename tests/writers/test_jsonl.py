@@ -393,6 +393,22 @@ def test_complex_and_timedelta_tensors_are_written_as_strings(writer):
     assert (line["c"]["values"], line["d"]["values"]) == (["(1+2j)"], ["0:01:30"])
 
 
+def test_string_tensors_with_lone_surrogates_are_written_escaped_as_texts_are(writer):
+    # A string tensor's elements went out as they were: the line held "a\ud800", which strict
+    # readers (jq) mangle, while write_texts writes the same string as "b\\ud800".
+    writer.write_summaries(1, {"s": np.array(["a\ud800", "ok"])})
+    writer.write_texts(2, {"t": "b\ud800"})
+    writer.flush()
+    with open(writer.path, "rb") as f:
+        lines = [json.loads(line.decode("utf-8", errors="strict")) for line in f]
+    assert lines[0]["s"]["values"] == ["a\\ud800", "ok"]
+    assert lines[1]["t"] == "b\\ud800"
+    assert [r["s"]["values"] for r in writers.read_jsonl(writer.path) if "s" in r] == [
+        ["a\\ud800", "ok"]
+    ]
+    json.dumps(lines, ensure_ascii=False).encode("utf-8")  # no lone surrogate left to refuse
+
+
 class Opt(enum.StrEnum):
     ADAM = "adam"
 
