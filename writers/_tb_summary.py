@@ -141,9 +141,14 @@ def histogram(key: str, arr: np.ndarray, num_buckets: int | None) -> Any:
     return Value(tag=key, histo=histo)
 
 
+def hparam(value: object) -> bool | float | str:
+    """A hyperparameter as the HParams plugin stores it: a bool, a str or a float."""
+    encoded = _encode.hparam(value)
+    return encoded if isinstance(encoded, bool | str) else _encode.as_float(encoded)
+
+
 def hparams(values: Mapping[str, Any]) -> list[Any]:
-    encoded = {k: _encode.hparam(v) for k, v in values.items()}
-    plain = {k: v if isinstance(v, bool | str) else _encode.as_float(v) for k, v in encoded.items()}
+    plain = {k: hparam(v) for k, v in values.items()}
     # tensorboardX logs "NaN or Inf found in input tensor." per such value, naming no key:
     # it gets 0.0, and the value is set in the plugin data it built.
     nonfinite = {k: v for k, v in plain.items() if isinstance(v, float) and not math.isfinite(v)}

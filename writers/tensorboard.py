@@ -141,7 +141,8 @@ class TensorBoardWriter(BaseWriter):
         # are warned about, and an empty one, which would hide every later one, is not written.
         if not hparams:
             return
-        shown = {key: repr(value) for key, value in hparams.items()}  # arrays compare as text
+        # As written (0.1 and np.float64(0.1) alike); repr so that a NaN equals itself.
+        shown = {key: repr(self._tb.hparam(value)) for key, value in hparams.items()}
         if self._hparams_shown is None:
             self._hparams_shown = shown  # so nothing is hidden below
         hidden = sorted(k for k, v in shown.items() if self._hparams_shown.get(k) != v)

@@ -516,6 +516,25 @@ def test_hparams_tensorboard_cannot_show_are_warned_about_and_an_empty_call_hide
     ]
 
 
+def test_hparams_equal_as_written_are_not_warned_about_and_a_changed_one_is(tmp_path, caplog):
+    # Values were compared by repr(): 0.1 then np.float64(0.1) (repr "np.float64(0.1)"), 1
+    # then np.int32(1), NaN then np.float32 NaN were warned about as not shown, though
+    # TensorBoard holds the same value for each.
+    w = writers.TensorBoardWriter(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        w.write_hparams({"lr": 0.1, "n": 1, "eps": math.nan})
+        w.write_hparams({"lr": np.float64(0.1), "n": np.int32(1), "eps": np.float32("nan")})
+        assert [r for r in caplog.records if "HParams tab" in r.getMessage()] == []
+        w.write_hparams({"lr": np.float64(0.2), "n": 1.0})
+    w.close()
+    warned = [r.getMessage() for r in caplog.records if "HParams tab" in r.getMessage()]
+    assert warned == [
+        f"TensorBoardWriter({tmp_path}): TensorBoard's HParams tab shows the first "
+        "write_hparams of a run alone; ['lr'] of a later one are not shown there (the "
+        "other writers have them). Write every hyperparameter in one call. Warned once."
+    ]
+
+
 def test_nonfinite_hparams_are_kept_without_tensorboardx_s_keyless_warning(tmp_path, caplog):
     w = writers.TensorBoardWriter(tmp_path)
     with caplog.at_level(logging.WARNING):
