@@ -783,7 +783,7 @@ class MetricsManager:
         its deadline, or, past a signal's bound, the summary's computation or a wait for device
         values, whose writers then get nothing and whose future fails (it resolved to None,
         recorded as a writer 'summary' quarantined)."""
-        cap = self._worker.cap
+        cap = self._worker.stuck_cap
         if label.startswith("writer "):
             self._fanout.stuck(label, cap, job)
             return

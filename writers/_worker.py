@@ -90,7 +90,9 @@ class OrderedWorker:
         self._cond = threading.Condition(threading.RLock())  # re-entrant for signal handlers
         self._queue: collections.deque[Job] = collections.deque()
         self._current: Job | None = None
-        self._piece: tuple[str, float] | None = None  # (label, monotonic deadline)
+        # (label, monotonic deadline, the `hurry` cap that set that deadline or None)
+        self._piece: tuple[str, float, float | None] | None = None
+        self.stuck_cap: float | None = None  # the abandoned piece's cap, for `on_stuck`
         self.cap: float | None = None  # `hurry`'s bound on every deadline
         self._generation = 0
         self._queued = 0  # jobs queued so far; they end in that order
@@ -207,10 +209,10 @@ class OrderedWorker:
             end = time.monotonic() + cap_s
             job = self._current
             if self._piece is not None:
-                label, own = self._piece
-                self._piece = (label, min(own, end))
+                label, own, capped = self._piece
+                self._piece = (label, end, cap_s) if end < own else (label, own, capped)
             elif job is not None and job.index < len(job.pieces):  # running with no deadline
-                self._piece = (job.pieces[job.index][0], end)
+                self._piece = (job.pieces[job.index][0], end, cap_s)
 
     def close(self, timeout: float | None = None) -> bool:
         """Runs what is queued, then stops the thread; False if `timeout` passed first."""
@@ -257,6 +259,9 @@ class OrderedWorker:
             job.index += 1
             self._piece = None
             if self._on_stuck is not None:
+                # The cap that armed it, even if `hurry(None)` lifted it since: a signal's
+                # flush that gave up first, and a close() that abandoned the piece after it.
+                self.stuck_cap = piece[2]
                 self._on_stuck(piece[0], job)
             self._spawn()
 
@@ -331,9 +336,14 @@ class OrderedWorker:
     def _arm(self, job: Job) -> None:
         index, pieces = job.index, job.pieces
         label, _, deadline = pieces[index] if index < len(pieces) else ("", None, None)
-        if self.cap is not None and index < len(pieces):
-            deadline = self.cap if deadline is None else min(deadline, self.cap)
-        self._piece = None if deadline is None else (label, time.monotonic() + deadline)
+        capped = None
+        if (
+            self.cap is not None
+            and index < len(pieces)
+            and (deadline is None or self.cap < deadline)
+        ):
+            deadline = capped = self.cap
+        self._piece = None if deadline is None else (label, time.monotonic() + deadline, capped)
 
     def _finish(self, job: Job, generation: int) -> None:
         error = job.state.get("error")

@@ -130,6 +130,29 @@ def test_hurry_abandons_a_running_piece_with_no_deadline_and_nothing_runs_twice(
     assert worker.close(5)
 
 
+def test_a_piece_abandoned_after_hurry_was_undone_is_reported_with_the_cap_that_bound_it():
+    # A signal's flush that gave up first (its queue wait ended a hair before the piece's
+    # capped deadline) undoes `hurry`; the piece, abandoned after that by a later wait, was
+    # reported as past its own deadline (writer_deadline_s=60.0), not the signal's 2 s bound.
+    stuck: list[tuple[str, float | None]] = []
+    release = threading.Event()
+    started = threading.Event()
+
+    def hung(job):
+        started.set()
+        release.wait()
+
+    worker = OrderedWorker("w", on_stuck=lambda label, job: stuck.append((label, worker.stuck_cap)))
+    job = worker.submit([("writer 'hung'", hung, 60.0), ("next", lambda job: None, None)])
+    assert started.wait(5)
+    worker.hurry(0.2)
+    worker.hurry(None)
+    assert job.result(5) is None
+    assert stuck == [("writer 'hung'", 0.2)]
+    release.set()
+    assert worker.close(5)
+
+
 def test_drain_waits_for_the_jobs_queued_before_it_not_those_queued_meanwhile():
     ran: list[int] = []
     stop = threading.Event()
