@@ -160,9 +160,10 @@ _REQUIRED: Any = _Required()
 
 def _outputs(
     cls: type, predictions: Any, labels: Any, others: dict[str, Any], probabilities: bool = False
-) -> tuple[Any, Any, str]:
-    """`predictions`, or `logits=` in their place unless they are `probabilities`, `labels`,
-    and the scores' name as passed (for the messages); refuses them missing. Beside
+) -> tuple[jax.Array, jax.Array, str]:
+    """`predictions`, or `logits=` in their place unless they are `probabilities`, `labels`
+    (both as arrays, by `_arrays`), and the scores' name as passed (for the messages);
+    refuses them missing. Beside
     `predictions=`, `logits=` are another metric's (a Collection passes CLU's `Accuracy` and
     `AUROC` the same outputs): `metrics_manager.nnx.Metric` takes `predictions=` then too."""
     name, logits = f"{cls.__name__}.from_model_output", others.get("logits")
@@ -179,6 +180,7 @@ def _outputs(
     ]:
         also = "" if probabilities else " (the scores may come as logits=)"
         raise TypeError(f"{name}: missing {' and '.join(missing)}; pass them{also}")
+    predictions, labels = _arrays(cls, **{scores: predictions, "labels": labels})
     return predictions, labels, scores
 
 
@@ -386,9 +388,6 @@ class _ConfusionCounts(_Counts):
         _refuse_misspelled(cls, others, ("threshold", "average"))
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels, name = _outputs(cls, predictions, labels, others)
-        predictions, labels = _arrays(
-            cls, "from_model_output", **{name: predictions, "labels": labels}
-        )
         num_classes, binary, fits = 2, predictions.shape == labels.shape, True
         if binary:
             if isinstance(threshold, np.floating | np.integer) and np.ndim(threshold) == 0:
@@ -595,9 +594,6 @@ class TopKAccuracy(_Counts):
         _refuse_misspelled(cls, others, ("k",))
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels, name = _outputs(cls, predictions, labels, others)
-        predictions, labels = _arrays(
-            cls, "from_model_output", **{name: predictions, "labels": labels}
-        )
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
@@ -668,7 +664,6 @@ class AUROC(_Counts):
         _refuse_misspelled(cls, others, ("num_bins",))
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels, _ = _outputs(cls, predictions, labels, others, probabilities=True)
-        predictions, labels = _arrays(cls, predictions=predictions, labels=labels)
         if predictions.shape != labels.shape:
             expected = f"{labels.shape}, one score of the positive class per label"
             _add_shape_problem(problems, predictions, labels, expected, "predictions", others)
@@ -744,9 +739,6 @@ class Perplexity(_Counts):
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
         predictions, labels, name = _outputs(cls, predictions, labels, others)
-        predictions, labels = _arrays(
-            cls, "from_model_output", **{name: predictions, "labels": labels}
-        )
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
             expected = f"logits of shape {labels.shape + ('V',)}"

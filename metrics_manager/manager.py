@@ -778,12 +778,11 @@ class MetricsManager:
                 fix,
             )
 
-    def _stuck(self, label: str, job: Job) -> None:
+    def _stuck(self, label: str, job: Job, cap: float | None) -> None:
         """The worker abandoned `label`'s piece of `job` (under its lock): a writer's call past
         its deadline, or, past a signal's bound, the summary's computation or a wait for device
         values, whose writers then get nothing and whose future fails (it resolved to None,
         recorded as a writer 'summary' quarantined)."""
-        cap = self._worker.stuck_cap
         if label.startswith("writer "):
             self._fanout.stuck(label, cap, job)
             return

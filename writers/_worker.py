@@ -70,7 +70,8 @@ class OrderedWorker:
     Args:
       name: thread name, also used in error messages.
       max_pending: most jobs waiting at once behind the running one.
-      on_stuck: `on_stuck(label, job)` when a piece is abandoned (runs under the lock: be short).
+      on_stuck: `on_stuck(label, job, cap)` when a piece is abandoned, `cap` the `hurry` bound
+        that set its deadline (else None), lifted since or not (runs under the lock: be short).
       on_error: `on_error(label, job, error)` when a piece of a job nobody waits on (`post`)
         fails, in place of logging it.
     """
@@ -80,7 +81,7 @@ class OrderedWorker:
         name: str,
         *,
         max_pending: int = 16,
-        on_stuck: Callable[[str, Job], None] | None = None,
+        on_stuck: Callable[[str, Job, float | None], None] | None = None,
         on_error: Callable[[str, Job, BaseException], None] | None = None,
     ) -> None:
         self.name = name
@@ -92,7 +93,6 @@ class OrderedWorker:
         self._current: Job | None = None
         # (label, monotonic deadline, the `hurry` cap that set that deadline or None)
         self._piece: tuple[str, float, float | None] | None = None
-        self.stuck_cap: float | None = None  # the abandoned piece's cap, for `on_stuck`
         self.cap: float | None = None  # `hurry`'s bound on every deadline
         self._generation = 0
         self._queued = 0  # jobs queued so far; they end in that order
@@ -261,8 +261,7 @@ class OrderedWorker:
             if self._on_stuck is not None:
                 # The cap that armed it, even if `hurry(None)` lifted it since: a signal's
                 # flush that gave up first, and a close() that abandoned the piece after it.
-                self.stuck_cap = piece[2]
-                self._on_stuck(piece[0], job)
+                self._on_stuck(piece[0], job, piece[2])
             self._spawn()
 
     def _spawn(self) -> None:

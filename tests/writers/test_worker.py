@@ -23,7 +23,7 @@ def test_an_abandoned_piece_that_returns_late_runs_nothing_twice():
         release.wait()
         ran.append("slow")
 
-    worker = OrderedWorker("test", on_stuck=lambda label, job: stuck.append(label))
+    worker = OrderedWorker("test", on_stuck=lambda label, job, cap: stuck.append(label))
     first = worker.submit(
         [("a", mark("a"), None), ("slow", slow, 0.2), ("b", mark("b"), None), ("c", mark("c"), 5)]
     )
@@ -77,7 +77,7 @@ def test_hurry_bounds_the_running_and_later_deadlines_until_undone():
     stuck: list[tuple[str, float]] = []
     hang = threading.Event()
 
-    def on_stuck(label, job):
+    def on_stuck(label, job, cap):
         stuck.append((label, time.monotonic() - start))
 
     worker = OrderedWorker("hurry", on_stuck=on_stuck)
@@ -142,7 +142,7 @@ def test_a_piece_abandoned_after_hurry_was_undone_is_reported_with_the_cap_that_
         started.set()
         release.wait()
 
-    worker = OrderedWorker("w", on_stuck=lambda label, job: stuck.append((label, worker.stuck_cap)))
+    worker = OrderedWorker("w", on_stuck=lambda label, job, cap: stuck.append((label, cap)))
     job = worker.submit([("writer 'hung'", hung, 60.0), ("next", lambda job: None, None)])
     assert started.wait(5)
     worker.hurry(0.2)
@@ -225,7 +225,7 @@ def test_a_worker_that_can_start_no_thread_has_its_waiting_caller_run_the_queue(
     release = threading.Event()
     ran: list[str] = []
     stuck: list[str] = []
-    worker = OrderedWorker("orphan", on_stuck=lambda label, job: stuck.append(label))
+    worker = OrderedWorker("orphan", on_stuck=lambda label, job, cap: stuck.append(label))
     hung = worker.submit(
         [("hang", lambda job: release.wait(), 0.2), ("b", lambda job: ran.append("b"), None)]
     )
@@ -254,7 +254,7 @@ def test_an_overrun_is_noticed_at_the_next_post_without_a_waiting_caller():
     ran: list[str] = []
     stuck: list[str] = []
     release = threading.Event()
-    worker = OrderedWorker("post", on_stuck=lambda label, job: stuck.append(label))
+    worker = OrderedWorker("post", on_stuck=lambda label, job, cap: stuck.append(label))
     worker.post(
         [("hung", lambda job: release.wait(), 0.2), ("rest", lambda j: ran.append("rest"), None)]
     )
@@ -276,7 +276,7 @@ def test_waiting_on_a_future_abandons_an_overrun_piece_and_timeouts_hold():
     # Only a submit, post or drain noticed an overrun: result() on the future waited forever.
     release = threading.Event()
     stuck: list[str] = []
-    worker = OrderedWorker("test", on_stuck=lambda label, job: stuck.append(label))
+    worker = OrderedWorker("test", on_stuck=lambda label, job, cap: stuck.append(label))
 
     def result(job):
         job.result = "computed"
