@@ -1250,7 +1250,11 @@ def test_a_flush_that_waited_on_a_failing_upload_fails_with_it_and_does_not_try_
         tb.write_scalars(2, {"loss": 2.0})
         threads = [threading.Thread(target=flush, args=(tb,)) for _ in range(2)]
         threads[0].start()
-        time.sleep(0.3)  # the first upload is retrying
+        parts = tb._file._file  # the remote event file's parts (`_storage.PartStream`)
+        for _ in range(600):  # until the first upload is under way (0.3 s missed it under load)
+            if parts._upload.locked():
+                break
+            time.sleep(0.005)
         threads[1].start()
         for thread in threads:
             thread.join()
