@@ -16,7 +16,7 @@ such as a local log copied there, before the parts). Every line is strict JSON:
 * Arrays are summarized: images, videos, audio as `{"type", "shape"}` (audio adds
   `sample_rate`); histograms as `{"type": "histogram", "count", "min", "max", "mean",
   "edges", "counts"}`; raw tensors as `{"type": "tensor", "shape", "dtype", "values"}`,
-  `values` only up to `max_array_size` elements.
+  `values` only up to `max_array_size` elements (bytes decoded as UTF-8, as strings).
 * Hyperparameters are one line with `"step": null` and `"hparams": {...}` (nested mappings
   as dotted names, `"opt.lr"`; values other than bool, number and str as their `str()`).
   An empty write, of hyperparameters or anything else, writes no line.
@@ -218,4 +218,13 @@ def _json_array(arr: np.ndarray) -> Any:
             return np.vectorize(_json_number, otypes=[object])(arr).tolist()
     if arr.dtype.kind in "biuf":  # not complex or timedelta64, which JSON has no number for
         return arr.tolist()
-    return np.vectorize(lambda x: _checks.plain_str(str(x)), otypes=[object])(arr).tolist()
+    return np.vectorize(_json_str, otypes=[object])(arr).tolist()
+
+
+def _json_str(item: Any) -> str:
+    """One element of a string or object tensor as text: bytes decoded as UTF-8 (as TensorBoard
+    shows a string tensor), not their repr "b'x'"; undecodable bytes and lone surrogates as
+    backslash escapes (`b"\\xff"` as "\\xff"), as `write_texts` escapes lone surrogates."""
+    if isinstance(item, bytes):
+        return item.decode("utf-8", errors="backslashreplace")
+    return _checks.plain_str(str(item))

@@ -409,6 +409,24 @@ def test_string_tensors_with_lone_surrogates_are_written_escaped_as_texts_are(wr
     json.dumps(lines, ensure_ascii=False).encode("utf-8")  # no lone surrogate left to refuse
 
 
+def test_bytes_tensors_are_written_decoded_as_string_tensors_are(writer):
+    # A bytes element went out as its repr: np.array([b"x"]) read back as "b'x'", while
+    # TensorBoard stores the bytes themselves and shows them as text.
+    writer.write_summaries(
+        1,
+        {
+            "s": np.array([b"x", "café".encode(), b"a\xff"]),
+            "o": np.array([b"y", "z"], dtype=object),
+            "scalar": np.bytes_(b"q"),
+        },
+    )
+    writer.flush()
+    (line,) = writers.read_jsonl(writer.path)
+    assert line["s"]["values"] == ["x", "café", "a\\xff"]  # undecodable: escaped, as surrogates
+    assert (line["o"]["values"], line["scalar"]["values"]) == (["y", "z"], "q")
+    assert _strict_lines(writer.path) == [line]
+
+
 class Opt(enum.StrEnum):
     ADAM = "adam"
 
