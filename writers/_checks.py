@@ -776,21 +776,35 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
             "np.moveaxis(x, -1, -2)."
         )
     if kind != "histogram":
-        empty = f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
-        return empty if arr.size == 0 else None
+        if arr.size == 0:
+            return f"{kind} {key!r} is empty (shape {arr.shape}); there is nothing to draw or play."
+        # Refused as in a histogram: the encoders wrote NaN as 0 (a black pixel, silence).
+        if values and (bad := _nonfinite(arr)):
+            what = "samples" if kind == "audio" else "pixels"
+            return (
+                f"{kind} {key!r} has {bad} NaN/Inf values out of {arr.size}; {what} need "
+                "finite values. Replace them (np.nan_to_num(x)) or log the count as a scalar."
+            )
+        return None
     if not real:
         return f"histogram {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
     if arr.size == 0:
         return f"histogram {key!r} is empty (shape {arr.shape}); there is nothing to bin."
-    if values:
-        with np.errstate(over="ignore"):  # bins are float64: a long double past 1.8e308 is inf
-            finite = np.isfinite(arr.astype(np.float64) if arr.dtype.itemsize > 8 else arr)
-        if bad := int(np.size(arr) - np.count_nonzero(finite)):
-            return (
-                f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "
-                "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
-            )
+    if values and (bad := _nonfinite(arr)):
+        return (
+            f"histogram {key!r} has {bad} NaN/Inf entries out of {arr.size}; bins need "
+            "finite values. Filter them (x[np.isfinite(x)]) or log the count as a scalar."
+        )
     return None
+
+
+def _nonfinite(arr: np.ndarray) -> int:
+    """How many of a real array's values are NaN or infinite (none in an integer array)."""
+    if arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.integer):
+        return 0
+    with np.errstate(over="ignore"):  # read as float64: a long double past 1.8e308 is inf
+        finite = np.isfinite(arr.astype(np.float64) if arr.dtype.itemsize > 8 else arr)
+    return int(np.size(arr) - np.count_nonzero(finite))
 
 
 def check_sample_rate(sample_rate: Any, method: str) -> None:

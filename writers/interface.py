@@ -13,8 +13,9 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
   how it shows them. Images are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4), integers in
   [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]` alike; audio `[N, T, C]` floats in
   [-1, 1] (integer PCM is refused, as is a clip of more channels than samples: `[N, C, T]`)
-  with an integer `sample_rate`; none of them empty. Values
-  outside their range are clipped, and the writers that encode them warn once per key.
+  with an integer `sample_rate`; none of them empty, and none holding NaN or +-Inf (refused
+  as in a histogram). Values outside their range are clipped, and the writers that encode
+  them warn once per key.
   Histogram inputs are any finite numeric array that is not empty (bools count as 0 and 1,
   as in `np.histogram`), with `num_buckets` per
   key (a missing key or None: 30). JAX's bfloat16, float8 and int4 values are written as float32 and int8 (exactly).
@@ -23,8 +24,8 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
 * Bad input raises `TypeError` or `ValueError` naming every bad key, what was expected and
   what came, before anything of that call is written. (`NoopWriter` checks nothing.) A
   wrapper checks arrays by shape and dtype, without waiting for a device array; what needs
-  their values (NaN in a histogram) each wrapped writer checks, and `MultiWriter` raises
-  it as a `WriterError`, `AsyncWriter` on the next call.
+  their values (NaN in a histogram, image or clip) each wrapped writer checks, and
+  `MultiWriter` raises it as a `WriterError`, `AsyncWriter` on the next call.
 * A key written twice at one step is recorded twice; writers never merge or deduplicate
   (but a W&B row keeps one value per key: `WandbWriter` keeps the last and warns).
 * Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.

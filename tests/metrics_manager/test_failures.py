@@ -1639,6 +1639,41 @@ def test_a_ready_value_no_writer_takes_is_refused_at_the_call(tmp_path, value, e
     assert manager.errors == []
 
 
+def test_nan_in_an_image_or_clip_is_left_out_as_in_a_histogram(tmp_path):
+    # NaN and infinities in an image or clip were written as black pixels and silence (inf
+    # as white, a full-scale sample), where a NaN histogram is left out, logged and counted.
+    grid = np.full((1, 2, 2, 3), 0.5, np.float32)
+    nan_grid = grid.copy()
+    nan_grid[0, 0, 0, 0] = np.nan
+    clip = np.array([[[0.25], [np.inf]]], np.float32)
+    with MetricsManager("train", tmp_path, writer_factory=files_and()) as manager:
+        summary = {
+            "loss": Sum(np.float32(1.0)),
+            "samples": clu.values.Image(grid),
+            "diverged": clu.values.Image(nan_grid),
+            "speech": clu.values.Audio(clip, 8000),
+        }
+        manager.write_metrics_summary(summary, 1, 1)
+        manager.write_images(2, {"host": nan_grid, "device": jnp.asarray(nan_grid)})
+    logdir = str(tmp_path / "train")
+    assert [sorted(set(x) - {"time", "collection"}) for x in read_jsonl(logdir)] == [
+        ["loss", "step"],
+        ["samples", "step"],
+    ]
+    acc = read_tensorboard(logdir)
+    assert acc.Tags()["tensors"] == ["samples"]  # the images and clips TensorBoard holds
+    failed = sorted((f.source, f.step, str(f.error).split(": ", 1)[-1]) for f in manager.errors)
+    assert [(source, step) for source, step, _ in failed] == [
+        ("metric:device", 2),
+        ("metric:diverged", 1),
+        ("metric:host", 2),
+        ("metric:speech", 1),
+    ]
+    assert failed[1][2].startswith("image 'diverged' has 1 NaN/Inf values out of 12; pixels")
+    assert failed[3][2].startswith("audio 'speech' has 1 NaN/Inf values out of 2; samples")
+    assert manager.health()["writers"]["jsonl"]["failures"] == 0
+
+
 _SIGNAL_DURING_CLOSE = """
 import os, signal, sys, threading, time
 import writers

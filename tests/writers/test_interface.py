@@ -221,6 +221,18 @@ BAD_CALLS = [
         lambda w: w.write_audios(0, {"a": np.zeros((1, 4, 1))}, sample_rate=8.5),
     ),
     ("NaN histogram", ValueError, lambda w: w.write_histograms(0, {"h": np.array([np.nan])})),
+    # NaN and infinities in media were written as black or white pixels and silence.
+    ("NaN image", ValueError, lambda w: w.write_images(0, {"i": np.full((2, 2, 3), np.nan)})),
+    (
+        "Inf video",
+        ValueError,
+        lambda w: w.write_videos(0, {"v": np.full((1, 2, 2, 2, 1), np.inf, np.float32)}),
+    ),
+    (
+        "NaN audio",
+        ValueError,
+        lambda w: w.write_audios(0, {"a": np.array([[[0.5], [np.nan]]])}, sample_rate=8),
+    ),
     # Complex: the imaginary part was dropped (an all-imaginary histogram counted zeros).
     ("complex histogram", ValueError, lambda w: w.write_histograms(0, {"h": np.array([1j])})),
     (
@@ -279,6 +291,9 @@ REFUSED = {
     "float rate": "sample_rate must be an integer number of samples per second, got 8.5 of "
     "type float.",
     "NaN histogram": "histogram 'h' has 1 NaN/Inf entries out of 1;",
+    "NaN image": "image 'i' has 12 NaN/Inf values out of 12; pixels need finite values.",
+    "Inf video": "video 'v' has 8 NaN/Inf values out of 8; pixels need finite values.",
+    "NaN audio": "audio 'a' has 1 NaN/Inf values out of 2; samples need finite values.",
     "complex histogram": "histogram 'h' must be real numbers, got dtype complex128.",
     "complex video": "video 'v' must be real numbers, got dtype complex128.",
     "text not str": "text 't' must be a str, got bytes b'x'",
@@ -449,17 +464,20 @@ WRAPPERS = {
     ),
 }
 
+# Bad calls that need the values (a wrapper checks shapes alone, not waiting for a device).
+_VALUE_CHECKS = {"NaN histogram", "NaN image", "Inf video", "NaN audio"}
+
 
 @pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
 def test_wrappers_refuse_bad_input_at_the_call_and_write_none_of_it(wrapper, tmp_path):
     """Shapes, dtypes, texts, rates and bucket counts are refused with the backends' own
-    TypeError/ValueError before any wrapped writer runs; NaN in a histogram needs its
-    values, which each backend reads, so a wrapper reports it as a WriterError."""
+    TypeError/ValueError before any wrapped writer runs; NaN in a histogram or image needs
+    its values, which each backend reads, so a wrapper reports it as a WriterError."""
     from tensorboard.backend.event_processing import event_accumulator as ea
 
     w = WRAPPERS[wrapper](tmp_path)
     for name, error, call in BAD_CALLS:
-        if name != "NaN histogram":
+        if name not in _VALUE_CHECKS:
             with pytest.raises(error) as refused:
                 call(w)
                 pytest.fail(f"{wrapper} accepted {name}")
@@ -469,6 +487,9 @@ def test_wrappers_refuse_bad_input_at_the_call_and_write_none_of_it(wrapper, tmp
     with pytest.raises(WriterError, match=r"histogram 'h' has 1 NaN/Inf entries out of 2"):
         w.write_histograms(2, {"h": np.array([np.nan, 1.0])})  # MultiWriter: at the call
         w.flush()  # the async wrappers: here
+    with pytest.raises(WriterError, match=r"image 'i' has 1 NaN/Inf values out of 3"):
+        w.write_images(2, {"i": np.array([[[np.nan, 0.5, 1.0]]])})
+        w.flush()
     w.write_scalars(3, {"ok": 1.0})
     w.close()
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
