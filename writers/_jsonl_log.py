@@ -402,8 +402,8 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         there) reads as on the URL.
 
     Returns:
-      The lines in write order (a last line still being written, and lines of NUL bytes
-      alone, a crash's zero fill, or blank ones are left out: the latter with a warning).
+      The lines in write order (a last line still being written, and lines holding NUL
+      bytes, a crash's zero fill, or blank ones are left out: the latter with a warning).
 
     Raises:
       FileNotFoundError: no log at `path`.
@@ -425,6 +425,18 @@ def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         # Blocks a crash left zero-filled, or a blank line a person or script added: no data.
         if not line.strip(b"\0 \t\r\n"):
             logging.warning("read_jsonl: skipping line %d of %s: NUL bytes or blank", number, path)
+            continue
+        # Zero-filled blocks inside the log: the fill joins the start of the line before it to
+        # the end of a later one. A writer's line holds no NUL byte (JSON escapes it).
+        if b"\0" in line:
+            shown = re.sub(rb"\0+", lambda run: b"<%d NUL>" % len(run.group()), line)[:120]
+            logging.warning(
+                "read_jsonl: skipping line %d of %s: it holds NUL bytes, which a machine crash "
+                "leaves where blocks never reached the disk: %r",
+                number,
+                path,
+                shown,
+            )
             continue
         try:
             records.append(json.loads(line))

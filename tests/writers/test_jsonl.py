@@ -703,6 +703,29 @@ def test_nul_bytes_a_crash_left_at_the_end_are_dropped_and_every_line_kept(
     assert [r for r in caplog.records if "line 3 of" in r.getMessage()]
 
 
+def test_a_line_holding_nul_bytes_is_skipped_and_the_lines_around_it_read(tmp_path, caplog):
+    """Blocks a crash zero-filled inside the log join the start of one line to the end of a
+    later one; read_jsonl refused the whole log ("line 3 ... is not JSON"), and for a line
+    starting with NUL bytes named a 'utf-32-be' codec."""
+    path = tmp_path / "metrics.jsonl"
+    lines = [b'{"step": %d, "a": %d.0}\n' % (step, step) for step in range(1, 6)]
+    for damaged in (
+        b'{"step": 3, "a"' + b"\0" * 4096 + b".0}\n",  # lines 3 and 4 joined by the fill
+        b"\0" * 4096 + b'"a": 4.0}\n',  # the fill from a line's start
+    ):
+        path.write_bytes(b"".join(lines[:2]) + damaged + lines[4])
+        assert [(x["step"], x["a"]) for x in writers.read_jsonl(path)] == [
+            (1, 1.0),
+            (2, 2.0),
+            (5, 5.0),
+        ]
+    (skipped, *_) = [r.getMessage() for r in caplog.records if "NUL" in r.getMessage()]
+    assert "skipping line 3 of" in skipped and "<4096 NUL>" in skipped
+    with writers.JsonlWriter(path, clock=lambda: 1.0) as w:  # the log goes on after it
+        w.write_scalars(6, {"a": 6.0})
+    assert [x["step"] for x in writers.read_jsonl(path)] == [1, 2, 5, 6]
+
+
 @pytest.mark.parametrize(
     "name, before",
     [
