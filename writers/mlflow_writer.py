@@ -10,7 +10,9 @@ unreachable, what failed to send stays buffered (in memory, up to `max_buffer_mb
 the oldest metrics, then files, are dropped and logged) and goes with the next send; what
 the store refuses at a send (a param another client changed, a deleted run) is dropped, and
 that send raises. A changed param of this writer's run is refused by its `write_hparams`
-(under a manager or `AsyncWriter`, on the worker: a writer failure).
+(under a manager or `AsyncWriter`, on the worker: a writer failure). At start, the
+constructor fails with a ConnectionError naming an http(s) tracking URI where no server
+answers within about 15 s, instead of waiting out MLflow's 4 minutes of retries.
 
 Where values land: scalars are metrics (`log_batch`, up to MLflow's 1000 metrics a batch;
 float64, so ints past 2**53 are rounded; NaN kept, infinities as the store keeps them: the
@@ -59,6 +61,11 @@ from absl import logging
 from writers import _base, _checks, _encode, _storage
 
 _METRIC_BYTES = 180  # a buffered scalar's memory (tracemalloc), for `max_buffer_mb`
+# How `_check_server` tries a tracking server at start, where the MLFLOW_HTTP_REQUEST_*
+# variables are unset: 4 tries, 4 s and 8 s apart (MLflow's backoff, up to 1 s of jitter
+# each), each giving up on a connection after 5 s; the answer itself may take MLflow's
+# MLFLOW_HTTP_REQUEST_TIMEOUT (120 s), so a slow server still works.
+_START_RETRIES, _START_BACKOFF, _START_CONNECT_S = 3, 2, 5.0
 
 
 class MlflowWriter(_base.TrackerWriter):
@@ -84,6 +91,8 @@ class MlflowWriter(_base.TrackerWriter):
     Raises:
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
       ValueError: `resume_step` is negative, or given with no run_id, run_name or collection.
+      ConnectionError: no server answers at an http(s) `tracking_uri` within about 15 s
+        (see `_check_server`).
     """
 
     _url_paths = True
@@ -147,6 +156,7 @@ class MlflowWriter(_base.TrackerWriter):
         if not here:
             return
         self._client = client = mlflow.MlflowClient(tracking_uri)
+        _check_server(client)
         run_name = run_name or collection
         self._owned = run_id is None or resume_step is not None
         if run_id is None and resume_step is not None:  # the latest run named run_name
@@ -423,6 +433,47 @@ class MlflowWriter(_base.TrackerWriter):
             return
         with self._lock:
             self._pending_files.update(paths)
+
+
+def _check_server(client: Any) -> None:
+    """Raises ConnectionError, naming the URI, where no server answers at an http(s) tracking
+    URI. MLflow's client retries a refused connection 7 times over about 4 minutes by default
+    (249 s measured), so a writer made against a server that was down or a mistyped port
+    stalled the program that long at start before failing. Any HTTP answer will do (a 404 or
+    401 too: the calls after it report those); what the MLFLOW_HTTP_REQUEST_* variables set is
+    kept, and only their unset defaults are shortened here (`_START_RETRIES`), for this one
+    request: the run's later requests retry as MLflow's client does."""
+    uri = client.tracking_uri
+    if not uri.startswith(("http://", "https://")):
+        return  # a database or a file store, or a Databricks workspace with its own client
+    from mlflow import environment_variables as env
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils import rest_utils
+
+    retries = None if env.MLFLOW_HTTP_REQUEST_MAX_RETRIES.defined else _START_RETRIES
+    backoff = None if env.MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR.defined else _START_BACKOFF
+    timeout = None
+    if not env.MLFLOW_HTTP_REQUEST_TIMEOUT.defined:  # (connect, read): only connecting is cut
+        timeout = (_START_CONNECT_S, env.MLFLOW_HTTP_REQUEST_TIMEOUT.get())
+    start = time.monotonic()
+    try:
+        rest_utils.http_request(
+            client._tracking_client.store.get_host_creds(),
+            "/health",
+            "GET",
+            max_retries=retries,
+            backoff_factor=backoff,
+            timeout=timeout,
+            raise_on_status=False,
+        )
+    except MlflowException as err:
+        raise ConnectionError(
+            f"MlflowWriter: no MLflow tracking server answered at {uri} (tried for "
+            f"{time.monotonic() - start:.0f} s: {err.message}). Start the server there, or pass "
+            "the tracking_uri= (or set MLFLOW_TRACKING_URI to the URI) of one that runs; "
+            "MLFLOW_HTTP_REQUEST_MAX_RETRIES and MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR set how long "
+            "this waits for a server that is still starting."
+        ) from err
 
 
 def _latest_run_named(client: Any, experiment_id: str, name: str) -> list[Any]:

@@ -18,6 +18,7 @@ from mlflow import MlflowClient
 from PIL import Image
 
 import writers
+from tests.storage_servers import free_port
 from tests.writers.tracker_stores import mlflow_server, sqlite_store
 from writers import _checks, _encode
 
@@ -586,3 +587,50 @@ def test_against_a_real_mlflow_server(tmp_path):
             a.path for d in ("texts", "texts/eval") for a in client.list_artifacts(w.run_id, d)
         }
         assert stored == {"texts/note", "texts/sample 1", "texts/eval", "texts/eval/sample-2"}
+
+
+_HTTP_SETTINGS = ("MAX_RETRIES", "BACKOFF_FACTOR", "BACKOFF_JITTER", "TIMEOUT")
+
+
+@pytest.mark.parametrize("retries", [None, "0"], ids=["default", "user_set"])
+def test_an_unreachable_tracking_server_fails_the_writer_in_seconds_naming_the_uri(
+    monkeypatch, retries
+):
+    # Nobody listening at the URI (a server down, a mistyped port): MLflow's client retried
+    # the writer's first request 7 times, and the writer failed after 249 s (a run stalled
+    # 4 minutes at start). A retry count the user set is kept.
+    for name in _HTTP_SETTINGS:
+        monkeypatch.delenv(f"MLFLOW_HTTP_REQUEST_{name}", raising=False)
+    if retries is not None:
+        monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", retries)
+    uri = f"http://127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    with pytest.raises(ConnectionError) as raised:
+        writers.MlflowWriter("exp", tracking_uri=uri, process_index=0)
+    took = time.monotonic() - start
+    message = str(raised.value)
+    assert f"MlflowWriter: no MLflow tracking server answered at {uri} (tried for " in message
+    assert "Connection refused" in message and "set MLFLOW_TRACKING_URI" in message
+    if retries is None:  # 4 tries, 4 s and 8 s apart (plus up to 1 s each)
+        assert 12.0 <= took < 30.0, took
+    else:  # one try
+        assert took < 3.0, took
+
+
+def test_a_slow_tracking_server_is_waited_for_at_start(tmp_path, monkeypatch):
+    # Connecting at start gives up after 5 s; an answer that takes longer still counts.
+    from tests import storage_servers
+
+    for name in _HTTP_SETTINGS:
+        monkeypatch.delenv(f"MLFLOW_HTTP_REQUEST_{name}", raising=False)
+    with mlflow_server(str(tmp_path)) as port:
+        gate = storage_servers.Gate(port)
+        gate._lock.acquire()  # connections are taken, but none reaches the server for 7 s
+        threading.Timer(7.0, gate._lock.release).start()
+        start = time.monotonic()
+        w = writers.MlflowWriter("slow", tracking_uri=gate.url, process_index=0)
+        assert time.monotonic() - start >= 7.0
+        w.write_scalars(1, {"loss": 0.25})
+        w.close()
+        client = MlflowClient(f"http://127.0.0.1:{port}")
+        assert _history(client, w.run_id, "loss") == [(1, 0.25)]
