@@ -8,11 +8,12 @@ Write calls only check and buffer, so the loop never waits on the tracker: a tim
 the buffer every `flush_secs`, as do `flush()` and `close()`. While the tracker is
 unreachable, what failed to send stays buffered (in memory, up to `max_buffer_mb`: past it
 the oldest metrics, then files, are dropped and logged) and goes with the next send; what
-the store refuses at a send (a param another client changed, a deleted run) is dropped, and
-that send raises. A changed param of this writer's run is refused by its `write_hparams`
-(under a manager or `AsyncWriter`, on the worker: a writer failure). At start, the
-constructor fails with a ConnectionError naming an http(s) tracking URI where no server
-answers within about 15 s, instead of waiting out MLflow's 4 minutes of retries.
+the store refuses at a send (a param another client changed, a deleted run, a file the
+artifact server answers with a 4xx other than 408 and 429) is dropped, and that send raises.
+A changed param of this writer's run is refused by its `write_hparams` (under a manager or
+`AsyncWriter`, on the worker: a writer failure). At start, the constructor fails with a
+ConnectionError naming an http(s) tracking URI where no server answers within about 15 s,
+instead of waiting out MLflow's 4 minutes of retries.
 
 Where values land: scalars are metrics (`log_batch`, up to MLflow's 1000 metrics a batch;
 float64, so ints past 2**53 are rounded; NaN kept, infinities as the store keeps them: the
@@ -50,6 +51,7 @@ Example:
 import errno
 import json
 import math
+import os
 import tempfile
 import threading
 import time
@@ -136,8 +138,10 @@ class MlflowWriter(_base.TrackerWriter):
         from mlflow.entities import Metric
         from mlflow.exceptions import MlflowException
         from mlflow.utils import validation
+        from requests import HTTPError  # a dependency of mlflow's: its artifact uploads raise it
 
         self._metric, self._error, self._validation = Metric, MlflowException, validation
+        self._http_error = HTTPError
         self._clock = clock
         self._client: Any = None
         self.run_id: str | None = None
@@ -318,12 +322,17 @@ class MlflowWriter(_base.TrackerWriter):
                             unwritable.append(f"{path!r}: {err}")  # would fail every send
                     if unwritable:
                         refused.append(f"{len(unwritable)} files ({'; '.join(unwritable[:3])})")
-                    self._client.log_artifacts(self.run_id, tmp)
+                    try:
+                        self._client.log_artifacts(self.run_id, tmp)
+                    except self._http_error as err:
+                        if not _refusal(getattr(err.response, "status_code", 0)):
+                            raise
+                        # One file the server refused ended the upload of the files after it.
+                        self._send_each(refused, tmp, batch)
             else:
                 self._client.log_batch(self.run_id, **{kind: batch})
         except self._error as err:  # a client error (4xx) comes back the same every time
-            status = err.get_http_status_code()
-            if not 400 <= status < 500 or status == 429:
+            if not _refusal(err.get_http_status_code()):
                 raise
             if kind == "params" and len(batch) > 1:  # one changed param fails its whole batch
                 for param in batch:
@@ -332,6 +341,29 @@ class MlflowWriter(_base.TrackerWriter):
             names = sorted({getattr(x, "key", x) for x in batch})
             refused.append(
                 f"{len(batch)} {kind} ({', '.join(names[:5])}{', ...' * (len(names) > 5)}): {err}"
+            )
+
+    def _send_each(self, refused: list[str], tmp: str, files: Mapping[str, bytes]) -> None:
+        """Uploads each of `files` (written under `tmp`) on its own, noting in `refused` those
+        the artifact server refuses with a 4xx: each was retried at every later send before
+        (a 400 for a path the server's store refuses, every send failing the same way, close()
+        too, and the run left RUNNING); a transient error raises, and the files wait."""
+        failed: list[tuple[str, BaseException]] = []
+        for path in files:
+            local = os.path.join(tmp, *path.split("/"))
+            if not os.path.isfile(local):
+                continue  # it could not be written: noted by the caller
+            try:
+                self._client.log_artifact(self.run_id, local, path.rpartition("/")[0] or None)
+            except self._http_error as err:
+                if not _refusal(getattr(err.response, "status_code", 0)):
+                    raise
+                failed.append((path, err))
+        if failed:
+            names = [path for path, _ in failed]
+            refused.append(
+                f"{len(names)} files ({', '.join(names[:5])}{', ...' * (len(names) > 5)}): "
+                f"{failed[0][1]}"
             )
 
     def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
@@ -433,6 +465,12 @@ class MlflowWriter(_base.TrackerWriter):
             return
         with self._lock:
             self._pending_files.update(paths)
+
+
+def _refusal(status: int) -> bool:
+    """Whether an HTTP status refuses what was sent, and would again: a 4xx, but for 408
+    (Request Timeout) and 429 (Too Many Requests), which pass as a 5xx does."""
+    return 400 <= status < 500 and status not in (408, 429)
 
 
 def _check_server(client: Any) -> None:

@@ -634,3 +634,45 @@ def test_a_slow_tracking_server_is_waited_for_at_start(tmp_path, monkeypatch):
         w.close()
         client = MlflowClient(f"http://127.0.0.1:{port}")
         assert _history(client, w.run_id, "loss") == [(1, 0.25)]
+
+
+def test_a_file_the_artifact_server_refuses_is_dropped_at_once_not_sent_again(tmp_path):
+    # A real 400: the server refuses a path whose folder in its store is a symlink leading
+    # out of the run's artifacts. The refused file was kept and uploaded at every later send,
+    # each failing the same way, close() too, with the files after it in the upload.
+    with mlflow_server(str(tmp_path)) as port:
+        uri = f"http://127.0.0.1:{port}"
+        w = writers.MlflowWriter("refused", tracking_uri=uri, process_index=0, flush_secs=3600)
+        w.write_texts(1, {"note": "stored"})
+        w.flush()
+        stored = tmp_path / "served" / "1" / w.run_id / "artifacts"
+        (stored / "texts" / "note").rename(tmp_path / "elsewhere")
+        (stored / "texts" / "note").symlink_to(tmp_path / "elsewhere")
+        w.write_texts(2, {"note": "refused"})
+        w.write_images(2, {"img": np.full((1, 2, 2, 1), 9, np.uint8)})
+        w.write_histograms(2, {"h": np.arange(4.0)}, num_buckets={"h": 2})
+        with pytest.raises(ValueError) as raised:
+            w.flush()
+        message = str(raised.value)
+        assert f"run {w.run_id} refused 1 files (texts/note/step_00000002.txt): 400 " in message
+        assert "resolved path is outside the artifact directory" in message
+        assert w._pending_files == {}  # not sent again
+        w.write_texts(3, {"later": "sent"})
+        w.flush()  # raised the same 400 at every later send
+        w.close()
+        client = MlflowClient(uri)
+        assert client.get_run(w.run_id).info.status == "FINISHED"
+        (stored / "texts" / "note").unlink()  # the folder back where it was, to read it
+        (tmp_path / "elsewhere").rename(stored / "texts" / "note")
+        root = client.download_artifacts(w.run_id, "", str(tmp_path / "down"))
+    files = sorted(
+        os.path.relpath(os.path.join(d, f), root) for d, _, names in os.walk(root) for f in names
+    )
+    assert files == [
+        "histograms/h/step_00000002.json",
+        "images/img/step_00000002_0.png",
+        "texts/later/step_00000003.txt",
+        "texts/note/step_00000001.txt",
+    ]
+    pixels = np.asarray(Image.open(os.path.join(root, "images/img/step_00000002_0.png")))
+    assert pixels.tolist() == [[9, 9], [9, 9]]
