@@ -492,13 +492,27 @@ class WelfordScalar(MeanStdScalar):
         return {"sem": self.sem, "std": self.std}
 
 
+def _power_of_two_above(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A power of two `s` with `x / s` in [1, 2) (wider where clipped), and `1 / s`: deviations
+    divided by it square and sum without overflow (their squares near 1e38 overflow float32
+    where their root mean square does not), and exactly, so the result is that of the plain
+    sum wherever no square overflows. Both are normal numbers, which GPUs do not flush to 0."""
+    limit = -jnp.finfo(x.dtype).minexp  # 126 in float32: 2**126 and 2**-126 are normal
+    exponent = jnp.clip(jnp.frexp(x)[1] - 1, -limit, limit)
+    one = jnp.ones((), x.dtype)
+    return jnp.ldexp(one, exponent), jnp.ldexp(one, -exponent)
+
+
 @flax.struct.dataclass(kw_only=True)
 class MeanStd(_ByKeyword, clu_metrics.Metric):
     """Mean and population standard deviation with a numerically stable parallel merge.
 
-    Keeps the count, mean and `m2` (sum of squared deviations) and merges with Chan et al.'s
-    update, exact when the mean is large against the spread. `compute()` is the mean (NaN when
-    nothing was seen), `std()` the standard deviation, `compute_value()` a `MeanStdScalar`.
+    Keeps the count, mean and `std_dev` (the population standard deviation, 0 when nothing was
+    seen) and merges with Chan et al.'s update, exact when the mean is large against the spread.
+    It keeps the deviation, not its sum of squares `m2`: in float32 `m2` overflows to inf for
+    values around 1e20 (or a thousand around 1e19), whose deviation is a float32 number.
+    `compute()` is the mean (NaN when nothing was seen), `std()` the standard deviation,
+    `compute_value()` a `MeanStdScalar`.
 
     Example:
         >>> import jax.numpy as jnp
@@ -511,51 +525,64 @@ class MeanStd(_ByKeyword, clu_metrics.Metric):
 
     count: jax.Array
     mean: jax.Array
-    m2: jax.Array
+    std_dev: jax.Array
 
     @classmethod
     def empty(cls) -> "MeanStd":
-        return cls(count=jnp.zeros((), COUNT_DTYPE), mean=float_identity(), m2=float_identity())
+        return cls(
+            count=jnp.zeros((), COUNT_DTYPE), mean=float_identity(), std_dev=float_identity()
+        )
 
     @classmethod
     def from_model_output(
         cls, values: ArrayLike, mask: ArrayLike | None = None, **_: Any
     ) -> "MeanStd":
-        """Mean and squared deviations of `values` where `mask` is true."""
+        """Mean and standard deviation of `values` where `mask` is true."""
         values, mask = _values_and_mask(values, mask, cls.__name__)
         count = exact_count(mask)
         total = jnp.maximum(count, 1).astype(values.dtype)
-        mean = jnp.where(mask, values, 0).sum() / total
+        first = jnp.where(mask, values, 0).sum() / total
         # A second pass over what is left: the float32 sum of values near 1e7 is off by about
         # 2 (and m2 around it by 40%); their differences from it are exact, their sum close.
-        correction = jnp.where(mask, values - mean, 0).sum() / total
-        mean = mean + jnp.where(jnp.isfinite(correction), correction, 0)  # none past float32
-        m2 = jnp.where(mask, jnp.square(values - mean), 0).sum()
-        return cls(count=count, mean=mean, m2=m2)
+        differences = jnp.where(mask, values - first, 0)
+        correction = differences.sum() / total
+        correction = jnp.where(jnp.isfinite(correction), correction, 0)  # none past float32
+        mean = first + correction
+        # Deviations from `mean` are at most this: found in the pass above, not in a third one.
+        largest = jnp.abs(differences).max(initial=0) + jnp.abs(correction)
+        scale, inverse = _power_of_two_above(largest)
+        scaled = jnp.where(mask, (values - mean) * inverse, 0)
+        std_dev = jnp.sqrt(jnp.square(scaled).sum() / total) * scale
+        return cls(count=count, mean=mean, std_dev=std_dev)
 
     def merge(self, other: "MeanStd") -> "MeanStd":
-        dtype = jnp.result_type(self.mean, other.mean)
+        dtype = jnp.result_type(self.mean, other.mean, self.std_dev, other.std_dev)
         n_a, n_b = (jnp.asarray(m.count).astype(dtype) for m in (self, other))
-        fraction_b = n_b / jnp.maximum(n_a + n_b, 1)
+        total = jnp.maximum(n_a + n_b, 1)
+        fraction_a, fraction_b = n_a / total, n_b / total
         delta = other.mean - self.mean
         mean = self.mean + delta * fraction_b
-        m2 = self.m2 + other.m2 + jnp.square(delta) * n_a * fraction_b
+        # m2 / n = f_a std_a**2 + f_b std_b**2 + f_a f_b delta**2, each over the same power of
+        # two, so no square overflows where the deviations are float32 numbers.
+        largest = jnp.maximum(jnp.maximum(self.std_dev, other.std_dev), jnp.abs(delta))
+        scale, inverse = _power_of_two_above(jnp.asarray(largest, dtype))
+        a, b, d = (jnp.square(x * inverse) for x in (self.std_dev, other.std_dev, delta))
+        std_dev = jnp.sqrt(fraction_a * a + fraction_b * b + fraction_a * fraction_b * d) * scale
         # An empty side returns the other side bit for bit, so empty() is an exact identity.
         a_empty, b_empty = self.count == 0, other.count == 0
         mean = jnp.where(a_empty, other.mean, jnp.where(b_empty, self.mean, mean))
-        m2 = jnp.where(a_empty, other.m2, jnp.where(b_empty, self.m2, m2))
-        return type(self)(count=self.count + other.count, mean=mean, m2=m2)
+        std_dev = jnp.where(a_empty, other.std_dev, jnp.where(b_empty, self.std_dev, std_dev))
+        return type(self)(count=self.count + other.count, mean=mean, std_dev=std_dev)
 
     def compute(self) -> ArrayLike:
         return jnp.where(self.count > 0, self.mean, jnp.nan)
 
     def _float_count(self) -> jax.Array:
-        return jnp.asarray(self.count).astype(jnp.result_type(self.m2))
+        return jnp.asarray(self.count).astype(jnp.result_type(self.std_dev))
 
     def std(self) -> ArrayLike:
         """The population standard deviation (NaN when nothing was seen)."""
-        count = self._float_count()
-        return jnp.where(count > 0, jnp.sqrt(self.m2 / jnp.maximum(count, 1)), jnp.nan)
+        return jnp.where(self._float_count() > 0, self.std_dev, jnp.nan)
 
     def compute_value(self) -> MeanStdScalar:
         return MeanStdScalar(self.compute(), self.std())

@@ -546,10 +546,12 @@ def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -
     elif isinstance(wrapped := getattr(value, "clu_metric", None), clu_metrics.Metric):
         out.append((key, wrapped))  # google-metrax's NnxWrapper
     elif isinstance(value, nnx.metrics.Welford) and _computes_as(value, nnx.metrics.Welford):
+        count = jnp.asarray(value.count[...]).astype(_metrics.COUNT_DTYPE)
+        m2 = jnp.asarray(value.m2[...])  # Flax keeps the sum of squares; ours its root mean
         welford = _metrics.Welford(
-            count=jnp.asarray(value.count[...]).astype(_metrics.COUNT_DTYPE),
+            count=count,
             mean=jnp.asarray(value.mean[...]),
-            m2=jnp.asarray(value.m2[...]),
+            std_dev=jnp.sqrt(m2 / jnp.maximum(count, 1).astype(m2.dtype)),
         )
         out.append((key, welford))
     elif isinstance(value, nnx.metrics.Average) and _computes_as(value, nnx.metrics.Average):

@@ -1,6 +1,7 @@
 """Metric types: T5X's numeric cases, compute() formulas, identities and host-side functions."""
 
 import doctest
+import functools
 import math
 
 import clu.metrics as clu_metrics
@@ -285,6 +286,38 @@ def test_mean_std_is_stable_when_mean_dwarfs_spread():
     assert abs(naive - full.std()) > 1e-2 * full.std()  # what a sum-of-squares metric reports
 
 
+def test_mean_std_of_float32_values_near_1e20_is_finite():
+    """The float32 sum of squared deviations overflowed (3 values around 1e20: 1.3e41; 1000
+    around 1e19: 1e41, past 3.4e38), and std() read inf where the deviation is a float32 number."""
+    values = np.array([1e20, -1e20, 3e20], np.float32)
+    three = MeanStd.from_model_output(values)
+    reference = values.astype(np.float64)
+    # population std: sqrt(((0)**2 + (2e20)**2 + (2e20)**2) / 3) = 2e20 * sqrt(2 / 3)
+    assert float(three.std()) == pytest.approx(2e20 * np.sqrt(2 / 3), rel=1e-6)
+    assert float(three.std()) == pytest.approx(reference.std(), rel=1e-6)
+    assert float(three.compute()) == pytest.approx(reference.mean(), rel=1e-6)
+    # 1000 values +-1e19 (mean 0), one batch and merged: std 1e19 (float32's 1e19 is 9.99999998e18).
+    alternating = np.where(np.arange(1000) % 2 == 0, np.float32(1e19), np.float32(-1e19))
+    one_batch = MeanStd.from_model_output(alternating)
+    assert float(one_batch.std()) == pytest.approx(1e19, rel=1e-6)
+    merged = functools.reduce(
+        lambda a, b: a.merge(b),
+        (MeanStd.from_model_output(c) for c in alternating.reshape(10, 100)),
+    )
+    assert float(merged.std()) == pytest.approx(1e19, rel=1e-6)
+    # Two batches of one value each, 2e19 apart: the merge's delta**2 is 4e38.
+    pair = MeanStd.from_model_output(np.float32([-1e19])).merge(
+        MeanStd.from_model_output(np.float32([1e19]))
+    )
+    assert (float(pair.compute()), float(pair.std())) == (0.0, pytest.approx(1e19, rel=1e-6))
+    # In range the deviation is unchanged: [1, 3] has std 1, [1, 2, 3, 4] sqrt(1.25).
+    assert float(MeanStd.from_model_output(np.float32([1.0, 3.0])).std()) == 1.0
+    both = MeanStd.from_model_output(np.float32([1, 2])).merge(
+        MeanStd.from_model_output(np.float32([3, 4]))
+    )
+    assert float(both.std()) == pytest.approx(np.sqrt(1.25), rel=1e-7)
+
+
 def test_metrics_work_inside_jit():
     @jax.jit
     def step(values):
@@ -380,7 +413,7 @@ def test_merging_unset_steps_raises():
         (lambda: StepsPerTime(8), "StepsPerTime(duration=..., steps=...); got 1"),
         (lambda: Step(1), "Step(steps=...); got 1"),
         (lambda: Time(2.0), "Time(duration=...); got 1"),
-        (lambda: MeanStd(1, 2.0, 0.0), "MeanStd(count=..., mean=..., m2=...); got 3"),
+        (lambda: MeanStd(1, 2.0, 0.0), "MeanStd(count=..., mean=..., std_dev=...); got 3"),
     ],
 )
 def test_positional_construction_is_refused_where_order_is_a_trap(make, message):
@@ -622,7 +655,7 @@ def test_mean_std_of_one_batch_near_1e7_is_exact_to_float32():
     huge = MeanStd.from_model_output(jnp.array([-3e38, 3e38, 3e38], jnp.float32))
     assert float(huge.compute()) == pytest.approx(1e38, rel=1e-6)  # no correction past float32
     nothing = MeanStd.from_model_output(jnp.array([jnp.inf, 5.0]), jnp.array([0, 0]))
-    assert (float(nothing.count), float(nothing.mean), float(nothing.m2)) == (0.0, 0.0, 0.0)
+    assert (float(nothing.count), float(nothing.mean), float(nothing.std_dev)) == (0.0, 0.0, 0.0)
 
 
 def test_counts_of_more_than_2_31_tokens_do_not_wrap():
@@ -674,7 +707,7 @@ _DONATED = {  # each kind, and what it reads after merging [1, 3] into its empty
 
 @pytest.mark.parametrize("kind", list(_DONATED), ids=lambda kind: kind.__name__)
 def test_empty_can_be_donated(kind):
-    """`empty()` gives each field its own buffer: MeanStd's mean and m2 shared one zero, and a
+    """`empty()` gives each field its own buffer: MeanStd's mean and deviation shared one zero, and a
     donating step failed with "Attempt to donate the same buffer twice"."""
     step = jax.jit(lambda window, x: window.merge(kind.from_model_output(x)), donate_argnums=0)
     window = step(kind.empty(), jnp.array([1.0, 3.0]))
