@@ -47,6 +47,7 @@ import numpy as np
 from metrics_manager.metrics import (
     COUNT_DTYPE,
     broadcast_mask,
+    check_merge_type,
     exact_count,
     explicit_mesh,
     float_identity,
@@ -320,6 +321,7 @@ class _Counts(clu_metrics.Metric):
         problems.raise_if_any()
 
     def merge(self, other: Any) -> Any:
+        check_merge_type(self, other)
         merged: dict[str, Any] = {}
         fields = dataclasses.fields(self)  # settings first: they explain a shape mismatch
         for field in sorted(fields, key=lambda f: f.metadata.get("pytree_node", True)):

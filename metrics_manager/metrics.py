@@ -174,6 +174,19 @@ def mask_shapes(shape: tuple[int, ...]) -> str:
     return f"{shape[:1]} or {ones} (per example) or {shape} (per element)"
 
 
+def check_merge_type(metric: Any, other: Any) -> None:
+    """Refuses to merge `metric` with a metric of another type, as `merge_metrics` refuses it:
+    `Sum.merge(Average)` added Average's total and dropped its count, `Max.merge(Min)` kept the
+    larger of a max and a min, `Step.merge(AveragePerStep)` dropped the total. A type check at
+    trace time only; nothing runs on the device."""
+    if type(other) is not type(metric):
+        name = type(metric).__qualname__
+        raise TypeError(
+            f"{name}.merge: expected {name}, got {type(other).__qualname__}; merge metrics of "
+            "one type (keep one metric type per key)"
+        )
+
+
 def _masked_sum(values: ArrayLike, mask: ArrayLike | None, metric: str) -> jax.Array:
     values, mask = _values_and_mask(values, mask, metric)
     return jnp.where(mask, values, 0).sum()
@@ -201,6 +214,7 @@ class Sum(clu_metrics.Metric):
         return cls(_masked_sum(values, mask, cls.__name__))
 
     def merge(self, other: "Sum") -> "Sum":
+        check_merge_type(self, other)
         return type(self)(self.total + other.total)
 
     def compute(self) -> ArrayLike:
@@ -243,6 +257,7 @@ class Step(_ByKeyword, clu_metrics.Metric):
         return cls(steps=steps)
 
     def _merged_steps(self, other: "Step") -> ArrayLike:
+        check_merge_type(self, other)  # every Step's merge comes here first
         if self.steps is None or other.steps is None:  # compute()'s error blamed compute()
             sides = " and ".join(
                 n for n, m in (("self", self), ("other", other)) if m.steps is None
@@ -326,6 +341,7 @@ _PLAIN_REALS = frozenset((float, int, np.float16, np.float32, np.float64, np.int
 
 
 def _check_durations_unset(a: "Time", b: "Time") -> None:
+    check_merge_type(a, b)  # every Time's merge comes here first
     if a.duration is not None or b.duration is not None:
         raise ValueError(
             f"Cannot merge {type(a).__name__} metrics after their duration was set (durations "
@@ -437,6 +453,7 @@ class _Extremum(clu_metrics.Metric):
         return cls(cls._ufunc.reduce(values, axis=None, where=mask, initial=cls._identity))
 
     def merge(self, other: Any) -> Any:
+        check_merge_type(self, other)
         return type(self)(type(self)._ufunc(self.value, other.value))
 
     def compute(self) -> ArrayLike:
@@ -556,6 +573,7 @@ class MeanStd(_ByKeyword, clu_metrics.Metric):
         return cls(count=count, mean=mean, std_dev=std_dev)
 
     def merge(self, other: "MeanStd") -> "MeanStd":
+        check_merge_type(self, other)
         dtype = jnp.result_type(self.mean, other.mean, self.std_dev, other.std_dev)
         n_a, n_b = (jnp.asarray(m.count).astype(dtype) for m in (self, other))
         total = jnp.maximum(n_a + n_b, 1)

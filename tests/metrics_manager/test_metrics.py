@@ -405,6 +405,46 @@ def test_merging_unset_steps_raises():
     assert merged.steps == 2 and float(merged.compute()) == 3.0
 
 
+def _cross_type_pairs():
+    from metrics_manager.classification import Precision, Recall  # noqa: PLC0415
+
+    x = jnp.array([1.0, 3.0])
+    logits, labels = jnp.array([[2.0, 0.0], [0.0, 2.0]]), jnp.array([0, 0])
+    return [
+        (Sum.from_model_output(x), clu_metrics.Average.from_model_output(x)),
+        (AveragePerStep.from_model_output(x), Sum.from_model_output(x)),
+        (Step(), AveragePerStep.from_model_output(x)),
+        (StepsPerTime(steps=1), Step()),
+        (Time(), TimeRate.from_model_output(3)),
+        (TimeRate.from_model_output(3), Time()),
+        (Max.from_model_output(x), Min.from_model_output(x)),
+        (MeanStd.from_model_output(x), mm.Welford.from_model_output(x)),
+        (
+            Precision.from_model_output(logits, labels, average="micro"),
+            Recall.from_model_output(logits, labels, average="micro"),
+        ),
+    ]
+
+
+@pytest.mark.parametrize("pair", range(9))
+def test_merge_refuses_another_metric_type(pair):
+    """A merge across types went through: Sum(4).merge(Average(total=4, count=2)) read 8,
+    Max(3).merge(Min(1)) read 3 as a max, a Precision merged a Recall's counts, and
+    AveragePerStep.merge(Sum) raised AttributeError: 'Sum' object has no attribute 'steps'."""
+    a, b = _cross_type_pairs()[pair]
+    mine, theirs = type(a).__qualname__, type(b).__qualname__
+    with pytest.raises(TypeError) as info:
+        a.merge(b)
+    assert str(info.value) == (
+        f"{mine}.merge: expected {mine}, got {theirs}; merge metrics of one type (keep one "
+        "metric type per key)"
+    )
+    with pytest.raises(TypeError, match=f"^{mine}\\.merge: expected {mine}, got {theirs};"):
+        jax.jit(lambda a, b: a.merge(b))(a, b)  # refused when traced, before any device work
+    if isinstance(a, Sum):  # the same type still merges: 1 + 3 + 1 + 3
+        assert float(a.merge(Sum.from_model_output(jnp.array([1.0, 3.0]))).compute()) == 8.0
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
