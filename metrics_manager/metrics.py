@@ -156,7 +156,8 @@ def _values_and_mask(
         values = values.astype(jnp.result_type(values, jnp.float32))  # no bf16 rounding
     if mask is None:
         return values, jnp.ones(values.shape, bool)
-    broadcast = broadcast_mask(mask := jnp.atleast_1d(jnp.asarray(mask)), values.shape)
+    # The shape as passed for the message: a 0-d mask was reported as of shape (1,).
+    broadcast = broadcast_mask(jnp.atleast_1d(mask := jnp.asarray(mask)), values.shape)
     if broadcast is None:
         raise ValueError(
             f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "

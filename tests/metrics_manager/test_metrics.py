@@ -354,6 +354,20 @@ def test_mask_shape_mismatch_names_shapes():
     assert str(error.value).endswith("expected a mask of shape (3,), one per value.")
 
 
+def test_a_0d_mask_is_reported_with_its_own_shape():
+    """A 0-d mask beside (2,) values was reported as "mask of shape (1,)", a shape never passed."""
+    for metric in (Sum, MeanStd):
+        with pytest.raises(ValueError) as error:
+            metric.from_model_output(jnp.array([1.0, 3.0]), mask=jnp.array(True))
+        assert str(error.value) == (
+            f"{metric.__name__}.from_model_output: mask of shape () does not match the leading "
+            "dimensions of values of shape (2,); expected a mask of shape (2,), one per value."
+        )
+    # Beside a 0-d value (a step's loss) a 0-d mask still keeps or drops it.
+    assert float(Sum.from_model_output(jnp.float32(5.0), mask=jnp.array(True)).compute()) == 5.0
+    assert float(Sum.from_model_output(jnp.float32(5.0), mask=jnp.array(False)).compute()) == 0.0
+
+
 def test_a_per_example_mask_of_shape_b_1_broadcasts_as_in_clu():
     """A (B, 1) mask beside (B, L) values, which CLU's `Average` takes, was refused."""
     values, mask = jnp.array([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), jnp.array([[True], [False]])
