@@ -790,7 +790,11 @@ def shape_obj_to_defined_obj(obj: Any) -> Any:
     (a `Max` of losses below 0 read 0). Each field here holds the metric's `empty()` value
     broadcast to that shape and dtype; zeros, as in T5X, for a metric whose `empty()` has
     other fields or does not broadcast, or that keeps CLU's base `empty()`. Fields without
-    a shape (a `Time`'s unset duration) are kept.
+    a shape (a `Time`'s unset duration) are kept. A dict of them (`jax.eval_shape` of a step's
+    metrics dict) gives a dict of each one's result, as the setters take dicts.
+
+    Raises:
+        TypeError: `obj` is neither a metric, a `Collection` nor a dict of them.
 
     Example:
         >>> import jax, jax.numpy as jnp
@@ -799,6 +803,14 @@ def shape_obj_to_defined_obj(obj: Any) -> Any:
         >>> float(start.merge(Max.from_model_output(jnp.array([-3.0, -1.0]))).compute())
         -1.0
     """
+    if isinstance(obj, Mapping):
+        return {key: shape_obj_to_defined_obj(value) for key, value in obj.items()}
+    if not is_metric_obj(obj):
+        raise TypeError(
+            "shape_obj_to_defined_obj expects a clu Metric or Collection (or a dict of them), "
+            f"as jax.eval_shape returns it, got {describe(obj)}; pass the metrics alone, "
+            "e.g. jax.eval_shape(step)[1] of a step returning (loss, metrics)."
+        )
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype) if hasattr(x, "shape") else x, obj)
     if isinstance(obj, clu_metrics.Collection):
         fields = collection_fields(obj).items()

@@ -562,6 +562,22 @@ def test_t5x_shape_obj_to_defined_obj_starts_merges_from_identities():
     assert float(merged["c"].compute()["top"]) == -1.0
 
 
+def test_shape_obj_to_defined_obj_takes_the_eval_shape_of_a_metrics_dict():
+    # The dict jax.eval_shape gives for a step's metrics raised AttributeError ("type object
+    # 'dict' has no attribute 'empty'"); each value now starts from its identity.
+    def step():
+        x = jnp.array([-3.0, -1.0])
+        return {"max": Max.from_model_output(x), "nested": {"min": Min.from_model_output(-x)}}
+
+    start = mm.shape_obj_to_defined_obj(jax.eval_shape(step))
+    assert sorted(start) == ["max", "nested"]
+    assert float(start["max"].value) == -math.inf
+    assert float(start["nested"]["min"].value) == math.inf
+    assert float(start["max"].merge(step()["max"]).compute()) == -1.0
+    with pytest.raises(TypeError, match=r"got tuple .*jax.eval_shape\(step\)\[1\]"):
+        mm.shape_obj_to_defined_obj(jax.eval_shape(lambda: (jnp.float32(1.0), step())))
+
+
 def test_shape_obj_to_defined_obj_keeps_fields_without_a_shape_as_documented():
     # A concrete metric's Python number (steps=1) raised AttributeError on its identity's
     # path; T5X keeps it, as the zeros path here does.
