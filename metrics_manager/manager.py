@@ -597,7 +597,16 @@ class MetricsManager:
 
     def write_scalar(self, key: str, val: Any, step: int) -> None:
         """Writes one scalar at `step`, in call order (in the background), as `write_scalars`."""
-        self._host_write("write_scalar", "scalars", step, {key: val})
+        hint = ""
+        # write_scalar(key, step, val), CLU's order: an int value and a step that is no int
+        # (an integer device array is a device step, T5X's `state.step`: its own hint).
+        integral = np.issubdtype(getattr(step, "dtype", np.float64), np.integer)
+        if _is_int(val) and not _is_int(step) and not integral:
+            hint = (
+                "; the arguments are (key, val, step), as in T5X's write_scalar: if "
+                f"{int(val)} is the step, call write_scalar({key!r}, value, {int(val)})"
+            )
+        self._host_write("write_scalar", "scalars", step, {key: val}, step_hint=hint)
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """Writes numbers at `step`, in call order; checked now, and converted now unless a
@@ -803,10 +812,12 @@ class MetricsManager:
                 f"MetricsManager {self.name!r}: summary at step {failure.step}: {failure}"
             ) from failure.error
 
-    def _host_write(self, method: str, arg: str, step: Any, values: Any, **extra: Any) -> None:
+    def _host_write(
+        self, method: str, arg: str, step: Any, values: Any, step_hint: str = "", **extra: Any
+    ) -> None:
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
-        step = None if arg == "hparams" else problems.step("step", step)
+        step = None if arg == "hparams" else problems.step("step", step, hint=step_hint)
         if arg == "hparams":
             values = _checks.as_mapping(values)
         if not isinstance(values, Mapping):
@@ -987,14 +998,22 @@ def _read_value(arg: str, key: str, value: Any) -> Any:
     return array
 
 
+def _is_int(value: Any) -> bool:
+    """Whether `value` is an integer a step could be: a Python or NumPy int, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
+
+
 class _Problems(Problems):
     """`Problems` with the checks of the manager's public calls."""
 
-    def integer(self, what: str, value: Any, *, minimum: int, gin: bool = False) -> int:
+    def integer(
+        self, what: str, value: Any, *, minimum: int, gin: bool = False, hint: str = ""
+    ) -> int:
+        """`value` as an int, or a problem naming `what`, with `hint` after the usual one."""
         if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
             value = int(value)  # NumPy scalars are `numbers.Integral` already; 0-d arrays not
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            hint = ""
+            extra, hint = hint, ""
             if isinstance(value, jax.Array):
                 hint = (
                     "; in the loop keep a host-side counter (step += 1): int(jax.Array) blocks it"
@@ -1007,15 +1026,15 @@ class _Problems(Problems):
             elif gin and isinstance(value, str):
                 hint = "; in gin write a number, without quotes"
             self.type_problem(
-                f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}"
+                f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}{extra}"
             )
             return 0
         if int(value) < minimum:
             self.value_problem(f"{what} must be >= {minimum}, got {value}")
         return int(value)
 
-    def step(self, what: str, value: Any) -> int:
-        step = self.integer(what, value, minimum=0)
+    def step(self, what: str, value: Any, hint: str = "") -> int:
+        step = self.integer(what, value, minimum=0, hint=hint)
         if step >= _checks.MAX_STEP:
             self.value_problem(f"{what} must be below 2**63 (steps are int64), got {step}")
         return step

@@ -1144,6 +1144,30 @@ def test_a_float_step_is_refused_naming_int():
             manager.write_scalar("x", 1.0, 1.5)
 
 
+def test_write_scalar_with_step_and_value_swapped_names_the_argument_order():
+    """write_scalar("loss", 20, 1.0) (key, step, value) was refused with "pass int(step)",
+    which wrote 20 at step 1, and ("loss", 20, 0.5) with no fix; the message now gives T5X's
+    order and the call."""
+    writer = RecordingWriter()
+    with make(writer) as manager:
+        with pytest.raises(TypeError) as info:
+            manager.write_scalar("loss", 20, 0.5)
+        assert str(info.value) == (
+            "MetricsManager.write_scalar: step must be an int, got 0.5 (float); the arguments "
+            "are (key, val, step), as in T5X's write_scalar: if 20 is the step, call "
+            "write_scalar('loss', value, 20)"
+        )
+        with pytest.raises(TypeError, match=r"if 3 is the step"):
+            manager.write_scalar("loss", np.int64(3), jnp.float32(0.25))  # a device loss
+        with pytest.raises(TypeError) as info:  # a device step in T5X's order: its own fix
+            manager.write_scalar("examples", 1024, jnp.int32(7))
+        assert "pass int(step)" in str(info.value) and "is the step" not in str(info.value)
+        manager.write_scalar("loss", 0.5, 20)
+    assert [c for c in written(writer) if c[0] == "write_scalars"] == [
+        ("write_scalars", 20, {"loss": 0.5})
+    ]
+
+
 def test_write_texts_needs_strings():
     with make() as manager:
         with pytest.raises(
