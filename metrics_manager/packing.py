@@ -159,6 +159,10 @@ class PackedMetrics:
     def __contains__(self, key: object) -> bool:
         return key in self._layout.keys
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The metric under `key`, or `default` when there is none, as `dict.get`."""
+        return self[key] if key in self._layout.keys else default
+
     def items(self) -> ItemsView[str, Any]:
         return self.unpack().items()
 

@@ -191,6 +191,9 @@ def test_packed_metrics_read_like_the_dict_they_pack():
     assert list(packed) == ["n", "top"] and len(packed) == 2 and "top" in packed
     assert "loss" not in packed
     assert float(packed["top"].compute()) == 7.0
+    # `.get`, as on the dict, was an AttributeError.
+    assert float(packed.get("top").compute()) == 7.0
+    assert packed.get("loss") is None and packed.get("loss", 0.0) == 0.0
     assert {k: float(m.compute()) for k, m in packed.items()} == {"n": 3.0, "top": 7.0}
     assert [type(m) for m in packed.values()] == [mm.Sum, mm.Max]
     assert_same_metrics(dict(packed), metrics)
