@@ -278,7 +278,7 @@ class MetricsManager:
         self._summary_cost = 0.0  # caller-side: the last write_metrics_summary call's own time
         self._last_step: int | None = None
         self._warned_order = False
-        self._resume_step = resume_step if jax.process_index() == 0 else None  # until warned
+        self._resume_step: int | None = None  # until warned; set below where an earlier run is
         self._keys_checked: tuple[Any, ...] = ()
         self._uptime = False  # whether the checked metrics leave `timing/uptime` to the manager
         self._host_fields = False  # the checked metrics have NumPy fields
@@ -292,6 +292,9 @@ class MetricsManager:
         self._dir = _claim_dir(name, self.summary_dir)
         if jax.process_index() == 0:
             log = _log_state(self._dir, resume_step)
+            # A fresh directory holds no run before whose step `resume_step` a write repeats
+            # (a new run that passes its initial state's step 0, as T5X's config write does).
+            self._resume_step = resume_step if _may_hold_a_run(self._dir) else None
             try:
                 self._made, named = _make_writers(name, self.summary_dir, factory, factory_kwargs)
             except BaseException:
@@ -1242,6 +1245,20 @@ def _log_state(directory: str | None, resume_step: int | None) -> Any:
     except OSError:
         return None
     return stat.st_ino, stat.st_mtime_ns
+
+
+def _may_hold_a_run(directory: str | None) -> bool:
+    """Whether `directory` may hold files of an earlier run: a local directory with an entry,
+    or a URL (not listed here); not a missing or empty directory, nor None (no files)."""
+    if directory is None:
+        return False
+    if _storage.is_remote(directory):
+        return True
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is not None
+    except OSError:  # missing, or not a directory: the writers will say
+        return False
 
 
 def _claim_dir(name: str, summary_dir: str | None) -> str | None:

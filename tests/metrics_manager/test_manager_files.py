@@ -222,6 +222,36 @@ def test_writing_the_resume_step_again_warns_once_and_its_fix_gives_every_step_o
     assert accuracy == [0.0, 0.025, 49.05, 49.075, 49.1]  # the new run's from step 50 on
 
 
+def test_a_fresh_run_passing_resume_step_is_not_warned_of_a_run_before(tmp_path, caplog):
+    # A new run that passes its initial state's step (resume_step=0, as a loop that always
+    # passes the restored step does) and writes its config at step 0, as T5X's trainer does,
+    # was told that "readers may see step 0 twice" and to remove old summaries it never had.
+    with (
+        caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
+        MetricsManager("train", tmp_path, resume_step=0) as manager,
+    ):
+        manager.write_texts(0, {"config": "lr = 0.1"})
+        manager.write_scalars(10, {"loss": 0.5})
+    with (
+        caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
+        MetricsManager("eval", tmp_path / "new", resume_step=50) as manager,  # a new dir
+    ):
+        manager.write_scalars(50, {"accuracy": 0.5})
+    assert [r.getMessage() for r in caplog.records if "resume_step" in r.getMessage()] == []
+    lines = writers.read_jsonl(tmp_path / "train")
+    assert [(x["step"], sorted(set(x) - {"step", "time", "collection"})) for x in lines] == [
+        (0, ["config"]),
+        (10, ["loss"]),
+    ]
+    # The next run resumed at 0 in that directory is warned: its step 0 is there.
+    with (
+        caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
+        MetricsManager("train", tmp_path, resume_step=0) as manager,
+    ):
+        manager.write_texts(0, {"config": "lr = 0.2"})
+    assert len([r for r in caplog.records if "step 0 is resume_step" in r.getMessage()]) == 1
+
+
 def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_call(
     tmp_path, caplog
 ):
@@ -249,6 +279,8 @@ def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_
         assert "pass resume_step=49" in warned()[0]
     # Nor does the JSONL writer take step 0 after the kept step 50 for a missing resume_step.
     assert not [r for r in caplog.records if "go backwards" in r.getMessage()]
+    with MetricsManager("zero", tmp_path) as manager:  # the run before resume_step=0
+        manager.write_scalars(0, {"accuracy": 0.25})
     caplog.clear()
     with (
         caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
