@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import inspect
+import json
 import logging
 import math
 import numbers
@@ -33,7 +34,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 import clu.metrics
@@ -279,6 +280,9 @@ class MetricsManager:
         self._last_step: int | None = None
         self._warned_order = False
         self._resume_step: int | None = None  # until warned; set below where an earlier run is
+        # The keys the run before wrote at `resume_step`, read from the rewritten JSONL log;
+        # None: unknown (no log rewritten here, a URL).
+        self._resume_keys: frozenset[str] | None = None
         self._keys_checked: tuple[Any, ...] = ()
         self._uptime = False  # whether the checked metrics leave `timing/uptime` to the manager
         self._host_fields = False  # the checked metrics have NumPy fields
@@ -300,6 +304,9 @@ class MetricsManager:
             except BaseException:
                 self._release_dir()
                 raise
+            if self._resume_step is not None and log is not None and self._dir is not None:
+                if _log_state(self._dir, resume_step) != log:  # rewritten: steps <= S alone
+                    self._resume_keys = _keys_at_step(self._dir, self._resume_step)
             if log is not None and _log_state(self._dir, resume_step) == log:
                 _LOG.warning(
                     "MetricsManager %r: resume_step=%d, but no writer of this set rewrote "
@@ -539,7 +546,7 @@ class MetricsManager:
         self._keys_checked, self._uptime = seen, uptime
         if self._host_fields:
             metrics = jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, metrics)
-        self._check_order(step)
+        self._check_order(step, lambda: _written_keys(metrics, ready))
         window, self._window_open = self._window_open, None
         no_window, thread = "", threading.current_thread().name
         if window is not None:
@@ -757,8 +764,10 @@ class MetricsManager:
                 "values. Return the metrics from the step and call it from the Python loop."
             )
 
-    def _check_order(self, step: int) -> None:
-        self._check_resumed(step)
+    def _check_order(self, step: int, keys: Callable[[], Iterable[str]]) -> None:
+        """Warns of a step lower than the last this manager wrote, or of `resume_step`'s
+        values written again (`keys`: what the call writes, asked only at `resume_step`)."""
+        self._check_resumed(step, keys)
         last, self._last_step = self._last_step, step
         if last is not None and step < last and not self._warned_order:
             self._warned_order = True
@@ -770,9 +779,37 @@ class MetricsManager:
                 last,
             )
 
-    def _check_resumed(self, step: int | None) -> None:
+    def _check_resumed(self, step: int | None, keys: Callable[[], Iterable[str]]) -> None:
         resumed = self._resume_step
         if resumed is not None and step == resumed:
+            before = self._resume_keys
+            if before is not None:
+                # The run before's values at this step are known: only its keys written again
+                # are there twice. Its others (the train summary at the checkpoint's step,
+                # beside a config written at the start step, as T5X does) would be lost with
+                # resume_step - 1, as no later write brings them back.
+                again = sorted(before.intersection(keys()))
+                if not again:
+                    return
+                self._resume_step = None  # once
+                fix = (
+                    f"pass resume_step={resumed - 1} if this run writes all of step {step} again "
+                    f"(the run before's {sorted(before)} there are then dropped first)"
+                    if resumed
+                    else f"if this run writes all of step 0 again ({sorted(before)}), remove the "
+                    "run's old summaries first (resume_step=0 keeps only step 0's)"
+                )
+                _LOG.warning(
+                    "MetricsManager %r: step %d is resume_step, where the run before wrote %s, "
+                    "kept by the writers: readers see them at step %d twice. Leave them out of "
+                    "this write (the run before has them), or %s.",
+                    self.name,
+                    step,
+                    again,
+                    step,
+                    fix,
+                )
+                return
             self._resume_step = None  # once
             fix = (
                 f"pass resume_step={resumed - 1} so that the new values replace the old"
@@ -860,7 +897,7 @@ class MetricsManager:
             values = {k: v for k, v in values.items() if k not in refused}
             deferred = [k for k in deferred if k not in refused]
         if step is not None:  # hparams have none
-            self._check_order(step)
+            self._check_order(step, values.keys)
         if arg in _ARRAY_KINDS and self._fanout.states:  # read on the worker: a loop may
             # refill its NumPy buffer once this call returns
             values = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in values.items()}
@@ -1245,6 +1282,37 @@ def _log_state(directory: str | None, resume_step: int | None) -> Any:
     except OSError:
         return None
     return stat.st_ino, stat.st_mtime_ns
+
+
+def _keys_at_step(directory: str, step: int) -> frozenset[str] | None:
+    """The keys of the lines at `step` in `directory`'s local JSONL log, rewritten on resume
+    to end at `step`: read back from its end to a line of an earlier step (16 MiB at most),
+    hyperparameter lines (no step) skipped. None: unknown (a URL, or the log unreadable)."""
+    if _storage.is_remote(directory):
+        return None
+    keys: set[str] = set()
+    try:
+        with open(os.path.join(directory, "metrics.jsonl"), "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(max(0, end - (1 << 24)))
+            tail = f.read()
+    except OSError:
+        return None
+    lines = tail.split(b"\n")
+    if end > len(tail):
+        lines = lines[1:]  # the first may be cut
+    for line in reversed(lines):
+        line_step = _jsonl_log.line_step(line) if line.strip() else None
+        if line_step is None:
+            continue
+        if line_step < step:
+            break
+        if line_step == step:
+            try:
+                keys.update(json.loads(line))
+            except ValueError:
+                return None
+    return frozenset(keys - {"step", "time", "collection"})
 
 
 def _may_hold_a_run(directory: str | None) -> bool:

@@ -206,11 +206,10 @@ def test_writing_the_resume_step_again_warns_once_and_its_fix_gives_every_step_o
         run(50, 50)
     warned = [r.getMessage() for r in caplog.records if "resume_step" in r.getMessage()]
     assert warned == [
-        "MetricsManager 'eval': step 50 is resume_step, whose values the writers keep from "
-        "the run before (where it wrote them), so readers may see step 50 twice. If the resumed "
-        "run writes step 50 again "
-        "(an eval or config at the restored step), pass resume_step=49 so that the new values "
-        "replace the old."
+        "MetricsManager 'eval': step 50 is resume_step, where the run before wrote "
+        "['accuracy'], kept by the writers: readers see them at step 50 twice. Leave them out "
+        "of this write (the run before has them), or pass resume_step=49 if this run writes "
+        "all of step 50 again (the run before's ['accuracy'] there are then dropped first)."
     ]
     assert steps() == ([0, 25, 50, 50, 75, 100], [0, 25, 50, 50, 75, 100])
     caplog.clear()
@@ -220,6 +219,52 @@ def test_writing_the_resume_step_again_warns_once_and_its_fix_gives_every_step_o
     assert steps() == ([0, 25, 50, 75, 100], [0, 25, 50, 75, 100])
     accuracy = [line["accuracy"] for line in writers.read_jsonl(tmp_path / "eval")]
     assert accuracy == [0.0, 0.025, 49.05, 49.075, 49.1]  # the new run's from step 50 on
+
+
+def test_a_resumed_run_writing_other_keys_at_resume_step_is_not_told_to_drop_it(tmp_path, caplog):
+    # A run resumed at 60 that writes its config at its start step, as T5X's trainer does
+    # (the run before wrote it at 0), was warned that step 60 would be seen twice and told to
+    # pass resume_step=59, which dropped the run before's train summary at 60: no later
+    # write brings it back. Only keys the run before wrote at 60 count as written twice.
+    def run(start: int, resume_step: int | None) -> None:
+        with MetricsManager("train", tmp_path, resume_step=resume_step) as manager:
+            manager.write_texts(start, {"config": f"run from {start}"})
+            for step in range(start + 20, 101, 20):
+                manager.write_scalars(step, {"loss": step / 100})
+            if resume_step is not None:
+                manager.write_scalars(resume_step, {"eval/accuracy": 0.5})  # new at 60
+
+    def resume_warnings() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "is resume_step" in r.getMessage()]
+
+    run(0, None)
+    with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
+        run(60, 60)
+    assert resume_warnings() == []
+    lines = writers.read_jsonl(tmp_path / "train")
+    assert [(x["step"], sorted(set(x) - {"step", "time", "collection"})) for x in lines] == [
+        (0, ["config"]),
+        (20, ["loss"]),
+        (40, ["loss"]),
+        (60, ["loss"]),  # the run before's summary at the checkpoint's step, kept
+        (60, ["config"]),
+        (80, ["loss"]),
+        (100, ["loss"]),
+        (60, ["eval/accuracy"]),
+    ]
+    # A key the run before wrote at 60 is warned about, naming it and what S - 1 drops.
+    with (
+        caplog.at_level(logging.WARNING, logger="metrics_manager.manager"),
+        MetricsManager("train", tmp_path, resume_step=60) as manager,
+    ):
+        manager.write_scalars(60, {"eval/accuracy": 0.75, "eval/loss": 0.25})
+    assert resume_warnings() == [
+        "MetricsManager 'train': step 60 is resume_step, where the run before wrote "
+        "['eval/accuracy'], kept by the writers: readers see them at step 60 twice. Leave them "
+        "out of this write (the run before has them), or pass resume_step=59 if this run "
+        "writes all of step 60 again (the run before's ['config', 'eval/accuracy', 'loss'] "
+        "there are then dropped first)."
+    ]
 
 
 def test_a_fresh_run_passing_resume_step_is_not_warned_of_a_run_before(tmp_path, caplog):
@@ -288,11 +333,11 @@ def test_the_resume_warning_is_for_the_resume_step_alone_and_outlives_a_refused_
     ):
         manager.write_scalars(0, {"accuracy": 0.5})
     assert warned() == [
-        "MetricsManager 'zero': step 0 is resume_step, whose values the writers keep from "
-        "the run before (where it wrote them), so readers may see step 0 twice. If the resumed "
-        "run writes step 0 again "
-        "(an eval or config at the restored step), remove the run's old summaries first "
-        "(resume_step=0 keeps only step 0's)."
+        "MetricsManager 'zero': step 0 is resume_step, where the run before wrote "
+        "['accuracy'], kept by the writers: readers see them at step 0 twice. Leave them out "
+        "of this write (the run before has them), or if this run writes all of step 0 again "
+        "(['accuracy']), remove the run's old summaries first (resume_step=0 keeps only step "
+        "0's)."
     ]
     lines = writers.read_jsonl(tmp_path / "eval")
     assert [(x["step"], x["accuracy"]) for x in lines if "accuracy" in x] == [
