@@ -10,11 +10,12 @@ the operative config as T5X does, to `<model_dir>/config.gin` and as the text su
     write_gin_config(model_dir, train, step=0)
 """
 
+import functools
 import os
 import site
 import sysconfig
 from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import gin
 import jax
@@ -62,10 +63,14 @@ class TextWriting(Protocol):
 
 
 def configured(fn: F) -> F:
-    """Returns gin's wrapper of `fn` if a parsed config mentions it, else `fn` itself.
+    """Returns gin's wrapper of `fn` if a parsed config mentions it, else a stand-in for `fn`
+    that looks it up in gin at each call.
 
-    Call it after parsing: made before (`make = configured(MetricsManager)` at import), it is
-    `fn` itself, and the bindings parsed later never reach what it builds.
+    Made before parsing (`make = configured(MetricsManager)` at import, then
+    `gin.parse_config_files_and_bindings`), the stand-in applies the bindings parsed by the
+    time it is called: returning `fn` itself there dropped them without a word (console.gin's
+    manager wrote TensorBoard and JSONL files). While gin knows nothing of `fn`, a call is
+    `fn`'s own.
 
     Example:
       >>> import writers
@@ -74,8 +79,18 @@ def configured(fn: F) -> F:
     """
     try:
         return gin.get_configurable(fn)
-    except ValueError:  # no parsed config names `fn`
-        return fn
+    except ValueError:  # no parsed config names `fn` yet
+        pass
+
+    @functools.wraps(fn)
+    def through_gin(*args: Any, **kwargs: Any) -> Any:
+        try:
+            target = gin.get_configurable(fn)
+        except ValueError:  # still none: the plain call
+            target = fn
+        return target(*args, **kwargs)
+
+    return cast(F, through_gin)
 
 
 def config_markdown(config_str: str) -> str:

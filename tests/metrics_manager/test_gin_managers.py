@@ -264,11 +264,23 @@ def test_write_gin_config_checks_its_inputs():
         gin_utils.write_gin_config(3, config_str=4)  # type: ignore[arg-type]
 
 
-def test_configured_returns_the_plain_function_when_gin_never_saw_it():
-    def untouched() -> int:
-        return 1
+def test_configured_calls_the_plain_function_when_gin_never_saw_it():
+    def untouched(x: int = 1) -> int:
+        return x
 
-    assert gin_utils.configured(untouched) is untouched
+    made = gin_utils.configured(untouched)
+    assert (made(), made(x=3), made.__name__, made.__wrapped__) == (1, 3, "untouched", untouched)
+
+
+def test_configured_before_parsing_applies_the_bindings_parsed_before_the_call(tmp_path):
+    # Made before parsing, it was MetricsManager itself: console.gin's manager got the
+    # default writers and wrote TensorBoard and JSONL files.
+    make = gin_utils.configured(MetricsManager)
+    parse("console.gin")
+    with make("train", tmp_path) as train:
+        assert sorted(train.writer.writers) == ["console"]
+        write_window(train, 2, loss=3.0)
+    assert run_files(tmp_path / "train") == set()
 
 
 @pytest.mark.parametrize("resume_by", ["argument", "gin"])
