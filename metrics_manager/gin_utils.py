@@ -11,6 +11,7 @@ the operative config as T5X does, to `<model_dir>/config.gin` and as the text su
 """
 
 import functools
+import logging
 import os
 import site
 import sysconfig
@@ -27,6 +28,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 CONFIG_FILENAME = "config.gin"
 CONFIG_SUMMARY_KEY = "config"
+_LOG = logging.getLogger(__name__)
+
+
+def _bindings(config_str: str) -> int:
+    """How many `name = value` lines a gin config text holds (imports and comments aside)."""
+    return sum(" = " in line and not line.startswith("#") for line in config_str.splitlines())
 
 
 def config_dir() -> str:
@@ -112,7 +119,8 @@ def write_gin_config(
 ) -> str:
     """Writes the operative gin config to `<model_dir>/config.gin` and as text `config`.
 
-    Call it once everything gin configures is built: the operative config lists what was called.
+    Call it once everything gin configures is built: the operative config lists what was called
+    (a call before that, or before any parsing, logs a warning: config.gin holds no binding).
 
     Args:
       model_dir: The experiment's directory (created if missing) or an fsspec URL (process 0).
@@ -140,6 +148,17 @@ def write_gin_config(
         problems.type_problem(f"config_str must be a str or None, got {type(config_str).__name__}")
     problems.raise_if_any()
     text = gin.operative_config_str() if config_str is None else config_str
+    if config_str is None and not _bindings(text):
+        # An early call saved a config.gin without a binding, and nothing said so.
+        parsed = _bindings(gin.config_str())
+        why = (
+            f"none of the {parsed} parsed bindings is operative, as nothing gin configures "
+            "has been called yet: call it after building the managers through configured(), "
+            "or pass config_str=gin.config_str()"
+            if parsed
+            else "no gin config was parsed: call gin.parse_config_files_and_bindings first"
+        )
+        _LOG.warning("write_gin_config: %s holds no binding; %s", CONFIG_FILENAME, why)
     if jax.process_index() == 0:
         # Atomic (a reader never sees half a config), mode 0o666 & ~umask, local or URL.
         path = _storage.join(os.fspath(model_dir), CONFIG_FILENAME)

@@ -215,6 +215,28 @@ def test_operative_config_goes_to_config_gin_and_tensorboard_text(tmp_path):
     assert not (tmp_path / "eval" / "glue" / "config.gin").exists()
 
 
+def test_write_gin_config_called_too_early_says_the_file_holds_no_binding(tmp_path, caplog):
+    # Before parsing, or before anything gin configures was built, config.gin was written
+    # with no binding (only the imports) and nothing said so.
+    assert gin_utils.write_gin_config(tmp_path / "a") == ""
+    parse("default.gin", "writers.create_default_writer.console = False")
+    early = gin_utils.write_gin_config(tmp_path / "b")
+    assert (tmp_path / "b" / "config.gin").read_text() == early and " = " not in early
+    messages = [r.getMessage() for r in caplog.records if r.name == gin_utils.__name__]
+    assert messages == [
+        "write_gin_config: config.gin holds no binding; no gin config was parsed: call "
+        "gin.parse_config_files_and_bindings first",
+        "write_gin_config: config.gin holds no binding; none of the 9 parsed bindings is "
+        "operative, as nothing gin configures has been called yet: call it after building the "
+        "managers through configured(), or pass config_str=gin.config_str()",
+    ]
+    caplog.clear()
+    gin_utils.configured(MetricsManager)("train", tmp_path).close()
+    text = gin_utils.write_gin_config(tmp_path / "c")
+    assert "writers.create_default_writer.console = False" in text
+    assert not [r for r in caplog.records if r.name == gin_utils.__name__]
+
+
 def test_t5x_summarize_gin_config_writes_the_file_and_the_text(tmp_path):
     # T5X's `gin_utils.summarize_gin_config(model_dir, summary_writer, step)` raised
     # AttributeError here; it calls write_gin_config, with the same arguments.
