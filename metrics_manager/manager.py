@@ -243,13 +243,21 @@ class MetricsManager:
         settings = dict(writer_deadline_s=writer_deadline_s, quarantine_s=quarantine_s)
         settings |= dict(flops_per_step=flops_per_step, peak_flops_per_device=peak_flops_per_device)
         settings |= dict(system_interval_s=system_interval_s)
+        # What each number counts, and an example of one (a flops_per_step of '2e12' was
+        # asked for "seconds or units", with "in gin write 30.0").
+        units = dict(writer_deadline_s=("seconds", "60.0"), quarantine_s=("seconds", "300.0"))
+        units |= dict(
+            flops_per_step=("FLOPs", "2.5e12"), peak_flops_per_device=("FLOP/s", "9.89e14")
+        )
+        units |= dict(system_interval_s=("seconds", "10.0"))
         for arg, number in settings.items():
             if number is None:
                 continue
             if isinstance(number, bool) or not isinstance(number, numbers.Real):
-                hint = "; in gin write 30.0, not '30'" if isinstance(number, str) else ""
+                unit, example = units[arg]
+                hint = "; in gin write the number without quotes" * isinstance(number, str)
                 problems.type_problem(
-                    f"{arg} must be a number of seconds or units, got {number!r} "
+                    f"{arg} must be a number of {unit} such as {example}, got {number!r} "
                     f"({type(number).__name__}){hint}"
                 )
             # flops_per_step may be 0, as perf_values takes it: step_flops' count of a copy.

@@ -2861,13 +2861,24 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "a str writer_deadline_s from gin": (
         lambda m: MetricsManager("other", None, writer_deadline_s="30"),
         TypeError,
-        r"writer_deadline_s must be a number of seconds or units, got '30' \(str\); in gin "
-        r"write 30.0, not '30'",
+        r"writer_deadline_s must be a number of seconds such as 60.0, got '30' \(str\); in "
+        r"gin write the number without quotes",
     ),
     "a list quarantine_s": (  # no gin quoting hint: a list is no quoted number
         lambda m: MetricsManager("other", None, quarantine_s=[60]),
         TypeError,
-        r"quarantine_s must be a number of seconds or units, got \[60\] \(list\)$",
+        r"quarantine_s must be a number of seconds such as 300.0, got \[60\] \(list\)$",
+    ),
+    "a str flops_per_step from gin": (  # was asked for "seconds or units", as 30.0
+        lambda m: MetricsManager("other", None, flops_per_step="2e12"),
+        TypeError,
+        r"flops_per_step must be a number of FLOPs such as 2.5e12, got '2e12' \(str\); in gin "
+        r"write the number without quotes",
+    ),
+    "a str peak_flops_per_device": (
+        lambda m: MetricsManager("other", None, peak_flops_per_device="989e12"),
+        TypeError,
+        r"peak_flops_per_device must be a number of FLOP/s such as 9.89e14, got '989e12'",
     ),
     "a missing model output": (  # JAX's "None is not a valid value for jnp.array"
         lambda m: Sum.from_model_output(None),
