@@ -209,10 +209,29 @@ def _add_shape_problem(
         if name == "predictions" and others.get("logits") is not None
         else ""
     )
+    if scores.shape == labels.shape and _one_hot(labels):
+        beside += "; " + _ONE_HOT_FIX.format(shape=labels.shape[:-1])
     problems.value_problem(
         f"{name} of shape {scores.shape} do not fit labels of shape {labels.shape}: "
         f"expected {expected}{beside}"
     )
+
+
+def _one_hot(labels: jax.Array) -> bool:
+    """Whether concrete `labels` of rank >= 2 look one-hot: 0/1 integers, one 1 per last-axis
+    row (class scores of the labels' shape then read as binary ones, or a rank too few)."""
+    if labels.ndim < 2 or labels.shape[-1] < 2 or isinstance(labels, jax.core.Tracer):
+        return False
+    if not (labels.dtype == bool or jnp.issubdtype(labels.dtype, jnp.integer)):
+        return False
+    values = np.asarray(labels).astype(np.int64)
+    return bool(((values == 0) | (values == 1)).all() and (values.sum(-1) == 1).all())
+
+
+_ONE_HOT_FIX = (
+    "the labels look one-hot (one 1 per row of their last axis): pass labels.argmax(-1), "
+    "integer class indices of shape {shape}"
+)
 
 
 def _arrays(cls: type, method: str = "from_model_output", **arrays: Any) -> list[jax.Array]:
@@ -431,6 +450,8 @@ class _ConfusionCounts(_Counts):
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits, fix)
         if binary and threshold is None:  # NaN is outside [0, 1]
             fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
+            if _one_hot(labels):  # class logits beside one-hot labels: no binary scores
+                fix = _ONE_HOT_FIX.format(shape=labels.shape[:-1]) + ", for class scores; or " + fix
             outside = _outside_unit_interval(predictions, mask, problems, fix, name)
         elif binary:
             outside = _nan_scores(predictions, mask, problems, name)

@@ -504,6 +504,37 @@ def test_class_ids_as_predictions_are_refused_naming_the_one_hot_fix(cls):
     assert float(metric.compute()) == pytest.approx(expected, rel=1e-6)
 
 
+ONE_HOT_CALLS = {
+    "top-k": lambda logits, labels: TopKAccuracy.from_model_output(logits, labels, k=2),
+    "perplexity": lambda logits, labels: Perplexity.from_model_output(logits, labels),
+    "precision": lambda logits, labels: Precision.from_model_output(logits, labels),
+    "f1 macro": lambda logits, labels: FBeta.from_model_output(logits, labels, average="macro"),
+}
+
+
+@pytest.mark.parametrize("call", sorted(ONE_HOT_CALLS))
+def test_one_hot_labels_beside_class_logits_are_refused_naming_the_argmax(call):
+    # Top-k and perplexity asked for logits of shape (4, 3, 'C'); precision for probabilities
+    # (sigmoid, or threshold=0.0: a multi-label value, not the multi-class one meant).
+    logits = np.array([[2.0, 0.0, -1.0], [0.0, 1.5, 0.0], [0.5, 0.0, 2.0], [1.0, 3.0, 0.0]])
+    labels = np.array([0, 1, 1, 1])
+    with pytest.raises(ValueError) as info:
+        ONE_HOT_CALLS[call](logits, np.eye(3, dtype=np.int32)[labels])
+    fix = "the labels look one-hot (one 1 per row of their last axis): pass labels.argmax(-1), "
+    assert fix + "integer class indices of shape (4,)" in str(info.value)
+    if call == "precision":  # binary scores, as the labels' shape said: no class scores
+        return
+    # The fix: argmaxes 0, 1, 2, 1 (the third wrong, its label last of the 3); per class F1
+    # 1, 2 * (2/3) / (1 + 2/3) = 0.8 and 0.
+    log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    expected = {
+        "top-k": 3 / 4,
+        "perplexity": np.exp(-log_softmax[np.arange(4), labels].mean()),
+        "f1 macro": (1 + 0.8 + 0) / 3,
+    }[call]
+    assert float(ONE_HOT_CALLS[call](logits, labels).compute()) == pytest.approx(expected, 1e-6)
+
+
 SCORES, LABELS = np.array([0.2, 0.8]), np.array([0, 1])
 BAD_SETTINGS = {
     "threshold a str": (
