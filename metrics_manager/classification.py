@@ -459,6 +459,12 @@ class _ConfusionCounts(_Counts):
             picked = take_last(predictions, predicted)
             outside = _nan_scores(picked, mask, problems, name)
         average = "binary" if average is None and binary else average
+        if average is None:  # class scores have no default: "average=None does not fit"
+            raise ValueError(
+                f"{cls.__name__}.from_model_output: average is required for {num_classes}-class "
+                f"scores: pass average='micro' or average='macro' (sklearn's average argument; "
+                "'binary' is for binary scores of the labels' shape)"
+            )
         if average not in _AVERAGES or (average == "binary" and not binary):
             expected = f"one of {_AVERAGES!r}" if binary else "'micro' or 'macro'"
             raise ValueError(

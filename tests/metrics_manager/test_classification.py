@@ -473,8 +473,10 @@ def test_errors_name_what_was_expected_and_what_came():
         ValueError, match=r"predictions of shape \(4, 3\) do not fit labels of shape \(3,\)"
     ):
         Recall.from_model_output(logits, labels[:3], average="micro")
-    with pytest.raises(
-        ValueError, match="average=None does not fit 3-class scores; expected 'micro' or 'macro'"
+    with pytest.raises(  # it said "average=None does not fit", of an argument not passed
+        ValueError,
+        match="FBeta.from_model_output: average is required for 3-class scores: pass "
+        "average='micro' or average='macro'",
     ):
         FBeta.from_model_output(logits, labels % 3)
     with pytest.raises(TypeError, match="labels must be integer class indices, got"):
