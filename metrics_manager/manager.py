@@ -1376,9 +1376,12 @@ def _factory_and_kwargs(
         kwargs["collection"] = name
     if resume_step is not None:
         if not _checks.takes_keyword(parameters, "resume_step"):  # **kwargs: passed on
-            raise TypeError(
+            raise TypeError(  # it named create_default_writer alone: no fix for a lambda
                 f"MetricsManager({name!r}): resume_step={resume_step} needs a "
-                "writer_factory taking resume_step, such as writers.create_default_writer."
+                "writer_factory taking resume_step, to drop the logged steps after it, such as "
+                "writers.create_default_writer; declare it in yours and pass it on: "
+                "lambda logdir, resume_step=None: writers.create_default_writer(logdir, "
+                "resume_step=resume_step)"
             )
         kwargs["resume_step"] = resume_step
     return factory, kwargs

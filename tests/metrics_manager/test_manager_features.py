@@ -130,9 +130,24 @@ def test_a_restored_step_the_manager_cannot_read_is_refused_with_the_fix(restore
     assert repr(restored) in message
 
 
-def test_resume_step_needs_a_factory_that_takes_it():
-    with pytest.raises(TypeError, match="resume_step=5 needs a writer_factory"):
+def test_resume_step_needs_a_factory_that_takes_it(tmp_path):
+    # A lambda factory was told "needs a writer_factory taking resume_step, such as
+    # writers.create_default_writer": declaring resume_step=None in it went unsaid.
+    with pytest.raises(TypeError) as raised:
         MetricsManager("t", writer_factory=lambda d: writers.NoopWriter(), resume_step=5)
+    head, _, fix = str(raised.value).partition("; declare it in yours and pass it on: ")
+    assert head == (
+        "MetricsManager('t'): resume_step=5 needs a writer_factory taking resume_step, to drop "
+        "the logged steps after it, such as writers.create_default_writer"
+    )
+    # The fix as written: the first run's steps 6 and 8 leave metrics.jsonl.
+    for steps, resume in (((4, 6, 8), None), ((6,), 5)):
+        factory = eval(fix, {"writers": writers})
+        with MetricsManager("t", tmp_path, writer_factory=factory, resume_step=resume) as manager:
+            for step in steps:
+                manager.write_scalars(step, {"x": float(step if resume is None else -step)})
+    lines = writers.read_jsonl(tmp_path / "t")
+    assert [(line["step"], line["x"]) for line in lines] == [(4, 4.0), (6, -6.0)]
 
 
 def test_a_factory_taking_keyword_arguments_gets_the_resume_step(tmp_path):
