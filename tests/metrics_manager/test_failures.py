@@ -578,6 +578,27 @@ def test_a_disk_full_when_the_manager_is_made_names_the_manager_and_the_director
     ) in run.stderr
 
 
+@pytest.mark.parametrize("in_the_way", ["run directory", "collection directory"])
+def test_a_file_where_the_run_directory_should_be_is_not_called_a_full_disk(tmp_path, in_the_way):
+    # Any OSError of the writer factory got the full disk's note: "free space there" for a
+    # file standing where summary_dir/train should be made.
+    summary_dir = tmp_path / "run"
+    summary_dir.mkdir()
+    blocker = summary_dir if in_the_way == "run directory" else summary_dir / "train"
+    if blocker.is_dir():
+        blocker.rmdir()
+    blocker.write_text("not a directory\n")
+    with pytest.raises(OSError) as raised:
+        MetricsManager("train", summary_dir)
+    assert raised.value.errno in (errno.ENOTDIR, errno.EEXIST)
+    assert raised.value.__notes__ == [
+        f"MetricsManager('train'): the writer factory failed making its writers in "
+        f"{summary_dir / 'train'}; a file stands where a directory of that path should be: "
+        "move it, or give another summary_dir"
+    ]
+    assert blocker.read_text() == "not a directory\n"
+
+
 def test_files_another_program_cuts_get_later_writes_at_their_new_end(tmp_path):
     # The event file was written at its old offset: a run of zero bytes at its start, after
     # which TensorBoard's reader saw nothing of the rest of the run.
