@@ -111,6 +111,7 @@ class JsonlWriter(BaseWriter):
         self._max_array_size = max_array_size
         self._log: _jsonl_log.LocalLog | _jsonl_log.RemoteLog
         self._stop_timer: Callable[..., bool] | None = None
+        self._upload_at_close = False  # a close() failed to upload: the next one tries again
         if _storage.is_remote(self._path):
             self._log = _jsonl_log.RemoteLog(self._path, resume_step, limit)
             self._stop_timer = flush_every(self, flush_secs, f"JsonlWriter({self._path})")
@@ -163,12 +164,18 @@ class JsonlWriter(BaseWriter):
         self._log.flush()  # an fsync locally, an upload remotely
 
     def close(self) -> None:
-        """Flushes and closes the log; idempotent."""
+        """Flushes and closes the log; idempotent once it went through. At a URL, an upload
+        that fails keeps its lines and a later `close()` uploads them (a second call returned
+        at once, as if they had gone up, and they were lost)."""
+        if self._closed and not self._upload_at_close:
+            return
         if not self._closed:
             self._closed = True
             if self._stop_timer is not None:
                 self._stop_timer()
-            self._log.close()
+        self._upload_at_close = isinstance(self._log, _jsonl_log.RemoteLog)
+        self._log.close()
+        self._upload_at_close = False
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         checked = super()._begin(method, step, values)

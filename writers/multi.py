@@ -14,7 +14,7 @@ Example:
   >>> w.close()
 """
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from writers import _checks
@@ -38,6 +38,7 @@ class MultiWriter(ForwardingWriter):
         self._writers = list(named_writers(writers, "MultiWriter").items())
         _checks.check_writers(dict(self._writers), "MultiWriter")
         self._reserve(dict(self._writers))
+        self._close_again: set[str] = set()  # writers whose close() raised: closed again
 
     @property
     def writers(self) -> dict[str, Any]:
@@ -50,19 +51,30 @@ class MultiWriter(ForwardingWriter):
             self._forward("flush")
 
     def close(self) -> None:
-        """Closes every writer even if some fail; idempotent.
+        """Closes every writer even if some fail; idempotent once every close went through.
+        A later call closes again the writers whose `close()` raised (a writer at a URL keeps
+        what it could not upload for it: the second call had returned at once).
 
         Raises:
           WriterError: naming every writer whose `close()` raised.
         """
-        if not self._closed:
-            self._closed = True
-            self._forward("close")
+        if self._closed and not self._close_again:
+            return
+        self._closed = True
+        try:
+            self._forward("close", only=self._close_again or None)
+        except WriterError as err:
+            self._close_again = {name for name, _ in err.failures}
+            raise
+        self._close_again = set()
 
-    def _forward(self, method: str, **kwargs: Any) -> None:
+    def _forward(self, method: str, only: Collection[str] | None = None, **kwargs: Any) -> None:
+        """Calls `method` on every writer (those named in `only`, if given)."""
         failures: list[tuple[str, BaseException]] = []
         try:
             for name, writer in self._writers:
+                if only is not None and name not in only:
+                    continue
                 self.calling = writer  # where a call abandoned as hung is (a manager's deadline)
                 try:
                     getattr(writer, method)(**_checks.own_dicts(kwargs))

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from writers import _checks, _encode
+from writers import _checks, _encode, _storage
 from writers._base import BaseWriter, flush_every
 
 
@@ -81,6 +81,7 @@ class TensorBoardWriter(BaseWriter):
         self._hidden: set[tuple[str, str]] = set()  # (tag, kind) warned about
         self._raw: set[str] = set()  # tags of plugin-less tensors written before any claim
         self._hparams_warned = False
+        self._upload_at_close = False  # a close() failed to upload: the next one tries again
         self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")
 
     @property
@@ -161,11 +162,17 @@ class TensorBoardWriter(BaseWriter):
         self._file.flush()  # an fsync locally, a new part remotely
 
     def close(self) -> None:
-        """Stops the flush timer, flushes and closes the event file; idempotent."""
+        """Stops the flush timer, flushes and closes the event file; idempotent once it went
+        through. At a URL, an upload that fails keeps its events and a later `close()`
+        uploads them (a second call returned at once, and they were lost)."""
+        if self._closed and not self._upload_at_close:
+            return
         if not self._closed:
             self._closed = True
             self._stop_timer()
-            self._file.close()
+        self._upload_at_close = _storage.is_remote(self._logdir)
+        self._file.close()
+        self._upload_at_close = False
 
     def _check_kinds(self, method: str, kind: str, tags: Iterable[str]) -> None:
         # TensorBoard files a tag under the plugin of its first value: no dashboard shows a

@@ -239,3 +239,37 @@ def test_a_long_outage_before_the_first_upload_keeps_the_purge(tmp_path):
         *((s, float(s)) for s in range(1, 5)),
         *((s, 100.0 + s) for s in kept),
     ]
+
+
+def test_a_close_that_failed_to_upload_uploads_when_called_again(tmp_path):
+    # The default writers' close() in an outage raised, and a second close() returned at once
+    # as if it had gone through: steps 6 to 10, never uploaded, were lost without a word.
+    server = storage_servers.S3Server()
+    gate = storage_servers.Gate(server.port)
+    config = server.fsspec_config()
+    config["client_kwargs"]["endpoint_url"] = gate.url
+    config["config_kwargs"] = {"retries": {"max_attempts": 1}}  # a failed upload: at once
+    run = f"s3://{storage_servers.BUCKET}/close-again-{uuid.uuid4().hex[:8]}"
+    try:
+        with storage_servers.serving(server, "s3", config):
+            w = writers.create_default_writer(run, console=False, flush_secs=3600)
+            for step in range(1, 6):
+                w.write_scalars(step, {"loss": float(step)})
+            w.flush()
+            gate.cut()
+            for step in range(6, 11):
+                w.write_scalars(step, {"loss": float(step)})
+            with pytest.raises(writers.WriterError) as failed:
+                w.close()
+            assert sorted(name for name, _ in failed.value.failures) == ["jsonl", "tensorboard"]
+            gate.restore()
+            w.close()
+            w.close()  # once it went through: nothing more to do
+            lines = writers.read_jsonl(f"{run}/metrics.jsonl")
+            storage_servers.copy_event_files(run, str(tmp_path))
+    finally:
+        server.stop()
+    assert [(line["step"], line["loss"]) for line in lines] == [(s, float(s)) for s in range(1, 11)]
+    acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(s, float(s)) for s in range(1, 11)]
