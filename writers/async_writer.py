@@ -79,6 +79,7 @@ class AsyncWriter(ForwardingWriter):
         # Held from the closed check to the queueing of a call: a call from another thread is
         # queued before close() queues the close, or refused with WriterClosedError.
         self._post_lock = threading.Lock()
+        self._close_again = False  # the writer's close() raised: a later close() calls it again
         self._worker = OrderedWorker(self._where(), max_pending=max_queue)
         self._at_exit = close_at_exit(self, self._where())
 
@@ -105,8 +106,10 @@ class AsyncWriter(ForwardingWriter):
         self._raise_errors("flush")
 
     def close(self) -> None:
-        """Runs every queued call, closes the writer and joins the thread; idempotent. In a
-        forked child it does nothing: the parent closes its writer.
+        """Runs every queued call, closes the writer and joins the thread; idempotent once the
+        writer's close went through (a later call closes it again, on the caller's thread: a
+        writer at a URL keeps what it could not upload for it). In a forked child it does
+        nothing: the parent closes its writer.
 
         Raises:
           WriterError: every failed call not yet reported.
@@ -119,12 +122,22 @@ class AsyncWriter(ForwardingWriter):
         self._worker.refuse_own_thread("close()")
         with self._close_lock:
             with self._post_lock:
-                if self._closed:
+                if self._closed and not self._close_again:
                     return
+                again, self._close_again = self._closed, False
                 self._closed = True
-                self._post("close", {})
-            self._worker.close()
-            atexit.unregister(self._at_exit)
+                if not again:
+                    self._post("close", {})
+            if again:  # the thread has ended
+                try:
+                    self._writer.close()
+                except Exception as err:  # noqa: BLE001  (reported below, as the thread's are)
+                    self._close_again = True
+                    with self._errors_lock:
+                        self._errors.append((f"{self._label}.close()", err))
+            else:
+                self._worker.close()
+                atexit.unregister(self._at_exit)
         self._raise_errors("close")
 
     def _where(self) -> str:
@@ -154,6 +167,8 @@ class AsyncWriter(ForwardingWriter):
                 named = _checks.named_if_donated(method, kwargs, err)  # not JAX's bare words
                 with self._errors_lock:
                     self._errors.append((f"{self._label}.{method}({step})", named))
+                if method == "close":
+                    self._close_again = True
 
         self._worker.post([(method, call, None)])  # blocks while the queue is full
 

@@ -92,7 +92,12 @@ def test_errors_are_raised_on_the_next_call_with_the_writer_name():
         w.close()
     assert broken.calls[:3] == ["write_scalars", "flush", "write_texts"]
     assert broken.calls[-1] == "close"
-    w.close()  # idempotent, errors already reported
+    # Its close failed: a later close() calls it again (a writer at a URL uploads then what
+    # it could not), reporting only that call's failure.
+    with pytest.raises(writers.WriterError) as again:
+        w.close()
+    assert [name for name, _ in again.value.failures] == ["tensorboard.close()"]
+    assert broken.calls.count("close") == 2
 
 
 def test_with_keeps_the_loops_error_and_notes_the_close_error():

@@ -241,7 +241,8 @@ def test_a_long_outage_before_the_first_upload_keeps_the_purge(tmp_path):
     ]
 
 
-def test_a_close_that_failed_to_upload_uploads_when_called_again(tmp_path):
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_close_that_failed_to_upload_uploads_when_called_again(tmp_path, asynchronous):
     # The default writers' close() in an outage raised, and a second close() returned at once
     # as if it had gone through: steps 6 to 10, never uploaded, were lost without a word.
     server = storage_servers.S3Server()
@@ -252,7 +253,9 @@ def test_a_close_that_failed_to_upload_uploads_when_called_again(tmp_path):
     run = f"s3://{storage_servers.BUCKET}/close-again-{uuid.uuid4().hex[:8]}"
     try:
         with storage_servers.serving(server, "s3", config):
-            w = writers.create_default_writer(run, console=False, flush_secs=3600)
+            w = writers.create_default_writer(
+                run, console=False, flush_secs=3600, asynchronous=asynchronous
+            )
             for step in range(1, 6):
                 w.write_scalars(step, {"loss": float(step)})
             w.flush()
