@@ -134,6 +134,7 @@ def write_gin_config(
     Raises:
       TypeError: `model_dir` is not a path or `config_str` is not a str.
       ValueError: `model_dir` is a URL whose '//' was made '/' (as pathlib does).
+      OSError: `config.gin` could not be written; a note names it and the fix (free space, ...).
 
     Example:
       >>> import tempfile
@@ -162,7 +163,11 @@ def write_gin_config(
     if jax.process_index() == 0:
         # Atomic (a reader never sees half a config), mode 0o666 & ~umask, local or URL.
         path = _storage.join(os.fspath(model_dir), CONFIG_FILENAME)
-        _storage.replace_file(path, [text.encode("utf-8")])
+        try:
+            _storage.replace_file(path, [text.encode("utf-8")])
+        except OSError as err:  # a full disk said only "[Errno 28] No space left on device"
+            err.add_note(f"write_gin_config: writing {path} failed; {_storage.os_error_fix(err)}")
+            raise
     if manager is not None:
         manager.write_texts(step, {CONFIG_SUMMARY_KEY: config_markdown(text)})
     return text

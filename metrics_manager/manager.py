@@ -21,7 +21,6 @@ Host-side module: never import it from code traced by jit.
 import atexit
 import concurrent.futures
 import dataclasses
-import errno
 import functools
 import inspect
 import json
@@ -75,18 +74,6 @@ _READY_KINDS = {  # a value given ready to write_metrics_summary -> its checks
     clu.values.Audio: "audio",
 }
 _REQUIRED = ("write_scalars", "write_texts", "write_hparams", "flush", "close")
-# What to do when the writer factory's OSError has this errno (a read-only mount or a file in
-# the directory's place was told to "free space there").
-_FACTORY_FIXES = {
-    errno.ENOSPC: "free space there",
-    errno.EDQUOT: "free space there",
-    errno.EFBIG: "free space there",
-    errno.EROFS: "its file system is read-only: mount it read-write",
-    errno.EACCES: "this user may not write there: give it permission",
-    errno.EPERM: "this user may not write there: give it permission",
-    errno.ENOTDIR: "a file stands where a directory of that path should be: move it",
-    errno.EEXIST: "a file stands where a directory of that path should be: move it",
-}
 _OPEN: "weakref.WeakSet[MetricsManager]" = weakref.WeakSet()
 _DIRS: dict[str, str] = {}  # summary dir -> where its open manager was made (this process)
 _DIRS_LOCK = threading.Lock()
@@ -1407,7 +1394,7 @@ def _make_writers(
     try:
         made: Any = factory(summary_dir, **kwargs)
     except OSError as err:  # a full disk said only "[Errno 28] No space left on device"
-        fix = _FACTORY_FIXES.get(err.errno or 0, "the error above says what failed")
+        fix = _storage.os_error_fix(err)
         err.add_note(
             f"MetricsManager({name!r}): the writer factory failed making its writers in "
             f"{summary_dir}; {fix}, or give another summary_dir"

@@ -8,6 +8,7 @@ whose name sorts after the earlier ones (credentials: the README's "Cloud storag
 created here honour the umask (`0o666 & ~umask`), unlike `tempfile.mkstemp`'s 0600.
 """
 
+import errno
 import os
 import threading
 import uuid
@@ -17,6 +18,25 @@ from typing import Any
 from absl import logging
 
 _EXTRAS = {"gs": "gcs", "gcs": "gcs", "s3": "s3", "s3a": "s3"}
+
+
+# What to do when writing a run's files failed with this errno (a read-only mount or a file
+# in a directory's place was told to "free space there").
+_FIXES = {
+    errno.ENOSPC: "free space there",
+    errno.EDQUOT: "free space there",
+    errno.EFBIG: "free space there",
+    errno.EROFS: "its file system is read-only: mount it read-write",
+    errno.EACCES: "this user may not write there: give it permission",
+    errno.EPERM: "this user may not write there: give it permission",
+    errno.ENOTDIR: "a file stands where a directory of that path should be: move it",
+    errno.EEXIST: "a file stands where a directory of that path should be: move it",
+}
+
+
+def os_error_fix(err: OSError) -> str:
+    """What to do about `err`, raised writing a run's files, for a note on it."""
+    return _FIXES.get(err.errno or 0, "the error above says what failed")
 
 
 def is_remote(path: str) -> bool:

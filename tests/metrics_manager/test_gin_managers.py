@@ -9,8 +9,11 @@ TensorBoard's `EventAccumulator` and `json`.
 from __future__ import annotations
 
 import doctest
+import errno
 import functools
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -284,6 +287,41 @@ def test_write_gin_config_checks_its_inputs():
         match=r"(?s)write_gin_config: 2 problems:.*model_dir must be a path.*config_str must be a str",
     ):
         gin_utils.write_gin_config(3, config_str=4)  # type: ignore[arg-type]
+
+
+_FULL_DISK = """
+import resource, signal, sys
+from metrics_manager import gin_utils
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit: EFBIG, not death
+resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+gin_utils.write_gin_config(sys.argv[1], config_str="a.b = 1\\n")
+"""
+
+
+def test_a_config_gin_that_cannot_be_written_names_the_file_and_the_fix(tmp_path):
+    # A full disk raised the bare "[Errno 27] File too large", naming neither the file nor
+    # what to do; a file where model_dir should be, "[Errno 17] File exists".
+    run = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+    )
+    assert run.returncode == 1
+    assert f"OSError: [Errno {errno.EFBIG}] File too large" in run.stderr
+    assert f"write_gin_config: writing {tmp_path / 'config.gin'} failed; free space there" in (
+        run.stderr
+    )
+    assert list(tmp_path.iterdir()) == []  # no half config, no temporary file
+    model_dir = tmp_path / "model"
+    model_dir.write_text("not a directory\n")
+    with pytest.raises(FileExistsError) as raised:
+        gin_utils.write_gin_config(model_dir, config_str="a.b = 1\n")
+    assert raised.value.__notes__ == [
+        f"write_gin_config: writing {model_dir / 'config.gin'} failed; a file stands where a "
+        "directory of that path should be: move it"
+    ]
 
 
 def test_configured_calls_the_plain_function_when_gin_never_saw_it():
