@@ -29,7 +29,8 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
 * A key written twice at one step is recorded twice; writers never merge or deduplicate
   (but a W&B row keeps one value per key: `WandbWriter` keeps the last and warns).
 * Call a backend from one thread at a time; `AsyncWriter` may be called from any thread.
-  A writer whose calls may overlap (its writes only buffer, as `MlflowWriter`'s) says so
+  A writer whose calls may overlap (its writes only buffer, as `MlflowWriter`'s, and
+  `TensorBoardWriter`'s and `JsonlWriter`'s at a URL) says so
   with `takes_overlapping_calls = True`: a `MetricsManager` then goes on calling it while a
   call it abandoned past `writer_deadline_s` is still inside it, instead of quarantining it
   (nor does a signal's flush set it aside as slow).

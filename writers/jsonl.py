@@ -112,6 +112,10 @@ class JsonlWriter(BaseWriter):
         self._log: _jsonl_log.LocalLog | _jsonl_log.RemoteLog
         self._stop_timer: Callable[..., bool] | None = None
         self._upload_at_close = False  # a close() failed to upload: the next one tries again
+        # In parts writes only buffer (an upload holds no lock a write takes): a manager whose
+        # flush() was abandoned in a dead network's upload goes on calling it (quarantined, it
+        # skipped every write of the next `quarantine_s`, also once storage was back).
+        self.takes_overlapping_calls = _storage.is_remote(self._path)
         if _storage.is_remote(self._path):
             self._log = _jsonl_log.RemoteLog(self._path, resume_step, limit)
             self._stop_timer = flush_every(self, flush_secs, f"JsonlWriter({self._path})")

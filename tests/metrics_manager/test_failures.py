@@ -1099,6 +1099,49 @@ def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, 
     assert tb_steps(str(tmp_path)) == list(range(1, step + 1))
 
 
+def test_a_flush_stuck_in_a_dead_network_costs_no_later_summary(tmp_path):
+    # A network that drops packets (no reset: uploads hang) under a flush() after a
+    # checkpoint: past writer_deadline_s, both writers were quarantined as hung for
+    # quarantine_s, and every summary of the next 300 s was skipped, also once storage was
+    # back (40 of 160 reached S3). Their writes only buffer: they are called on.
+    from tests import storage_servers
+
+    server, gate, config = _s3_behind_a_gate(max_attempts=1)
+    run = f"s3://{storage_servers.BUCKET}/dead-network"
+
+    def factory(logdir):
+        return writers.create_default_writer(logdir, console=False, flush_secs=0.2)
+
+    with (
+        storage_servers.serving(server, "s3", config),
+        MetricsManager("train", run, writer_factory=factory, writer_deadline_s=2) as manager,
+    ):
+        for step in range(1, 21):
+            manager.write_scalars(step, {"loss": float(step)})
+        manager.flush()
+        gate.cut()  # the connections open now: reset; new ones are taken but never answered
+        gate.restore()
+        with gate._lock:
+            for step in range(21, 41):
+                manager.write_scalars(step, {"loss": float(step)})
+            manager.flush()  # abandoned past the deadline, in each writer
+            for step in range(41, 61):
+                manager.write_scalars(step, {"loss": float(step)})
+        for step in range(61, 161):  # storage is back
+            manager.write_scalars(step, {"loss": float(step)})
+        manager.close()
+        health = manager.health()["writers"]
+        assert {name: health[name]["quarantined"] for name in health} == {
+            "tensorboard": None,
+            "jsonl": None,
+        }
+        lines = writers.read_jsonl(f"{run}/train/metrics.jsonl")
+        storage_servers.copy_event_files(f"{run}/train", str(tmp_path))
+    server.stop()
+    assert [line["loss"] for line in lines] == [float(s) for s in range(1, 161)]
+    assert tb_steps(str(tmp_path)) == list(range(1, 161))
+
+
 def _jsonl_and_mlflow(made: dict[str, Any], url: Any, name: str, flush_secs: float) -> Any:
     """A writer_factory: JSONL and an MlflowWriter at `url()`, kept in `made["mlflow"]`."""
 
