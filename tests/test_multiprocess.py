@@ -155,8 +155,8 @@ def test_two_processes_report_the_one_process_summaries(tmp_path):
     assert refused_made["same directory"].startswith("ValueError: MetricsManager('train'): ")
     assert refused_made["resume_step"] == (
         "TypeError: MetricsManager('eval'): resume_step=3 needs a writer_factory taking "
-        "resume_step, such as writers.create_default_writer."
-    )
+        "resume_step, to drop the logged steps after it, such as writers.create_default_writer"
+    )  # up to the first ';'
     assert [r["refused_made"]["resume_step"] for r in results] == [refused_made["resume_step"]] * 2
     for i, result in enumerate(results):
         assert result["refused_made"]["same directory"] == refused_made["same directory"].replace(
