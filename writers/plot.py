@@ -649,7 +649,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--height", type=int, default=800, help="PNG height in pixels")
     add("--dpi", type=int, default=100, help="PNG dots per inch")
     add("--cols", type=int, help="text plot width (default: the terminal's)")
-    add("--rows", type=int, help="text plot height (default: the terminal's)")
+    add("--rows", type=int, help="text plot height in lines (default: the terminal's, less 2)")
     add("--follow", action="store_true", help="redraw when the logs grow")
     add("--interval", type=float, default=2.0, help="--follow: seconds per check")
     add(
@@ -702,8 +702,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         data = plot_runs(args.run_dirs, keys, color=sys.stdout.isatty(), **kwargs)
         if args.dump_series:  # replaced atomically: a reader never sees half a file
             _storage.replace_file(args.dump_series, [json.dumps(data.to_json()).encode() + b"\n"])
-        if data.text is not None:
-            print(("\x1b[H\x1b[2J" if clear else "") + data.text, flush=True)
+        if data.text is not None:  # `rows` lines: plotext ends the last in a newline too
+            print(("\x1b[H\x1b[2J" if clear else "") + data.text.removesuffix("\n"), flush=True)
         if data.png and not clear:
             drawn = f"{len(data.series)} series of {', '.join(data.keys)}"
             print(f"wrote {data.png} ({drawn})", flush=True)

@@ -220,6 +220,16 @@ def test_terminal_mode_prints_a_plot_of_each_key(demo_dir):
     assert not os.path.exists(os.path.join(REPO, "plot.png"))  # --terminal alone: no PNG
 
 
+def test_terminal_mode_prints_as_many_lines_as_rows(tmp_path):
+    # --rows 24 printed 25 lines: the plot's 24, each ending in a newline, then a blank one.
+    run = str(tmp_path / "run")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": s, "loss": 1.0 / s} for s in (1, 2)])
+    result = _plot(run, "--terminal", "--keys", "loss", "--cols", "80", "--rows", "24")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("\n") == 24 and result.stdout.endswith("\n")
+    assert result.stdout.splitlines()[-1].strip()  # the x axis' tick labels, not a blank line
+
+
 # --- reading ---------------------------------------------------------------------------
 
 
