@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import inspect
+import itertools
 import json
 import logging
 import math
@@ -865,13 +866,21 @@ class MetricsManager:
     ) -> None:
         self._check_usable(method)
         problems = _Problems(f"MetricsManager.{method}")
+        # write_images({"img": x}, 20): the mapping came first. One problem naming the order,
+        # not a second one for the step in the mapping's place.
+        swapped = arg != "hparams" and isinstance(step, Mapping) and not isinstance(values, Mapping)
+        if swapped:
+            order = "step, arrays, num_buckets" if arg == "arrays" else f"step, {arg}"
+            step_hint = f"; the arguments are ({order}), as in CLU's writers"
+            if _is_int(values):
+                step_hint += f": if {int(values)} is the step, call {method}({int(values)}, {arg})"
         step = None if arg == "hparams" else problems.step("step", step, hint=step_hint)
         if arg == "hparams":
             values = _checks.as_mapping(values)
-        if not isinstance(values, Mapping):
-            example = "{'lr': 0.1} (or a dataclass)" if arg == "hparams" else "{'loss': value}"
+        if not isinstance(values, Mapping) and not swapped:
+            example = _MAPPING_EXAMPLES[arg]
             problems.type_problem(
-                f"{arg} must be a mapping such as {example}, got {type(values).__name__}"
+                f"{arg} must be a mapping such as {example}, got {_brief(values)}"
             )
         values = dict(values) if isinstance(values, Mapping) else {}
         if arg == "hparams":  # its keys are checked flat; values copied: read on the worker
@@ -1046,6 +1055,37 @@ def _read_value(arg: str, key: str, value: Any) -> Any:
     return array
 
 
+_MAPPING_EXAMPLES = {
+    "scalars": "{'loss': value}",
+    "texts": "{'note': 'text'}",
+    "images": "{'samples': array}",
+    "arrays": "{'weights': array}",
+    "hparams": "{'lr': 0.1} (or a dataclass)",
+}
+
+
+def _brief(value: Any, keys: int = 8) -> str:
+    """`value` for an error message, short: a mapping by its type and first `keys` keys, an
+    array by its type, shape and dtype (never its values), anything else by a cut repr.
+
+    Example:
+      >>> _brief({"img": np.zeros((64, 64, 3))})
+      "dict with keys ['img']"
+      >>> _brief(np.zeros((64, 64, 3)))
+      'ndarray of shape (64, 64, 3) and dtype float64'
+      >>> _brief(0.5)
+      '0.5 (float)'
+    """
+    if isinstance(value, Mapping):
+        names = [repr(k) for k in itertools.islice(value, keys)]
+        more = f", ... ({len(value)} keys)" if len(value) > keys else ""
+        return f"{type(value).__name__} with keys [{', '.join(names)}{more}]"
+    if getattr(value, "ndim", 0):  # a 0-d array reads as its value: Array(3, dtype=int32)
+        return _checks.describe(value)
+    text = repr(value)
+    return f"{text if len(text) <= 60 else text[:57] + '...'} ({type(value).__name__})"
+
+
 def _is_int(value: Any) -> bool:
     """Whether `value` is an integer a step could be: a Python or NumPy int, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
@@ -1073,9 +1113,7 @@ class _Problems(Problems):
                 hint = f"; pass int({what})" if float(value).is_integer() else ""
             elif gin and isinstance(value, str):
                 hint = "; in gin write a number, without quotes"
-            self.type_problem(
-                f"{what} must be an int, got {value!r} ({type(value).__name__}){hint}{extra}"
-            )
+            self.type_problem(f"{what} must be an int, got {_brief(value)}{hint}{extra}")
             return 0
         if int(value) < minimum:
             self.value_problem(f"{what} must be >= {minimum}, got {value}")

@@ -1168,6 +1168,62 @@ def test_write_scalar_with_step_and_value_swapped_names_the_argument_order():
     ]
 
 
+def test_write_calls_with_step_and_mapping_swapped_name_the_argument_order():
+    """write_images({"img": array}, 20) printed the whole dict of arrays as the step it was
+    not, then a second problem for the 20; it now names the mapping by its keys, the order
+    and the call. Arguments of the wrong type are described by type, shape and keys too."""
+    writer = RecordingWriter()
+    image = np.full((64, 64, 3), 0.25, np.float32)
+    with make(writer) as manager:
+        with pytest.raises(TypeError) as info:
+            manager.write_images({"img": image}, 20)
+        assert str(info.value) == (
+            "MetricsManager.write_images: step must be an int, got dict with keys ['img']; the "
+            "arguments are (step, images), as in CLU's writers: if 20 is the step, call "
+            "write_images(20, images)"
+        )
+        with pytest.raises(TypeError) as info:
+            manager.write_histograms({"w": np.zeros(5000)}, 7)
+        assert str(info.value) == (
+            "MetricsManager.write_histograms: step must be an int, got dict with keys ['w']; the "
+            "arguments are (step, arrays, num_buckets), as in CLU's writers: if 7 is the step, "
+            "call write_histograms(7, arrays)"
+        )
+        many = {f"k{i}": jnp.ones(3) for i in range(10)}
+        with pytest.raises(TypeError) as info:
+            manager.write_scalars(many, 3)
+        assert str(info.value).startswith(
+            "MetricsManager.write_scalars: step must be an int, got dict with keys ['k0', 'k1', "
+            "'k2', 'k3', 'k4', 'k5', 'k6', 'k7', ... (10 keys)]; the arguments are (step, "
+            "scalars)"
+        )
+        with pytest.raises(TypeError) as info:
+            manager.write_texts({"note": "hi"}, 4)
+        assert "got dict with keys ['note']; the arguments are (step, texts)" in str(info.value)
+        with pytest.raises(TypeError) as info:
+            manager.write_images(20, image)
+        assert str(info.value) == (
+            "MetricsManager.write_images: images must be a mapping such as {'samples': array}, "
+            "got ndarray of shape (64, 64, 3) and dtype float32"
+        )
+        with pytest.raises(TypeError) as info:
+            manager.write_hparams(np.zeros(100))
+        assert str(info.value) == (
+            "MetricsManager.write_hparams: hparams must be a mapping such as {'lr': 0.1} (or a "
+            "dataclass), got ndarray of shape (100,) and dtype float64"
+        )
+        with pytest.raises(TypeError) as info:
+            manager.write_scalars(np.zeros(500), {"loss": 0.5})
+        assert str(info.value) == (
+            "MetricsManager.write_scalars: step must be an int, got ndarray of shape (500,) and "
+            "dtype float64"
+        )
+        manager.write_images(20, {"img": image})
+    [(method, step, images)] = [c for c in written(writer) if c[0] == "write_images"]
+    assert (method, step, list(images)) == ("write_images", 20, ["img"])
+    np.testing.assert_array_equal(images["img"], image)
+
+
 def test_write_texts_needs_strings():
     with make() as manager:
         with pytest.raises(
