@@ -719,6 +719,8 @@ class MetricsManager:
         self._failures.raise_fatal()
 
     def __enter__(self) -> "MetricsManager":
+        """The manager itself, refused at once when closed (not at the block's first write)."""
+        self._check_usable("__enter__")
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:

@@ -1168,6 +1168,29 @@ def test_write_scalar_with_step_and_value_swapped_names_the_argument_order():
     ]
 
 
+def test_entering_a_closed_manager_raises_at_once():
+    """`with manager:` on a closed manager entered silently; only the block's first write
+    raised, after any work before it. It now raises there, as that write would."""
+    writer = RecordingWriter()
+    manager = make(writer)
+    manager.write_scalars(1, {"loss": 0.5})
+    manager.close()
+    entered = []
+    with pytest.raises(RuntimeError) as info:
+        with manager:
+            entered.append(True)
+            manager.write_scalars(2, {"loss": 0.25})
+    assert entered == []
+    assert str(info.value) == (
+        "MetricsManager 'train' is closed; __enter__() needs an open manager."
+    )
+    assert [c for c in written(writer) if c[0] == "write_scalars"] == [
+        ("write_scalars", 1, {"loss": 0.5})
+    ]
+    with make(RecordingWriter()) as fresh:  # an open one still enters
+        fresh.write_scalars(1, {"loss": 0.5})
+
+
 def test_write_calls_with_step_and_mapping_swapped_name_the_argument_order():
     """write_images({"img": array}, 20) printed the whole dict of arrays as the step it was
     not, then a second problem for the 20; it now names the mapping by its keys, the order
