@@ -288,6 +288,7 @@ class MetricsManager:
         self._summary_cost = 0.0  # caller-side: the last write_metrics_summary call's own time
         self._last_step: int | None = None
         self._warned_order = False
+        self._resumed_from = resume_step  # as passed: _resume_step is cleared once warned of
         self._resume_step: int | None = None  # until warned; set below where an earlier run is
         # The keys the run before wrote at `resume_step`, read from the rewritten JSONL log;
         # None: unknown (no log rewritten here, a URL).
@@ -782,12 +783,18 @@ class MetricsManager:
         last, self._last_step = self._last_step, step
         if last is not None and step < last and not self._warned_order:
             self._warned_order = True
+            fix = "If the run resumed from a checkpoint, pass resume_step so earlier values "
+            fix += "after it are dropped."
+            if self._resumed_from is not None:  # passed already: it drops the run before's
+                fix = (
+                    f"resume_step={self._resumed_from}, passed to this manager, drops only what "
+                    f"the run before wrote after step {self._resumed_from}, not this run's own "
+                    f"steps: step {last} stays beside step {step}. If the run restored an "
+                    "earlier checkpoint again, close this manager and make a new one with that "
+                    "checkpoint's step as resume_step; otherwise check the steps the loop passes."
+                )
             _LOG.warning(
-                "MetricsManager %r: step %d comes after step %d. If the run resumed from a "
-                "checkpoint, pass resume_step so earlier values after it are dropped.",
-                self.name,
-                step,
-                last,
+                "MetricsManager %r: step %d comes after step %d. %s", self.name, step, last, fix
             )
 
     def _check_resumed(self, step: int | None, keys: Callable[[], Iterable[str]]) -> None:

@@ -195,14 +195,25 @@ class JsonlWriter(BaseWriter):
         if step is not None:
             if step < self._max_step and not self._warned_backwards and step > self._resumed:
                 self._warned_backwards = True
+                fix = (
+                    "If this run resumed from a checkpoint, the log holds those steps twice: "
+                    "pass resume_step=<the restored step> (MetricsManager(..., resume_step=...)) "
+                    "to drop the stale lines."
+                )
+                if self._resumed >= 0:  # passed already: it dropped the run before's lines
+                    fix = (
+                        f"resume_step={self._resumed} dropped only the lines the run before "
+                        f"wrote after step {self._resumed}, not this run's own. If the run "
+                        "restored an earlier checkpoint again, make a new writer with that "
+                        "checkpoint's step as resume_step; otherwise check the steps passed."
+                    )
                 logging.warning(
                     "JsonlWriter(%s): step %d comes after step %d: the log's steps go "
-                    "backwards. If this run resumed from a checkpoint, the log holds those "
-                    "steps twice: pass resume_step=<the restored step> (MetricsManager(..., "
-                    "resume_step=...)) to drop the stale lines. Warned once.",
+                    "backwards. %s Warned once.",
                     self._path,
                     step,
                     self._max_step,
+                    fix,
                 )
             self._max_step = max(self._max_step, step)
 

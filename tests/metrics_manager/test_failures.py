@@ -3405,6 +3405,33 @@ def test_a_step_going_backwards_warns_once(caplog):
     ]
 
 
+def test_a_step_going_backwards_after_resume_step_does_not_ask_for_resume_step(tmp_path, caplog):
+    """A manager made with resume_step=50 writing step 60 after step 100 was told, by itself
+    and by its JSONL writer, to pass resume_step; the advice now fits what was passed."""
+    factory = functools.partial(writers.create_default_writer, console=False)
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        for step in (10, 50, 80):
+            manager.write_scalars(step, {"loss": 1.0})
+    with MetricsManager("train", tmp_path, writer_factory=factory, resume_step=50) as manager:
+        manager.write_scalars(100, {"loss": 0.5})
+        manager.write_scalars(60, {"loss": 0.25})
+    assert [line["step"] for line in read_jsonl(str(tmp_path / "train"))] == [10, 50, 100, 60]
+    warnings = [r.getMessage() for r in caplog.records if "comes after step" in r.getMessage()]
+    assert warnings[0] == (
+        "MetricsManager 'train': step 60 comes after step 100. resume_step=50, passed to this "
+        "manager, drops only what the run before wrote after step 50, not this run's own "
+        "steps: step 100 stays beside step 60. If the run restored an earlier checkpoint "
+        "again, close this manager and make a new one with that checkpoint's step as "
+        "resume_step; otherwise check the steps the loop passes."
+    )
+    assert len(warnings) == 2 and warnings[1].endswith(
+        "step 60 comes after step 100: the log's steps go backwards. resume_step=50 dropped "
+        "only the lines the run before wrote after step 50, not this run's own. If the run "
+        "restored an earlier checkpoint again, make a new writer with that checkpoint's step "
+        "as resume_step; otherwise check the steps passed. Warned once."
+    )
+
+
 @pytest.mark.parametrize("call", ["write_scalars", "write_texts", "write_images"])
 def test_a_step_going_backwards_in_a_host_write_warns_once_too(tmp_path, caplog, call):
     """A TensorBoard-only set held step 20 twice with no word: only summaries were checked."""
