@@ -8,10 +8,12 @@ directory, so its relative `runs/example` lands there.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 
 import gin
+import jax
 import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -64,6 +66,30 @@ def test_readme_example_runs_and_writes_its_summaries(tmp_path, monkeypatch):
     assert [e.value for e in acc.Scalars("loss")] == pytest.approx(
         [line["loss"] for line in lines], rel=1e-6
     )
+
+
+@pytest.mark.parametrize("precompiled", [False, True])
+def test_readme_precompile_block_keeps_compilation_out_of_the_windows(
+    tmp_path, monkeypatch, caplog, precompiled
+):
+    """The example's first window read 41 steps/s against thousands after it, as it timed
+    compiling the step's two variants; the README's block, run before the `with` block,
+    compiles both there, and the loop compiles nothing."""
+    monkeypatch.chdir(tmp_path)
+    example, loop = readme_example(), "with MetricsManager("
+    assert example.count(loop) == 1
+    before = readme_example("<!-- test: readme-precompile -->") if precompiled else ""
+    log_compiles = "jax.config.update('jax_log_compiles', True)\n"
+    source = example.replace(loop, before + log_compiles + loop)
+    caplog.set_level(logging.WARNING)
+    try:
+        exec(compile(source, "README.md:readme-precompile", "exec"), {"__name__": "readme"})
+    finally:
+        jax.config.update("jax_log_compiles", False)
+    compiled = [r for r in caplog.records if "Compiling jit(train_step)" in r.getMessage()]
+    assert len(compiled) == (0 if precompiled else 2)
+    with open(tmp_path / "runs" / "example" / "train" / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [20, 40, 60, 80, 100]
 
 
 def test_readme_gin_entry_point_builds_train_and_eval_managers(tmp_path, monkeypatch):
