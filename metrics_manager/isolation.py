@@ -154,6 +154,7 @@ class _WriterState:
     overlap: bool = False  # it takes calls while one is inside it (`takes_overlapping_calls`)
     hurried_s: float = 0.0  # seconds inside the writer since `Fanout.hurry` began
     unsupported: set[str] = dataclasses.field(default_factory=set)  # NotImplementedError
+    close_failed: bool = False  # its close raised: `close_again` calls it once more
 
 
 _ARRAY_CALLS = frozenset(
@@ -229,15 +230,33 @@ class Fanout:
             for n, s in self.states.items()
         }
 
+    def close_again(self) -> list[Piece]:
+        """Pieces closing once more each writer whose close raised (storage down at close:
+        a second close uploads what it still buffers), as `pieces` closes them; none for a
+        writer whose close went through or is still inside it. Each failed close is claimed
+        by one call: two callers do not close a writer twice at once."""
+        failed = [n for n, s in self.states.items() if s.close_failed]
+        for name in failed:
+            self.states[name].close_failed = False  # set again if this close raises too
+        return self.pieces(None, [("close", {})], closing=True, only=failed) if failed else []
+
     def pieces(
-        self, step: int | None, calls: list[Any] | None, *, closing: bool = False
+        self,
+        step: int | None,
+        calls: list[Any] | None,
+        *,
+        closing: bool = False,
+        only: list[str] | None = None,
     ) -> list[Piece]:
         """One isolated piece per writer making `calls` (`(method, kwargs)` pairs; None: those
         a summary left in `job.state["calls"]`), at `step` unless None or `write_hparams`.
-        `closing`: a quarantined writer is called anyway, unless a call is still inside it."""
+        `closing`: a quarantined writer is called anyway, unless a call is still inside it.
+        `only`: the writers by name to call (None: all)."""
         pieces: list[Piece] = []
         writes = calls is None or calls[0][0].startswith("write")
         for writer_name, state in self.states.items():
+            if only is not None and writer_name not in only:
+                continue
 
             def call(job: Job, name: str = writer_name, state: _WriterState = state) -> None:
                 job.state["step"] = step  # for `stuck`
@@ -297,6 +316,8 @@ class Fanout:
                                 )
                             else:
                                 failed = True
+                                if method == "close":  # a later close() tries it again
+                                    state.close_failed = True
                 finally:
                     with self._held_lock:  # `stuck` may be abandoning this call right now
                         state.busy = False

@@ -369,11 +369,7 @@ class MetricsManager:
             f"MetricsManager[{name}]",
             max_pending=max_pending,
             on_stuck=self._stuck,
-            # A posted job's failure (a state that start_duration_timer waits on whose
-            # computation failed) was only logged: not in `errors`, not raised under "raise".
-            on_error=lambda label, job, err: self._failures.record(
-                Failure(label, job.state.get("step"), job.state.get("keys", ()), err)
-            ),
+            on_error=self._job_failed,
         )
         _OPEN.add(self)
         # Registered after the writers' own hooks, so it runs first (atexit is LIFO): a manager
@@ -685,11 +681,19 @@ class MetricsManager:
         is named in the log and in `errors`); each further writer hanging in its own close
         (storage that went down just before) adds up to `writer_deadline_s`.
 
+        Called again after a close whose writers' close raised (storage down: what they
+        buffered was not uploaded), it closes those writers again, under the same bounds:
+        once storage is back, their values are uploaded. After a close that went through, it
+        does nothing.
+
         Raises:
           MetricsManagerError: under "raise", a background failure not yet raised.
         """
-        if self._close_done or self._pid != os.getpid():
+        if self._pid != os.getpid():
             return  # a forked child's copy: the parent closes its writers
+        if self._close_done:
+            self._close_again()
+            return
         self._worker.refuse_own_thread("MetricsManager.close()")
         self._closed = True  # no new work from here on
         # An exception while waiting (a signal handler's SystemExit, Ctrl-C) leaves the exit
@@ -718,6 +722,30 @@ class MetricsManager:
                 self._failures.recent()[-1],
             )
         self._failures.raise_fatal()
+
+    def _close_again(self) -> None:
+        """Closes again the writers whose close raised in an earlier `close()`, each bounded
+        by `writer_deadline_s` as there, on a worker of its own (the manager's has stopped).
+        A second close() returned at once: steps 6 to 10 of 10, buffered when storage went
+        down at the first, were lost though storage was back."""
+        with self._close_lock:  # two threads closing again: one close each writer
+            pieces = self._fanout.close_again()
+        if not pieces:
+            return
+        worker = OrderedWorker(
+            f"MetricsManager[{self.name}] close", on_stuck=self._stuck, on_error=self._job_failed
+        )
+        worker.post(pieces, last=True)
+        worker.drain()
+        if not worker.close(5.0):
+            _LOG.error("MetricsManager %r: the worker did not stop in time", self.name)
+        self._failures.raise_fatal()
+
+    def _job_failed(self, label: str, job: Job, err: BaseException) -> None:
+        """A posted job's failure (a state that start_duration_timer waits on whose
+        computation failed): recorded, not only logged (then not in `errors`, nor raised
+        under "raise")."""
+        self._failures.record(Failure(label, job.state.get("step"), job.state.get("keys", ()), err))
 
     def __enter__(self) -> "MetricsManager":
         """The manager itself, refused at once when closed (not at the block's first write)."""

@@ -3722,3 +3722,38 @@ def test_a_write_under_the_managers_own_keys_is_refused(tmp_path, call, key, set
     (summary,) = [line for line in lines if "loss" in line]
     assert 0 < summary["perf/mfu"] == pytest.approx(summary["perf/tflops_per_second"])
     assert manager.errors == []
+
+
+def test_a_second_close_closes_again_only_the_writers_whose_close_failed(tmp_path):
+    # A second close() after one whose writer's close raised (storage down) did nothing: the
+    # values that writer still buffered were lost once storage came back.
+    from tests.writers.recording import RecordingWriter
+
+    class UploadAtClose(RecordingWriter):
+        def __init__(self, outages: int) -> None:
+            super().__init__()
+            self.outages, self.uploaded = outages, []
+
+        def close(self):
+            self._record("close")
+            if self.outages:
+                self.outages -= 1
+                raise ConnectionError("storage is down")
+            self.uploaded = [c[1][0] for c in self.calls if c[0] == "write_scalars"]
+
+    down, fine = UploadAtClose(outages=2), UploadAtClose(outages=0)
+    manager = MetricsManager(
+        "train", tmp_path, writer_factory=lambda d: {"down": down, "fine": fine}, on_error="raise"
+    )
+    for step in (1, 2, 3):
+        manager.write_scalars(step, {"loss": float(step)})
+    for attempt in (1, 2):  # storage still down at the second
+        with pytest.raises(MetricsManagerError, match="writer:down.*storage is down"):
+            manager.close()
+        assert [c[0] for c in down.calls].count("close") == attempt
+    manager.close()  # storage is back
+    manager.close()  # it went through: nothing more to do
+    assert [c[0] for c in down.calls].count("close") == 3
+    assert [c[0] for c in fine.calls].count("close") == 1  # its close went through at once
+    assert (down.uploaded, fine.uploaded) == ([1, 2, 3], [1, 2, 3])
+    assert [str(f.error) for f in manager.errors] == ["storage is down"] * 2

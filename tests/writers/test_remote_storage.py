@@ -276,3 +276,43 @@ def test_a_close_that_failed_to_upload_uploads_when_called_again(tmp_path, async
     acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(s, float(s)) for s in range(1, 11)]
+
+
+def test_a_manager_close_that_failed_to_upload_uploads_when_called_again(tmp_path):
+    # MetricsManager.close() in an outage failed its writers' close, and a second close()
+    # returned at once: steps 6 to 10, kept in the writers' buffers, were never uploaded.
+    server = storage_servers.S3Server()
+    gate = storage_servers.Gate(server.port)
+    config = server.fsspec_config()
+    config["client_kwargs"]["endpoint_url"] = gate.url
+    config["config_kwargs"] = {"retries": {"max_attempts": 1}}  # a failed upload: at once
+    run = f"s3://{storage_servers.BUCKET}/manager-close-again-{uuid.uuid4().hex[:8]}"
+
+    def buffered(d, collection=None, resume_step=None):
+        return writers.create_default_writer(
+            d, console=False, flush_secs=3600, collection=collection, resume_step=resume_step
+        )
+
+    try:
+        with storage_servers.serving(server, "s3", config):
+            m = MetricsManager("train", run, writer_factory=buffered)
+            for step in range(1, 6):
+                m.write_scalars(step, {"loss": float(step)})
+            m.flush()
+            gate.cut()
+            for step in range(6, 11):
+                m.write_scalars(step, {"loss": float(step)})
+            m.close()
+            assert sorted(f.source for f in m.errors) == ["writer:jsonl", "writer:tensorboard"]
+            gate.restore()
+            m.close()
+            assert len(m.errors) == 2  # the writers' close went through this time
+            m.close()  # once it went through: nothing more to do
+            lines = writers.read_jsonl(f"{run}/train/metrics.jsonl")
+            storage_servers.copy_event_files(f"{run}/train", str(tmp_path))
+    finally:
+        server.stop()
+    assert [(line["step"], line["loss"]) for line in lines] == [(s, float(s)) for s in range(1, 11)]
+    acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(s, float(s)) for s in range(1, 11)]
