@@ -85,11 +85,18 @@ def create_default_writer(
     flags = dict(just_logging=just_logging, asynchronous=asynchronous, console=console)
     flags |= dict(tensorboard=tensorboard, jsonl=jsonl, log=log)
     if bad := {k: v for k, v in flags.items() if not isinstance(v, bool | np.bool_)}:
-        strings = any(isinstance(v, str) for v in bad.values())
-        hint = " (a str such as 'False' is true); in gin write False, not 'False'."
+        strings = [str(v) for v in bad.values() if isinstance(v, str)]
+        # The value the user wrote, unquoted: log='True' was told "write False, not 'False'".
+        meant = next((v.strip() for v in strings if v.strip().lower() in ("true", "false")), "")
+        hint = (
+            f"; in gin write {meant.capitalize()}, not {meant!r}."
+            if meant
+            else "; in gin write True or False, without quotes."
+        )
         raise TypeError(
             f"create_default_writer: {', '.join(bad)} must be True or False, got "
-            f"{', '.join(f'{v!r}' for v in bad.values())}" + (hint if strings else ".")
+            f"{', '.join(f'{v!r}' for v in bad.values())}"
+            + (" (a str such as 'False' is true)" + hint if strings else ".")
         )
     if isinstance(max_queue, bool) or not isinstance(max_queue, int | np.integer):
         raise TypeError(

@@ -244,6 +244,24 @@ def test_a_flag_given_as_a_string_is_refused_before_any_file(flag, tmp_path):
     writers.create_default_writer(None, console=np.bool_(False), log=np.True_).close()
 
 
+@pytest.mark.parametrize(
+    ("given", "hint"),
+    [
+        ("True", "in gin write True, not 'True'."),
+        ("false", "in gin write False, not 'false'."),
+        ("yes", "in gin write True or False, without quotes."),
+    ],
+)
+def test_a_flag_given_as_a_string_is_told_to_drop_the_quotes_of_what_it_wrote(given, hint):
+    # log='True' was told "in gin write False, not 'False'": a value it never wrote.
+    with pytest.raises(TypeError) as info:
+        writers.create_default_writer(None, log=given)
+    assert str(info.value) == (
+        f"create_default_writer: log must be True or False, got {given!r} "
+        f"(a str such as 'False' is true); {hint}"
+    )
+
+
 def test_a_second_process_refused_by_the_lock_leaves_no_event_file(tmp_path):
     # The TensorBoard writer of a refused (resumed) set used to be built first: its file's
     # purge marker hid the running run's steps after 50 in TensorBoard for good.
