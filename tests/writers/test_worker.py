@@ -75,15 +75,15 @@ def test_jobs_run_in_submission_order_with_back_pressure():
 
 def test_hurry_bounds_the_running_and_later_deadlines_until_undone():
     stuck: list[tuple[str, float]] = []
-    hang = threading.Event()
+    hang, running = threading.Event(), threading.Event()
 
     def on_stuck(label, job, cap):
         stuck.append((label, time.monotonic() - start))
 
     worker = OrderedWorker("hurry", on_stuck=on_stuck)
-    worker.post([("running", lambda job: hang.wait(), 60.0)])
+    worker.post([("running", lambda job: (running.set(), hang.wait()), 60.0)])
     worker.post([("later", lambda job: hang.wait(), 60.0), ("free", lambda job: hang.wait(), None)])
-    time.sleep(0.1)  # "running" has started with its 60 s deadline
+    assert running.wait(5)  # "running" has started with its 60 s deadline
     start = time.monotonic()
     worker.hurry(0.3)
     # "free" has no deadline: bounded too (a writer_deadline_s=None manager never exited)
@@ -177,12 +177,12 @@ def test_drain_waits_for_the_jobs_queued_before_it_not_those_queued_meanwhile():
 
 def test_a_future_cancelled_before_its_job_starts_skips_the_job_and_nothing_else():
     ran: list[str] = []
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
     worker = OrderedWorker("cancel")
-    running = worker.submit([("gate", lambda job: gate.wait(), None)])
+    running = worker.submit([("gate", lambda job: (started.set(), gate.wait()), None)])
     skipped = worker.submit([("skipped", lambda job: ran.append("skipped"), None)])
     after = worker.submit([("after", lambda job: ran.append("after"), None)])
-    time.sleep(0.1)  # the gate job has started: it can no longer be cancelled
+    assert started.wait(5)  # the gate job has started: it can no longer be cancelled
     assert not running.cancel() and skipped.cancel()
     gate.set()
     assert worker.drain(5)
@@ -253,15 +253,18 @@ def test_an_overrun_is_noticed_at_the_next_post_without_a_waiting_caller():
     # overrun was noticed only once max_pending jobs had queued behind the hung piece.
     ran: list[str] = []
     stuck: list[str] = []
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
     worker = OrderedWorker("post", on_stuck=lambda label, job, cap: stuck.append(label))
     worker.post(
-        [("hung", lambda job: release.wait(), 0.2), ("rest", lambda j: ran.append("rest"), None)]
+        [
+            ("hung", lambda job: (started.set(), release.wait()), 0.2),
+            ("rest", lambda j: ran.append("rest"), None),
+        ]
     )
     worker.post([("early", lambda job: ran.append("early"), None)])
-    time.sleep(0.1)
+    assert started.wait(5)  # its 0.2 s deadline runs from here at the latest
     assert stuck == [] and ran == []  # within its deadline: left alone
-    time.sleep(0.2)
+    time.sleep(0.3)
     worker.post([("late", lambda job: ran.append("late"), None)])
     assert stuck == ["hung"]  # this post abandoned it
     deadline = time.monotonic() + 5
