@@ -372,7 +372,10 @@ def test_a_close_from_another_thread_keeps_every_accepted_write(tmp_path):
         threads = [threading.Thread(target=write, args=(t,)) for t in range(3)]
         for t in threads:
             t.start()
-        time.sleep(0.02)
+        deadline = time.monotonic() + 30
+        while not accepted:  # the close races writes under way, not threads yet to start
+            assert time.monotonic() < deadline, "no write was accepted"
+            time.sleep(0.001)
         w.close()  # raises nothing: no write ran after the wrapped writer closed
         for t in threads:
             t.join()
