@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -678,9 +679,16 @@ def test_follow_redraws_when_the_log_grows(tmp_path):
             time.sleep(0.05)
         with open(dump) as f:
             assert json.load(f)["series"][0]["steps"] == [1, 2, 3]
-        for step in (4, 5):
-            writer.write_scalars(step, {"loss": 1.0 / step})
-        writer.flush()
+        # The log is line-buffered: a poll between the two lines redraws steps 1-4, its last
+        # redraw. Stopped meanwhile, the follower finds both lines at its next poll.
+        process.send_signal(signal.SIGSTOP)
+        os.waitpid(process.pid, os.WUNTRACED)  # stopped, not merely signalled
+        try:
+            for step in (4, 5):
+                writer.write_scalars(step, {"loss": 1.0 / step})
+            writer.flush()
+        finally:
+            process.send_signal(signal.SIGCONT)
         stdout, stderr = process.communicate(timeout=30)
     finally:
         process.kill()
