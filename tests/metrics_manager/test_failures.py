@@ -1527,6 +1527,10 @@ def test_a_write_racing_close_is_either_written_or_refused(tmp_path):
 
         thread = threading.Thread(target=evaluate)
         thread.start()
+        deadline = time.monotonic() + 30
+        while not accepted:  # the close races writes under way, not a thread yet to start
+            assert time.monotonic() < deadline, "no write was accepted"
+            time.sleep(0.001)
         time.sleep(0.05 + trial * 0.01)
         manager.close()
         thread.join(timeout=30)
