@@ -37,7 +37,8 @@ class BaseWriter(MetricWriter):
     """`MetricWriter` that checks each call, then calls the hook of its kind.
 
     Hooks get numbers as Python ints and floats, arrays as numpy arrays (images `[H, W, C]` or
-    `[N, H, W, C]`, videos `[N, T, H, W, C]`, audio `[N, T, C]`) and `num_buckets` as a dict.
+    `[N, H, W, C]`, videos `[N, T, H, W, C]` (a `[T, H, W, C]` one gets its batch axis),
+    audio `[N, T, C]`) and `num_buckets` as a dict.
     """
 
     _closed: bool = False
@@ -69,6 +70,8 @@ class BaseWriter(MetricWriter):
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
         step = self._begin("write_videos", step, videos)
         checked = _checks.check_arrays(videos, self._name("write_videos"), "video")
+        # One video [T, H, W, C], as CLU's interface takes it, is a batch of one.
+        checked = {k: v[None] if v.ndim == 4 else v for k, v in checked.items()}
         self._videos(step, self._clipped("video", checked))
 
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:

@@ -744,10 +744,10 @@ def array_problem(kind: str, key: str, arr: np.ndarray, values: bool = True) -> 
     fix = " Pass np.abs(x) or x.real." if complex_ else ""
     if kind in ("image", "video") and not real:
         return f"{kind} {key!r} must be real numbers, got dtype {arr.dtype}.{fix}"
-    if kind == "video" and (arr.ndim != 5 or arr.shape[-1] not in (1, 3, 4)):
+    if kind == "video" and (arr.ndim not in (4, 5) or arr.shape[-1] not in (1, 3, 4)):
         return (
-            f"video {key!r} must have shape [N, T, H, W, C] with C in (1, 3, 4), got "
-            f"shape {arr.shape}."
+            f"video {key!r} must have shape [T, H, W, C] or [N, T, H, W, C] with C in "
+            f"(1, 3, 4), got shape {arr.shape}."
         )
     if kind == "audio" and (arr.ndim != 3 or not _is_float(arr.dtype)):
         if not _is_float(arr.dtype):

@@ -11,9 +11,9 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
   `TypeError`, an empty one `ValueError`.
 * Scalars are numbers or one-element arrays. NaN and +-Inf are valid; each backend documents
   how it shows them. Images are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4), integers in
-  [0, 255] or floats in [0, 1]; videos `[N, T, H, W, C]` alike; audio `[N, T, C]` floats in
-  [-1, 1] (integer PCM is refused, as is a clip of more channels than samples: `[N, C, T]`)
-  with an integer `sample_rate`; none of them empty, and none holding NaN or +-Inf (refused
+  [0, 255] or floats in [0, 1]; videos `[T, H, W, C]` or `[N, T, H, W, C]` alike; audio
+  `[N, T, C]` floats in [-1, 1] (integer PCM is refused, as is a clip of more channels than
+  samples: `[N, C, T]`) with an integer `sample_rate`; none of them empty, and none holding NaN or +-Inf (refused
   as in a histogram). Values outside their range are clipped, and the writers that encode
   them warn once per key.
   Histogram inputs are any finite numeric array that is not empty (bools count as 0 and 1,
@@ -101,7 +101,7 @@ class MetricWriter(abc.ABC):
 
     @abc.abstractmethod
     def write_videos(self, step: int, videos: Mapping[str, Array]) -> None:
-        """Writes videos `[N, T, H, W, C]`."""
+        """Writes videos `[T, H, W, C]` (one) or `[N, T, H, W, C]`."""
 
     @abc.abstractmethod
     def write_audios(self, step: int, audios: Mapping[str, Array], *, sample_rate: int) -> None:

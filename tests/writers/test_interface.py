@@ -180,7 +180,7 @@ BAD_CALLS = [
     ("vector scalar", ValueError, lambda w: w.write_scalars(0, {"a": np.ones(3)})),
     ("2-D image", ValueError, lambda w: w.write_images(0, {"i": np.zeros((4, 4))})),
     ("5 channels", ValueError, lambda w: w.write_images(0, {"i": np.zeros((4, 4, 5))})),
-    ("4-D video", ValueError, lambda w: w.write_videos(0, {"v": np.zeros((2, 4, 4, 3))})),
+    ("3-D video", ValueError, lambda w: w.write_videos(0, {"v": np.zeros((4, 4, 3))})),
     ("2-D audio", ValueError, lambda w: w.write_audios(0, {"a": np.zeros((4, 1))}, sample_rate=8)),
     # Empty media: numpy's reshape error, an unreadable PNG or wave's error in the encoders.
     ("empty image", ValueError, lambda w: w.write_images(0, {"i": np.zeros((0, 4, 3))})),
@@ -272,8 +272,8 @@ REFUSED = {
     "got shape (4, 4).",
     "5 channels": "image 'i' must have shape [H, W, C] or [N, H, W, C] with C in (1, 3, 4), "
     "got shape (4, 4, 5).",
-    "4-D video": "video 'v' must have shape [N, T, H, W, C] with C in (1, 3, 4), "
-    "got shape (2, 4, 4, 3).",
+    "3-D video": "video 'v' must have shape [T, H, W, C] or [N, T, H, W, C] with C in "
+    "(1, 3, 4), got shape (4, 4, 3).",
     "2-D audio": "audio 'a' must be a float array of shape [N, T, C] with values in [-1, 1], "
     "got dtype float64 and shape (4, 1).",
     "empty image": "image 'i' is empty (shape (0, 4, 3))",

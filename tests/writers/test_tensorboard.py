@@ -153,6 +153,22 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     np.testing.assert_array_equal(_decode_png(video[2]), np.concatenate(list(frames[0]), 1))
 
 
+def test_a_single_video_without_batch_axis_is_written_as_clu_takes_it(tmp_path):
+    # CLU's write_videos takes [T, H, W, C] as well as [N, T, H, W, C]; the first was
+    # refused ("must have shape [N, T, H, W, C]"), so a CLU caller's write failed.
+    frames = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4, 1) * 8  # [T, H, W, C]
+    w = writers.MultiWriter([writers.TensorBoardWriter(tmp_path), writers.JsonlWriter(tmp_path)])
+    w.write_videos(2, {"one": frames, "batch": frames[None]})
+    w.close()
+    acc = _accumulator(tmp_path)
+    for key in ("one", "batch"):
+        video = acc.Tensors(key)[0].tensor_proto.string_val
+        assert video[:2] == [b"8", b"3"] and len(video) == 3  # one filmstrip of 2 frames
+        np.testing.assert_array_equal(_decode_png(video[2]), np.concatenate(list(frames), 1))
+    (line,) = writers.read_jsonl(tmp_path / "metrics.jsonl")
+    assert line["one"] == line["batch"] == {"type": "video", "shape": [1, 2, 3, 4, 1]}
+
+
 def test_big_endian_tensors_read_back_as_the_same_numbers(tmp_path):
     # Arrays from a file in network byte order: their bytes went out as they were, and
     # TensorBoard read [1.0, 2.0] as [4.6e-41, 9.0e-44], [1, 258] as [16777216, 33619968].
