@@ -17,8 +17,10 @@ CLU's interface plugs in unchanged. The contract, for every writer here:
   as in a histogram). Values outside their range are clipped, and the writers that encode
   them warn once per key.
   Histogram inputs are any finite numeric array that is not empty (bools count as 0 and 1,
-  as in `np.histogram`), with `num_buckets` per
-  key (a missing key or None: 30). JAX's bfloat16, float8 and int4 values are written as float32 and int8 (exactly).
+  as in `np.histogram`), with `num_buckets` per key: an int >= 1 (a missing key or None:
+  30); a key naming no array of the call raises `ValueError` (CLU's writers ignore it, so a
+  misspelt key's histogram got 30 buckets). JAX's bfloat16, float8 and int4 values are
+  written as float32 and int8 (exactly).
 * Texts and hyperparameters are plain strs: a `StrEnum` member is its value, a lone
   surrogate (a non-UTF-8 file name from `os.fsdecode`) a backslash escape.
 * Bad input raises `TypeError` or `ValueError` naming every bad key, what was expected and
