@@ -2,8 +2,9 @@
 
 Every backend (console, TensorBoard, JSONL, absl log, trackers) and every wrapper
 (`MultiWriter`, `AsyncWriter`) implements `MetricWriter` with CLU's method and parameter names
-(`clu.metric_writers.MetricWriter`); wrappers forward by keyword, so a writer written against
-CLU's interface plugs in unchanged. The contract, for every writer here:
+(`clu.metric_writers.MetricWriter` of clu 0.0.12: the `write_pointcloud` of later releases is
+not provided, and calling it raises `AttributeError`); wrappers forward by keyword, so a writer
+written against CLU's interface plugs in unchanged. The contract, for every writer here:
 
 * Steps are non-negative integers (Python or numpy ints, or one-element integer arrays):
   negative steps raise `ValueError`, floats, bools and strings `TypeError`.
