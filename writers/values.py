@@ -34,13 +34,14 @@ __all__ = ["group_values", "write_values"]
 Call = tuple[str, dict[str, Any]]  # a writer call: method name and kwargs (without the step)
 
 
-def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> None:
-    """Writes `values` to `writer` at `step`, one writer call per kind of value.
+def write_values(writer: MetricWriter, step: int, metrics: Mapping[str, Any]) -> None:
+    """Writes `metrics` to `writer` at `step`, one writer call per kind of value.
 
     Args:
       writer: Any writer with CLU's method names (ours or CLU's).
       step: The step.
-      values: name -> `clu.values.Value`, a number, or an array of one element.
+      metrics: name -> `clu.values.Value`, a number, or an array of one element (CLU's
+        parameter name: `write_values(writer, step, metrics=...)` works as with CLU's).
 
     Raises:
       TypeError: unsupported values (every key listed), a non-str key, a non-integer step.
@@ -51,8 +52,8 @@ def write_values(writer: MetricWriter, step: int, values: Mapping[str, Any]) -> 
       >>> writers.write_values(writers.NoopWriter(), 0, {"loss": 1.0})
     """
     step = check_step(step, "write_values")
-    check_keys(values, "write_values")
-    for method, kwargs in group_values(values):
+    check_keys(metrics, "write_values")
+    for method, kwargs in group_values(metrics):
         if method == "write_hparams":
             writer.write_hparams(**kwargs)
         else:

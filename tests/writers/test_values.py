@@ -139,3 +139,11 @@ def test_works_with_a_clu_style_writer_without_our_base_class():
     w = CluStyle()
     writers.write_values(w, 2, {"a": 1, "h": values.HyperParam("adam")})
     assert w.seen == [("scalars", 2, {"a": 1}), ("hparams", {"h": "adam"})]
+
+
+def test_takes_clus_keyword_names():
+    # CLU's write_values(writer, step, metrics); the third parameter was named `values`
+    # here, so CLU's keyword call raised "unexpected keyword argument 'metrics'".
+    rec = RecordingWriter()
+    writers.write_values(writer=rec, step=4, metrics={"loss": values.Scalar(0.5), "lr": 1e-3})
+    assert rec.calls == [("write_scalars", (4, {"loss": 0.5, "lr": 1e-3}), {})]
