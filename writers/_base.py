@@ -266,7 +266,10 @@ class ForwardingWriter(BaseWriter):
         buckets = _checks.check_buckets(num_buckets, problems, arrays)
         arrays = _checks.check_shapes("histogram", arrays, problems)
         problems.raise_if_any()
-        self._forward("write_histograms", step=step, arrays=arrays, num_buckets=buckets)
+        # As the caller gave it: None stays None and a key's None stays (a CLU writer doing
+        # `if num_buckets is not None: num_buckets[key]` got {} and raised KeyError).
+        given = None if num_buckets is None else {key: buckets.get(key) for key in num_buckets}
+        self._forward("write_histograms", step=step, arrays=arrays, num_buckets=given)
 
     def _shapes(self, method: str, arrays: Mapping[str, Any]) -> dict[str, Any]:
         if type(arrays) is _checks.Checked:

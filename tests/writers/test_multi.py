@@ -56,6 +56,22 @@ def test_a_writer_that_pops_or_changes_keys_changes_nothing_the_next_one_gets():
     assert list(clu.histograms[0][1]) == ["h"] and clu.histograms[0][2] == {"h": 2}
 
 
+def test_clu_style_writer_gets_num_buckets_as_the_caller_passed_it():
+    # None reached a wrapped writer as {} and {"h": None} as {}: a CLU writer reading
+    # `num_buckets[key]` whenever num_buckets is not None raised KeyError.
+    clu = CluInterfaceWriter()
+    multi = writers.MultiWriter([writers.AsyncWriter(clu)])
+    multi.write_histograms(1, {"h": np.arange(3)})
+    multi.write_histograms(2, {"h": np.arange(3)}, num_buckets={"h": None})
+    multi.write_histograms(3, {"h": np.arange(3), "g": np.ones(2)}, num_buckets={"h": np.int64(4)})
+    multi.flush()
+    assert [(step, buckets) for step, _, buckets in clu.histograms] == [
+        (1, None),
+        (2, {"h": None}),
+        (3, {"h": 4}),
+    ]
+
+
 def test_every_failure_is_reported():
     multi = writers.MultiWriter([BrokenDiskWriter(), BrokenDiskWriter(), writers.NoopWriter()])
     with pytest.raises(writers.WriterError) as info:
