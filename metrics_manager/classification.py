@@ -51,6 +51,7 @@ from metrics_manager.metrics import (
     exact_count,
     explicit_mesh,
     float_identity,
+    mask_fix,
     mask_shapes,
     take_last,
     vocab_sharding,
@@ -73,7 +74,7 @@ def _check_mask(
     if broadcast is None:
         problems.value_problem(
             f"mask of shape {mask.shape} does not match the {of} of shape {shape}; expected "
-            f"a mask of shape {mask_shapes(shape)}"
+            f"a mask of shape {mask_shapes(shape)}{mask_fix(mask.shape, shape)}"
         )
         return jnp.ones(shape, bool)
     return broadcast

@@ -129,7 +129,10 @@ def float_identity(value: float = 0.0) -> jax.Array:
 def broadcast_mask(mask: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
     """`mask` as bool, broadcast to `shape` by CLU's rule (`Average`'s `_broadcast_masks`): its
     first dim that of `shape`, its others equal or 1, missing trailing dims added, so a
-    (B,) or (B, 1) mask is per example; None if it does not fit."""
+    (B,) or (B, 1) mask is per example; None if it does not fit. A 0-d mask has no first dim:
+    it fits 0-d `shape` only (as in CLU, which raises on one), not a batch (see `mask_fix`)."""
+    if mask.ndim == 0 and shape:
+        return None
     fits = mask.ndim <= len(shape) and mask.shape[:1] == shape[: mask.ndim][:1]
     if not (fits and all(m in (1, s) for m, s in zip(mask.shape[1:], shape[1:], strict=False))):
         return None
@@ -142,13 +145,14 @@ def _values_and_mask(
 ) -> tuple[jax.Array, jax.Array]:
     """`values` (at least 1-d) as floats, and a bool mask over its leading dims broadcast to it."""
     try:
-        values = jnp.atleast_1d(jnp.asarray(values))
+        values = jnp.asarray(values)
     # None from a missing model output: JAX's own error names no metric.
     except (TypeError, ValueError) as err:
         raise TypeError(
             f"{metric}.from_model_output: values must be an array or a number, got "
             f"{describe(values)}; check the model output passed in."
         ) from err
+    batched, values = values.ndim > 0, jnp.atleast_1d(values)
     if jnp.issubdtype(values.dtype, jnp.integer) or values.dtype == bool:
         # No int overflow; float64 under jax_enable_x64, where int64 counts pass 2**24.
         values = values.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
@@ -156,13 +160,16 @@ def _values_and_mask(
         values = values.astype(jnp.result_type(values, jnp.float32))  # no bf16 rounding
     if mask is None:
         return values, jnp.ones(values.shape, bool)
-    # The shape as passed for the message: a 0-d mask was reported as of shape (1,).
-    broadcast = broadcast_mask(jnp.atleast_1d(mask := jnp.asarray(mask)), values.shape)
+    mask = jnp.asarray(mask)
+    # Beside a 0-d value (a step's loss, made (1,) above) a 0-d mask keeps or drops it; beside
+    # a batch it is refused, as the classification metrics and CLU refuse it.
+    broadcast = broadcast_mask(mask if batched else jnp.atleast_1d(mask), values.shape)
     if broadcast is None:
+        # The shape as passed for the message: a 0-d mask was reported as of shape (1,).
         raise ValueError(
             f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "
             f"dimensions of values of shape {values.shape}; expected a mask of shape "
-            f"{mask_shapes(values.shape)}."
+            f"{mask_shapes(values.shape)}{mask_fix(mask.shape, values.shape)}."
         )
     return values, broadcast
 
@@ -173,6 +180,16 @@ def mask_shapes(shape: tuple[int, ...]) -> str:
         return f"{shape}, one per value"
     ones = shape[:1] + (1,) * (len(shape) - 1)
     return f"{shape[:1]} or {ones} (per example) or {shape} (per element)"
+
+
+def mask_fix(mask: tuple[int, ...], shape: tuple[int, ...]) -> str:
+    """For a 0-d `mask` refused beside batched `shape`, the fix, for an error message; else ""."""
+    if mask or not shape:
+        return ""
+    return (
+        "; a 0-d mask is not spread over the batch (CLU's metrics refuse it too): to keep or "
+        f"drop the whole batch, pass mask=jnp.full({shape[:1]}, mask)"
+    )
 
 
 def check_merge_type(metric: Any, other: Any) -> None:

@@ -262,11 +262,14 @@ class _ValuesMetric(Metric):
         if jnp.ndim(values) == 0:  # a step's loss: a mask is the others' (Flax)
             kwargs.pop("mask", None)
         elif mask is not None and not _fits(jnp.shape(mask), jnp.shape(values)):
+            fix = _metrics.mask_fix(jnp.shape(mask), jnp.shape(values)) or (
+                "; a per-token mask beside per-sequence values needs its own MultiMetric, or "
+                "reduce the mask (mask.any(-1))"
+            )
             raise ValueError(
                 f"{type(self).__name__}.update: mask of shape {jnp.shape(mask)} does not fit "
                 f"{self.argname!r} of shape {jnp.shape(values)}: expected the values' leading "
-                f"dims {jnp.shape(values)[: jnp.ndim(mask)]}; a per-token mask beside "
-                "per-sequence values needs its own MultiMetric, or reduce the mask (mask.any(-1))"
+                f"dims {jnp.shape(values)[: max(jnp.ndim(mask), 1)]}{fix}"
             )
         super().update(**kwargs)
 

@@ -1057,3 +1057,38 @@ def test_int64_labels_beyond_int32_are_not_wrapped_into_class_indices(cls):
             assert float(metric.compute()) == pytest.approx((np.e + 2) / np.e, rel=1e-6)
         else:
             assert float(metric.compute()) == 1.0
+
+
+def test_a_0d_mask_beside_a_batch_is_refused_as_by_the_value_metrics():
+    """A 0-d mask applied to the whole batch here (micro precision 1.0 of 2 labels, or 0/0 = 0
+    for False) while `Sum` refused one; the README's masks are per example ([B] or [B, 1])."""
+    logits, labels = jnp.array([[2.0, 1.0], [0.0, 3.0]]), jnp.array([0, 1])
+    calls = {
+        "Precision": lambda m: Precision.from_model_output(logits, labels, m, average="micro"),
+        "Recall": lambda m: Recall.from_model_output(logits, labels, m, average="macro"),
+        "FBeta": lambda m: FBeta.from_model_output(logits, labels, m, average="micro"),
+        "TopKAccuracy": lambda m: TopKAccuracy.from_model_output(logits, labels, m, k=1),
+        "AUROC": lambda m: AUROC.from_model_output(jnp.array([0.2, 0.9]), labels, m),
+        "Perplexity": lambda m: Perplexity.from_model_output(logits, labels, m),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError) as error:
+            call(jnp.array(True))
+        assert str(error.value) == (
+            f"{name}.from_model_output: mask of shape () does not match the labels of shape "
+            "(2,); expected a mask of shape (2,), one per value; a 0-d mask is not spread over "
+            "the batch (CLU's metrics refuse it too): to keep or drop the whole batch, pass "
+            "mask=jnp.full((2,), mask)"
+        )
+        # The fix named gives the whole batch's value, as the formulas do.
+        kept = call(jnp.full((2,), True)).compute()
+        assert float(kept) == pytest.approx(float(call(None).compute()))
+    with pytest.raises(ValueError, match=r"pass mask=jnp.full\(\(2,\), mask\)"):
+        Perplexity.from_log_likelihood(jnp.array([-1.0, -2.0]), jnp.array(True))
+    # Precision of [0, 1] predicted for labels [0, 1]: 2 / 2; log-likelihoods -1, -2: e**1.5.
+    assert float(calls["Precision"](jnp.full((2,), True)).compute()) == 1.0
+    ll = Perplexity.from_log_likelihood(jnp.array([-1.0, -2.0]), jnp.full((2,), True))
+    assert float(ll.compute()) == pytest.approx(math.exp(1.5))
+    # A single 0-d label keeps its 0-d mask, as Sum keeps a step's loss: 1 of 1 right.
+    one = Precision.from_model_output(jnp.array(0.9), jnp.array(1), jnp.array(True))
+    assert float(one.compute()) == 1.0

@@ -361,8 +361,14 @@ def test_a_0d_mask_is_reported_with_its_own_shape():
             metric.from_model_output(jnp.array([1.0, 3.0]), mask=jnp.array(True))
         assert str(error.value) == (
             f"{metric.__name__}.from_model_output: mask of shape () does not match the leading "
-            "dimensions of values of shape (2,); expected a mask of shape (2,), one per value."
+            "dimensions of values of shape (2,); expected a mask of shape (2,), one per value; "
+            "a 0-d mask is not spread over the batch (CLU's metrics refuse it too): to keep or "
+            "drop the whole batch, pass mask=jnp.full((2,), mask)."
         )
+    # A batch of one is a batch: refused as the classification metrics refuse it (it was
+    # taken as a (1,) mask here while Precision took a 0-d mask over any batch).
+    with pytest.raises(ValueError, match=r"mask=jnp.full\(\(1,\), mask\)"):
+        Sum.from_model_output(jnp.array([5.0]), mask=jnp.array(False))
     # Beside a 0-d value (a step's loss) a 0-d mask still keeps or drops it.
     assert float(Sum.from_model_output(jnp.float32(5.0), mask=jnp.array(True)).compute()) == 5.0
     assert float(Sum.from_model_output(jnp.float32(5.0), mask=jnp.array(False)).compute()) == 0.0

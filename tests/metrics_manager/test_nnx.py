@@ -761,6 +761,32 @@ def test_a_mask_that_does_not_cover_the_values_names_both_shapes(values, mask):
     assert float(average.compute()) == 2.0
 
 
+def test_a_0d_mask_beside_a_batch_is_refused_by_every_nnx_metric():
+    """Accuracy (with or without a threshold) and Metric(Precision) took a 0-d mask over the
+    whole batch while Average refused it, saying "expected the values' leading dims ()"."""
+    logits, labels, fix = jnp.array([[2.0, 1.0], [0.0, 3.0]]), jnp.array([0, 1]), "jnp.full"
+    with pytest.raises(ValueError) as info:
+        mnnx.Average().update(values=jnp.ones(2), mask=jnp.array(True))
+    assert str(info.value) == (
+        "Average.update: mask of shape () does not fit 'values' of shape (2,): expected the "
+        "values' leading dims (2,); a 0-d mask is not spread over the batch (CLU's metrics "
+        "refuse it too): to keep or drop the whole batch, pass mask=jnp.full((2,), mask)"
+    )
+    for metric, scores in (
+        (mnnx.Accuracy(), logits),
+        (mnnx.Accuracy(threshold=0.5), jnp.array([0.2, 0.9])),
+        (mnnx.Metric(Precision, average="micro"), logits),
+    ):
+        with pytest.raises(ValueError, match=rf"mask of shape \(\).*{fix}\(\(2,\), mask\)"):
+            metric.update(logits=scores, labels=labels, mask=jnp.array(True))
+        metric.update(logits=scores, labels=labels, mask=jnp.full((2,), True))
+        assert float(metric.compute()) == 1.0  # both right: 2 of 2
+    # Beside a step's 0-d loss a mask is the other metrics' (Flax): the mean of 3.0 is 3.0.
+    average = mnnx.Average()
+    average.update(values=jnp.float32(3.0), mask=jnp.array(True))
+    assert float(average.compute()) == 3.0
+
+
 def test_a_threshold_leaves_out_an_ignore_index_as_the_argmax_does():
     # With a threshold, a label of -100 read as a negative: a padded score of 0.1 counted as
     # a right prediction, 3 of 3 (Flax's 1.0) where the two real labels give 1 of 2.
