@@ -761,6 +761,8 @@ class Perplexity(_Counts):
     ) -> "Perplexity":
         """From logits [..., V] and integer labels [...]: log-softmax, then the labels' NLL.
         The logits come as `predictions` or `logits=` (beside `predictions=`, not read).
+        Probabilities as `predictions=` beside `logits=` are refused outside jit; under jit
+        they are read as logits (a wrong value): nothing static tells them apart.
 
         Raises:
             TypeError: `labels` are not integers.

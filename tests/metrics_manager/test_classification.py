@@ -1037,6 +1037,28 @@ def test_probabilities_passed_to_perplexity_as_logits_are_refused_eagerly():
     assert int(Perplexity.from_model_output(mixed, labels).count) == 3
 
 
+def test_perplexity_given_predictions_and_logits_reads_the_predictions_as_the_readme_says():
+    """Pins the README's limit: a Collection passes every metric `predictions=` and `logits=`;
+    probabilities of the logits' shape and dtype cannot be told from logits under jit."""
+    logits = jnp.array([[2.0, 0.0, -1.0], [0.5, 1.5, 0.0]])
+    probs, labels = jax.nn.softmax(logits), jnp.array([0, 1])
+    # exp of the mean NLL of each label under softmax(x): 1.373 from the logits ...
+    log_p = np.asarray(jax.nn.log_softmax(logits))
+    right = math.exp(-(log_p[0, 0] + log_p[1, 1]) / 2)
+    both = {"predictions": probs, "logits": logits, "labels": labels}
+    assert float(Perplexity.from_model_output(logits=logits, labels=labels).compute()) == (
+        pytest.approx(right, rel=1e-6)
+    )
+    # ... the probabilities read as logits under jit instead: 2.10 (softmax of softmax).
+    log_q = np.asarray(jax.nn.log_softmax(probs))
+    misread = math.exp(-(log_q[0, 0] + log_q[1, 1]) / 2)
+    jitted = jax.jit(lambda kw: Perplexity.from_model_output(**kw).compute())(both)
+    assert float(jitted) == pytest.approx(misread, rel=1e-6)
+    assert (round(right, 2), round(misread, 2)) == (1.37, 2.1)
+    with pytest.raises(ValueError, match=r"predictions look like probabilities"):
+        Perplexity.from_model_output(**both)  # outside jit: refused
+
+
 @pytest.mark.parametrize("cls", [Precision, TopKAccuracy, Perplexity])
 def test_int64_labels_beyond_int32_are_not_wrapped_into_class_indices(cls):
     # Without x64, JAX wraps int64 to int32: a sentinel of -2**63 read as class 0, 2**32 + 1
