@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax._src import core as _jax_core
 
 from metrics_manager import metrics as _metrics
 from metrics_manager.classification import (
@@ -56,6 +57,10 @@ _LOG = logging.getLogger(__name__)
 _CLU_VALUE_NAMES = ("Scalar", "Text", "Image", "Audio", "Histogram", "HyperParam", "Summary")
 # Their from_model_output reads logits= as its scores (AUROC's are probabilities: predictions=).
 _READS_LOGITS = (_ConfusionCounts, TopKAccuracy, Perplexity)
+# The loops whose carry keeps its shapes, by JAX's name of the body's trace. JAX's own error
+# names the carry's leaves, not the fix; the lookup is JAX's internals, so without them
+# (another JAX version) the check is skipped and JAX's error comes as before.
+_LOOPS = {"scan": "nnx.scan", "fori_loop": "nnx.fori_loop", "while_body": "nnx.while_loop"}
 _CLU_TYPES = (
     clu_metrics.Metric,
     clu_metrics.Collection,  # written as 'key/<field>', as beside metrics alone
@@ -225,7 +230,26 @@ class Metric(nnx.metrics.Metric):
             and issubclass(self.metric_type, _READS_LOGITS)
         ):  # passed on as logits=, which these read: their messages name what came
             call["logits"] = call.pop("predictions")
-        self.state.set_value(self.metric.merge(self.metric_type.from_model_output(**call)))
+        merged = self.metric.merge(self.metric_type.from_model_output(**call))
+        if loop := _carrying_loop(self.metric):
+            self._check_carry(merged, loop)
+        self.state.set_value(merged)
+
+    def _check_carry(self, merged: clu_metrics.Metric, loop: str) -> None:
+        """Refuses a state that changes shape inside a loop carrying it (a fresh or reset
+        Precision's counts take their per-class shape from the first batch): JAX's carry
+        error came later and named the leaves, not the fix."""
+        for field in dataclasses.fields(merged):
+            before = jnp.shape(getattr(self.metric, field.name))
+            after = jnp.shape(getattr(merged, field.name))
+            if _is_array(field) and before != after:
+                raise TypeError(
+                    f"{type(self).__name__}({self.metric_type.__name__}).update: inside {loop} "
+                    f"the state's {field.name} changes shape from {before} to {after} (a fresh "
+                    "or reset metric takes its per-class or per-bin shape from its first "
+                    "batch), which the loop's carry cannot do; update the metric once before "
+                    "the loop carries it"
+                )
 
     def compute(self) -> Any:
         """`compute()` of the state (CLU's `Std` with its formula: clu 0.0.12's crashes)."""
@@ -234,6 +258,18 @@ class Metric(nnx.metrics.Metric):
             mean = metric.total / metric.count
             return jnp.sqrt(jnp.maximum(metric.sum_of_squares / metric.count - mean**2, 0.0))
         return metric.compute()
+
+
+def _carrying_loop(metric: clu_metrics.Metric) -> str | None:
+    """The loop (`_LOOPS`) whose body is being traced with `metric`'s arrays as its own
+    tracers (its carry), else None (eagerly, under jit, or with other JAX internals)."""
+    trace = getattr(getattr(_jax_core, "trace_ctx", None), "trace", None)
+    info = getattr(getattr(trace, "frame", None), "debug_info", None)
+    loop = _LOOPS.get(getattr(info, "traced_for", None))  # type: ignore[arg-type]
+    leaves = jax.tree.leaves(metric)
+    if loop and leaves and all(getattr(x, "_trace", None) is trace for x in leaves):
+        return loop
+    return None
 
 
 def _is_array(field: dataclasses.Field) -> bool:

@@ -111,6 +111,40 @@ def test_accuracy_is_carried_through_scan_and_fori_loop_fresh_or_reset():
     assert carried(accuracy) == [0.5, 0.5]
 
 
+def test_a_fresh_precision_carried_by_a_loop_is_refused_naming_the_fix():
+    """A fresh Metric(Precision, average="macro") carried by nnx.fori_loop failed with JAX's
+    "carry input and carry output must have equal types" (true_positives float32[] against
+    float32[3]), which names neither the metric nor the fix the README gives."""
+    logits, labels = jnp.eye(3)[jnp.array([0, 1, 1])], jnp.array([0, 1, 2])
+
+    def body(i, metric):
+        metric.update(logits=logits, labels=labels)
+        return metric
+
+    message = (
+        r"^Metric\(Precision\).update: inside {} the state's true_positives changes shape from "
+        r"\(\) to \(3,\) \(a fresh or reset metric takes its per-class or per-bin shape from "
+        r"its first batch\), which the loop's carry cannot do; update the metric once before "
+        r"the loop carries it"
+    )
+    with pytest.raises(TypeError, match=message.format("nnx.fori_loop")):
+        nnx.fori_loop(0, 2, body, mnnx.Metric(Precision, average="macro"))
+    scan = nnx.scan(lambda m, i: (body(i, m), None), length=2)
+    with pytest.raises(TypeError, match=message.format("nnx.scan")):
+        scan(mnnx.Metric(Precision, average="macro"), jnp.arange(2))
+    # Updated once first, as the README says, it is carried: per class, precision 1/1, 1/2,
+    # 0/0 = 0 (class 2 is a label, so it counts in the macro average): (1 + 0.5 + 0) / 3.
+    metric = mnnx.Metric(Precision, average="macro")
+    metric.update(logits=logits, labels=labels)
+    metric = nnx.fori_loop(0, 2, body, metric)
+    assert int(metric.metric.true_positives.sum()) == 6
+    assert float(metric.compute()) == pytest.approx((1 + 0.5 + 0) / 3)
+    # Under nnx.jit, not a loop, a fresh one still takes its shape from its first batch.
+    fresh = mnnx.Metric(Precision, average="macro")
+    nnx.jit(lambda m: m.update(logits=logits, labels=labels))(fresh)
+    assert float(fresh.compute()) == pytest.approx((1 + 0.5 + 0) / 3)
+
+
 @pytest.mark.parametrize("fresh", [mnnx.Average, lambda: mnnx.Accuracy(threshold=0.0)])
 def test_a_fresh_average_is_carried_by_fori_loop_and_scan_under_x64(fresh):
     # CLU's empty() count is int32, a batch's int64 under x64: JAX refused the carry ("count
