@@ -21,7 +21,7 @@ records reach the run file; readers should wait for its `exit` record).
 
 Resume: `run_id` with `resume_step=R` rewinds the run to step R (`resume_from="<id>?_step=R"`,
 a W&B private preview: W&B support enables it per entity):
-history after R is replaced, and writes at steps up to R (a config at step 0), which W&B
+history after R is replaced, and writes at steps up to R (a config at step 0, raw tensor files too), which W&B
 would refuse, are left out with one warning: the run keeps the earlier run's values there. Offline, the new run directory holds only
 steps after R and names the rewind point for `wandb sync`. With `collection` set, the run id
 is `<run_id>-<collection>`; where characters W&B refuses in an id (such as `/` and `:`) become
@@ -285,22 +285,38 @@ class WandbWriter(_base.TrackerWriter):
                 )
             raise
 
+    def _before_resume(self, method: str, step: int, keys: Iterable[str]) -> bool:
+        """Whether `step` is at or before `resume_step`, where the rewound run keeps the run
+        before's values: such a write is left out of W&B (warned once)."""
+        if self._resumed_at is None or step > self._resumed_at:
+            return False
+        if not self._warned_resumed:  # a config or compile time at step 0, as T5X writes
+            self._warned_resumed = True
+            logging.warning(
+                "WandbWriter.%s: step %d (keys %s) is at or before resume_step=%d, where "
+                "run %s keeps the history of the run before, which W&B does not let a "
+                "resumed run write: left out of W&B (the other writers have it). Warned "
+                "once; later writes up to step %d are left out silently.",
+                method,
+                step,
+                sorted(keys),
+                self._resumed_at,
+                self._run.id,
+                self._resumed_at,
+            )
+        return True
+
+    def _files(
+        self, method: str, kind: str, step: int, files: Mapping[str, Any], ext: str = ".txt"
+    ) -> None:
+        # A raw tensor at a step up to resume_step was saved under the run before's file
+        # name (`summaries/<key>/step_<step>.npy`), replacing its value at the next sync.
+        if self._run is not None and self._before_resume(method, step, files):
+            return
+        super()._files(method, kind, step, files, ext)
+
     def _log_row(self, method: str, step: int, values: dict[str, Any]) -> None:
-        if self._resumed_at is not None and step <= self._resumed_at:
-            if not self._warned_resumed:  # a config or compile time at step 0, as T5X writes
-                self._warned_resumed = True
-                logging.warning(
-                    "WandbWriter.%s: step %d (keys %s) is at or before resume_step=%d, where "
-                    "run %s keeps the history of the run before, which W&B does not let a "
-                    "resumed run write: left out of W&B (the other writers have it). Warned "
-                    "once; later writes up to step %d are left out silently.",
-                    method,
-                    step,
-                    sorted(values),
-                    self._resumed_at,
-                    self._run.id,
-                    self._resumed_at,
-                )
+        if self._before_resume(method, step, values):
             return
         last = max(self._min_step, self._run.step or 0)  # also what others logged to the run
         if step < last:

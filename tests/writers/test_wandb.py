@@ -4,6 +4,7 @@ back from the offline run file (`run-<id>.wandb`) with W&B's own record proto.""
 from __future__ import annotations
 
 import enum
+import glob
 import os
 import pathlib
 import subprocess
@@ -294,6 +295,33 @@ def test_other_processes_make_no_pixels_but_check_shapes_ranges_and_keys(
     assert made == []
     warned = [r.getMessage() for r in caplog.records if "clipped" in r.getMessage()]
     assert [m.split(" holds")[0] for m in warned] == ["WandbWriter: float image 'i'"]
+
+
+def test_a_resumed_run_leaves_out_raw_tensors_up_to_the_resume_step(tmp_path, caplog):
+    first = _writer(tmp_path, run_id="run1")
+    for step in range(1, 11):
+        first.write_scalars(step, {"loss": float(step)})
+    first.write_summaries(5, {"t": np.arange(3.0)})
+    first.close()
+
+    again = _writer(tmp_path, run_id="run1", resume_step=8)
+    # Saved as the new run's `summaries/t/step_00000005.npy`, they replaced the run
+    # before's files of those names at `wandb sync`, with no warning.
+    again.write_summaries(5, {"t": np.zeros(3)})
+    again.write_summaries(8, {"t": np.ones(3)})
+    again.write_summaries(9, {"t": np.full(3, 9.0)})
+    again.close()
+    old, new = wandb_run_files(str(tmp_path))
+    run_files = os.path.join(os.path.dirname(new), "files")
+    found = glob.glob(os.path.join(run_files, "summaries", "**", "*.npy"), recursive=True)
+    assert [os.path.relpath(f, run_files) for f in found] == ["summaries/t/step_00000009.npy"]
+    assert np.load(found[0]).tolist() == [9.0, 9.0, 9.0]
+    kept = os.path.join(os.path.dirname(old), "files", "summaries", "t", "step_00000005.npy")
+    assert np.load(kept).tolist() == [0.0, 1.0, 2.0]
+    warned = [r.getMessage() for r in caplog.records if "resume_step=8" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith(
+        "WandbWriter.write_summaries: step 5 (keys ['t']) is at or before resume_step=8"
+    )
 
 
 def test_raw_tensors_are_exact_npy_run_files(tmp_path):
