@@ -75,6 +75,7 @@ class WandbWriter(_base.TrackerWriter):
       collection: What is logged (`train`, `eval/task`): default name; run id `<run_id>-<it>`.
       run_id: Attach to (or create) the run with this id (`resume="allow"`).
       resume_step: Rewind run `run_id` to this step (`resume_from`): later steps are replaced.
+        0 without `run_id` (a fresh start of a loop passing its restored step): a new run.
       name: Display name of the run (default: `collection`).
       group: W&B group (e.g. the experiment shared by train and eval).
       entity: W&B entity (user or team).
@@ -88,7 +89,8 @@ class WandbWriter(_base.TrackerWriter):
     Raises:
       ImportError: `wandb` is not installed (install the `wandb` extra).
       TypeError: `tags` is a str, not a list of them.
-      ValueError: `resume_step` without `run_id`, or a negative `resume_step`.
+      ValueError: `resume_step` above 0 without `run_id` (0 without it starts a new run),
+        or a negative `resume_step`.
     """
 
     def __init__(
@@ -118,6 +120,11 @@ class WandbWriter(_base.TrackerWriter):
         if logdir is not None:  # Path("gs://b") made the local './gs:/b/wandb'
             logdir = _checks.check_path(logdir, "WandbWriter", "logdir")
         self._wandb, resume_step, here = self._start("wandb", resume_step, process_index)
+        if resume_step == 0 and run_id is None and run is None:
+            # A loop passing its restored step passes 0 at a fresh start (the manager allows
+            # it): that raised, so a W&B writer set without run_id could not start. A run
+            # without an id is new, and holds no step before 0 to keep.
+            resume_step = None
         if resume_step is not None and run_id is None and run is None:
             raise ValueError(
                 f"WandbWriter: resume_step={resume_step} needs the run to resume; pass "

@@ -4,6 +4,7 @@ back from the offline run file (`run-<id>.wandb`) with W&B's own record proto.""
 from __future__ import annotations
 
 import enum
+import functools
 import glob
 import os
 import pathlib
@@ -16,6 +17,7 @@ import wandb
 from PIL import Image
 
 import writers
+from metrics_manager import MetricsManager
 from tests.writers.tracker_stores import (
     wandb_config,
     wandb_history,
@@ -233,6 +235,23 @@ def test_collections_that_differ_in_characters_ids_refuse_get_runs_of_their_own(
 def test_resume_needs_a_run_id(tmp_path):
     with pytest.raises(ValueError, match="needs the run to resume; pass run_id="):
         _writer(tmp_path, resume_step=3)
+
+
+def test_a_fresh_start_passing_resume_step_0_without_a_run_id_is_a_new_run(tmp_path):
+    # A loop passing its restored step passes resume_step=0 when it starts fresh, as the
+    # manager allows: without a run_id that raised, and no writer of the set was made.
+    factory = functools.partial(
+        writers.create_tracker_writer,
+        tracker=functools.partial(writers.WandbWriter, "tests", process_index=0),
+        default_writer=functools.partial(writers.create_default_writer, console=False),
+    )
+    with MetricsManager("train", tmp_path, writer_factory=factory, resume_step=0) as manager:
+        manager.write_texts(0, {"config": "lr = 0.1"})  # kept: no run before holds step 0
+        manager.write_scalars(10, {"loss": 0.5})
+    assert manager.errors == []
+    (path,) = wandb_run_files(str(tmp_path / "train"))
+    assert wandb_history(path) == {0: {"config": "lr = 0.1"}, 10: {"loss": 0.5}}
+    assert not wandb_run_record(path).HasField("branch_point")
 
 
 def test_tags_given_as_one_str_are_refused_not_split_into_letters(tmp_path):
