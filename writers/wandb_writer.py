@@ -80,7 +80,7 @@ class WandbWriter(_base.TrackerWriter):
       group: W&B group (e.g. the experiment shared by train and eval).
       entity: W&B entity (user or team).
       mode: "online", "offline" or "disabled" (None: `WANDB_MODE`).
-      config: Initial run config (hyperparameters).
+      config: Initial run config (hyperparameters), flattened as `write_hparams` does.
       tags: Tags of the run.
       settings: A `wandb.Settings` for `wandb.init`.
       run: An existing run to log into (not finished by `close()`).
@@ -119,6 +119,8 @@ class WandbWriter(_base.TrackerWriter):
             )
         if logdir is not None:  # Path("gs://b") made the local './gs:/b/wandb'
             logdir = _checks.check_path(logdir, "WandbWriter", "logdir")
+        if config:
+            config = self._initial_config(config)
         self._wandb, resume_step, here = self._start("wandb", resume_step, process_index)
         if resume_step == 0 and run_id is None and run is None:
             # A loop passing its restored step passes 0 at a fresh start (the manager allows
@@ -163,7 +165,7 @@ class WandbWriter(_base.TrackerWriter):
                 name=name or collection,
                 group=group,
                 mode=mode,
-                config=dict(config) if config else None,
+                config=config or None,
                 tags=list(tags) if tags else None,
                 settings=settings,
                 reinit="create_new",  # one run per writer: train and eval side by side
@@ -178,6 +180,17 @@ class WandbWriter(_base.TrackerWriter):
             self._min_step = max(self._min_step, resume_step + 1)
 
     reserved_keys = tuple(_RESERVED)  # W&B's own row fields
+
+    def _initial_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """`config` as `write_hparams` writes it: dotted names, bools, numbers and str. Given
+        as it was, `config={"opt": {"lr": 0.1}}` stayed nested beside the `opt.lr` of a later
+        `write_hparams`, so the run's config held both, one of them stale."""
+        problems = _checks.Problems("WandbWriter(config=...)")
+        flat = _checks.flat_hparams(_checks.as_mapping(config), problems)
+        problems.raise_if_any()
+        if problem := self.key_problem("write_hparams", flat):
+            raise ValueError(f"WandbWriter(config=...): {problem}")
+        return {k: _encode.hparam(v) for k, v in flat.items()}
 
     @property
     def run(self) -> Any:

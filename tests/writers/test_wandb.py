@@ -134,6 +134,18 @@ def test_hparams_are_the_run_config(tmp_path):
     assert writers.read_jsonl(tmp_path / "log" / "metrics.jsonl") == []
 
 
+def test_an_initial_config_is_flattened_as_write_hparams_flattens(tmp_path):
+    # Given to W&B as it was, {"opt": {"lr": 0.1}} stayed nested beside write_hparams's
+    # "opt.lr": the run's config held opt.lr twice, 0.1 and 0.2.
+    w = _writer(tmp_path, config={"opt": {"lr": 0.1}, "layers": [64, 64], "seed": np.int64(1)})
+    w.write_hparams({"opt": {"lr": 0.2}})
+    w.close()
+    config = wandb_config(wandb_run_files(str(tmp_path))[0])
+    assert config == {"opt.lr": 0.2, "layers": "[64, 64]", "seed": 1}
+    with pytest.raises(ValueError, match=r"^WandbWriter\(config=...\): the hyperparameter name"):
+        _writer(tmp_path, config={"_wandb": 1})
+
+
 def test_enum_hparams_are_their_values_as_in_every_other_writer(tmp_path):
     # W&B serializes a str subclass that is an Enum by its member name ('ADAM').
     class Opt(enum.StrEnum):
