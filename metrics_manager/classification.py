@@ -161,13 +161,21 @@ _REQUIRED: Any = _Required()
 
 
 def _outputs(
-    cls: type, predictions: Any, labels: Any, others: dict[str, Any], probabilities: bool = False
+    cls: type,
+    predictions: Any,
+    labels: Any,
+    others: dict[str, Any],
+    probabilities: bool = False,
+    class_scores: bool = False,
 ) -> tuple[jax.Array, jax.Array, str]:
     """`predictions`, or `logits=` in their place unless they are `probabilities`, `labels`
     (both as arrays, by `_arrays`), and the scores' name as passed (for the messages);
     refuses them missing. Beside
     `predictions=`, `logits=` are another metric's (a Collection passes CLU's `Accuracy` and
-    `AUROC` the same outputs): `metrics_manager.nnx.Metric` takes `predictions=` then too."""
+    `AUROC` the same outputs): `metrics_manager.nnx.Metric` takes `predictions=` then too.
+    Except for a metric of `class_scores` only (TopKAccuracy, Perplexity): `predictions=` of
+    the labels' shape are then AUROC's probabilities, never its input, and `logits=` of shape
+    [..., C] are read instead (by shape alone, so under jit too)."""
     name, logits = f"{cls.__name__}.from_model_output", others.get("logits")
     if predictions is _REQUIRED and logits is not None and probabilities:
         raise TypeError(
@@ -183,6 +191,11 @@ def _outputs(
         also = "" if probabilities else " (the scores may come as logits=)"
         raise TypeError(f"{name}: missing {' and '.join(missing)}; pass them{also}")
     predictions, labels = _arrays(cls, **{scores: predictions, "labels": labels})
+    if class_scores and scores == "predictions" and logits is not None:
+        shape = np.shape(logits)  # without converting: an unread other output stays as it is
+        if predictions.shape == labels.shape and shape[:-1] == labels.shape and len(shape):
+            (predictions,) = _arrays(cls, logits=logits)
+            scores = "logits"
     return predictions, labels, scores
 
 
@@ -615,7 +628,8 @@ class TopKAccuracy(_Counts):
         **others: Any,
     ) -> "TopKAccuracy":
         """Counts one batch of [..., C] scores per class and integer labels [...], 1 <= k <= C.
-        The scores may come as `logits=`, which beside `predictions=` are not read.
+        The scores may come as `logits=`, which beside `predictions=` are not read, unless
+        those have the labels' shape (AUROC's, in a Collection) and the logits fit.
 
         Raises:
             TypeError: `labels` are not integers or `k` is not an int.
@@ -623,7 +637,7 @@ class TopKAccuracy(_Counts):
         """
         _refuse_misspelled(cls, others, ("k",))
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels, name = _outputs(cls, predictions, labels, others)
+        predictions, labels, name = _outputs(cls, predictions, labels, others, class_scores=True)
         num_classes = predictions.shape[-1] if predictions.ndim else 0
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
@@ -760,7 +774,8 @@ class Perplexity(_Counts):
         **others: Any,
     ) -> "Perplexity":
         """From logits [..., V] and integer labels [...]: log-softmax, then the labels' NLL.
-        The logits come as `predictions` or `logits=` (beside `predictions=`, not read).
+        The logits come as `predictions` or `logits=` (beside `predictions=`, not read,
+        unless those have the labels' shape, AUROC's in a Collection, and the logits fit).
         Probabilities as `predictions=` beside `logits=` are refused outside jit; under jit
         they are read as logits (a wrong value): nothing static tells them apart.
 
@@ -770,7 +785,7 @@ class Perplexity(_Counts):
                 or the predictions are probabilities (rows in [0, 1] summing to 1).
         """
         problems = Problems(f"{cls.__name__}.from_model_output")
-        predictions, labels, name = _outputs(cls, predictions, labels, others)
+        predictions, labels, name = _outputs(cls, predictions, labels, others, class_scores=True)
         fits = predictions.ndim > 0 and predictions.shape[:-1] == labels.shape
         if not fits:
             expected = f"logits of shape {labels.shape + ('V',)}"

@@ -76,7 +76,8 @@ class Metric(nnx.metrics.Metric):
     `logits=` becomes `predictions=` for a type that takes only the latter (AUROC's
     probabilities), unless another argument (`predictions=`, or one that `argnames` maps to
     it) supplies them; Precision, Recall, FBeta, TopKAccuracy and Perplexity, which read
-    `logits=` themselves, get them as `logits=` (their messages name them so).
+    `logits=` themselves, get them as `logits=` (their messages name them so), beside
+    `predictions=` too (TopKAccuracy and Perplexity read them beside AUROC's probabilities).
 
     Args:
         metric_type: a `clu.metrics.Metric` subclass, e.g. `metrics_manager.FBeta`.
@@ -200,8 +201,13 @@ class Metric(nnx.metrics.Metric):
         call = {k: v for k, v in kwargs.items() if k not in renamed}
         call |= {renamed[k]: v for k, v in kwargs.items() if k in renamed}
         call = {k: v for k, v in call.items() if var_keyword or k in named} | dict(self.settings)
-        if "predictions" in call and "predictions" in named and "logits" not in named:
-            call.pop("logits", None)  # another metric's, beside these predictions
+        if (
+            "predictions" in call
+            and "predictions" in named
+            and "logits" not in named
+            and not issubclass(self.metric_type, _READS_LOGITS)
+        ):  # another metric's, beside these predictions; those reading logits= pick
+            call.pop("logits", None)  # (TopKAccuracy's beside AUROC's probabilities)
         required = {n for n, p in named.items() if p.default is p.empty or p.default is _REQUIRED}
         if "logits" in call and issubclass(self.metric_type, _READS_LOGITS):
             required.discard("predictions")  # argnames={"scores": "logits"} supplies them

@@ -968,14 +968,45 @@ def test_a_clu_collection_with_auroc_and_clu_accuracy_scores_predictions_not_log
         predictions=jax.nn.softmax(logits), logits=-logits, labels=labels, average="macro"
     )
     assert float(both.compute()) == pytest.approx((1 / 2 + 2 / 3) / 2)
-    # Predictions that do not fit say the logits beside them were not read, and the fix.
+    # Predictions that do not fit, beside logits that do not fit either, say the logits
+    # were not read, and the fix.
     with pytest.raises(
         ValueError,
         match=r"predictions of shape \(5,\) do not fit .*; the logits= passed beside them are "
         r"not read \(another metric's, as CLU's Accuracy takes\): to score those, give this "
         r"metric a Collection of its own",
     ):
-        TopKAccuracy.from_model_output(logits=logits, predictions=probabilities, labels=labels, k=1)
+        TopKAccuracy.from_model_output(
+            logits=logits[:4], predictions=probabilities, labels=labels, k=1
+        )
+
+
+def test_a_clu_collection_with_auroc_gives_topk_and_perplexity_the_logits():
+    """In a Collection beside AUROC, `predictions=` are its probabilities of the labels'
+    shape: TopKAccuracy and Perplexity refused them ("predictions of shape (4,) do not fit")
+    and could not be in one Collection with AUROC. Of the labels' shape, beside `logits=`
+    of shape [..., C], they read the logits, by shape alone (so under jit too)."""
+    import clu.metrics as clu_metrics
+
+    logits = jnp.array([[2.0, 0.0, -1.0], [0.0, 1.0, 0.5], [1.0, 0.0, 3.0], [0.0, 3.0, 1.0]])
+    labels = jnp.array([0, 1, 1, 0])
+    probabilities = jnp.array([0.2, 0.7, 0.4, 0.6])  # AUROC's, of the positive class
+    log_probs = np.asarray(logits) - np.log(np.exp(np.asarray(logits)).sum(-1, keepdims=True))
+    perplexity = float(np.exp(-np.mean(log_probs[np.arange(4), np.asarray(labels)])))
+    # Argmax 0, 1, 2, 1 against labels 0, 1, 1, 0: 2 of 4 right. AUROC: 3 of 4 pairs.
+    # Precision reads binary scores of the labels' shape as before: 1, 3 predicted 1, 1 right.
+    expected = {"auroc": 3 / 4, "top1": 2 / 4, "perplexity": perplexity, "precision": 1 / 2}
+    collection = clu_metrics.Collection.create(
+        auroc=AUROC, top1=TopKAccuracy, perplexity=Perplexity, precision=Precision
+    )
+    outputs = {"predictions": probabilities, "logits": logits, "labels": labels}
+    values = collection.single_from_model_output(**outputs, k=1).compute()
+    assert {k: float(v) for k, v in values.items()} == pytest.approx(expected, rel=1e-6)
+    jitted = jax.jit(lambda o: collection.single_from_model_output(**o, k=1).compute())(outputs)
+    assert {k: float(v) for k, v in jitted.items()} == pytest.approx(expected, rel=1e-6)
+    # Class scores as predictions= are still read before the logits beside them.
+    both = Perplexity.from_model_output(predictions=logits, logits=-logits, labels=labels)
+    assert float(both.compute()) == pytest.approx(perplexity, rel=1e-6)
 
 
 @pytest.mark.parametrize("name", ["predictions", "logits"])

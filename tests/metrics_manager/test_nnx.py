@@ -915,3 +915,27 @@ def test_argnames_onto_logits_for_auroc_say_it_takes_predictions():
     auroc = mnnx.Metric(AUROC, argnames={"scores": "predictions"})  # as it says
     auroc.update(scores=jnp.array([0.2, 0.9, 0.4]), labels=jnp.array([0, 1, 1]))
     assert float(auroc.compute()) == pytest.approx(1.0)  # 0.2 below both positives
+
+
+def test_metric_gives_topk_and_perplexity_the_logits_beside_auroc_probabilities():
+    """Beside AUROC's probabilities as `predictions=` (the labels' shape), `Metric` dropped
+    `logits=` for TopKAccuracy and Perplexity, which then refused the probabilities
+    ("predictions of shape (4,) do not fit"); they read the logits, as from_model_output does."""
+    logits = jnp.array([[2.0, 0.0, -1.0], [0.0, 1.0, 0.5], [1.0, 0.0, 3.0], [0.0, 3.0, 1.0]])
+    labels = jnp.array([0, 1, 1, 0])
+    probabilities = jnp.array([0.2, 0.7, 0.4, 0.6])
+    log_probs = np.asarray(logits) - np.log(np.exp(np.asarray(logits)).sum(-1, keepdims=True))
+    perplexity = float(np.exp(-np.mean(log_probs[np.arange(4), np.asarray(labels)])))
+    metrics = nnx.MultiMetric(
+        auroc=mnnx.Metric(AUROC),
+        top1=mnnx.Metric(TopKAccuracy, k=1),
+        perplexity=mnnx.Metric(Perplexity),
+        precision=mnnx.Metric(Precision),
+        accuracy=mnnx.Accuracy(),
+    )
+    metrics.update(predictions=probabilities, logits=logits, labels=labels)
+    # Argmax 0, 1, 2, 1 against labels 0, 1, 1, 0; precision of scores >= 0.5: 1 of 2.
+    expected = {"auroc": 3 / 4, "top1": 2 / 4, "perplexity": perplexity}
+    expected |= {"precision": 1 / 2, "accuracy": 2 / 4}
+    values = {k: float(v) for k, v in metrics.compute().items()}
+    assert values == pytest.approx(expected, rel=1e-6)
