@@ -415,7 +415,18 @@ class Accuracy(Metric):
                 )
             # At least 1-d: CLU's Average reads a mask's first dim (a 0-d one raised IndexError).
             kwargs = {"values": correct, "mask": jnp.atleast_1d(mask & ~ignored)}
-        super().update(**kwargs)
+            super().update(**kwargs)
+            return
+        try:
+            super().update(**kwargs)
+        except (TypeError, ValueError) as err:
+            # Named as called: "TopKAccuracy.from_model_output: mask of shape ()" was no call
+            # of the caller's, who made an Accuracy().
+            message = str(err)
+            for inner in ("TopKAccuracy.from_model_output: ", "Accuracy(TopKAccuracy).update: "):
+                if message.startswith(inner):
+                    raise type(err)("Accuracy.update: " + message[len(inner) :]) from None
+            raise
 
 
 class Welford(_ValuesMetric):

@@ -875,10 +875,10 @@ def test_logits_reach_the_metrics_that_read_them_as_logits():
     # to a caller who passed logits=.
     logits, labels = jnp.zeros((4, 5)), jnp.zeros(3, jnp.int32)
     for metric in (mnnx.Metric(Perplexity), mnnx.Metric(FBeta), mnnx.Accuracy()):
-        with pytest.raises(ValueError, match=r"\.from_model_output: logits of shape \(4, 5\) do "):
+        with pytest.raises(ValueError, match=r"\.(from_model_output|update): logits of shape "):
             metric.update(logits=logits, labels=labels)
     # Accuracy() reads logits= beside AUROC's predictions=, and names them.
-    with pytest.raises(ValueError, match=r"^TopKAccuracy.from_model_output: logits of shape "):
+    with pytest.raises(ValueError, match=r"^Accuracy.update: logits of shape "):
         mnnx.Accuracy().update(logits=logits, predictions=jnp.zeros(3), labels=labels)
     with pytest.raises(ValueError, match=r"^AUROC.from_model_output: predictions of shape \(4,\)"):
         mnnx.Metric(AUROC).update(logits=jnp.zeros(4), labels=labels)  # its probabilities
@@ -939,3 +939,26 @@ def test_metric_gives_topk_and_perplexity_the_logits_beside_auroc_probabilities(
     expected |= {"precision": 1 / 2, "accuracy": 2 / 4}
     values = {k: float(v) for k, v in metrics.compute().items()}
     assert values == pytest.approx(expected, rel=1e-6)
+
+
+def test_accuracy_messages_name_accuracy_update():
+    """Accuracy()'s messages named TopKAccuracy.from_model_output (or
+    Accuracy(TopKAccuracy).update), which the caller of Accuracy().update never called."""
+    accuracy = mnnx.Accuracy()
+    with pytest.raises(ValueError) as err:
+        accuracy.update(logits=jnp.eye(2), labels=jnp.array([0, 1]), mask=jnp.array(True))
+    assert str(err.value).startswith(
+        "Accuracy.update: mask of shape () does not match the labels of shape (2,); "
+        "expected a mask of shape (2,)"
+    )
+    with pytest.raises(ValueError) as err:
+        accuracy.update(logits=jnp.eye(2), labels=jnp.array([0, 5]))
+    assert str(err.value).startswith(
+        "Accuracy.update: labels must lie in [0, 2) for 2 classes, got values from 0 to 5"
+    )
+    with pytest.raises(TypeError) as err:
+        accuracy.update(labels=jnp.array([0, 1]))
+    assert str(err.value).startswith("Accuracy.update: missing 'logits' or 'predictions' among")
+    # Nothing was merged: argmax 0, 1 against labels 0, 0 is 1 of 2 right.
+    accuracy.update(logits=jnp.eye(2), labels=jnp.array([0, 0]))
+    assert float(accuracy.compute()) == 0.5
