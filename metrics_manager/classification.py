@@ -35,7 +35,9 @@ Synopsis:
 
 import dataclasses
 import difflib
+import functools
 import math
+from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 import clu.metrics as clu_metrics
@@ -242,6 +244,15 @@ def _one_hot(labels: jax.Array) -> bool:
     return bool(((values == 0) | (values == 1)).all() and (values.sum(-1) == 1).all())
 
 
+def _binary_fix(labels: jax.Array) -> str:
+    """The fix for binary scores outside [0, 1] beside `labels`: logits passed as
+    probabilities, or class logits beside one-hot labels."""
+    fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
+    if _one_hot(labels):  # class logits beside one-hot labels: no binary scores
+        fix = _ONE_HOT_FIX.format(shape=labels.shape[:-1]) + ", for class scores; or " + fix
+    return fix
+
+
 _ONE_HOT_FIX = (
     "the labels look one-hot (one 1 per row of their last axis): pass labels.argmax(-1), "
     "integer class indices of shape {shape}"
@@ -274,10 +285,15 @@ def _arrays(cls: type, method: str = "from_model_output", **arrays: Any) -> list
 
 
 def _outside_unit_interval(
-    scores: jax.Array, mask: jax.Array, problems: Problems, fix: str, name: str = "predictions"
+    scores: jax.Array,
+    mask: jax.Array,
+    problems: Problems,
+    fix: str | Callable[[], str],
+    name: str = "predictions",
 ) -> jax.Array:
     """How many `scores` where `mask` is true are outside [0, 1] or NaN (logits passed as
-    probabilities); outside jit, a count above 0 raises, naming their range and `fix`."""
+    probabilities); outside jit, a count above 0 raises, naming their range and `fix` (a
+    callable: made only then)."""
     scores = scores.astype(jnp.result_type(scores, jnp.float32))
     outside = exact_count(mask & ~((scores >= 0) & (scores <= 1)))
     if not isinstance(outside, jax.core.Tracer) and (n := int(outside)):
@@ -288,7 +304,7 @@ def _outside_unit_interval(
         problems.value_problem(
             f"{name} must be probabilities in [0, 1]; {n} of "
             f"{int(exact_count(jnp.broadcast_to(mask, counted.shape)))} unmasked are not "
-            f"({span}): {fix}"
+            f"({span}): {fix() if callable(fix) else fix}"
         )
         problems.raise_if_any()
     return outside
@@ -463,10 +479,9 @@ class _ConfusionCounts(_Counts):
         )
         labels, mask = _checked_labels_and_mask(labels, mask, num_classes, problems, fits, fix)
         if binary and threshold is None:  # NaN is outside [0, 1]
-            fix = "pass jax.nn.sigmoid(logits), or threshold=0.0 to threshold the logits"
-            if _one_hot(labels):  # class logits beside one-hot labels: no binary scores
-                fix = _ONE_HOT_FIX.format(shape=labels.shape[:-1]) + ", for class scores; or " + fix
-            outside = _outside_unit_interval(predictions, mask, problems, fix, name)
+            outside = _outside_unit_interval(
+                predictions, mask, problems, functools.partial(_binary_fix, labels), name
+            )
         elif binary:
             outside = _nan_scores(predictions, mask, problems, name)
         else:  # jnp.argmax picks a NaN: its score is NaN if any of the row's is, one read

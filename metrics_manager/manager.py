@@ -1352,7 +1352,7 @@ def _log_state(directory: str | None, resume_step: int | None) -> Any:
     are made means none did."""
     if resume_step is None or directory is None:
         return None
-    log = _jsonl_log.as_url(_storage.join(directory, "metrics.jsonl"))  # a URL log copied down
+    log = _jsonl_log.as_url(_storage.join(directory, _jsonl_log.LOG_NAME))  # a URL log copied down
     if _storage.is_remote(log):
         try:
             fs, parts = _storage.filesystem(log + ".d")
@@ -1361,7 +1361,7 @@ def _log_state(directory: str | None, resume_step: int | None) -> Any:
         except Exception:  # noqa: BLE001  (storage down: the writers will say)
             return None
     try:
-        stat = os.stat(os.path.join(directory, "metrics.jsonl"))
+        stat = os.stat(os.path.join(directory, _jsonl_log.LOG_NAME))
     except OSError:
         return None
     return stat.st_ino, stat.st_mtime_ns
@@ -1375,7 +1375,7 @@ def _keys_at_step(directory: str, step: int) -> frozenset[str] | None:
         return None
     keys: set[str] = set()
     try:
-        with open(os.path.join(directory, "metrics.jsonl"), "rb") as f:
+        with open(os.path.join(directory, _jsonl_log.LOG_NAME), "rb") as f:
             end = f.seek(0, os.SEEK_END)
             f.seek(max(0, end - (1 << 24)))
             tail = f.read()
@@ -1395,7 +1395,7 @@ def _keys_at_step(directory: str, step: int) -> frozenset[str] | None:
                 keys.update(json.loads(line))
             except ValueError:
                 return None
-    return frozenset(keys - {"step", "time", "collection"})
+    return frozenset(keys.difference(writers.JsonlWriter.reserved_keys))
 
 
 def _may_hold_a_run(directory: str | None) -> bool:

@@ -272,10 +272,10 @@ def _carrying_loop(metric: clu_metrics.Metric) -> str | None:
     trace = getattr(getattr(_jax_core, "trace_ctx", None), "trace", None)
     info = getattr(getattr(trace, "frame", None), "debug_info", None)
     loop = _LOOPS.get(getattr(info, "traced_for", None))  # type: ignore[arg-type]
+    if loop is None:  # eagerly or under jit: the state's leaves are not looked at
+        return None
     leaves = jax.tree.leaves(metric)
-    if loop and leaves and all(getattr(x, "_trace", None) is trace for x in leaves):
-        return loop
-    return None
+    return loop if leaves and all(getattr(x, "_trace", None) is trace for x in leaves) else None
 
 
 def _is_array(field: dataclasses.Field) -> bool:
