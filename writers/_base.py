@@ -188,6 +188,11 @@ class BaseWriter(MetricWriter):
         wrappers and the manager ask before any writer writes."""
         return None
 
+    def _refuse_keys(self, method: str, keys: Iterable[str]) -> None:
+        """Raises `key_problem`'s answer, if any, as a ValueError naming `method`."""
+        if problem := self.key_problem(method, keys):
+            raise ValueError(f"{self._name(method)}: {problem}")
+
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:
         self._check_open(method)
         if type(values) is _checks.Checked:
@@ -284,8 +289,7 @@ class ForwardingWriter(BaseWriter):
         self._forward("write_summaries", step=step, values=values, metadata=metadata)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
-        if problem := self.key_problem("write_hparams", hparams):
-            raise ValueError(f"{self._name('write_hparams')}: {problem}")
+        self._refuse_keys("write_hparams", hparams)
         self._forward("write_hparams", hparams=hparams)
 
     @abc.abstractmethod

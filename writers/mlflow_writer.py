@@ -385,12 +385,8 @@ class MlflowWriter(_base.TrackerWriter):
                     bad.append(f"{name!r}: {err.message}")
         return f"MLflow refuses the names {'; '.join(bad)}" if bad else None
 
-    def _check_names(self, method: str, names: Iterable[str]) -> None:
-        if problem := self.key_problem(method, names):
-            raise ValueError(f"{self._name(method)}: {problem}")
-
     def _scalars(self, step: int, numbers: dict[str, int | float]) -> None:
-        self._check_names("write_scalars", numbers)
+        self._refuse_keys("write_scalars", numbers)
         if self._client is None:
             return
         if self._last_steps:  # resumed: skip the points the run's history already has
@@ -436,7 +432,7 @@ class MlflowWriter(_base.TrackerWriter):
         self._files("write_histograms", "histograms", step, files, ".json")
 
     def _params(self, hparams: dict[str, Any]) -> None:
-        self._check_names("write_hparams", hparams)
+        self._refuse_keys("write_hparams", hparams)
         if self._client is None:
             return
         # MLflow's own check (private, as is `_validate_metric`): it truncates long values.

@@ -201,7 +201,7 @@ class WandbWriter(_base.TrackerWriter):
         self._log("write_scalars", step, numbers)
 
     def _pictures(self, method: str, step: int, images: dict[str, Any]) -> None:
-        self._check_media_keys(method, images)
+        self._refuse_keys(method, images)
         if too_many := {k: len(v) for k, v in images.items() if len(v) > MAX_IMAGES}:
             what = method.removeprefix("write_")
             raise ValueError(
@@ -222,7 +222,7 @@ class WandbWriter(_base.TrackerWriter):
         self._log(method, step, {k: [picture(i) for i in v] for k, v in images.items()})
 
     def _audios(self, step: int, clips: dict[str, Any], sample_rate: int) -> None:
-        self._check_media_keys("write_audios", clips)
+        self._refuse_keys("write_audios", clips)
         if self._run is None:
             return
         with tempfile.TemporaryDirectory() as tmp:  # W&B copies each file into the run
@@ -278,13 +278,8 @@ class WandbWriter(_base.TrackerWriter):
                 )
         return super().key_problem(method, keys)
 
-    def _check_media_keys(self, method: str, values: Mapping[str, Any]) -> None:
-        if problem := self.key_problem(method, values):
-            raise ValueError(f"WandbWriter.{method}: {problem}")
-
     def _params(self, hparams: dict[str, Any]) -> None:
-        if problem := self.key_problem("write_hparams", hparams):
-            raise ValueError(f"WandbWriter.write_hparams: {problem}")
+        self._refuse_keys("write_hparams", hparams)
         if self._run is not None:  # a value written again replaces the earlier one
             self._run.config.update(hparams, allow_val_change=True)
 
