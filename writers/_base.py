@@ -257,12 +257,6 @@ class ForwardingWriter(BaseWriter):
             raise ValueError(f"{self._name('write_audios')}: {problem}")
         self._forward("write_audios", step=step, audios=audios, sample_rate=sample_rate)
 
-    def write_texts(self, step: int, texts: Mapping[str, str]) -> None:
-        step = self._begin("write_texts", step, texts)
-        self._forward(
-            "write_texts", step=step, texts=_checks.check_texts(texts, self._name("write_texts"))
-        )
-
     def write_histograms(
         self, step: int, arrays: Mapping[str, Array], num_buckets: Mapping[str, int] | None = None
     ) -> None:
@@ -284,9 +278,12 @@ class ForwardingWriter(BaseWriter):
         problems.raise_if_any()
         return checked
 
-    # `BaseWriter` passes summaries and hparams to these hooks unconverted.
+    # `BaseWriter` passes summaries and hparams to these hooks unconverted, texts as plain strs.
     def _summaries(self, step: int, values: Mapping[str, Any], metadata: Any) -> None:
         self._forward("write_summaries", step=step, values=values, metadata=metadata)
+
+    def _texts(self, step: int, texts: dict[str, str]) -> None:
+        self._forward("write_texts", step=step, texts=texts)
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._refuse_keys("write_hparams", hparams)
