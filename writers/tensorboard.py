@@ -82,9 +82,7 @@ class TensorBoardWriter(BaseWriter):
         self._raw: set[str] = set()  # tags of plugin-less tensors written before any claim
         self._hparams_warned = False
         self._upload_at_close = False  # a close() failed to upload: the next one tries again
-        # At a URL writes only buffer (an upload holds no lock a write takes): a manager whose
-        # flush() was abandoned in a dead network's upload goes on calling it (quarantined, it
-        # skipped every write of the next `quarantine_s`, also once storage was back).
+        # At a URL writes only buffer: why calls may then overlap, see JsonlWriter's.
         self.takes_overlapping_calls = _storage.is_remote(self._logdir)
         self._stop_timer = flush_every(self, flush_secs, f"TensorBoardWriter({self._logdir})")
 
