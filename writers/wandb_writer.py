@@ -23,7 +23,9 @@ Resume: `run_id` with `resume_step=R` rewinds the run to step R (`resume_from="<
 a W&B private preview: W&B support enables it per entity):
 history after R is replaced, and writes at steps up to R (a config at step 0, raw tensor files too), which W&B
 would refuse, are left out with one warning: the run keeps the earlier run's values there. Offline, the new run directory holds only
-steps after R and names the rewind point for `wandb sync`. With `collection` set, the run id
+steps after R and names the rewind point for `wandb sync`. R = 0 (a fresh start passing its
+restored step) rewinds only a run of that id in W&B's local directory (`<logdir>/wandb`);
+without one, the run is new (`resume="allow"`) and keeps its step 0. With `collection` set, the run id
 is `<run_id>-<collection>`; where characters W&B refuses in an id (such as `/` and `:`) become
 `-`, 8 hex digits of the collection's SHA-256 follow (`eval/a`: `<run_id>-eval-a-<hash>`), so
 `eval/a`, `eval:a` and `eval-a` log to runs of their own.
@@ -43,6 +45,7 @@ Example:
   >>> w.close()
 """
 
+import glob
 import hashlib
 import os
 import re
@@ -65,6 +68,19 @@ _MEDIA_SUFFIX = len(f"_{2**63}_{'0' * 20}.png")
 _MEDIA_METHODS = ("write_images", "write_videos", "write_audios")
 
 
+def _earlier_run(logdir: str | None, run_id: str | None) -> bool:
+    """Whether W&B's directory (`<logdir>/wandb`, or `.wandb`; without logdir, W&B's default
+    root: `WANDB_DIR`, else the working directory) holds a run `run_id` (`run-<id>.wandb` in
+    an `offline-run-<time>-<id>` or `run-<time>-<id>` folder), one a resume rewinds."""
+    if run_id is None:
+        return False
+    root = logdir if logdir is not None else os.environ.get("WANDB_DIR") or "."
+    return any(
+        glob.glob(os.path.join(glob.escape(root), folder, "*", glob.escape(f"run-{run_id}.wandb")))
+        for folder in ("wandb", ".wandb")
+    )
+
+
 class WandbWriter(_base.TrackerWriter):
     """Logs every write call to a W&B run as one `run.log`.
 
@@ -75,7 +91,8 @@ class WandbWriter(_base.TrackerWriter):
       collection: What is logged (`train`, `eval/task`): default name; run id `<run_id>-<it>`.
       run_id: Attach to (or create) the run with this id (`resume="allow"`).
       resume_step: Rewind run `run_id` to this step (`resume_from`): later steps are replaced.
-        0 without `run_id` (a fresh start of a loop passing its restored step): a new run.
+        0 without `run_id`, or with one W&B's local directory holds no run of (a fresh start
+        of a loop passing its restored step): a new run, which keeps its step 0.
       name: Display name of the run (default: `collection`).
       group: W&B group (e.g. the experiment shared by train and eval).
       entity: W&B entity (user or team).
@@ -158,6 +175,11 @@ class WandbWriter(_base.TrackerWriter):
             if logdir is not None:  # W&B's service resolves a relative dir against its own cwd
                 logdir = os.path.abspath(logdir)
                 os.makedirs(logdir, exist_ok=True)
+            if resume_step == 0 and not _earlier_run(logdir, run_id):
+                # A loop passing its restored step passes 0 at a fresh start: rewinding a run
+                # not there dropped the new run's step 0 (its config) and named a rewind
+                # point `wandb sync` cannot apply. A new run keeps its step 0.
+                resume_step = self._resumed_at = None
             run = self._wandb.init(
                 project=project,
                 entity=entity,

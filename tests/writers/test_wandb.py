@@ -266,6 +266,30 @@ def test_a_fresh_start_passing_resume_step_0_without_a_run_id_is_a_new_run(tmp_p
     assert not wandb_run_record(path).HasField("branch_point")
 
 
+def test_resume_step_0_with_a_run_id_is_a_new_run_until_a_run_of_that_id_is_there(tmp_path):
+    # A fresh start passing its restored step 0 with a fixed run_id: the writer rewound the
+    # run to step 0, leaving out the new run's own step 0 (its config, its first loss) and
+    # naming a rewind point of a run that was never there.
+    first = _writer(tmp_path, run_id="exp", collection="train", resume_step=0)
+    first.write_texts(0, {"config": "lr = 0.1"})
+    first.write_scalars(0, {"loss": 2.0})
+    first.write_scalars(1, {"loss": 1.0})
+    first.close()
+    (path,) = wandb_run_files(str(tmp_path))
+    assert wandb_history(path) == {0: {"config": "lr = 0.1", "loss": 2.0}, 1: {"loss": 1.0}}
+    assert not wandb_run_record(path).HasField("branch_point")
+    # Restarted before its first checkpoint: the run is there now, so it is rewound to 0.
+    again = _writer(tmp_path, run_id="exp", collection="train", resume_step=0)
+    again.write_scalars(0, {"loss": 3.0})  # the run before's step 0 is kept
+    again.write_scalars(1, {"loss": 0.5})
+    again.close()
+    old, new = wandb_run_files(str(tmp_path))
+    assert wandb_history(old) == wandb_history(path)
+    record = wandb_run_record(new)
+    assert (record.branch_point.run, record.branch_point.value) == ("exp-train", 0)
+    assert wandb_history(new) == {1: {"loss": 0.5}}
+
+
 def test_tags_given_as_one_str_are_refused_not_split_into_letters(tmp_path):
     with pytest.raises(TypeError, match=r"tags must be a list of str.*pass tags=\['baseline'\]"):
         _writer(tmp_path, tags="baseline", process_index=1)  # refused on every process
