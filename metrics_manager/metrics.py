@@ -545,7 +545,9 @@ class MeanStd(_ByKeyword, clu_metrics.Metric):
     Keeps the count, mean and `std_dev` (the population standard deviation, 0 when nothing was
     seen) and merges with Chan et al.'s update, exact when the mean is large against the spread.
     It keeps the deviation, not its sum of squares `m2`: in float32 `m2` overflows to inf for
-    values around 1e20 (or a thousand around 1e19), whose deviation is a float32 number.
+    values around 1e20 (or a thousand around 1e19), whose deviation is a float32 number;
+    values near float32's largest (3e38 and -3e38) are summed and subtracted over a power of
+    two, so their mean and deviation stay finite too.
     `compute()` is the mean (NaN when nothing was seen), `std()` the standard deviation,
     `compute_value()` a `MeanStdScalar`.
 
@@ -576,6 +578,15 @@ class MeanStd(_ByKeyword, clu_metrics.Metric):
         values, mask = _values_and_mask(values, mask, cls.__name__)
         count = exact_count(mask)
         total = jnp.maximum(count, 1).astype(values.dtype)
+        # Values near float32's limit: [3e38, 3e38] summed to inf (mean inf, std inf) and
+        # 3e38 - -3e38 overflows. Only there, everything below is over a power of two `size`
+        # with count * largest / size < 2**(maxexp - 3), so no sum or difference overflows;
+        # elsewhere it is 1 and every value keeps its bits. Exponents, not a division by the
+        # largest float: jit makes that a product with its subnormal inverse, flushed to 0.
+        largest = jnp.abs(jnp.where(mask, values, 0)).max(initial=0)
+        exponent = jnp.frexp(largest)[1] + jnp.frexp(total)[1] - jnp.finfo(values.dtype).maxexp
+        size = jnp.ldexp(jnp.ones((), values.dtype), jnp.maximum(exponent + 3, 0))
+        values = values * (1 / size)
         first = jnp.where(mask, values, 0).sum() / total
         # A second pass over what is left: the float32 sum of values near 1e7 is off by about
         # 2 (and m2 around it by 40%); their differences from it are exact, their sum close.
@@ -588,7 +599,7 @@ class MeanStd(_ByKeyword, clu_metrics.Metric):
         scale, inverse = _power_of_two_above(largest)
         scaled = jnp.where(mask, (values - mean) * inverse, 0)
         std_dev = jnp.sqrt(jnp.square(scaled).sum() / total) * scale
-        return cls(count=count, mean=mean, std_dev=std_dev)
+        return cls(count=count, mean=mean * size, std_dev=std_dev * size)
 
     def merge(self, other: "MeanStd") -> "MeanStd":
         check_merge_type(self, other)
@@ -598,12 +609,20 @@ class MeanStd(_ByKeyword, clu_metrics.Metric):
         fraction_a, fraction_b = n_a / total, n_b / total
         delta = other.mean - self.mean
         mean = self.mean + delta * fraction_b
+        # Means of opposite signs near float32's limit: 3e38 - -3e38 is inf (the mean read
+        # -inf). Only there, the delta and deviations below are halved (exactly).
+        fits = jnp.isfinite(delta)
+        halved = other.mean * 0.5 - self.mean * 0.5
+        mean = jnp.where(fits, mean, (self.mean * 0.5 + halved * fraction_b) * 2)
+        delta, half = jnp.where(fits, delta, halved), jnp.where(fits, 1, 0.5).astype(dtype)
         # m2 / n = f_a std_a**2 + f_b std_b**2 + f_a f_b delta**2, each over the same power of
         # two, so no square overflows where the deviations are float32 numbers.
-        largest = jnp.maximum(jnp.maximum(self.std_dev, other.std_dev), jnp.abs(delta))
+        std_a, std_b = self.std_dev * half, other.std_dev * half
+        largest = jnp.maximum(jnp.maximum(std_a, std_b), jnp.abs(delta))
         scale, inverse = _power_of_two_above(jnp.asarray(largest, dtype))
-        a, b, d = (jnp.square(x * inverse) for x in (self.std_dev, other.std_dev, delta))
-        std_dev = jnp.sqrt(fraction_a * a + fraction_b * b + fraction_a * fraction_b * d) * scale
+        a, b, d = (jnp.square(x * inverse) for x in (std_a, std_b, delta))
+        std_dev = jnp.sqrt(fraction_a * a + fraction_b * b + fraction_a * fraction_b * d)
+        std_dev = std_dev * scale / half
         # An empty side returns the other side bit for bit, so empty() is an exact identity.
         a_empty, b_empty = self.count == 0, other.count == 0
         mean = jnp.where(a_empty, other.mean, jnp.where(b_empty, self.mean, mean))

@@ -318,6 +318,40 @@ def test_mean_std_of_float32_values_near_1e20_is_finite():
     assert float(both.std()) == pytest.approx(np.sqrt(1.25), rel=1e-7)
 
 
+def test_mean_std_of_float32_values_near_its_largest_is_finite_in_and_out_of_jit():
+    """3e38 + 3e38 and 3e38 - -3e38 overflow float32 (max 3.4e38): [3e38, 3e38] read mean inf
+    and std inf, and merging batches [3e38] and [-3e38] read mean -inf and std inf, though the
+    mean and std of each are float32 numbers."""
+    cases = {  # values: (mean, population std), from numpy in float64
+        (3e38, 3e38): (3e38, 0.0),
+        (3e38, -3e38): (0.0, 3e38),
+        (3e38, -1e38, 2e38): (4e38 / 3, np.std([3e38, -1e38, 2e38])),
+        (-3.4e38, 3.4e38, 3.4e38, -3.4e38): (0.0, 3.4e38),
+    }
+    one_batch = jax.jit(MeanStd.from_model_output)
+    merged = jax.jit(
+        lambda v: functools.reduce(
+            lambda a, b: a.merge(b), (MeanStd.from_model_output(x) for x in v)
+        )
+    )
+    for values, (mean, std) in cases.items():
+        array = jnp.array(values, jnp.float32)
+        results = {
+            "eager": MeanStd.from_model_output(array),
+            "jit": one_batch(array),
+            "merged": merged(array),
+            "merged eager": functools.reduce(
+                lambda a, b: a.merge(b), (MeanStd.from_model_output(x) for x in array)
+            ),
+        }
+        for how, stats in results.items():
+            got = (float(stats.compute()), float(stats.std()))
+            assert got == (pytest.approx(mean, rel=1e-6), pytest.approx(std, rel=1e-6)), (
+                values,
+                how,
+            )
+
+
 def test_metrics_work_inside_jit():
     @jax.jit
     def step(values):
