@@ -921,7 +921,12 @@ def outside_range(arr: np.ndarray, low: int) -> tuple[float, float, int, int] | 
 
 
 def images_as_uint8(arr: np.ndarray) -> np.ndarray:
-    """Images as `[N, H, W, C]` uint8: ints read as [0, 255], floats as [0, 1], clipped, NaN 0."""
+    """Images as `[N, H, W, C]` uint8: ints read as [0, 255], floats as [0, 1], clipped, NaN 0.
+
+    Floats as CLU's `tf.summary.image` converts them (`tf.image.convert_image_dtype` with
+    `saturate=True`): `x * 255.5` in their own dtype, clipped to [0, 255], truncated. Rounded
+    `x * 255` instead, 0.5 was 128 where CLU and TensorBoard show 127 (0.25: 64, not 63);
+    `k / 255` still reads back as `k`."""
     if arr.ndim == 3:
         arr = arr[None]
     if arr.dtype == np.uint8:
@@ -930,8 +935,9 @@ def images_as_uint8(arr: np.ndarray) -> np.ndarray:
         return arr.astype(np.uint8) * 255
     if np.issubdtype(arr.dtype, np.integer):
         return np.clip(arr, 0, 255).astype(np.uint8)
-    unit = np.clip(np.nan_to_num(arr.astype(np.float64), nan=0.0), 0.0, 1.0)  # inf: no overflow
-    return np.rint(unit * 255.0).astype(np.uint8)
+    with np.errstate(over="ignore"):  # past the dtype's range: inf, clipped to 255
+        scaled = arr * arr.dtype.type(255.5)
+    return np.clip(np.nan_to_num(scaled, nan=0.0), 0, 255).astype(np.uint8)
 
 
 _ML_FLOATS = ("bfloat16", "float8_", "float6_", "float4_")  # dtype name prefixes

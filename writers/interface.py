@@ -12,7 +12,8 @@ written against CLU's interface plugs in unchanged. The contract, for every writ
   `TypeError`, an empty one `ValueError`.
 * Scalars are numbers or one-element arrays. NaN and +-Inf are valid; each backend documents
   how it shows them. Images are `[H, W, C]` or `[N, H, W, C]`, C in (1, 3, 4), integers in
-  [0, 255] or floats in [0, 1]; videos `[T, H, W, C]` or `[N, T, H, W, C]` alike; audio
+  [0, 255] or floats in [0, 1] (made pixels as CLU's `tf.summary.image` makes them:
+  `x * 255.5` truncated, so 0.5 is 127); videos `[T, H, W, C]` or `[N, T, H, W, C]` alike; audio
   `[N, T, C]` floats in [-1, 1] (integer PCM is refused, as is a clip of more channels than
   samples: `[N, C, T]`) with an integer `sample_rate`; none of them empty, and none holding NaN or +-Inf (refused
   as in a histogram). Values outside their range are clipped, and the writers that encode

@@ -123,9 +123,25 @@ def test_images_as_uint8_scales_floats_and_clips():
     floats = np.array([[[0.0], [0.5], [1.5], [inf], [-inf], [nan]]], np.float32)  # [1, 6, 1]
     out = images_as_uint8(floats)
     assert out.shape == (1, 1, 6, 1) and out.dtype == np.uint8
-    np.testing.assert_array_equal(out.reshape(-1), [0, 128, 255, 255, 0, 0])
+    np.testing.assert_array_equal(out.reshape(-1), [0, 127, 255, 255, 0, 0])
     ints = np.array([[[-5], [300]]], dtype=np.int32)
     np.testing.assert_array_equal(images_as_uint8(ints).reshape(-1), [0, 255])
+
+
+def test_float_pixels_are_what_clu_and_tensorboard_make_of_them():
+    """CLU's `tf.summary.image` converts floats with `tf.image.convert_image_dtype(x, uint8,
+    saturate=True)`: `x * 255.5` in the image's dtype, clipped, truncated. Rounding `x * 255`,
+    0.5 was 128 and 0.25 was 64 where CLU's TensorBoard images show 127 and 63."""
+    floats = [0.0, 0.25, 0.5, 0.75, 1.0, 1 / 255, 254 / 255]
+    expected = [0, 63, 127, 191, 255, 1, 254]  # floor(x * 255.5), clipped
+    for dtype in (np.float16, np.float32, np.float64):
+        out = images_as_uint8(np.array(floats, dtype)[None, :, None])
+        np.testing.assert_array_equal(out.reshape(-1), expected, err_msg=str(dtype))
+        # uint8 pixels as floats (k / 255) come back as they were
+        k = np.arange(256)
+        np.testing.assert_array_equal(
+            images_as_uint8((k / 255).astype(dtype)[None, :, None])[0, 0, :, 0], k
+        )
 
 
 def test_writer_error_names_every_failing_writer_and_keeps_the_causes():

@@ -189,7 +189,8 @@ def test_texts_images_videos_audio_histograms_are_artifacts(store, tmp_path):
             assert read(f"audio/aud/step_{step:08d}_{i}.wav") == _encode.wav(clip[i], 8000)
         strip = np.asarray(Image.open(io.BytesIO(read(f"videos/vid/step_{step:08d}_0.png"))))
         assert strip.shape == (4, 15)  # [H, T*W], grayscale: the 3 frames side by side
-        frames = np.round(np.concatenate(list(video[0, ..., 0]), axis=1) * 255)
+        # floor(x * 255.5), as CLU's tf.summary.image (0.5 is 127)
+        frames = np.floor(np.concatenate(list(video[0, ..., 0]), axis=1) * 255.5)
         np.testing.assert_array_equal(strip, frames)
         hist = json.loads(read(f"histograms/h/step_{step:08d}.json"))
         assert hist["counts"] == [1, 2, 1] and hist["edges"] == [0.0, 1.0, 2.0, 3.0]

@@ -114,7 +114,7 @@ def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     np.testing.assert_array_equal(_decode_png(rgb[2]), images[0])
     np.testing.assert_array_equal(_decode_png(rgb[3]), images[1])
     gray_png = acc.Tensors("gray")[0].tensor_proto.string_val
-    np.testing.assert_array_equal(_decode_png(gray_png[2])[..., 0], [[0, 128], [255, 64]])
+    np.testing.assert_array_equal(_decode_png(gray_png[2])[..., 0], [[0, 127], [255, 63]])
 
     hist = acc.Histograms("h")[0]
     assert hist.step == 5
@@ -372,7 +372,7 @@ def test_bfloat16_images_histograms_and_audio_are_written_as_float32_ones(tmp_pa
     w.close()
     acc = _accumulator(tmp_path)
     png = acc.Tensors("gray")[0].tensor_proto.string_val[2]
-    np.testing.assert_array_equal(_decode_png(png)[..., 0], [[0, 128], [255, 64]])
+    np.testing.assert_array_equal(_decode_png(png)[..., 0], [[0, 127], [255, 63]])
     value = acc.Histograms("h")[0].histogram_value
     assert (value.min, value.max, value.num, value.sum) == (0.0, 4.0, 5, 8.0)
     assert acc.Audio("a")[0].length_frames == 20
@@ -418,8 +418,8 @@ def test_floats_outside_the_media_range_are_clipped_as_documented_and_warned_onc
     acc = _accumulator(tmp_path)
     pixels = {k: _decode_png(acc.Tensors(k)[0].tensor_proto.string_val[2])[..., 0] for k in images}
     np.testing.assert_array_equal(pixels["bytes_as_floats"], np.full((2, 2), 255))  # clipped
-    np.testing.assert_array_equal(pixels["signed"], [[0, 0], [128, 255]])
-    np.testing.assert_array_equal(pixels["unit"], [[0, 128], [255, 255]])
+    np.testing.assert_array_equal(pixels["signed"], [[0, 0], [127, 255]])
+    np.testing.assert_array_equal(pixels["unit"], [[0, 127], [255, 255]])
     np.testing.assert_array_equal(pixels["uint8"], np.full((2, 2), 200))
     np.testing.assert_array_equal(pixels["depth"], [[0, 255], [255, 255]])
     np.testing.assert_array_equal(pixels["int32"], [[0, 7], [128, 255]])

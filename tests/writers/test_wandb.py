@@ -85,7 +85,8 @@ def test_images_videos_audio_histograms(tmp_path):
         "dot": np.full((1, 1, 1), 9),
         "rgb": np.arange(6, dtype=np.uint8).reshape(2, 1, 3),
     }
-    w.write_images(3, {"img": image, "one": np.ones((4, 5, 1)), **thin})
+    half = np.array([[0.5, 0.25]], np.float32)[..., None]  # as CLU's tf.summary.image: 127, 63
+    w.write_images(3, {"img": image, "one": np.ones((4, 5, 1)), "half": half, **thin})
     frames = np.arange(3 * 4 * 5 * 3, dtype=np.uint8).reshape(1, 3, 4, 5, 3)  # each differs
     w.write_videos(3, {"vid": frames})
     clips = np.linspace(-1, 1, 2 * 8).reshape(2, 8, 1)
@@ -103,6 +104,7 @@ def test_images_videos_audio_histograms(tmp_path):
     for i, name in enumerate(row["img"]["filenames"]):  # N images per key, in order
         np.testing.assert_array_equal(pixels(name), image[i])
     np.testing.assert_array_equal(pixels(row["one"]["filenames"][0]), np.full((4, 5), 255))
+    np.testing.assert_array_equal(pixels(row["half"]["filenames"][0]), [[127, 63]])
     np.testing.assert_array_equal(pixels(row["row"]["filenames"][0]), [[0, 1, 2, 3, 4]])
     np.testing.assert_array_equal(pixels(row["dot"]["filenames"][0]), [[9]])
     np.testing.assert_array_equal(pixels(row["rgb"]["filenames"][0]), thin["rgb"])
