@@ -51,6 +51,13 @@ class BaseWriter(MetricWriter):
         """True once `close()` has been called."""
         return self._closed
 
+    def __enter__(self) -> "BaseWriter":
+        """The writer itself, refused at once when closed, as a closed `MetricsManager` is:
+        `with writer:` entered silently, and only the block's first write raised, after
+        whatever work came before it."""
+        self._check_open("__enter__")
+        return self
+
     def write_summaries(
         self, step: int, values: Mapping[str, Array], metadata: Mapping[str, Any] | None = None
     ) -> None:

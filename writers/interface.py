@@ -39,7 +39,7 @@ written against CLU's interface plugs in unchanged. The contract, for every writ
   call it abandoned past `writer_deadline_s` is still inside it, instead of quarantining it
   (nor does a signal's flush set it aside as slow).
 * `close()` is idempotent and leaves everything written on disk; `flush()` after it does
-  nothing, a write after it raises `WriterClosedError`. Writers that buffer
+  nothing, a write (or a `with` block entered) after it raises `WriterClosedError`. Writers that buffer
   (`TensorBoardWriter`, `AsyncWriter`) are closed at interpreter exit if the program forgot.
 
 Example:

@@ -162,6 +162,30 @@ def test_context_manager_closes(tmp_path):
         w.write_scalars(1, {"a": 1})
 
 
+def test_entering_a_closed_writer_raises_at_once(tmp_path):
+    """`with w:` on a closed writer entered silently; only the block's first write raised,
+    after any work before it. It now raises there, as a closed MetricsManager does."""
+    made = {
+        "TensorBoardWriter": writers.TensorBoardWriter(tmp_path / "tb"),
+        "JsonlWriter": writers.JsonlWriter(tmp_path / "log"),
+        "ConsoleWriter": writers.ConsoleWriter(stream=io.StringIO()),
+        "MultiWriter": writers.MultiWriter([writers.LoggingWriter()]),
+        "AsyncWriter(LoggingWriter)": writers.AsyncWriter(writers.LoggingWriter()),
+    }
+    for name, w in made.items():
+        with w:  # an open writer enters
+            w.write_scalars(1, {"a": 1.0})
+        entered = []
+        with pytest.raises(WriterClosedError) as info:
+            with w:
+                entered.append(name)
+        assert entered == []
+        assert str(info.value) == (
+            f"{name}.__enter__: the writer is closed; create a new one to write more."
+        )
+    assert [line["a"] for line in writers.read_jsonl(tmp_path / "log" / "metrics.jsonl")] == [1.0]
+
+
 def test_docstring_examples_run(tmp_path, monkeypatch):
     import doctest
     import importlib
