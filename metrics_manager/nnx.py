@@ -225,10 +225,12 @@ class Metric(nnx.metrics.Metric):
                 " or ".join([*(repr(k) for k in renamed if renamed[k] == n), repr(n)])
                 for n in missing
             ]
+            # Accuracy() takes no argnames: suggested, Accuracy(argnames=...) raised.
+            remap = "argnames" in inspect.signature(type(self).__init__).parameters
             raise TypeError(
                 f"{type(self).__name__}({self.metric_type.__name__}).update: missing "
-                f"{', '.join(names)} among the arguments {sorted(kwargs)}; pass "
-                "them to update(), or map your names with argnames={'yours': 'theirs'}"
+                f"{', '.join(names)} among the arguments {sorted(kwargs)}; pass them to update()"
+                + (", or map your names with argnames={'yours': 'theirs'}" if remap else "")
             )
         if (
             renamed.get("logits") == "predictions"

@@ -958,7 +958,22 @@ def test_accuracy_messages_name_accuracy_update():
     )
     with pytest.raises(TypeError) as err:
         accuracy.update(labels=jnp.array([0, 1]))
-    assert str(err.value).startswith("Accuracy.update: missing 'logits' or 'predictions' among")
+    # It suggested argnames={'yours': 'theirs'}, which Accuracy() does not take (TypeError).
+    assert str(err.value) == (
+        "Accuracy.update: missing 'logits' or 'predictions' among the arguments ['labels']; "
+        "pass them to update()"
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'argnames'"):
+        mnnx.Accuracy(argnames={"scores": "logits"})
+    accuracy.update(predictions=jnp.eye(2), labels=jnp.array([1, 1]))  # the names it gives
+    accuracy.update(logits=jnp.eye(2)[::-1], labels=jnp.array([1, 1]))
+    assert float(accuracy.compute()) == 0.5
+    accuracy.reset()
+    with pytest.raises(TypeError) as err:  # a Metric takes argnames, and is told so
+        mnnx.Metric(TopKAccuracy, k=1).update(labels=jnp.array([0, 1]))
+    assert str(err.value).endswith(
+        "pass them to update(), or map your names with argnames={'yours': 'theirs'}"
+    )
     # Nothing was merged: argmax 0, 1 against labels 0, 0 is 1 of 2 right.
     accuracy.update(logits=jnp.eye(2), labels=jnp.array([0, 0]))
     assert float(accuracy.compute()) == 0.5
