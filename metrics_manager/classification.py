@@ -53,8 +53,7 @@ from metrics_manager.metrics import (
     exact_count,
     explicit_mesh,
     float_identity,
-    mask_fix,
-    mask_shapes,
+    mask_mismatch,
     take_last,
     vocab_sharding,
 )
@@ -74,10 +73,7 @@ def _check_mask(
         return jnp.ones(shape, bool)
     broadcast = broadcast_mask(mask := jnp.asarray(mask), shape)
     if broadcast is None:
-        problems.value_problem(
-            f"mask of shape {mask.shape} does not match the {of} of shape {shape}; expected "
-            f"a mask of shape {mask_shapes(shape)}{mask_fix(mask.shape, shape)}"
-        )
+        problems.value_problem(mask_mismatch(mask.shape, shape, of))
         return jnp.ones(shape, bool)
     return broadcast
 

@@ -131,13 +131,16 @@ def broadcast_mask(mask: jax.Array, shape: tuple[int, ...]) -> jax.Array | None:
     first dim that of `shape`, its others equal or 1, missing trailing dims added, so a
     (B,) or (B, 1) mask is per example; None if it does not fit. A 0-d mask has no first dim:
     it fits 0-d `shape` only (as in CLU, which raises on one), not a batch (see `mask_fix`)."""
-    if mask.ndim == 0 and shape:
-        return None
-    fits = mask.ndim <= len(shape) and mask.shape[:1] == shape[: mask.ndim][:1]
-    if not (fits and all(m in (1, s) for m, s in zip(mask.shape[1:], shape[1:], strict=False))):
+    if not mask_fits(mask.shape, shape):
         return None
     mask = mask.astype(bool).reshape(mask.shape + (1,) * (len(shape) - mask.ndim))
     return jnp.broadcast_to(mask, shape)
+
+
+def mask_fits(mask: tuple[int, ...], shape: tuple[int, ...]) -> bool:
+    """Whether a mask of shape `mask` fits `shape` by `broadcast_mask`'s rule."""
+    rest = zip(mask[1:], shape[1:], strict=False)
+    return len(mask) <= len(shape) and mask[:1] == shape[:1] and all(m in (1, s) for m, s in rest)
 
 
 def _values_and_mask(
@@ -167,19 +170,22 @@ def _values_and_mask(
     if broadcast is None:
         # The shape as passed for the message: a 0-d mask was reported as of shape (1,).
         raise ValueError(
-            f"{metric}.from_model_output: mask of shape {mask.shape} does not match the leading "
-            f"dimensions of values of shape {values.shape}; expected a mask of shape "
-            f"{mask_shapes(values.shape)}{mask_fix(mask.shape, values.shape)}."
+            f"{metric}.from_model_output: "
+            f"{mask_mismatch(mask.shape, values.shape, 'leading dimensions of values')}."
         )
     return values, broadcast
 
 
-def mask_shapes(shape: tuple[int, ...]) -> str:
-    """The mask shapes `broadcast_mask` takes for `shape`, for an error message."""
-    if len(shape) < 2:
-        return f"{shape}, one per value"
+def mask_mismatch(mask: tuple[int, ...], shape: tuple[int, ...], of: str) -> str:
+    """Why a mask of shape `mask` does not fit `of` of `shape`, naming the mask shapes
+    `broadcast_mask` takes for it, for an error message."""
     ones = shape[:1] + (1,) * (len(shape) - 1)
-    return f"{shape[:1]} or {ones} (per example) or {shape} (per element)"
+    shapes = f"{shape[:1]} or {ones} (per example) or {shape} (per element)"
+    shapes = shapes if len(shape) >= 2 else f"{shape}, one per value"
+    return (
+        f"mask of shape {mask} does not match the {of} of shape {shape}; expected a mask of "
+        f"shape {shapes}{mask_fix(mask, shape)}"
+    )
 
 
 def mask_fix(mask: tuple[int, ...], shape: tuple[int, ...]) -> str:

@@ -305,7 +305,7 @@ class _ValuesMetric(Metric):
         values, mask = kwargs[self.argname], kwargs.get("mask")
         if jnp.ndim(values) == 0:  # a step's loss: a mask is the others' (Flax)
             kwargs.pop("mask", None)
-        elif mask is not None and not _fits(jnp.shape(mask), jnp.shape(values)):
+        elif mask is not None and not _metrics.mask_fits(jnp.shape(mask), jnp.shape(values)):
             fix = _metrics.mask_fix(jnp.shape(mask), jnp.shape(values)) or (
                 "; a per-token mask beside per-sequence values needs its own MultiMetric, or "
                 "reduce the mask (mask.any(-1))"
@@ -316,13 +316,6 @@ class _ValuesMetric(Metric):
                 f"dims {jnp.shape(values)[: max(jnp.ndim(mask), 1)]}{fix}"
             )
         super().update(**kwargs)
-
-
-def _fits(mask: tuple[int, ...], values: tuple[int, ...]) -> bool:
-    """Whether `mask` covers values' leading dims (CLU: the first equal, the others or 1)."""
-    if not mask or len(mask) > len(values) or mask[0] != values[0]:
-        return False
-    return all(m in (1, v) for m, v in zip(mask[1:], values[1:], strict=False))
 
 
 class Average(_ValuesMetric):
