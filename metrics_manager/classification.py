@@ -481,8 +481,7 @@ class _ConfusionCounts(_Counts):
         elif binary:
             outside = _nan_scores(predictions, mask, problems, name)
         else:  # jnp.argmax picks a NaN: its score is NaN if any of the row's is, one read
-            picked = take_last(predictions, predicted)
-            outside = _nan_scores(picked, mask, problems, name)
+            outside = _nan_scores(take_last(predictions, predicted), mask, problems, name)
         average = "binary" if average is None and binary else average
         if average is None:  # class scores have no default: "average=None does not fit"
             raise ValueError(
