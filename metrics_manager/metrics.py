@@ -756,9 +756,7 @@ def set_time_metrics_duration(metrics: Any, duration: float) -> Any:
     """Host side: sets `duration` of every `Time` metric, after merging, before `compute()`.
 
     Args:
-        metrics: name -> metric (or what `merge_metrics` returns), or -> a dict, list or
-            tuple of them; other values pass through. Or one metric, or a CLU `Collection`,
-            as in T5X.
+        metrics: as for `set_step_metrics_num_steps`.
         duration: seconds in the summary window, a finite number >= 0 (or 0-d array).
 
     Returns:
