@@ -315,8 +315,9 @@ def _nan_scores(scores: jax.Array, mask: jax.Array, problems: Problems, name: st
     count = exact_count(mask & nan)
     if not isinstance(count, jax.core.Tracer) and (n := int(count)):
         problems.value_problem(
-            f"{name} are NaN for {n} of {mask.size} labels where the mask is true, which "
-            "would count as predictions (argmax and top_k rank NaN first, a threshold reads "
+            f"{name} are NaN for {n} of the {int(exact_count(mask))} labels where the mask is "
+            f"true ({mask.size} in all), which would count as predictions (argmax and top_k "
+            "rank NaN first, a threshold reads "
             "it as negative); check the model for a divergence or mask them out (under jit "
             "the value is NaN)"
         )

@@ -326,11 +326,17 @@ def test_nan_scores_are_refused_eagerly_and_nan_under_jit(call):
     labels = np.array([0, 2, 0])
     with pytest.raises(
         ValueError,
-        match=r"from_model_output: predictions are NaN for 2 of 3 labels where the mask is "
-        r"true, which would count as predictions \(argmax and top_k rank NaN first, a "
-        r"threshold reads it as negative\); check the model for a divergence",
+        match=r"from_model_output: predictions are NaN for 2 of the 3 labels where the mask "
+        r"is true \(3 in all\), which would count as predictions \(argmax and top_k rank NaN "
+        r"first, a threshold reads it as negative\); check the model for a divergence",
     ):
         call(labels=labels)
+    # The labels masked out are not counted among those where the mask is true (it read
+    # "2 of 3 labels where the mask is true" for a mask true at 2).
+    with pytest.raises(
+        ValueError, match=r"NaN for 2 of the 2 labels where the mask is true \(3 in"
+    ):
+        call(labels=labels, mask=np.array([True, False, True]))
     under_jit = jax.jit(lambda labels, mask: call(labels=labels, mask=mask))
     bad = under_jit(labels, np.array([True, True, True]))
     assert int(bad.outside) == 2 and np.isnan(bad.compute())
@@ -1023,7 +1029,7 @@ def test_messages_name_the_scores_as_they_were_passed(name):
         ValueError, match=rf"^Precision.*: {name} must be probabilities in \[0, 1\]"
     ):
         Precision.from_model_output(**{name: jnp.array([0.3, 2.0, 0.5])}, labels=labels)
-    with pytest.raises(ValueError, match=rf"^FBeta.*: {name} are NaN for 1 of 3 labels"):
+    with pytest.raises(ValueError, match=rf"^FBeta.*: {name} are NaN for 1 of the 3 labels"):
         FBeta.from_model_output(
             **{name: jnp.array([jnp.nan, 1.0, 0.5])}, labels=labels, threshold=0.0
         )
