@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import inspect
 import logging
+import math
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -366,10 +367,14 @@ class Accuracy(Metric):
     """
 
     def __init__(self, threshold: float | None = None):
+        if isinstance(threshold, np.floating | np.integer) and np.ndim(threshold) == 0:
+            threshold = threshold.item()  # a NumPy scalar, as Precision takes it
         if isinstance(threshold, bool) or not isinstance(threshold, int | float | None):
             raise TypeError(
                 f"Accuracy: threshold must be a float or None, got {describe(threshold)}"
             )
+        if threshold is not None and math.isnan(threshold):  # every score would be below it
+            raise ValueError("Accuracy: threshold must be a number, got NaN")
         self.threshold = threshold
         if threshold is None:  # logits=, as Flax's, even beside another metric's predictions=
             super().__init__(TopKAccuracy, argnames={"logits": "predictions"}, k=1)

@@ -395,6 +395,19 @@ def test_a_threshold_compares_bfloat16_scores_in_float32():
     assert float(accuracy.compute()) == 1.0
 
 
+def test_a_threshold_may_be_a_numpy_number_as_precision_takes_it():
+    # np.float32(0.5) was refused ("threshold must be a float or None, got float32"), while
+    # Precision took the same threshold; a NaN one was taken and read every score as negative.
+    accuracy = mnnx.Accuracy(threshold=np.float32(0.6))
+    assert type(accuracy.threshold) is float
+    accuracy.update(logits=jnp.array([0.55, 0.65, 0.2]), labels=jnp.array([1, 1, 0]))
+    assert float(accuracy.compute()) == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match=r"^Accuracy: threshold must be a number, got NaN$"):
+        mnnx.Accuracy(threshold=float("nan"))
+    with pytest.raises(TypeError, match=r"threshold must be a float or None, got str"):
+        mnnx.Accuracy(threshold="0.5")
+
+
 def make_multi():
     return mnnx.MultiMetric(
         loss=mnnx.Average(),
