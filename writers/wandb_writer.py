@@ -25,7 +25,8 @@ history after R is replaced, and writes at steps up to R (a config at step 0, ra
 would refuse, are left out with one warning: the run keeps the earlier run's values there. Offline, the new run directory holds only
 steps after R and names the rewind point for `wandb sync`. R = 0 (a fresh start passing its
 restored step) rewinds only a run of that id in W&B's local directory (`<logdir>/wandb`);
-without one, the run is new (`resume="allow"`) and keeps its step 0. With `collection` set, the run id
+without one, it attaches as without R (`resume="allow"`): a new run keeps its step 0, and a run
+only the W&B server holds (a restart on another machine) is not rewound. With `collection` set, the run id
 is `<run_id>-<collection>`; where characters W&B refuses in an id (such as `/` and `:`) become
 `-`, 8 hex digits of the collection's SHA-256 follow (`eval/a`: `<run_id>-eval-a-<hash>`), so
 `eval/a`, `eval:a` and `eval-a` log to runs of their own.
