@@ -69,6 +69,7 @@ class Summarizer:
         # (steps merged, num_steps) of the last 3 summaries; None once warned.
         self._windows: list[tuple[float, int]] | None = []
         self._warned_short = False
+        self._no_step_windows = 0  # timed summaries in a row whose window held no train step
         self._warned_perf = False
         self._warned_mfu = False  # perf/mfu above 1: a wrong peak or FLOP count
         self._warned_zero = False
@@ -93,9 +94,11 @@ class Summarizer:
         num_steps: int,
         duration: float | None,
         no_window: str = "",
+        no_step: float | None = None,
     ) -> dict[str, clu.values.Value]:
         """The summary: `ready` values and those of `metrics`, over a window of `duration` s
-        (None: no window was open, `no_window` saying why when the manager knows)."""
+        (None: no window was open, `no_window` saying why when the manager knows; `no_step`:
+        the seconds since the window was opened, if too few for a train step between)."""
         owner = self._failures.owner
         near_limit: list[str] = []
         negative: list[str] = []
@@ -111,6 +114,7 @@ class Summarizer:
                 near_limit,
             )
         self._check_windows(host, step, num_steps)
+        self._check_opened(host, step, num_steps, duration, no_step)
 
         def failed(key: str, err: Exception) -> None:
             self._record(Failure(f"metric:{key}", step, (key,), err))
@@ -240,6 +244,43 @@ class Summarizer:
                 step,
                 ", ".join(f"{steps:g}" for steps, _ in windows),
                 ", ".join(str(n) for _, n in windows),
+            )
+
+    def _check_opened(
+        self,
+        host: Mapping[str, Any],
+        step: int,
+        num_steps: int,
+        duration: float | None,
+        no_step: float | None,
+    ) -> None:
+        """Warns once when three timed summaries in a row had their window opened just before
+        the call (`start_duration_timer` then `write_metrics_summary`, no train step between):
+        each window ends when the step the state came from ends, so it times none of the
+        `num_steps` steps, and `timing/*` and `perf/*` rates read far too high."""
+        if self._no_step_windows < 0:  # warned
+            return
+        if no_step is None or duration is None:
+            self._no_step_windows = 0
+            return
+        if self._perf is None and not any(_has_time(m) for m in host.values()):
+            return  # nothing reads the window's duration: a summary of untimed keys
+        self._no_step_windows += 1
+        if self._no_step_windows == 3:
+            self._no_step_windows = -1  # once
+            _LOG.warning(
+                "%s: the windows of the last 3 summaries, up to step %d, were opened by "
+                "start_duration_timer %.2g us before write_metrics_summary, with no train step "
+                "between: the one at step %d took %.3g s for num_steps=%d, so steps per second "
+                "and the other time rates are far too high. Call "
+                "manager.start_duration_timer(block_on=state) after write_metrics_summary "
+                "(and running = None), so each window holds the next num_steps steps.",
+                self._failures.owner,
+                step,
+                no_step * 1e6,
+                step,
+                duration,
+                num_steps,
             )
 
     def calls(self, step: int, summary: Mapping[str, Any]) -> list[Any]:

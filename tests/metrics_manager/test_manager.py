@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import doctest
 import functools
+import itertools
 import json
 import logging
+import re
 import threading
 import time
 from typing import Any
@@ -301,6 +303,68 @@ def test_a_short_last_window_written_with_the_usual_num_steps_is_warned_once(cap
     ]
     # With the window's own steps: no warning, and the right loss.
     assert _window_warnings(caplog, 2, [10, 10, 5], True) == [[], [2.0] * 3]
+
+
+def _timer_warnings(
+    caplog: Any, timer_first: bool, num_steps: int, keys: tuple[str, ...], **kwargs: Any
+) -> list[list[Any]]:
+    """Runs 20 windows of a jitted loop whose summary opens the next window after it (the
+    README's loop) or, `timer_first`, just before it; returns the warnings about windows
+    opened just before their summary and the steps per second written."""
+
+    def metrics(x: jax.Array) -> dict[str, Any]:
+        made = {
+            "loss": AveragePerStep.from_model_output(x),
+            "sps": StepsPerTime.from_model_output(),
+        }
+        return {key: made[key] for key in keys}
+
+    step = jax.jit(lambda x, running: (x + 1.0, merge_metrics(running, metrics(x))))
+    kwargs.setdefault("clock", time.perf_counter)
+    recorder, rates = RecordingWriter(), []
+    with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
+        with make(recorder, **kwargs) as manager:
+            state, running = jnp.float32(1.0), None
+            manager.start_duration_timer(block_on=state)
+            for at in range(1, 20 * num_steps + 1):
+                state, running = step(state, running)
+                if at % num_steps == 0:
+                    if timer_first:
+                        manager.start_duration_timer(block_on=state)
+                    summary = manager.write_metrics_summary(running, at, num_steps).result()
+                    rates.append(float(summary["sps"].value) if "sps" in summary else None)
+                    running = None
+                    if not timer_first:
+                        manager.start_duration_timer(block_on=state)
+    warnings = [r.getMessage() for r in caplog.records if "no train step" in r.getMessage()]
+    caplog.clear()
+    return [warnings, rates]
+
+
+def test_a_window_opened_just_before_its_summary_is_warned_once(caplog):
+    # start_duration_timer then write_metrics_summary: the window opens when the step that
+    # made the summary's metrics ends, and closes as they are ready then: it times no step.
+    warnings, rates = _timer_warnings(caplog, True, 5, ("loss", "sps"))
+    assert len(rates) == 20 and len(warnings) == 1, warnings
+    pattern = (
+        r"MetricsManager 'train': the windows of the last 3 summaries, up to step (\d+), were "
+        r"opened by start_duration_timer ([\d.e-]+) us before write_metrics_summary, with no "
+        r"train step between: the one at step \1 took ([\d.e-]+) s for num_steps=5, so steps "
+        r"per second and the other time rates are far too high. Call "
+        r"manager.start_duration_timer\(block_on=state\) after write_metrics_summary \(and "
+        r"running = None\), so each window holds the next num_steps steps.$"
+    )
+    match = re.match(pattern, warnings[0])
+    assert match is not None, warnings[0]
+    assert int(match[1]) % 5 == 0 and float(match[2]) < 1.0
+    # The README's loop, 5 steps a window or 1: its windows hold their steps, no warning.
+    assert _timer_warnings(caplog, False, 5, ("loss", "sps"))[0] == []
+    assert _timer_warnings(caplog, False, 1, ("loss", "sps"))[0] == []
+    # Nothing reads the window's duration (no timed key), or the loop's own clock times it.
+    assert _timer_warnings(caplog, True, 5, ("loss",)) == [[], [None] * 20]
+    ticks = itertools.count(0.0, 0.25)  # seconds of a scripted clock, on every reading
+    warnings, rates = _timer_warnings(caplog, True, 5, ("sps",), clock=lambda: next(ticks))
+    assert warnings == [] and len(rates) == 20 and all(0 < rate <= 20 for rate in rates)
 
 
 def test_summary_dir_is_dir_slash_name(tmp_path, monkeypatch):
