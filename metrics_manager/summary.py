@@ -66,9 +66,10 @@ class Summarizer:
         self._system_first = math.inf  # when the first was taken
         self._nonfinite_warned: set[str] = set()
         self._int32_warned: set[str] = set()
-        # (steps merged, num_steps) of the last 3 summaries; None once warned.
+        # (steps merged, num_steps) of the last 3 summaries; None once warned of cumulative ones.
         self._windows: list[tuple[float, int]] | None = []
         self._warned_short = False
+        self._warned_one = False  # each window merged one step: `running = None` every step
         self._no_step_windows = 0  # timed summaries in a row whose window held no train step
         self._warned_perf = False
         self._warned_mfu = False  # perf/mfu above 1: a wrong peak or FLOP count
@@ -207,9 +208,10 @@ class Summarizer:
 
     def _check_windows(self, host: Mapping[str, Any], step: int, num_steps: int) -> None:
         """Warns once each when a `Step` metric's merged count per `num_steps` grew over three
-        summaries in a row (cumulative windows: `running = None` forgotten after a summary) or
+        summaries in a row (cumulative windows: `running = None` forgotten after a summary),
         fell from one to the next (a run's last, shorter window written with the usual
-        `num_steps`: per-step averages divided by too many steps)."""
+        `num_steps`: per-step averages divided by too many steps), or was 1 for `num_steps` > 1
+        three times in a row (`_check_one_step`)."""
         if self._windows is None:
             return
         if not _counts_steps(host.get(self._step_key)):  # a loop sends the same keys: find once
@@ -245,6 +247,38 @@ class Summarizer:
                 ", ".join(f"{steps:g}" for steps, _ in windows),
                 ", ".join(str(n) for _, n in windows),
             )
+        elif merged == 1 and num_steps > 1 and not self._warned_one and len(windows) == 3:
+            self._check_one_step(host, step, windows)
+
+    def _check_one_step(
+        self, host: Mapping[str, Any], step: int, windows: list[tuple[float, int]]
+    ) -> None:
+        """Warns once when three summaries in a row each merged one step for `num_steps` > 1,
+        every `Step` metric of the last one too: each holds one step's metrics (`running =
+        None` before every step, or a step's own metrics passed), so per-step averages read
+        that step's total / num_steps. A microbatched step counts one step (`_reduce_merge`);
+        a `StepsPerTime` made once per window next to merged metrics counts 1 and is not
+        taken: the count is then read from a metric that merged more."""
+        if any(steps != 1 or n < 2 for steps, n in windows):
+            return
+        for key, metric in host.items():
+            if _counts_steps(metric) and (merged := float(np.max(metric.steps))) != 1:
+                self._step_key, self._windows = key, [(merged, windows[-1][1])]
+                return
+        self._warned_one = True
+        _LOG.warning(
+            "%s: the summaries up to step %d each merged 1 step for num_steps %s (%r and every "
+            "other Step metric): each holds one step's metrics, as when running = None is set "
+            "before every step or a step's own metrics are passed, so per-step averages such "
+            "as loss read that step's total / num_steps and the other metrics that step's "
+            "alone. Merge every step into running (merge_metrics in the step) and set running "
+            "= None only after write_metrics_summary; a metric made once for a whole window "
+            "takes steps=num_steps.",
+            self._failures.owner,
+            step,
+            ", ".join(str(n) for _, n in windows),
+            self._step_key,
+        )
 
     def _check_opened(
         self,

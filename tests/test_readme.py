@@ -43,10 +43,14 @@ def test_readme_mentions_the_setup_commands_ci_runs():
     assert re.search(r"^make test$", ci, re.MULTILINE), ci
 
 
-def test_readme_example_runs_and_writes_its_summaries(tmp_path, monkeypatch):
+def test_readme_example_runs_and_writes_its_summaries(tmp_path, monkeypatch, caplog):
     monkeypatch.chdir(tmp_path)
     namespace: dict = {"__name__": "readme_example"}
-    exec(compile(readme_example(), "README.md:readme-example", "exec"), namespace)
+    with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
+        exec(compile(readme_example(), "README.md:readme-example", "exec"), namespace)
+    # Its windows are opened after each summary and merge every step: no warning about them
+    # (a window opened just before its summary, or each holding one step).
+    assert [r.getMessage() for r in caplog.records if r.name.startswith("metrics_manager")] == []
 
     run_dir = tmp_path / "runs" / "example" / "train"
     with open(run_dir / "metrics.jsonl") as f:

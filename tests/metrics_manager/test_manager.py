@@ -254,10 +254,16 @@ def test_a_plain_value_donated_while_the_worker_copies_it_costs_only_its_key(mon
 
 
 def _window_warnings(
-    caplog: Any, merges_per_step: int, windows: list[int], reset: bool, num_steps: Any = None
+    caplog: Any,
+    merges_per_step: int,
+    windows: list[int],
+    reset: bool,
+    num_steps: Any = None,
+    every_step: bool = False,
 ) -> list:
-    """Runs a loop that does not donate, passing `num_steps` (default: `windows`); returns its
-    warnings about window lengths and its losses."""
+    """Runs a loop that does not donate, passing `num_steps` (default: `windows`), resetting
+    `running` before every step too where `every_step`; returns its warnings about window
+    lengths and its losses."""
     step = jax.jit(
         lambda running, x: merge_metrics(running, {"loss": AveragePerStep.from_model_output(x)})
     )
@@ -266,7 +272,8 @@ def _window_warnings(
         with make(recorder, clock=time.perf_counter) as manager:
             running, at = None, 0
             for window, passed in zip(windows, num_steps or windows, strict=True):
-                for _ in range(window * merges_per_step):  # T5X merges microbatches with merge
+                for merge in range(window * merges_per_step):  # T5X merges microbatches so
+                    running = None if every_step and merge % merges_per_step == 0 else running
                     running = step(running, jnp.float32(1.0))
                 at += window
                 summary = manager.write_metrics_summary(running, at, passed).result()
@@ -303,6 +310,47 @@ def test_a_short_last_window_written_with_the_usual_num_steps_is_warned_once(cap
     ]
     # With the window's own steps: no warning, and the right loss.
     assert _window_warnings(caplog, 2, [10, 10, 5], True) == [[], [2.0] * 3]
+
+
+def test_a_loop_that_starts_every_step_from_running_none_is_warned_once(caplog):
+    # `running = None` before every step (not after each summary): each summary holds the
+    # last step alone, and its per-step loss of 1 reads 1/10.
+    warnings, losses = _window_warnings(caplog, 1, [10] * 4, True, every_step=True)
+    assert losses == pytest.approx([0.1] * 4)
+    assert warnings == [
+        "MetricsManager 'train': the summaries up to step 30 each merged 1 step for num_steps "
+        "10, 10, 10 ('loss' and every other Step metric): each holds one step's metrics, as "
+        "when running = None is set before every step or a step's own metrics are passed, so "
+        "per-step averages such as loss read that step's total / num_steps and the other "
+        "metrics that step's alone. Merge every step into running (merge_metrics in the step) "
+        "and set running = None only after write_metrics_summary; a metric made once for a "
+        "whole window takes steps=num_steps."
+    ]
+    # A summary every step, or windows of 2 steps of 2 merges each (microbatches): the loops
+    # that merge every step into the window are not warned.
+    assert _window_warnings(caplog, 1, [1] * 5, True, every_step=True) == [[], [1.0] * 5]
+    assert _window_warnings(caplog, 2, [2] * 5, True) == [[], [2.0] * 5]
+
+
+def test_a_step_count_made_once_a_window_next_to_merged_metrics_is_not_warned(caplog):
+    # A StepsPerTime made on the host at each summary counts 1 step; `loss`, merged every
+    # step, counts the window's 4: the loop is right, and not warned whichever key is first.
+    step = jax.jit(
+        lambda running, x: merge_metrics(running, {"loss": AveragePerStep.from_model_output(x)})
+    )
+    with caplog.at_level(logging.WARNING, logger="metrics_manager.manager"):
+        with make(RecordingWriter(), clock=time.perf_counter) as manager:
+            manager.start_duration_timer()
+            for at in range(4, 40, 4):
+                running = None
+                for _ in range(4):
+                    running = step(running, jnp.float32(1.0))
+                metrics = {"sps": StepsPerTime(), **running}
+                summary = manager.write_metrics_summary(metrics, at, 4).result()
+                manager.start_duration_timer()
+                assert float(summary["loss"].value) == 1.0
+    assert manager._summarizer._step_key == "loss"  # the count read once "sps" read 1 thrice
+    assert [r.getMessage() for r in caplog.records if " merged " in r.getMessage()] == []
 
 
 def _timer_warnings(
