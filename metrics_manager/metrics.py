@@ -143,12 +143,28 @@ def mask_fits(mask: tuple[int, ...], shape: tuple[int, ...]) -> bool:
     return len(mask) <= len(shape) and mask[:1] == shape[:1] and all(m in (1, s) for m, s in rest)
 
 
+def host_floats(values: Any) -> Any:
+    """Host integer or bool `values` (a NumPy array or scalar, a Python int) as a NumPy array
+    of the default float dtype (float32, float64 under x64); anything else as it came.
+
+    Without x64 `jnp.asarray` made int64 int32 first: 3_000_000_000 read as -1294967296 (a
+    Python int past 2**31 raised OverflowError). Converted on the host, it reads 3e9. A JAX
+    array or tracer (already int32 inside `jit`) and float values pass untouched: nothing
+    more runs on the device.
+    """
+    if isinstance(values, int | np.integer | np.bool_) or (
+        isinstance(values, np.ndarray) and values.dtype.kind in "biu"
+    ):
+        return np.asarray(values, jax.dtypes.canonicalize_dtype(np.float64))
+    return values
+
+
 def _values_and_mask(
     values: ArrayLike, mask: ArrayLike | None, metric: str
 ) -> tuple[jax.Array, jax.Array]:
     """`values` (at least 1-d) as floats, and a bool mask over its leading dims broadcast to it."""
     try:
-        values = jnp.asarray(values)
+        values = jnp.asarray(host_floats(values))
     # None from a missing model output: JAX's own error names no metric.
     except (TypeError, ValueError) as err:
         raise TypeError(

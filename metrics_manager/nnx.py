@@ -344,7 +344,8 @@ class Average(_ValuesMetric):
 
     def update(self, **kwargs: Any) -> None:
         if self.argname in kwargs:
-            kwargs[self.argname] = jnp.asarray(kwargs[self.argname]).astype(jnp.float32)
+            values = _metrics.host_floats(kwargs[self.argname])  # int64 past 2**31 unwrapped
+            kwargs[self.argname] = jnp.asarray(values).astype(jnp.float32)
         super().update(**kwargs)
 
 

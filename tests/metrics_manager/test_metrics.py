@@ -165,6 +165,61 @@ def test_integer_sums_are_float64_and_exact_past_2_24_under_x64():
     assert Sum.from_model_output(jnp.int32(7)).total.dtype == jnp.float32  # without x64
 
 
+@pytest.mark.parametrize("x64", [False, True])
+def test_host_int64_values_past_2_31_do_not_wrap(x64):
+    """Without x64, jnp.asarray made host int64 values int32 before the float cast: a count
+    of 3e9 summed to -1294967296 in every value metric and NNX wrapper (a Python int raised
+    OverflowError). Taken as floats on the host they match float64 NumPy: within float32's
+    rounding without x64, float64's under it (NNX's Average keeps float32 there too)."""
+    from metrics_manager import nnx as mnnx
+
+    values = np.array([3_000_000_000, 1, 2**33 + 5], np.int64)
+    reference = values.astype(np.float64)
+    mean, std = reference.mean(), reference.std()
+    with jax.enable_x64(x64):
+        rtol = 1e-15 if x64 else 2**-23
+        expected = {
+            "sum": reference.sum(),
+            "per_step": reference.sum(),
+            "rate": reference.sum(),
+            "max": reference.max(),
+            "min": reference.min(),
+            "mean": mean,
+            "std": std,
+            "welford_mean": mean,
+            "welford_sem": std / np.sqrt(3),
+            "python_int": 3e9,
+            "numpy_scalar": 3e9,
+        }
+        welford = mm.Welford.from_model_output(values)
+        got = {
+            "sum": Sum.from_model_output(values).compute(),
+            "per_step": AveragePerStep.from_model_output(values).total,
+            "rate": TimeRate.from_model_output(values).numerator,
+            "max": Max.from_model_output(values).compute(),
+            "min": Min.from_model_output(values).compute(),
+            "mean": MeanStd.from_model_output(values).compute(),
+            "std": MeanStd.from_model_output(values).std(),
+            "welford_mean": welford.compute(),
+            "welford_sem": welford.sem(),
+            "python_int": Sum.from_model_output(3_000_000_000).compute(),
+            "numpy_scalar": Sum.from_model_output(np.int64(3_000_000_000)).compute(),
+        }
+        nnx_average, nnx_welford = mnnx.Average(), mnnx.Welford()
+        nnx_average.update(values=values)
+        nnx_welford.update(values=values)
+        stats = nnx_welford.compute()
+        nnx_got = {
+            "average": nnx_average.compute(),
+            "welford_mean": stats.mean,
+            "welford_std": stats.standard_deviation,
+        }
+        nnx_expected = {"average": mean, "welford_mean": mean, "welford_std": std}
+    assert {k: float(v) for k, v in got.items()} == pytest.approx(expected, rel=rtol)
+    # NNX's Average takes float32 values under x64 too.
+    assert {k: float(v) for k, v in nnx_got.items()} == pytest.approx(nnx_expected, rel=2**-23)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_scan_carry_started_from_empty_traces_under_x64(dtype):
     """A window merged in `lax.scan` from `empty()`: the identities are float64 under x64,
