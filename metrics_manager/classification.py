@@ -683,16 +683,31 @@ class AUROC(_Counts):
     """Area under the ROC curve of binary scores in [0, 1], over `num_bins` equal bins.
 
     Counts labels per bin: exactly sklearn's `roc_auc_score` of the binned scores
-    (`floor(score * num_bins)`, a score of 1.0 in the last bin, with [1 - 1 / num_bins, 1)),
-    within about `1 / num_bins` of it on raw scores. A score outside [0, 1] (a logit passed as a
+    (`floor(score * num_bins)`, a score of 1.0 in the last bin, with [1 - 1 / num_bins, 1)).
+    Against raw scores, a (positive, negative) pair sharing a bin counts 1/2 instead of 0 or
+    1, so the area is off by at most half the fraction of pairs that share a bin: about
+    `1 / num_bins` when both classes' scores spread over [0, 1], but up to the whole way to
+    0.5 when they bunch into a few bins, as a rare-event model's probabilities below
+    `1 / num_bins` all fall into bin 0 (or a confident classifier's near 1 into the last).
+    The area depends only on the scores' order, so a monotone transform that spreads them
+    restores it: `jax.nn.sigmoid(logits - c)` with `c` near the middle of the logits (of
+    probabilities `p`, `jax.scipy.special.logit(p)`); or more bins, enough that the scores to
+    tell apart are `1 / num_bins` apart. A score outside [0, 1] (a logit passed as a
     probability, or NaN) is refused outside jit; inside it is counted, and the value is NaN,
     since binning such scores would give a plausible wrong area.
 
     Example:
+        >>> import jax
         >>> import jax.numpy as jnp
         >>> scores, labels = jnp.array([0.1, 0.4, 0.35, 0.8]), jnp.array([0, 0, 1, 1])
         >>> float(AUROC.from_model_output(scores, labels).compute())
         0.75
+        >>> rare = jnp.array([1e-4, 2e-4, 3e-4, 4e-4])  # all in bin 0 of 1,000: raw area 1.0
+        >>> float(AUROC.from_model_output(rare, labels).compute())
+        0.5
+        >>> spread = jax.nn.sigmoid(jax.scipy.special.logit(rare) + 8.5)  # same order
+        >>> float(AUROC.from_model_output(spread, labels).compute())
+        1.0
     """
 
     positives: jax.Array

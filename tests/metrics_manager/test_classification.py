@@ -388,6 +388,42 @@ def test_losses_passed_as_log_likelihoods_are_refused_eagerly_and_nan_under_jit(
     )
 
 
+def raw_auroc(scores, labels):
+    """The area on raw scores in float64: each positive's share of negatives below it, plus
+    half of those equal to it (the Mann-Whitney statistic, sklearn's roc_auc_score)."""
+    scores = np.asarray(scores, np.float64)
+    positives, negatives = scores[labels == 1], np.sort(scores[labels == 0])
+    below = np.searchsorted(negatives, positives, "left")
+    equal = np.searchsorted(negatives, positives, "right") - below
+    return float((below + 0.5 * equal).sum() / (positives.size * negatives.size))
+
+
+def test_auroc_of_scores_bunched_near_0_collapses_and_a_spreading_transform_restores_it():
+    # As documented: probabilities below 1 / num_bins (a rare-event model's) share bin 0,
+    # where every pair counts 1/2, so the area is off by up to half the pairs sharing a bin;
+    # a monotone transform that spreads the scores, or more bins, restores the raw area.
+    rare, labels = np.array([1e-4, 2e-4, 3e-4, 4e-4], np.float32), np.array([0, 0, 1, 1])
+    spread = jax.nn.sigmoid(jax.scipy.special.logit(rare) + 8.5)
+    assert raw_auroc(rare, labels) == raw_auroc(spread, labels) == 1.0
+    assert float(AUROC.from_model_output(rare, labels).compute()) == 0.5
+    assert float(AUROC.from_model_output(spread, labels).compute()) == 1.0
+    assert float(AUROC.from_model_output(rare, labels, num_bins=10_000).compute()) == 1.0
+
+    rng, n = np.random.default_rng(0), 100_000
+    logits = np.concatenate([rng.normal(-9, 1, n), rng.normal(-12, 1, n)]).astype(np.float32)
+    labels = np.repeat(np.array([1, 0]), n)
+    scores = jax.nn.sigmoid(logits)
+    raw = raw_auroc(scores, labels)
+    assert raw == pytest.approx(0.983, abs=1e-3) and raw == raw_auroc(logits, labels)
+    bins = np.minimum(np.floor(np.asarray(scores) * np.float32(1000)), 999).astype(int)
+    shared = np.bincount(bins[:n], minlength=1000) @ np.bincount(bins[n:], minlength=1000)
+    collapsed = float(AUROC.from_model_output(scores, labels).compute())
+    assert collapsed == pytest.approx(0.509, abs=1e-3)
+    assert abs(collapsed - raw) <= 0.5 * shared / n**2  # the documented bound
+    restored = AUROC.from_model_output(jax.nn.sigmoid(logits + 10.5), labels)
+    assert float(restored.compute()) == pytest.approx(raw, abs=1 / 1000)
+
+
 def test_auroc_by_hand_and_perplexity_of_uniform_logits():
     # 2 positives, 2 negatives: pairs (p > n) 3 of 4.
     auroc = AUROC.from_model_output(np.array([0.1, 0.4, 0.35, 0.8]), np.array([0, 0, 1, 1]))
