@@ -449,6 +449,8 @@ def cross_entropy_with_logits(
     last axis; the second output is the z-loss term alone and carries no gradient (it is
     logged; the first output trains on it), as in T5X. The gradient in the logits is T5X's,
     `(1 + 2 z logZ) softmax - targets`, for targets that sum to 1 (exact for any others).
+    A zero target contributes exactly 0, also beside a logit of -inf (a vocabulary entry
+    masked out), where T5X's `0 * -inf` made the loss NaN; its gradient in that target is 0.
     For token ids, `compute_weighted_cross_entropy` does not build `[..., V]` targets.
 
     Args:
@@ -483,7 +485,13 @@ def cross_entropy_with_logits(
     x = logits.astype(jnp.float32)
     log_z = jax.nn.logsumexp(x, axis=-1)
     token_z_loss = jnp.asarray(z_loss, jnp.float32) * jnp.square(log_z)
-    cross_ent = -jnp.sum(targets.astype(jnp.float32) * (x - log_z[..., None]), axis=-1)
+    targets = targets.astype(jnp.float32)
+    log_probs = x - log_z[..., None]
+    # A logit of -inf (a masked vocabulary entry) beside a zero target: T5X's 0 * -inf made
+    # the loss NaN. The term is 0 there, as compute_weighted_cross_entropy reads it; every
+    # other term, and the gradient in the logits, are T5X's bit for bit.
+    log_probs = jnp.where((targets == 0) & (log_probs == -jnp.inf), 0.0, log_probs)
+    cross_ent = -jnp.sum(targets * log_probs, axis=-1)
     return cross_ent + token_z_loss, jax.lax.stop_gradient(token_z_loss)
 
 

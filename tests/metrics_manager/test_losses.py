@@ -246,6 +246,46 @@ def test_t5x_cross_entropy_with_logits_values_gradients_and_errors():
         losses.cross_entropy_with_logits(LOGITS, q[0], 0.0)
 
 
+def test_cross_entropy_with_logits_masked_to_minus_inf_beside_zero_targets_is_finite():
+    # A vocabulary entry masked with -inf beside a target of 0: T5X's 0 * -inf read NaN;
+    # log(1 + e**-1) = 0.3133, as compute_weighted_cross_entropy already read it.
+    logits = jnp.array([[0.0, 1.0, -jnp.inf], [2.0, -jnp.inf, 0.5], [1.0, 2.0, 3.0]])
+    q = jnp.array([[0.0, 1.0, 0.0], [0.7, 0.0, 0.3], [0.1, 0.1, 0.8]])
+
+    def reference(x, targets, z_loss):  # float64; a zero target's term is 0
+        log_p = jax.nn.log_softmax(x)
+        terms = jnp.where(targets != 0, targets * jnp.where(targets != 0, log_p, 0), 0)
+        return -terms.sum(-1) + z_loss * jax.nn.logsumexp(x, axis=-1) ** 2
+
+    with jax.enable_x64(True):
+        x64, q64 = (jnp.asarray(np.asarray(a), jnp.float64) for a in (logits, q))
+        expected = np.asarray(reference(x64, q64, 0.05))
+        expected_grad = np.asarray(jax.grad(lambda x: reference(x, q64, 0.05).sum())(x64))
+    assert expected[0] == pytest.approx(math.log1p(math.exp(-1)) + 0.05 * math.log1p(math.e) ** 2)
+    loss, _ = losses.cross_entropy_with_logits(logits, q, 0.05)
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    grad = jax.grad(lambda x: losses.cross_entropy_with_logits(x, q, 0.05)[0].sum())(logits)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-7)
+    assert grad[0, 2] == grad[1, 1] == 0.0
+    total, _, _ = losses.compute_weighted_cross_entropy(logits[:1], jnp.array([1]))
+    assert float(loss[0] - 0.05 * math.log1p(math.e) ** 2) == pytest.approx(float(total))
+
+    # Finite logits: T5X's formula, outputs and gradients bit for bit.
+    def t5x(x, targets, z_loss):
+        log_z = jax.nn.logsumexp(x, axis=-1)
+        total_z_loss = z_loss * jnp.square(log_z)
+        return -jnp.sum(targets * (x - log_z[..., None]), axis=-1) + total_z_loss
+
+    soft = jnp.asarray(_soft_targets(TARGETS, 3, 0.2), jnp.float32)
+    for targets in (soft, jax.nn.one_hot(TARGETS, 3)):
+        ours = functools.partial(losses.cross_entropy_with_logits, targets=targets, z_loss=0.05)
+        np.testing.assert_array_equal(ours(LOGITS)[0], t5x(LOGITS, targets, 0.05))
+        np.testing.assert_array_equal(
+            jax.grad(lambda x, ours=ours: ours(x)[0].sum())(LOGITS),
+            jax.grad(lambda x, t=targets: t5x(x, t, 0.05).sum())(LOGITS),
+        )
+
+
 def test_z_loss_coefficient_may_be_traced_and_bf16_logits_get_bf16_gradients():
     @jax.jit
     def f(logits, z_loss):
