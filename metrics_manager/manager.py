@@ -458,7 +458,7 @@ class MetricsManager:
 
         self._worker.post([("start_duration_timer", start, None)])
         self._failures.raise_fatal()  # after queueing: the call's own work is not lost
-        self._timer_returned = _call_clock()
+        self._timer_returned = time.perf_counter()  # not `_call_clock`, which tests script
 
     def write_metrics_summary(
         self, metrics: Any, step: int, num_steps: int
@@ -485,6 +485,7 @@ class MetricsManager:
             first, so it is still written.
           RuntimeError: the manager is closed.
         """
+        opened = time.perf_counter() - self._timer_returned  # no train step between: tiny
         entered = _call_clock()
         self._check_usable("write_metrics_summary")
         called = self._clock()
@@ -561,7 +562,6 @@ class MetricsManager:
         no_window, thread = "", threading.current_thread().name
         # A window opened on this thread just before this call (`_NO_STEP_S`: no train step
         # dispatched between) times no step; the summarizer warns where its keys use it.
-        opened = entered - self._timer_returned
         no_step = opened if window == thread and opened < _NO_STEP_S and self._real_clock else None
         if window is not None:
             self._window_taken = (window, thread) if window != thread else None
