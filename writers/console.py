@@ -3,9 +3,9 @@
 Each call prints a header with the step (with `total_steps`: `step 300/1,000 (30.0%)`, steps/s
 and an ETA, measured from the first step's last scalars on so compilation does not skew
 them), then one line per value, keys aligned and grouped by prefix (un-prefixed keys first).
-Numbers show 4 significant digits, integers and numbers from 1,000 to 1e15 whole with
-thousands separators, NaN as `NaN`; other kinds show their shapes (histograms: count, min,
-mean, max). Colour (via `rich`) only on a terminal or with `color=True`, so CI logs stay plain.
+Numbers show 4 significant digits (0.99996 as `1.000`, an exact 1.0 as `1`), integers and
+numbers from 1,000 to 1e15 whole with thousands separators, NaN as `NaN`; other kinds show
+their shapes (histograms: count, min, mean, max). Colour (via `rich`) only on a terminal or with `color=True`, so CI logs stay plain.
 
 Example:
   >>> import io, writers
@@ -285,13 +285,15 @@ def _number(value: int | float) -> str:
     Example:
       >>> _number(0.123456), _number(12345.6), _number(123456.0), _number(12345), _number(2e15)
       ('0.1235', '12,346', '123,456', '12,345', '2e+15')
+      >>> _number(0.99996), _number(-9.9996), _number(1.0)
+      ('1.000', '-10.00', '1')
     """
     if isinstance(value, int):
         return f"{value:,}"
     if math.isfinite(value):
         # From 999.95 on, `.4g` reads `1000`: whole, as `1,000` is; what rounds to 1e15 reads
         # `1e+15`, as 1e15 does.
-        return f"{value:,.0f}" if _WHOLE <= abs(value) < _HUGE else f"{value:.4g}"
+        return f"{value:,.0f}" if _WHOLE <= abs(value) < _HUGE else _short(value)
     if math.isnan(value):
         return "NaN"
     return "inf" if value > 0 else "-inf"
@@ -301,10 +303,19 @@ _WHOLE = 999.95  # the least float `.4g` rounds to 1000
 _HUGE = 999_999_999_999_999.5  # the least float `,.0f` rounds to 1,000,000,000,000,000
 
 
+def _short(value: float) -> str:
+    """`.4g`, with its trailing zeros where it reads whole but `value` is not: 0.99996 read
+    `1`, as an exact 1 does; it reads `1.000`."""
+    text = f"{value:.4g}"
+    if "." in text or "e" in text or value == int(value):
+        return text
+    return f"{value:#.4g}"
+
+
 def _numbers(values: Mapping[str, int | float]) -> dict[str, str]:
     """`_number(value)` for every item; a float below 1,000 in size takes a fast path."""
     return {
-        key: f"{value:.4g}" if type(value) is float and -_WHOLE < value < _WHOLE else _number(value)
+        key: _short(value) if type(value) is float and -_WHOLE < value < _WHOLE else _number(value)
         for key, value in values.items()
     }
 

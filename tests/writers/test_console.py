@@ -242,6 +242,12 @@ def test_number_and_duration_formatting():
     out = io.StringIO()
     writers.ConsoleWriter(out).write_scalars(4, {"a": 999.96, "b": 1000.4, "c": -999.99})
     assert out.getvalue() == "step 4\n  a  1,000\n  b  1,000\n  c  -1,000\n"
+    # A float that `.4g` rounds to a whole number keeps its zeros: 0.99996 read `1`, as an
+    # exact 1 does (an accuracy just below 1 shown as a perfect one).
+    out = io.StringIO()
+    scalars = {"acc": 0.99996, "exact": 1.0, "neg": -9.9996, "pct": 99.996}
+    writers.ConsoleWriter(out).write_scalars(5, scalars)
+    assert out.getvalue() == "step 5\n  acc    1.000\n  exact  1\n  neg    -10.00\n  pct    100.0\n"
     assert _duration(59.4) == "59s" and _duration(3600) == "1h 00m"
     assert (_duration(65), _duration(725), _duration(11220)) == ("1m 05s", "12m 05s", "3h 07m")
 
