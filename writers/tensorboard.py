@@ -7,7 +7,9 @@ and `flush()` means "on disk". Wrap the writer in `AsyncWriter` to take the work
 
 Where values land (as TensorBoard's `EventAccumulator` reads them): scalars as `simple_value`
 (a float32, as in TensorFlow's writer: integers past 2**24, such as token counts, are rounded
-there and kept exact in JSONL; NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
+there and kept exact in JSONL; a finite float past float32's range, 1e39, is stored as inf, and
+one below its least subnormal, 1e-46, as 0, with no warning, as TensorFlow's writer stores them;
+NaN and infinities kept); texts in the text plugin under the key itself (CLU's tag);
 images in the images plugin as PNGs; videos as one filmstrip image `[H, T*W, C]` each;
 audio as 16-bit WAV clips (`<key>/<i>` when N > 1); histograms as `HistogramProto`
 (30 buckets by default); hparams as the HParams plugin's session start at step 0; raw

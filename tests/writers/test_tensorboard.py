@@ -82,6 +82,18 @@ def test_scalars_of_one_call_are_one_event(tmp_path):
     assert acc.Scalars("n")[0].value == 3.0
 
 
+def test_finite_floats_outside_float32_read_as_the_docstring_says(tmp_path):
+    """simple_value is a float32: 1e39 is stored as inf and 1e-46 as 0, as TensorFlow's
+    writer stores them (the module docstring says so); JSONL keeps both."""
+    w = writers.TensorBoardWriter(tmp_path)
+    w.write_scalars(1, {"big": 1e39, "neg": -1e308, "tiny": 1e-46, "sub": 1e-45})
+    w.close()
+    acc = _accumulator(tmp_path)
+    values = {k: acc.Scalars(k)[0].value for k in ("big", "neg", "tiny", "sub")}
+    assert values["big"] == math.inf and values["neg"] == -math.inf and values["tiny"] == 0.0
+    assert values["sub"] == float(np.float32(1e-45)) > 0  # the least subnormal is kept
+
+
 def test_texts_images_histograms_audio_and_tensors_round_trip(tmp_path):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, size=(2, 5, 7, 3), dtype=np.uint8)
