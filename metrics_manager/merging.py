@@ -17,7 +17,9 @@ of a vector), and the buffers handed to the summary are never donated again::
 
 `accumulate_grads_microbatched` merges microbatches with CLU's `_reduce_merge` (the merge for
 parts of one batch: `LastValue` averages, a `Step` counts one step), starting from the first
-microbatch's metrics, so values do not depend on the number of microbatches.
+microbatch's metrics, so values do not depend on the number of microbatches, but for a
+`LastValue` (the mean of its microbatches' values: a sum per microbatch reads 1/n of the step's)
+and for sums CLU takes in a low-precision dtype within each microbatch (a bfloat16 `Average`).
 """
 
 import dataclasses
@@ -430,7 +432,8 @@ def accumulate_grads_microbatched(
         loss_fn: `loss_fn(params, microbatch) -> (loss, metrics)` (a dict, or a CLU
             `Collection`, which counts as the dict of its metrics), or with a third argument
             `jax.random.fold_in(rng, i)` when `rng` is given. Return sums (not means over the
-            microbatch) for values that do not depend on `num_microbatches`.
+            microbatch) for values that do not depend on `num_microbatches` (a `LastValue`
+            averages its microbatches' values: return it as a mean).
         params: the pytree to differentiate with respect to.
         batch: a pytree of arrays split along axis 0 (divisible by `num_microbatches`).
         num_microbatches: None or 1 calls `loss_fn` once on the whole batch.
