@@ -466,6 +466,26 @@ def test_odd_values_are_written_as_every_writer_writes_them(tmp_path):
     assert hist.bucket_limit[-1] == 0.1 + 0.2
 
 
+def test_a_constant_histogram_has_the_bucket_every_writer_gives_it(tmp_path):
+    """tensorboardX's 30 buckets put [3.0] * 10 in (3.0, 3.033], above the value, while
+    JSONL, MLflow and W&B write one bucket [2.5, 3.5] around it: the same bucket now."""
+    tb, jsonl = writers.TensorBoardWriter(tmp_path), writers.JsonlWriter(tmp_path)
+    arrays = {"c": np.full(10, 3.0), "spread": np.arange(4.0)}
+    for w in (tb, jsonl):
+        w.write_histograms(1, arrays, num_buckets={"spread": 3})
+        w.close()
+    acc = _accumulator(tmp_path)
+    [line] = writers.read_jsonl(jsonl.path)
+    assert line["c"]["edges"] == [2.5, 3.5] and line["c"]["counts"] == [10]
+    constant = acc.Histograms("c")[0].histogram_value
+    # TensorBoard keeps right edges, with an empty bucket before the first: (2.5, 3.5].
+    assert list(constant.bucket_limit) == [2.5, 3.5] and list(constant.bucket) == [0, 10]
+    spread = acc.Histograms("spread")[0].histogram_value
+    assert line["spread"]["edges"] == [0.0, 1.0, 2.0, 3.0] and line["spread"]["counts"] == [1, 1, 2]
+    assert list(spread.bucket_limit) == [0.0, 1.0, 2.0, 3.0]
+    assert list(spread.bucket) == [0, 1, 1, 2]
+
+
 def test_hparams_reach_the_hparams_plugin(tmp_path):
     w = writers.TensorBoardWriter(tmp_path)
     w.write_hparams(
