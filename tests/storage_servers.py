@@ -292,9 +292,16 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
 
 
 def _reset(s: socket.socket) -> None:
-    """Closes with a TCP reset (linger 0), as a dropped route looks to the peer."""
+    """Closes with a TCP reset (linger 0), as a dropped route looks to the peer.
+
+    `shutdown(SHUT_RD)` first wakes the `_pipe` thread blocked in `recv` on it: without it
+    Linux defers the close, and its reset, until that `recv` returns, so a request in flight
+    at `Gate.cut` could wait forever on a connection the cut never reset (a timed upload of
+    the outage test hung past 60 s under load)."""
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        with contextlib.suppress(OSError):  # not connected, or closed already
+            s.shutdown(socket.SHUT_RD)
         s.close()
     except OSError:
         pass
