@@ -243,6 +243,17 @@ def copy_event_files(url: str, directory: str) -> None:
             fs.get(name, os.path.join(directory, os.path.basename(name)))
 
 
+def s3_behind_a_gate(max_attempts: int) -> tuple[S3Server, Gate, dict[str, Any]]:
+    """A real S3 server (moto's), a proxy in front of it that can cut the network, and the
+    fsspec config reaching it through the proxy with `max_attempts` tries per request."""
+    server = S3Server()
+    gate = Gate(server.port)
+    config = server.fsspec_config()
+    config["client_kwargs"]["endpoint_url"] = gate.url
+    config["config_kwargs"] = {"retries": {"max_attempts": max_attempts}}
+    return server, gate, config
+
+
 class Gate:
     """A TCP proxy on a free port in front of `port` that can cut the network: `cut()` resets
     every open connection and every new one until `restore()` (an outage between a client

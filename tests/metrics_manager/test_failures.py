@@ -1053,25 +1053,14 @@ def write_through_an_outage(
     return step, during, worst
 
 
-def _s3_behind_a_gate(max_attempts: int) -> tuple[Any, Any, dict[str, Any]]:
-    """A real S3 server (moto's), a proxy in front of it that can cut the network, and the
-    fsspec config reaching it through the proxy with `max_attempts` tries per request."""
-    from tests import storage_servers
-
-    server = storage_servers.S3Server()
-    gate = storage_servers.Gate(server.port)
-    config = server.fsspec_config()
-    config["client_kwargs"]["endpoint_url"] = gate.url
-    config["config_kwargs"] = {"retries": {"max_attempts": max_attempts}}
-    return server, gate, config
-
-
 def test_a_storage_outage_neither_blocks_the_loop_nor_loses_a_summary(tmp_path, caplog):
     # A real outage between the writers and S3 (moto's server): a proxy resets every
     # connection for a few seconds, long enough for both writers' timed uploads to fail.
     from tests import storage_servers
 
-    server, gate, config = _s3_behind_a_gate(max_attempts=2)  # a failed upload: ~1.5 s
+    server, gate, config = storage_servers.s3_behind_a_gate(
+        max_attempts=2
+    )  # a failed upload: ~1.5 s
     run = f"s3://{storage_servers.BUCKET}/outage"
 
     def failed_timers() -> set[str]:
@@ -1106,7 +1095,7 @@ def test_a_flush_stuck_in_a_dead_network_costs_no_later_summary(tmp_path):
     # back (40 of 160 reached S3). Their writes only buffer: they are called on.
     from tests import storage_servers
 
-    server, gate, config = _s3_behind_a_gate(max_attempts=1)
+    server, gate, config = storage_servers.s3_behind_a_gate(max_attempts=1)
     run = f"s3://{storage_servers.BUCKET}/dead-network"
 
     def factory(logdir):
@@ -1252,7 +1241,7 @@ def test_a_long_storage_outage_drops_the_oldest_writes_past_max_buffer_mb(tmp_pa
     # accumulate against a 4 KiB bound: each failed flush drops the oldest writes, whole.
     from tests import storage_servers
 
-    server, gate, config = _s3_behind_a_gate(max_attempts=1)
+    server, gate, config = storage_servers.s3_behind_a_gate(max_attempts=1)
     run = f"s3://{storage_servers.BUCKET}/long-outage"
     bound = 4096 / 2**20
     with storage_servers.serving(server, "s3", config):
@@ -1296,7 +1285,9 @@ def test_a_flush_that_waited_on_a_failing_upload_fails_with_it_and_does_not_try_
     # when that upload fails, and the data stays buffered for the next flush.
     from tests import storage_servers
 
-    server, gate, config = _s3_behind_a_gate(max_attempts=2)  # a failed upload: ~1.5 s
+    server, gate, config = storage_servers.s3_behind_a_gate(
+        max_attempts=2
+    )  # a failed upload: ~1.5 s
     run = f"s3://{storage_servers.BUCKET}/overlap"
     errors: list[str] = []
 

@@ -205,11 +205,7 @@ def test_a_long_outage_before_the_first_upload_keeps_the_purge(tmp_path):
     # A resumed run (purge_step=5) whose storage is down from the start: a 1 KiB buffer
     # dropped its oldest writes, the file version and both START records first, so the
     # uploaded file purged nothing and the earlier run's steps 5 to 10 showed again.
-    server = storage_servers.S3Server()
-    gate = storage_servers.Gate(server.port)
-    config = server.fsspec_config()
-    config["client_kwargs"]["endpoint_url"] = gate.url
-    config["config_kwargs"] = {"retries": {"max_attempts": 1}}  # a failed upload: at once
+    server, gate, config = storage_servers.s3_behind_a_gate(1)  # a failed upload: at once
     run = f"s3://{storage_servers.BUCKET}/purge-{uuid.uuid4().hex[:8]}"
     try:
         with storage_servers.serving(server, "s3", config):
@@ -245,11 +241,7 @@ def test_a_long_outage_before_the_first_upload_keeps_the_purge(tmp_path):
 def test_a_close_that_failed_to_upload_uploads_when_called_again(tmp_path, asynchronous):
     # The default writers' close() in an outage raised, and a second close() returned at once
     # as if it had gone through: steps 6 to 10, never uploaded, were lost without a word.
-    server = storage_servers.S3Server()
-    gate = storage_servers.Gate(server.port)
-    config = server.fsspec_config()
-    config["client_kwargs"]["endpoint_url"] = gate.url
-    config["config_kwargs"] = {"retries": {"max_attempts": 1}}  # a failed upload: at once
+    server, gate, config = storage_servers.s3_behind_a_gate(1)  # a failed upload: at once
     run = f"s3://{storage_servers.BUCKET}/close-again-{uuid.uuid4().hex[:8]}"
     try:
         with storage_servers.serving(server, "s3", config):
@@ -281,11 +273,7 @@ def test_a_close_that_failed_to_upload_uploads_when_called_again(tmp_path, async
 def test_a_manager_close_that_failed_to_upload_uploads_when_called_again(tmp_path):
     # MetricsManager.close() in an outage failed its writers' close, and a second close()
     # returned at once: steps 6 to 10, kept in the writers' buffers, were never uploaded.
-    server = storage_servers.S3Server()
-    gate = storage_servers.Gate(server.port)
-    config = server.fsspec_config()
-    config["client_kwargs"]["endpoint_url"] = gate.url
-    config["config_kwargs"] = {"retries": {"max_attempts": 1}}  # a failed upload: at once
+    server, gate, config = storage_servers.s3_behind_a_gate(1)  # a failed upload: at once
     run = f"s3://{storage_servers.BUCKET}/manager-close-again-{uuid.uuid4().hex[:8]}"
 
     def buffered(d, collection=None, resume_step=None):
