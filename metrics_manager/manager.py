@@ -1241,9 +1241,15 @@ class _Problems(Problems):
         for key, metric in members.items():
             if getattr(type(metric), "compute_value", None) is not clu.metrics.Metric.compute_value:
                 continue  # its own: a Histogram, a MeanStdScalar, ...
+            # A Time's duration (a Step's count, if unset) is set on the worker: placeholders
+            # let compute() trace, or a vmapped StepsPerTime went unchecked and was written.
+            if isinstance(metric, metrics_lib.Time) and metric.duration is None:
+                metric = metric.replace(duration=1.0)
+            if isinstance(metric, metrics_lib.Step) and metric.steps is None:
+                metric = metric.replace(steps=1)
             try:
                 shape = getattr(jax.eval_shape(type(metric).compute, metric), "shape", None)
-            except Exception:  # noqa: BLE001 - a duration set later, host-side code: the worker says
+            except Exception:  # noqa: BLE001 - host-side code: the worker says
                 continue
             checked += 1
             if shape is not None and math.prod(shape) != 1 and not _rows_per_device(metric):

@@ -1,6 +1,7 @@
 """merge_metrics, validate_metrics and accumulate_grads_microbatched: values and errors."""
 
 import doctest
+import json
 
 import clu.metrics as clu_metrics
 import flax
@@ -662,6 +663,39 @@ def test_shard_map_windows_with_a_steps_per_time_are_refused_naming_merge_window
             manager.write_metrics_summary(running, 2, 2)
         summary = manager.write_metrics_summary(merging.merge_windows(running), 2, 2).result()
     assert float(summary["sum"].value) == 992.0 and "rate" in summary
+
+
+@pytest.mark.parametrize("pack", [False, True], ids=["dict", "packed"])
+def test_vmapped_windows_with_time_metrics_are_refused_naming_merge_windows(tmp_path, pack):
+    """A vmapped dict of a MeanStd and a StepsPerTime was taken at the call: the time metrics'
+    compute() needs the window's duration, so they went unchecked; the worker dropped 'ms'
+    and wrote 'sps' as one rate. Packed, the buffers' mapped axis is refused."""
+
+    def step(x):
+        window = {
+            "ms": MeanStd.from_model_output(x),
+            "sps": StepsPerTime.from_model_output(),
+            "tps": TimeRate.from_model_output(x + 1.0),
+        }
+        return merge_metrics(None, window, pack=pack)
+
+    windows = jax.vmap(step)(jnp.arange(4.0))
+    refused = (
+        r"buffer 0 \(float32\) has shape \(4, 4\).*merge_windows\(packed\)"
+        if pack
+        else r"metrics \['sps', 'tps'\] compute arrays of shapes \[\(4,\), \(4,\)\], not "
+        r"scalars.* stacked by the step .* merge_windows\(metrics\)"
+    )
+    with MetricsManager("train", tmp_path) as manager:
+        manager.start_duration_timer()
+        with pytest.raises(ValueError, match=refused):
+            manager.write_metrics_summary(windows, 5, 5)
+        manager.write_metrics_summary(merging.merge_windows(windows), 5, 5).result()
+        assert manager.errors == []
+    [row] = [json.loads(x) for x in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()]
+    # x = 0..3: mean 1.5; 1 + 2 + 3 + 4 = 10 per 5 steps of the same window.
+    assert (row["step"], row["ms"], row["ms/std"]) == (5, 1.5, pytest.approx(np.std(range(4))))
+    assert row["sps"] > 0 and row["tps"] / row["sps"] == pytest.approx(10 / 5)
 
 
 @pytest.mark.parametrize("axis_type", [_EXPLICIT, _AUTO], ids=["explicit", "auto"])
