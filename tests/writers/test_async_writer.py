@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -338,6 +339,44 @@ def test_a_writer_never_closed_is_drained_at_interpreter_exit(tmp_path):
     subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
     steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
     assert steps == list(range(500))
+
+
+_CTRL_C_DURING_CLOSE = """
+import signal, sys, time
+import writers
+
+class Slow(writers.JsonlWriter):
+    def write_scalars(self, step, scalars):
+        time.sleep(0.1)
+        super().write_scalars(step, scalars)
+
+w = writers.AsyncWriter(Slow(sys.argv[1]), name="jsonl")
+for step in range(1, 31):  # 3 s of writes queued
+    w.write_scalars(step, {"loss": float(step)})
+print("closing", flush=True)
+try:
+    w.close()
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+"""
+
+
+def test_a_close_ended_by_ctrl_c_is_finished_at_exit(tmp_path):
+    # The exit hook's close() took the writer for closed and returned at once: the worker, a
+    # daemon, died with the interpreter, and 4 of 30 queued writes reached the file.
+    path = tmp_path / "m.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_DURING_CLOSE, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "closing\n"
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and out == "interrupted\n", out
+    assert [line["step"] for line in writers.read_jsonl(str(path))] == list(range(1, 31))
 
 
 def test_a_key_the_wrapped_writer_reserves_is_refused_at_the_call(tmp_path):
