@@ -145,9 +145,10 @@ class MetricsManager:
         program's own; a writer call running 10 s into it is abandoned, a writer whose calls
         took 10 s of it is set aside) before the previous handler runs; close the writers
         instead where that is the default, which ends the process. A repeated signal keeps
-        the first one's bounds. Python installs handlers only from the main thread: a
-        manager made on another thread is flushed by one made on the main thread, else at
-        `close()` and exit. False: neither installs a handler nor is flushed by another
+        the first one's bounds. A signal the program ignores (SIG_IGN) gets no handler: it
+        ends nothing, and the programs the process starts keep ignoring it. Python installs
+        handlers only from the main thread: a manager made on another thread is flushed by
+        one made on the main thread, else at `close()` and exit. False: neither installs a handler nor is flushed by another
         manager's.
         SIGTERM is left to JAX's preemption service where `jax.distributed` runs one: the
         loop stops at `reached_preemption_sync_point`, and `close()` writes every summary.
@@ -382,7 +383,12 @@ class MetricsManager:
             for signum in _signals_to_handle():
                 current = signal.getsignal(signum)
                 # Again where the program put the default back between runs (a sweep); not
-                # over a handler of its own (it may call this one), nor over SIG_IGN.
+                # over a handler of its own (it may call this one), nor over SIG_IGN: an
+                # ignored signal ends nothing, and a handler in its place would be the default
+                # again in every program the process starts (`exec` resets it), where a shell
+                # ignores Ctrl-C for a background job (`python train.py &`) and its children.
+                if current == signal.SIG_IGN:
+                    continue
                 if signum not in _PREVIOUS_HANDLERS or current in _DEFAULTS:
                     _PREVIOUS_HANDLERS[signum] = current
                     signal.signal(signum, _on_signal)

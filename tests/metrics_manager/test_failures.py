@@ -2244,6 +2244,42 @@ def test_handlers_the_program_sets_around_managers_still_end_it(tmp_path, case):
     assert tb_steps(logdir) == list(range(1, 31))
 
 
+_IGNORED_SCRIPT = """
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell starts a background job
+import jax.numpy as jnp
+from metrics_manager import MetricsManager, Sum
+from tests.metrics_manager.fault_loop import files_and
+
+manager = MetricsManager("train", sys.argv[1], writer_factory=files_and())
+for step in range(1, 6):
+    manager.write_metrics_summary({"loss": Sum(jnp.float32(step))}, step, 1)
+child = "import signal; print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)"
+print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout)
+os.kill(os.getpid(), signal.SIGINT)
+time.sleep(0.5)
+manager.close()
+print(signal.getsignal(signal.SIGINT) == signal.SIG_IGN, flush=True)
+"""
+
+
+def test_a_signal_the_program_ignores_stays_ignored_in_the_programs_it_starts(tmp_path):
+    # A shell starts a background job (`python train.py &`) with Ctrl-C ignored. The manager's
+    # handler took its place, which `exec` resets to the default: a program the run started
+    # afterwards (a spawned data worker) died on the Ctrl-C the run itself ignored.
+    proc = subprocess.run(
+        [sys.executable, "-c", _IGNORED_SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0 and proc.stdout.split() == ["True", "True"], proc.stderr
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == list(range(1, 6))
+    assert tb_steps(logdir) == list(range(1, 6))
+
+
 def test_close_from_two_threads_at_once_closes_each_writer_once(tmp_path):
     class Counting(writers.NoopWriter):
         closes = 0
