@@ -278,7 +278,9 @@ class MetricsManager:
         self._created = self._clock() if uptime else None
         self._failures = Failures(f"MetricsManager {name!r}", raise_all=on_error == "raise")
         self._closed = self._close_queued = self._close_done = False
-        self._close_lock = threading.Lock()
+        # Re-entrant: a signal handler's close() runs on the thread it interrupted, which may
+        # hold it (a close waiting for a queue slot): it waited forever there, as did the process.
+        self._close_lock = threading.RLock()
         self._window_open: str | None = None  # the name of the thread that opened it
         self._window_taken: tuple[str, str] | None = None  # (opener, summary's thread) differing
         self._window_start: float | None = None  # worker-side state
@@ -717,7 +719,12 @@ class MetricsManager:
         with self._close_lock:  # two threads closing: one close job
             if not self._close_queued:
                 pieces = self._fanout.pieces(None, [("close", {})], closing=True)
-                self._worker.post(pieces, last=True)  # a call racing this one: refused
+                try:
+                    self._worker.post(pieces, last=True)  # a call racing this one: refused
+                except RuntimeError:
+                    if not self._close_done:
+                        raise
+                    return  # a signal handler's close() ran inside this wait, and closed
                 self._close_queued = True
         self._worker.drain()
         self._close_done = True

@@ -34,7 +34,7 @@ from typing import Any
 from writers import _checks
 from writers._base import ForwardingWriter, close_at_exit
 from writers._worker import OrderedWorker
-from writers.interface import WriterError
+from writers.interface import WriterClosedError, WriterError
 from writers.multi import MultiWriter, named_writers
 
 
@@ -76,10 +76,13 @@ class AsyncWriter(ForwardingWriter):
         self._reserve({self._label: writer})
         self._errors: list[tuple[str, BaseException]] = []
         self._errors_lock = threading.Lock()
-        self._close_lock = threading.Lock()
+        # Both re-entrant: a signal handler calling close() runs on the thread it interrupted,
+        # which may hold them (a write or close waiting for a queue slot, or a close waiting
+        # for the queue): with plain locks that handler, and the process, waited forever.
+        self._close_lock = threading.RLock()
         # Held from the closed check to the queueing of a call: a call from another thread is
         # queued before close() queues the close, or refused with WriterClosedError.
-        self._post_lock = threading.Lock()
+        self._post_lock = threading.RLock()
         self._close_again = False  # the writer's close() raised: a later close() calls it again
         # The close call is queued, and the worker has run it (not while an exception, Ctrl-C
         # or a handler's SystemExit, ended the wait: a later close(), the exit hook's too,
@@ -106,7 +109,10 @@ class AsyncWriter(ForwardingWriter):
         with self._post_lock:
             posted = not self._closed
             if posted:
-                self._post("flush", {})
+                try:
+                    self._post("flush", {})
+                except WriterClosedError:  # a signal handler's close() wrote everything
+                    posted = False
         if posted:
             self._worker.drain()
         self._raise_errors("flush")
@@ -134,7 +140,10 @@ class AsyncWriter(ForwardingWriter):
                 again, self._close_again = self._close_done, False
                 self._closed = True
                 if not self._close_posted:
-                    self._post("close", {})
+                    try:
+                        self._post("close", {})
+                    except WriterClosedError:  # a signal handler's close() did it all
+                        return
                     self._close_posted = True
             if again:  # the thread has ended
                 try:
@@ -179,7 +188,14 @@ class AsyncWriter(ForwardingWriter):
                 if method == "close":
                     self._close_again = True
 
-        self._worker.post([(method, call, None)])  # blocks while the queue is full
+        try:
+            self._worker.post([(method, call, None)])  # blocks while the queue is full
+        except RuntimeError:
+            # A signal handler's close() ran on this thread while it waited for a slot, and
+            # stopped the worker: this call is refused as one racing a close.
+            if not self._close_done:
+                raise
+            self._check_open(method)
 
     def _raise_errors(self, method: str) -> None:
         with self._errors_lock:

@@ -2280,6 +2280,54 @@ def test_a_signal_the_program_ignores_stays_ignored_in_the_programs_it_starts(tm
     assert tb_steps(logdir) == list(range(1, 6))
 
 
+_HANDLER_CLOSES_SCRIPT = """
+import signal, sys
+import jax.numpy as jnp
+from metrics_manager import MetricsManager, Sum
+from tests.metrics_manager.fault_loop import SlowWriter, files_and
+
+manager = MetricsManager(
+    "train", sys.argv[1], writer_factory=files_and(last={"slow": SlowWriter(1.0)}), max_pending=2
+)
+
+def on_sigterm(signum, frame):  # the program's own: close the metrics, then stop
+    manager.close()
+    print("closed by the handler", flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+for step in range(1, 6):
+    manager.write_metrics_summary({"loss": Sum(jnp.float32(step))}, step, 1)
+print("closing", flush=True)
+manager.close()  # waits about 1 s for a queue slot for its close: the signal comes then
+"""
+
+
+def test_a_signal_handler_closing_the_manager_during_close_closes_it(tmp_path):
+    # The handler's close() ran on the main thread, which held the close lock while its own
+    # close() waited for a queue slot: the handler waited forever, and so did the process.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HANDLER_CLOSES_SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "closing\n"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the process hung in the handler's close()")
+    assert proc.returncode == 0 and out == "closed by the handler\n", out
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == list(range(1, 6))
+    assert tb_steps(logdir) == list(range(1, 6))
+
+
 def test_close_from_two_threads_at_once_closes_each_writer_once(tmp_path):
     class Counting(writers.NoopWriter):
         closes = 0

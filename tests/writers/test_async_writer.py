@@ -379,6 +379,53 @@ def test_a_close_ended_by_ctrl_c_is_finished_at_exit(tmp_path):
     assert [line["step"] for line in writers.read_jsonl(str(path))] == list(range(1, 31))
 
 
+_HANDLER_CLOSES_SCRIPT = """
+import signal, sys, time
+import writers
+
+class Slow(writers.JsonlWriter):
+    def write_scalars(self, step, scalars):
+        time.sleep(1.0)
+        super().write_scalars(step, scalars)
+
+w = writers.AsyncWriter(Slow(sys.argv[1]), name="jsonl", max_queue=1)
+
+def on_sigterm(signum, frame):  # the program's own: close the writer, then stop
+    w.close()
+    print("closed by the handler", flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, on_sigterm)
+for step in range(1, 11):
+    w.write_scalars(step, {"loss": float(step)})  # waits about 1 s for a slot from step 3
+    print("issued", step, flush=True)
+"""
+
+
+def test_a_signal_handler_closing_the_writer_during_a_write_closes_it(tmp_path):
+    # The handler's close() ran on the main thread, which held the writer's lock while its
+    # write waited for a queue slot: the handler waited forever, and so did the process.
+    path = tmp_path / "m.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HANDLER_CLOSES_SCRIPT, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    while proc.stdout.readline() != "issued 3\n":
+        pass
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, _ = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the process hung in the handler's close()")
+    assert proc.returncode == 0 and out == "closed by the handler\n", out
+    assert [line["step"] for line in writers.read_jsonl(str(path))] == [1, 2, 3]
+
+
 def test_a_key_the_wrapped_writer_reserves_is_refused_at_the_call(tmp_path):
     # It failed on the worker before, one call late, as a WriterError of a later call.
     w = writers.AsyncWriter(writers.JsonlWriter(tmp_path / "m.jsonl"), name="jsonl")
