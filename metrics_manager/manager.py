@@ -1648,7 +1648,10 @@ def _flush_on_signal(managers: list[MetricsManager], end: float, ending: bool, o
         left = max(end - time.monotonic(), 0.0)
         try:
             closing = manager._closed
-            if not closing:
+            # A close() still waiting for a queue slot for its close (the queue was full) is
+            # flushed, or closed, as an open manager: waiting for the queue alone left the
+            # writers unclosed at the kill (a W&B run unfinished, a gs:// upload not made).
+            if not closing or not manager._close_queued:
                 try:
                     manager._to_all("close" if ending else "flush", left)
                 except RuntimeError:

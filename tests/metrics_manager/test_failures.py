@@ -2328,6 +2328,45 @@ def test_a_signal_handler_closing_the_manager_during_close_closes_it(tmp_path):
     assert tb_steps(logdir) == list(range(1, 6))
 
 
+_CLOSE_WAITING_SCRIPT = """
+import os, sys
+import jax.numpy as jnp
+from metrics_manager import MetricsManager, Sum
+from tests.metrics_manager.fault_loop import CloseRecorder, SlowWriter, files_and
+
+closed_by = os.path.join(sys.argv[1], "closed_by")
+factory = files_and(first={"slow": SlowWriter(1.0)}, last={"recorder": CloseRecorder(closed_by)})
+manager = MetricsManager("train", sys.argv[1], writer_factory=factory, max_pending=2)
+for step in range(1, 6):
+    manager.write_metrics_summary({"loss": Sum(jnp.float32(step))}, step, 1)
+print("closing", flush=True)
+manager.close()  # waits about 1 s for a queue slot for its close: the signal comes then
+print("closed", flush=True)
+"""
+
+
+def test_sigterm_while_close_waits_for_a_queue_slot_still_closes_the_writers(tmp_path):
+    # The signal's flush took the manager for closing and only drained the queue: the close
+    # job, not queued yet, never ran, and no writer was closed before the kill (a W&B run
+    # left unfinished, a gs:// log not uploaded).
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLOSE_WAITING_SCRIPT, str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "closing\n"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGTERM and out == "", out
+    assert (tmp_path / "closed_by").read_text() == f"{proc.pid}\n"
+    logdir = str(tmp_path / "train")
+    assert [line["step"] for line in read_jsonl(logdir)] == list(range(1, 6))
+    assert tb_steps(logdir) == list(range(1, 6))
+
+
 def test_close_from_two_threads_at_once_closes_each_writer_once(tmp_path):
     class Counting(writers.NoopWriter):
         closes = 0
