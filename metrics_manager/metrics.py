@@ -144,14 +144,27 @@ def mask_fits(mask: tuple[int, ...], shape: tuple[int, ...]) -> bool:
 
 
 def host_floats(values: Any) -> Any:
-    """Host integer or bool `values` (a NumPy array or scalar, a Python int) as a NumPy array
-    of the default float dtype (float32, float64 under x64); anything else as it came.
+    """Host integer or bool `values` (a NumPy array or scalar, a Python int, or a list or
+    tuple of those) as a NumPy array of the default float dtype (float32, float64 under x64);
+    anything else as it came.
 
     Without x64 `jnp.asarray` made int64 int32 first: 3_000_000_000 read as -1294967296 (a
-    Python int past 2**31 raised OverflowError). Converted on the host, it reads 3e9. A JAX
-    array or tracer (already int32 inside `jit`) and float values pass untouched: nothing
-    more runs on the device.
+    Python int past 2**31 raised OverflowError, also in a list). Converted on the host, it
+    reads 3e9. A JAX array or tracer (already int32 inside `jit`), a list holding one, and
+    float values pass untouched: nothing more runs on the device.
     """
+    if isinstance(values, list | tuple) and all(
+        isinstance(leaf, int | np.integer | np.bool_)
+        or (isinstance(leaf, np.ndarray) and leaf.dtype.kind in "biu")
+        for leaf in jax.tree.leaves(values)
+    ):
+        try:  # ints past 2**64 make an object array, which converts as Python ints do
+            as_array = np.asarray(values)
+            if as_array.dtype.kind in "biuO":
+                values = as_array.astype(jax.dtypes.canonicalize_dtype(np.float64))
+        except (TypeError, ValueError):  # ragged: jnp.asarray's error is named by the caller
+            pass
+        return values
     if isinstance(values, int | np.integer | np.bool_) or (
         isinstance(values, np.ndarray) and values.dtype.kind in "biu"
     ):

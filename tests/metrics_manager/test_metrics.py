@@ -220,6 +220,53 @@ def test_host_int64_values_past_2_31_do_not_wrap(x64):
     assert {k: float(v) for k, v in nnx_got.items()} == pytest.approx(nnx_expected, rel=2**-23)
 
 
+@pytest.mark.parametrize("x64", [False, True])
+def test_host_ints_in_a_list_past_2_31_read_as_a_numpy_array_does(x64):
+    """A list or tuple of host ints went to jnp.asarray as it was: without x64 one past 2**31
+    raised OverflowError ('Python integer 3000000000 out of bounds for int32'), one past
+    2**63 'Python int too large to convert to C long', also inside jit. They are floats on
+    the host now, as an int64 NumPy array is; a list holding a JAX array is left to JAX."""
+    from metrics_manager import nnx as mnnx
+
+    with jax.enable_x64(x64):
+        rtol = 1e-15 if x64 else 2**-23
+        average = mnnx.Average()
+        average.update(values=[3_000_000_000, 1])
+        got = {
+            "list": Sum.from_model_output([3_000_000_000]).compute(),
+            "tuple": Sum.from_model_output((3_000_000_000, 1)).compute(),
+            "nested": Sum.from_model_output([[3_000_000_000], [np.int64(2**33)]]).compute(),
+            "past_2_64": Sum.from_model_output([2**70, 1]).compute(),
+            "bools": Sum.from_model_output([True, True, False]).compute(),
+            "masked": Sum.from_model_output([3_000_000_000, 7], mask=[True, False]).compute(),
+            "max": Max.from_model_output([3_000_000_000, 1]).compute(),
+            "mean": MeanStd.from_model_output([3_000_000_000, 1]).compute(),
+            "per_step": AveragePerStep.from_model_output([3_000_000_000]).total,
+            "in_jit": jax.jit(lambda: Sum.from_model_output([3_000_000_000]).compute())(),
+            "with_a_jax_array": Sum.from_model_output([jnp.float32(1.5), 2]).compute(),
+        }
+        nnx_average = float(average.compute())  # float32 under x64 too, as Flax's
+        dtypes = {Sum.from_model_output([3_000_000_000]).total.dtype}
+    expected = {
+        "list": 3e9,
+        "tuple": 3e9 + 1,
+        "nested": 3e9 + 2**33,
+        "past_2_64": 2.0**70,
+        "bools": 2.0,
+        "masked": 3e9,
+        "max": 3e9,
+        "mean": (3e9 + 1) / 2,
+        "per_step": 3e9,
+        "in_jit": 3e9,
+        "with_a_jax_array": 3.5,
+    }
+    assert {k: float(v) for k, v in got.items()} == pytest.approx(expected, rel=rtol)
+    assert nnx_average == pytest.approx(1.5e9, rel=2**-23)
+    assert dtypes == {np.dtype(np.float64 if x64 else np.float32)}
+    with pytest.raises(TypeError, match=r"values must be an array or a number, got list \[\[1"):
+        Sum.from_model_output([[1, 2], [3]])  # ragged: named as before
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_scan_carry_started_from_empty_traces_under_x64(dtype):
     """A window merged in `lax.scan` from `empty()`: the identities are float64 under x64,
