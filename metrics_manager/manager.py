@@ -301,6 +301,7 @@ class MetricsManager:
         self._keys_checked: tuple[Any, ...] = ()
         self._uptime = False  # whether the checked metrics leave `timing/uptime` to the manager
         self._host_fields = False  # the checked metrics have NumPy fields
+        self._host_numbers = False  # they have leaves that are no JAX arrays
         self._made: Any = None
         self._monitor: Any = None
         named: dict[str, Any] = {}
@@ -561,8 +562,11 @@ class MetricsManager:
             # NumPy fields (an eval summed on the host) are read on the worker, and a loop
             # resets them in place after the call: copied now, as write_images copies.
             self._host_fields = any(issubclass(kind, np.ndarray) for kind, _, _ in seen[1][1])
+            # Host numbers JAX may change (an int64 past 2**31): looked at in each summary.
+            self._host_numbers = any(not issubclass(kind, jax.Array) for kind, _, _ in seen[1][1])
         problems.raise_if_any()
         self._keys_checked, self._uptime = seen, uptime
+        host_numbers = self._host_numbers
         if self._host_fields:
             metrics = jax.tree.map(lambda x: x.copy() if isinstance(x, np.ndarray) else x, metrics)
         self._check_order(step, lambda: _written_keys(metrics, ready))
@@ -605,7 +609,7 @@ class MetricsManager:
                 # call, process 0 alone) failed this summary's future on that process alone.
                 self._summarizer.recorded = None
                 summary = self._summarizer.values(
-                    metrics, ready, step, num_steps, duration, why, no_step
+                    metrics, ready, step, num_steps, duration, why, no_step, host_numbers
                 )
                 if fresh or any(self._summarizer.refused.values()):
                     self._refuse_computed(step, summary)

@@ -31,6 +31,7 @@ from writers import values as values_lib
 
 _LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
 _pack = jax.jit(PackedMetrics.pack)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
 
 
@@ -96,14 +97,16 @@ class Summarizer:
         duration: float | None,
         no_window: str = "",
         no_step: float | None = None,
+        host_numbers: bool = True,
     ) -> dict[str, clu.values.Value]:
         """The summary: `ready` values and those of `metrics`, over a window of `duration` s
         (None: no window was open, `no_window` saying why when the manager knows; `no_step`:
-        the seconds since the window was opened, if too few for a train step between)."""
+        the seconds since the window was opened, if too few for a train step between;
+        `host_numbers`: False when every leaf of `metrics` is a JAX array)."""
         owner = self._failures.owner
         near_limit: list[str] = []
         negative: list[str] = []
-        host = to_host(metrics, near_limit, step, negative)
+        host = to_host(metrics, near_limit, step, negative, host_numbers)
         if near_limit := sorted(set(near_limit) - self._int32_warned):  # once per key
             self._int32_warned.update(near_limit)
             _LOG.warning(
@@ -421,28 +424,39 @@ def to_host(
     near_limit: list[str] | None = None,
     step: int | None = None,
     negative: list[str] | None = None,
+    host_numbers: bool = True,
 ) -> dict[str, Any]:
     """NumPy copies, in one transfer; keys with an int32 leaf past 2**30 go to `near_limit`,
     every key to `negative` if an int leaf is below 0 (a count that may have wrapped: one
     look at each buffer instead of one per metric, ~45 us a summary of 20); `step` names the
-    summary in errors."""
+    summary in errors. With `host_numbers` (leaves that are no JAX arrays), a metric holding
+    one that JAX would change (`_changed_on_device`) is computed on the host instead."""
     if not metrics:
         return {}
+    kept: dict[str, Any] = {}  # metrics holding a host number the device would change
+    narrowed = jax.dtypes.canonicalize_dtype(np.int64) != np.int64  # no jax_enable_x64
+    if host_numbers and narrowed and not isinstance(metrics, PackedMetrics):
+        kept = {
+            k: m for k, m in metrics.items() if any(map(_changed_on_device, jax.tree.leaves(m)))
+        }
     try:
         if isinstance(metrics, PackedMetrics):
             packed = metrics
         else:  # host numbers among the leaves go to the device: the worker's own transfer
             with jax.transfer_guard_host_to_device("allow"):
-                packed = _pack(metrics)
+                packed = _pack({k: m for k, m in metrics.items() if k not in kept})
         host_buffers = _fetch(packed.buffers)
+        on_host = {k: _fetch_tree(m) for k, m in kept.items()}
     except Exception as err:  # JAX's bare "Array has been deleted", for a dict too
         if deleted := _deleted_problem(metrics, step):
             raise deleted from err
         raise
     host = packed.unpack_host(host_buffers)
+    if on_host:  # in the metrics' order
+        host = {k: on_host[k] if k in on_host else host[k] for k in metrics}
     bounds = [(b.min(), b.max(), b.dtype) for b in host_buffers if b.dtype.kind == "i" and b.size]
     if negative is not None and any(low < 0 for low, _, _ in bounds):
-        negative += host
+        negative += [k for k in host if k not in on_host]  # an int32 count that wrapped
     near = any(
         t == np.int32 and (hi >= _INT32_NEAR or low <= -_INT32_NEAR) for low, hi, t in bounds
     )
@@ -451,6 +465,34 @@ def to_host(
             k for k, m in host.items() if any(map(_near_int32_limit, jax.tree.leaves(m)))
         ]
     return host
+
+
+def _changed_on_device(leaf: Any) -> bool:
+    """Whether JAX without x64 would change host number `leaf`: an int past 32 bits wraps
+    there (a NumPy int64 3_000_000_000 read -1294967296, a uint64 2**40 read 0; a Python int
+    raised OverflowError, which lost the whole summary) and a float past float32's range
+    becomes inf (1e40). Such a metric is computed on the host, where it keeps its value."""
+    if isinstance(leaf, jax.Array) or isinstance(leaf, bool):
+        return False
+    if isinstance(leaf, int):
+        return not -(2**31) <= leaf < 2**31
+    if isinstance(leaf, float):
+        return _FLOAT32_MAX < abs(leaf) < math.inf
+    if not isinstance(leaf, np.ndarray | np.generic) or not leaf.size or leaf.dtype.itemsize < 8:
+        return False
+    if leaf.dtype.kind in "iu":
+        info = np.iinfo(np.int32 if leaf.dtype.kind == "i" else np.uint32)
+        return bool(leaf.min() < info.min or leaf.max() > info.max)
+    if leaf.dtype.kind == "f":
+        with np.errstate(invalid="ignore"):
+            return bool(np.any((np.abs(leaf) > _FLOAT32_MAX) & np.isfinite(leaf)))
+    return False
+
+
+def _fetch_tree(metric: Any) -> Any:
+    """`metric` with its device leaves (beside the host numbers kept) copied to the host."""
+    with jax.transfer_guard_device_to_host("allow"):
+        return jax.device_get(metric)
 
 
 def _deleted_problem(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -481,6 +482,46 @@ def test_a_clu_average_whose_int32_count_wrapped_is_not_written(tmp_path):
         "over the window ending at step 600; write summaries more often, or enable "
         "jax_enable_x64"
     )
+
+
+def test_host_numbers_past_32_bits_in_a_summary_keep_their_values(tmp_path):
+    # An eval summed on the host: without x64, packing sent the fields through the device,
+    # which read an int64 count of 3e9 as -1294967296, a uint64 2**40 as 0, a float64 1e40
+    # as inf (and a CLU Average's count of 3e9 as "wrapped", leaving its key out), while a
+    # Python int of 3e9 failed the whole summary with JAX's OverflowError, 'loss' too.
+    # Such metrics are computed on the host now.
+    metrics = {
+        "tokens": Sum(np.int64(3_000_000_000)),
+        "python_tokens": Sum(3_000_000_000),
+        "bytes": Sum(np.uint64(2**40)),
+        "negative": Sum(np.array(-3_000_000_000)),
+        "huge": Sum(np.float64(1e40)),
+        "accuracy": clu_metrics.Average(total=np.float64(2.25e9), count=np.int64(3_000_000_000)),
+        "loss": Sum(jnp.float32(2.0)),
+    }
+    expected = {
+        "tokens": 3_000_000_000,
+        "python_tokens": 3_000_000_000,
+        "bytes": 2**40,
+        "negative": -3_000_000_000,
+        "huge": 1e40,
+        "accuracy": 0.75,
+        "loss": 2.0,
+    }
+    with MetricsManager("train", tmp_path, writer_factory=files_only, uptime=False) as m:
+        summary = m.write_metrics_summary(metrics, 1, 1).result()
+        m.write_metrics_summary({"loss": Sum(jnp.float32(3.0))}, 2, 1)
+    assert {
+        k: v.value.item() if hasattr(v.value, "item") else v.value for k, v in summary.items()
+    } == expected
+    first, second = read_jsonl(str(tmp_path / "train"))
+    assert {k: first[k] for k in expected} == expected
+    assert (second["step"], second["loss"]) == (2, 3.0)
+    events = read_tensorboard(str(tmp_path / "train"))
+    in_float32 = {**expected, "huge": math.inf}  # TensorBoard's scalars are float32
+    assert {k: events.Scalars(k)[0].value for k in expected} == pytest.approx(in_float32)
+    assert [e.step for e in events.Scalars("loss")] == [1, 2]
+    assert m.errors == []
 
 
 def test_an_ml_collections_config_is_written_as_hparams(tmp_path):
