@@ -555,6 +555,7 @@ class MetricsManager:
             problems.keys(keys, self._keys_refused(step, calls))
             problems.one_window(metrics)
             problems.not_pytrees(metrics)
+            problems.not_numbers(metrics)
             problems.not_scalars(metrics)
             problems.across_processes(metrics)
             problems.written_twice(written)
@@ -1242,6 +1243,25 @@ class _Problems(Problems):
                 "CLU metric needs its own @flax.struct.dataclass decorator"
             )
 
+    def not_numbers(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:
+        """Refuses a metric field JAX cannot hold (a NumPy array of str, object or datetime,
+        a str): sent through the device with the others, it failed the whole summary on the
+        worker with JAX's "Error interpreting argument", every other key lost too."""
+        if isinstance(metrics, PackedMetrics):
+            return  # packed by JAX already
+        bad = [
+            f"{key!r}{jax.tree_util.keystr(path)} ({_checks.describe(leaf)})"
+            for key, metric in metrics.items()
+            for path, leaf in jax.tree_util.tree_flatten_with_path(metric)[0]
+            if not _number_leaf(leaf)
+        ]
+        if bad:
+            self.type_problem(
+                f"metric fields {', '.join(bad)} are not numbers, which the summary computes "
+                "with JAX; give metrics numeric fields (int, float or bool arrays or numbers), "
+                "and write text with write_texts or clu.values.Text among the metrics"
+            )
+
     def not_scalars(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:
         """Refuses a metric written as a scalar whose compute() is not one (a T5X-style
         `Sum(x.sum(axis=0))`): the worker dropped its key. compute() is traced, not run."""
@@ -1312,6 +1332,17 @@ class _Problems(Problems):
             self.value_problem(surrogates)
         if writer_problem:
             self.value_problem(writer_problem)
+
+
+def _number_leaf(leaf: Any) -> bool:
+    """Whether JAX takes metric field `leaf` as an array: a number, or an array of numbers
+    (ml_dtypes' bfloat16 and int4 too)."""
+    if isinstance(leaf, jax.Array | bool | int | float | complex):
+        return True
+    dtype = getattr(leaf, "dtype", None)
+    if not isinstance(leaf, np.ndarray | np.generic) or dtype is None:
+        return False
+    return dtype.kind in "biufc" or _checks._ml_wider(dtype) is not None
 
 
 def _written_keys(metrics: Mapping[str, Any] | PackedMetrics, ready: Mapping) -> list[str]:

@@ -3051,6 +3051,29 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         TypeError,
         r"quarantine_s must be a number of seconds such as 300.0, got \[60\] \(list\)$",
     ),
+    # Sent through the device with the others: JAX's "Error interpreting argument" on the
+    # worker lost the whole summary, 'ok' too.
+    "a metric field of NumPy str": (
+        lambda m: m.write_metrics_summary(
+            {"n": Sum(np.array("7")), "ok": Sum(np.float32(1.0))}, 1, 1
+        ),
+        TypeError,
+        r"metric fields 'n'.total \(ndarray of shape \(\) and dtype <U1\) are not numbers, "
+        r"which the summary computes with JAX; give metrics numeric fields",
+    ),
+    "metric fields of object and datetime": (
+        lambda m: m.write_metrics_summary(
+            {
+                "a": clu_metrics.Average(total=np.float32(1), count=np.array([1], object)),
+                "d": Sum(np.datetime64("2026-01-01")),
+            },
+            1,
+            1,
+        ),
+        TypeError,
+        r"metric fields 'a'.count \(ndarray of shape \(1,\) and dtype object\), 'd'.total "
+        r"\(datetime64 of shape \(\) and dtype datetime64\[D\]\) are not numbers",
+    ),
     "a str flops_per_step from gin": (  # was asked for "seconds or units", as 30.0
         lambda m: MetricsManager("other", None, flops_per_step="2e12"),
         TypeError,
