@@ -345,9 +345,17 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
     `{"opt.lr": 0.1}` (a list stays one value, an empty config is "{}"); a name given twice
     goes to `problems`."""
     flat: dict[str, Any] = {}
+    inside: set[int] = set()  # the configs `add` is in: one holding itself raised RecursionError
 
     def add(name: str, value: Any) -> None:
         if (items := _config_items(value)) is not None:
+            if id(value) in inside:
+                problems.value_problem(
+                    f"hyperparameter {name!r} is a config that holds itself (a cycle), which "
+                    "has no end to flatten into names; pass a copy without the loop"
+                )
+                return
+            inside.add(id(value))
             items = list(items)
             for key, item in items:
                 if isinstance(key, str) and key.strip():
@@ -360,6 +368,7 @@ def flat_hparams(hparams: Mapping[str, Any], problems: Problems) -> dict[str, An
                     )
             if not items:
                 add(name, "{}")
+            inside.discard(id(value))
         elif name in flat:
             problems.value_problem(
                 f"hyperparameter {name!r} is given twice, once as a nested name (dots join "

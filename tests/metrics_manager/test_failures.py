@@ -2937,6 +2937,13 @@ class _NoFloat(fractions.Fraction):
         return float(1 / 0)
 
 
+def _holding_itself() -> dict[str, Any]:
+    """A config with a loop, as `config["parent"] = config` makes one."""
+    config: dict[str, Any] = {"lr": 0.1}
+    config["parent"] = config
+    return config
+
+
 class _NoText:
     """A value whose str() (or only repr()) fails, as an object's own __str__ can."""
 
@@ -3007,6 +3014,13 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         lambda m: m.write_hparams({"opt": {"h": _NoText(repr)}}),
         TypeError,
         r"hyperparameter 'opt.h' \(_NoText\) .* repr\(\) raised TypeError: __repr__ returned",
+    ),
+    # Flattened without end: a bare RecursionError naming no key.
+    "an hparam config that holds itself": (
+        lambda m: m.write_hparams({"opt": _holding_itself(), "seed": 1}),
+        ValueError,
+        r"write_hparams: hyperparameter 'opt.parent' is a config that holds itself \(a "
+        r"cycle\), which has no end to flatten into names; pass a copy without the loop$",
     ),
     "a T5X Sum built on a vector": (  # its key was dropped on the worker
         lambda m: m.write_metrics_summary({"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, 1, 1),
