@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from writers._checks import _CONVERTERS, _is_ml_float, _looks_like_array, check_keys, check_step
+from writers._checks import _CONVERTERS, _looks_like_array, _ml_wider, check_keys, check_step
 from writers.interface import MetricWriter
 
 __all__ = ["group_values", "write_values"]
@@ -137,7 +137,7 @@ def _is_plain_scalar(value: Any) -> bool:
         return value.size == 1
     if isinstance(value, np.ndarray) or _looks_like_array(value):
         kind = np.dtype(value.dtype).kind
-        return int(np.prod(value.shape)) == 1 and (kind in "biuf" or _is_ml_float(value.dtype))
+        return int(np.prod(value.shape)) == 1 and (kind in "biuf" or _ml_wider(value.dtype))
     return False
 
 

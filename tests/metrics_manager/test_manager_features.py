@@ -524,6 +524,25 @@ def test_host_numbers_past_32_bits_in_a_summary_keep_their_values(tmp_path):
     assert m.errors == []
 
 
+def test_a_summary_of_int4_metrics_is_written_as_write_scalars_writes_them(tmp_path):
+    # write_scalars took an int4 (ml_dtypes) scalar, but a summary's int4 value was left out
+    # as "unsupported value types for 'n': Scalar of ndarray of dtype int4", a failure each.
+    metrics = {
+        "n": Sum(jnp.asarray(-3, jnp.int4)),
+        "u": Sum(jnp.asarray(7, jnp.uint4)),
+        "loss": Sum(jnp.float32(2.0)),
+    }
+    with MetricsManager("train", tmp_path, writer_factory=files_only, uptime=False) as m:
+        m.write_metrics_summary(metrics, 1, 1)
+        m.write_metrics_summary({"loss": Sum(jnp.float32(3.0))}, 2, 1)
+    first, second = read_jsonl(str(tmp_path / "train"))
+    assert {k: first[k] for k in metrics} == {"n": -3, "u": 7, "loss": 2.0}
+    assert (second["step"], second["loss"]) == (2, 3.0)
+    events = read_tensorboard(str(tmp_path / "train"))
+    assert {k: events.Scalars(k)[0].value for k in metrics} == {"n": -3.0, "u": 7.0, "loss": 2.0}
+    assert m.errors == []
+
+
 def test_an_ml_collections_config_is_written_as_hparams(tmp_path):
     # What Flax and CLU examples pass: an ml_collections ConfigDict (no Mapping), nested.
     import ml_collections
