@@ -528,7 +528,15 @@ def to_number(key: str, value: Any) -> int | float:
             ) from err
     raise TypeError(
         f"scalar {key!r} must be a number, got {value!r} of type {type(value).__name__}. "
-        "Write strings with write_texts."
+        + _scalar_fix(isinstance(value, numbers.Complex))
+    )
+
+
+def _scalar_fix(is_complex: bool) -> str:
+    """The fix for a scalar that is no real number: a complex one was told to write strings
+    with write_texts."""
+    return (
+        "Pass a real number: abs(x) or x.real." if is_complex else "Write strings with write_texts."
     )
 
 
@@ -543,7 +551,7 @@ def _not_a_scalar(key: str, arr: Any) -> Exception | None:
         return None
     return TypeError(
         f"scalar {key!r} must be a number, got an array of dtype {arr.dtype}. "
-        "Write strings with write_texts."
+        + _scalar_fix(np.dtype(arr.dtype).kind == "c")
     )
 
 

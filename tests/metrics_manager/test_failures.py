@@ -3111,7 +3111,19 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ValueError,
         "'v'.*exactly one number.*histogram",
     ),
-    "complex scalar": (lambda m: m.write_scalars(1, {"c": 1j}), TypeError, "'c'.*number"),
+    # Both were told "Write strings with write_texts".
+    "complex scalar": (
+        lambda m: m.write_scalars(1, {"c": 1j}),
+        TypeError,
+        r"scalar 'c' must be a number, got 1j of type complex\. Pass a real number: abs\(x\) "
+        r"or x\.real\.$",
+    ),
+    "complex array scalar": (
+        lambda m: m.write_scalar("c", np.complex64(1), 1),
+        TypeError,
+        r"scalar 'c' must be a number, got an array of dtype complex64\. Pass a real number: "
+        r"abs\(x\) or x\.real\.$",
+    ),
     # A Real whose float() raised: its bare ZeroDivisionError named no key, nor the other.
     "a Real whose float() raises": (
         lambda m: m.write_scalars(1, {"r": _NoFloat(1, 3), "s": "abc", "ok": 1.0}),
