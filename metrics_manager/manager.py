@@ -1274,7 +1274,7 @@ class _Problems(Problems):
                 members.update({f"{key}/{name}": m for name, m in fields})
             else:
                 members[key] = metric
-        shapes, checked = {}, 0
+        shapes, checked, complex_ = {}, 0, []
         for key, metric in members.items():
             if getattr(type(metric), "compute_value", None) is not clu.metrics.Metric.compute_value:
                 continue  # its own: a Histogram, a MeanStdScalar, ...
@@ -1285,9 +1285,12 @@ class _Problems(Problems):
             if isinstance(metric, metrics_lib.Step) and metric.steps is None:
                 metric = metric.replace(steps=1)
             try:
-                shape = getattr(jax.eval_shape(type(metric).compute, metric), "shape", None)
+                computed = jax.eval_shape(type(metric).compute, metric)
             except Exception:  # noqa: BLE001 - host-side code: the worker says
                 continue
+            shape = getattr(computed, "shape", None)
+            if np.dtype(getattr(computed, "dtype", np.float32)).kind == "c":
+                complex_.append(key)  # the worker left its key out of every summary
             checked += 1
             if shape is not None and math.prod(shape) != 1 and not _rows_per_device(metric):
                 shapes[key] = tuple(shape)
@@ -1304,6 +1307,11 @@ class _Problems(Problems):
                 "not scalars; reduce them in the step (Sum.from_model_output(x) sums every "
                 "element of x), or write an array with write_histograms or "
                 f"clu.values.Histogram(x) among the metrics.{windows}"
+            )
+        if complex_:
+            self.type_problem(
+                f"metrics {sorted(complex_)} compute complex numbers, which no writer stores; "
+                "make them from real values in the step (abs(x) or x.real)"
             )
 
     def written_twice(self, written: list[str]) -> None:

@@ -3028,6 +3028,14 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         r"metrics \['n'\] compute arrays of shapes \[\(3,\)\], not scalars; reduce them in "
         r"the step \(Sum.from_model_output\(x\) sums every element of x\)",
     ),
+    "a Sum of complex values": (  # its key was left out of every summary on the worker
+        lambda m: m.write_metrics_summary(
+            {"z": Sum.from_model_output(jnp.array([1j, 2.0])), "ok": Sum(jnp.ones(()))}, 1, 1
+        ),
+        TypeError,
+        r"metrics \['z'\] compute complex numbers, which no writer stores; make them from real "
+        r"values in the step \(abs\(x\) or x\.real\)$",
+    ),
     "a T5X Sum built on a vector, packed": (  # the README loop's window: dropped on the worker
         lambda m: m.write_metrics_summary(
             merge_metrics(None, {"n": Sum(jnp.ones(3)), "ok": Sum(jnp.ones(()))}, pack=True), 1, 1
