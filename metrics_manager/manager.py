@@ -148,8 +148,8 @@ class MetricsManager:
         the first one's bounds. A signal the program ignores (SIG_IGN) gets no handler: it
         ends nothing, and the programs the process starts keep ignoring it. Python installs
         handlers only from the main thread: a manager made on another thread is flushed by
-        one made on the main thread, else at `close()` and exit. False: neither installs a handler nor is flushed by another
-        manager's.
+        one made on the main thread, else at `close()` and exit. False: neither installs a
+        handler nor is flushed by another manager's.
         SIGTERM is left to JAX's preemption service where `jax.distributed` runs one: the
         loop stops at `reached_preemption_sync_point`, and `close()` writes every summary.
 
