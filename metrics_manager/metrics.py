@@ -28,7 +28,7 @@ import dataclasses
 import functools
 import math
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar, overload
 
 import clu.metrics as clu_metrics
@@ -1046,3 +1046,113 @@ def _set_host_fields(metric: Any, duration: float | None, num_steps: int | None)
     new = object.__new__(type(metric))
     new.__dict__.update(metric.__dict__, **fields)
     return new
+
+
+# What `HostPlan` computes, by exact class (a subclass may compute otherwise): a ratio of two
+# fields, a field itself, a field over the window's steps or seconds, steps over seconds, or
+# the seconds, each as `host_values` computes it once the steps and duration are set.
+_RATIO, _FIELD, _PER_STEP, _RATE, _STEPS_RATE, _TIME = range(6)
+_PLAN_KINDS: dict[type, tuple[int, str, str]] = {
+    clu_metrics.Average: (_RATIO, "total", "count"),
+    clu_metrics.Accuracy: (_RATIO, "total", "count"),
+    clu_metrics.LastValue: (_RATIO, "total", "count"),
+    Sum: (_FIELD, "total", ""),
+    Max: (_FIELD, "value", ""),
+    Min: (_FIELD, "value", ""),
+    AveragePerStep: (_PER_STEP, "total", ""),
+    TimeRate: (_RATE, "numerator", ""),
+    StepsPerTime: (_STEPS_RATE, "", ""),
+    Time: (_TIME, "", ""),
+}
+Leaf = tuple[
+    int, int, int, tuple[int, ...], bool
+]  # a packed leaf: buffer, start, stop, shape, weak
+
+
+class HostPlan:
+    """`host_values` of a packed summary whose metrics are all of the classes above with 0-d
+    fields (T5X's base metrics, CLU's `Average`s), as vectors over its host buffers: one
+    division per pair of buffers, not a dataclass, a `compute()` and a `_divide` per metric.
+    The same values, of the same types. Made by `PackedMetrics.host_plan()`, once per layout.
+    """
+
+    def __init__(self, indexed: Mapping[str, Any], leaves: tuple[Leaf, ...]) -> None:
+        """`indexed`: the layout's dict of metrics with each leaf replaced by its index."""
+        self.keys = tuple(indexed)
+        self._leaves = leaves
+        # (kind, top buffer, bottom buffer) -> (positions, top offsets, bottom offsets)
+        groups: dict[tuple[int, int, int], tuple[list[int], list[int], list[int]]] = {}
+        self._singles: list[tuple[int, int, int]] = []  # (position, kind, leaf)
+        self._checked: list[tuple[str, type, dict[str, Any]]] = []  # see checked_metrics
+        for position, (key, metric) in enumerate(indexed.items()):
+            kind, top, bottom = _PLAN_KINDS[type(metric)]
+            fields = vars(metric)
+            if kind in (_RATIO, _PER_STEP, _RATE):
+                t, b = fields[top], fields[bottom] if bottom else None
+                group = groups.setdefault(
+                    (kind, leaves[t][0], -1 if b is None else leaves[b][0]), ([], [], [])
+                )
+                group[0].append(position)
+                group[1].append(leaves[t][1])
+                if b is not None:
+                    group[2].append(leaves[b][1])
+            else:
+                self._singles.append((position, kind, fields[top] if top else -1))
+            timed = any(issubclass(c, Time) for _, c, _ in self._checked)
+            if isinstance(metric, Step) or (isinstance(metric, Time) and not timed):
+                self._checked.append((key, type(metric), dict(fields)))
+        self._groups = [
+            (kind, top, bottom, positions, np.array(tops), np.array(bottoms))
+            for (kind, top, bottom), (positions, tops, bottoms) in groups.items()
+        ]
+
+    @classmethod
+    def build(
+        cls, treedef: Any, leaves: tuple[Leaf, ...], classes: tuple[type, ...]
+    ) -> "HostPlan | None":
+        """The plan for a layout, or None where a metric is of another class or a leaf is not
+        0-d: those take `host_values`."""
+        if not all(c in _PLAN_KINDS for c in classes) or any(leaf[3] != () for leaf in leaves):
+            return None
+        indexed = jax.tree.unflatten(treedef, list(range(len(leaves))))
+        for metric in indexed.values():  # every field it reads is a leaf (an Average's count)
+            _, top, bottom = _PLAN_KINDS[type(metric)]
+            if any(not isinstance(vars(metric)[f], int) for f in (top, bottom) if f):
+                return None
+        return cls(indexed, leaves)
+
+    def _view(self, buffers: Sequence[np.ndarray], leaf: int) -> np.ndarray:
+        b, start, stop, shape, _ = self._leaves[leaf]
+        return buffers[b][start:stop].reshape(shape)  # as unpack_host makes each leaf
+
+    def values(
+        self, buffers: Sequence[np.ndarray], duration: float, num_steps: int
+    ) -> dict[str, clu.values.Value]:
+        """Each metric's value, as `host_values(unpack_host(buffers), duration, num_steps)`."""
+        out: list[Any] = [None] * len(self.keys)
+        with _nan_quietly():
+            for kind, top, bottom, positions, tops, bottoms in self._groups:
+                if kind == _RATIO:
+                    computed = buffers[top][tops] / buffers[bottom][bottoms]
+                else:  # `_divide` by a nonzero number: a plain division
+                    computed = buffers[top][tops] / (num_steps if kind == _PER_STEP else duration)
+                for position, value in zip(positions, computed, strict=True):
+                    out[position] = value  # a NumPy scalar, as a 0-d division gives
+        for position, kind, leaf in self._singles:
+            if kind == _FIELD:
+                out[position] = self._view(buffers, leaf)  # compute() returns the field
+            else:
+                out[position] = _divide(num_steps, duration) if kind == _STEPS_RATE else duration
+        return {key: clu.values.Scalar(value) for key, value in zip(self.keys, out, strict=True)}
+
+    def checked_metrics(self, buffers: Sequence[np.ndarray]) -> dict[str, Any]:
+        """What the summary's checks read: every `Step` metric (its count), and a `Time` one if
+        any (whether the window's duration is used), in key order."""
+        out = {}
+        for key, kind, fields in self._checked:
+            metric: Any = object.__new__(kind)  # as `_set_host_fields`: trusted fields
+            metric.__dict__.update(
+                {n: self._view(buffers, v) if isinstance(v, int) else v for n, v in fields.items()}
+            )
+            out[key] = metric
+        return out

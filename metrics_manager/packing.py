@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax._src.lax import lax as _lax_internal
 
-from metrics_manager.metrics import is_metric_obj
+from metrics_manager.metrics import HostPlan, is_metric_obj
 from writers._checks import Problems, describe
 
 __all__ = ["PackedMetrics"]
@@ -266,9 +266,23 @@ class PackedMetrics:
         leaves = [arrays[b][i:j].reshape(shape) for b, i, j, shape, _ in layout.leaves]
         return jax.tree.unflatten(layout.treedef, leaves)
 
+    def host_plan(self) -> HostPlan | None:
+        """How the manager computes these metrics' values on the host as vectors, or None
+        where it computes them one by one (`HostPlan`); made once per layout."""
+        layout = self._layout
+        cached = _HOST_PLANS.get(id(layout))
+        if cached is None or cached[0] is not layout:
+            if len(_HOST_PLANS) >= 64:  # layouts a process makes are few; a bound all the same
+                _HOST_PLANS.clear()
+            plan = HostPlan.build(layout.treedef, layout.leaves, layout.classes)
+            cached = _HOST_PLANS[id(layout)] = (layout, plan)
+        return cached[1]
+
     def __repr__(self) -> str:
         buffers = ", ".join(f"{dtype.name}[{size}]" for dtype, (size,) in self._layout.specs)
         return f"PackedMetrics(keys={self.keys()}, buffers=({buffers}))"
 
 
 _unpack_jitted = jax.jit(PackedMetrics._unpack_traced)
+# id(layout) -> (layout, its plan): a jitted step returns the same layout object every call.
+_HOST_PLANS: dict[int, tuple[_Layout, HostPlan | None]] = {}

@@ -8,6 +8,7 @@ import doctest
 import functools
 
 import clu.metrics as clu_metrics
+import clu.values as clu_values
 import flax
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 import metrics_manager
+import writers
 from metrics_manager import PackedMetrics, merge_metrics, packing
 from metrics_manager import metrics as mm
 
@@ -344,3 +346,140 @@ def test_metrics_of_different_classes_with_the_same_fields_keep_their_classes():
     merged = metrics_manager.merge_windows(windows)
     assert float(metrics_manager.compute_metric_values(merged)["x"].value) == -2.0  # min of all
     assert PackedMetrics.pack(precision)._layout != PackedMetrics.pack(recall)._layout
+
+
+def _plan_metrics(total, count, int_count):
+    """One metric of each class `HostPlan` computes, over the given field values."""
+    f32 = functools.partial(jnp.asarray, dtype=jnp.float32)
+    return {
+        "avg": clu_metrics.Average(total=f32(total), count=f32(count)),
+        "avg/int_count": clu_metrics.Average(
+            total=f32(total), count=jnp.asarray(int_count, jnp.int32)
+        ),
+        "avg/bf16": clu_metrics.Average(
+            total=jnp.asarray(total, jnp.bfloat16), count=jnp.asarray(count, jnp.bfloat16)
+        ),
+        "acc": clu_metrics.Accuracy(total=f32(total), count=f32(count)),
+        "last": clu_metrics.LastValue(total=f32(total), count=jnp.asarray(int_count, jnp.int32)),
+        "sum": mm.Sum(f32(total)),
+        "sum/int": mm.Sum(jnp.asarray(int_count, jnp.int32)),
+        "max": mm.Max(f32(total)),
+        "min": mm.Min(f32(count)),
+        "per_step": mm.AveragePerStep(total=f32(total), steps=jnp.asarray(7, jnp.int32)),
+        "per_step/int": mm.AveragePerStep(total=jnp.asarray(int_count, jnp.int32)),
+        "rate": mm.TimeRate(numerator=f32(total)),
+        "steps_per_s": mm.StepsPerTime(steps=jnp.asarray(3, jnp.int32)),
+        "seconds": mm.Time(),
+    }
+
+
+@pytest.mark.parametrize(
+    "total, count, int_count",
+    [
+        (3.7, 3.0, 3),
+        (1.0, 3.0, 7),  # 1/3: float32 and float64 divisions differ in the last bits
+        (0.0, 0.0, 0),  # 0/0: NaN
+        (-2.5, 0.0, 0),  # -inf
+        (-0.0, 4.0, 4),  # -0.0 keeps its sign
+        (np.inf, 2.0, 2),
+        (np.nan, 1.0, 1),
+        (3e38, 1e-30, 1),  # float32 overflow: inf
+    ],
+)
+@pytest.mark.parametrize("duration, num_steps", [(0.37, 3), (2.0, 1), (1e-9, 100)])
+def test_host_plan_computes_what_host_values_computes_value_and_type(
+    total, count, int_count, duration, num_steps
+):
+    packed = PackedMetrics.pack(_plan_metrics(total, count, int_count))
+    buffers = [np.asarray(b) for b in packed.buffers]
+    plan = packed.host_plan()
+    assert plan is not None and packed.host_plan() is plan  # made once per layout
+
+    fast = plan.values(buffers, duration, num_steps)
+    slow = mm.host_values(packed.unpack_host(buffers), duration, num_steps, pytest.fail)
+
+    assert list(fast) == list(slow)  # the same keys, in the same order
+    for key, value in slow.items():
+        got, want = fast[key].value, value.value
+        assert type(fast[key]) is type(value) is clu_values.Scalar, key
+        assert type(got) is type(want), key
+        assert np.asarray(got).dtype == np.asarray(want).dtype, key
+        assert np.asarray(got).tobytes() == np.asarray(want).tobytes(), (key, got, want)
+    assert float(fast["per_step"].value) == pytest.approx(
+        np.float32(total) / num_steps, nan_ok=True
+    )
+    assert fast["steps_per_s"].value == num_steps / duration
+    assert fast["seconds"].value == duration
+
+
+def test_host_plan_only_for_its_classes_with_scalar_fields():
+    @flax.struct.dataclass
+    class MyAverage(clu_metrics.Average):  # may compute otherwise
+        def compute(self):
+            return self.total
+
+    base = _plan_metrics(1.0, 2.0, 2)
+    assert PackedMetrics.pack(base).host_plan() is not None
+    for extra in (
+        {"mean": mm.MeanStd.from_model_output(jnp.arange(3.0))},
+        {"mine": MyAverage(total=jnp.float32(1.0), count=jnp.float32(2.0))},
+        {"vector": mm.Sum(jnp.ones(3))},  # a field that is no scalar
+    ):
+        assert PackedMetrics.pack({**base, **extra}).host_plan() is None, extra
+
+
+def _loop_jsonl(tmp_path, pack, int_count=2):
+    """A summary of `_plan_metrics` through a manager with a scripted clock; the JSONL rows."""
+    clock = iter(np.arange(100.0) * 0.25).__next__
+    path = tmp_path / f"{'packed' if pack else 'dict'}.jsonl"
+    with metrics_manager.MetricsManager(
+        "train",
+        writer_factory=lambda _: writers.JsonlWriter(path),
+        clock=clock,
+        uptime=False,
+    ) as manager:
+        for step in (1, 2):
+            manager.start_duration_timer()
+            metrics = _plan_metrics(1.0 * step, 3.0, int_count)
+            metrics = merge_metrics(None, metrics, pack=pack)
+            manager.write_metrics_summary(metrics, step, 3).result()
+        assert manager.errors == []
+    return writers.read_jsonl(path)
+
+
+def test_a_packed_summary_writes_what_the_same_dict_writes(tmp_path, monkeypatch):
+    used = []
+    values = metrics_manager.metrics.HostPlan.values
+    monkeypatch.setattr(
+        metrics_manager.metrics.HostPlan,
+        "values",
+        lambda self, *a: used.append(1) or values(self, *a),
+    )
+    packed, plain = _loop_jsonl(tmp_path, pack=True), _loop_jsonl(tmp_path, pack=False)
+    assert len(used) == 2  # the packed summaries took the plan
+    assert [row["step"] for row in packed] == [1, 2]
+    timed = ("time", "seconds", "rate", "steps_per_s")  # a window also counts real call time
+    for step, (got, want) in enumerate(zip(packed, plain, strict=True), 1):
+        assert {k: got[k] for k in got if k not in timed} == pytest.approx(
+            {k: want[k] for k in want if k not in timed}, nan_ok=True
+        )
+        assert got.keys() == want.keys()
+        assert got["rate"] == pytest.approx(np.float32(step) / got["seconds"], rel=1e-6)
+        assert got["steps_per_s"] == pytest.approx(3 / got["seconds"])
+    assert packed[1]["per_step"] == pytest.approx(2.0 / 3)  # total 2 over num_steps 3
+    assert packed[1]["avg"] == pytest.approx(2.0 / 3.0)
+    assert packed[1]["avg/int_count"] == pytest.approx(1.0)
+
+
+def test_a_wrapped_int32_count_in_a_packed_summary_is_still_caught(tmp_path):
+    path = tmp_path / "m.jsonl"
+    with metrics_manager.MetricsManager(
+        "train", writer_factory=lambda _: writers.JsonlWriter(path)
+    ) as manager:
+        manager.start_duration_timer()
+        metrics = merge_metrics(None, _plan_metrics(1.0, 3.0, -5), pack=True)
+        manager.write_metrics_summary(metrics, 1, 1).result()
+        errors = manager.errors
+    (row,) = writers.read_jsonl(path)
+    assert "avg/int_count" not in row and row["avg"] == pytest.approx(1 / 3)
+    assert any("'avg/int_count'" in str(e) and "wrapped" in str(e) for e in errors), errors
