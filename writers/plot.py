@@ -683,6 +683,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
             _image_format(args.out)
         except ValueError as err:
             problems.value_problem(str(err).removeprefix("writers.plot: "))
+    dump = args.dump_series  # checked now: it failed after drawing, "[Errno 21] Is a directory"
+    if dump is not None and (dump.endswith(("/", os.sep)) or os.path.isdir(dump)):
+        problems.value_problem(
+            f"--dump_series {dump!r} names a directory; name the file in it, e.g. "
+            f"{os.path.join(dump, 'series.json')!r}"
+        )
     if problems:
         parser.error(problems.message())
     if args.out is None and not args.terminal:

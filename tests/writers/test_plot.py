@@ -566,6 +566,23 @@ def test_an_out_naming_a_directory_is_refused_before_anything_is_read(tmp_path):
         plot_runs([run], out=str(tmp_path / "realdir"))
 
 
+def test_a_dump_series_naming_a_directory_is_refused_before_anything_is_written(tmp_path, capsys):
+    """`--dump_series realdir` wrote the PNG, then failed with "[Errno 21] Is a directory",
+    naming neither the flag nor the fix."""
+    run = str(tmp_path / "run")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": 1, "loss": 1.0}])
+    png = tmp_path / "p.png"
+    for dump in (str(tmp_path), str(tmp_path / "newdir") + "/"):
+        with pytest.raises(SystemExit) as exited:
+            writers.plot.main([run, "--out", str(png), "--dump_series", dump])
+        assert exited.value.code == 2
+        fix = repr(os.path.join(dump, "series.json"))
+        assert f"--dump_series {dump!r} names a directory; name the file in it, e.g. {fix}" in (
+            capsys.readouterr().err
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
 def test_a_url_with_one_slash_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys):
     """`--out gs:/b/p.png` (or `--dump_series`) wrote ./gs:/b/p.png, leaving the bucket empty."""
     run = str(tmp_path / "run")
