@@ -92,6 +92,8 @@ class MlflowWriter(_base.TrackerWriter):
 
     Raises:
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
+      TypeError: `experiment_name`, `tracking_uri`, `run_id` or `artifact_location` is not a
+        str (or None).
       ValueError: `resume_step` is negative, or given with no run_id, run_name or collection.
       ConnectionError: no server answers at an http(s) `tracking_uri` within about 15 s
         (see `_check_server`).
@@ -121,6 +123,27 @@ class MlflowWriter(_base.TrackerWriter):
         process_index: int | None = None,
     ):
         _checks.check_options("MlflowWriter", collection=collection, clock=clock)
+        # MLflow's own answers to these were "'int' object has no attribute 'decode'"
+        # (tracking_uri = 5, or a Path), "'PosixPath' object has no attribute 'startswith'"
+        # (artifact_location) and "expected string or bytes-like object" (run_id).
+        problems = _checks.Problems("MlflowWriter")
+        for arg, value, example in (
+            ("experiment_name", experiment_name, "'my-experiment'"),
+            ("tracking_uri", tracking_uri, "'sqlite:///mlflow.db' or 'http://host:5000'"),
+            ("run_id", run_id, "'3f8a2b...' (a run's 32 hex digits)"),
+            ("artifact_location", artifact_location, "'/data/artifacts' or 's3://b/artifacts'"),
+        ):
+            if value is not None and not isinstance(value, str):
+                fix = (
+                    "pass str(path)"
+                    if isinstance(value, os.PathLike)
+                    else "in gin write it in quotes"
+                )
+                problems.type_problem(
+                    f"{arg} must be a str such as {example}, or None; got {value!r} "
+                    f"({type(value).__name__}); {fix}"
+                )
+        problems.raise_if_any()
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
         self._max = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")
         self._close_timeout = None

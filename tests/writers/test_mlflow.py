@@ -430,6 +430,30 @@ def test_resume_with_no_run_to_look_for_is_refused(store):
         _writer(store, resume_step=3, process_index=1)  # alike on every process
 
 
+def test_a_store_setting_of_the_wrong_type_is_refused_naming_it(store, tmp_path):
+    """`writers.MlflowWriter.tracking_uri = 5` in gin said only "'int' object has no
+    attribute 'decode'", and `run_id = 7` "expected string or bytes-like object"."""
+    bad = {"tracking_uri": 5, "run_id": 7, "artifact_location": 3.0}
+    with pytest.raises(TypeError) as raised:
+        writers.MlflowWriter(5, process_index=0, **bad)
+    message = str(raised.value)
+    assert message.startswith("MlflowWriter: 4 problems:")
+    for problem in (
+        "experiment_name must be a str such as 'my-experiment', or None; got 5 (int)",
+        "tracking_uri must be a str such as 'sqlite:///mlflow.db' or 'http://host:5000', or "
+        "None; got 5 (int)",
+        "run_id must be a str such as '3f8a2b...' (a run's 32 hex digits), or None; got 7 (int)",
+        "artifact_location must be a str such as '/data/artifacts' or 's3://b/artifacts', or "
+        "None; got 3.0 (float)",
+    ):
+        assert f"  - {problem}; in gin write it in quotes" in message
+    with pytest.raises(
+        TypeError, match=r"artifact_location must be a str .*\(PosixPath\); pass str"
+    ):
+        _writer({**store, "artifact_location": tmp_path / "art"})
+    assert not (tmp_path / "art").exists()
+
+
 def test_attaching_by_run_id_leaves_the_run_running(store):
     client = MlflowClient(store["tracking_uri"])
     run_id = client.create_run("0").info.run_id
