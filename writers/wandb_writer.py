@@ -50,6 +50,7 @@ import glob
 import hashlib
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -80,6 +81,17 @@ def _earlier_run(logdir: str | None, run_id: str | None) -> bool:
         glob.glob(os.path.join(glob.escape(root), folder, "*", glob.escape(f"run-{run_id}.wandb")))
         for folder in ("wandb", ".wandb")
     )
+
+
+def _refused_setting(err: Exception) -> ValueError | None:
+    """For pydantic's `ValidationError` of W&B's settings (`mode='ofline'`), a ValueError with
+    its text; None for any other error. gin re-raises a configurable's error as a copy of its
+    type, which a `ValidationError` cannot be, so a `writers.WandbWriter.mode` binding said
+    only "ValidationError.__new__() missing 2 required positional arguments"."""
+    pydantic_core = sys.modules.get("pydantic_core")  # W&B's settings are pydantic models
+    if pydantic_core is None or not isinstance(err, pydantic_core.ValidationError):
+        return None
+    return ValueError(f"WandbWriter: W&B refused a setting of wandb.init: {err}")
 
 
 class WandbWriter(_base.TrackerWriter):
@@ -181,21 +193,26 @@ class WandbWriter(_base.TrackerWriter):
                 # not there dropped the new run's step 0 (its config) and named a rewind
                 # point `wandb sync` cannot apply. A new run keeps its step 0.
                 resume_step = self._resumed_at = None
-            run = self._wandb.init(
-                project=project,
-                entity=entity,
-                dir=logdir,
-                name=name or collection,
-                group=group,
-                mode=mode,
-                config=config or None,
-                tags=list(tags) if tags else None,
-                settings=settings,
-                reinit="create_new",  # one run per writer: train and eval side by side
-                id=run_id,  # passed with resume_from too: W&B checks that they agree
-                resume="allow" if run_id is not None and resume_step is None else None,
-                resume_from=None if resume_step is None else f"{run_id}?_step={resume_step}",
-            )
+            try:
+                run = self._wandb.init(
+                    project=project,
+                    entity=entity,
+                    dir=logdir,
+                    name=name or collection,
+                    group=group,
+                    mode=mode,
+                    config=config or None,
+                    tags=list(tags) if tags else None,
+                    settings=settings,
+                    reinit="create_new",  # one run per writer: train and eval side by side
+                    id=run_id,  # passed with resume_from too: W&B checks that they agree
+                    resume="allow" if run_id is not None and resume_step is None else None,
+                    resume_from=None if resume_step is None else f"{run_id}?_step={resume_step}",
+                )
+            except Exception as err:
+                if (refused := _refused_setting(err)) is None:
+                    raise
+                raise refused from err
             self._owned = True
         self._run = run
         self._min_step = int(run.starting_step or 0)

@@ -554,3 +554,26 @@ def test_a_write_after_wandbs_service_died_says_so(tmp_path):
     ).stdout
     assert out.startswith("MailboxClosedError |  | WandbWriter: W&B's service process (wandb-core)")
     assert "gone (killed, or out of memory): no later value reaches W&B" in out
+
+
+def test_a_setting_w_and_b_refuses_is_named_through_gin(tmp_path):
+    """`writers.WandbWriter.mode = 'ofline'` said only "TypeError: ValidationError.__new__()
+    missing 2 required positional arguments": gin could not copy pydantic's error."""
+    import gin
+
+    gin.clear_config()
+    try:
+        gin.parse_config(
+            "from __gin__ import dynamic_registration\nimport writers\n"
+            "writers.WandbWriter.mode = 'ofline'\n"
+        )
+        make = gin.get_configurable("writers.WandbWriter")
+        with pytest.raises(ValueError) as raised:
+            make("tests", logdir=tmp_path, process_index=0)
+    finally:
+        gin.clear_config()
+    message = str(raised.value)
+    assert message.startswith("WandbWriter: W&B refused a setting of wandb.init: ")
+    assert "mode\n" in message and "input_value='ofline'" in message
+    assert "In call to configurable 'WandbWriter'" in message
+    assert wandb_run_files(str(tmp_path)) == []
