@@ -212,6 +212,13 @@ class MetricsManager:
                 hint = "; in gin write a reference, @writers.JsonlWriter, not a str" * (
                     isinstance(value, str)
                 )
+                if arg == "writer_factory" and callable(getattr(value, "write_scalars", None)):
+                    # `@writers.create_default_writer()` in gin: called once, at parsing.
+                    hint = (
+                        "; that is a writer, not a factory making one in each manager's "
+                        "directory: in gin drop the (), @writers.create_default_writer; in "
+                        "Python pass lambda logdir: <your writer(s)>"
+                    )
                 problems.type_problem(f"{arg} must be callable, got {value!r}{hint}")
         if writer_factory is None and hasattr(self, "_create_writer"):  # T5X's writer hook
             problems.type_problem(

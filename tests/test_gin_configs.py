@@ -319,3 +319,27 @@ def test_a_scoped_binding_reaches_only_a_manager_built_in_its_scope(tmp_path):
             manager.write_scalars(1, {"loss": 2.0})
     assert sorted(p.name for p in (tmp_path / "scoped").iterdir()) == ["metrics.jsonl"]
     assert len(list((tmp_path / "train").glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_factory_reference_called_in_gin_is_refused_naming_the_fix(tmp_path):
+    """`writer_factory = @writers.create_default_writer()` hands the manager the writer gin
+    made at parsing: it said "must be callable, got <writers.multi.MultiWriter object at ...>",
+    not that the () is the mistake."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    config = tmp_path / "mine.gin"
+    config.write_text(
+        "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
+        "include 'console.gin'\n"
+        "metrics_manager.MetricsManager.writer_factory = @writers.create_default_writer()\n"
+    )
+    gin.parse_config_files_and_bindings([str(config)], [])
+    with pytest.raises(TypeError) as raised:
+        configured(metrics_manager.MetricsManager)("train", str(tmp_path))
+    assert str(raised.value).startswith("MetricsManager: writer_factory must be callable, got <")
+    assert (
+        "that is a writer, not a factory making one in each manager's directory: in gin drop "
+        "the (), @writers.create_default_writer; in Python pass lambda logdir: <your writer(s)>"
+    ) in str(raised.value)
+    assert not (tmp_path / "train").exists()
