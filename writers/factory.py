@@ -74,6 +74,8 @@ def create_default_writer(
     Raises:
       TypeError: a flag (`console`, `jsonl`, ...) is not a bool, `max_queue` is not an int,
         or `console_stream` has no `write()`.
+      TypeError, ValueError: `flush_secs`, `max_buffer_mb`, `total_steps` or `purge_step` is
+        not what it takes, also where no writer of the set reads it.
       ValueError: `max_queue` is below 1, `purge_step` and `resume_step` disagree, or
         `logdir` is a URL whose '//' was made '/' (`Path("gs://b")`, `"gs:/b"`).
 
@@ -106,6 +108,13 @@ def create_default_writer(
         )
     if max_queue < 1:  # also when synchronous: a config that fails only when made async
         raise ValueError(f"create_default_writer: max_queue must be >= 1, got {max_queue}.")
+    # Likewise whatever the set: console.gin took flush_secs = '30' (no writer of its reads
+    # it), and the config failed only once TensorBoard or JSONL was switched on.
+    _checks.check_seconds(flush_secs, "create_default_writer")
+    _checks.buffer_bytes(max_buffer_mb, "create_default_writer")
+    _checks.check_options("create_default_writer", total_steps=total_steps)
+    if purge_step is not None:
+        purge_step = _checks.check_step(purge_step, "create_default_writer(purge_step=...)")
     if console_stream is not None and not callable(getattr(console_stream, "write", None)):
         raise TypeError(
             f"create_default_writer: console_stream must be a text stream such as sys.stderr "

@@ -3283,7 +3283,8 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "zero max_buffer_mb": (
         lambda m: writers.create_default_writer(m.summary_dir, max_buffer_mb=0, console=False),
         ValueError,
-        "JsonlWriter: max_buffer_mb must be positive and finite, got 0; None for no bound",
+        "create_default_writer: max_buffer_mb must be positive and finite, got 0; None for no "
+        "bound",
     ),
     "zero close_timeout_s": (
         lambda m: writers.MlflowWriter(close_timeout_s=0, process_index=1),

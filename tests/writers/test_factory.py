@@ -324,3 +324,30 @@ finally:
         .read_text()
         .startswith(f"JsonlWriter({tmp_path / 'metrics.jsonl'}): this process is a fork")
     )
+
+
+@pytest.mark.parametrize(
+    "setting, error, message",
+    [
+        ({"flush_secs": "30"}, TypeError, "flush_secs must be a number of seconds such as 10.0, "
+         "got '30' (str); in gin write a number, without quotes."),
+        ({"flush_secs": -1}, ValueError, "flush_secs must be positive and finite, got -1"),
+        ({"max_buffer_mb": "64"}, TypeError, "max_buffer_mb must be a number of MiB such as "
+         "256.0, got '64' (str); in gin write a number, without quotes."),
+        ({"total_steps": "100"}, TypeError, "total_steps must be a positive int or None, got "
+         "'100' (str); in gin write it without quotes."),
+        ({"purge_step": "5"}, TypeError, "(purge_step=...): step must be a non-negative "
+         "integer, got '5' of type str"),
+    ],
+)  # fmt: skip
+def test_a_setting_no_writer_of_the_set_reads_is_checked_too(tmp_path, setting, error, message):
+    """console.gin with `flush_secs = '30'` ran: no writer of the console set reads it, and
+    the config failed only once TensorBoard or JSONL was switched on (as max_queue is)."""
+    flags = {"console": True, "tensorboard": False, "jsonl": False}
+    if "total_steps" in setting:  # read by the console writer alone
+        flags = {"console": False, "tensorboard": True, "jsonl": True}
+    with pytest.raises(error) as raised:
+        writers.create_default_writer(tmp_path, **flags, **setting)
+    assert str(raised.value).startswith("create_default_writer")
+    assert message in str(raised.value)
+    assert list(tmp_path.iterdir()) == []
