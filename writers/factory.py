@@ -196,7 +196,8 @@ def create_tracker_writer(
         W&B rewinds its run (with `run_id`), MLflow skips the steps its run already has.
 
     Raises:
-      TypeError: `resume_step` for a `tracker` that takes none.
+      TypeError: `resume_step` for a `tracker` that takes none; `tracker` or `default_writer`
+        is no function or class (a str, a writer), or `name` is no str.
       ValueError: `name` is already the name of one of the default writers.
 
     Example:
@@ -209,6 +210,23 @@ def create_tracker_writer(
       ['jsonl', 'tracker']
       >>> w.close()
     """
+    problems = _checks.Problems("create_tracker_writer")
+    for role, factory in (("tracker", tracker), ("default_writer", default_writer)):
+        if callable(factory):
+            continue
+        example = "writers.MlflowWriter" if role == "tracker" else "writers.create_default_writer"
+        # A str from gin ('mlflow'), or a writer gin made once at parsing (`@...()`): the call
+        # said only "'str' object is not callable".
+        fix = f"in gin write a reference, @{example}, not a str"
+        if not isinstance(factory, str):
+            fix = f"in gin drop the (): @{example}; in Python pass the class or function itself"
+        problems.type_problem(
+            f"{role} must be a function or class making a writer, such as {example}, got "
+            f"{factory!r}; {fix}"
+        )
+    if not isinstance(name, str):  # MultiWriter said "every key must be a str"
+        problems.type_problem(f"name must be a str such as 'mlflow', got {name!r}")
+    problems.raise_if_any()
     resuming = {} if resume_step is None else {"resume_step": resume_step}
     takes = {
         role: _checks.parameters(f)

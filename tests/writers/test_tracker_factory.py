@@ -324,3 +324,31 @@ def test_a_tracker_not_installed_is_named_with_its_extra(monkeypatch):
         writers.MlflowWriter("logs")
     assert str(error.value).startswith("MlflowWriter needs the 'mlflow' package, which is not ")
     assert str(error.value).endswith("pip install 'jax-metrics-manager[mlflow]'.")
+
+
+def test_a_tracker_or_default_writer_that_makes_nothing_is_refused_naming_the_fix(tmp_path):
+    """`tracker = 'mlflow'` or `default_writer = @writers.create_default_writer()` in gin said
+    only "'str' object is not callable" / "'MultiWriter' object is not callable"."""
+    made = writers.NoopWriter()
+    cases = [
+        (
+            {"tracker": "mlflow"},
+            "tracker must be a function or class making a writer, such as writers.MlflowWriter, "
+            "got 'mlflow'; in gin write a reference, @writers.MlflowWriter, not a str",
+        ),
+        (
+            {"tracker": RecordingWriter, "default_writer": made},
+            "default_writer must be a function or class making a writer, such as "
+            f"writers.create_default_writer, got {made!r}; in gin drop the (): "
+            "@writers.create_default_writer; in Python pass the class or function itself",
+        ),
+        (
+            {"tracker": RecordingWriter, "default_writer": _files_only, "name": 5},
+            "name must be a str such as 'mlflow', got 5",
+        ),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(TypeError) as raised:
+            writers.create_tracker_writer(tmp_path, **kwargs)
+        assert str(raised.value) == f"create_tracker_writer: {message}"
+    assert list(tmp_path.iterdir()) == []
