@@ -11,9 +11,11 @@ the operative config as T5X does, to `<model_dir>/config.gin` and as the text su
 """
 
 import functools
+import inspect
 import logging
 import os
 import site
+import sys
 import sysconfig
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar, cast
@@ -21,6 +23,7 @@ from typing import Any, Protocol, TypeVar, cast
 import gin
 import jax
 
+import writers
 from writers import _storage
 from writers._checks import Problems, collapsed_url
 
@@ -79,15 +82,30 @@ def configured(fn: F) -> F:
     manager wrote TensorBoard and JSONL files). While gin knows nothing of `fn`, a call is
     `fn`'s own.
 
+    For an `fn` taking `writer_factory` (a `MetricsManager`), it is always the stand-in, which
+    refuses a call that leaves `writer_factory` to gin where gin binds none but binds
+    `writers.create_default_writer`: a writer set parsed alone (`writers/console.gin`) configures
+    a factory the manager never calls, and its default writers wrote TensorBoard and JSONL
+    files the set turns off.
+
+    Raises (at the call):
+      ValueError: the writer set's bindings would be ignored (naming them and the fix).
+
     Example:
       >>> import writers
       >>> make_writer = configured(writers.create_default_writer)
       >>> make_writer(None, console=False).close()
     """
     try:
-        return gin.get_configurable(fn)
-    except ValueError:  # no parsed config names `fn` yet
-        pass
+        signature: inspect.Signature | None = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without one
+        signature = None
+    takes_factory = signature is not None and "writer_factory" in signature.parameters
+    if not takes_factory:
+        try:
+            return gin.get_configurable(fn)
+        except ValueError:  # no parsed config names `fn` yet
+            pass
 
     @functools.wraps(fn)
     def through_gin(*args: Any, **kwargs: Any) -> Any:
@@ -95,9 +113,47 @@ def configured(fn: F) -> F:
             target = gin.get_configurable(fn)
         except ValueError:  # still none: the plain call
             target = fn
+        if takes_factory and signature is not None:
+            _refuse_an_unread_writer_set(fn, signature, args, kwargs)
         return target(*args, **kwargs)
 
     return cast(F, through_gin)
+
+
+def _refuse_an_unread_writer_set(
+    fn: Callable[..., Any], signature: inspect.Signature, args: Any, kwargs: Any
+) -> None:
+    """Raises where `fn` would get no `writer_factory` (not passed, not bound in gin) while gin
+    binds `writers.create_default_writer`: `fn` would make its default writers, not the set's."""
+    try:
+        if "writer_factory" in signature.bind_partial(*args, **kwargs).arguments:
+            return  # the caller's choice
+    except TypeError:  # `fn` itself says what is wrong with the call
+        return
+    try:
+        if "writer_factory" in gin.get_bindings(fn, resolve_references=False):
+            return
+    except ValueError:  # gin knows nothing of `fn`
+        pass
+    try:
+        chosen = gin.get_bindings(writers.create_default_writer, resolve_references=False)
+    except ValueError:  # nor of the writer factory: no writer set to lose
+        return
+    if not chosen:
+        return
+    package = fn.__module__.split(".")[0]
+    public = getattr(sys.modules.get(package), fn.__name__, None) is fn
+    name = f"{package}.{fn.__name__}" if public else f"{fn.__module__}.{fn.__qualname__}"
+    found = ", ".join(f"{key} = {value!r}" for key, value in sorted(chosen.items()))
+    raise ValueError(
+        f"configured({fn.__name__}): gin binds writers.create_default_writer ({found}) but "
+        f"not {name}.writer_factory, so these bindings would be ignored and the default "
+        "writers (console, TensorBoard, JSONL) made instead. A writer set parsed alone does "
+        "not reach the manager: parse a top-level config such as console.gin, default.gin or "
+        f"tensorboard.gin, or bind {name}.writer_factory = @writers.create_default_writer in a "
+        f"gin file that imports {package} and writers (from __gin__ import "
+        f"dynamic_registration, import {package}, import writers)."
+    )
 
 
 def config_markdown(config_str: str) -> str:

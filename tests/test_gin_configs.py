@@ -343,3 +343,51 @@ def test_a_factory_reference_called_in_gin_is_refused_naming_the_fix(tmp_path):
         "the (), @writers.create_default_writer; in Python pass lambda logdir: <your writer(s)>"
     ) in str(raised.value)
     assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.parametrize("writer_set", WRITER_SETS)
+def test_a_writer_set_parsed_alone_is_refused_naming_the_factory_binding(writer_set, tmp_path):
+    """`gin.parse_config_files_and_bindings(["writers/console.gin"], [])` binds the writer
+    factory but not the manager's `writer_factory`: the manager made its default writers and
+    wrote TensorBoard and JSONL files the set turns off. The call now refuses, and the fix it
+    names (the binding, in a file importing metrics_manager and writers) writes the set's."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    gin.parse_config_files_and_bindings([writer_set], [])
+    expected = _expected_writers()
+    make = configured(metrics_manager.MetricsManager)
+    with pytest.raises(ValueError) as raised:
+        make("train", str(tmp_path))
+    message = str(raised.value)
+    found = ", ".join(
+        f"{key} = {value!r}"
+        for key, value in sorted(gin.get_bindings(writers.create_default_writer).items())
+    )
+    assert message.startswith(
+        f"configured(MetricsManager): gin binds writers.create_default_writer ({found}) but "
+        "not metrics_manager.MetricsManager.writer_factory, so these bindings would be ignored"
+    )
+    assert (
+        "bind metrics_manager.MetricsManager.writer_factory = @writers.create_default_writer"
+    ) in message
+    assert "in a gin file that imports metrics_manager and writers" in message
+    assert "parse a top-level config such as console.gin" in message
+    assert list(tmp_path.iterdir()) == []
+    fix = tmp_path / "fix.gin"
+    fix.write_text(
+        "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
+        "metrics_manager.MetricsManager.writer_factory = @writers.create_default_writer\n"
+    )
+    gin.clear_config()  # parsing finalized (locked) the config
+    gin.parse_config_files_and_bindings([writer_set, str(fix)], [])
+    with make("train", str(tmp_path / "run")) as manager:
+        assert set(manager.writers) == expected
+        manager.write_scalars(1, {"loss": 0.5})
+    run = tmp_path / "run" / "train"
+    made = run.iterdir() if run.exists() else []  # console alone makes no directory
+    files = {"events" if p.name.startswith("events.") else p.name for p in made}
+    wanted = {"tensorboard": "events", "jsonl": "metrics.jsonl"}
+    assert files == {file for writer, file in wanted.items() if writer in expected}
+    if "jsonl" in expected:
+        assert [line["loss"] for line in writers.read_jsonl(run)] == [0.5]

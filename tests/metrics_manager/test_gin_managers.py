@@ -374,3 +374,23 @@ def test_a_tracker_config_resumes_every_writer_from_the_managers_resume_step(tmp
     old, new = wandb_run_files(str(tmp_path / "train"))
     assert sorted(wandb_history(old)) == list(range(10, 101, 10))
     assert wandb_history(new) == {s: {"loss": -float(s)} for s in (60, 70, 80)}
+
+
+def test_a_config_binding_the_manager_but_not_its_factory_is_refused(tmp_path):
+    """A user's config that includes a writer set and binds `MetricsManager.uptime` but not
+    `writer_factory`: gin's own wrapper was returned, which made the default writers (events
+    and metrics.jsonl under console.gin's set)."""
+    config = tmp_path / "mine.gin"
+    config.write_text(
+        "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
+        "include 'writers/console.gin'\nmetrics_manager.MetricsManager.uptime = True\n"
+    )
+    parse(str(config))
+    make = gin_utils.configured(MetricsManager)
+    with pytest.raises(ValueError, match=r"but not metrics_manager\.MetricsManager\.writer_f"):
+        make("train", tmp_path)
+    assert run_files(tmp_path / "train") == set()
+    # Passed by the caller, the factory is the caller's choice.
+    with make("train", tmp_path, writer_factory=writers.JsonlWriter) as train:
+        train.write_scalars(1, {"loss": 0.5})
+    assert [line["loss"] for line in writers.read_jsonl(tmp_path / "train")] == [0.5]
