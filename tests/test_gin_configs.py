@@ -391,3 +391,17 @@ def test_a_writer_set_parsed_alone_is_refused_naming_the_factory_binding(writer_
     assert files == {file for writer, file in wanted.items() if writer in expected}
     if "jsonl" in expected:
         assert [line["loss"] for line in writers.read_jsonl(run)] == [0.5]
+
+
+def test_a_suggested_resume_step_is_the_managers_as_the_readme_says():
+    """README's Resuming: bind `MetricsManager.resume_step`, which the manager passes to its
+    writer factory (and its tracker). writers/default.gin and cluster.gin suggested
+    `writers.create_default_writer.resume_step = 5000`, which a manager with its own
+    resume_step overrides and which no tracker gets."""
+    suggested = {
+        (path.relative_to(CONFIGS).as_posix(), selector)
+        for path, selector, _ in SUGGESTIONS
+        if selector.endswith(".resume_step")
+    }
+    assert {path for path, _ in suggested} >= {"writers/default.gin", "writers/cluster.gin"}
+    assert {selector for _, selector in suggested} == {"metrics_manager.MetricsManager.resume_step"}
