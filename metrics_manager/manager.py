@@ -1508,6 +1508,16 @@ def _claim_dir(name: str, summary_dir: str | None) -> str | None:
     return path
 
 
+# Writers whose first parameter is no directory: that parameter, and the gin writer set.
+_NO_DIRECTORY = {
+    writers.ConsoleWriter: ("stream", "include 'writers/console.gin'"),
+    writers.LoggingWriter: (
+        "collection",
+        "writers.create_default_writer.log = True (writers/cluster.gin has it)",
+    ),
+}
+
+
 def _factory_and_kwargs(
     name: str, factory: WriterFactory | None, resume_step: int | None
 ) -> tuple[WriterFactory, dict[str, Any]]:
@@ -1523,6 +1533,19 @@ def _factory_and_kwargs(
             f"functools.partial(writers.{kind}, ...)), the default writers and it (gin: "
             f"configs/writers/{kind.removesuffix('Writer').lower()}.gin)"
         )
+    for base, (first, gin_set) in _NO_DIRECTORY.items():
+        # ConsoleWriter said only "stream must be a text stream ..., got '<summary_dir>'". A
+        # subclass taking a directory first is left alone. (gin's wrapper: its __init__'s.)
+        takes = [arg for arg in _checks.parameters(tracker) or {} if arg != "self"]
+        if isinstance(tracker, type) and issubclass(tracker, base) and takes[:1] == [first]:
+            kind = tracker.__name__
+            raise TypeError(
+                f"MetricsManager({name!r}): writer_factory is {kind}, which would take the "
+                f"summary dir as its {first} (it writes no files); pass writer_factory=lambda "
+                f"logdir, collection=None: writers.{kind}(collection=collection), or in gin a "
+                f"writer set: {gin_set}, with metrics_manager.MetricsManager.writer_factory = "
+                "@writers.create_default_writer (as configs/console.gin has)"
+            )
     parameters = _checks.parameters(factory) or {}  # a gin-registered class: its __init__'s
     kwargs: dict[str, Any] = {}
     collection = parameters.get("collection")

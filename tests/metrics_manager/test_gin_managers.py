@@ -394,3 +394,54 @@ def test_a_config_binding_the_manager_but_not_its_factory_is_refused(tmp_path):
     with make("train", tmp_path, writer_factory=writers.JsonlWriter) as train:
         train.write_scalars(1, {"loss": 0.5})
     assert [line["loss"] for line in writers.read_jsonl(tmp_path / "train")] == [0.5]
+
+
+@pytest.mark.parametrize("through", ["python", "gin"])
+@pytest.mark.parametrize("kind", ["ConsoleWriter", "LoggingWriter"])
+def test_a_writer_class_taking_no_directory_as_the_factory_names_the_fix(
+    kind, through, tmp_path, capsys
+):
+    """`writer_factory = @writers.ConsoleWriter` passed the summary dir as the stream: "stream
+    must be a text stream such as sys.stderr ..., got '<dir>/train' (str)" named no fix
+    (LoggingWriter: "got multiple values for argument 'collection'")."""
+    if through == "gin":
+        gin.parse_config(
+            "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
+            f"metrics_manager.MetricsManager.writer_factory = @writers.{kind}\n"
+        )
+        make = gin_utils.configured(MetricsManager)
+    else:
+        make = functools.partial(MetricsManager, writer_factory=getattr(writers, kind))
+    with pytest.raises(TypeError) as raised:
+        make("train", tmp_path)
+    first = {"ConsoleWriter": "stream", "LoggingWriter": "collection"}[kind]
+    gin_set = {
+        "ConsoleWriter": "include 'writers/console.gin'",
+        "LoggingWriter": "writers.create_default_writer.log = True (writers/cluster.gin has it)",
+    }[kind]
+    assert str(raised.value).split("\n")[0] == (  # gin adds "In call to configurable ..."
+        f"MetricsManager('train'): writer_factory is {kind}, which would take the summary dir "
+        f"as its {first} (it writes no files); pass writer_factory=lambda logdir, "
+        f"collection=None: writers.{kind}(collection=collection), or in gin a writer set: "
+        f"{gin_set}, with metrics_manager.MetricsManager.writer_factory = "
+        "@writers.create_default_writer (as configs/console.gin has)"
+    )
+    assert not (tmp_path / "train").exists()
+    # The fix it names: the writer, with the manager's name as its collection.
+    factory = lambda logdir, collection=None: getattr(writers, kind)(collection=collection)  # noqa: E731
+    with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+        assert list(manager.writers) == [kind]
+        manager.write_scalars(1, {"loss": 0.5})
+    if kind == "ConsoleWriter":
+        assert capsys.readouterr().out.splitlines()[:2] == ["step 1 | train", "  loss  0.5"]
+
+
+def test_a_console_writer_subclass_taking_the_directory_is_a_factory(tmp_path):
+    class DirConsole(writers.ConsoleWriter):
+        def __init__(self, logdir, collection=None):
+            super().__init__(collection=collection)
+            self.logdir = logdir
+
+    with MetricsManager("train", tmp_path, writer_factory=DirConsole) as manager:
+        (made,) = manager.writers.values()
+    assert made.logdir == str(tmp_path / "train")
