@@ -1167,9 +1167,17 @@ class _Problems(Problems):
     """`Problems` with the checks of the manager's public calls."""
 
     def integer(
-        self, what: str, value: Any, *, minimum: int, gin: bool = False, hint: str = ""
+        self,
+        what: str,
+        value: Any,
+        *,
+        minimum: int,
+        gin: bool = False,
+        hint: str = "",
+        fix: str = "",
     ) -> int:
-        """`value` as an int, or a problem naming `what`, with `hint` after the usual one."""
+        """`value` as an int, or a problem naming `what`, with `hint` after the usual one;
+        `fix` for a bool, a str or None when there is no `hint`."""
         if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
             value = int(value)  # NumPy scalars are `numbers.Integral` already; 0-d arrays not
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -1181,10 +1189,14 @@ class _Problems(Problems):
                 if np.issubdtype(value.dtype, np.integer) and value.ndim <= 1:  # no float cut
                     one = f"int({what})" if value.ndim == 0 else f"int({what}[0])"  # per device
                     hint += f"; for a one-off write outside it, pass {one}"
+            elif isinstance(value, bool):  # int(True) is 1: no step or count the loop meant
+                hint = "" if extra else fix
             elif isinstance(value, numbers.Real) and math.isfinite(value):  # T5X: int(step)
                 hint = f"; pass int({what})" if float(value).is_integer() else ""
             elif gin and isinstance(value, str):
                 hint = "; in gin write a number, without quotes"
+            elif (value is None or isinstance(value, str | np.bool_)) and not extra:
+                hint = fix
             self.type_problem(f"{what} must be an int, got {_brief(value)}{hint}{extra}")
             return 0
         if int(value) < minimum:
@@ -1192,7 +1204,12 @@ class _Problems(Problems):
         return int(value)
 
     def step(self, what: str, value: Any, hint: str = "") -> int:
-        step = self.integer(what, value, minimum=0, hint=hint)
+        """`value` as a step; a bool, a str or None is refused naming the counter to pass."""
+        fix = (
+            "; pass the loop's step counter as an int: a Python int counter, or "
+            "int(state.step) on the host"
+        )
+        step = self.integer(what, value, minimum=0, hint=hint, fix=fix)
         if step >= _checks.MAX_STEP:
             self.value_problem(f"{what} must be below 2**63 (steps are int64), got {step}")
         return step

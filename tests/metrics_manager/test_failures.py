@@ -3186,7 +3186,30 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "step 2**70": (lambda m: m.write_metrics_summary(GOOD, 2**70, 1), ValueError, "2\\*\\*63"),
     "negative step": (lambda m: m.write_scalar("x", 1.0, -1), ValueError, "step must be >= 0"),
     "float step": (lambda m: m.write_scalar("x", 1.0, 1.5), TypeError, "step must be an int"),
-    "bool step": (lambda m: m.write_scalar("x", 1.0, True), TypeError, "step must be an int"),
+    # A bool, a str or None was refused naming what came, not the fix (a bool's was int(step)).
+    "bool step": (
+        lambda m: m.write_scalar("x", 1.0, True),
+        TypeError,
+        r"step must be an int, got True \(bool\); pass the loop's step counter as an int: a "
+        r"Python int counter, or int\(state\.step\) on the host$",
+    ),
+    "numpy bool step": (
+        lambda m: m.write_scalar("x", 1.0, np.bool_(True)),
+        TypeError,
+        r"write_scalar: step must be an int, got np\.True_ \(bool\); pass the loop's step "
+        r"counter as an int: a Python int counter, or int\(state\.step\) on the host$",
+    ),
+    "str step": (
+        lambda m: m.write_scalar("x", 1.0, "3"),
+        TypeError,
+        r"step must be an int, got '3' \(str\); pass the loop's step counter as an int",
+    ),
+    "None step": (
+        lambda m: m.write_metrics_summary(GOOD, None, 1),
+        TypeError,
+        r"write_metrics_summary: step must be an int, got None \(NoneType\); pass the loop's "
+        r"step counter as an int: a Python int counter, or int\(state\.step\) on the host$",
+    ),
     "jax step": (
         lambda m: m.write_metrics_summary(GOOD, jnp.int32(3), 1),
         TypeError,
