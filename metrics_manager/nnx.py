@@ -622,9 +622,20 @@ def _add(key: str, value: Any, out: list[tuple[str, Any]], problems: Problems) -
         out.append((f"{key}/std", clu.values.Scalar(value.standard_deviation)))
     elif _is_metric_state(value):  # Flax's were written as 'loss/total', 'loss/count'
         problems.type_problem(f"{key!r}: expected metrics, got {describe(value)}: {_STATE_FIX}")
-    elif isinstance(value, Mapping):
+    elif isinstance(value, Mapping):  # as the top-level keys: {"a": {"": m}} was 'a/',
+        if not value:  # {"a": {1: m}} 'a/1', and {"a": {}} wrote nothing without a word
+            problems.value_problem(
+                f"{key!r} is an empty dict, which writes no metric; drop it, or put the "
+                "metrics to write under it"
+            )
         for name, item in value.items():
-            _add(f"{key}/{name}", item, out, problems)
+            if isinstance(name, str) and name.strip():
+                _add(f"{key}/{name}", item, out, problems)
+            else:
+                problems.type_problem(
+                    f"{key!r} holds the key {name!r}; nested keys must be non-empty str names "
+                    "such as 'loss', as top-level ones: rename it"
+                )
     elif isinstance(value, bool) or not (
         isinstance(value, int | float | np.number) or hasattr(value, "shape")
     ):
@@ -654,8 +665,9 @@ def as_summary_metrics(obj: Any) -> SummaryMetrics:
         `Scalar`s; `Statistics` as `name`, `name/sem`, `name/std`; dicts as `name/<key>`.
 
     Raises:
-        TypeError: `obj` is neither, or a value is not a number, array, metric or value.
-        ValueError: a value is an array of more than one element.
+        TypeError: `obj` is neither, a value is not a number, array, metric or value, or a
+            key (nested ones too) is not a non-empty str.
+        ValueError: a value is an array of more than one element, or an empty dict.
 
     Example:
         >>> import jax.numpy as jnp

@@ -3223,6 +3223,30 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "empty key": (lambda m: m.write_scalars(1, {"": 1.0}), TypeError, "non-empty str"),
     "int key": (lambda m: m.write_scalars(1, {3: 1.0}), TypeError, "non-empty str.*got 3"),
     "blank key": (lambda m: m.write_scalars(1, {"  ": 1.0}), TypeError, "non-empty str"),
+    # Nested keys were written as 'a/' and 'a/1' (a top-level int key is refused), and an
+    # empty nested dict wrote nothing, without a word.
+    "empty nested metric key": (
+        lambda m: m.write_metrics_summary({"a": {"": Sum(jnp.float32(1))}}, 1, 1),
+        TypeError,
+        r"write_metrics_summary: metrics: as_summary_metrics: 'a' holds the key ''; nested keys "
+        r"must be non-empty str names such as 'loss', as top-level ones: rename it$",
+    ),
+    "int nested metric key": (
+        lambda m: m.write_metrics_summary({"a": {"b": {1: Sum(jnp.float32(1))}}}, 1, 1),
+        TypeError,
+        r"'a/b' holds the key 1; nested keys must be non-empty str names such as 'loss'",
+    ),
+    "blank nested metric key": (
+        lambda m: m.write_metrics_summary({"loss": Sum(1.0), "a": {" ": Sum(1.0)}}, 1, 1),
+        TypeError,
+        r"'a' holds the key ' '; nested keys must be non-empty str names",
+    ),
+    "empty nested metrics dict": (
+        lambda m: m.write_metrics_summary({"loss": Sum(1.0), "a": {}}, 1, 1),
+        ValueError,
+        r"metrics: as_summary_metrics: 'a' is an empty dict, which writes no metric; drop it, "
+        r"or put the metrics to write under it$",
+    ),
     "metrics a list": (
         lambda m: m.write_metrics_summary([GOOD], 1, 1),
         TypeError,
