@@ -1158,6 +1158,18 @@ def _brief(value: Any, keys: int = 8) -> str:
     return f"{text if len(text) <= 60 else text[:57] + '...'} ({type(value).__name__})"
 
 
+def _computed_brief(computed: Any) -> str:
+    """What a traced compute() returned that is no array, for an error message: None, or a
+    container by its type and keys or length (its leaves are shapes, not values)."""
+    if computed is None:
+        return "None"
+    if isinstance(computed, Mapping):
+        return f"a {_brief(computed)}"
+    if isinstance(computed, list | tuple):
+        return f"a {type(computed).__name__} of {len(computed)} values"
+    return f"a {type(computed).__name__}"
+
+
 def _is_int(value: Any) -> bool:
     """Whether `value` is an integer a step could be: a Python or NumPy int, not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool | np.bool_)
@@ -1288,7 +1300,8 @@ class _Problems(Problems):
 
     def not_scalars(self, metrics: Mapping[str, Any] | PackedMetrics) -> None:
         """Refuses a metric written as a scalar whose compute() is not one (a T5X-style
-        `Sum(x.sum(axis=0))`): the worker dropped its key. compute() is traced, not run."""
+        `Sum(x.sum(axis=0))`; None, a dict or a list): the worker dropped its key. compute()
+        is traced, not run."""
         if isinstance(metrics, PackedMetrics):
             metrics = metrics.abstract()  # the same checks, from the layout
         members = {}
@@ -1298,7 +1311,7 @@ class _Problems(Problems):
                 members.update({f"{key}/{name}": m for name, m in fields})
             else:
                 members[key] = metric
-        shapes, checked, complex_ = {}, 0, []
+        shapes, checked, complex_, containers = {}, 0, [], {}
         for key, metric in members.items():
             if getattr(type(metric), "compute_value", None) is not clu.metrics.Metric.compute_value:
                 continue  # its own: a Histogram, a MeanStdScalar, ...
@@ -1313,6 +1326,9 @@ class _Problems(Problems):
             except Exception:  # noqa: BLE001 - host-side code: the worker says
                 continue
             shape = getattr(computed, "shape", None)
+            if shape is None:  # None, a dict, a list: the worker dropped its key
+                containers[key] = _computed_brief(computed)
+                continue
             if np.dtype(getattr(computed, "dtype", np.float32)).kind == "c":
                 complex_.append(key)  # the worker left its key out of every summary
             checked += 1
@@ -1336,6 +1352,13 @@ class _Problems(Problems):
             self.type_problem(
                 f"metrics {sorted(complex_)} compute complex numbers, which no writer stores; "
                 "make them from real values in the step (abs(x) or x.real)"
+            )
+        if containers:
+            listed = ", ".join(f"{k!r} ({containers[k]})" for k in sorted(containers))
+            self.type_problem(
+                f"compute() of metrics {listed} returns no number, which no writer stores; "
+                "return a scalar array from it, and write several values as several metrics "
+                "(one key each)"
             )
 
     def written_twice(self, written: list[str]) -> None:

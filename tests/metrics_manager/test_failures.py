@@ -2957,6 +2957,22 @@ class _NoText:
         return 1 if self.fails is repr else "ok"
 
 
+@flax.struct.dataclass
+class _ComputesNoNumber(clu_metrics.Metric):
+    """A metric whose compute() returns None, a dict or a list (`kind`), not a number."""
+
+    total: jax.Array
+    kind: str = flax.struct.field(pytree_node=False, default="none")
+
+    def merge(self, other: _ComputesNoNumber) -> _ComputesNoNumber:
+        return other
+
+    def compute(self) -> Any:
+        return {"none": None, "dict": {"a": self.total, "b": self.total}}.get(
+            self.kind, [self.total, self.total]
+        )
+
+
 BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "metric subclass not a pytree": (  # the worker's copy failed, and the whole summary
         lambda m: m.write_metrics_summary({"n": _Undecorated(jnp.float32(1))}, 1, 1),
@@ -3042,6 +3058,32 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         ),
         ValueError,
         r"metrics \['n'\] compute arrays of shapes \[\(3,\)\], not scalars",
+    ),
+    # Accepted at the call, then the worker dropped the key ("unsupported value types").
+    "a metric computing None": (
+        lambda m: m.write_metrics_summary({"c": _ComputesNoNumber(jnp.float32(1))}, 1, 1),
+        TypeError,
+        r"write_metrics_summary: compute\(\) of metrics 'c' \(None\) returns no number, which "
+        r"no writer stores; return a scalar array from it, and write several values as several "
+        r"metrics \(one key each\)$",
+    ),
+    "a metric computing a dict": (
+        lambda m: m.write_metrics_summary(
+            {"loss": Sum(1.0), "c": _ComputesNoNumber(jnp.float32(1), "dict")}, 1, 1
+        ),
+        TypeError,
+        r"compute\(\) of metrics 'c' \(a dict with keys \['a', 'b'\]\) returns no number.*"
+        r"return a scalar array from it, and write several values as several metrics",
+    ),
+    "a metric computing a list, packed": (
+        lambda m: m.write_metrics_summary(
+            merge_metrics(None, {"c": _ComputesNoNumber(jnp.float32(1), "list")}, pack=True),
+            1,
+            1,
+        ),
+        TypeError,
+        r"compute\(\) of metrics 'c' \(a list of 2 values\) returns no number.*return a "
+        r"scalar array",
     ),
     "a key a packed MeanStd writes too": (  # the worker dropped the user's own 'x/std'
         lambda m: m.write_metrics_summary(
