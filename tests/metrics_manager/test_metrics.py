@@ -546,6 +546,18 @@ def test_merging_after_duration_is_set_raises():
         timed.merge(TimeRate(numerator=1.0))
 
 
+@pytest.mark.parametrize("metric", [Time(), StepsPerTime(steps=2), TimeRate(numerator=1.0)])
+def test_every_time_metric_refuses_a_merge_after_its_duration_is_set(metric):
+    """T5X's Time.merge kept its own duration and its StepsPerTime.merge dropped it (2 s
+    merged with 3 s read 2 s, or unset); here all three refuse, as the README says."""
+    timed = mm.set_time_metrics_duration(metric, 2.0)
+    for a, b in ((timed, metric), (metric, timed), (timed, timed)):
+        with pytest.raises(ValueError, match="after their duration was set"):
+            a.merge(b)
+    merged = mm.set_time_metrics_duration(metric.merge(metric), 2.0)  # merge, then set
+    assert float(merged.compute()) == {Time: 2.0, StepsPerTime: 2.0, TimeRate: 1.0}[type(metric)]
+
+
 def test_merging_unset_steps_raises():
     """The error blamed compute() ("Set it on the host before compute()") for a merge."""
     unset = AveragePerStep.from_model_output(jnp.array([1.0, 2.0]), steps=None)
