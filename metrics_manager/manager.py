@@ -22,7 +22,6 @@ import atexit
 import concurrent.futures
 import dataclasses
 import functools
-import inspect
 import itertools
 import json
 import logging
@@ -1564,19 +1563,21 @@ def _factory_and_kwargs(
     """The writer factory and the arguments it is called with besides the directory."""
     factory = factory or writers.create_default_writer
     tracker = factory.func if isinstance(factory, functools.partial) else factory
+    # gin's wrapper of a class reports (*args, **kwargs): "would take the summary dir as its
+    # args"; its __init__'s parameters are read instead.
+    takes = [arg for arg in _checks.parameters(tracker) or {} if arg != "self"]
     if isinstance(tracker, type) and issubclass(tracker, TrackerWriter):
         kind = tracker.__name__  # its first parameter is a project or experiment, not a dir
         raise TypeError(
             f"MetricsManager({name!r}): writer_factory is {kind}, which would take the summary "
-            f"dir as its {next(iter(inspect.signature(tracker).parameters))}; pass "
+            f"dir as its {takes[0] if takes else 'first argument'}; pass "
             f"writer_factory=functools.partial(writers.create_tracker_writer, tracker="
             f"functools.partial(writers.{kind}, ...)), the default writers and it (gin: "
             f"configs/writers/{kind.removesuffix('Writer').lower()}.gin)"
         )
     for base, (first, gin_set) in _NO_DIRECTORY.items():
         # ConsoleWriter said only "stream must be a text stream ..., got '<summary_dir>'". A
-        # subclass taking a directory first is left alone. (gin's wrapper: its __init__'s.)
-        takes = [arg for arg in _checks.parameters(tracker) or {} if arg != "self"]
+        # subclass taking a directory first is left alone.
         if isinstance(tracker, type) and issubclass(tracker, base) and takes[:1] == [first]:
             kind = tracker.__name__
             raise TypeError(

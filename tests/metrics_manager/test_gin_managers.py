@@ -436,6 +436,34 @@ def test_a_writer_class_taking_no_directory_as_the_factory_names_the_fix(
         assert capsys.readouterr().out.splitlines()[:2] == ["step 1 | train", "  loss  0.5"]
 
 
+@pytest.mark.parametrize("through", ["python", "gin"])
+@pytest.mark.parametrize(
+    ("kind", "first"), [("WandbWriter", "project"), ("MlflowWriter", "experiment_name")]
+)
+def test_a_tracker_class_as_the_factory_names_its_first_parameter(kind, first, through, tmp_path):
+    """`writer_factory = @writers.WandbWriter` in gin said "would take the summary dir as its
+    args": gin's wrapper of the class reports `(*args, **kwargs)`."""
+    if through == "gin":
+        gin.parse_config(
+            "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
+            f"metrics_manager.MetricsManager.writer_factory = @writers.{kind}\n"
+        )
+        make = gin_utils.configured(MetricsManager)
+    else:
+        make = functools.partial(MetricsManager, writer_factory=getattr(writers, kind))
+    with pytest.raises(TypeError) as raised:
+        make("train", tmp_path)
+    config = kind.removesuffix("Writer").lower()
+    assert str(raised.value).split("\n")[0] == (  # gin adds "In call to configurable ..."
+        f"MetricsManager('train'): writer_factory is {kind}, which would take the summary dir "
+        f"as its {first}; pass writer_factory=functools.partial(writers.create_tracker_writer, "
+        f"tracker=functools.partial(writers.{kind}, ...)), the default writers and it (gin: "
+        f"configs/writers/{config}.gin)"
+    )
+    assert (CONFIGS / "writers" / f"{config}.gin").is_file()
+    assert not (tmp_path / "train").exists()
+
+
 def test_a_console_writer_subclass_taking_the_directory_is_a_factory(tmp_path):
     class DirConsole(writers.ConsoleWriter):
         def __init__(self, logdir, collection=None):
