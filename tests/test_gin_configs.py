@@ -403,11 +403,18 @@ def test_a_suggested_resume_step_is_the_managers_as_the_readme_says():
     """README's Resuming: bind `MetricsManager.resume_step`, which the manager passes to its
     writer factory (and its tracker). writers/default.gin and cluster.gin suggested
     `writers.create_default_writer.resume_step = 5000`, which a manager with its own
-    resume_step overrides and which no tracker gets."""
+    resume_step overrides and which no tracker gets. tensorboard.gin and writers/tensorboard.gin
+    suggested `writers.create_default_writer.purge_step = 5000`, which with the manager's
+    resume_step 50 raised "purge_step=5000 disagrees with resume_step=50"."""
     suggested = {
         (path.relative_to(CONFIGS).as_posix(), selector)
         for path, selector, _ in SUGGESTIONS
-        if selector.endswith(".resume_step")
+        if selector.endswith((".resume_step", ".purge_step"))
     }
-    assert {path for path, _ in suggested} >= {"writers/default.gin", "writers/cluster.gin"}
+    assert {path for path, _ in suggested} >= {
+        "writers/default.gin",
+        "writers/cluster.gin",
+        "tensorboard.gin",
+        "writers/tensorboard.gin",
+    }
     assert {selector for _, selector in suggested} == {"metrics_manager.MetricsManager.resume_step"}
