@@ -1188,7 +1188,8 @@ class _Problems(Problems):
         fix: str = "",
     ) -> int:
         """`value` as an int, or a problem naming `what`, with `hint` after the usual one;
-        `fix` for a bool, a str or None when there is no `hint`."""
+        `fix` for a bool, a str, None, a non-finite float or a list or tuple when there is
+        no `hint`."""
         if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
             value = int(value)  # NumPy scalars are `numbers.Integral` already; 0-d arrays not
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -1206,7 +1207,9 @@ class _Problems(Problems):
                 hint = f"; pass int({what})" if float(value).is_integer() else ""
             elif gin and isinstance(value, str):
                 hint = "; in gin write a number, without quotes"
-            elif (value is None or isinstance(value, str | np.bool_)) and not extra:
+            elif not extra and (  # a nan or inf float step, or [3], named no fix either
+                value is None or isinstance(value, str | np.bool_ | numbers.Real | list | tuple)
+            ):
                 hint = fix
             self.type_problem(f"{what} must be an int, got {_brief(value)}{hint}{extra}")
             return 0

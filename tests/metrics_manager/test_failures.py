@@ -3252,6 +3252,29 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
         r"write_metrics_summary: step must be an int, got None \(NoneType\); pass the loop's "
         r"step counter as an int: a Python int counter, or int\(state\.step\) on the host$",
     ),
+    # A nan or inf step, or a list or tuple, named what came and no fix either.
+    "nan step": (
+        lambda m: m.write_scalar("x", 1.0, float("nan")),
+        TypeError,
+        r"write_scalar: step must be an int, got nan \(float\); pass the loop's step counter "
+        r"as an int: a Python int counter, or int\(state\.step\) on the host$",
+    ),
+    "inf step": (
+        lambda m: m.write_metrics_summary(GOOD, np.float32("inf"), 1),
+        TypeError,
+        r"step must be an int, got np\.float32\(inf\) \(float32\); pass the loop's step counter",
+    ),
+    "list step": (
+        lambda m: m.write_scalar("x", 1.0, [3]),
+        TypeError,
+        r"write_scalar: step must be an int, got \[3\] \(list\); pass the loop's step counter "
+        r"as an int: a Python int counter, or int\(state\.step\) on the host$",
+    ),
+    "tuple step": (
+        lambda m: m.write_scalars((3,), {"loss": 1.0}),
+        TypeError,
+        r"write_scalars: step must be an int, got \(3,\) \(tuple\); pass the loop's step counter",
+    ),
     "jax step": (
         lambda m: m.write_metrics_summary(GOOD, jnp.int32(3), 1),
         TypeError,
