@@ -1076,10 +1076,14 @@ class HostPlan:
     The same values, of the same types. Made by `PackedMetrics.host_plan()`, once per layout.
     """
 
-    def __init__(self, indexed: Mapping[str, Any], leaves: tuple[Leaf, ...]) -> None:
-        """`indexed`: the layout's dict of metrics with each leaf replaced by its index."""
+    def __init__(
+        self, indexed: Mapping[str, Any], leaves: tuple[Leaf, ...], specs: tuple[Any, ...]
+    ) -> None:
+        """`indexed`: the layout's dict of metrics with each leaf replaced by its index;
+        `specs`: each buffer's (dtype, shape)."""
         self.keys = tuple(indexed)
         self._leaves = leaves
+        self._specs = specs
         # (kind, top buffer, bottom buffer) -> (positions, top offsets, bottom offsets)
         groups: dict[tuple[int, int, int], tuple[list[int], list[int], list[int]]] = {}
         self._singles: list[tuple[int, int, int]] = []  # (position, kind, leaf)
@@ -1108,7 +1112,11 @@ class HostPlan:
 
     @classmethod
     def build(
-        cls, treedef: Any, leaves: tuple[Leaf, ...], classes: tuple[type, ...]
+        cls,
+        treedef: Any,
+        leaves: tuple[Leaf, ...],
+        classes: tuple[type, ...],
+        specs: tuple[Any, ...],
     ) -> "HostPlan | None":
         """The plan for a layout, or None where a metric is of another class or a leaf is not
         0-d: those take `host_values`."""
@@ -1119,7 +1127,13 @@ class HostPlan:
             _, top, bottom = _PLAN_KINDS[type(metric)]
             if any(not isinstance(vars(metric)[f], int) for f in (top, bottom) if f):
                 return None
-        return cls(indexed, leaves)
+        return cls(indexed, leaves, specs)
+
+    def fits(self, buffers: Sequence[np.ndarray]) -> bool:
+        """Whether `buffers` have the layout's dtypes and shapes, as `unpack_host` requires: a
+        PackedMetrics whose buffers were cast (`jax.tree.map(lambda b: b.astype(...), packed)`)
+        fails there with its TypeError, not computed here over other dtypes."""
+        return tuple((b.dtype, b.shape) for b in buffers) == self._specs
 
     def _view(self, buffers: Sequence[np.ndarray], leaf: int) -> np.ndarray:
         b, start, stop, shape, _ = self._leaves[leaf]

@@ -274,7 +274,7 @@ class PackedMetrics:
         if cached is None or cached[0] is not layout:
             if len(_HOST_PLANS) >= 64:  # layouts a process makes are few; a bound all the same
                 _HOST_PLANS.clear()
-            plan = HostPlan.build(layout.treedef, layout.leaves, layout.classes)
+            plan = HostPlan.build(layout.treedef, layout.leaves, layout.classes, layout.specs)
             cached = _HOST_PLANS[id(layout)] = (layout, plan)
         return cached[1]
 

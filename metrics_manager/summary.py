@@ -111,7 +111,9 @@ class Summarizer:
         plan, buffers = None, None
         if duration and isinstance(metrics, PackedMetrics) and (plan := metrics.host_plan()):
             buffers = _packed_on_host(metrics, step)
-            if any(_int_bounds(buffers)):  # a count that may have wrapped: each one looked at
+            # A count that may have wrapped (each one looked at), or buffers of other dtypes
+            # than the layout's (cast after packing): `to_host` says so.
+            if any(_int_bounds(buffers)) or not plan.fits(buffers):
                 plan = None
         if plan is not None and buffers is not None:
             host = plan.checked_metrics(buffers)

@@ -483,3 +483,24 @@ def test_a_wrapped_int32_count_in_a_packed_summary_is_still_caught(tmp_path):
     (row,) = writers.read_jsonl(path)
     assert "avg/int_count" not in row and row["avg"] == pytest.approx(1 / 3)
     assert any("'avg/int_count'" in str(e) and "wrapped" in str(e) for e in errors), errors
+
+
+def test_a_packed_summary_whose_buffers_were_cast_fails_as_unpack_host_does(tmp_path):
+    # Buffers cast after packing (float32 and int32 to float64): unpack_host refuses them
+    # with a TypeError naming each buffer; the plan computed them anyway, `avg` a float64.
+    metrics = merge_metrics(None, _plan_metrics(1.0, 3.0, 2), pack=True)
+    cast = jax.tree.map(lambda b: np.asarray(b, np.float64), metrics)
+    path = tmp_path / "m.jsonl"
+    with metrics_manager.MetricsManager(
+        "train", writer_factory=lambda _: writers.JsonlWriter(path)
+    ) as manager:
+        manager.start_duration_timer()
+        future = manager.write_metrics_summary(cast, 1, 1)
+        with pytest.raises(TypeError, match="buffer 0: expected dtype float32, got float64"):
+            future.result()
+        errors = [(f.source, f.step, type(f.error).__name__) for f in manager.errors]
+    assert errors == [("summary", 1, "TypeError")]
+    assert writers.read_jsonl(path) == []
+    plan = cast.host_plan()
+    assert plan is not None and plan.fits([np.asarray(b) for b in metrics.buffers])
+    assert not plan.fits(list(cast.buffers))
