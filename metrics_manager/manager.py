@@ -1451,6 +1451,11 @@ def _split_metrics(obj: Any, problems: _Problems) -> tuple[dict[str, Any], dict[
         obj = metrics_lib.collection_fields(obj)
     if not isinstance(obj, Mapping | nnx.MultiMetric):
         why = " (no step merged into `running` since its reset to None)" if obj is None else ""
+        if isinstance(obj, nnx.metrics.Metric):  # one metric: no key to write it under
+            why = (
+                " (one NNX metric, with no key to write it under); name it: "
+                "{'loss': metric} or nnx.MultiMetric(loss=metric)"
+            )
         problems.type_problem(
             f"metrics must be a mapping from names to CLU metrics, a CLU Collection, a "
             f"PackedMetrics or an nnx.MultiMetric, got {type(obj).__name__}{why}"

@@ -620,6 +620,26 @@ def test_the_state_of_split_metrics_is_refused_and_merged_ones_are_written(tmp_p
     )
 
 
+@pytest.mark.parametrize(
+    "metric", [nnx.metrics.Average(), nnx.metrics.Welford(), mnnx.Average(), mnnx.Accuracy()]
+)
+def test_one_nnx_metric_passed_alone_is_refused_naming_how_to_name_it(tmp_path, metric):
+    # write_metrics_summary(average, ...) said "got Average" and no fix: one metric has no
+    # key to write under, which a dict or a MultiMetric gives it.
+    with metrics_manager.MetricsManager(
+        "train", tmp_path, writer_factory=lambda d: writers.JsonlWriter(d)
+    ) as manager:
+        with pytest.raises(TypeError) as raised:
+            manager.write_metrics_summary(metric, 1, num_steps=1)
+        assert f"got {type(metric).__name__} (one NNX metric" in str(raised.value)
+        assert "{'loss': metric} or nnx.MultiMetric(loss=metric)" in str(raised.value)
+        metric.update(values=jnp.arange(4.0), logits=jnp.eye(4), labels=jnp.arange(4))
+        manager.write_metrics_summary({"loss": metric}, 2, num_steps=1)
+    (line,) = writers.read_jsonl(tmp_path / "train")
+    assert line["step"] == 2
+    assert line["loss"] == pytest.approx(1.0 if isinstance(metric, mnnx.Accuracy) else 1.5)
+
+
 def test_metrics_donated_by_nnx_jit_name_reset_and_a_reset_loop_writes_each_window(tmp_path):
     @nnx.jit(donate_argnums=0)
     def step(metrics, values):
