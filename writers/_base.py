@@ -320,6 +320,7 @@ class TrackerWriter(BaseWriter):
     _here = False  # this is process 0, which logs (set by `_start`)
     _files_step: int | None = None  # the step of the last files, and the writes of each key
     _files_written: collections.Counter = collections.Counter()
+    _failed = False  # a `with` block raised: `_end_run` ends the run as failed
 
     def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
         if method not in self._file_methods:
@@ -383,6 +384,13 @@ class TrackerWriter(BaseWriter):
 
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         self._params({k: _encode.hparam(v) for k, v in hparams.items()})
+
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Closes the writer; a run it ends after the block raised ends as failed, as the
+        trackers' own `with` blocks end theirs (MLflow FAILED, W&B exit code 1): it was
+        FINISHED with exit code 0, so a crashed run looked complete in the tracker's UI."""
+        self._failed = exc is not None
+        super().__exit__(exc_type, exc, tb)
 
     def close(self) -> None:
         """Ends the run if this writer started or resumed it (waits for it); idempotent."""

@@ -237,7 +237,8 @@ class MlflowWriter(_base.TrackerWriter):
 
     def close(self) -> None:
         """Stops the timer, sends the buffer and ends the run if this writer started or
-        resumed it; idempotent once it went through. Raises as `flush()` does (the run is
+        resumed it (FAILED where a `with` block of the writer raised, as `with
+        mlflow.start_run()`; else FINISHED); idempotent once it went through. Raises as `flush()` does (the run is
         then left running, and what failed stays buffered: a later `close()` tries again).
 
         Raises:
@@ -477,7 +478,7 @@ class MlflowWriter(_base.TrackerWriter):
             self._pending_params += params
 
     def _end_run(self) -> None:
-        self._client.set_terminated(self.run_id)
+        self._client.set_terminated(self.run_id, status="FAILED" if self._failed else "FINISHED")
 
     def _store(self, paths: dict[str, bytes]) -> None:
         if self._client is None:

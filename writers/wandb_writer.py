@@ -15,7 +15,8 @@ relative paths). Images, filmstrips and clips are files named after their key
 bytes, or a NUL is refused at the call.
 
 W&B drops a `log` at a step below the last one, so such a write raises `ValueError`; calls at
-one step fill one row. `close()` finishes runs this writer started and waits for W&B's
+one step fill one row. `close()` finishes runs this writer started (exit code 1, failed, where
+a `with` block of the writer raised, as `with wandb.init()`) and waits for W&B's
 service (offline, wandb 0.31's `finish()` can return a few milliseconds before the last
 records reach the run file; readers should wait for its `exit` record).
 
@@ -324,7 +325,7 @@ class WandbWriter(_base.TrackerWriter):
             self._run.config.update(hparams, allow_val_change=True)
 
     def _end_run(self) -> None:
-        self._run.finish()
+        self._run.finish(exit_code=1 if self._failed else None)
 
     def _log(self, method: str, step: int, values: dict[str, Any]) -> None:
         if self._run is None or not values:  # an empty row would still advance the run's step

@@ -228,6 +228,18 @@ def test_the_timer_sends_without_a_flush(store):
     assert client.get_run(w.run_id).info.status == "FINISHED"
 
 
+def test_a_with_block_that_raises_ends_the_run_failed_and_keeps_its_values(store):
+    with pytest.raises(RuntimeError, match="diverged"), _writer(store) as w:
+        w.write_scalars(3, {"loss": 0.5})
+        raise RuntimeError("diverged")
+    with _writer(store) as ok:
+        ok.write_scalars(1, {"loss": 1.0})
+    client = MlflowClient(store["tracking_uri"])
+    assert client.get_run(w.run_id).info.status == "FAILED"  # as `with mlflow.start_run()`
+    assert _history(client, w.run_id, "loss") == [(3, 0.5)]
+    assert client.get_run(ok.run_id).info.status == "FINISHED"
+
+
 def test_close_starts_no_thread(store, monkeypatch):
     # Python 3.12 starts no thread while the interpreter shuts down, where close() runs for
     # a writer never closed: the timer's thread, running since the start, sends the rest.

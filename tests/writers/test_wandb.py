@@ -21,6 +21,7 @@ from metrics_manager import MetricsManager
 from tests.writers.tracker_stores import (
     wandb_config,
     wandb_history,
+    wandb_records,
     wandb_run_files,
     wandb_run_record,
 )
@@ -52,6 +53,24 @@ def test_200_summaries_x_20_keys_one_log_each_all_read_back(tmp_path, monkeypatc
         step: {f"train/m{i:02d}": _value(step, i) for i in range(20)} for step in range(200)
     }
     assert sum(len(row) for row in history.values()) == 200 * 20
+
+
+def _exit_code(path: str) -> int:
+    return next(
+        r.exit.exit_code for r in wandb_records(path) if r.WhichOneof("record_type") == "exit"
+    )
+
+
+def test_a_with_block_that_raises_ends_the_run_with_exit_code_1(tmp_path):
+    with pytest.raises(RuntimeError, match="diverged"), _writer(tmp_path, run_id="bad") as w:
+        w.write_scalars(3, {"loss": 0.5})
+        raise RuntimeError("diverged")
+    with _writer(tmp_path, run_id="good") as ok:
+        ok.write_scalars(1, {"loss": 1.0})
+    bad, good = wandb_run_files(str(tmp_path))
+    assert (wandb_run_record(bad).run_id, wandb_run_record(good).run_id) == ("bad", "good")
+    assert _exit_code(bad) == 1 and _exit_code(good) == 0  # as `with wandb.init()`: failed
+    assert wandb_history(bad) == {3: {"loss": 0.5}}
 
 
 def test_a_path_object_of_a_url_is_refused_before_it_makes_a_local_directory(tmp_path, monkeypatch):
