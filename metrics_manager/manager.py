@@ -1748,6 +1748,8 @@ def _on_signal(signum: int, frame: types.FrameType | None) -> None:
     else:  # a repeat inside the first one's flush (a scheduler resending): its bounds hold
         end = min(end, _signal_end)
     _signal_end = end
+    if ending:  # the trackers' runs closed now end as killed, not FINISHED
+        TrackerWriter.ending_signal = signum
     try:
         _flush_on_signal(managers, end, ending, own)
     finally:

@@ -321,6 +321,10 @@ class TrackerWriter(BaseWriter):
     _files_step: int | None = None  # the step of the last files, and the writes of each key
     _files_written: collections.Counter = collections.Counter()
     _failed = False  # a `with` block raised: `_end_run` ends the run as failed
+    # Process-wide: set by a manager's signal handler before it closes the writers where the
+    # signal's default action then ends the process. Their runs end as killed (MLflow KILLED,
+    # W&B exit code 128 + the signal): a run SIGTERM'd at step 30 of 100 ended FINISHED.
+    ending_signal: int | None = None
 
     def key_problem(self, method: str, keys: Iterable[str]) -> str | None:
         if method not in self._file_methods:

@@ -478,7 +478,8 @@ class MlflowWriter(_base.TrackerWriter):
             self._pending_params += params
 
     def _end_run(self) -> None:
-        self._client.set_terminated(self.run_id, status="FAILED" if self._failed else "FINISHED")
+        status = "FAILED" if self._failed else "FINISHED"
+        self._client.set_terminated(self.run_id, "KILLED" if self.ending_signal else status)
 
     def _store(self, paths: dict[str, bytes]) -> None:
         if self._client is None:

@@ -325,7 +325,10 @@ class WandbWriter(_base.TrackerWriter):
             self._run.config.update(hparams, allow_val_change=True)
 
     def _end_run(self) -> None:
-        self._run.finish(exit_code=1 if self._failed else None)
+        if self.ending_signal:  # the status the process ends with
+            self._run.finish(exit_code=128 + self.ending_signal)
+        else:
+            self._run.finish(exit_code=1 if self._failed else None)
 
     def _log(self, method: str, step: int, values: dict[str, Any]) -> None:
         if self._run is None or not values:  # an empty row would still advance the run's step

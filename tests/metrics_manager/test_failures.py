@@ -54,7 +54,7 @@ from tests.metrics_manager.fault_loop import files_and
 from tests.metrics_manager.test_manager import PerClass
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
 from tests.writers.failing import GatedWriter
-from tests.writers.tracker_stores import wandb_history, wandb_run_files
+from tests.writers.tracker_stores import wandb_history, wandb_records, wandb_run_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -2085,6 +2085,9 @@ def test_sigterm_loses_no_issued_summary_in_w_and_b(tmp_path):
     logdir = str(tmp_path / "train")
     (run_file,) = wandb_run_files(logdir)
     assert set(issued) <= set(wandb_history(run_file)), (issued, rest)
+    # Killed, not finished: exit code 143 as the process's (it was 0, a completed run).
+    exits = [r.exit for r in wandb_records(run_file) if r.WhichOneof("record_type") == "exit"]
+    assert [e.exit_code for e in exits] == [128 + signal.SIGTERM]
     assert set(issued) <= {line["step"] for line in read_jsonl(logdir)}
 
 

@@ -240,6 +240,18 @@ def test_a_with_block_that_raises_ends_the_run_failed_and_keeps_its_values(store
     assert client.get_run(ok.run_id).info.status == "FINISHED"
 
 
+def test_a_run_closed_by_a_signal_that_ends_the_process_ends_killed(store, monkeypatch):
+    w = _writer(store)
+    w.write_scalars(3, {"loss": 0.5})
+    # What a manager's SIGTERM handler sets before closing the writers, where the default
+    # action then kills the process.
+    monkeypatch.setattr(writers._base.TrackerWriter, "ending_signal", 15)
+    w.close()
+    client = MlflowClient(store["tracking_uri"])
+    assert client.get_run(w.run_id).info.status == "KILLED"  # was FINISHED
+    assert _history(client, w.run_id, "loss") == [(3, 0.5)]
+
+
 def test_close_starts_no_thread(store, monkeypatch):
     # Python 3.12 starts no thread while the interpreter shuts down, where close() runs for
     # a writer never closed: the timer's thread, running since the start, sends the rest.
