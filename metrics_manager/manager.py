@@ -787,6 +787,13 @@ class MetricsManager:
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        """Closes the manager; after the block raised, the tracker runs it closes end as
+        failed (MLflow FAILED, W&B exit code 1), as a tracker writer's own `with` does: a
+        loop that crashed ended its runs FINISHED, as if it had completed."""
+        if exc is not None and not self._closed:
+            for writer in self._named.values():
+                if isinstance(writer, TrackerWriter):
+                    writer._failed = True
         close_keeping_error(self.close, exc, f"MetricsManager {self.name!r}")
 
     def __repr__(self) -> str:

@@ -73,6 +73,21 @@ def test_a_with_block_that_raises_ends_the_run_with_exit_code_1(tmp_path):
     assert wandb_history(bad) == {3: {"loss": 0.5}}
 
 
+def test_a_managers_with_block_that_raises_ends_its_tracker_run_failed(tmp_path):
+    factory = functools.partial(
+        writers.create_tracker_writer,
+        tracker=functools.partial(writers.WandbWriter, "tests", process_index=0),
+        default_writer=functools.partial(writers.create_default_writer, console=False),
+    )
+    with pytest.raises(RuntimeError, match="diverged"):
+        with MetricsManager("train", tmp_path, writer_factory=factory) as manager:
+            manager.write_scalars(3, {"loss": 0.5})
+            raise RuntimeError("diverged")
+    (path,) = wandb_run_files(str(tmp_path / "train"))
+    assert _exit_code(path) == 1  # was 0: the crashed loop's run looked complete
+    assert wandb_history(path) == {3: {"loss": 0.5}}
+
+
 def test_a_path_object_of_a_url_is_refused_before_it_makes_a_local_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"logdir Posix.*'//' collapsed.*logdir='gs://b/run'"):
