@@ -238,8 +238,9 @@ class MlflowWriter(_base.TrackerWriter):
     def close(self) -> None:
         """Stops the timer, sends the buffer and ends the run if this writer started or
         resumed it (FAILED where a `with` block of the writer raised, as `with
-        mlflow.start_run()`; else FINISHED); idempotent once it went through. Raises as `flush()` does (the run is
-        then left running, and what failed stays buffered: a later `close()` tries again).
+        mlflow.start_run()`; KILLED where a signal's default action ends the process; else
+        FINISHED); idempotent once it went through. Raises as `flush()` does (the run is then
+        left running, and what failed stays buffered: a later `close()` tries again).
 
         Raises:
           TimeoutError: the server did not answer within `close_timeout_s` (MLflow's client
