@@ -87,7 +87,12 @@ def as_float(number: int | float) -> float:
 
 
 def hparam(value: object) -> bool | int | float | str:
-    """A hyperparameter as a bool, number or str (anything else becomes its `str()`)."""
+    """A hyperparameter as a bool, number or str (anything else becomes its `str()`).
+
+    A float narrower than float64 (float32, float16, bfloat16) becomes the float of its
+    shortest digits in its own dtype: a float32 0.1 is 0.1, not 0.10000000149011612, so a
+    tracker's filter on the value the user set (MLflow's `params.lr = '0.1'`) finds it.
+    """
     if isinstance(value, bool | np.bool_):
         return bool(value)
     if isinstance(value, str):  # numpy's str_ and enums too: W&B names a StrEnum by its name
@@ -97,8 +102,28 @@ def hparam(value: object) -> bool | int | float | str:
         if arr.dtype == np.bool_ and arr.size == 1:
             return bool(arr.reshape(()))
         if _checks._not_a_scalar("hparam", arr) is None:  # one number
-            return _checks.to_number("hparam", arr)
+            number = _checks.to_number("hparam", arr)
+            if _checks._is_float(arr.dtype) and arr.dtype.itemsize < 8:
+                return shortest(float(number), arr.dtype)
+            return number
     elif isinstance(value, int | float):
         return _checks.to_number("hparam", value)
     with np.printoptions(legacy="1.25"):  # a list of NumPy numbers as [64], not [np.int64(64)]
         return _checks.plain_str(str(value))  # complex, timedelta64 too: JSON has no number
+
+
+def shortest(number: float, dtype: Any) -> float:
+    """The float of the fewest significant digits that `dtype` rounds to `number` (a value of it).
+
+    A float32 0.1 is 0.1 (what `repr` shows), not 0.10000000149011612; a bfloat16 0.1 is 0.1
+    too (ml_dtypes' `repr` shows 6 digits, 0.100098). NaN and infinities stay as they are.
+    """
+    if not math.isfinite(number):
+        return number
+    target = np.asarray(number).astype(dtype)  # exact: `number` is a value of `dtype`
+    with np.errstate(over="ignore", invalid="ignore"):  # a candidate past the dtype's range
+        for digits in range(1, 18):
+            candidate = float(f"{number:.{digits}g}")  # the closest decimal of that many digits
+            if np.asarray(candidate).astype(dtype) == target:
+                return candidate
+    return number

@@ -18,7 +18,8 @@ such as a local log copied there, before the parts). Every line is strict JSON:
   "edges", "counts"}`; raw tensors as `{"type": "tensor", "shape", "dtype", "values"}`,
   `values` only up to `max_array_size` elements (bytes decoded as UTF-8, as strings).
 * Hyperparameters are one line with `"step": null` and `"hparams": {...}` (nested mappings
-  as dotted names, `"opt.lr"`; values other than bool, number and str as their `str()`).
+  as dotted names, `"opt.lr"`; values other than bool, number and str as their `str()`; a
+  float32 0.1 as 0.1, the shortest decimal of its dtype, not 0.10000000149011612).
   An empty write, of hyperparameters or anything else, writes no line.
 * `resume_step=S` first rewrites the log atomically to keep only lines with a step <= S
   (and lines without one). Without it the log is appended to, and a step below one already

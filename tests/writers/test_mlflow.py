@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from mlflow import MlflowClient
@@ -143,6 +144,44 @@ def test_hparams_become_params_in_batches_of_100(store):
         "shape": "(2, 3)",
         "opt.b1": "0.9",
     }
+
+
+def test_a_float32_hparam_reads_back_as_the_value_set_in_jsonl_and_mlflow(store, tmp_path):
+    # A float32 0.1 was float64's 0.10000000149011612: `params.f32 = '0.1'` found no run.
+    hparams = {"f32": np.float32(0.1), "jf32": jnp.float32(0.1), "third": np.float32(1 / 3)}
+    hparams |= {"bf16": jnp.array(0.1, jnp.bfloat16), "f16": np.float16(0.1)}
+    hparams |= {"f64": np.float64(0.1), "py": 0.1, "py3": 1 / 3, "nan": np.float32("nan")}
+    jsonl = writers.JsonlWriter(tmp_path / "metrics.jsonl")
+    w = _writer(store)
+    for writer in (jsonl, w):
+        writer.write_hparams(hparams)
+        writer.close()
+    with open(tmp_path / "metrics.jsonl", encoding="utf-8") as f:
+        (line,) = [json.loads(text) for text in f]
+    assert line["hparams"] == {"f32": 0.1, "jf32": 0.1, "third": 0.33333334, "bf16": 0.1} | {
+        "f16": 0.1,
+        "f64": 0.1,
+        "py": 0.1,
+        "py3": 1 / 3,
+        "nan": "NaN",
+    }
+    client = MlflowClient(store["tracking_uri"])
+    run = client.get_run(w.run_id)
+    assert run.data.params == {
+        "f32": "0.1",
+        "jf32": "0.1",
+        "third": "0.33333334",
+        "bf16": "0.1",
+        "f16": "0.1",
+        "f64": "0.1",
+        "py": "0.1",
+        "py3": "0.3333333333333333",
+        "nan": "nan",
+    }
+    found = client.search_runs(
+        [run.info.experiment_id], "params.f32 = '0.1' and params.jf32 = '0.1'"
+    )
+    assert [run.info.run_id for run in found] == [w.run_id]
 
 
 def test_a_file_name_that_is_no_utf_8_is_escaped_instead_of_blocking_every_later_send(store):
