@@ -58,6 +58,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
 from absl import logging
 
 from writers import _base, _checks, _encode, _storage
@@ -463,6 +464,14 @@ class MlflowWriter(_base.TrackerWriter):
         # MLflow's own check (private, as is `_validate_metric`): it truncates long values.
         params = [self._validation._validate_param(k, str(v)) for k, v in hparams.items()]
         with self._lock:
+            # A run resumed from before narrow floats were written as their shortest digits
+            # holds '0.10000000149011612' where a float32 0.1 now writes '0.1': the same value,
+            # kept as logged (sending the new form failed as a changed param).
+            params = [
+                p
+                for p in params
+                if not _same_narrow_float(self._params_logged.get(p.key, p.value), p.value)
+            ]
             # A param never changes in MLflow: refused here, not dropped at a later send.
             if changed := [
                 f"{p.key!r}: {self._params_logged[p.key]!r} -> {p.value!r}"
@@ -550,3 +559,22 @@ def _latest_run_named(client: Any, experiment_id: str, name: str) -> list[Any]:
             return found[:1]
         if not (token := page.token):
             return []
+
+
+def _same_narrow_float(logged: str, value: str) -> bool:
+    """Whether param `logged` is a float32, float16 or bfloat16 value in full digits
+    ('0.10000000149011612') whose shortest digits (`_encode.shortest`) are `value` ('0.1')."""
+    if logged == value:
+        return False
+    try:
+        before, after = float(logged), float(value)
+    except ValueError:
+        return False
+    import ml_dtypes  # noqa: PLC0415  (JAX's own dependency: its bfloat16)
+
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16):
+        with np.errstate(over="ignore"):
+            exact = float(np.asarray(before).astype(dtype)) == before
+        if exact and _encode.shortest(before, dtype) == after:
+            return True
+    return False

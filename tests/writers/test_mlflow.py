@@ -184,6 +184,23 @@ def test_a_float32_hparam_reads_back_as_the_value_set_in_jsonl_and_mlflow(store,
     assert [run.info.run_id for run in found] == [w.run_id]
 
 
+def test_a_run_resumed_from_a_float32_param_in_full_digits_takes_its_shortest_form(store):
+    # A run logged before float32 hparams were written as their shortest digits holds
+    # '0.10000000149011612'; resumed, writing np.float32(0.1) ('0.1') raised "MLflow params
+    # never change". The logged form stays; a value that did change is still refused.
+    w = _writer(store)
+    w._client.log_param(w.run_id, "lr", "0.10000000149011612")
+    w._client.log_param(w.run_id, "wd", "0.20000000298023224")
+    w.close()
+    resumed = _writer(store, run_id=w.run_id, resume_step=0)
+    resumed.write_hparams({"lr": np.float32(0.1), "bf16": jnp.array(0.5, jnp.bfloat16)})
+    with pytest.raises(ValueError, match=r"'wd': '0.20000000298023224' -> '0.1'"):
+        resumed.write_hparams({"wd": np.float32(0.1)})
+    resumed.close()
+    params = MlflowClient(store["tracking_uri"]).get_run(w.run_id).data.params
+    assert params == {"lr": "0.10000000149011612", "wd": "0.20000000298023224", "bf16": "0.5"}
+
+
 def test_a_file_name_that_is_no_utf_8_is_escaped_instead_of_blocking_every_later_send(store):
     # os.fsdecode(b"/data/caf\xe9") keeps the byte as a lone surrogate, which the store
     # cannot encode: its error was retried at every send, and nothing more was stored.
