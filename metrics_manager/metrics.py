@@ -1064,9 +1064,8 @@ _PLAN_KINDS: dict[type, tuple[int, str, str]] = {
     StepsPerTime: (_STEPS_RATE, "", ""),
     Time: (_TIME, "", ""),
 }
-Leaf = tuple[
-    int, int, int, tuple[int, ...], bool
-]  # a packed leaf: buffer, start, stop, shape, weak
+# A packed leaf: its buffer, start, stop, shape and weak type.
+Leaf = tuple[int, int, int, tuple[int, ...], bool]
 
 
 class HostPlan:

@@ -5,7 +5,8 @@ and an ETA, measured from the first step's last scalars on so compilation does n
 them), then one line per value, keys aligned and grouped by prefix (un-prefixed keys first).
 Numbers show 4 significant digits (0.99996 as `1.000`, an exact 1.0 as `1`), integers and
 numbers from 1,000 to 1e15 whole with thousands separators, NaN as `NaN`; other kinds show
-their shapes (histograms: count, min, mean, max). Colour (via `rich`) only on a terminal or with `color=True`, so CI logs stay plain.
+their shapes (histograms: count, min, mean, max). Colour (via `rich`) only on a terminal or
+with `color=True`, so CI logs stay plain.
 
 Example:
   >>> import io, writers

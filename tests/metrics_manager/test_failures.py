@@ -53,6 +53,7 @@ from metrics_manager import (
 from tests.metrics_manager.fault_loop import files_and
 from tests.metrics_manager.test_manager import PerClass
 from tests.metrics_manager.test_manager_files import read_jsonl, read_tensorboard
+from tests.signals import signal_after
 from tests.writers.failing import GatedWriter
 from tests.writers.tracker_stores import wandb_history, wandb_records, wandb_run_files
 
@@ -2309,22 +2310,9 @@ manager.close()  # waits about 1 s for a queue slot for its close: the signal co
 def test_a_signal_handler_closing_the_manager_during_close_closes_it(tmp_path):
     # The handler's close() ran on the main thread, which held the close lock while its own
     # close() waited for a queue slot: the handler waited forever, and so did the process.
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HANDLER_CLOSES_SCRIPT, str(tmp_path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
+    proc, out = signal_after(
+        _HANDLER_CLOSES_SCRIPT, [str(tmp_path)], "closing\n", signal.SIGTERM, timeout=30, cwd=ROOT
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == "closing\n"
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail("the process hung in the handler's close()")
     assert proc.returncode == 0 and out == "closed by the handler\n", out
     logdir = str(tmp_path / "train")
     assert [line["step"] for line in read_jsonl(logdir)] == list(range(1, 6))
@@ -2352,17 +2340,9 @@ def test_sigterm_while_close_waits_for_a_queue_slot_still_closes_the_writers(tmp
     # The signal's flush took the manager for closing and only drained the queue: the close
     # job, not queued yet, never ran, and no writer was closed before the kill (a W&B run
     # left unfinished, a gs:// log not uploaded).
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CLOSE_WAITING_SCRIPT, str(tmp_path)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
+    proc, out = signal_after(
+        _CLOSE_WAITING_SCRIPT, [str(tmp_path)], "closing\n", signal.SIGTERM, cwd=ROOT
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == "closing\n"
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGTERM and out == "", out
     assert (tmp_path / "closed_by").read_text() == f"{proc.pid}\n"
     logdir = str(tmp_path / "train")

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import gin
@@ -396,6 +397,18 @@ def test_a_config_binding_the_manager_but_not_its_factory_is_refused(tmp_path):
     assert [line["loss"] for line in writers.read_jsonl(tmp_path / "train")] == [0.5]
 
 
+def _with_writer_class_as_factory(kind: str, through: str) -> Callable[..., MetricsManager]:
+    """A maker of MetricsManagers given `writers.<kind>` itself as the writer factory, bound
+    in gin or passed in Python."""
+    if through == "gin":
+        gin.parse_config(
+            "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
+            f"metrics_manager.MetricsManager.writer_factory = @writers.{kind}\n"
+        )
+        return gin_utils.configured(MetricsManager)
+    return functools.partial(MetricsManager, writer_factory=getattr(writers, kind))
+
+
 @pytest.mark.parametrize("through", ["python", "gin"])
 @pytest.mark.parametrize("kind", ["ConsoleWriter", "LoggingWriter"])
 def test_a_writer_class_taking_no_directory_as_the_factory_names_the_fix(
@@ -404,14 +417,7 @@ def test_a_writer_class_taking_no_directory_as_the_factory_names_the_fix(
     """`writer_factory = @writers.ConsoleWriter` passed the summary dir as the stream: "stream
     must be a text stream such as sys.stderr ..., got '<dir>/train' (str)" named no fix
     (LoggingWriter: "got multiple values for argument 'collection'")."""
-    if through == "gin":
-        gin.parse_config(
-            "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
-            f"metrics_manager.MetricsManager.writer_factory = @writers.{kind}\n"
-        )
-        make = gin_utils.configured(MetricsManager)
-    else:
-        make = functools.partial(MetricsManager, writer_factory=getattr(writers, kind))
+    make = _with_writer_class_as_factory(kind, through)
     with pytest.raises(TypeError) as raised:
         make("train", tmp_path)
     first = {"ConsoleWriter": "stream", "LoggingWriter": "collection"}[kind]
@@ -443,14 +449,7 @@ def test_a_writer_class_taking_no_directory_as_the_factory_names_the_fix(
 def test_a_tracker_class_as_the_factory_names_its_first_parameter(kind, first, through, tmp_path):
     """`writer_factory = @writers.WandbWriter` in gin said "would take the summary dir as its
     args": gin's wrapper of the class reports `(*args, **kwargs)`."""
-    if through == "gin":
-        gin.parse_config(
-            "from __gin__ import dynamic_registration\nimport metrics_manager\nimport writers\n"
-            f"metrics_manager.MetricsManager.writer_factory = @writers.{kind}\n"
-        )
-        make = gin_utils.configured(MetricsManager)
-    else:
-        make = functools.partial(MetricsManager, writer_factory=getattr(writers, kind))
+    make = _with_writer_class_as_factory(kind, through)
     with pytest.raises(TypeError) as raised:
         make("train", tmp_path)
     config = kind.removesuffix("Writer").lower()

@@ -17,6 +17,7 @@ import pytest
 from tensorboard.backend.event_processing import event_accumulator
 
 import writers
+from tests.signals import signal_after
 from tests.writers.failing import BrokenDiskWriter, CluInterfaceWriter, GatedWriter
 
 
@@ -365,16 +366,9 @@ def test_a_close_ended_by_ctrl_c_is_finished_at_exit(tmp_path):
     # The exit hook's close() took the writer for closed and returned at once: the worker, a
     # daemon, died with the interpreter, and 4 of 30 queued writes reached the file.
     path = tmp_path / "m.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _CTRL_C_DURING_CLOSE, str(path)],
-        stdout=subprocess.PIPE,
-        text=True,
+    proc, out = signal_after(
+        _CTRL_C_DURING_CLOSE, [str(path)], "closing\n", signal.SIGINT, delay=0.5
     )
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == "closing\n"
-    time.sleep(0.5)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0 and out == "interrupted\n", out
     assert [line["step"] for line in writers.read_jsonl(str(path))] == list(range(1, 31))
 
@@ -406,22 +400,9 @@ def test_a_signal_handler_closing_the_writer_during_a_write_closes_it(tmp_path):
     # The handler's close() ran on the main thread, which held the writer's lock while its
     # write waited for a queue slot: the handler waited forever, and so did the process.
     path = tmp_path / "m.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _HANDLER_CLOSES_SCRIPT, str(path)],
-        stdout=subprocess.PIPE,
-        text=True,
+    proc, out = signal_after(
+        _HANDLER_CLOSES_SCRIPT, [str(path)], "issued 3\n", signal.SIGTERM, timeout=30
     )
-    assert proc.stdout is not None
-    while proc.stdout.readline() != "issued 3\n":
-        pass
-    time.sleep(0.2)
-    proc.send_signal(signal.SIGTERM)
-    try:
-        out, _ = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        pytest.fail("the process hung in the handler's close()")
     assert proc.returncode == 0 and out == "closed by the handler\n", out
     assert [line["step"] for line in writers.read_jsonl(str(path))] == [1, 2, 3]
 
