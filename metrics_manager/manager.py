@@ -1195,8 +1195,8 @@ class _Problems(Problems):
         fix: str = "",
     ) -> int:
         """`value` as an int, or a problem naming `what`, with `hint` after the usual one;
-        `fix` for a bool, a str, None, a non-finite float or a list or tuple when there is
-        no `hint`."""
+        `fix` for anything else that is not an integer (a bool, a str, None, 1.5, nan, a list,
+        a dict, a float array) when there is no `hint`."""
         if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
             value = int(value)  # NumPy scalars are `numbers.Integral` already; 0-d arrays not
         if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -1210,13 +1210,15 @@ class _Problems(Problems):
                     hint += f"; for a one-off write outside it, pass {one}"
             elif isinstance(value, bool):  # int(True) is 1: no step or count the loop meant
                 hint = "" if extra else fix
-            elif isinstance(value, numbers.Real) and math.isfinite(value):  # T5X: int(step)
-                hint = f"; pass int({what})" if float(value).is_integer() else ""
+            elif (
+                isinstance(value, numbers.Real)
+                and math.isfinite(value)
+                and float(value).is_integer()
+            ):  # T5X: int(step)
+                hint = f"; pass int({what})"
             elif gin and isinstance(value, str):
                 hint = "; in gin write a number, without quotes"
-            elif not extra and (  # a nan or inf float step, or [3], named no fix either
-                value is None or isinstance(value, str | np.bool_ | numbers.Real | list | tuple)
-            ):
+            elif not extra:  # 1.5, nan, None, "3", [3], a dict, a float array
                 hint = fix
             self.type_problem(f"{what} must be an int, got {_brief(value)}{hint}{extra}")
             return 0

@@ -3210,7 +3210,30 @@ BAD_CALLS: dict[str, tuple[Any, type[Exception], str]] = {
     "step 2**63": (lambda m: m.write_scalar("x", 1.0, 2**63), ValueError, "below 2\\*\\*63"),
     "step 2**70": (lambda m: m.write_metrics_summary(GOOD, 2**70, 1), ValueError, "2\\*\\*63"),
     "negative step": (lambda m: m.write_scalar("x", 1.0, -1), ValueError, "step must be >= 0"),
-    "float step": (lambda m: m.write_scalar("x", 1.0, 1.5), TypeError, "step must be an int"),
+    # 1.5, a float array or a dict named what came and no fix.
+    "float step": (
+        lambda m: m.write_scalar("x", 1.0, 1.5),
+        TypeError,
+        r"write_scalar: step must be an int, got 1\.5 \(float\); pass the loop's step counter "
+        r"as an int: a Python int counter, or int\(state\.step\) on the host$",
+    ),
+    "float array step": (
+        lambda m: m.write_metrics_summary(GOOD, np.array([3.0]), 1),
+        TypeError,
+        r"step must be an int, got ndarray of shape \(1,\) and dtype float64; pass the loop's "
+        r"step counter as an int",
+    ),
+    "dict step": (
+        lambda m: m.write_scalars({"step": 3}, {"loss": 1.0}),
+        TypeError,
+        r"write_scalars: step must be an int, got dict with keys \['step'\]; pass the loop's "
+        r"step counter",
+    ),
+    "whole float step": (
+        lambda m: m.write_scalar("x", 1.0, 3.0),
+        TypeError,
+        r"write_scalar: step must be an int, got 3\.0 \(float\); pass int\(step\)$",
+    ),
     # A bool, a str or None was refused naming what came, not the fix (a bool's was int(step)).
     "bool step": (
         lambda m: m.write_scalar("x", 1.0, True),

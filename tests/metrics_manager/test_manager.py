@@ -1252,7 +1252,8 @@ def test_a_float_step_is_refused_naming_int():
             "  - step must be an int, got 5.0 (float); pass int(step)\n"
             "  - num_steps must be an int, got np.float32(2.0) (float32); pass int(num_steps)"
         )
-        with pytest.raises(TypeError, match=r"got 1\.5 \(float\)$"):  # int() would lose .5
+        # Not int(step): int() would lose the .5. Named no fix, now the step counter.
+        with pytest.raises(TypeError, match=r"got 1\.5 \(float\); pass the loop's step counter"):
             manager.write_scalar("x", 1.0, 1.5)
 
 
@@ -1351,7 +1352,8 @@ def test_write_calls_with_step_and_mapping_swapped_name_the_argument_order():
             manager.write_scalars(np.zeros(500), {"loss": 0.5})
         assert str(info.value) == (
             "MetricsManager.write_scalars: step must be an int, got ndarray of shape (500,) and "
-            "dtype float64"
+            "dtype float64; pass the loop's step counter as an int: a Python int counter, or "
+            "int(state.step) on the host"
         )
         manager.write_images(20, {"img": image})
     [(method, step, images)] = [c for c in written(writer) if c[0] == "write_images"]
