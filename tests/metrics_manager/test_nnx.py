@@ -606,6 +606,38 @@ def test_flax_average_and_accuracy_are_written_as_their_compute_gives(tmp_path):
     assert errors == [("metric:wrapped", "OverflowError")]
 
 
+def test_accuracy_and_top_k_accuracy_are_computed_on_the_host_as_compute_gives(tmp_path):
+    """The worker computed their host copies with jnp: each summary sent them to the device
+    and back, and its value was a JAX Array. NumPy gives the same float32 values now."""
+    metrics = mnnx.MultiMetric(
+        accuracy=mnnx.Accuracy(), top2=mnnx.Metric(TopKAccuracy, k=2), empty=mnnx.Accuracy()
+    )
+    logits = jnp.array([[0.5, 0.3, 0.2], [0.1, 0.3, 0.6], [0.2, 0.5, 0.3]])
+    metrics.accuracy.update(logits=logits, labels=jnp.array([0, 1, 1]))
+    metrics.top2.update(logits=logits, labels=jnp.array([1, 0, 2]))
+    computed = {k: float(v) for k, v in metrics.compute().items()}
+    assert computed == pytest.approx(
+        {"accuracy": 2 / 3, "top2": 2 / 3, "empty": np.nan}, nan_ok=True
+    )
+    with metrics_manager.MetricsManager(
+        "train", tmp_path, writer_factory=lambda d: writers.JsonlWriter(d)
+    ) as manager:
+        summary = manager.write_metrics_summary(metrics, 1, num_steps=1).result()
+    assert {k: type(v.value) for k, v in summary.items()} == dict.fromkeys(computed, np.float32)
+    assert {k: float(v.value) for k, v in summary.items()} == pytest.approx(
+        computed, rel=0, abs=0, nan_ok=True
+    )
+    (line,) = writers.read_jsonl(tmp_path / "train")
+    assert (line["accuracy"], line["top2"]) == (computed["accuracy"], computed["top2"])
+    # No device work: host copies compute under a guard refusing any transfer.
+    nan_score = TopKAccuracy(correct=2.0, count=3.0, outside=1.0, k=1)
+    host = [jax.device_get(m) for m in (metrics.accuracy.metric, metrics.top2.metric, nan_score)]
+    with jax.transfer_guard("disallow"):
+        values = [m.compute() for m in host]
+    assert [type(v) for v in values] == [np.float32] * 3
+    assert values[:2] == [computed["accuracy"], computed["top2"]] and np.isnan(values[2])
+
+
 def test_as_summary_metrics_refuses_a_key_written_twice():
     # A Statistics 'stats' writes 'stats/std'; a second 'stats/std' silently replaced it
     # (or was replaced), depending on the dict's order.
