@@ -77,6 +77,7 @@ class Summarizer:
         self._warned_zero = False
         self._zero_window: set[str] = set()  # the time keys of a 0 s window: not checked
         self._host_only: set[str] = set()  # the summary's system/* keys: warned of, not stopped
+        self._host: Mapping[str, Any] = {}  # the summary's host metrics, until its calls
         self._step_key = ""  # the key of a `Step` metric, for that count
         # Keys a writer refuses, by call, left out of that call's writes (set by the manager
         # with several processes, where refusing at the call on process 0 alone would hang
@@ -162,6 +163,7 @@ class Summarizer:
         # A window over which the clock did not advance: its rates are inf, written as they are
         # but left out of the `nonfinite` policy (a coarse clock must not stop a run).
         self._zero_window, self._host_only = set(), set()
+        self._host = host
         if duration == 0.0 and any(_has_time(m) for m in host.values()):
             self._zero_window = set(_without_time(host)[1])
             if not self._warned_zero:
@@ -353,7 +355,10 @@ class Summarizer:
                 if self._zero_window:
                     scalars = {k: v for k, v in scalars.items() if k not in self._zero_window}
                 where = "in the summary window ending at"
-                self.check_finite(step, scalars, where, warn_only=self._host_only)
+                self.check_finite(
+                    step, scalars, where, warn_only=self._host_only, metrics=self._host
+                )
+        self._host = {}
         # Only now, so process 0 checks what the others (no writers, nothing refused) check:
         # a NaN under a refused key stopped them under nonfinite="stop", and not process 0.
         if any(self.refused.values()):  # each call without the keys refused in that call
@@ -406,24 +411,38 @@ class Summarizer:
         self._failures.record(failure, fatal=fatal)
 
     def check_finite(
-        self, step: int, scalars: Mapping[str, Any], where: str, warn_only: Set[str] = frozenset()
+        self,
+        step: int,
+        scalars: Mapping[str, Any],
+        where: str,
+        warn_only: Set[str] = frozenset(),
+        metrics: Mapping[str, Any] = {},
     ) -> None:
         """Applies the `nonfinite` policy to checked numbers `scalars` (written `where` step);
         keys in `warn_only` (system/*, sampled on process 0 alone, whose stop would leave the
-        others waiting in their next collective) are warned of under "stop" too."""
+        others waiting in their next collective) are warned of under "stop" too; those of
+        `metrics` (the summary's, on the host) that hold nothing are named with the likely
+        cause and the fix."""
         if self._nonfinite == "ignore":
             return
         bad = sorted(k for k, v in scalars.items() if type(v) is float and not math.isfinite(v))
+        empty = _empty_keys(metrics) if bad else set()  # read only then: ~0.5 us a metric
         stop = [k for k in bad if k not in warn_only] if self._nonfinite == "stop" else []
         if stop:
             err = FloatingPointError(
                 f"non-finite values {where} step {step} for keys {stop}; the run was stopped "
-                "by nonfinite='stop'"
+                f"by nonfinite='stop'{_empty_cause([k for k in stop if k in empty])}"
             )
             self._record(Failure("nonfinite", step, tuple(stop), err), fatal=True)
         if new := sorted(set(bad) - set(stop) - self._nonfinite_warned):  # once per key
             self._nonfinite_warned.update(new)
-            _LOG.warning("%s: non-finite values at step %d for %s", self._failures.owner, step, new)
+            _LOG.warning(
+                "%s: non-finite values at step %d for %s%s",
+                self._failures.owner,
+                step,
+                new,
+                _empty_cause([k for k in new if k in empty]),
+            )
 
 
 _KINDS = {  # the calls whose values are checked per key: method -> (argument, kind)
@@ -635,6 +654,37 @@ def _wrapped_count(metric: Any) -> int | None:
         if count.size and (low := int(np.min(count))) < 0:
             return low
     return None
+
+
+def _empty_keys(host: Mapping[str, Any]) -> set[str]:
+    """The keys written for metrics of `host` (a Collection's too) whose `count` is 0: nothing
+    was merged into them since they were made or reset, so their value is NaN."""
+    empty: set[str] = set()
+    for key, metric in host.items():
+        if isinstance(metric, clu_metrics.Collection):
+            fields = metrics_lib.collection_fields(metric).items()
+            items = [(f"{key}/{name}", m) for name, m in fields]
+        else:
+            items = [(key, metric)]
+        for name, m in items:
+            count = getattr(m, "count", None)
+            if isinstance(count, np.ndarray | np.generic) and count.size == 1 and count == 0:
+                empty.update(metrics_lib.written_keys(name, m))
+    return empty
+
+
+def _empty_cause(keys: list[str]) -> str:
+    """What the non-finite message adds for `keys` of metrics holding nothing (a count of 0):
+    an NNX loop calling `metrics.reset()` before the summary call wrote NaN for every window,
+    and was told only that the values were not finite."""
+    if not keys:
+        return ""
+    return (
+        f"; {keys} hold no values (a count of 0: nothing was merged into them since they were "
+        "made or reset), so they read NaN. An NNX loop that calls metrics.reset() before "
+        "write_metrics_summary writes this for every window: call metrics.reset() after it "
+        "(the summary reads the metrics at the call)"
+    )
 
 
 def _counts_steps(metric: Any) -> bool:

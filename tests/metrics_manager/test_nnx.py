@@ -798,6 +798,52 @@ def test_a_summary_of_metrics_still_empty_is_no_window_a_reset_was_forgotten_aft
     assert caplog.text.count("without a reset()") == 1
 
 
+@pytest.mark.parametrize("policy", ["warn", "stop"])
+def test_a_reset_before_the_summary_call_is_named_with_the_keys_it_empties(
+    tmp_path, caplog, policy
+):
+    """A loop calling metrics.reset() before write_metrics_summary wrote NaN for every window,
+    told only "non-finite values at step 1 for ['m/flax_loss', 'm/loss']"."""
+
+    @nnx.jit
+    def step(metrics, values):
+        metrics.update(values=values)
+
+    metrics = nnx.MultiMetric(loss=mnnx.Average(), flax_loss=nnx.metrics.Average())
+    cause = (
+        "['m/flax_loss', 'm/loss'] hold no values (a count of 0: nothing was merged into them "
+        "since they were made or reset), so they read NaN. An NNX loop that calls "
+        "metrics.reset() before write_metrics_summary writes this for every window: call "
+        "metrics.reset() after it (the summary reads the metrics at the call)"
+    )
+    manager = metrics_manager.MetricsManager(
+        "train", tmp_path, nonfinite=policy, writer_factory=lambda d: writers.JsonlWriter(d)
+    )
+    step(metrics, jnp.arange(4.0))
+    metrics.reset()
+    nan = metrics_manager.Sum(np.float32(np.nan))  # a NaN of its own: no count to name
+    manager.write_metrics_summary({"m": metrics, "nan": nan}, 1, num_steps=1).result()
+    errors = [str(f.error) for f in manager.errors]
+    if policy == "stop":
+        with pytest.raises(metrics_manager.MetricsManagerError, match="hold no values"):
+            manager.close()
+    manager.close()
+    (line,) = writers.read_jsonl(tmp_path / "train")
+    assert (line["m/loss"], line["m/flax_loss"], line["nan"]) == ("NaN",) * 3
+    warned = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
+    if policy == "warn":
+        assert errors == []
+        assert warned == [
+            "MetricsManager 'train': non-finite values at step 1 for "
+            f"['m/flax_loss', 'm/loss', 'nan']; {cause}"
+        ]
+    else:
+        assert errors == [
+            "non-finite values in the summary window ending at step 1 for keys "
+            f"['m/flax_loss', 'm/loss', 'nan']; the run was stopped by nonfinite='stop'; {cause}"
+        ]
+
+
 class _FlaxPerplexity(nnx.metrics.Average):
     def compute(self):
         return jnp.exp(super().compute())
