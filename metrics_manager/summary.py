@@ -31,7 +31,6 @@ from writers import values as values_lib
 
 _LOG = logging.getLogger("metrics_manager.manager")  # the logger users filter on
 _pack = jax.jit(PackedMetrics.pack)
-_FLOAT32_MAX = float(np.finfo(np.float32).max)
 _INT32_NEAR = 2**30  # half of int32's range: a window or two more may wrap it
 
 
@@ -527,21 +526,23 @@ def _changed_on_device(leaf: Any) -> bool:
     """Whether JAX without x64 would change host number `leaf`: an int past 32 bits wraps
     there (a NumPy int64 3_000_000_000 read -1294967296, a uint64 2**40 read 0; a Python int
     raised OverflowError, which lost the whole summary) and a float past float32's range
-    becomes inf (1e40). Such a metric is computed on the host, where it keeps its value."""
+    becomes inf (1e40), and one float32 cannot hold is rounded (a float64 0.1 read
+    0.10000000149011612). Such a metric is computed on the host, where it keeps its value."""
     if isinstance(leaf, jax.Array) or isinstance(leaf, bool):
         return False
     if isinstance(leaf, int):
         return not -(2**31) <= leaf < 2**31
     if isinstance(leaf, float):
-        return _FLOAT32_MAX < abs(leaf) < math.inf
+        with np.errstate(over="ignore"):
+            return math.isfinite(leaf) and float(np.float32(leaf)) != leaf
     if not isinstance(leaf, np.ndarray | np.generic) or not leaf.size or leaf.dtype.itemsize < 8:
         return False
     if leaf.dtype.kind in "iu":
         info = np.iinfo(np.int32 if leaf.dtype.kind == "i" else np.uint32)
         return bool(leaf.min() < info.min or leaf.max() > info.max)
     if leaf.dtype.kind == "f":
-        with np.errstate(invalid="ignore"):
-            return bool(np.any((np.abs(leaf) > _FLOAT32_MAX) & np.isfinite(leaf)))
+        with np.errstate(over="ignore", invalid="ignore"):
+            return bool(np.any((leaf.astype(np.float32) != leaf) & np.isfinite(leaf)))
     return False
 
 

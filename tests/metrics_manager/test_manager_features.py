@@ -524,6 +524,36 @@ def test_host_numbers_past_32_bits_in_a_summary_keep_their_values(tmp_path):
     assert m.errors == []
 
 
+def test_host_floats_float32_cannot_hold_in_a_summary_keep_their_values(tmp_path):
+    # Packing sent host float64 fields through the device as float32: Sum(np.float64(0.1))
+    # and Sum(0.1) were written as 0.10000000149011612, a host Average of 0.3 / 1 as
+    # 0.30000001192092896. Such metrics are computed on the host now; float32 fields and
+    # float64 ones float32 holds exactly (0.5, 1e6) still go through the device.
+    metrics = {
+        "numpy": Sum(np.float64(0.1)),
+        "python": Sum(0.1),
+        "average": clu_metrics.Average(total=np.array([0.1, 0.2]).sum(), count=np.int32(1)),
+        "vector": clu_metrics.Average(total=np.array(0.7), count=np.array(1)),
+        "exact": Sum(np.float64(0.5)),
+        "float32": Sum(np.float32(0.1)),
+        "loss": Sum(jnp.float32(2.0)),
+    }
+    expected = {
+        "numpy": 0.1,
+        "python": 0.1,
+        "average": 0.1 + 0.2,  # 0.30000000000000004, float64's own sum
+        "vector": 0.7,
+        "exact": 0.5,
+        "float32": float(np.float32(0.1)),
+        "loss": 2.0,
+    }
+    with MetricsManager("train", tmp_path, writer_factory=files_only, uptime=False) as m:
+        m.write_metrics_summary(metrics, 1, 1)
+    [line] = read_jsonl(str(tmp_path / "train"))
+    assert {k: line[k] for k in expected} == expected
+    assert m.errors == []
+
+
 def test_a_summary_of_int4_metrics_is_written_as_write_scalars_writes_them(tmp_path):
     # write_scalars took an int4 (ml_dtypes) scalar, but a summary's int4 value was left out
     # as "unsupported value types for 'n': Scalar of ndarray of dtype int4", a failure each.
