@@ -121,7 +121,7 @@ class WandbWriter(_base.TrackerWriter):
       ImportError: `wandb` is not installed (install the `wandb` extra).
       TypeError: `tags` is a str, not a list of them.
       ValueError: `resume_step` above 0 without `run_id` (0 without it starts a new run),
-        or a negative `resume_step`.
+        or a negative `resume_step`, or a `mode` W&B refuses (`'ofline'`; on every process).
     """
 
     def __init__(
@@ -153,6 +153,15 @@ class WandbWriter(_base.TrackerWriter):
         if config:
             config = self._initial_config(config)
         self._wandb, resume_step, here = self._start("wandb", resume_step, process_index)
+        if mode is not None:
+            # W&B checks `mode` in wandb.init, which only process 0 calls: `mode = 'ofline'`
+            # failed there alone. Its settings model checks it here, locally, on every process.
+            try:
+                self._wandb.Settings(mode=mode)
+            except Exception as err:
+                if (refused := _refused_setting(err)) is None:
+                    raise
+                raise refused from err
         if resume_step == 0 and run_id is None and run is None:
             # A loop passing its restored step passes 0 at a fresh start (the manager allows
             # it): that raised, so a W&B writer set without run_id could not start. A run

@@ -611,3 +611,17 @@ def test_a_setting_w_and_b_refuses_is_named_through_gin(tmp_path):
     assert "mode\n" in message and "input_value='ofline'" in message
     assert "In call to configurable 'WandbWriter'" in message
     assert wandb_run_files(str(tmp_path)) == []
+
+
+def test_a_mode_w_and_b_refuses_is_refused_on_every_process(tmp_path):
+    """`mode='ofline'` was checked by wandb.init, which only process 0 calls: process 1 made
+    its writer and ran on, so a multi-host job failed on one host alone."""
+    with pytest.raises(ValueError) as raised:
+        writers.WandbWriter("tests", logdir=tmp_path, mode="ofline", process_index=1)
+    message = str(raised.value)
+    assert message.startswith("WandbWriter: W&B refused a setting of wandb.init: ")
+    assert "mode\n" in message and "input_value='ofline'" in message
+    writer = writers.WandbWriter("tests", logdir=tmp_path, mode="offline", process_index=1)
+    assert writer.run is None
+    writer.close()
+    assert wandb_run_files(str(tmp_path)) == []
