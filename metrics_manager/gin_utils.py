@@ -89,7 +89,8 @@ def configured(fn: F) -> F:
     files the set turns off.
 
     Raises (at the call):
-      ValueError: the writer set's bindings would be ignored (naming them and the fix).
+      ValueError: the writer set's bindings would be ignored (naming them and the fix), or gin
+        binds the writer factory's `logdir`, which the manager always passes itself.
 
     Example:
       >>> import writers
@@ -113,23 +114,75 @@ def configured(fn: F) -> F:
             target = gin.get_configurable(fn)
         except ValueError:  # still none: the plain call
             target = fn
-        if takes_factory and signature is not None:
-            _refuse_an_unread_writer_set(fn, signature, args, kwargs)
+        if (
+            takes_factory
+            and signature is not None
+            and _factory_left_to_gin(signature, args, kwargs)
+        ):
+            _refuse_an_unread_writer_set(fn)
+            _refuse_a_bound_logdir(fn)
         return target(*args, **kwargs)
 
     return cast(F, through_gin)
 
 
-def _refuse_an_unread_writer_set(
-    fn: Callable[..., Any], signature: inspect.Signature, args: Any, kwargs: Any
-) -> None:
+def _factory_left_to_gin(signature: inspect.Signature, args: Any, kwargs: Any) -> bool:
+    """Whether a call leaves `writer_factory` to gin (or to `fn`'s default): not the caller's."""
+    try:
+        return "writer_factory" not in signature.bind_partial(*args, **kwargs).arguments
+    except TypeError:  # `fn` itself says what is wrong with the call
+        return False
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    """`fn` as a gin file names it: `metrics_manager.MetricsManager` where the package exports
+    it, else its module's path."""
+    package = fn.__module__.split(".")[0]
+    public = getattr(sys.modules.get(package), fn.__name__, None) is fn
+    return f"{package}.{fn.__name__}" if public else f"{fn.__module__}.{fn.__qualname__}"
+
+
+def _gin_bindings(fn: Callable[..., Any]) -> dict[str, Any]:
+    """What gin binds of `fn` in the current scope, references unresolved (none: {})."""
+    try:
+        return gin.get_bindings(fn, resolve_references=False)
+    except ValueError:  # gin knows nothing of `fn`
+        return {}
+
+
+def _referenced(value: Any) -> str | None:
+    """The selector a gin reference names (`@writers.create_default_writer`: its own), or
+    None for any other value."""
+    return value.selector if isinstance(value, gin.config.ConfigurableReference) else None
+
+
+def _refuse_a_bound_logdir(fn: Callable[..., Any]) -> None:
+    """Raises where gin binds the writer factories' `logdir`, which `fn` (a manager) always
+    passes itself: `writers.create_default_writer.logdir = '/x'` was ignored without a word,
+    and the files went to the manager's own directory."""
+    factory = _gin_bindings(fn).get("writer_factory")  # None: `fn`'s default, the default set
+    factories = (writers.create_default_writer, writers.create_tracker_writer)
+    if factory is not None and _referenced(factory) not in [
+        f"writers.{f.__name__}" for f in factories
+    ]:
+        return  # another factory: the binding may be for a writer made outside the manager
+    bound = [(f, b["logdir"]) for f in factories if "logdir" in (b := _gin_bindings(f))]
+    if not bound:
+        return
+    name = _name(fn)
+    found = ", ".join(f"writers.{f.__name__}.logdir = {value!r}" for f, value in bound)
+    raise ValueError(
+        f"configured({fn.__name__}): gin binds {found}, which no writer reads: the manager "
+        "passes its own directory, <summary_dir>/<name>, as the factory's logdir. The "
+        f"manager's summary_dir decides where the writers write: drop the binding and pass the "
+        f"directory as summary_dir where the manager is built ({fn.__name__}(name, summary_dir)"
+        f"), or, where the loop passes none, bind {name}.summary_dir instead."
+    )
+
+
+def _refuse_an_unread_writer_set(fn: Callable[..., Any]) -> None:
     """Raises where `fn` would get no `writer_factory` (not passed, not bound in gin) while gin
     binds `writers.create_default_writer`: `fn` would make its default writers, not the set's."""
-    try:
-        if "writer_factory" in signature.bind_partial(*args, **kwargs).arguments:
-            return  # the caller's choice
-    except TypeError:  # `fn` itself says what is wrong with the call
-        return
     try:
         if "writer_factory" in gin.get_bindings(fn, resolve_references=False):
             return
@@ -142,8 +195,7 @@ def _refuse_an_unread_writer_set(
     if not chosen:
         return
     package = fn.__module__.split(".")[0]
-    public = getattr(sys.modules.get(package), fn.__name__, None) is fn
-    name = f"{package}.{fn.__name__}" if public else f"{fn.__module__}.{fn.__qualname__}"
+    name = _name(fn)
     found = ", ".join(f"{key} = {value!r}" for key, value in sorted(chosen.items()))
     raise ValueError(
         f"configured({fn.__name__}): gin binds writers.create_default_writer ({found}) but "

@@ -418,3 +418,38 @@ def test_a_suggested_resume_step_is_the_managers_as_the_readme_says():
         "writers/tensorboard.gin",
     }
     assert {selector for _, selector in suggested} == {"metrics_manager.MetricsManager.resume_step"}
+
+
+@pytest.mark.parametrize("top", ["default.gin", "writers/mlflow.gin"])
+def test_a_bound_factory_logdir_is_refused_naming_the_managers_summary_dir(top, tmp_path):
+    """`writers.create_default_writer.logdir = '<dir>'` was ignored without a word: the manager
+    passes its own directory as the factory's logdir, so the files went to
+    <summary_dir>/train and <dir> stayed empty."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    elsewhere = tmp_path / "elsewhere"
+    store = (
+        []
+        if top == "default.gin"
+        else [f"writers.MlflowWriter.tracking_uri = '{sqlite_store(str(tmp_path / 'ml'))}'"]
+    )
+    logdir = f"writers.create_default_writer.logdir = '{elsewhere}'"
+    gin.parse_config_files_and_bindings(["default.gin", top], [logdir, *store])
+    make = configured(metrics_manager.MetricsManager)
+    with pytest.raises(ValueError) as raised:
+        make("train", str(tmp_path / "run"))
+    assert str(raised.value) == (
+        f"configured(MetricsManager): gin binds writers.create_default_writer.logdir = "
+        f"'{elsewhere}', which no writer reads: the manager passes its own directory, "
+        "<summary_dir>/<name>, as the factory's logdir. The manager's summary_dir decides where "
+        "the writers write: drop the binding and pass the directory as summary_dir where the "
+        "manager is built (MetricsManager(name, summary_dir)), or, where the loop passes none, "
+        "bind metrics_manager.MetricsManager.summary_dir instead."
+    )
+    assert not elsewhere.exists() and not (tmp_path / "run").exists()
+    gin.clear_config()  # parsing finalized (locked) the config
+    gin.parse_config_files_and_bindings(["default.gin", top], store)
+    with make("train", str(elsewhere)) as manager:
+        manager.write_scalars(1, {"loss": 0.5})
+    assert [line["loss"] for line in writers.read_jsonl(elsewhere / "train")] == [0.5]
