@@ -32,6 +32,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 CONFIG_FILENAME = "config.gin"
 CONFIG_SUMMARY_KEY = "config"
 _LOG = logging.getLogger(__name__)
+# create_default_writer's flags, each turning on one writer.
+_WRITER_FLAGS = ("console", "tensorboard", "jsonl", "log")
 
 
 def _bindings(config_str: str) -> int:
@@ -90,7 +92,8 @@ def configured(fn: F) -> F:
 
     Raises (at the call):
       ValueError: the writer set's bindings would be ignored (naming them and the fix), or gin
-        binds the writer factory's `logdir`, which the manager always passes itself.
+        binds the writer factory's `logdir`, which the manager always passes itself, or turns
+        off every writer of `writers.create_default_writer` (naming the bindings).
 
     Example:
       >>> import writers
@@ -121,6 +124,7 @@ def configured(fn: F) -> F:
         ):
             _refuse_an_unread_writer_set(fn)
             _refuse_a_bound_logdir(fn)
+            _refuse_a_set_writing_nothing(fn)
         return target(*args, **kwargs)
 
     return cast(F, through_gin)
@@ -177,6 +181,28 @@ def _refuse_a_bound_logdir(fn: Callable[..., Any]) -> None:
         f"manager's summary_dir decides where the writers write: drop the binding and pass the "
         f"directory as summary_dir where the manager is built ({fn.__name__}(name, summary_dir)"
         f"), or, where the loop passes none, bind {name}.summary_dir instead."
+    )
+
+
+def _refuse_a_set_writing_nothing(fn: Callable[..., Any]) -> None:
+    """Raises where `fn`'s factory is `writers.create_default_writer` and gin turns off each of
+    its writers: `writers/console.gin` with `console = False` built a manager that wrote every
+    summary nowhere, without a word."""
+    if _referenced(_gin_bindings(fn).get("writer_factory")) != "writers.create_default_writer":
+        return  # `fn`'s default set (all on), or a factory of the caller's or with a tracker
+    bound = _gin_bindings(writers.create_default_writer)
+    defaults = inspect.signature(writers.create_default_writer).parameters
+    flags = {n: bound.get(n, defaults[n].default) for n in _WRITER_FLAGS + ("just_logging",)}
+    if any(value is not False for value in flags.values()):
+        return  # one writer at least, or a flag the factory itself refuses ('False')
+    found = ", ".join(
+        f"{n} = {flags[n]}" + ("" if n in bound else " (default)") for n in _WRITER_FLAGS
+    )
+    raise ValueError(
+        f"configured({fn.__name__}): gin binds writers.create_default_writer with {found}, so "
+        "it makes no writer and every summary would be written nowhere. Turn one on, e.g. "
+        "writers.create_default_writer.console = True, or parse a writer set that writes "
+        "(console.gin, default.gin, tensorboard.gin)."
     )
 
 

@@ -453,3 +453,39 @@ def test_a_bound_factory_logdir_is_refused_naming_the_managers_summary_dir(top, 
     with make("train", str(elsewhere)) as manager:
         manager.write_scalars(1, {"loss": 0.5})
     assert [line["loss"] for line in writers.read_jsonl(elsewhere / "train")] == [0.5]
+
+
+@pytest.mark.parametrize(
+    "top, off", [("console.gin", "console"), ("tensorboard.gin", "tensorboard")]
+)
+def test_a_writer_set_turning_off_every_writer_is_refused_naming_the_bindings(
+    top, off, tmp_path, capsys
+):
+    """`console.gin` with `writers.create_default_writer.console = False` built a manager with
+    no writer at all: every summary was written nowhere, and nothing said so."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    gin.parse_config_files_and_bindings([top], [f"writers.create_default_writer.{off} = False"])
+    make = configured(metrics_manager.MetricsManager)
+    with pytest.raises(ValueError) as raised:
+        make("train", str(tmp_path))
+    assert str(raised.value) == (
+        "configured(MetricsManager): gin binds writers.create_default_writer with console = "
+        "False, tensorboard = False, jsonl = False, log = False, so it makes no writer and "
+        "every summary would be written nowhere. Turn one on, e.g. "
+        "writers.create_default_writer.console = True, or parse a writer set that writes "
+        "(console.gin, default.gin, tensorboard.gin)."
+    )
+    assert list(tmp_path.iterdir()) == []
+    gin.clear_config()  # parsing finalized (locked) the config
+    gin.parse_config_files_and_bindings(
+        [top],
+        [f"writers.create_default_writer.{off} = False"]
+        + ["writers.create_default_writer.console = True"],
+    )
+    capsys.readouterr()
+    with make("train", str(tmp_path)) as manager:
+        assert set(manager.writer.writers) == {"console"}
+        manager.write_scalars(1, {"loss": 0.25})
+    assert "loss  0.25" in capsys.readouterr().out
