@@ -91,6 +91,8 @@ def configured(fn: F) -> F:
     files the set turns off.
 
     Raises (at the call):
+      TypeError: gin binds a writer factory as a call (`@writers.MlflowWriter()`), refused
+        before gin makes that writer.
       ValueError: the writer set's bindings would be ignored (naming them and the fix), or gin
         binds the writer factory's `logdir`, which the manager always passes itself, or turns
         off every writer of `writers.create_default_writer` (naming the bindings).
@@ -122,6 +124,7 @@ def configured(fn: F) -> F:
             and signature is not None
             and _factory_left_to_gin(signature, args, kwargs)
         ):
+            _refuse_a_writer_made_in_gin(fn)
             _refuse_an_unread_writer_set(fn)
             _refuse_a_bound_logdir(fn)
             _refuse_a_set_writing_nothing(fn)
@@ -158,6 +161,24 @@ def _referenced(value: Any) -> str | None:
     """The selector a gin reference names (`@writers.create_default_writer`: its own), or
     None for any other value."""
     return value.selector if isinstance(value, gin.config.ConfigurableReference) else None
+
+
+def _refuse_a_writer_made_in_gin(fn: Callable[..., Any]) -> None:
+    """Raises where gin binds a writer factory as a call (`@writers.MlflowWriter()`), before gin
+    makes it: refused only once made, the writer was left open (MLflow's run and flush thread,
+    TensorBoard's files), as nothing returned it to close."""
+    factories = [(_name(fn), "writer_factory", _gin_bindings(fn).get("writer_factory"))]
+    tracker = _gin_bindings(writers.create_tracker_writer)
+    factories += [
+        ("writers.create_tracker_writer", k, tracker.get(k)) for k in ("tracker", "default_writer")
+    ]
+    for selector, param, value in factories:
+        if isinstance(value, gin.config.ConfigurableReference) and value.evaluate:
+            raise TypeError(
+                f"configured({fn.__name__}): gin binds {selector}.{param} = @{value.scoped_selector}(), "
+                "a call gin makes when it reads the binding: that is one writer, not a factory "
+                f"making one in each manager's directory. Drop the (): @{value.scoped_selector}."
+            )
 
 
 def _refuse_a_bound_logdir(fn: Callable[..., Any]) -> None:

@@ -343,12 +343,51 @@ def test_a_factory_reference_called_in_gin_is_refused_naming_the_fix(tmp_path):
     gin.parse_config_files_and_bindings([str(config)], [])
     with pytest.raises(TypeError) as raised:
         configured(metrics_manager.MetricsManager)("train", str(tmp_path))
-    assert str(raised.value).startswith("MetricsManager: writer_factory must be callable, got <")
-    assert (
-        "that is a writer, not a factory making one in each manager's directory: in gin drop "
-        "the (), @writers.create_default_writer; in Python pass lambda logdir: <your writer(s)>"
-    ) in str(raised.value)
+    assert str(raised.value) == (
+        "configured(MetricsManager): gin binds metrics_manager.MetricsManager.writer_factory = "
+        "@writers.create_default_writer(), a call gin makes when it reads the binding: that is "
+        "one writer, not a factory making one in each manager's directory. Drop the (): "
+        "@writers.create_default_writer."
+    )
     assert not (tmp_path / "train").exists()
+
+
+@pytest.mark.parametrize(
+    "binding",
+    [
+        "metrics_manager.MetricsManager.writer_factory = @writers.create_default_writer()",
+        "writers.create_tracker_writer.tracker = @writers.MlflowWriter()",
+    ],
+)
+def test_a_writer_gin_would_make_for_a_factory_is_refused_before_it_is_made(binding, tmp_path):
+    """`tracker = @writers.MlflowWriter()` had gin make the writer, which create_tracker_writer
+    then refused as no factory: its MLflow run stayed open and its flush thread ran on (one
+    more thread after each refusal), as nothing returned the writer to close."""
+    import threading
+
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    store = sqlite_store(str(tmp_path / "mlflow"))
+    gin.parse_config_files_and_bindings(
+        ["default.gin", "writers/mlflow.gin"],
+        [
+            f"writers.MlflowWriter.tracking_uri = '{store}'",
+            "writers.create_default_writer.asynchronous = True",  # threads of its own
+            binding,
+        ],
+    )
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(TypeError) as raised:
+        configured(metrics_manager.MetricsManager)("train", str(tmp_path / "run"))
+    assert {t.name for t in threading.enumerate()} - before == set()
+    selector, made = binding.split(" = @")
+    assert str(raised.value) == (
+        f"configured(MetricsManager): gin binds {selector} = @{made}, a call gin makes when it "
+        "reads the binding: that is one writer, not a factory making one in each manager's "
+        f"directory. Drop the (): @{made[:-2]}."
+    )
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("writer_set", WRITER_SETS)
