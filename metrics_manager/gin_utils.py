@@ -93,7 +93,8 @@ def configured(fn: F) -> F:
     Raises (at the call):
       TypeError: gin binds a writer factory as a call (`@writers.MlflowWriter()`), refused
         before gin makes that writer.
-      ValueError: the writer set's bindings would be ignored (naming them and the fix), or gin
+      ValueError: the writer set's bindings would be ignored (naming them and the fix), as
+        would a tracker set's that a later writer set replaced (naming both sets), or gin
         binds the writer factory's `logdir`, which the manager always passes itself, or turns
         off every writer of `writers.create_default_writer` (naming the bindings).
 
@@ -126,6 +127,7 @@ def configured(fn: F) -> F:
         ):
             _refuse_a_writer_made_in_gin(fn)
             _refuse_an_unread_writer_set(fn)
+            _refuse_a_replaced_writer_set(fn)
             _refuse_a_bound_logdir(fn)
             _refuse_a_set_writing_nothing(fn)
         return target(*args, **kwargs)
@@ -179,6 +181,71 @@ def _refuse_a_writer_made_in_gin(fn: Callable[..., Any]) -> None:
                 "a call gin makes when it reads the binding: that is one writer, not a factory "
                 f"making one in each manager's directory. Drop the (): @{value.scoped_selector}."
             )
+
+
+# The factories the writer sets of configs/writers/ bind as the manager's writer_factory.
+_WRITER_SETS = ("writers.create_default_writer", "writers.create_tracker_writer")
+# The tracker sets of configs/writers/, by the tracker each binds.
+_TRACKER_SETS = {
+    "writers.WandbWriter": "writers/wandb.gin",
+    "writers.MlflowWriter": "writers/mlflow.gin",
+}
+
+
+def _refuse_a_replaced_writer_set(fn: Callable[..., Any]) -> None:
+    """Raises where gin binds a `writers.*` configurable that no writer `fn` (a manager) makes
+    reads: of two writer sets given, the last one's bindings win, so `writers/wandb.gin` then
+    `writers/mlflow.gin` logged to MLflow alone, and `writers/mlflow.gin` then `console.gin`
+    (whose writer_factory is the default set's) to no tracker, without a word."""
+    own = _gin_bindings(fn).get("writer_factory")
+    if own is not None and _referenced(own) not in _WRITER_SETS:
+        return  # a factory of the user's: writer bindings beside it may be for other writers
+    config = gin.config._CONFIG  # gin has no public view of the parsed config
+    factories = [
+        params["writer_factory"] for params in config.values() if "writer_factory" in params
+    ]
+    reached = {r for f in factories if (r := _referenced(f))}
+    if own is None:  # `fn`'s default set
+        reached.add("writers.create_default_writer")
+    todo = list(reached)
+    while todo:  # what the factories' bindings refer to, in any scope
+        selector = todo.pop()
+        for (_, bound), params in config.items():
+            if bound == selector:
+                for ref in gin.config.iterate_references(params):
+                    if ref.selector not in reached:
+                        reached.add(ref.selector)
+                        todo.append(ref.selector)
+    # A tracker set's configurables only: another writer's bindings may be for one made
+    # outside the manager (`configured(writers.JsonlWriter)(path)`).
+    tracking = {"writers.create_tracker_writer", *_TRACKER_SETS}
+    unread = sorted({s for _, s in config if s in tracking} - reached)
+    if not unread:
+        return
+    found = "; ".join(
+        f"{s} ({', '.join(f'{k} = {v!r}' for k, v in sorted(_gin_bindings(s).items()))})"
+        for s in unread
+    )
+    made = f"{_name(fn)}.writer_factory = {own!r}" if own is not None else "its default writers"
+    tracker = None
+    if _referenced(own) == "writers.create_tracker_writer":
+        tracker = _referenced(_gin_bindings(writers.create_tracker_writer).get("tracker"))
+        made += f", whose tracker = @{tracker}" if tracker else ""
+    first = [_TRACKER_SETS[s] for s in unread if s in _TRACKER_SETS] or ["a tracker set"]
+    last = _TRACKER_SETS.get(tracker or "") or (
+        f"a config binding tracker = @{tracker}"
+        if tracker
+        else "a config binding writer_factory again (console.gin, default.gin, tensorboard.gin)"
+    )
+    raise ValueError(
+        f"configured({fn.__name__}): gin binds {found}, which no writer the manager makes "
+        f"reads: it makes {made}. Two writer sets were given, {first[0]} and then {last}, and "
+        "the last one's bindings replaced the first's. A tracker set (writers/wandb.gin, "
+        "writers/mlflow.gin) adds its tracker to the writers configured before it: parse it "
+        "last (console.gin then writers/mlflow.gin writes the console and MLflow). It adds one "
+        "tracker: for both, make one the other's default_writer, as the README shows under "
+        "'Choose writers with gin'."
+    )
 
 
 def _refuse_a_bound_logdir(fn: Callable[..., Any]) -> None:

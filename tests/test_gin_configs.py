@@ -20,6 +20,7 @@ is parsed on top of that file, so a renamed or misspelled parameter in a comment
 
 from __future__ import annotations
 
+import glob
 import inspect
 import os
 import pathlib
@@ -528,3 +529,86 @@ def test_a_writer_set_turning_off_every_writer_is_refused_naming_the_bindings(
         assert set(manager.writer.writers) == {"console"}
         manager.write_scalars(1, {"loss": 0.25})
     assert "loss  0.25" in capsys.readouterr().out
+
+
+TWO_TRACKERS = """from __gin__ import dynamic_registration
+import writers
+
+include 'writers/wandb.gin'
+include 'writers/mlflow.gin'
+
+# mlflow.gin's create_tracker_writer replaced wandb.gin's: W&B comes back as the
+# default_writer of MLflow's, a create_tracker_writer of its own in the scope `wandb`.
+writers.create_tracker_writer.default_writer = @wandb/writers.create_tracker_writer
+wandb/writers.create_tracker_writer:
+  tracker = @writers.WandbWriter
+  name = 'wandb'
+  default_writer = @writers.create_default_writer
+"""
+
+
+@pytest.mark.parametrize(
+    "files, unread, given",
+    [
+        (
+            ["default.gin", "writers/wandb.gin", "writers/mlflow.gin"],
+            "writers.WandbWriter (project = 'jax-metrics-manager')",
+            "it makes metrics_manager.MetricsManager.writer_factory = "
+            "@writers.create_tracker_writer, whose tracker = @writers.MlflowWriter. Two writer "
+            "sets were given, writers/wandb.gin and then writers/mlflow.gin",
+        ),
+        (
+            ["default.gin", "writers/mlflow.gin", "console.gin"],
+            "writers.MlflowWriter (experiment_name = 'jax-metrics-manager', tracking_uri = "
+            "'{store}'); writers.create_tracker_writer (default_writer = "
+            "@writers.create_default_writer, name = 'mlflow', tracker = @writers.MlflowWriter)",
+            "it makes metrics_manager.MetricsManager.writer_factory = "
+            "@writers.create_default_writer. Two writer sets were given, writers/mlflow.gin and "
+            "then a config binding writer_factory again (console.gin, default.gin, "
+            "tensorboard.gin)",
+        ),
+    ],
+)
+def test_a_tracker_set_replaced_by_a_later_set_is_refused_naming_both(
+    files, unread, given, tmp_path
+):
+    """Of two writer sets the last one's bindings win: `writers/wandb.gin` then
+    `writers/mlflow.gin` logged to MLflow alone (W&B's bindings unread), and
+    `writers/mlflow.gin` then `console.gin` to the console alone, without a word. The call
+    now refuses, and the ways it names combine them."""
+    import metrics_manager
+    from metrics_manager.gin_utils import configured
+
+    store = sqlite_store(str(tmp_path / "mlflow"))
+    gin.parse_config_files_and_bindings(files, [f"writers.MlflowWriter.tracking_uri = '{store}'"])
+    make = configured(metrics_manager.MetricsManager)
+    with pytest.raises(ValueError) as raised:
+        make("train", str(tmp_path / "run"))
+    assert str(raised.value) == (
+        f"configured(MetricsManager): gin binds {unread.format(store=store)}, which no writer "
+        f"the manager makes reads: {given}, and the last one's bindings replaced the first's. "
+        "A tracker set (writers/wandb.gin, writers/mlflow.gin) adds its tracker to the writers "
+        "configured before it: parse it last (console.gin then writers/mlflow.gin writes the "
+        "console and MLflow). It adds one tracker: for both, make one the other's "
+        "default_writer, as the README shows under 'Choose writers with gin'."
+    )
+    assert not (tmp_path / "run").exists()
+    gin.clear_config()  # parsing finalized (locked) the config
+    gin.parse_config_files_and_bindings(
+        ["console.gin", "writers/mlflow.gin"], [f"writers.MlflowWriter.tracking_uri = '{store}'"]
+    )
+    with make("train", str(tmp_path / "one")) as manager:
+        assert set(manager.writer.writers) == {"console", "mlflow"}
+    gin.clear_config()
+    both = tmp_path / "both.gin"
+    both.write_text(TWO_TRACKERS)
+    readme = (REPO / "README.md").read_text()
+    assert TWO_TRACKERS.split("\n\n", 1)[1] in readme  # the README's combination, as tested
+    gin.parse_config_files_and_bindings(
+        ["default.gin", str(both)], [f"writers.MlflowWriter.tracking_uri = '{store}'"]
+    )
+    with make("train", str(tmp_path / "two")) as manager:
+        assert set(manager.writer.writers) == {"console", "tensorboard", "jsonl", "wandb", "mlflow"}
+        manager.write_scalars(1, {"loss": 0.5})
+    assert [line["loss"] for line in writers.read_jsonl(tmp_path / "two" / "train")] == [0.5]
+    assert len(glob.glob(str(tmp_path / "two" / "train" / "wandb" / "offline-run-*"))) == 1
