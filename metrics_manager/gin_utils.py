@@ -177,9 +177,10 @@ def _refuse_a_writer_made_in_gin(fn: Callable[..., Any]) -> None:
     for selector, param, value in factories:
         if isinstance(value, gin.config.ConfigurableReference) and value.evaluate:
             raise TypeError(
-                f"configured({fn.__name__}): gin binds {selector}.{param} = @{value.scoped_selector}(), "
-                "a call gin makes when it reads the binding: that is one writer, not a factory "
-                f"making one in each manager's directory. Drop the (): @{value.scoped_selector}."
+                f"configured({fn.__name__}): gin binds {selector}.{param} = "
+                f"@{value.scoped_selector}(), a call gin makes when it reads the binding: that "
+                "is one writer, not a factory making one in each manager's directory. Drop the "
+                f"(): @{value.scoped_selector}."
             )
 
 
