@@ -494,8 +494,8 @@ def test_as_summary_metrics_of_flax_multimetric():
     metrics.update(values=BATCH_1, logits=jnp.eye(4), labels=jnp.array([0, 1, 0, 0]))
     summary = metrics_manager.as_summary_metrics(metrics)
     assert {k: type(v) for k, v in summary.items()} == {
-        "loss": mnnx._FlaxAverage,  # a clu_metrics.Average computing as Flax's does
-        "accuracy": mnnx._FlaxAverage,
+        "loss": clu_metrics.Average,
+        "accuracy": clu_metrics.Average,
         "stats": metrics_manager.Welford,
     }
     values = {k: float(v.value) for k, v in compute_metric_values(summary).items()}
@@ -548,7 +548,7 @@ def test_a_dict_of_nnx_metrics_is_read_as_a_multimetric():
     stats.update(values=BATCH_2)
     summary = mnnx.as_summary_metrics({"loss": loss, "eval": {"stats": stats}})
     assert {k: type(v) for k, v in summary.items()} == {
-        "loss": mnnx._FlaxAverage,
+        "loss": clu_metrics.Average,
         "eval/stats": metrics_manager.Welford,
     }
     values = {k: float(v.value) for k, v in compute_metric_values(summary).items()}
@@ -575,34 +575,30 @@ def test_summary_values_are_written_to_jsonl_and_read_back(tmp_path):
     )
 
 
-def test_flax_average_and_accuracy_are_written_as_their_compute_gives(tmp_path):
-    """Flax's state is a float32 total over an int32 count, which NumPy divided in float64 on
-    the host: an accuracy of 2/3 whose compute() gives float32 0.6666666865348816 was written
-    as 0.6666666666666666. A count wrapped past int32's range is still refused, not written
-    (a float32 count read -0.698 from it)."""
+def test_flax_average_and_accuracy_are_written_as_clu_average_is(tmp_path):
+    """Flax's state, a float32 total over an int32 count, is written as CLU's Average is: the
+    host copies divided in float64 (compute() on the device divides in float32, 0.6666667 for
+    2/3). A count wrapped past int32's range is refused, not written."""
     metrics = nnx.MultiMetric(loss=nnx.metrics.Average(), accuracy=nnx.metrics.Accuracy())
     metrics.update(
         values=jnp.array([0.1, 0.2, 0.4]), logits=jnp.eye(3), labels=jnp.array([0, 1, 0])
     )
-    computed = {k: float(v) for k, v in metrics.compute().items()}
-    assert computed == {"loss": 0.23333334922790527, "accuracy": 0.6666666865348816}
+    total = float(np.float32(0.1) + np.float32(0.2) + np.float32(0.4))  # Flax's float32 sum
+    expected = {"m/loss": total / 3, "m/accuracy": 2 / 3}
     wrapped = nnx.metrics.Accuracy()
     wrapped.total.set_value(jnp.float32(0.75 * 4 * 2**20))
     wrapped.count.set_value(jnp.int32(600 * 4 * 2**20 - 2**32))  # -1,778,384,896
+    clu = {"m/loss": clu_metrics.Average(total=np.float32(total), count=np.int32(3))}
     with metrics_manager.MetricsManager(
         "train", tmp_path, writer_factory=lambda d: writers.JsonlWriter(d)
     ) as manager:
-        summary = manager.write_metrics_summary(
-            {"m": metrics, "wrapped": wrapped}, 1, num_steps=1
-        ).result()
-        errors = [(f.source, type(f.error).__name__) for f in manager.errors]
-    assert {k: (type(v.value), float(v.value)) for k, v in summary.items()} == {
-        "m/loss": (np.float32, computed["loss"]),
-        "m/accuracy": (np.float32, computed["accuracy"]),
-    }
-    (line,) = writers.read_jsonl(tmp_path / "train")
-    assert (line["m/loss"], line["m/accuracy"]) == (computed["loss"], computed["accuracy"])
-    assert "wrapped" not in line
+        manager.write_metrics_summary({"m": metrics, "wrapped": wrapped}, 1, num_steps=1)
+        manager.write_metrics_summary(clu, 2, num_steps=1)
+    errors = [(f.source, type(f.error).__name__) for f in manager.errors]
+    first, second = writers.read_jsonl(tmp_path / "train")
+    assert {k: first[k] for k in expected} == expected
+    assert second["m/loss"] == first["m/loss"]
+    assert "wrapped" not in first
     assert errors == [("metric:wrapped", "OverflowError")]
 
 
