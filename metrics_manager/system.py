@@ -33,7 +33,7 @@ _LOG = logging.getLogger(__name__)
 _MIB = float(1 << 20)
 # CPU percentages come from 10 ms tick counters: a shorter span would read 0 or several 100 %.
 _MIN_RATE_SPAN_S = 0.1
-# A sample costs ~0.15 ms: every 10 ms is 1.5% of a core. A day is far below the wait's limit.
+# A sample costs ~0.1 ms: every 10 ms is 1% of a core. A day is far below the wait's limit.
 _MIN_INTERVAL_S, _MAX_INTERVAL_S = 0.01, 86_400.0
 # Sensor groups that report the CPU package (Intel, AMD, ARM boards), best first.
 _CPU_SENSOR_GROUPS = ("coretemp", "k10temp", "zenpower", "cpu_thermal", "cpu-thermal", "acpitz")
