@@ -78,7 +78,7 @@ def run(quick: bool = False) -> common.Table:
     )
     table = common.Table(
         key="device_scalars",
-        title="write_scalar of the step's device output, every step",
+        title="12. write_scalar of the step's device output, every step",
         description=" ".join((__doc__ or "").strip().split("\n\n")[0].split()),
         columns=[
             common.Column("variant", "variant"),

@@ -68,7 +68,7 @@ def run(quick: bool = False) -> common.Table:
     ratios = [on / off for on, off in zip(times["stop"], times["ignore"], strict=True)]
     table = common.Table(
         key="guard_overhead",
-        title="Non-finite guard: loop time with the guard on vs off",
+        title="11. Non-finite guard: loop time with the guard on vs off",
         description=" ".join((__doc__ or "").strip().split("\n\n")[0].split()),
         columns=[
             common.Column("variant", "variant"),

@@ -111,7 +111,7 @@ def run(quick: bool = False, *, points: int = POINTS, cli_runs: int | None = Non
     baseline = common.median(samples[BASELINE])
     table = common.Table(
         key="plot_time",
-        title="7. Plotting from the logs (writers.plot)",
+        title="8. Plotting from the logs (writers.plot)",
         description=" ".join((__doc__ or "").split("\n\n")[1].split()),
         columns=[
             common.Column("variant", "variant"),

@@ -93,7 +93,7 @@ def run(quick: bool = False, *, repeats: int | None = None) -> common.Table:
         row["bytes_ratio"] = common.ratio(row["bytes_per_flush"], base["bytes_per_flush"])
     table = common.Table(
         key="remote_flush",
-        title="7. Flush cost to cloud storage (GCS emulator)",
+        title="9. Flush cost to cloud storage (GCS emulator)",
         description=" ".join((__doc__ or "").split("\n\n")[1].split()),
         columns=[
             common.Column("prior", "prior summaries"),

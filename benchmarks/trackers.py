@@ -149,7 +149,7 @@ def run(quick: bool, *, calls: int | None = None, repeats: int | None = None) ->
     samples = common.interleaved(variants, repeats, seed=SIZE)
     table = common.Table(
         key="trackers",
-        title="7. Tracker writers",
+        title="13. Tracker writers",
         description=" ".join((__doc__ or "").split("\n\n")[0].split()),
         columns=[
             common.Column("comparison", "comparison"),

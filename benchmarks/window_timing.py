@@ -103,7 +103,7 @@ def run(quick: bool = False) -> common.Table:
     runs, windows = (2, 20) if quick else (5, 50)
     table = common.Table(
         key="window_timing",
-        title="Window timing of short steps",
+        title="10. Window timing of short steps",
         description=" ".join((__doc__ or "").strip().split("\n\n")[0].split()),
         columns=[
             common.Column("run", "run"),
