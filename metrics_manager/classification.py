@@ -48,11 +48,13 @@ import numpy as np
 
 from metrics_manager.metrics import (
     COUNT_DTYPE,
+    array_module,
     broadcast_mask,
     check_merge_type,
     exact_count,
     explicit_mesh,
     float_identity,
+    host_value,
     mask_mismatch,
     take_last,
     vocab_sharding,
@@ -326,9 +328,11 @@ def _nan_scores(scores: jax.Array, mask: jax.Array, problems: Problems, name: st
 
 
 def _divide(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
-    """`numerator / denominator` in float32, 0 where the denominator is 0 (sklearn's default)."""
+    """`numerator / denominator` in float32, 0 where the denominator is 0 (sklearn's default);
+    in NumPy for host copies (`array_module`)."""
+    xp, (numerator, denominator) = array_module(numerator, denominator)
     numerator, denominator = numerator.astype(jnp.float32), denominator.astype(jnp.float32)
-    return jnp.where(denominator > 0, numerator / jnp.where(denominator > 0, denominator, 1), 0.0)
+    return xp.where(denominator > 0, numerator / xp.where(denominator > 0, denominator, 1), 0.0)
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -521,17 +525,20 @@ class _ConfusionCounts(_Counts):
             "FBeta instead."
         )
 
-    def compute(self) -> jax.Array:
-        tp, fp, fn = jnp.atleast_1d(self.true_positives, self.false_positives, self.false_negatives)
-        if self.average == "binary":
-            score = self._score(tp[-1], fp[-1], fn[-1])
-        elif self.average == "macro":
-            seen = (tp + fp + fn) > 0
-            per_class = jnp.where(seen, self._score(tp, fp, fn), 0.0)
-            score = _divide(per_class.sum(), seen.sum())
-        else:
-            score = self._score(tp.sum(), fp.sum(), fn.sum())  # micro, or nothing seen yet
-        return jnp.where(self.outside == 0, score, jnp.nan)
+    def compute(self) -> ArrayLike:
+        counts = (self.true_positives, self.false_positives, self.false_negatives, self.outside)
+        xp, (tp, fp, fn, outside) = array_module(*counts)  # NumPy for host copies
+        tp, fp, fn = xp.atleast_1d(tp, fp, fn)
+        with np.errstate(all="ignore"):  # inf counts: NaN, as jnp gives, without a warning
+            if self.average == "binary":
+                score = self._score(tp[-1], fp[-1], fn[-1])
+            elif self.average == "macro":
+                seen = (tp + fp + fn) > 0
+                per_class = xp.where(seen, self._score(tp, fp, fn), 0.0)
+                score = _divide(per_class.sum(), seen.sum())
+            else:
+                score = self._score(tp.sum(), fp.sum(), fn.sum())  # micro, or nothing seen yet
+        return host_value(xp.where(outside == 0, score, xp.nan))
 
 
 @flax.struct.dataclass(kw_only=True)
@@ -764,16 +771,17 @@ class AUROC(_Counts):
             num_bins=num_bins,
         )
 
-    def compute(self) -> jax.Array:
-        positives = jnp.atleast_1d(self.positives).astype(jnp.float32)
-        negatives = jnp.atleast_1d(self.negatives).astype(jnp.float32)
-        num_positive, num_negative = positives.sum(), negatives.sum()
-        # Positives in strictly higher bins than each bin, plus half of those in the same bin.
-        above = num_positive - jnp.cumsum(positives)
-        wins = (negatives * (above + 0.5 * positives)).sum()
-        pairs = num_positive * num_negative
-        valid = (pairs > 0) & (self.outside == 0)
-        return jnp.where(valid, wins / jnp.where(pairs > 0, pairs, 1), jnp.nan)
+    def compute(self) -> ArrayLike:
+        xp, fields = array_module(self.positives, self.negatives, self.outside)  # NumPy on host
+        positives, negatives = (xp.atleast_1d(x).astype(jnp.float32) for x in fields[:2])
+        with np.errstate(all="ignore"):  # inf counts: NaN, as jnp gives, without a warning
+            num_positive, num_negative = positives.sum(), negatives.sum()
+            # Positives in strictly higher bins than each bin, plus half of those in the same.
+            above = num_positive - xp.cumsum(positives)
+            wins = (negatives * (above + 0.5 * positives)).sum()
+            pairs = num_positive * num_negative
+            valid = (pairs > 0) & (fields[2] == 0)
+            return host_value(xp.where(valid, wins / xp.where(pairs > 0, pairs, 1), xp.nan))
 
 
 _LL_SLACK = 1e-4  # log-likelihoods this far above 0 are rounding, not losses passed by mistake
@@ -873,7 +881,14 @@ class Perplexity(_Counts):
         nll = -log_likelihood.astype(jnp.result_type(log_likelihood, jnp.float32))
         return cls(total=jnp.where(mask, nll, 0).sum(), count=exact_count(mask))
 
-    def compute(self) -> jax.Array:
-        mean = self.total / jnp.maximum(self.count, 1).astype(jnp.result_type(self.total))
+    def compute(self) -> ArrayLike:
+        xp, (total, count) = array_module(self.total, self.count)  # NumPy for host copies
+        with np.errstate(all="ignore"):  # inf / inf, exp(89) past float32: NaN, inf as in jnp
+            mean = total / xp.maximum(count, 1).astype(xp.result_type(total))
+            if xp is np:  # in float64, rounded once: within 1 ulp of jnp.exp (NumPy's float32
+                # exp is up to 3 ulp from it; XLA's own differs between devices)
+                perplexity = np.exp(mean.astype(np.float64)).astype(mean.dtype)
+            else:
+                perplexity = jnp.exp(mean)
         # A mean NLL below 0 is no likelihood's: losses were passed as log-likelihoods.
-        return jnp.where((self.count > 0) & (mean >= -_LL_SLACK), jnp.exp(mean), jnp.nan)
+        return host_value(xp.where((count > 0) & (mean >= -_LL_SLACK), perplexity, xp.nan))

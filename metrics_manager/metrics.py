@@ -120,6 +120,24 @@ def take_last(x: jax.Array, indices: jax.Array) -> jax.Array:
     return jax.sharding.auto_axes(take, out_sharding=out)(x, indices)
 
 
+def array_module(*fields: Any) -> tuple[Any, list[Any]]:
+    """`(np, fields)`, each a NumPy array of the dtype jnp gives it (float32 for a Python or
+    float64 number without x64), when no field is a `jax.Array`; else `(jnp, fields)` as is.
+
+    The manager's worker computes host copies: with jnp they went to the device and back on
+    every summary (refused under `jax.transfer_guard("disallow")`) and came back a JAX Array.
+    A `compute()` written against the module returned runs in NumPy there, and in jnp under
+    jit (tracers are jax.Arrays too) and on device arrays; `host_value` ends it."""
+    if any(isinstance(x, jax.Array) for x in fields):
+        return jnp, list(fields)
+    return np, [np.asarray(x, jnp.result_type(x)) for x in fields]
+
+
+def host_value(x: Any) -> Any:
+    """A 0-d NumPy array (`np.where`'s) as a NumPy number, as `TopKAccuracy` gives; else `x`."""
+    return x[()] if isinstance(x, np.ndarray) else x
+
+
 def float_identity(value: float = 0.0) -> jax.Array:
     """`empty()`'s value in the default float dtype (float64 under x64, so a `lax.scan` carry
     from `empty()` matches the sums), strongly typed (a weak one compiles a jitted step twice)."""
@@ -665,14 +683,18 @@ class MeanStd(_ByKeyword, clu_metrics.Metric):
         return type(self)(count=self.count + other.count, mean=mean, std_dev=std_dev)
 
     def compute(self) -> ArrayLike:
-        return jnp.where(self.count > 0, self.mean, jnp.nan)
+        xp, (count, mean) = array_module(self.count, self.mean)
+        return host_value(xp.where(count > 0, mean, xp.nan))
 
-    def _float_count(self) -> jax.Array:
-        return jnp.asarray(self.count).astype(jnp.result_type(self.std_dev))
+    def _float_count(self) -> tuple[Any, Any, Any]:
+        """The array module, the count in the deviation's dtype, and the deviation."""
+        xp, (count, std_dev) = array_module(self.count, self.std_dev)
+        return xp, xp.asarray(count).astype(xp.result_type(std_dev)), std_dev
 
     def std(self) -> ArrayLike:
         """The population standard deviation (NaN when nothing was seen)."""
-        return jnp.where(self._float_count() > 0, self.std_dev, jnp.nan)
+        xp, count, std_dev = self._float_count()
+        return host_value(xp.where(count > 0, std_dev, xp.nan))
 
     def compute_value(self) -> MeanStdScalar:
         return MeanStdScalar(self.compute(), self.std())
@@ -691,7 +713,9 @@ class Welford(MeanStd):
 
     def sem(self) -> ArrayLike:
         """`std / sqrt(count)` (NaN when nothing was seen)."""
-        return self.std() / jnp.sqrt(jnp.maximum(self._float_count(), 1))
+        xp, count, _ = self._float_count()
+        with np.errstate(all="ignore"):  # an inf count and deviation: NaN, as jnp gives
+            return host_value(self.std() / xp.sqrt(xp.maximum(count, 1)))
 
     def compute_value(self) -> WelfordScalar:
         return WelfordScalar(self.compute(), self.std(), self.sem())

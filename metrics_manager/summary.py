@@ -177,8 +177,9 @@ class Summarizer:
                     sorted(self._zero_window),
                 )
         ready = _ready_on_host(ready, failed)
-        # A metric's compute() may run jnp ops on the host copies (MeanStd, AUROC): this
-        # thread's own work, let through a guard the loop sets for every thread.
+        # A user's metric's compute() may run jnp ops on the host copies (this library's
+        # compute them in NumPy): this thread's own work, let through a guard the loop sets
+        # for every thread.
         if plan is not None:
             assert buffers is not None and duration
             computed = plan.values(buffers, duration, num_steps)

@@ -27,6 +27,7 @@ from metrics_manager.classification import (
     TopKAccuracy,
 )
 from metrics_manager.merging import accumulate_grads_microbatched, merge_metrics
+from metrics_manager.metrics import MeanStd, Welford
 
 ROWS, CLASSES, LENGTH, VOCAB, BINS = 64, 5, 4, 7, 1000
 
@@ -1187,3 +1188,103 @@ def test_a_0d_mask_beside_a_batch_is_refused_as_by_the_value_metrics():
     # A single 0-d label keeps its 0-d mask, as Sum keeps a step's loss: 1 of 1 right.
     one = Precision.from_model_output(jnp.array(0.9), jnp.array(1), jnp.array(True))
     assert float(one.compute()) == 1.0
+
+
+# --- host copies compute in NumPy -----------------------------------------------------------
+
+INF, NAN = np.inf, np.nan
+# Per class, fields as the manager's worker copies them to the host (float32 arrays): ordinary
+# values, then nothing counted, inf and NaN.
+HOST_COPIES = [
+    *(
+        (cls, {"average": average, "outside": outside, **counts}, {})
+        for cls in (Precision, Recall, FBeta)
+        for average in ("binary", "micro", "macro")
+        for outside in (0, 1)
+        for counts in (
+            {"true_positives": [3, 1], "false_positives": [1, 2], "false_negatives": [2, 0]},
+            {"true_positives": [0, 0], "false_positives": [0, 0], "false_negatives": [0, 0]},
+            {"true_positives": [INF, 1], "false_positives": [1, 2], "false_negatives": [2, 0]},
+            {"true_positives": [3, 1], "false_positives": [NAN, 2], "false_negatives": [2, 0]},
+        )
+    ),
+    *(
+        (AUROC, {"positives": pos, "negatives": neg, "outside": outside}, {})
+        for outside in (0, 1)
+        for pos, neg in (
+            ([0, 1, 2, 0, 3], [2, 1, 0, 1, 0]),
+            ([0, 0, 0, 0, 0], [0, 0, 0, 0, 0]),
+            ([0, 1, 2, 0, 3], [0, 0, 0, 0, 0]),
+            ([0, INF, 2, 0, 3], [2, 1, 0, 1, 0]),
+            ([0, 1, NAN, 0, 3], [2, 1, 0, 1, 0]),
+        )
+    ),
+    # exp in float64, rounded once: np.exp in float32 is up to 3 ulp from jnp.exp on the CPU,
+    # float64's 1 ulp (XLA's exp is no correctly rounded one, and differs between devices).
+    *(
+        (Perplexity, {"total": total, "count": count}, {"maxulp": 1})
+        for total, count in (
+            (1, 2),
+            (7.25, 3),
+            (0, 5),
+            (3.5, 0),
+            (0, 0),
+            (-1, 2),
+            (200, 2),
+            (INF, 2),
+            (NAN, 2),
+            (1, INF),
+            (INF, INF),
+        )
+    ),
+    *(
+        (cls, {"count": count, "mean": mean, "std_dev": std_dev}, {})
+        for cls in (MeanStd, Welford)
+        for count, mean, std_dev in (
+            (3, 2.5, 1.25),
+            (7, -1e30, 3e-20),
+            (0, 0, 0),
+            (2, INF, INF),
+            (2, NAN, NAN),
+            (INF, 1, 2),
+            (INF, INF, INF),
+        )
+    ),
+]
+
+
+def _host_and_device(cls, fields):
+    arrays = {k: np.asarray(v, np.float32) for k, v in fields.items() if k != "average"}
+    host = cls(**arrays, **{k: v for k, v in fields.items() if k == "average"})
+    return host, jax.device_put(host)
+
+
+def _computed(metric):
+    """Every value a summary writes for `metric`: compute(), and a MeanStd's std (sem)."""
+    if isinstance(metric, MeanStd):
+        return [metric.compute(), metric.std()] + (
+            [metric.sem()] if type(metric) is Welford else []
+        )
+    return [metric.compute()]
+
+
+@pytest.mark.parametrize(("cls", "fields", "tolerance"), HOST_COPIES)
+def test_host_copies_compute_in_numpy_as_jnp_does(cls, fields, tolerance):
+    """The worker computed host copies with jnp: each summary sent them to the device and back
+    (refused under a transfer guard) and its value was a JAX Array. With no jax.Array field,
+    compute() gives the same float32 numbers in NumPy, NaN where jnp's is NaN."""
+    host, device = _host_and_device(cls, fields)
+    with jax.transfer_guard("disallow"):
+        got = _computed(host)
+    expected = _computed(device)
+    assert all(isinstance(x, jax.Array) for x in expected)  # the jnp path, as under jit
+    assert [type(x) for x in got] == [np.float32] * len(expected)
+    for value, reference in zip(got, expected, strict=True):
+        reference = np.asarray(reference)
+        if tolerance:  # ordinary values; inf and NaN as jnp gives them
+            np.testing.assert_array_max_ulp(value, reference, **tolerance)
+            assert np.isnan(value) == np.isnan(reference) and np.isinf(value) == np.isinf(reference)
+        else:
+            np.testing.assert_array_equal(value, reference, strict=True)
+    jitted = jax.jit(_computed)(host)  # traced: jnp, as before
+    assert all(isinstance(x, jax.Array) for x in jitted)

@@ -29,7 +29,7 @@ import pytest
 import writers
 from metrics_manager import manager as manager_lib
 from metrics_manager import timer as timer_lib
-from metrics_manager.classification import AUROC
+from metrics_manager.classification import AUROC, Perplexity, Precision
 from metrics_manager.manager import MetricsManager, MetricsManagerError
 from metrics_manager.merging import merge_metrics
 from metrics_manager.metrics import (
@@ -39,6 +39,7 @@ from metrics_manager.metrics import (
     Sum,
     Time,
     TimeRate,
+    Welford,
     set_time_metrics_duration,
 )
 from metrics_manager.packing import PackedMetrics
@@ -1573,18 +1574,23 @@ def test_a_loop_under_a_global_transfer_guard_writes_everything(tmp_path, transf
     assert float(summary["loss"].value) == 1.5
 
 
+@flax.struct.dataclass
+class RootMetric(clu_metrics.Metric):
+    """A user's metric whose compute() runs a jnp op on the worker's host copy."""
+
+    total: jax.Array
+
+    def compute(self) -> jax.Array:
+        return jnp.sqrt(self.total)
+
+
 def test_metrics_whose_compute_runs_jnp_ops_are_written_under_a_global_transfer_guard(
     tmp_path, transfer_guard_disallow
 ):
-    # MeanStd.compute() and AUROC's run jnp ops on the worker's host copies: the worker's own
-    # transfers, which the guard lost the keys to before.
+    # A compute() running jnp ops on the worker's host copies makes the worker's own
+    # transfers, which the guard lost the key to before.
     with jax.transfer_guard("allow"):
-        x = jnp.array([1.0, 3.0])
-        scores, labels = jnp.array([0.1, 0.4, 0.35, 0.8]), jnp.array([0, 0, 1, 1])
-        metrics = {
-            "x": MeanStd.from_model_output(x),
-            "auc": AUROC.from_model_output(scores, labels),
-        }
+        metrics = {"root": RootMetric(total=jnp.float32(6.25))}
     with MetricsManager(
         "train", summary_dir=str(tmp_path), writer_factory=writers.JsonlWriter
     ) as m:
@@ -1593,8 +1599,37 @@ def test_metrics_whose_compute_runs_jnp_ops_are_written_under_a_global_transfer_
     (line,) = [
         json.loads(x) for x in (tmp_path / "train" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert line["x"] == 2.0 and line["x/std"] == 1.0
-    assert line["auc"] == pytest.approx(0.75, abs=0.01)  # sklearn's roc_auc_score: 0.75
+    assert line["root"] == 2.5
+
+
+def test_library_metrics_compute_host_copies_in_numpy_as_written(tmp_path):
+    """Their compute() ran jnp on the worker's host copies: each summary sent them to the
+    device and back, and its values were JAX Arrays. NumPy float32 numbers now, as jnp
+    computes them on the device."""
+    scores, labels = jnp.array([0.9, 0.8, 0.2, 0.6]), jnp.array([1, 0, 0, 1])
+    logits, tokens = jnp.log(jnp.array([[0.5, 0.3, 0.2], [0.1, 0.2, 0.7]])), jnp.array([0, 2])
+    metrics = {
+        "x": Welford.from_model_output(jnp.array([1.0, 2.0, 4.0])),
+        "auc": AUROC.from_model_output(scores, labels),
+        "precision": Precision.from_model_output(scores, labels),
+        "perplexity": Perplexity.from_model_output(logits, tokens),
+        "empty": MeanStd.empty(),
+    }
+    on_device = {k: v.compute() for k, v in metrics.items()}
+    on_device |= {"x/std": metrics["x"].std(), "x/sem": metrics["x"].sem()}
+    on_device |= {"empty/std": metrics["empty"].std()}
+    with MetricsManager(
+        "train", summary_dir=str(tmp_path), writer_factory=writers.JsonlWriter
+    ) as m:
+        summary = m.write_metrics_summary(metrics, 1, num_steps=1).result()
+        assert m.errors == []
+    assert {k: type(v.value) for k, v in summary.items()} == dict.fromkeys(on_device, np.float32)
+    (line,) = writers.read_jsonl(tmp_path / "train")
+    assert (line["empty"], line["empty/std"]) == ("NaN", "NaN")  # JSON has no NaN
+    written = {k: line[k] for k in on_device if not k.startswith("empty")}
+    assert written == {k: float(on_device[k]) for k in written}  # bit for bit, as float32
+    assert (line["auc"], line["precision"]) == (0.75, float(np.float32(2 / 3)))
+    assert line["perplexity"] == pytest.approx(1 / np.sqrt(0.5 * 0.7), rel=1e-6)
 
 
 def test_a_jitted_donating_loop_under_a_global_transfer_guard_writes_every_summary(
