@@ -104,11 +104,9 @@ class ConsoleWriter(BaseWriter):
     def _hparams(self, hparams: Mapping[str, Any]) -> None:
         # As texts: escapes shown, not run; lone surrogates (undecodable file names) escaped.
         # A NaN reads `NaN`, as in a scalar's line (str() gives `nan`), bfloat16 and jax too.
+        # A float reads as the other writers write it: a bfloat16 0.1 as 0.1 (str(): 0.100098).
         with np.printoptions(legacy="1.25"):  # [64, 32], not [np.int64(64), ...], as written
-            texts = {
-                k: "NaN" if isinstance(n := _encode.hparam(v), float) and math.isnan(n) else str(v)
-                for k, v in hparams.items()
-            }
+            texts = {k: _hparam_text(v) for k, v in hparams.items()}
         shown = {k: _CONTROL.sub(_escaped, _checks.plain_str(v)) for k, v in texts.items()}
         if shown:  # an empty call: nothing to show, as for every other kind
             self._print("hyperparameters", shown)
@@ -311,6 +309,15 @@ def _short(value: float) -> str:
     if "." in text or "e" in text or value == int(value):
         return text
     return f"{value:#.4g}"
+
+
+def _hparam_text(value: Any) -> str:
+    """A hyperparameter as shown: a float as written (`_encode.hparam`: the shortest decimal of
+    its dtype, NaN as `NaN`), anything else as its `str()`."""
+    number = _encode.hparam(value)
+    if not isinstance(number, float):
+        return str(value)
+    return "NaN" if math.isnan(number) else str(number)
 
 
 def _numbers(values: Mapping[str, int | float]) -> dict[str, str]:

@@ -340,6 +340,27 @@ def test_nan_hparam_reads_as_a_nan_scalar_does():
     )
 
 
+def test_a_narrow_float_hparam_reads_as_the_other_writers_write_it():
+    # A bfloat16 0.1 (jax or NumPy) read `0.100098` (its str()) where JSONL, TensorBoard and
+    # the trackers write 0.1, the shortest decimal of its dtype; a float8 0.1 read `0.101562`.
+    import ml_dtypes
+
+    hparams = {
+        "bf": jnp.array(0.1, jnp.bfloat16),
+        "np_bf": np.array(0.1, ml_dtypes.bfloat16),
+        "f8": np.array(0.1, ml_dtypes.float8_e4m3fn),
+        "f32": np.float32(1 / 3),
+        "lr": 0.1,
+        "n": 3,
+    }
+    out = io.StringIO()
+    writers.ConsoleWriter(out).write_hparams(hparams)
+    assert out.getvalue() == (
+        "hyperparameters\n  bf     0.1\n  f32    0.33333334\n  f8     0.1\n  lr     0.1\n"
+        "  n      3\n  np_bf  0.1\n"
+    )
+
+
 def test_a_list_of_numpy_numbers_reads_as_the_other_writers_write_it():
     # Printed as `[np.int64(64), np.int64(32)]` (NumPy 2's repr) where TensorBoard and JSONL
     # write `[64, 32]`.
