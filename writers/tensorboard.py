@@ -41,7 +41,8 @@ class TensorBoardWriter(BaseWriter):
     """Writes TensorBoard event files; all values of one call become one event.
 
     Args:
-      logdir: Directory for the event file (created if missing), or an fsspec URL.
+      logdir: Directory for the event file (created if missing), or an fsspec URL; `""` is
+        the working directory, as for `JsonlWriter` and CLU's writer.
       purge_step: Hide earlier runs' events at or after this step (resumed from step S: S + 1).
       flush_secs: A background timer flushes pending events this often.
       max_buffer_mb: URL logdir only: the most events kept in memory while uploads fail;
@@ -73,7 +74,10 @@ class TensorBoardWriter(BaseWriter):
         if purge_step is not None:
             purge_step = _checks.check_step(purge_step, "TensorBoardWriter(purge_step=...)")
         self._tb = _tb_summary
-        self._logdir = _checks.check_path(logdir, "TensorBoardWriter", "logdir")
+        # "" is the working directory, as `JsonlWriter` and CLU's `epath.Path("")` take it: it
+        # raised a bare FileNotFoundError naming '' (after create_default_writer("") had
+        # made its metrics.jsonl there).
+        self._logdir = _checks.check_path(logdir, "TensorBoardWriter", "logdir") or os.curdir
         limit = _checks.buffer_bytes(max_buffer_mb, "TensorBoardWriter")
         self._file = _records.EventFile(self._logdir, filename_suffix, limit)
         for data in _tb_summary.first_events(purge_step):

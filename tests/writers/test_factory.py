@@ -41,6 +41,21 @@ def test_default_set_writes_console_tensorboard_and_jsonl(tmp_path):
     assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(4, 0.5)]
 
 
+def test_empty_logdir_is_the_working_directory_as_in_clu(tmp_path, monkeypatch):
+    # CLU's epath.Path("") is "."; the JSONL writer took "" so, and TensorBoardWriter("")
+    # then raised a bare FileNotFoundError naming '' (with metrics.jsonl already made).
+    monkeypatch.chdir(tmp_path)
+    w = writers.create_default_writer("", console=False)
+    writers.write_values(w, 3, {"loss": 0.5})
+    w.close()
+    assert [(r["step"], r["loss"]) for r in writers.read_jsonl(tmp_path)] == [(3, 0.5)]
+    acc = ea.EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(s.step, s.value) for s in acc.Scalars("loss")] == [(3, 0.5)]
+    with writers.TensorBoardWriter("") as tb:
+        assert tb.logdir == os.curdir
+
+
 def test_no_logdir_means_no_files_and_flags_select_writers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     w = writers.create_default_writer(None, log=True, asynchronous=False)
