@@ -287,6 +287,10 @@ def _stream(path: str) -> int | None:
     return {"stdout": 1, "stderr": 2}[match.group(1)] if match.group(1) else int(match.group(2))
 
 
+class LogLockedError(ValueError):
+    """Another writer holds the lock on a JSONL log (`create_default_writer` adds its cause)."""
+
+
 def _open_locked(path: str) -> TextIO:
     # flock, not a lock file: the kernel drops it when the process ends, SIGKILL included.
     file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
@@ -298,7 +302,7 @@ def _open_locked(path: str) -> TextIO:
         file.close()
         here = [log for log in list(_OPEN_LOGS) if _same_file(log, path)]
         holder = "a JsonlWriter of this process" if here else "another process"
-        raise ValueError(
+        raise LogLockedError(
             f"JsonlWriter: {holder} holds a lock on {path}; two writers would interleave "
             "lines. Give this run another summary_dir or name, or "
             f"{'close that writer' if here else 'stop the other process'} first."

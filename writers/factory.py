@@ -15,6 +15,7 @@ from typing import IO, Any
 import numpy as np
 
 from writers import _checks, _storage
+from writers._jsonl_log import LogLockedError
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
 from writers.interface import MetricWriter
@@ -76,8 +77,10 @@ def create_default_writer(
         or `console_stream` has no `write()`.
       TypeError, ValueError: `flush_secs`, `max_buffer_mb`, `total_steps` or `purge_step` is
         not what it takes, also where no writer of the set reads it.
-      ValueError: `max_queue` is below 1, `purge_step` and `resume_step` disagree, or
-        `logdir` is a URL whose '//' was made '/' (`Path("gs://b")`, `"gs:/b"`).
+      ValueError: `max_queue` is below 1, `purge_step` and `resume_step` disagree,
+        `logdir` is a URL whose '//' was made '/' (`Path("gs://b")`, `"gs:/b"`), or another
+        writer holds `<logdir>/metrics.jsonl` (a second `collection` on one `logdir`: the
+        message names the subdirectory to pass).
 
     Example:
       >>> import writers
@@ -141,13 +144,26 @@ def create_default_writer(
         # run's later steps in TensorBoard for good).
         if logdir is not None and jsonl:
             path = _storage.join(os.fspath(logdir), "metrics.jsonl")
-            chosen["jsonl"] = JsonlWriter(
-                path,
-                collection=collection,
-                resume_step=resume_step,
-                flush_secs=flush_secs,
-                max_buffer_mb=max_buffer_mb,
-            )
+            try:
+                chosen["jsonl"] = JsonlWriter(
+                    path,
+                    collection=collection,
+                    resume_step=resume_step,
+                    flush_secs=flush_secs,
+                    max_buffer_mb=max_buffer_mb,
+                )
+            except LogLockedError as err:
+                # CLU's `create_default_writer(workdir, collection="eval")` beside a "train"
+                # one writes `<workdir>/eval`; here both name one log, and the message told
+                # only of a summary_dir or name, neither of which this function takes. (A
+                # logdir ending in the collection, a manager's `<summary_dir>/<name>`: as it is.)
+                if collection is None or os.fspath(logdir).rstrip("/").endswith(collection):
+                    raise
+                apart = _storage.join(os.fspath(logdir), collection)
+                raise LogLockedError(
+                    f"create_default_writer: {err} Unlike CLU's, collection={collection!r} adds "
+                    f"no subdirectory: pass logdir={apart!r} to write this collection apart."
+                ) from None
         if console:
             chosen["console"] = ConsoleWriter(
                 console_stream, collection=collection, total_steps=total_steps

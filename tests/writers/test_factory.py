@@ -292,6 +292,36 @@ def test_a_second_process_refused_by_the_lock_leaves_no_event_file(tmp_path):
     assert [event.step for event in accumulator.Scalars("loss")] == list(range(1, 101))
 
 
+def test_a_second_collection_on_one_logdir_is_told_that_collection_adds_no_subdirectory(
+    tmp_path,
+):
+    # CLU's create_default_writer(workdir, collection="eval") beside a "train" one writes
+    # <workdir>/eval; here the second call was refused with "Give this run another
+    # summary_dir or name", neither of which create_default_writer takes.
+    train = writers.create_default_writer(tmp_path, collection="train", console=False)
+    with pytest.raises(ValueError) as info:
+        writers.create_default_writer(tmp_path, collection="eval", console=False)
+    apart = os.path.join(tmp_path, "eval")
+    assert str(info.value).startswith("create_default_writer: JsonlWriter: a JsonlWriter of")
+    assert str(info.value).endswith(
+        "Unlike CLU's, collection='eval' adds no subdirectory: pass "
+        f"logdir={apart!r} to write this collection apart."
+    )
+    evaluation = writers.create_default_writer(apart, collection="eval", console=False)
+    train.write_scalars(1, {"loss": 0.5})
+    evaluation.write_scalars(1, {"loss": 0.25})
+    train.close()
+    evaluation.close()
+    assert [(r["collection"], r["loss"]) for r in writers.read_jsonl(tmp_path)] == [("train", 0.5)]
+    assert [(r["collection"], r["loss"]) for r in writers.read_jsonl(apart)] == [("eval", 0.25)]
+    # A logdir that ends in its collection (a manager's <summary_dir>/<name>): as it was.
+    run = tmp_path / "train"
+    first = writers.create_default_writer(run, collection="train", console=False)
+    with pytest.raises(ValueError, match="^JsonlWriter: a JsonlWriter of this process holds"):
+        writers.create_default_writer(run, collection="train", console=False)
+    first.close()
+
+
 def test_a_forked_child_does_not_keep_the_log_locked_after_the_parent_closes(tmp_path):
     # A pool or data-loader worker forked while the log is open shares its descriptor, and
     # with it the flock: the next run in the parent was refused while the child lived.
