@@ -237,9 +237,12 @@ class ForwardingWriter(BaseWriter):
             problems = _checks.Problems(self._name("write_scalars"))
             plain = {}
             for key, value in scalars.items():
-                if not _checks._looks_like_array(value):
+                # An array of a dtype NumPy cannot interpret (torch's, a JAX PRNG key's) is read
+                # here: a key was refused only by the wrapped writer, an AsyncWriter's a call late.
+                dtype = getattr(value, "dtype", None)
+                if not _checks._looks_like_array(value) or _checks.numpy_dtype(dtype) is None:
                     plain[key] = value
-                elif isinstance(getattr(value, "dtype", None), np.dtype):  # numpy's, not torch's
+                elif isinstance(dtype, np.dtype):  # numpy's and JAX's
                     if err := _checks._not_a_scalar(key, value):  # by shape and dtype alone
                         problems.add(type(err), str(err))
             _checks.collect_numbers(plain, problems)

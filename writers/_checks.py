@@ -500,7 +500,13 @@ def to_number(key: str, value: Any) -> int | float:
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
         if getattr(value, "is_deleted", bool)():
             raise ValueError(donated_problem(f"scalar {key!r}"))
-        arr = _widened(np.asarray(value))
+        try:
+            arr = _widened(np.asarray(value))
+        except (TypeError, ValueError) as unread:  # a JAX PRNG key: JAX's words named no key
+            raise TypeError(
+                f"scalar {key!r} must be a number, got {describe(value)}, which NumPy cannot "
+                f"read ({unread})"
+            ) from unread
         if err := _not_a_scalar(key, arr):
             raise err
         return float(arr.reshape(())) if _is_float(arr.dtype) else int(arr.reshape(()))
@@ -547,7 +553,8 @@ def _not_a_scalar(key: str, arr: Any) -> Exception | None:
             f"scalar {key!r} must hold exactly one number, got an array of shape "
             f"{tuple(arr.shape)}. Reduce it first (e.g. .mean()) or write it as a histogram."
         )
-    if np.dtype(arr.dtype).kind in "iubf" or _ml_wider(arr.dtype):  # not timedelta64 ("m")
+    # Not timedelta64 ("m"); a dtype NumPy cannot interpret (torch's) is judged once read.
+    if (dtype := numpy_dtype(arr.dtype)) is None or dtype.kind in "iubf" or _ml_wider(dtype):
         return None
     return TypeError(
         f"scalar {key!r} must be a number, got an array of dtype {arr.dtype}. "
@@ -693,9 +700,12 @@ def check_arrays(
 ) -> dict[str, np.ndarray]:
     """Every value as a numpy array (ml_dtypes widened); one ValueError lists every bad one
     (with `found`, they are added there instead)."""
-    out = {key: _widened(np.asarray(value)) for key, value in arrays.items()}
     problems = Problems(method) if found is None else found
-    for key, arr in out.items():
+    out = {}
+    for key, value in arrays.items():
+        if (arr := as_array(kind, key, value, problems)) is None:
+            continue
+        out[key] = arr = _widened(arr)
         if msg := array_problem(kind, key, arr):
             problems.value_problem(msg)
     if found is None:
@@ -863,12 +873,18 @@ def byte_rate_problem(sample_rate: int, clips: Mapping[str, Any]) -> str | None:
 
 
 def check_shapes(kind: str, arrays: Mapping[str, Any], problems: Problems) -> dict[str, Any]:
-    """`arrays` (lists and numbers as numpy arrays), each checked by shape and dtype alone
-    (`array_problem(values=False)`): a device array is not read, so not waited for."""
+    """`arrays` (lists, numbers and tensors of a dtype NumPy cannot interpret as numpy arrays),
+    each checked by shape and dtype alone (`array_problem(values=False)`): a device array is
+    not read, so not waited for."""
     out = {}
     for key, value in arrays.items():
-        if not (hasattr(value, "shape") and hasattr(value, "dtype")):
-            value = np.asarray(value)  # a list, a number
+        # A list, a number, or a tensor whose dtype NumPy cannot interpret (torch's: its
+        # checks raised "Cannot interpret 'torch.float32' as a data type") is read now.
+        if not (hasattr(value, "shape") and hasattr(value, "dtype")) or (
+            numpy_dtype(value.dtype) is None
+        ):
+            if (value := as_array(kind, key, value, problems)) is None:
+                continue
         out[key] = value
         if message := array_problem(kind, key, value, values=False) or sharded_problem(
             kind, key, value
@@ -964,7 +980,9 @@ _ML_INTS = {"int2": np.int8, "int4": np.int8, "uint2": np.uint8, "uint4": np.uin
 def _ml_wider(dtype: Any) -> Any:
     """The NumPy type that holds an ml_dtypes type's values exactly (JAX's bfloat16, float8,
     int4, ...: NumPy does not know them as numbers), or None for any other dtype."""
-    name = np.dtype(dtype).name
+    if (known := numpy_dtype(dtype)) is None:
+        return None
+    name = known.name
     return np.float32 if name.startswith(_ML_FLOATS) else _ML_INTS.get(name)
 
 
@@ -980,6 +998,29 @@ def _is_ml_float(dtype: Any) -> bool:
 def _looks_like_array(value: Any) -> bool:
     # JAX, torch and other array types without importing them.
     return hasattr(value, "__array__") and hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def numpy_dtype(dtype: Any) -> np.dtype | None:
+    """`dtype` as NumPy's, or None where NumPy cannot interpret it (a torch tensor's, a JAX
+    PRNG key's): such an array is judged by what `np.asarray` makes of it."""
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return None
+
+
+def as_array(kind: str, key: str, value: Any, problems: Problems) -> np.ndarray | None:
+    """`np.asarray(value)`, or None after adding to `problems` why NumPy cannot read it (a
+    ragged list, a JAX PRNG key): NumPy's own error named neither the key nor the call."""
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError) as err:
+        problems.add(
+            type(err),
+            f"{kind} {key!r} must be an array of numbers, got {describe(value)}, which NumPy "
+            f"cannot read ({err})",
+        )
+        return None
 
 
 def bucketize(arr: np.ndarray, num_buckets: int | None) -> tuple[np.ndarray, np.ndarray]:

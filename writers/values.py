@@ -26,7 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from writers._checks import _CONVERTERS, _looks_like_array, _ml_wider, check_keys, check_step
+from writers._checks import (
+    _CONVERTERS,
+    _looks_like_array,
+    _ml_wider,
+    check_keys,
+    check_step,
+    numpy_dtype,
+)
 from writers.interface import MetricWriter
 
 __all__ = ["group_values", "write_values"]
@@ -136,8 +143,13 @@ def _is_plain_scalar(value: Any) -> bool:
     if type(value) is np.ndarray and value.dtype.kind in "biuf":
         return value.size == 1
     if isinstance(value, np.ndarray) or _looks_like_array(value):
-        kind = np.dtype(value.dtype).kind
-        return int(np.prod(value.shape)) == 1 and (kind in "biuf" or _ml_wider(value.dtype))
+        if (dtype := numpy_dtype(value.dtype)) is None:  # torch's: as NumPy reads the tensor
+            try:
+                value = np.asarray(value)
+            except (TypeError, ValueError):  # a JAX PRNG key: unsupported, named below
+                return False
+            dtype = value.dtype
+        return int(np.prod(value.shape)) == 1 and (dtype.kind in "biuf" or _ml_wider(dtype))
     return False
 
 
@@ -158,7 +170,8 @@ def _describe(value: Any) -> str:
         prefix, value = "Scalar of ", value.value
     shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
     described = prefix + type(value).__name__
-    if dtype is not None and np.dtype(dtype).kind not in "biuf":  # a timedelta, a str array
+    # A timedelta, a str array, a JAX PRNG key (a dtype NumPy cannot interpret).
+    if dtype is not None and ((known := numpy_dtype(dtype)) is None or known.kind not in "biuf"):
         described += f" of dtype {dtype}"
     return described + ("" if shape is None else f" of shape {tuple(shape)}")
 

@@ -297,6 +297,11 @@ BAD_CALLS = [
     ("float buckets", TypeError, lambda w: w.write_histograms(0, {"h": np.ones(3)}, {"h": 2.5})),
     # TensorBoard and the wrappers refused it; JSONL, console and logging wrote the values.
     ("str metadata", TypeError, lambda w: w.write_summaries(0, {"s": np.ones(2)}, "foo")),
+    # NumPy's own errors, naming neither the call nor the key (a wrapper took the key scalar,
+    # and its wrapped writer refused it later, an AsyncWriter's a call late).
+    ("ragged image", ValueError, lambda w: w.write_images(0, {"i": [[[0.0]], [[0.0], [1.0]]]})),
+    ("PRNG key scalar", TypeError, lambda w: w.write_scalars(0, {"k": _prng_key()})),
+    ("PRNG key histogram", TypeError, lambda w: w.write_histograms(0, {"h": _prng_key()})),
 ]
 # What each refusal says, the same from every backend and wrapper (after the writer's name).
 REFUSED = {
@@ -348,7 +353,19 @@ REFUSED = {
     "{'w': 64}, or be None for 30 each; got {'h': 2.5}",
     "str metadata": "metadata must be a SummaryMetadata proto, its serialized bytes, None, or "
     "a mapping of key to one of these; got str 'foo'.",
+    "ragged image": "image 'i' must be an array of numbers, got list [[[0.0]], [[0.0], [1.0]]], "
+    "which NumPy cannot read (setting an array element with a sequence.",
+    "PRNG key scalar": "scalar 'k' must be a number, got PRNGKeyArray of shape () and dtype "
+    "key<fry>, which NumPy cannot read (JAX array with PRNGKey dtype cannot be converted",
+    "PRNG key histogram": "histogram 'h' must be an array of numbers, got PRNGKeyArray of "
+    "shape () and dtype key<fry>, which NumPy cannot read (JAX array with PRNGKey dtype",
 }
+
+
+def _prng_key():
+    import jax
+
+    return jax.random.key(0)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -506,6 +523,50 @@ WRAPPERS = {
 
 # Bad calls that need the values (a wrapper checks shapes alone, not waiting for a device).
 _VALUE_CHECKS = {"NaN histogram", "NaN image", "Inf video", "NaN audio"}
+
+
+class _TorchLike:
+    """A CPU tensor as torch's: `__array__`, `shape`, and a dtype NumPy cannot interpret."""
+
+    class dtype:  # noqa: N801  (an instance of it stands for torch.float32)
+        def __repr__(self) -> str:
+            return "torch.float32"
+
+    def __init__(self, values):
+        self._values = np.asarray(values, np.float32)
+        self.shape, self.dtype = self._values.shape, _TorchLike.dtype()
+
+    def __array__(self, dtype=None, copy=None):
+        return self._values if dtype is None else self._values.astype(dtype)
+
+
+@pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
+def test_wrappers_take_a_tensor_whose_dtype_numpy_cannot_interpret(wrapper, tmp_path):
+    # The backends read a torch tensor through __array__, but a wrapper's shape checks
+    # raised "Cannot interpret 'torch.float32' as a data type" for images, videos, audio and
+    # histograms, as did write_values for a one-element one (create_default_writer's set too).
+    from tensorboard.backend.event_processing import event_accumulator as ea
+
+    w = WRAPPERS[wrapper](tmp_path)
+    writers.write_values(w, 1, {"loss": _TorchLike([0.5])})
+    w.write_histograms(2, {"h": _TorchLike([1.0, 2.0, 2.0])}, {"h": 2})
+    w.write_images(2, {"i": _TorchLike(np.ones((2, 2, 3)))})
+    w.write_videos(2, {"v": _TorchLike(np.ones((1, 2, 2, 2, 3)))})
+    w.write_audios(2, {"a": _TorchLike(np.zeros((1, 4, 1)))}, sample_rate=8000)
+    w.close()
+    loss, hist, image, video, audio = writers.read_jsonl(tmp_path / "metrics.jsonl")
+    assert (loss["step"], loss["loss"]) == (1, 0.5)
+    assert (hist["h"]["counts"], hist["h"]["edges"]) == ([1, 2], [1.0, 1.5, 2.0])
+    assert (image["i"], video["v"]["shape"]) == (
+        {"type": "image", "shape": [2, 2, 3]},
+        [1, 2, 2, 2, 3],
+    )
+    assert audio["a"] == {"type": "audio", "shape": [1, 4, 1], "sample_rate": 8000}
+    if wrapper != "async":
+        acc = ea.EventAccumulator(str(tmp_path))
+        acc.Reload()
+        assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 0.5)]
+        assert acc.Histograms("h")[0].histogram_value.num == 3
 
 
 @pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
