@@ -191,7 +191,12 @@ class JsonlWriter(BaseWriter):
     def _write_line(self, step: int | None, values: Mapping[str, Any]) -> None:
         if not values:  # an empty write: no line of fields alone
             return
-        record = {"step": step, "time": self._clock(), "collection": self._collection, **values}
+        record = {
+            "step": step,
+            "time": float(self._clock()),
+            "collection": self._collection,
+            **values,
+        }
         self._log.write(_ENCODER.encode(record) + "\n")
         if step is not None:
             if step < self._max_step and not self._warned_backwards and step > self._resumed:

@@ -774,3 +774,12 @@ def test_a_file_system_without_flock_writes_without_the_lock_and_says_so(
     assert writers.read_jsonl(tmp_path) == writers.read_jsonl(path)  # a run dir reads its log
     logged = [r.getMessage() for r in caplog.records if "cannot lock the log" in r.getMessage()]
     assert len(logged) == 1 and "Function not implemented" in logged[0], logged
+
+
+def test_a_clock_returning_a_numpy_float_is_written_as_a_number(tmp_path):
+    # A clock giving np.float32 (a simulated clock kept in NumPy) failed every write with
+    # "Object of type float32 is not JSON serializable".
+    path = str(tmp_path / "metrics.jsonl")
+    with writers.JsonlWriter(path, clock=lambda: np.float32(1.5)) as w:
+        w.write_scalars(1, {"a": 1.0})
+    assert writers.read_jsonl(path) == [{"step": 1, "time": 1.5, "collection": None, "a": 1.0}]
