@@ -73,15 +73,23 @@ def line_step(line: bytes) -> int | None:
     return step if isinstance(step, int) else None
 
 
-def kept_lines(lines: Iterable[bytes], resume_step: int) -> Iterator[bytes]:
+_DROPPED = (
+    "JsonlWriter(%s): dropping a partial last line (%d bytes) left by a process that ended, "
+    "or a machine that crashed, while writing it"
+)
+
+
+def kept_lines(lines: Iterable[bytes], resume_step: int, path: str) -> Iterator[bytes]:
     """Lines a run resumed at `resume_step` keeps: no later step, and a newline at the end
-    (a last line without one gets it, as an appending writer adds it, unless it is torn)."""
+    (a last line without one gets it, as an appending writer adds it, unless it is torn).
+    A torn last line is dropped with the warning a writer opening `path` without a resume
+    gives (it had named no log and shown a dropped NUL fill as b'')."""
     for line in lines:
         if not line.endswith(b"\n"):
-            if not (line := line.rstrip(b"\0")) or _torn(line):  # NUL fill: no data
-                logging.warning("JsonlWriter: dropping an incomplete last line %r", line[:80])
+            if not (data := line.rstrip(b"\0")) or _torn(data):  # NUL fill: no data
+                logging.warning(_DROPPED, path, len(line))
                 continue
-            line += b"\n"
+            line = data + b"\n"
         step = line_step(line)
         if step is None or step <= resume_step:
             yield line
@@ -147,7 +155,7 @@ class LocalLog:
                 os.unlink(stale)
         if resume_step is not None:
             with open(path, "rb") as old:
-                _storage.replace_file(path, kept_lines(old, resume_step))
+                _storage.replace_file(path, kept_lines(old, resume_step, path))
             previous, self._file = self._file, _open_locked(path)  # the rewritten file
             previous.close()
         with open(path, "rb") as f:
@@ -160,12 +168,7 @@ class LocalLog:
         if size == complete:
             return
         if not tail or _torn(tail):  # a process ended mid-line: the next line would be glued
-            logging.warning(
-                "JsonlWriter(%s): dropping a partial last line (%d bytes) left by a process "
-                "that ended, or a machine that crashed, while writing it",
-                path,
-                size - complete,
-            )
+            logging.warning(_DROPPED, path, size - complete)
             os.truncate(path, complete)
         else:  # a file of another program's, or a whole line without its newline: kept
             os.truncate(path, complete + len(tail))  # without NUL bytes after it
@@ -334,7 +337,7 @@ class RemoteLog:
         generation, current, stale, plain = _latest(fs, base)
         if resume_step is not None and (current or plain):
             lines = [*plain.splitlines(True), *_read_parts(fs, base, current).splitlines(True)]
-            tail = b"".join(kept_lines(lines, resume_step))
+            tail = b"".join(kept_lines(lines, resume_step, path))
             # No writer token: two runs resuming at once write the same kept lines once.
             _storage.replace_file(f"{directory}/{_part_name(generation + 1, 0)}", [tail])
             stale += current

@@ -110,6 +110,28 @@ def test_resume_drops_an_incomplete_last_line_and_keeps_unreadable_complete_ones
     assert path.read_bytes() == b'{"step": 1, "a": 1}\n{"a": "no step"}\n'
 
 
+@pytest.mark.parametrize(
+    "tail",
+    [b'{"step": 4, "a"', b"\0" * 4096, b'{"step": 4, "a"' + b"\0" * 100],
+    ids=["torn", "nul-fill", "torn-then-nul"],
+)
+def test_a_resume_names_the_log_and_the_bytes_of_a_partial_last_line_it_drops(
+    tmp_path, caplog, tail
+):
+    """A resume warned "dropping an incomplete last line b''" for a crash's zero fill: no log
+    named (a train and an eval log are rewritten side by side) and, for NUL bytes, a line of
+    nothing shown. It now says what a writer opening the log without a resume says."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1, "a": 1}\n' + tail)
+    writers.JsonlWriter(path, resume_step=5).close()
+    assert path.read_bytes() == b'{"step": 1, "a": 1}\n'
+    (dropped,) = [r.getMessage() for r in caplog.records if "dropping" in r.getMessage()]
+    assert dropped == (
+        f"JsonlWriter({path}): dropping a partial last line ({len(tail)} bytes) left by a "
+        "process that ended, or a machine that crashed, while writing it"
+    )
+
+
 def test_resume_keeps_a_whole_last_line_without_its_newline_as_appending_does(tmp_path):
     # Step 3 lacks only its newline: an appending writer keeps it, a resume at 5 dropped it.
     path = tmp_path / "metrics.jsonl"
