@@ -143,6 +143,11 @@ def create_default_writer(
         # TensorBoard writer puts a file there (a purge marker would hide the running
         # run's later steps in TensorBoard for good).
         if logdir is not None and jsonl:
+            if tensorboard and resume_step is not None:
+                # Loaded before the log is cut back to resume_step: a process killed in the
+                # 0.3 s of tensorboardX's import after it left the log cut and TensorBoard
+                # showing the old run's later steps (1 restart in 29 under random kills).
+                from writers import _records, _tb_summary  # noqa: F401, PLC0415
             path = _storage.join(os.fspath(logdir), "metrics.jsonl")
             try:
                 chosen["jsonl"] = JsonlWriter(

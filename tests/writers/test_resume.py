@@ -277,6 +277,38 @@ def test_killing_the_process_during_the_rewrite_leaves_the_old_or_the_new_log(tm
     print("outcomes of the kills:", outcomes)
 
 
+_LOADED_FIRST = """
+import sys
+import writers
+from writers import _jsonl_log
+real = _jsonl_log.kept_lines
+def kept_lines(*args):
+    print("LOADED" if "writers._tb_summary" in sys.modules else "NOT LOADED", flush=True)
+    return real(*args)
+_jsonl_log.kept_lines = kept_lines
+writers.create_default_writer(sys.argv[1], console=False, resume_step=1).close()
+"""
+
+
+def test_a_resumed_default_set_loads_tensorboard_before_it_cuts_the_log(tmp_path):
+    # A restart killed between cutting the log back and making its TensorBoard file (0.3 s
+    # of tensorboardX's import in between) left the log at resume_step and TensorBoard
+    # showing the old run's later steps: 1 restart in 29 under random kills.
+    with writers.create_default_writer(tmp_path, console=False) as w:
+        w.write_scalars(1, {"a": 1.0})
+        w.write_scalars(2, {"a": 2.0})
+    out = subprocess.run(
+        [sys.executable, "-c", _LOADED_FIRST, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert out.split() == ["LOADED"]
+    assert [r["step"] for r in writers.read_jsonl(tmp_path / "metrics.jsonl")] == [1]
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077], ids=["022", "077"])
 def test_files_honour_the_umask(tmp_path, umask):
     old_umask = os.umask(umask)
