@@ -568,9 +568,9 @@ class MetricsManager:
             problems.own_keys(written, self._own_prefixes)
             # NumPy fields (an eval summed on the host) are read on the worker, and a loop
             # resets them in place after the call: copied now, as write_images copies.
-            self._host_fields = any(issubclass(kind, np.ndarray) for kind, _, _ in seen[1][1])
+            self._host_fields = any(issubclass(kind, np.ndarray) for kind, *_ in seen[1][1])
             # Host numbers JAX may change (an int64 past 2**31): looked at in each summary.
-            self._host_numbers = any(not issubclass(kind, jax.Array) for kind, _, _ in seen[1][1])
+            self._host_numbers = any(not issubclass(kind, jax.Array) for kind, *_ in seen[1][1])
         problems.raise_if_any()
         self._keys_checked, self._uptime = seen, uptime
         host_numbers = self._host_numbers
@@ -1429,9 +1429,19 @@ def _first_array(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
 
 def _signature(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
     """What the call's checks depend on besides the keys: the tree structure (each metric's
-    type and static settings) and each leaf's type, shape and dtype."""
+    type and static settings) and each leaf's type, shape, dtype and whether it is sharded
+    over processes (a per-row vector replicated at the first call and sharded at the next,
+    from a step with other output shardings, was let through unchecked to the worker)."""
     leaves, structure = jax.tree.flatten(metrics)
-    described = ((type(x), getattr(x, "shape", None), getattr(x, "dtype", None)) for x in leaves)
+    described = (
+        (
+            type(x),
+            getattr(x, "shape", None),
+            getattr(x, "dtype", None),
+            not getattr(x, "is_fully_addressable", True) and not x.is_fully_replicated,
+        )
+        for x in leaves
+    )
     return structure, tuple(described)
 
 

@@ -155,7 +155,11 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
         manager.write_histograms(STEPS, {"gathered_tokens": gathered_tokens})
         # A metrics dict holding a leaf sharded over processes (a per-row vector): its copy
         # would gather on the manager's thread, out of the loop's order: refused at the call.
-        per_row = jax.jit(lambda x: {"rows": RowMean(x[:, 0].astype(jax.numpy.float32))})(tokens)
+        # First the same metric replicated, which every process can read: the call's checks
+        # were then kept for the sharded one (same type, shape and dtype), which was accepted.
+        rows = functools.partial(jax.jit, lambda x: {"rows": RowMean(x[:, 0].astype(np.float32))})
+        manager.write_metrics_summary(rows(out_shardings=replicated)(tokens), STEPS, 1)
+        per_row = rows()(tokens)
         try:
             manager.write_metrics_summary(per_row, STEPS, 1)
             refused_rows = ""
