@@ -151,6 +151,13 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
             refused = ""
         except ValueError as err:
             refused = str(err)
+        # As a scalar: refused for its shape, on every process, as in one process (reading it
+        # first raised JAX's "Fetching value ... non-addressable devices" instead).
+        try:
+            manager.write_scalars(STEPS, {"tokens": tokens})
+            refused_scalar = ""
+        except ValueError as err:
+            refused_scalar = str(err)
         gathered_tokens = multihost_utils.process_allgather(tokens, tiled=True)
         manager.write_histograms(STEPS, {"gathered_tokens": gathered_tokens})
         # A metrics dict holding a leaf sharded over processes (a per-row vector): its copy
@@ -181,6 +188,7 @@ def main(process_id: int, num_processes: int, port: int, devices: int, out_dir: 
                 "summaries": summaries,
                 "writes": manager.writes,
                 "refused": refused,
+                "refused_scalar": refused_scalar,
                 "refused_rows": refused_rows,
                 "refused_raw": refused_raw,
                 "refused_made": refused_made,

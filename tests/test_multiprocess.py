@@ -127,6 +127,12 @@ def test_two_processes_report_the_one_process_summaries(tmp_path):
             "over processes, and process 0, which writes, holds only its own shards; gather it "
             "on every process first: multihost_utils.process_allgather(x, tiled=True)"
         )
+    # The same array as a scalar: refused for its shape in every run, as in one process.
+    for result in (json.loads((one / "result0.json").read_text()), *results):
+        assert result["refused_scalar"] == (
+            "MetricsManager.write_scalars: scalar 'tokens' must hold exactly one number, got an "
+            "array of shape (16, 8). Reduce it first (e.g. .mean()) or write it as a histogram."
+        )
     # A metrics dict with a leaf sharded over processes: refused in both (a gather on the
     # worker deadlocked a probe's two processes); written in the 1-process run.
     assert json.loads((one / "result0.json").read_text())["refused_rows"] == ""

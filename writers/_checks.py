@@ -500,6 +500,10 @@ def to_number(key: str, value: Any) -> int | float:
     if isinstance(value, np.generic | np.ndarray) or _looks_like_array(value):
         if getattr(value, "is_deleted", bool)():
             raise ValueError(donated_problem(f"scalar {key!r}"))
+        # By shape first: reading a vector sharded over processes raised JAX's "Fetching
+        # value ... non-addressable devices" where one still computing got this message.
+        if math.prod(value.shape) != 1 and (err := _not_a_scalar(key, value)):
+            raise err
         try:
             arr = _widened(np.asarray(value))
         except (TypeError, ValueError) as unread:  # a JAX PRNG key: JAX's words named no key
