@@ -1433,12 +1433,13 @@ def _signature(metrics: Mapping[str, Any] | PackedMetrics) -> Any:
     over processes (a per-row vector replicated at the first call and sharded at the next,
     from a step with other output shardings, was let through unchecked to the worker)."""
     leaves, structure = jax.tree.flatten(metrics)
+    multi = jax.process_count() > 1  # one process: every array is addressable (0.5 us a leaf)
     described = (
         (
             type(x),
             getattr(x, "shape", None),
             getattr(x, "dtype", None),
-            not getattr(x, "is_fully_addressable", True) and not x.is_fully_replicated,
+            multi and not getattr(x, "is_fully_addressable", True) and not x.is_fully_replicated,
         )
         for x in leaves
     )
