@@ -3,7 +3,8 @@
 Scalars: one line per call, `[<step>] collection=<name> k1=v1, k2=v2` (keys sorted, a line
 break in one or in the name shown as `\\n`, floats `.6g`, ` collection=<name>` only when set),
 so parsers of CLU's logs keep working. Other kinds as CLU logs them: shapes of arrays, the
-texts, a line per histogram with its buckets.
+texts, a line per histogram with its buckets (one video `[T, H, W, C]` is shown with its
+batch axis, `[1, T, H, W, C]`, as every writer here takes it; CLU shows it as given).
 
 Example:
   >>> import writers
