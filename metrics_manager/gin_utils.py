@@ -25,7 +25,7 @@ import jax
 
 import writers
 from writers import _storage
-from writers._checks import Problems, collapsed_url
+from writers._checks import Problems, url_problem
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -366,7 +366,7 @@ def write_gin_config(
     problems = Problems("write_gin_config")
     if not isinstance(model_dir, str | os.PathLike):
         problems.type_problem(f"model_dir must be a path, got {type(model_dir).__name__}")
-    elif problem := collapsed_url(model_dir, "model_dir"):
+    elif problem := url_problem(model_dir, "model_dir"):
         problems.value_problem(problem)
     if config_str is not None and not isinstance(config_str, str):
         problems.type_problem(f"config_str must be a str or None, got {type(config_str).__name__}")

@@ -204,7 +204,7 @@ class MetricsManager:
             )
         if summary_dir is not None and not isinstance(summary_dir, str | os.PathLike):
             problems.type_problem(f"summary_dir must be a path or None, got {summary_dir!r}")
-        elif problem := _checks.collapsed_url(summary_dir, "summary_dir"):
+        elif problem := _checks.url_problem(summary_dir, "summary_dir"):
             problems.value_problem(problem)
         for arg, value in (("writer_factory", writer_factory), ("clock", clock)):
             if value is not None and not callable(value):

@@ -115,9 +115,31 @@ def check_path(path: Any, where: str, what: str) -> str:
             f"{where}: {what} must be a directory, file or URL (a str or os.PathLike), got "
             f"{path!r} ({type(path).__name__})."
         )
-    if problem := collapsed_url(path, what):
+    if problem := url_problem(path, what):
         raise ValueError(f"{where}: {problem}.")
     return fspath
+
+
+# Schemes whose URLs name a bucket first: `gs://` alone, or `gs:///run`, names none (the
+# first wrote ./gs:/metrics.jsonl, a local file, as `gs://` joined with a name is `gs:/...`).
+_BUCKET_SCHEMES = ("gs", "gcs", "s3", "s3a")
+
+
+def url_problem(path: Any, what: str) -> str | None:
+    """The problem with a path that is a URL made wrong (`collapsed_url`), or an object
+    store's URL naming no bucket (`gs://`, `gs:///run`), else None."""
+    if problem := collapsed_url(path, what):
+        return problem
+    fspath = os.fspath(path) if isinstance(path, str | os.PathLike) else None
+    if not isinstance(fspath, str) or "://" not in fspath:
+        return None
+    scheme, rest = fspath.split("://", 1)
+    if scheme not in _BUCKET_SCHEMES or (rest and not rest.startswith("/")):
+        return None
+    return (
+        f"{what} {path!r} names no bucket: a {scheme}:// URL is {scheme}://<bucket>/<path>; "
+        f"pass one such as {what}='{scheme}://my-bucket/{rest.strip('/') or 'run'}'"
+    )
 
 
 _COLLAPSED_URL = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]+):/(?!/)")

@@ -240,6 +240,35 @@ def test_a_str_url_with_one_slash_is_refused_before_it_writes_a_local_directory(
     assert os.path.exists("run:/x.jsonl")
 
 
+@pytest.mark.parametrize(
+    "make, what",
+    [
+        (writers.create_default_writer, "logdir"),
+        (writers.JsonlWriter, "path"),
+        (writers.TensorBoardWriter, "logdir"),
+        (_gin, "model_dir"),
+        (_manager, "summary_dir"),
+    ],
+    ids=["create_default_writer", "JsonlWriter", "TensorBoardWriter", "gin", "manager"],
+)
+@pytest.mark.parametrize("url", ["gs://", "gs:///run", "s3:///run"])
+def test_an_object_store_url_naming_no_bucket_is_refused_before_it_writes(
+    make, what, url, tmp_path, monkeypatch
+):
+    # "gs://" joined with a file name is "gs:/metrics.jsonl": JsonlWriter and write_gin_config
+    # wrote ./gs:/metrics.jsonl and ./gs:/config.gin with no word; "gs:///run" was read as
+    # the bucket "run".
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as info:
+        make(url)
+    scheme = url.split(":")[0]
+    assert f"{what} {url!r} names no bucket: a {scheme}:// URL is {scheme}://<bucket>/<path>; " in (
+        str(info.value)
+    )
+    assert f"{what}='{scheme}://my-bucket/run'" in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_path_object_of_a_file_url_is_refused_naming_the_absolute_url():
     # pathlib makes "file:///tmp/run" "file:/tmp/run"; the fix offered read
     # logdir='file://tmp/run', which fsspec reads as ./tmp/run, not /tmp/run.
