@@ -76,12 +76,33 @@ def filesystem(url: str) -> tuple[Any, str]:
 
 def names_in(fs: Any, path: str) -> list[str]:
     """The names in directory `path` of `fs`, listed afresh (another process, an earlier run,
-    may have written); [] where there is none."""
+    may have written); [] where there is none, FileNotFoundError where its bucket is none."""
     fs.invalidate_cache(path)
     try:
         return [entry.rstrip("/").rsplit("/", 1)[-1] for entry in fs.ls(path, detail=False)]
     except FileNotFoundError:
+        _check_bucket(fs, path)
         return []
+
+
+def _check_bucket(fs: Any, path: str) -> None:
+    """Raises FileNotFoundError naming the bucket of `path` (gcsfs, s3fs) if there is none:
+    a run started on a misspelt bucket was taken, and every upload failed until `close()`
+    with the client's bare "b/nobucket/o" or "Not Found". Any other answer (a user who may
+    write objects but not read the bucket's metadata) leaves it to the uploads."""
+    if not callable(getattr(fs, "split_path", None)):
+        return  # no buckets (memory://, file://)
+    bucket = fs.split_path(path)[0]
+    try:
+        fs.info(bucket)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(
+            f"bucket {bucket!r} does not exist (or this account cannot see it), so "
+            f"{fs.unstrip_protocol(path)!r} can be neither written nor read: create the bucket, "
+            "or fix the URL's bucket name"
+        ) from err
+    except Exception:  # noqa: BLE001  (denied, or unreachable: the uploads will say)
+        return
 
 
 def restore_if_deleted(fd: int, path: str, owner: str) -> bool | None:
@@ -151,7 +172,11 @@ def replace_file(path: str, chunks: Iterable[bytes]) -> None:
     a symlink's target is replaced, and a pipe or device (`/dev/stdout`) written to."""
     if is_remote(path):
         fs, fs_path = filesystem(path)
-        fs.pipe_file(fs_path, b"".join(chunks))
+        try:
+            fs.pipe_file(fs_path, b"".join(chunks))
+        except FileNotFoundError:
+            _check_bucket(fs, fs_path)
+            raise
         return
     if os.path.exists(path) and not os.path.isfile(path):  # a pipe or device: written through
         with open(path, "wb") as stream:

@@ -304,3 +304,28 @@ def test_a_manager_close_that_failed_to_upload_uploads_when_called_again(tmp_pat
     acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(s, float(s)) for s in range(1, 11)]
+
+
+def test_a_missing_bucket_is_refused_when_the_writers_are_made(server):
+    # A misspelt bucket was taken: the writers' listing found no objects, and every upload
+    # failed until close() with the client's bare "b/nobucket/o" (GCS) or "Not Found".
+    run = f"{server.scheme}://no-such-bucket/run"
+    makers = {
+        "metrics.jsonl.d": lambda: writers.JsonlWriter(run),
+        "": lambda: writers.TensorBoardWriter(run),
+        "train/metrics.jsonl.d": lambda: MetricsManager("train", run),
+        "config.gin": lambda: write_gin_config(run, config_str=CONFIG),
+    }
+    for name, make in makers.items():
+        with pytest.raises(FileNotFoundError) as info:
+            make()
+        url = f"{run}/{name}".rstrip("/")
+        assert str(info.value) == (
+            f"bucket 'no-such-bucket' does not exist (or this account cannot see it), so "
+            f"{url!r} can be neither written nor read: create the bucket, or fix the URL's "
+            "bucket name"
+        )
+    new = f"{server.scheme}://{storage_servers.BUCKET}/new-{uuid.uuid4().hex[:8]}"
+    with writers.JsonlWriter(new) as w:  # a new run in a bucket that exists: no objects yet
+        w.write_scalars(1, {"loss": 1.0})
+    assert [line["loss"] for line in writers.read_jsonl(new)] == [1.0]
