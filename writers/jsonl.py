@@ -176,10 +176,14 @@ class JsonlWriter(BaseWriter):
             return
         if not self._closed:
             self._closed = True
+            if self._stop_timer is not None:  # a URL's: not waited for yet (TensorBoardWriter)
+                self._stop_timer(timeout=0)
+        self._upload_at_close = isinstance(self._log, _jsonl_log.RemoteLog)
+        try:
+            self._log.close()
+        finally:
             if self._stop_timer is not None:
                 self._stop_timer()
-        self._upload_at_close = isinstance(self._log, _jsonl_log.RemoteLog)
-        self._log.close()
         self._upload_at_close = False
 
     def _begin(self, method: str, step: Any, values: Mapping[str, Any]) -> int:

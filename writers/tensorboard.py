@@ -175,11 +175,18 @@ class TensorBoardWriter(BaseWriter):
         uploads them (a second call returned at once, and they were lost)."""
         if self._closed and not self._upload_at_close:
             return
+        remote = _storage.is_remote(self._logdir)
         if not self._closed:
             self._closed = True
+            # At a URL the timer is stopped but not waited for: the close's upload waits for a
+            # timed one under way and fails with it (waited for first, then tried again, a
+            # close in an outage took two client retry budgets, 67 s on gcsfs).
+            self._stop_timer(timeout=0 if remote else None)
+        self._upload_at_close = remote
+        try:
+            self._file.close()
+        finally:
             self._stop_timer()
-        self._upload_at_close = _storage.is_remote(self._logdir)
-        self._file.close()
         self._upload_at_close = False
 
     def _check_kinds(self, method: str, kind: str, tags: Iterable[str]) -> None:

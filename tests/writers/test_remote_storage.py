@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 import uuid
 
 import fsspec
@@ -329,3 +330,42 @@ def test_a_missing_bucket_is_refused_when_the_writers_are_made(server):
     with writers.JsonlWriter(new) as w:  # a new run in a bucket that exists: no objects yet
         w.write_scalars(1, {"loss": 1.0})
     assert [line["loss"] for line in writers.read_jsonl(new)] == [1.0]
+
+
+@pytest.mark.parametrize("kind", ["tensorboard", "jsonl"])
+def test_a_close_during_a_failing_timed_upload_fails_with_it_and_does_not_try_again(tmp_path, kind):
+    # close() waited for the timer's retrying upload to end, then uploaded again: two client
+    # retry budgets in one call (67 s on gcsfs, past writer_deadline_s, so a manager's close
+    # took the writer for hung). It now fails with the timed upload, keeping the data.
+    server, gate, config = storage_servers.s3_behind_a_gate(2)  # a failed upload: ~1.5 s
+    run = f"s3://{storage_servers.BUCKET}/close-timed-{uuid.uuid4().hex[:8]}"
+    try:
+        with storage_servers.serving(server, "s3", config):
+            if kind == "tensorboard":
+                w = writers.TensorBoardWriter(run, flush_secs=0.2)
+                parts = w._file._file  # the event file's parts (`_storage.PartStream`)
+            else:
+                w = writers.JsonlWriter(run, flush_secs=0.2)
+                parts = w._log._stream
+            w.write_scalars(1, {"loss": 1.0})
+            w.flush()
+            gate.cut()
+            w.write_scalars(2, {"loss": 2.0})
+            for _ in range(1000):  # until the timer's upload is under way
+                if parts._upload.locked():
+                    break
+                time.sleep(0.005)
+            with pytest.raises(OSError, match="the upload under way when this flush began failed"):
+                w.close()
+            gate.restore()
+            w.close()
+            lines = writers.read_jsonl(run) if kind == "jsonl" else None
+            storage_servers.copy_event_files(run, str(tmp_path))
+    finally:
+        server.stop()
+    if kind == "jsonl":
+        assert [(line["step"], line["loss"]) for line in lines] == [(1, 1.0), (2, 2.0)]
+    else:
+        acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
+        acc.Reload()
+        assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 1.0), (2, 2.0)]
