@@ -221,6 +221,7 @@ class PartStream:
         first_index: int = 0,
     ):
         self._fs, self._dir = filesystem(directory)
+        self._url = directory  # for messages: `_dir` lacks the scheme, and read as a local path
         self._name = name
         self._index = first_index
         self._max = max_buffer_bytes
@@ -247,7 +248,7 @@ class PartStream:
                 # would double the wait (a flush in an outage took two client retry budgets,
                 # ~70 s on gcsfs, and its writer was taken for hung).
                 raise OSError(
-                    f"{self._dir}: the upload under way when this flush began failed "
+                    f"{self._url}: the upload under way when this flush began failed "
                     f"({self._error}); its data is kept for the next flush"
                 )
             with self._lock:

@@ -355,8 +355,12 @@ def test_a_close_during_a_failing_timed_upload_fails_with_it_and_does_not_try_ag
                 if parts._upload.locked():
                     break
                 time.sleep(0.005)
-            with pytest.raises(OSError, match="the upload under way when this flush began failed"):
+            with pytest.raises(OSError) as failed:
                 w.close()
+            where = run if kind == "tensorboard" else f"{run}/metrics.jsonl.d"
+            assert str(failed.value).startswith(
+                f"{where}: the upload under way when this flush began failed ("
+            )
             gate.restore()
             w.close()
             lines = writers.read_jsonl(run) if kind == "jsonl" else None
