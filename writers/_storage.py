@@ -83,6 +83,14 @@ def names_in(fs: Any, path: str) -> list[str]:
     except FileNotFoundError:
         _check_bucket(fs, path)
         return []
+    except Exception as err:
+        # The client's error names a host at most ("Cannot connect to host 127.0.0.1:4443"),
+        # not the run's URL.
+        err.add_note(
+            f"listing {fs.unstrip_protocol(path)!r} failed: check the storage's endpoint, "
+            "the network and the credentials"
+        )
+        raise
 
 
 def _check_bucket(fs: Any, path: str) -> None:

@@ -373,3 +373,29 @@ def test_a_close_during_a_failing_timed_upload_fails_with_it_and_does_not_try_ag
         acc = ea.EventAccumulator(str(tmp_path), size_guidance={ea.SCALARS: 0})
         acc.Reload()
         assert [(e.step, e.value) for e in acc.Scalars("loss")] == [(1, 1.0), (2, 2.0)]
+
+
+def test_storage_unreachable_when_the_writers_are_made_names_the_url():
+    # The writers list the directory first (an earlier run's files): with storage down, the
+    # error named only a host ("Could not connect to the endpoint URL: http://127.0.0.1:...").
+    server, gate, config = storage_servers.s3_behind_a_gate(1)  # a failed request: at once
+    run = f"s3://{storage_servers.BUCKET}/down-{uuid.uuid4().hex[:8]}"
+    try:
+        with storage_servers.serving(server, "s3", config):
+            gate.cut()
+            for make, listed in (
+                (writers.TensorBoardWriter, run),
+                (writers.JsonlWriter, f"{run}/metrics.jsonl.d"),
+            ):
+                with pytest.raises(Exception) as failed:  # noqa: PT011  (botocore's, varying)
+                    make(run)
+                assert failed.value.__notes__ == [
+                    f"listing {listed!r} failed: check the storage's endpoint, the network "
+                    "and the credentials"
+                ]
+            gate.restore()
+            with writers.JsonlWriter(run) as w:
+                w.write_scalars(1, {"loss": 1.0})
+            assert [line["loss"] for line in writers.read_jsonl(run)] == [1.0]
+    finally:
+        server.stop()
