@@ -200,6 +200,17 @@ def _some(keys: list[str], shown: int = 40) -> str:
     return f"{str(keys[:shown])[:-1]}, ... and {len(keys) - shown:,} more]"
 
 
+def _url_problem(url: str) -> str:
+    """What to do with a run given as a URL: plots read local files."""
+    fix = "copy the run down first (gsutil cp -r, aws s3 cp --recursive)"
+    if url.startswith("file://"):  # local already: no copy to make
+        fix = f"pass its path, {url.removeprefix('file://')!r}"
+    return (
+        f"run_dir {url!r} is a URL, and plots are drawn from local files: {fix}; its "
+        "metrics.jsonl.d/ is read"
+    )
+
+
 def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
     """`(label, files)` of each run dir at or under `paths`: `metrics.jsonl`, else event files."""
     problems = Problems(
@@ -209,6 +220,9 @@ def _find_runs(paths: Sequence[str]) -> list[tuple[str, tuple[str, ...]]]:
     found: list[tuple[str, str, tuple[str, ...]]] = []
     for given in paths:
         root = os.path.abspath(given)
+        if _storage.is_remote(given):  # from Python it read "'gs://b/run' is not a directory"
+            problems.value_problem(_url_problem(given))
+            continue
         if not os.path.isdir(root):
             problems.value_problem(f"{given!r} is not a directory")
             continue
@@ -671,13 +685,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         if problem := collapsed_url(path, what):  # 'gs:/b/p.png' wrote ./gs:/b/p.png
             problems.value_problem(problem)
     for url in filter(_storage.is_remote, args.run_dirs):  # "not a directory"; --follow waited
-        fix = "copy the run down first (gsutil cp -r, aws s3 cp --recursive)"
-        if url.startswith("file://"):  # local already: no copy to make
-            fix = f"pass its path, {url.removeprefix('file://')!r}"
-        problems.value_problem(
-            f"run_dir {url!r} is a URL, and plots are drawn from local files: {fix}; its "
-            "metrics.jsonl.d/ is read"
-        )
+        problems.value_problem(_url_problem(url))
     if args.out is not None:  # checked now: --follow would wait for it forever
         try:
             _image_format(args.out)

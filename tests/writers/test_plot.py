@@ -538,6 +538,18 @@ def test_a_file_url_run_dir_is_told_its_path_not_a_copy_to_make(tmp_path, capsys
     assert "gsutil" not in err
 
 
+def test_a_url_run_dir_from_python_is_told_to_copy_the_run_down():
+    # The command line said so; plot_runs and load_series said "'gs://b/exp' is not a
+    # directory", as for a mistyped local path.
+    with pytest.raises(FileNotFoundError) as info:
+        load_series(["gs://b/exp"])
+    assert (
+        "run_dir 'gs://b/exp' is a URL, and plots are drawn from local files: copy the run "
+        "down first (gsutil cp -r, aws s3 cp --recursive); its metrics.jsonl.d/ is read"
+    ) in str(info.value)
+    assert "not a directory" not in str(info.value)
+
+
 def test_keys_with_spaces_after_the_commas_are_the_keys(tmp_path, capsys):
     """`--keys "loss, acc"` looked for a key ' acc' and was refused."""
     run = str(tmp_path / "r")
