@@ -210,7 +210,8 @@ def test_a_path_object_of_a_url_is_refused_before_it_writes_a_local_directory(
     assert os.path.exists("run:/x.jsonl")
 
 
-@pytest.mark.parametrize(
+# Everything that takes a directory or URL, and the name of its argument.
+_MAKERS = pytest.mark.parametrize(
     "make, what",
     [
         (writers.create_default_writer, "logdir"),
@@ -221,6 +222,9 @@ def test_a_path_object_of_a_url_is_refused_before_it_writes_a_local_directory(
     ],
     ids=["create_default_writer", "JsonlWriter", "TensorBoardWriter", "gin", "manager"],
 )
+
+
+@_MAKERS
 def test_a_str_url_with_one_slash_is_refused_before_it_writes_a_local_directory(
     make, what, tmp_path, monkeypatch
 ):
@@ -240,17 +244,7 @@ def test_a_str_url_with_one_slash_is_refused_before_it_writes_a_local_directory(
     assert os.path.exists("run:/x.jsonl")
 
 
-@pytest.mark.parametrize(
-    "make, what",
-    [
-        (writers.create_default_writer, "logdir"),
-        (writers.JsonlWriter, "path"),
-        (writers.TensorBoardWriter, "logdir"),
-        (_gin, "model_dir"),
-        (_manager, "summary_dir"),
-    ],
-    ids=["create_default_writer", "JsonlWriter", "TensorBoardWriter", "gin", "manager"],
-)
+@_MAKERS
 @pytest.mark.parametrize("url", ["gs://", "gs:///run", "s3:///run"])
 def test_an_object_store_url_naming_no_bucket_is_refused_before_it_writes(
     make, what, url, tmp_path, monkeypatch
