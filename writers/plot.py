@@ -490,6 +490,10 @@ def _text(keys: list[str], series: list[Series], cols: int, rows: int, color: bo
         names = [f"{glyph} {label}" if glyph else label for label, (*_, glyph) in lines.items()]
         title = f"{key}: {', '.join(names)}" if small and lines else key
         title = title if lines else f"{key}: no finite values"  # cut too: it went blank
+        # A run whose values are all NaN (diverged from the start) draws nothing: named, not
+        # left out without a word while the other runs' lines fill the panel.
+        if lines and (empty := [s.run for s in series if s.key == key and s.label not in lines]):
+            title += f"; no finite values: {', '.join(empty)}"
         # plotext drops a title wider than the plot: the key and the run names went with it.
         panel.title(title if len(title) <= cols else title[: cols - 1] + "…")
         for label, (steps, values, joined, glyph) in lines.items():

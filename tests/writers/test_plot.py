@@ -687,6 +687,19 @@ def test_a_key_with_no_finite_value_says_so(tmp_path, monkeypatch):
     assert titles == ["loss", "grad: no finite values"]
 
 
+def test_a_run_with_no_finite_value_next_to_others_is_named_in_the_text_plot(tmp_path):
+    # A run that diverged from its first step drew nothing and was named nowhere: the panel
+    # and its legend showed only the other run, as if the diverged one had not been read.
+    _write_jsonl(str(tmp_path / "exp" / "a" / "metrics.jsonl"), [{"step": 1, "loss": "NaN"}])
+    _write_jsonl(
+        str(tmp_path / "exp" / "b" / "metrics.jsonl"),
+        [{"step": s, "loss": 1.0 / s} for s in (1, 2)],
+    )
+    text = plot_runs([str(tmp_path / "exp")], ["loss"], terminal=True, cols=80, rows=20).text
+    assert text.splitlines()[0].strip() == "loss; no finite values: exp/a"
+    assert "x exp/b:loss" in text  # the legend, with the run's glyph
+
+
 # --- --follow ----------------------------------------------------------------------------
 
 
