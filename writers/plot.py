@@ -713,11 +713,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)  # None: argparse reads sys.argv[1:]
     keys = [key.strip() for key in args.keys.split(",") if key.strip()] or None  # "loss, acc"
     clear = args.follow and args.terminal and sys.stdout.isatty()
+    # https://no-color.org, as the console writer: NO_COLOR turns colours off even on a TTY.
+    color = sys.stdout.isatty() and not os.environ.get("NO_COLOR")
     options = ("out", "terminal", "smoothing", "width", "height", "dpi", "cols", "rows")
 
     def draw() -> None:
         kwargs = {name: getattr(args, name) for name in options}
-        data = plot_runs(args.run_dirs, keys, color=sys.stdout.isatty(), **kwargs)
+        data = plot_runs(args.run_dirs, keys, color=color, **kwargs)
         if args.dump_series:  # replaced atomically: a reader never sees half a file
             _storage.replace_file(args.dump_series, [json.dumps(data.to_json()).encode() + b"\n"])
         if data.text is not None:  # `rows` lines: plotext ends the last in a newline too

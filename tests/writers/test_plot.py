@@ -221,6 +221,21 @@ def test_terminal_mode_prints_a_plot_of_each_key(demo_dir):
     assert not os.path.exists(os.path.join(REPO, "plot.png"))  # --terminal alone: no PNG
 
 
+@pytest.mark.parametrize("no_color, colored", [("", True), ("1", False)])
+def test_terminal_plot_on_a_tty_is_colored_unless_no_color_is_set(
+    tmp_path, monkeypatch, capsys, no_color, colored
+):
+    # NO_COLOR=1 on a terminal still printed ANSI colours; the console writer leaves them out.
+    run = str(tmp_path / "run")
+    _write_jsonl(os.path.join(run, "metrics.jsonl"), [{"step": s, "loss": 1.0 / s} for s in (1, 2)])
+    monkeypatch.setenv("NO_COLOR", no_color)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert writers.plot.main([run, "--terminal", "--cols", "60", "--rows", "12"]) == 0
+    out = capsys.readouterr().out
+    assert ("\x1b[" in out) is colored
+    assert "loss" in out.splitlines()[0]
+
+
 def test_terminal_mode_prints_as_many_lines_as_rows(tmp_path):
     # --rows 24 printed 25 lines: the plot's 24, each ending in a newline, then a blank one.
     run = str(tmp_path / "run")
