@@ -52,7 +52,8 @@ _MIN_PANEL_ROWS, _MIN_COLS = 3, 20  # a terminal panel's smallest plotting area
 _EXTRA = "pip install 'jax-metrics-manager[plot]'"
 _EVENTS_GLOB = "events.out.tfevents.*"
 _NON_FINITE = ("NaN", "Infinity", "-Infinity")  # JsonlWriter's spellings; float() reads them
-_GLYPHS = ("•", "x", "o", "+", "*", "#", "%", "@")  # terminal markers of runs sharing a panel
+# Terminal markers of runs sharing a panel: a 9th run got the 1st run's `•`, then letters.
+_GLYPHS = ("•", "x", "o", "+", "*", "#", "%", "@", *"ABCDEFGHJKLMNPQRSTUVWYZ")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -468,6 +468,17 @@ def test_a_small_terminal_panel_names_its_runs_in_the_title_with_their_glyphs(tm
     assert any("•" in row for row in rows) and any("x" in row for row in rows)
 
 
+def test_nine_runs_in_a_terminal_panel_get_nine_different_glyphs(tmp_path):
+    # The 9th run was drawn with the 1st run's glyph: without colours the two read as one.
+    for i in range(9):
+        lines = [{"step": s, "loss": 4.0 / s + i} for s in (1, 2)]
+        _write_jsonl(str(tmp_path / "e" / f"r{i}" / "metrics.jsonl"), lines)
+    text = plot_runs([str(tmp_path / "e")], ["loss"], terminal=True, cols=200, rows=11).text
+    title = text.splitlines()[0].strip()
+    glyphs = [name.split(" ")[0] for name in title.removeprefix("loss: ").split(", ")]
+    assert glyphs == ["•", "x", "o", "+", "*", "#", "%", "@", "A"]
+
+
 def test_a_terminal_title_wider_than_the_plot_is_cut_not_dropped(tmp_path):
     # Runs named in the title (their legend would cover the panel) made it 71 characters in
     # 60 columns: plotext drew no title at all, neither the key nor which glyph is which run.
