@@ -173,7 +173,7 @@ class ConsoleWriter(BaseWriter):
             color = _auto_color(stream) if self._color is None else self._color
             self._console = (stream, _rich_console(stream) if color else None)
         console = self._console[1]
-        layout = _layout(tuple(lines))
+        layout = _layout(tuple(lines), _encoding(stream))
         # Continuation lines of a multi-line value are indented under the value column
         # (blank ones stay empty, as does an empty value's key line: no trailing spaces).
         indent = "\n" + " " * (min(_cells(layout[0][1]), _KEY_COLUMNS) + 4) if layout else ""
@@ -211,8 +211,20 @@ def _encodable(text: str, stream: IO[str]) -> str:
     """`text` with what `stream`'s encoding cannot write as escapes (`caf\\xe9` on ASCII, as
     Python's own stderr does): a non-UTF-8 stream (PYTHONIOENCODING=ascii, a latin-1 locale)
     raised UnicodeEncodeError at every write with such a key, one writer failure each."""
+    return _in_encoding(text, _encoding(stream))
+
+
+def _encoding(stream: IO[str]) -> str | None:
+    """`stream`'s encoding where it is not UTF-8 (what it cannot write is escaped), else None."""
     encoding = getattr(stream, "encoding", None)
     if not isinstance(encoding, str) or encoding.lower().replace("-", "") == "utf8":
+        return None
+    return encoding
+
+
+def _in_encoding(text: str, encoding: str | None) -> str:
+    """`text` with what `encoding` cannot write as escapes; None: `text` as it is."""
+    if encoding is None:
         return text
     try:
         text.encode(encoding)
@@ -232,10 +244,12 @@ def _escaped(match: re.Match[str]) -> str:
 
 
 @functools.lru_cache(maxsize=1_000)  # summaries repeat the same keys (in call order) every step
-def _layout(keys: tuple[str, ...]) -> list[tuple[str, str]]:
+def _layout(keys: tuple[str, ...], encoding: str | None = None) -> list[tuple[str, str]]:
     """Keys, un-prefixed ones first, then grouped by their first `/` part; each padded to
-    the same width on screen (a CJK character takes two columns), at most `_KEY_COLUMNS`."""
-    shown = {k: _KEY_CONTROL.sub(_escaped, k) for k in keys}  # escapes in a key: shown, not run
+    the same width on screen (a CJK character takes two columns), at most `_KEY_COLUMNS`.
+    Padded as written in `encoding` (not UTF-8): `caf\\xe9` takes 7 columns, not 4."""
+    # Escapes in a key: shown, not run.
+    shown = {k: _in_encoding(_KEY_CONTROL.sub(_escaped, k), encoding) for k in keys}
     width = min(max(map(_cells, shown.values()), default=0), _KEY_COLUMNS)
     return [
         (k, shown[k] + " " * (width - _cells(shown[k])))

@@ -437,6 +437,31 @@ def test_a_stream_that_is_not_utf8_gets_escapes_not_an_error(tmp_path, color):
     assert "\\u65e5\\u672c ok" in text
 
 
+@pytest.mark.parametrize("color", [False, True])
+def test_keys_escaped_for_a_stream_that_is_not_utf8_stay_aligned(tmp_path, color):
+    # Padded by their width before escaping: `caf\xe9` (7 columns) was padded as `café` (4),
+    # so its value stood 3 columns right of the others.
+    path = tmp_path / "out.txt"
+    with open(path, "w", encoding="ascii") as stream:
+        w = writers.ConsoleWriter(stream, color=color)
+        w.write_scalars(1, {"café": 1.5, "loss": 0.5, "日本": 2.0})
+        w.write_texts(1, {"café": "a\nb", "n": "c"})
+        w.close()
+    text = path.read_text(encoding="ascii")
+    for code in ("\x1b[1m", "\x1b[36m", "\x1b[0m"):
+        text = text.replace(code, "")
+    assert text.splitlines() == [
+        "step 1",
+        "  caf\\xe9       1.5",
+        "  loss          0.5",
+        "  \\u65e5\\u672c  2",
+        "step 1",
+        "  caf\\xe9  a",
+        "           b",
+        "  n        c",
+    ]
+
+
 def test_windows_line_breaks_in_a_text_are_line_breaks():
     out = io.StringIO()
     writers.ConsoleWriter(out, color=False).write_texts(3, {"t": "a\r\nb\rc"})
