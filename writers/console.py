@@ -89,7 +89,12 @@ class ConsoleWriter(BaseWriter):
     def _texts(self, step: int, texts: dict[str, str]) -> None:
         # A model's text may hold terminal escapes (clear screen, move the cursor): shown, not run.
         # A Windows line break is one: its "\r" was shown as an escape at every line's end.
-        shown = {k: _CONTROL.sub(_escaped, v.replace("\r\n", "\n")) for k, v in texts.items()}
+        # A final line break ends the last line (a file's text, `print`'s): it opened a blank
+        # line inside the block, between this text and the next key.
+        shown = {
+            k: _CONTROL.sub(_escaped, v.replace("\r\n", "\n").removesuffix("\n"))
+            for k, v in texts.items()
+        }
         self._block(step, shown)
 
     def _histograms(self, step: int, arrays: dict[str, np.ndarray], buckets: dict) -> None:

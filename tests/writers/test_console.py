@@ -462,6 +462,15 @@ def test_keys_escaped_for_a_stream_that_is_not_utf8_stay_aligned(tmp_path, color
     ]
 
 
+def test_a_text_ending_in_a_line_break_opens_no_blank_line_in_the_block():
+    # "hello\n" printed "  a  hello", then an empty line, then "  b  world": the block looked
+    # like two, and the config text of the demo ended in one too.
+    out = io.StringIO()
+    w = writers.ConsoleWriter(out, color=False)
+    w.write_texts(1, {"a": "hello\n", "b": "world\r\n", "c": "x\n\n"})
+    assert out.getvalue() == "step 1\n  a  hello\n  b  world\n  c  x\n\n"
+
+
 def test_windows_line_breaks_in_a_text_are_line_breaks():
     out = io.StringIO()
     writers.ConsoleWriter(out, color=False).write_texts(3, {"t": "a\r\nb\rc"})
