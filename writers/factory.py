@@ -203,7 +203,8 @@ def create_tracker_writer(
 
     The tracker is made first, so one that refuses its settings or cannot reach its server
     leaves the local logs as they were (a resumed default set rewrites them when made); if
-    the default writers then fail (a second run on `logdir`), the tracker is closed.
+    the default writers then fail (a second run on `logdir`), the tracker is closed, a run it
+    started ending failed.
 
     Args:
       logdir: Directory of the file writers (and of the tracker's local files).
@@ -276,18 +277,31 @@ def create_tracker_writer(
     made = tracker(**kwargs)
     try:
         base = default_writer(logdir, **named(default_writer), **resuming)
-    except Exception:
-        made.close()  # no half-built set with open runs and threads
+    except Exception as err:
+        _close_failed(made, err)  # no half-built set with open runs and threads
         raise
     chosen = dict(base.writers)
     if name in chosen:
         base.close()
-        made.close()
-        raise ValueError(
+        clash = ValueError(
             f"create_tracker_writer: name={name!r} is taken by a default writer "
             f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
         )
+        _close_failed(made, clash)
+        raise clash
     return MultiWriter({**chosen, name: made})
+
+
+def _close_failed(made: Any, err: BaseException) -> None:
+    """Closes the tracker of a set that failed to build as its `with` block would on `err`:
+    the run it started ends failed (MLflow FAILED, W&B exit code 1). `close()` had ended it
+    FINISHED: a second launch on a logdir in use (its JSONL log locked) left an empty run
+    that read as complete next to the live one."""
+    exit_ = getattr(made, "__exit__", None)  # any writer will do: CLU's have no `with`
+    if exit_ is None:
+        made.close()
+    else:
+        exit_(type(err), err, err.__traceback__)
 
 
 def _sets(factory: Any, name: str) -> bool:

@@ -14,6 +14,7 @@ from tensorboard.backend.event_processing import event_accumulator
 import writers
 from tests.writers.recording import RecordingWriter
 from tests.writers.tracker_stores import wandb_history, wandb_run_files
+from writers._jsonl_log import LogLockedError
 
 
 def _files_only(logdir, collection):
@@ -137,6 +138,36 @@ def test_a_name_clash_or_a_failing_tracker_leaves_nothing_open(tmp_path):
 
     with pytest.raises(OSError, match="tracker down"):
         writers.create_tracker_writer(tmp_path, tracker=broken, default_writer=_files_only)
+
+
+def test_a_set_that_fails_to_build_ends_the_run_its_tracker_started_as_failed(tmp_path):
+    from mlflow import MlflowClient
+
+    from tests.writers.tracker_stores import sqlite_store
+
+    uri = sqlite_store(str(tmp_path / "store"))
+    tracker = functools.partial(
+        writers.MlflowWriter, "exp", tracking_uri=uri, process_index=0, flush_secs=3600
+    )
+    make = functools.partial(
+        writers.create_tracker_writer, tracker=tracker, default_writer=_files_only
+    )
+    first = make(tmp_path / "run", name="mlflow")
+    # A second launch on the same logdir: its JSONL log is locked by the first.
+    with pytest.raises(LogLockedError, match="holds a lock"):
+        make(tmp_path / "run", name="mlflow")
+    with pytest.raises(ValueError, match="name='jsonl' is taken"):
+        make(tmp_path / "other", name="jsonl")
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
+    live = first.writers["mlflow"].run_id
+    assert sorted((r.info.run_id == live, r.info.status) for r in runs) == [
+        (False, "FAILED"),  # each was FINISHED: an empty run that read as complete
+        (False, "FAILED"),
+        (True, "RUNNING"),
+    ]
+    first.close()
+    assert client.get_run(live).info.status == "FINISHED"
 
 
 def test_a_tracker_refusing_its_settings_leaves_the_logs_of_the_run_it_resumes(tmp_path):
