@@ -94,7 +94,7 @@ class MlflowWriter(_base.TrackerWriter):
     Raises:
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
       TypeError: `experiment_name`, `tracking_uri`, `run_id` or `artifact_location` is not a
-        str (or None).
+        str (or None), or `tags` is not a mapping (or None).
       ValueError: `resume_step` is negative, or given with no run_id, run_name or collection.
       ConnectionError: no server answers at an http(s) `tracking_uri` within about 15 s
         (see `_check_server`).
@@ -144,6 +144,13 @@ class MlflowWriter(_base.TrackerWriter):
                     f"{arg} must be a str such as {example}, or None; got {value!r} "
                     f"({type(value).__name__}); {fix}"
                 )
+        if tags is not None and not isinstance(tags, Mapping):
+            # MLflow's answer to `tags = 'team:vision'` (or a list of pairs) was "'str' object
+            # has no attribute 'get'", after the experiment was made.
+            problems.type_problem(
+                f"tags must be a mapping of tag names to values such as {{'team': 'vision'}}, "
+                f"or None; got {tags!r} ({type(tags).__name__}); in gin write a dict"
+            )
         problems.raise_if_any()
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")
         self._max = _checks.buffer_bytes(max_buffer_mb, "MlflowWriter")

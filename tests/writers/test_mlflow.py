@@ -510,6 +510,25 @@ def test_resume_with_no_run_to_look_for_is_refused(store):
         _writer(store, resume_step=3, process_index=1)  # alike on every process
 
 
+def test_tags_that_are_no_mapping_are_refused_naming_them(store):
+    """`writers.MlflowWriter.tags = 'team:vision'` in gin said only "'str' object has no
+    attribute 'get'", from inside MLflow's create_run."""
+    for tags in ("team:vision", [("team", "vision")]):
+        with pytest.raises(TypeError) as raised:
+            _writer(store, tags=tags)
+        assert str(raised.value) == (
+            "MlflowWriter: tags must be a mapping of tag names to values such as "
+            f"{{'team': 'vision'}}, or None; got {tags!r} ({type(tags).__name__}); in gin "
+            "write a dict"
+        )
+    client = MlflowClient(store["tracking_uri"])
+    assert client.search_runs(["0"]) == [] and client.get_experiment_by_name("exp") is None
+    w = _writer(store, tags={"team": "vision", "seed": "3"})
+    w.close()
+    tags = client.get_run(w.run_id).data.tags
+    assert (tags["team"], tags["seed"]) == ("vision", "3")
+
+
 def test_a_store_setting_of_the_wrong_type_is_refused_naming_it(store, tmp_path):
     """`writers.MlflowWriter.tracking_uri = 5` in gin said only "'int' object has no
     attribute 'decode'", and `run_id = 7` "expected string or bytes-like object"."""
