@@ -94,7 +94,7 @@ class MlflowWriter(_base.TrackerWriter):
     Raises:
       ImportError: `mlflow` is not installed (install the `mlflow` extra).
       TypeError: `experiment_name`, `tracking_uri`, `run_id` or `artifact_location` is not a
-        str (or None), or `tags` is not a mapping (or None).
+        str (or None), or `tags` is not a mapping of str to str (or None).
       ValueError: `resume_step` is negative, or given with no run_id, run_name or collection.
       ConnectionError: no server answers at an http(s) `tracking_uri` within about 15 s
         (see `_check_server`).
@@ -150,6 +150,17 @@ class MlflowWriter(_base.TrackerWriter):
             problems.type_problem(
                 f"tags must be a mapping of tag names to values such as {{'team': 'vision'}}, "
                 f"or None; got {tags!r} ({type(tags).__name__}); in gin write a dict"
+            )
+        elif tags is not None and (
+            other := {
+                k: v for k, v in tags.items() if not (isinstance(k, str) and isinstance(v, str))
+            }
+        ):
+            # A tracking server's client answered {'seed': 1} with "bad argument type for
+            # built-in operation" (a SQLite store took it), after the experiment was made.
+            problems.type_problem(
+                f"tags must map str names to str values, got {other!r}; pass "
+                "{'seed': '1'} (str(value)), or log numbers as hparams"
             )
         problems.raise_if_any()
         flush_secs = _checks.check_seconds(flush_secs, "MlflowWriter")

@@ -510,7 +510,7 @@ def test_resume_with_no_run_to_look_for_is_refused(store):
         _writer(store, resume_step=3, process_index=1)  # alike on every process
 
 
-def test_tags_that_are_no_mapping_are_refused_naming_them(store):
+def test_tags_that_are_no_mapping_of_str_are_refused_naming_them(store):
     """`writers.MlflowWriter.tags = 'team:vision'` in gin said only "'str' object has no
     attribute 'get'", from inside MLflow's create_run."""
     for tags in ("team:vision", [("team", "vision")]):
@@ -521,6 +521,13 @@ def test_tags_that_are_no_mapping_are_refused_naming_them(store):
             f"{{'team': 'vision'}}, or None; got {tags!r} ({type(tags).__name__}); in gin "
             "write a dict"
         )
+    # A tracking server's client said "bad argument type for built-in operation".
+    with pytest.raises(TypeError) as raised:
+        _writer(store, tags={"team": "vision", "seed": 3, 4: "x"})
+    assert str(raised.value) == (
+        "MlflowWriter: tags must map str names to str values, got {'seed': 3, 4: 'x'}; pass "
+        "{'seed': '1'} (str(value)), or log numbers as hparams"
+    )
     client = MlflowClient(store["tracking_uri"])
     assert client.search_runs(["0"]) == [] and client.get_experiment_by_name("exp") is None
     w = _writer(store, tags={"team": "vision", "seed": "3"})
