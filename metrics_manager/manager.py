@@ -57,7 +57,7 @@ from writers import _checks, _jsonl_log, _storage
 from writers._base import TrackerWriter, close_at_exit, keys_problem
 from writers._checks import Problems
 from writers._worker import Job, OrderedWorker
-from writers.interface import close_keeping_error
+from writers.interface import close_failed, close_keeping_error
 from writers.multi import named_writers
 
 WriterFactory = Callable[..., Any]
@@ -1657,9 +1657,10 @@ def _make_writers(
             named = {type(made).__name__: made}
         fix = "return a writers.MetricWriter (e.g. writers.create_default_writer(logdir))"
         _checks.check_writers(named, context, _REQUIRED, fix)
-    except TypeError:
+    except TypeError as err:
+        # As create_tracker_writer's: a tracker's run ends failed, not FINISHED and empty.
         for writer in made.values() if isinstance(made, Mapping) else made if many else [made]:
-            getattr(writer, "close", lambda: None)()
+            close_failed(writer, err)
         raise
     return made, named
 

@@ -18,7 +18,7 @@ from writers import _checks, _storage
 from writers._jsonl_log import LogLockedError
 from writers.async_writer import AsyncWriter
 from writers.console import ConsoleWriter
-from writers.interface import MetricWriter
+from writers.interface import MetricWriter, close_failed
 from writers.jsonl import JsonlWriter
 from writers.logging_writer import LoggingWriter
 from writers.multi import MultiWriter
@@ -278,7 +278,7 @@ def create_tracker_writer(
     try:
         base = default_writer(logdir, **named(default_writer), **resuming)
     except Exception as err:
-        _close_failed(made, err)  # no half-built set with open runs and threads
+        close_failed(made, err)  # no half-built set with open runs and threads
         raise
     chosen = dict(base.writers)
     if name in chosen:
@@ -287,21 +287,9 @@ def create_tracker_writer(
             f"create_tracker_writer: name={name!r} is taken by a default writer "
             f"{sorted(chosen)}; pick another name, e.g. 'wandb' or 'mlflow'."
         )
-        _close_failed(made, clash)
+        close_failed(made, clash)
         raise clash
     return MultiWriter({**chosen, name: made})
-
-
-def _close_failed(made: Any, err: BaseException) -> None:
-    """Closes the tracker of a set that failed to build as its `with` block would on `err`:
-    the run it started ends failed (MLflow FAILED, W&B exit code 1). `close()` had ended it
-    FINISHED: a second launch on a logdir in use (its JSONL log locked) left an empty run
-    that read as complete next to the live one."""
-    exit_ = getattr(made, "__exit__", None)  # any writer will do: CLU's have no `with`
-    if exit_ is None:
-        made.close()
-    else:
-        exit_(type(err), err, err.__traceback__)
 
 
 def _sets(factory: Any, name: str) -> bool:

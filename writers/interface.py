@@ -157,6 +157,18 @@ def close_keeping_error(close: Callable[[], None], exc: BaseException | None, wh
         exc.add_note(f"While closing {what}: {close_err}")
 
 
+def close_failed(writer: Any, err: BaseException) -> None:
+    """Closes `writer`, of a set that failed to build, as its `with` block would on `err`:
+    a tracker's run ends failed (MLflow FAILED, W&B exit code 1). `close()` had ended it
+    FINISHED: a second launch on a logdir in use (its JSONL log locked) left an empty run
+    that read as complete next to the live one. Anything without `close()` is left as is."""
+    exit_ = getattr(writer, "__exit__", None)  # any writer will do: CLU's have no `with`
+    if exit_ is not None:
+        exit_(type(err), err, err.__traceback__)
+    elif callable(close := getattr(writer, "close", None)):
+        close()
+
+
 class NoopWriter(MetricWriter):
     """A writer that discards everything; every method returns immediately.
 

@@ -170,6 +170,27 @@ def test_a_set_that_fails_to_build_ends_the_run_its_tracker_started_as_failed(tm
     assert client.get_run(live).info.status == "FINISHED"
 
 
+def test_a_writer_set_the_manager_refuses_ends_its_trackers_run_as_failed(tmp_path):
+    # The manager closed the writers of a set it refused with close(): the run ended
+    # FINISHED, an empty run that read as complete.
+    from mlflow import MlflowClient
+
+    from metrics_manager import MetricsManager
+    from tests.writers.tracker_stores import sqlite_store
+
+    uri = sqlite_store(str(tmp_path / "store"))
+
+    def factory(logdir):
+        tracker = writers.MlflowWriter("exp", tracking_uri=uri, process_index=0)
+        return [tracker, object()]
+
+    with pytest.raises(TypeError, match="writer_factory's writers"):
+        MetricsManager("train", tmp_path, writer_factory=factory)
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
+    assert [r.info.status for r in runs] == ["FAILED"]
+
+
 def test_a_tracker_refusing_its_settings_leaves_the_logs_of_the_run_it_resumes(tmp_path):
     # The default writers were made first: resumed, they cut the JSONL log at the step and
     # purged TensorBoard after it; then the tracker refused (resume_step without run_id).
