@@ -681,17 +681,10 @@ class TopKAccuracy(_Counts):
         return cls(correct=exact_count(hit), count=exact_count(mask), outside=outside, k=int(k))
 
     def compute(self) -> ArrayLike:
-        fields = (self.correct, self.count, self.outside)
-        if not any(isinstance(x, jax.Array) for x in fields):  # tracers are jax.Arrays too
-            # The manager's worker computes host copies: in NumPy, the same float32 value as
-            # below, where jnp sent them to the device and back on every summary.
-            correct, count = (np.asarray(x, np.float32) for x in fields[:2])
-            valid = (count > 0) & (np.asarray(self.outside) == 0)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = correct / np.where(count > 0, count, np.float32(1))
-            return np.where(valid, ratio, np.float32(np.nan))[()]
-        valid = (self.count > 0) & (self.outside == 0)
-        return jnp.where(valid, _divide(self.correct, self.count), jnp.nan)
+        xp, (correct, count, outside) = array_module(self.correct, self.count, self.outside)
+        valid = (count > 0) & (outside == 0)
+        with np.errstate(all="ignore"):  # inf / inf: NaN, as jnp gives, without a warning
+            return host_value(xp.where(valid, _divide(correct, count), xp.nan))  # NumPy on host
 
 
 @flax.struct.dataclass(kw_only=True)

@@ -465,8 +465,9 @@ def to_host(
     """NumPy copies, in one transfer (a PackedMetrics': `host_buffers` if copied already);
     keys with an int32 leaf past 2**30 go to `near_limit`, every key to `negative` if an int
     leaf is below 0 (a count that may have wrapped: one look at each buffer instead of one per
-    metric, ~45 us a summary of 20); `step` names the summary in errors. With `host_numbers` (leaves that are no JAX arrays), a metric holding
-    one that JAX would change (`_changed_on_device`) is computed on the host instead."""
+    metric, ~45 us a summary of 20); `step` names the summary in errors. With `host_numbers`
+    (leaves that are no JAX arrays), a metric holding one that JAX would change
+    (`_changed_on_device`) is computed on the host instead."""
     if not metrics:
         return {}
     kept: dict[str, Any] = {}  # metrics holding a host number the device would change

@@ -47,13 +47,14 @@ Example:
   >>> w.close()
 """
 
+import contextlib
 import glob
 import hashlib
 import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -84,15 +85,19 @@ def _earlier_run(logdir: str | None, run_id: str | None) -> bool:
     )
 
 
-def _refused_setting(err: Exception) -> ValueError | None:
-    """For pydantic's `ValidationError` of W&B's settings (`mode='ofline'`), a ValueError with
-    its text; None for any other error. gin re-raises a configurable's error as a copy of its
-    type, which a `ValidationError` cannot be, so a `writers.WandbWriter.mode` binding said
-    only "ValidationError.__new__() missing 2 required positional arguments"."""
-    pydantic_core = sys.modules.get("pydantic_core")  # W&B's settings are pydantic models
-    if pydantic_core is None or not isinstance(err, pydantic_core.ValidationError):
-        return None
-    return ValueError(f"WandbWriter: W&B refused a setting of wandb.init: {err}")
+@contextlib.contextmanager
+def _settings_checked() -> Iterator[None]:
+    """Raises pydantic's `ValidationError` of W&B's settings (`mode='ofline'`) as a ValueError
+    with its text. gin re-raises a configurable's error as a copy of its type, which a
+    `ValidationError` cannot be, so a `writers.WandbWriter.mode` binding said only
+    "ValidationError.__new__() missing 2 required positional arguments"."""
+    try:
+        yield
+    except Exception as err:
+        pydantic_core = sys.modules.get("pydantic_core")  # W&B's settings are pydantic models
+        if pydantic_core is None or not isinstance(err, pydantic_core.ValidationError):
+            raise
+        raise ValueError(f"WandbWriter: W&B refused a setting of wandb.init: {err}") from err
 
 
 class WandbWriter(_base.TrackerWriter):
@@ -156,12 +161,8 @@ class WandbWriter(_base.TrackerWriter):
         if mode is not None:
             # W&B checks `mode` in wandb.init, which only process 0 calls: `mode = 'ofline'`
             # failed there alone. Its settings model checks it here, locally, on every process.
-            try:
+            with _settings_checked():
                 self._wandb.Settings(mode=mode)
-            except Exception as err:
-                if (refused := _refused_setting(err)) is None:
-                    raise
-                raise refused from err
         if resume_step == 0 and run_id is None and run is None:
             # A loop passing its restored step passes 0 at a fresh start (the manager allows
             # it): that raised, so a W&B writer set without run_id could not start. A run
@@ -203,7 +204,7 @@ class WandbWriter(_base.TrackerWriter):
                 # not there dropped the new run's step 0 (its config) and named a rewind
                 # point `wandb sync` cannot apply. A new run keeps its step 0.
                 resume_step = self._resumed_at = None
-            try:
+            with _settings_checked():
                 run = self._wandb.init(
                     project=project,
                     entity=entity,
@@ -219,10 +220,6 @@ class WandbWriter(_base.TrackerWriter):
                     resume="allow" if run_id is not None and resume_step is None else None,
                     resume_from=None if resume_step is None else f"{run_id}?_step={resume_step}",
                 )
-            except Exception as err:
-                if (refused := _refused_setting(err)) is None:
-                    raise
-                raise refused from err
             self._owned = True
         self._run = run
         self._min_step = int(run.starting_step or 0)
